@@ -1,0 +1,31 @@
+"""Storage settings: where checkpoints, token logs and observations live."""
+
+from belayer.section import Section
+from pydantic import Field, SecretStr
+
+
+class StorageConfig(Section):
+    """An S3-compatible endpoint (SeaweedFS locally; MinIO or AWS S3 in production)."""
+
+    endpoint: str | None = Field(
+        "http://127.0.0.1:8333",
+        description="S3 endpoint URL; empty for AWS S3's regional default endpoint.",
+    )
+    bucket: str = Field("belayer", min_length=3, max_length=63, description="Bucket for all objects.")
+    region: str = Field("us-east-1", description="Region name sent to the endpoint.")
+    access_key: SecretStr = Field(
+        SecretStr("belayer"), description="Access key id; the local SeaweedFS enforces it."
+    )
+    secret_key: SecretStr = Field(
+        SecretStr("belayer-local-secret"), description="Secret access key."
+    )
+    key_prefix: str = Field("", description="Prefix put before every key, e.g. 'team-a/'.")
+    part_size_mb: int = Field(
+        16, ge=5, le=512, description="Multipart part size in MiB; S3 requires at least 5."
+    )
+    max_attempts: int = Field(
+        5, ge=1, le=20, description="Attempts for a transient error before giving up."
+    )
+    path_style: bool = Field(
+        True, description="Path-style addressing; SeaweedFS and MinIO need it, AWS accepts it."
+    )
