@@ -47,12 +47,17 @@ class TemporalConfig(Section):
 
 
 class StackConfig(Section):
-    """The local stack started by `belayer up` (development and CI)."""
+    """The local stack started by `belayer up` (development and CI).
+
+    SeaweedFS also listens on each port + 10000 (gRPC); its S3 port comes from
+    `storage.endpoint`.
+    """
 
     startup_timeout_s: float = Field(60.0, gt=0, description="How long `up --wait` waits per component.")
-    seaweedfs_master_port: int = Field(9333, ge=1, le=65535, description="SeaweedFS master port.")
-    seaweedfs_filer_port: int = Field(8888, ge=1, le=65535, description="SeaweedFS filer port.")
-    seaweedfs_volume_port: int = Field(8080, ge=1, le=65535, description="SeaweedFS volume port.")
+    seaweedfs_master_port: int = Field(9333, ge=1, le=55535, description="SeaweedFS master port.")
+    seaweedfs_filer_port: int = Field(8888, ge=1, le=55535, description="SeaweedFS filer port.")
+    seaweedfs_volume_port: int = Field(9340, ge=1, le=55535, description="SeaweedFS volume port.")
+    seaweedfs_admin_port: int = Field(23646, ge=1, le=55535, description="SeaweedFS admin port.")
 
 
 class BelayerConfig(BaseSettings):

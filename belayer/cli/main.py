@@ -1,0 +1,151 @@
+"""The `belayer` command line: a thin layer over the library; no logic of its own."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import click
+from rich.console import Console
+from rich.table import Table
+
+from belayer.config import BelayerConfig, load_config, masked_dump
+from belayer.errors import BelayerError
+
+console = Console(stderr=True)
+
+
+class BelayerGroup(click.Group):
+    """Turns every BelayerError into one clear line and exit status 1, no traceback."""
+
+    def invoke(self, ctx: click.Context):
+        try:
+            return super().invoke(ctx)
+        except BelayerError as exc:
+            console.print(f"[bold red]error:[/] {exc}", highlight=False, markup=True)
+            sys.exit(1)
+
+
+@click.group(cls=BelayerGroup, context_settings={"help_option_names": ["-h", "--help"]})
+@click.option(
+    "--config", "config_file", type=click.Path(path_type=Path), default=None,
+    help="TOML config file (default: $BELAYER_CONFIG or ~/.config/belayer/config.toml).",
+)
+@click.pass_context
+def main(ctx: click.Context, config_file: Path | None) -> None:
+    """Belayer keeps LLM agentic RL rollouts alive through engine and sandbox failures.
+
+    Start the local stack with `belayer up`, check it with `belayer status`.
+    """
+    ctx.obj = {"config_file": config_file}
+
+
+def config_from(ctx: click.Context) -> BelayerConfig:
+    """The effective configuration, loaded once per command."""
+    if "config" not in ctx.obj:
+        ctx.obj["config"] = load_config(ctx.obj.get("config_file"))
+    return ctx.obj["config"]
+
+
+@main.command()
+@click.option("--wait/--no-wait", default=True, show_default=True,
+              help="Wait until every component answers.")
+@click.pass_context
+def up(ctx: click.Context, wait: bool) -> None:
+    """Start the local stack (Temporal dev server, SeaweedFS) in the background."""
+    from belayer.stack.local import LocalStack, root_warning
+
+    config = config_from(ctx)
+    stack = LocalStack(config)
+    warning = root_warning()
+    if warning:
+        console.print(f"[yellow]warning:[/] {warning}")
+    with console.status("starting the local stack") as spinner:
+        def report(message: str) -> None:
+            spinner.update(message)
+            console.print(f"  {message}", highlight=False)
+
+        stack.up(report, wait=wait)
+    console.print(f"[green]up[/]: state in {config.state_dir}; "
+                  f"Temporal UI http://{config.temporal.address.rpartition(':')[0]}:{config.temporal.ui_port}")
+
+
+@main.command()
+@click.pass_context
+def down(ctx: click.Context) -> None:
+    """Stop exactly what `belayer up` started."""
+    from belayer.stack.local import LocalStack
+
+    LocalStack(config_from(ctx)).down(lambda m: console.print(f"  {m}", highlight=False))
+
+
+@main.command()
+@click.option("--json", "as_json", is_flag=True, help="Print one JSON object instead of a table.")
+@click.pass_context
+def status(ctx: click.Context, as_json: bool) -> None:
+    """Show each component: pid, address, health. Exit 1 when any is unhealthy."""
+    from belayer.stack.local import LocalStack, status_as_dicts
+
+    rows = LocalStack(config_from(ctx)).status()
+    if as_json:
+        click.echo(json.dumps({"components": status_as_dicts(rows),
+                               "healthy": all(r.healthy for r in rows)}, indent=2))
+    else:
+        table = Table("component", "pid", "address", "health", "detail")
+        for row in rows:
+            health = "[green]healthy[/]" if row.healthy else "[red]unhealthy[/]"
+            table.add_row(row.name, str(row.pid or "-"), row.address, health, row.detail)
+        Console().print(table)
+    sys.exit(0 if all(r.healthy for r in rows) else 1)
+
+
+@main.group()
+def config() -> None:
+    """Inspect the effective configuration."""
+
+
+@config.command("show")
+@click.option("--json", "as_json", is_flag=True, help="JSON instead of TOML.")
+@click.pass_context
+def config_show(ctx: click.Context, as_json: bool) -> None:
+    """Print the effective configuration, secrets masked."""
+    import tomli_w
+
+    data = _drop_none(masked_dump(config_from(ctx.find_root())))
+    click.echo(json.dumps(data, indent=2) if as_json else tomli_w.dumps(data))
+
+
+def _drop_none(value):
+    if isinstance(value, dict):
+        return {k: _drop_none(v) for k, v in value.items() if v is not None}
+    return value
+
+
+@main.group()
+def bench() -> None:
+    """Benchmarks that measure Belayer and its baseline side by side in one run."""
+
+
+def _register_optional_commands() -> None:
+    """Commands whose modules may pull heavy dependencies are added when present."""
+    optional = [
+        (bench, "belayer.bench.storage", "storage"),
+        (bench, "belayer.bench.worker_recovery", "worker_recovery"),
+        (main, "belayer.model.cli", "model"),
+    ]
+    import importlib
+
+    for group, module_name, attr in optional:
+        try:
+            module = importlib.import_module(module_name)
+        except ModuleNotFoundError as exc:
+            if exc.name and exc.name.startswith("belayer"):
+                continue
+            raise
+        command = getattr(module, attr, None)
+        if command is not None:
+            group.add_command(command)
+
+
+_register_optional_commands()

@@ -1,0 +1,209 @@
+"""`belayer up | down | status`: the local stack as one unit.
+
+`up` starts what is not running, in order, waits for each to answer, and on any failure
+stops exactly what this call started, so a failed `up` leaves nothing behind. `down`
+stops exactly what `up` recorded in its pid files.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from dataclasses import asdict, dataclass
+from typing import Callable, Protocol
+
+import psutil
+
+from belayer.config import BelayerConfig
+from belayer.errors import StackError
+from belayer.stack.process import ManagedProcess
+from belayer.stack.services import Health, SeaweedFS, TemporalDevServer, port_in_use
+
+
+class Service(Protocol):
+    name: str
+
+    @property
+    def address(self) -> str: ...
+    def ports(self) -> list[tuple[str, int]]: ...
+    def command(self) -> tuple[list[str], dict[str, str]]: ...
+    def ready(self) -> bool: ...
+    def health(self) -> Health: ...
+    def after_ready(self) -> None: ...
+
+
+@dataclass
+class ComponentStatus:
+    """One line of `belayer status`."""
+
+    name: str
+    pid: int | None
+    address: str
+    healthy: bool
+    detail: str
+    log: str | None
+
+
+Reporter = Callable[[str], None]
+
+
+class LocalStack:
+    """The services of one state directory."""
+
+    def __init__(self, config: BelayerConfig):
+        self.config = config
+        self.state_dir = config.state_dir
+        self.services: list[Service] = [
+            TemporalDevServer(config.temporal, self.state_dir),
+            SeaweedFS(config.storage, config.stack, self.state_dir),
+        ]
+
+    def process(self, service: Service) -> ManagedProcess:
+        return ManagedProcess(service.name, self.state_dir)
+
+    def up(self, report: Reporter = lambda _msg: None, wait: bool = True) -> list[str]:
+        """Start every service that is not running; returns the names started."""
+        self.state_dir.mkdir(parents=True, exist_ok=True)
+        started: list[Service] = []
+        try:
+            for service in self.services:
+                if self._start_one(service, report, wait):
+                    started.append(service)
+        except BaseException:
+            for service in reversed(started):
+                self.process(service).stop()
+            raise
+        return [s.name for s in started]
+
+    def _start_one(self, service: Service, report: Reporter, wait: bool) -> bool:
+        proc = self.process(service)
+        if proc.running() is not None:
+            report(f"{service.name}: already running (pid {proc.running().pid})")
+            if wait:
+                self._wait_ready(service, proc, report)
+                service.after_ready()
+            return False
+        self._refuse_taken_ports(service)
+        argv, env = service.command()
+        pid = proc.start(argv, env)
+        report(f"{service.name}: started (pid {pid}), log {proc.log_file}")
+        if wait:
+            try:
+                self._wait_ready(service, proc, report)
+                service.after_ready()
+            except BaseException:
+                proc.stop()
+                raise
+        return True
+
+    def _refuse_taken_ports(self, service: Service) -> None:
+        for host, port in service.ports():
+            if port_in_use(host, port):
+                raise StackError(
+                    f"{service.name} cannot start: {host}:{port} is already in use by "
+                    f"{_who_listens(port)}. Stop that process, or move Belayer's "
+                    f"{service.name} to other ports ({_port_setting_hint(service.name)})."
+                )
+
+    def _wait_ready(self, service: Service, proc: ManagedProcess, report: Reporter) -> None:
+        timeout = self.config.stack.startup_timeout_s
+        deadline = time.monotonic() + timeout
+        report(f"{service.name}: waiting until it answers (timeout {timeout:.0f}s)")
+        while time.monotonic() < deadline:
+            if proc.running() is None:
+                raise StackError(
+                    f"{service.name} exited during start-up; its log is {proc.log_file}:\n"
+                    f"{proc.log_tail()}"
+                )
+            if service.ready():
+                report(f"{service.name}: ready at {service.address}")
+                return
+            time.sleep(0.2)
+        raise StackError(
+            f"{service.name} did not answer within {timeout:.0f}s (raise "
+            f"BELAYER_STACK__STARTUP_TIMEOUT_S if the machine is slow); its log is "
+            f"{proc.log_file}:\n{proc.log_tail()}"
+        )
+
+    def down(self, report: Reporter = lambda _msg: None) -> list[str]:
+        """Stop what `up` started, in reverse order; returns the names stopped."""
+        stopped = []
+        for service in reversed(self.services):
+            if self.process(service).stop():
+                report(f"{service.name}: stopped")
+                stopped.append(service.name)
+            else:
+                report(f"{service.name}: was not running")
+        return stopped
+
+    def status(self) -> list[ComponentStatus]:
+        rows = [self._service_status(service) for service in self.services]
+        rows.append(sandbox_runtime_status(self.config))
+        return rows
+
+    def _service_status(self, service: Service) -> ComponentStatus:
+        proc = self.process(service)
+        running = proc.running()
+        if running is None:
+            health = Health(False, "not running (start it with `belayer up`)")
+        else:
+            health = service.health()
+        return ComponentStatus(
+            name=service.name,
+            pid=running.pid if running else None,
+            address=service.address,
+            healthy=health.ok,
+            detail=health.detail,
+            log=str(proc.log_file),
+        )
+
+
+def sandbox_runtime_status(config: BelayerConfig) -> ComponentStatus:
+    """podman + runc + CRIU + base image: not a process, but `status` must show it."""
+    try:
+        from belayer.sandbox.runtime import check_runtime
+    except ImportError:
+        return ComponentStatus("sandbox-runtime", None, "podman", False, "not installed yet", None)
+    health = check_runtime(config.state_dir)
+    return ComponentStatus(
+        name="sandbox-runtime",
+        pid=None,
+        address=getattr(health, "summary", "podman + runc + CRIU"),
+        healthy=bool(health.ok),
+        detail=health.detail,
+        log=None,
+    )
+
+
+def root_warning() -> str | None:
+    """What a non-root user must know before relying on checkpoints."""
+    if os.geteuid() == 0:
+        return None
+    return (
+        "not running as root: checkpoint and restore of sandboxes need root (CRIU), so they "
+        "are unavailable. Temporal, S3 storage, rollout engines and sandboxes without "
+        "checkpoints still work; run `sudo belayer up` for full recovery."
+    )
+
+
+def _who_listens(port: int) -> str:
+    try:
+        for conn in psutil.net_connections(kind="tcp"):
+            if conn.laddr and conn.laddr.port == port and conn.status == psutil.CONN_LISTEN:
+                if conn.pid:
+                    name = psutil.Process(conn.pid).name()
+                    return f"another process (pid {conn.pid}, {name})"
+    except psutil.Error:
+        pass
+    return "another process"
+
+
+def _port_setting_hint(name: str) -> str:
+    if name == "temporal":
+        return "BELAYER_TEMPORAL__ADDRESS, BELAYER_TEMPORAL__UI_PORT"
+    return "BELAYER_STORAGE__ENDPOINT and BELAYER_STACK__SEAWEEDFS_*_PORT"
+
+
+def status_as_dicts(rows: list[ComponentStatus]) -> list[dict]:
+    return [asdict(row) for row in rows]
+

