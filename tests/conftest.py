@@ -25,7 +25,7 @@ from belayer.storage.s3client import make_s3_client
 
 def free_port_block(count: int, *, with_grpc: bool) -> list[int]:
     """`count` free loopback ports (and each +10000 for SeaweedFS' gRPC when asked)."""
-    rng = random.Random(os.getpid())
+    rng = random.SystemRandom()
     for _ in range(200):
         base = rng.randrange(30000, 39000, 10)
         ports = [base + i for i in range(count)]
@@ -37,8 +37,7 @@ def free_port_block(count: int, *, with_grpc: bool) -> list[int]:
 
 def isolated_config(state_dir: Path) -> BelayerConfig:
     """A configuration whose every service lives in `state_dir` on free ports."""
-    s3, master, volume, filer, admin = free_port_block(5, with_grpc=True)
-    temporal, ui = free_port_block(2, with_grpc=False)
+    s3, master, volume, filer, admin, temporal, ui = free_port_block(7, with_grpc=True)
     return load_config(
         state_dir=state_dir,
         temporal={"address": f"127.0.0.1:{temporal}", "ui_port": ui},

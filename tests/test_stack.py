@@ -1,0 +1,154 @@
+"""`belayer up | status | down` end to end, through the real CLI and real services."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import socket
+import subprocess
+import sys
+from pathlib import Path
+
+import psutil
+import pytest
+
+from tests.conftest import isolated_config
+
+BELAYER = [sys.executable, "-m", "belayer.cli"]
+
+
+def cli_env(config) -> dict[str, str]:
+    """Environment variables that point the CLI at `config`'s private services."""
+    env = dict(os.environ)
+    env.update({
+        "BELAYER_STATE_DIR": str(config.state_dir),
+        "BELAYER_TEMPORAL__ADDRESS": config.temporal.address,
+        "BELAYER_TEMPORAL__UI_PORT": str(config.temporal.ui_port),
+        "BELAYER_STORAGE__ENDPOINT": config.storage.endpoint,
+        "BELAYER_STORAGE__BUCKET": config.storage.bucket,
+        "BELAYER_STORAGE__ACCESS_KEY": config.storage.access_key.get_secret_value(),
+        "BELAYER_STORAGE__SECRET_KEY": config.storage.secret_key.get_secret_value(),
+        "BELAYER_STACK__SEAWEEDFS_MASTER_PORT": str(config.stack.seaweedfs_master_port),
+        "BELAYER_STACK__SEAWEEDFS_VOLUME_PORT": str(config.stack.seaweedfs_volume_port),
+        "BELAYER_STACK__SEAWEEDFS_FILER_PORT": str(config.stack.seaweedfs_filer_port),
+        "BELAYER_STACK__SEAWEEDFS_ADMIN_PORT": str(config.stack.seaweedfs_admin_port),
+    })
+    return env
+
+
+def belayer(env, *args, check=True) -> subprocess.CompletedProcess:
+    result = subprocess.run([*BELAYER, *args], env=env, capture_output=True, text=True,
+                            stdin=subprocess.DEVNULL, timeout=180)
+    if check and result.returncode != 0:
+        raise AssertionError(f"belayer {' '.join(args)} failed:\n{result.stdout}\n{result.stderr}")
+    return result
+
+
+def service_status(env) -> dict[str, dict]:
+    out = belayer(env, "status", "--json", check=False).stdout
+    return {c["name"]: c for c in json.loads(out)["components"]}
+
+
+def live_pids_under(state_dir: Path) -> list[int]:
+    """Processes whose command line mentions the state directory: what we would leak."""
+    found = []
+    for proc in psutil.process_iter(["pid", "cmdline"]):
+        cmdline = " ".join(proc.info["cmdline"] or [])
+        if str(state_dir) in cmdline:
+            found.append(proc.info["pid"])
+    return found
+
+
+@pytest.fixture
+def private_stack(tmp_path):
+    config = isolated_config(tmp_path / "state")
+    env = cli_env(config)
+    yield config, env
+    belayer(env, "down", check=False)
+    leaked = live_pids_under(config.state_dir)
+    for pid in leaked:
+        psutil.Process(pid).kill()
+    assert not leaked, f"processes left running under {config.state_dir}: {leaked}"
+
+
+async def start_parked_workflow(address: str, workflow_id: str) -> None:
+    """A workflow with no worker: it exists in history only, which is what we check."""
+    from temporalio.client import Client
+
+    client = await Client.connect(address)
+    await client.start_workflow("Parked", id=workflow_id, task_queue="nobody-listens")
+
+
+async def workflow_exists(address: str, workflow_id: str) -> bool:
+    from temporalio.client import Client
+
+    client = await Client.connect(address)
+    description = await client.get_workflow_handle(workflow_id).describe()
+    return description.id == workflow_id
+
+
+@pytest.mark.stack
+def test_up_status_down_round_trip_keeps_history(private_stack):
+    config, env = private_stack
+    belayer(env, "up")
+    components = service_status(env)
+    for name in ("temporal", "seaweedfs"):
+        assert components[name]["healthy"], components[name]
+        assert psutil.pid_exists(components[name]["pid"])
+
+    # Running `up` twice is harmless: same processes, still healthy.
+    pids_before = {n: components[n]["pid"] for n in ("temporal", "seaweedfs")}
+    second = belayer(env, "up")
+    assert "already running" in second.stderr
+    assert {n: service_status(env)[n]["pid"] for n in pids_before} == pids_before
+
+    asyncio.run(start_parked_workflow(config.temporal.address, "survives-down-up"))
+    belayer(env, "down")
+    for pid in pids_before.values():
+        assert not psutil.pid_exists(pid) or psutil.Process(pid).status() == psutil.STATUS_ZOMBIE
+    assert not service_status(env)["temporal"]["healthy"]
+
+    belayer(env, "up")
+    assert asyncio.run(workflow_exists(config.temporal.address, "survives-down-up"))
+
+
+@pytest.mark.stack
+def test_port_taken_fails_clearly_and_leaves_nothing_running(private_stack):
+    config, env = private_stack
+    s3_port = int(config.storage.endpoint.rsplit(":", 1)[1])
+    squatter = socket.socket()
+    squatter.bind(("127.0.0.1", s3_port))
+    squatter.listen()
+    try:
+        result = belayer(env, "up", check=False)
+    finally:
+        squatter.close()
+    assert result.returncode == 1
+    assert f"127.0.0.1:{s3_port} is already in use" in result.stderr
+    assert "seaweedfs cannot start" in result.stderr
+    assert "Traceback" not in result.stderr
+    # Temporal had started before SeaweedFS failed: it must have been stopped again.
+    assert live_pids_under(config.state_dir) == []
+    assert not any(p.exists() and json.loads(p.read_text()) and
+                   psutil.pid_exists(json.loads(p.read_text())["pid"])
+                   for p in (config.state_dir / "run").glob("*.pid"))
+
+
+def test_invalid_setting_names_field_and_fix(tmp_path):
+    env = dict(os.environ, BELAYER_STATE_DIR=str(tmp_path), BELAYER_STORAGE__PART_SIZE_MB="2")
+    result = belayer(env, "config", "show", check=False)
+    assert result.returncode == 1
+    assert "storage.part_size_mb" in result.stderr
+    assert "BELAYER_STORAGE__PART_SIZE_MB" in result.stderr
+    assert "Traceback" not in result.stderr
+
+
+def test_config_show_masks_secrets(tmp_path):
+    env = dict(os.environ, BELAYER_STATE_DIR=str(tmp_path),
+               BELAYER_STORAGE__SECRET_KEY="very-secret-value")
+    result = belayer(env, "config", "show", "--json")
+    shown = json.loads(result.stdout)
+    assert shown["storage"]["secret_key"] == "***"
+    assert "very-secret-value" not in result.stdout + result.stderr
+    assert shown["state_dir"] == str(tmp_path)
