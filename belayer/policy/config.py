@@ -2,8 +2,9 @@
 
 from typing import Literal
 
-from belayer.section import Section
 from pydantic import Field
+
+from belayer.section import Section
 
 
 class PolicyConfig(Section):
@@ -13,8 +14,22 @@ class PolicyConfig(Section):
         "every-step", description="none: never; every-step: after each action; adaptive: in bubbles."
     )
     alpha: float = Field(
-        1.0, gt=0, description="Checkpoint when predicted generation time >= alpha x checkpoint cost."
+        1.0, gt=0, le=100,
+        description="Checkpoint when predicted generation time >= alpha x checkpoint cost.",
     )
     max_unprotected_steps: int = Field(
-        8, ge=1, description="Checkpoint anyway once this many actions are unprotected."
+        8, ge=1, le=10_000, description="Checkpoint anyway once this many actions are unprotected."
+    )
+    max_unprotected_replay_s: float = Field(
+        30.0, gt=0,
+        description="Checkpoint anyway once replaying the unprotected actions would take this long.",
+    )
+    history: int = Field(
+        5, ge=1, le=100, description="How many recent turns and checkpoints the predictors average."
+    )
+    prior_checkpoint_s: float = Field(
+        0.6, gt=0, description="Checkpoint cost assumed before any checkpoint was measured (s)."
+    )
+    prior_token_latency_s: float = Field(
+        0.01, gt=0, description="Per-token decode latency assumed before the engine reports one (s)."
     )

@@ -1,0 +1,189 @@
+"""The adaptive checkpoint policy: pure, deterministic, serialisable.
+
+It lives inside the trajectory workflow's state, so it does no I/O, reads no clock and
+draws no random numbers: every input is a measurement the workflow hands it. After each
+action the workflow asks `decide()`; the answer says whether to checkpoint now (the
+checkpoint then runs while the next generation does) and why. Every decision is kept
+as a `DecisionRecord` so reports can show predicted against actual times.
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import BaseModel, Field
+
+from belayer.policy.config import PolicyConfig
+
+Verdict = Literal["checkpoint", "skip", "forced"]
+
+
+class GenerationSample(BaseModel):
+    """One measured generation: what the engine produced and how long it took."""
+
+    output_tokens: int = Field(ge=0)
+    per_token_s: float = Field(ge=0)
+    queue_s: float = Field(0.0, ge=0)
+    total_s: float = Field(ge=0)
+
+
+class CheckpointSample(BaseModel):
+    """One measured checkpoint: dump + upload time against the sandbox's size."""
+
+    duration_s: float = Field(ge=0)
+    size_mb: float = Field(ge=0)
+
+
+class DecisionRecord(BaseModel):
+    """One decision, completed later with what actually happened."""
+
+    step: int
+    verdict: Verdict
+    reason: str
+    predicted_generation_s: float
+    estimated_checkpoint_s: float
+    unprotected_steps: int
+    unprotected_replay_s: float
+    actual_checkpoint_s: float | None = None
+    actual_generation_s: float | None = None
+    wait_s: float | None = None
+
+    @property
+    def checkpointed(self) -> bool:
+        return self.verdict != "skip"
+
+
+class CheckpointPolicy(BaseModel):
+    """Predictors, unprotected-work accounting and the decision log of one trajectory."""
+
+    config: PolicyConfig = PolicyConfig()
+    generations: list[GenerationSample] = []
+    checkpoints: list[CheckpointSample] = []
+    unprotected_steps: int = 0
+    unprotected_replay_s: float = 0.0
+    decisions: list[DecisionRecord] = []
+
+    # -- measurements the workflow reports -------------------------------------------
+
+    def observe_generation(self, sample: GenerationSample) -> None:
+        self.generations = [*self.generations, sample][-self.config.history :]
+        if self.decisions and self.decisions[-1].actual_generation_s is None:
+            self.decisions[-1].actual_generation_s = sample.total_s
+
+    def observe_action(self, duration_s: float) -> None:
+        """An action ran: it is unprotected until the next checkpoint covers it."""
+        self.unprotected_steps += 1
+        self.unprotected_replay_s += max(duration_s, 0.0)
+
+    def observe_checkpoint(self, sample: CheckpointSample, wait_s: float = 0.0) -> None:
+        """The checkpoint decided last finished; everything before it is protected."""
+        self.checkpoints = [*self.checkpoints, sample][-self.config.history :]
+        if self.decisions and self.decisions[-1].checkpointed:
+            self.decisions[-1].actual_checkpoint_s = sample.duration_s
+            self.decisions[-1].wait_s = wait_s
+
+    def observe_checkpoint_failed(self) -> None:
+        """The checkpoint decided last failed: its actions are unprotected again."""
+        if self.decisions and self.decisions[-1].checkpointed:
+            last = self.decisions[-1]
+            self.unprotected_steps += last.unprotected_steps
+            self.unprotected_replay_s += last.unprotected_replay_s
+            last.reason += "; failed"
+
+    def mark_protected(self) -> None:
+        """A checkpoint covering every action so far was taken (or a restore landed on one)."""
+        self.unprotected_steps = 0
+        self.unprotected_replay_s = 0.0
+
+    # -- predictors -----------------------------------------------------------------
+
+    def predict_generation_s(self, expected_output_tokens: int | None = None) -> float:
+        """Coming generation interval: output length x per-token latency + queueing."""
+        recent = self.generations
+        per_token = (
+            _mean([g.per_token_s for g in recent]) if recent else self.config.prior_token_latency_s
+        )
+        queue = _mean([g.queue_s for g in recent]) if recent else 0.0
+        if expected_output_tokens is not None:
+            tokens = float(expected_output_tokens)
+        else:
+            tokens = _mean([g.output_tokens for g in recent]) if recent else 0.0
+        return tokens * per_token + queue
+
+    def estimate_checkpoint_s(self, size_mb: float) -> float:
+        """Dump + upload time for a sandbox of `size_mb`, scaled from recent checkpoints."""
+        if not self.checkpoints:
+            return self.config.prior_checkpoint_s
+        mean_duration = _mean([c.duration_s for c in self.checkpoints])
+        mean_size = _mean([c.size_mb for c in self.checkpoints])
+        if mean_size <= 0 or size_mb <= 0:
+            return mean_duration
+        # A fixed part (freezing, CRIU start-up) does not shrink with size: never
+        # estimate below half the recent mean.
+        return max(mean_duration * size_mb / mean_size, mean_duration / 2)
+
+    # -- the decision ----------------------------------------------------------------
+
+    def decide(
+        self, step: int, size_mb: float, expected_output_tokens: int | None = None
+    ) -> DecisionRecord:
+        """Checkpoint now (overlapped with the next generation) or skip, and why."""
+        predicted = self.predict_generation_s(expected_output_tokens)
+        estimated = self.estimate_checkpoint_s(size_mb)
+        verdict, reason = self._verdict(predicted, estimated)
+        record = DecisionRecord(
+            step=step,
+            verdict=verdict,
+            reason=reason,
+            predicted_generation_s=round(predicted, 6),
+            estimated_checkpoint_s=round(estimated, 6),
+            unprotected_steps=self.unprotected_steps,
+            unprotected_replay_s=round(self.unprotected_replay_s, 6),
+        )
+        self.decisions = [*self.decisions, record]
+        if record.checkpointed:
+            self.mark_protected()
+        return record
+
+    def _verdict(self, predicted: float, estimated: float) -> tuple[Verdict, str]:
+        cfg = self.config
+        if cfg.mode == "none":
+            return "skip", "policy mode none"
+        if self.unprotected_steps == 0:
+            return "skip", "nothing unprotected"
+        if cfg.mode == "every-step":
+            return "checkpoint", "policy mode every-step"
+        if predicted >= cfg.alpha * estimated:
+            return "checkpoint", (
+                f"generation {predicted:.3f}s >= {cfg.alpha} x checkpoint {estimated:.3f}s"
+            )
+        if self.unprotected_steps >= cfg.max_unprotected_steps:
+            return "forced", f"{self.unprotected_steps} unprotected steps reach the bound"
+        if self.unprotected_replay_s >= cfg.max_unprotected_replay_s:
+            return "forced", (
+                f"unprotected replay {self.unprotected_replay_s:.1f}s reaches the bound"
+            )
+        return "skip", f"generation {predicted:.3f}s < {cfg.alpha} x checkpoint {estimated:.3f}s"
+
+    # -- reporting -------------------------------------------------------------------
+
+    def predictor_error(self) -> dict[str, float | None]:
+        """Mean absolute relative error of both predictors over completed decisions."""
+        gen = [
+            abs(d.predicted_generation_s - d.actual_generation_s) / d.actual_generation_s
+            for d in self.decisions
+            if d.actual_generation_s
+        ]
+        ckpt = [
+            abs(d.estimated_checkpoint_s - d.actual_checkpoint_s) / d.actual_checkpoint_s
+            for d in self.decisions
+            if d.actual_checkpoint_s
+        ]
+        return {
+            "generation_mean_rel_error": _mean(gen) if gen else None,
+            "checkpoint_mean_rel_error": _mean(ckpt) if ckpt else None,
+        }
+
+
+def _mean(values: list[float] | list[int]) -> float:
+    return sum(values) / len(values)

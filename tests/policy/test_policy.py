@@ -1,0 +1,137 @@
+"""The checkpoint policy on recorded decision traces, plus property tests."""
+
+from __future__ import annotations
+
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from belayer.policy.adaptive import CheckpointPolicy, CheckpointSample, GenerationSample
+from belayer.policy.config import PolicyConfig
+from belayer.policy.simulate import TraceStep, simulate
+
+
+def adaptive(**overrides) -> PolicyConfig:
+    return PolicyConfig(mode="adaptive", **overrides)
+
+
+def test_long_generation_hides_checkpoint():
+    policy = CheckpointPolicy(config=adaptive(alpha=1.5))
+    policy.observe_checkpoint(CheckpointSample(duration_s=0.5, size_mb=2.0))
+    policy.observe_generation(GenerationSample(output_tokens=200, per_token_s=0.02, total_s=4.0))
+    policy.observe_action(0.3)
+    decision = policy.decide(step=0, size_mb=2.0)
+    assert decision.verdict == "checkpoint"
+    assert decision.predicted_generation_s == 4.0
+    assert decision.estimated_checkpoint_s == 0.5
+    assert policy.unprotected_steps == 0
+
+
+def test_short_generation_skips_until_the_bound():
+    policy = CheckpointPolicy(config=adaptive(max_unprotected_steps=3, max_unprotected_replay_s=1e9))
+    policy.observe_checkpoint(CheckpointSample(duration_s=1.0, size_mb=10.0))
+    verdicts = []
+    for step in range(7):
+        policy.observe_generation(GenerationSample(output_tokens=5, per_token_s=0.01, total_s=0.05))
+        policy.observe_action(0.1)
+        verdicts.append(policy.decide(step=step, size_mb=10.0).verdict)
+    assert verdicts == ["skip", "skip", "forced", "skip", "skip", "forced", "skip"]
+
+
+def test_replay_cost_bound_forces_a_checkpoint():
+    policy = CheckpointPolicy(config=adaptive(max_unprotected_steps=100, max_unprotected_replay_s=5))
+    policy.observe_generation(GenerationSample(output_tokens=1, per_token_s=0.01, total_s=0.01))
+    policy.observe_action(6.0)  # a pip install: expensive to replay
+    assert policy.decide(step=0, size_mb=50).verdict == "forced"
+
+
+def test_expected_output_hint_is_used():
+    policy = CheckpointPolicy(config=adaptive())
+    policy.observe_generation(GenerationSample(output_tokens=10, per_token_s=0.01, total_s=0.1))
+    assert policy.predict_generation_s() == 0.1
+    assert policy.predict_generation_s(expected_output_tokens=1000) == 10.0
+
+
+def test_checkpoint_estimate_scales_with_size_but_keeps_fixed_part():
+    policy = CheckpointPolicy(config=adaptive())
+    policy.observe_checkpoint(CheckpointSample(duration_s=1.0, size_mb=100))
+    assert policy.estimate_checkpoint_s(200) == 2.0
+    assert policy.estimate_checkpoint_s(1) == 0.5
+
+
+def test_failed_checkpoint_leaves_work_unprotected():
+    policy = CheckpointPolicy(config=PolicyConfig(mode="every-step"))
+    policy.observe_action(1.0)
+    policy.observe_action(2.0)
+    assert policy.decide(step=1, size_mb=1).checkpointed
+    policy.observe_checkpoint_failed()
+    assert policy.unprotected_steps == 2
+    assert policy.unprotected_replay_s == 3.0
+
+
+def test_decisions_record_actuals_and_predictor_error():
+    policy = CheckpointPolicy(config=PolicyConfig(mode="every-step"))
+    policy.observe_generation(GenerationSample(output_tokens=100, per_token_s=0.01, total_s=1.0))
+    policy.observe_action(0.2)
+    policy.decide(step=0, size_mb=1)
+    policy.observe_generation(GenerationSample(output_tokens=100, per_token_s=0.01, total_s=2.0))
+    policy.observe_checkpoint(CheckpointSample(duration_s=0.3, size_mb=1), wait_s=0.0)
+    record = policy.decisions[0]
+    assert record.actual_generation_s == 2.0
+    assert record.actual_checkpoint_s == 0.3
+    errors = policy.predictor_error()
+    assert errors["generation_mean_rel_error"] == 0.5
+    assert round(errors["checkpoint_mean_rel_error"], 6) == 1.0
+
+
+def test_modes_none_and_every_step():
+    for mode, expected in (("none", 0), ("every-step", 6)):
+        trace = [TraceStep(output_tokens=10, per_token_s=0.01, action_s=0.1, checkpoint_s=0.5,
+                           size_mb=2)] * 6
+        assert simulate(trace, PolicyConfig(mode=mode)).checkpoints == expected
+
+
+def test_policy_state_round_trips_as_workflow_state():
+    policy = CheckpointPolicy(config=adaptive())
+    policy.observe_generation(GenerationSample(output_tokens=3, per_token_s=0.1, total_s=0.3))
+    policy.observe_action(0.1)
+    policy.decide(step=0, size_mb=1)
+    assert CheckpointPolicy.model_validate_json(policy.model_dump_json()) == policy
+
+
+trace_steps = st.lists(
+    st.builds(
+        TraceStep,
+        output_tokens=st.integers(0, 4000),
+        per_token_s=st.floats(0.0, 0.05),
+        action_s=st.floats(0.0, 20.0),
+        checkpoint_s=st.floats(0.0, 5.0),
+        size_mb=st.floats(0.0, 500.0),
+    ),
+    min_size=1,
+    max_size=60,
+)
+
+
+@settings(max_examples=200, deadline=None)
+@given(trace=trace_steps, bound=st.integers(1, 10), alpha=st.floats(0.1, 10.0),
+       mode=st.sampled_from(["none", "every-step", "adaptive"]))
+def test_bound_respected_and_no_checkpoint_overlaps_an_action(trace, bound, alpha, mode):
+    config = PolicyConfig(mode=mode, alpha=alpha, max_unprotected_steps=bound,
+                          max_unprotected_replay_s=1e12)
+    timeline = simulate(trace, config)
+    if mode != "none":
+        assert timeline.max_unprotected_steps <= bound
+    actions = [i for i in timeline.intervals if i.kind == "action"]
+    checkpoints = [i for i in timeline.intervals if i.kind == "checkpoint"]
+    for checkpoint in checkpoints:
+        for action in actions:
+            overlap = min(checkpoint.end, action.end) - max(checkpoint.start, action.start)
+            assert overlap <= 1e-9, (checkpoint, action)
+
+
+@settings(max_examples=100, deadline=None)
+@given(trace=trace_steps)
+def test_adaptive_never_costs_more_wall_time_than_every_step(trace):
+    adaptive_wall = simulate(trace, adaptive()).wall_s
+    every_step_wall = simulate(trace, PolicyConfig(mode="every-step")).wall_s
+    assert adaptive_wall <= every_step_wall + 1e-9
