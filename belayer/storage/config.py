@@ -29,3 +29,15 @@ class StorageConfig(Section):
     path_style: bool = Field(
         True, description="Path-style addressing; SeaweedFS and MinIO need it, AWS accepts it."
     )
+    connect_timeout_s: float = Field(
+        5.0, gt=0, le=300, description="Seconds to wait for a TCP connection to the endpoint."
+    )
+    read_timeout_s: float = Field(
+        60.0, gt=0, le=3600, description="Seconds to wait for the endpoint's next bytes before retrying."
+    )
+    retry_base_delay_s: float = Field(
+        0.2, ge=0, le=60, description="First backoff delay after a transient error; doubles per attempt (full jitter)."
+    )
+    retry_max_delay_s: float = Field(
+        5.0, ge=0, le=300, description="Upper bound of one backoff delay."
+    )

@@ -12,8 +12,13 @@ from botocore.config import Config
 from belayer.storage.config import StorageConfig
 
 
-def make_s3_client(cfg: StorageConfig, *, connect_timeout_s: float = 5.0, read_timeout_s: float = 60.0):
-    """A boto3 S3 client for `cfg`'s endpoint (SeaweedFS, MinIO or AWS S3)."""
+def make_s3_client(cfg: StorageConfig, *, connect_timeout_s: float | None = None, read_timeout_s: float | None = None):
+    """A boto3 S3 client for `cfg`'s endpoint (SeaweedFS, MinIO or AWS S3).
+
+    Timeouts default to `cfg.connect_timeout_s` / `cfg.read_timeout_s`.
+    """
+    connect_timeout_s = cfg.connect_timeout_s if connect_timeout_s is None else connect_timeout_s
+    read_timeout_s = cfg.read_timeout_s if read_timeout_s is None else read_timeout_s
     botocore_config = Config(
         region_name=cfg.region,
         s3={"addressing_style": "path" if cfg.path_style else "auto"},
