@@ -1,0 +1,91 @@
+"""Read and validate a workload file; every problem names the task, the field and the fix."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import yaml
+from pydantic import TypeAdapter, ValidationError
+
+from belayer.errors import BelayerError
+from belayer.workloads.models import Task, Workload
+
+
+class WorkloadError(BelayerError):
+    """The workload file is missing or invalid; nothing was started."""
+
+
+_task_adapter: TypeAdapter[Task] = TypeAdapter(Task)
+
+
+def load_workload(path: Path) -> Workload:
+    """Parse `path` (.yaml/.yml or .jsonl) into a `Workload`, or raise `WorkloadError`."""
+    raw_tasks = _read_raw_tasks(path)
+    if not raw_tasks:
+        raise WorkloadError(f"{path}: the workload has no tasks; add at least one under `tasks:`")
+    tasks = [_validate_task(path, index, raw) for index, raw in enumerate(raw_tasks)]
+    _refuse_duplicate_ids(path, tasks)
+    return Workload(tasks=tasks)
+
+
+def _read_raw_tasks(path: Path) -> list[Any]:
+    if not path.is_file():
+        raise WorkloadError(f"workload file {path} does not exist; give the path of a .yaml or .jsonl file")
+    text = path.read_text(encoding="utf-8", errors="strict")
+    if path.suffix == ".jsonl":
+        return [_parse_json_line(path, n, line) for n, line in enumerate(text.splitlines(), 1)
+                if line.strip()]
+    if path.suffix not in (".yaml", ".yml"):
+        raise WorkloadError(f"{path}: unknown workload format {path.suffix!r}; use .yaml, .yml or .jsonl")
+    try:
+        document = yaml.safe_load(text)
+    except yaml.YAMLError as exc:
+        raise WorkloadError(f"{path}: not valid YAML: {exc}") from None
+    if document is None:
+        return []
+    if not isinstance(document, dict) or set(document) != {"tasks"}:
+        raise WorkloadError(f"{path}: the top level must be a mapping with one key, `tasks:` (a list)")
+    if not isinstance(document["tasks"], list):
+        raise WorkloadError(f"{path}: `tasks:` must be a list of tasks")
+    return document["tasks"]
+
+
+def _parse_json_line(path: Path, number: int, line: str) -> Any:
+    try:
+        return json.loads(line)
+    except json.JSONDecodeError as exc:
+        raise WorkloadError(f"{path}:{number}: not valid JSON ({exc.msg}); one task object per line") from None
+
+
+def _validate_task(path: Path, index: int, raw: Any) -> Task:
+    task_id = raw.get("id", f"#{index + 1}") if isinstance(raw, dict) else f"#{index + 1}"
+    try:
+        return _task_adapter.validate_python(raw)
+    except ValidationError as exc:
+        problems = []
+        for error in exc.errors():
+            location = [str(p) for p in error["loc"] if p not in ("trace", "model")]
+            field = ".".join(location) or "(task)"
+            problems.append(f"  field {field}: {error['msg']}{_fix_for(error)}")
+        raise WorkloadError(f"{path}: task {task_id!r} is invalid:\n" + "\n".join(problems)) from None
+
+
+def _fix_for(error: dict) -> str:
+    if error["type"] == "extra_forbidden":
+        return " (unknown field: remove it; trace tasks take id, setup, turns, check; " \
+               "model tasks take id, setup, instruction, max_turns, max_tokens_per_turn, check)"
+    if error["type"] == "missing":
+        return " (add it)"
+    if error["type"] == "string_pattern_mismatch":
+        return " (use letters, digits, '.', '_' or '-', at most 64 characters)"
+    return ""
+
+
+def _refuse_duplicate_ids(path: Path, tasks: list[Task]) -> None:
+    seen: set[str] = set()
+    for task in tasks:
+        if task.id in seen:
+            raise WorkloadError(f"{path}: task id {task.id!r} appears twice; task ids must be unique")
+        seen.add(task.id)

@@ -1,0 +1,73 @@
+"""Workload files: valid examples load, invalid ones name the task, the field and the fix."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from belayer.workloads.loader import WorkloadError, load_workload
+from belayer.workloads.models import ModelTask, TraceTask
+
+EXAMPLES = Path(__file__).resolve().parents[2] / "examples" / "workloads"
+
+
+def write(tmp_path: Path, name: str, text: str) -> Path:
+    path = tmp_path / name
+    path.write_text(text)
+    return path
+
+
+def test_every_shipped_example_loads():
+    examples = sorted(EXAMPLES.glob("*.yaml")) + sorted(EXAMPLES.glob("*.jsonl"))
+    assert examples, "no example workloads shipped"
+    for path in examples:
+        assert load_workload(path).tasks
+
+
+def test_kinds_are_inferred_from_fields(tmp_path):
+    path = write(tmp_path, "w.yaml", """
+tasks:
+  - id: replay-1
+    turns: [{think_tokens: 4, bash: "echo hi"}]
+  - id: agent-1
+    instruction: "create hello.txt"
+""")
+    trace, model = load_workload(path).tasks
+    assert isinstance(trace, TraceTask) and isinstance(model, ModelTask)
+    assert model.max_turns == 8
+
+
+def test_jsonl(tmp_path):
+    path = write(tmp_path, "w.jsonl", '{"id": "a", "turns": [{"think_tokens": 1, "bash": "true"}]}\n\n'
+                                      '{"id": "b", "instruction": "x"}\n')
+    assert [t.id for t in load_workload(path).tasks] == ["a", "b"]
+
+
+@pytest.mark.parametrize("text, expected", [
+    ("tasks:\n  - id: t1\n    turns: [{think_tokens: 4, bash: ls}]\n    colour: red\n",
+     ["task 't1'", "field colour", "unknown field"]),
+    ("tasks:\n  - id: t2\n    turns: [{think_tokens: -1, bash: ls}]\n",
+     ["task 't2'", "field turns.0.think_tokens", "greater than or equal to 0"]),
+    ("tasks:\n  - id: t3\n    turns: []\n", ["task 't3'", "field turns"]),
+    ("tasks: []\n", ["no tasks"]),
+    ("", ["no tasks"]),
+    ("tasks:\n  - id: 'bad id!'\n    instruction: x\n", ["field id", "letters, digits"]),
+    ("tasks:\n  - {id: a, instruction: x}\n  - {id: a, instruction: y}\n", ["appears twice"]),
+    ("tasks: [\n", ["not valid YAML"]),
+    ("jobs: []\n", ["one key, `tasks:`"]),
+])
+def test_invalid_files_name_task_field_and_fix(tmp_path, text, expected):
+    with pytest.raises(WorkloadError) as excinfo:
+        load_workload(write(tmp_path, "w.yaml", text))
+    for fragment in expected:
+        assert fragment in str(excinfo.value)
+
+
+def test_missing_file_and_unknown_format(tmp_path):
+    with pytest.raises(WorkloadError, match="does not exist"):
+        load_workload(tmp_path / "nope.yaml")
+    with pytest.raises(WorkloadError, match="unknown workload format"):
+        load_workload(write(tmp_path, "w.txt", "tasks: []"))
+    with pytest.raises(WorkloadError, match=r"w.jsonl:1: not valid JSON"):
+        load_workload(write(tmp_path, "w.jsonl", "{oops\n"))
