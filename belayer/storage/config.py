@@ -7,7 +7,7 @@ from pydantic import Field, SecretStr
 class StorageConfig(Section):
     """An S3-compatible endpoint (SeaweedFS locally; MinIO or AWS S3 in production)."""
 
-    endpoint: str | None = Field(
+    endpoint: str = Field(
         "http://127.0.0.1:8333",
         description="S3 endpoint URL; empty for AWS S3's regional default endpoint.",
     )

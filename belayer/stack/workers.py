@@ -1,0 +1,110 @@
+"""Belayer's own Temporal workers as services of the local stack.
+
+A worker is ready when Temporal lists it as a poller of its task queue: that is the
+only signal that work sent to the queue will be picked up, so `belayer up` waits for
+exactly that. Workers read the effective configuration `up` was given from a private
+file (mode 0600; it holds credentials), so a worker never disagrees with `up`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import sys
+from pathlib import Path
+
+from belayer.config import BelayerConfig, TemporalConfig
+from belayer.stack.process import ManagedProcess
+from belayer.stack.services import Health
+
+CONFIG_FILE_ENV = "BELAYER_CONFIG"
+
+
+def write_effective_config(config: BelayerConfig) -> Path:
+    """The full configuration, secrets included, readable by the owner only."""
+    import tomli_w
+
+    data = json.loads(config.model_dump_json())
+    data["storage"]["access_key"] = config.storage.access_key.get_secret_value()
+    data["storage"]["secret_key"] = config.storage.secret_key.get_secret_value()
+    path = config.state_dir / "run" / "effective-config.toml"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with os.fdopen(fd, "w") as out:
+        out.write(tomli_w.dumps(_without_none(data)))
+    return path
+
+
+def _without_none(value):
+    if isinstance(value, dict):
+        return {k: _without_none(v) for k, v in value.items() if v is not None}
+    return value
+
+
+class WorkerService:
+    """`python -m MODULE`, ready once it polls `task_queue` on Temporal."""
+
+    def __init__(self, name: str, module: str, task_queue: str, queue_kind: str,
+                 config: BelayerConfig):
+        self.name = name
+        self.module = module
+        self.task_queue = task_queue
+        self.queue_kind = queue_kind  # "workflow" or "activity"
+        self.config = config
+        self.process = ManagedProcess(name, config.state_dir)
+
+    @property
+    def address(self) -> str:
+        return f"task queue {self.task_queue}"
+
+    def ports(self) -> list[tuple[str, int]]:
+        return []
+
+    def command(self) -> tuple[list[str], dict[str, str]]:
+        env = dict(os.environ)
+        env[CONFIG_FILE_ENV] = str(write_effective_config(self.config))
+        env.setdefault("PYTHONUNBUFFERED", "1")
+        return [sys.executable, "-m", self.module], env
+
+    def ready(self) -> bool:
+        return self.health().ok
+
+    def health(self) -> Health:
+        running = self.process.running()
+        if running is None:
+            return Health(False, "not running")
+        try:
+            identities = asyncio.run(
+                asyncio.wait_for(pollers(self.config.temporal, self.task_queue, self.queue_kind), 5)
+            )
+        except Exception as exc:  # unhealthy with its reason
+            return Health(False, f"cannot ask Temporal about {self.task_queue}: {exc}")
+        mine = [i for i in identities if i.endswith(f":{running.pid}")]
+        if not mine:
+            return Health(False, f"not yet polling {self.task_queue}")
+        return Health(True, f"polling {self.task_queue} as {mine[0]}")
+
+    def after_ready(self) -> None:
+        """Nothing: a worker needs no set-up once it polls."""
+
+
+async def pollers(cfg: TemporalConfig, task_queue: str, queue_kind: str) -> list[str]:
+    """Identities of the workers currently polling `task_queue`."""
+    from temporalio.api.enums.v1 import TaskQueueType
+    from temporalio.api.taskqueue.v1 import TaskQueue
+    from temporalio.api.workflowservice.v1 import DescribeTaskQueueRequest
+
+    from belayer.temporal_client import connect
+
+    client = await connect(cfg)
+    kind = {
+        "workflow": TaskQueueType.TASK_QUEUE_TYPE_WORKFLOW,
+        "activity": TaskQueueType.TASK_QUEUE_TYPE_ACTIVITY,
+    }[queue_kind]
+    response = await client.workflow_service.describe_task_queue(
+        DescribeTaskQueueRequest(
+            namespace=cfg.namespace, task_queue=TaskQueue(name=task_queue), task_queue_type=kind
+        )
+    )
+    return [poller.identity for poller in response.pollers]
