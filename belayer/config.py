@@ -22,9 +22,9 @@ from pydantic_settings import (
 )
 
 from belayer.errors import ConfigError
-from belayer.section import Section
 from belayer.policy.config import PolicyConfig
 from belayer.sandbox.config import SandboxConfig
+from belayer.section import Section
 from belayer.storage.config import StorageConfig
 from belayer.workers.rollout.config import RolloutConfig
 

@@ -1,7 +1,8 @@
 """Sandbox settings: limits and runtime of the agent's containers."""
 
-from belayer.section import Section
 from pydantic import Field
+
+from belayer.section import Section
 
 
 class SandboxConfig(Section):

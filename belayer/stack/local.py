@@ -9,8 +9,9 @@ from __future__ import annotations
 
 import os
 import time
+from collections.abc import Callable
 from dataclasses import asdict, dataclass
-from typing import Callable, Protocol
+from typing import Protocol
 
 import psutil
 

@@ -1,7 +1,8 @@
 """Storage settings: where checkpoints, token logs and observations live."""
 
-from belayer.section import Section
 from pydantic import Field, SecretStr
+
+from belayer.section import Section
 
 
 class StorageConfig(Section):

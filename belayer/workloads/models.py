@@ -13,7 +13,7 @@ status 0 means reward 1).
 
 from __future__ import annotations
 
-from typing import Annotated, Any, Literal, Union
+from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Discriminator, Field, Tag
 
@@ -60,7 +60,7 @@ def _task_kind(value: Any) -> str | None:
 
 
 Task = Annotated[
-    Union[Annotated[TraceTask, Tag("trace")], Annotated[ModelTask, Tag("model")]],
+    Annotated[TraceTask, Tag("trace")] | Annotated[ModelTask, Tag("model")],
     Discriminator(_task_kind),
 ]
 
