@@ -1,0 +1,246 @@
+"""Token logs: a trajectory's token ids, append-only in S3, read back as exact prefixes.
+
+What crosses process boundaries (Temporal payloads) is a `PrefixRef` — log key,
+prefix length, sha256 of that prefix — never the token array.
+
+Canonical encoding: the sha256 of a prefix is taken over its token ids as a packed
+array of little-endian unsigned 32-bit integers (`encode_tokens`), with no header and
+no separator, so any process can recompute it from the ids alone.
+
+Layout of a log at key `K` (relative to the store's key_prefix):
+- `K/manifest.json` — format, encoding and, for a fork, the base `PrefixRef`. Written
+  once, create-if-absent, never updated: appends never race on it, and it stays the
+  same few hundred bytes however many turns the trajectory has.
+- `K/seg/<start>.u32` — one segment per append (a turn), `start` = absolute position of
+  its first token, zero-padded to 12 digits so that listing order is position order.
+  Segments are written create-if-absent: a retried append of the same tokens is a
+  no-op, and a different append at a position already taken raises `ObjectConflict`
+  instead of rewriting history. Reading a prefix lists the segments (one LIST call per
+  1000 turns) and fetches the ones it needs in parallel.
+
+A context that must diverge from its log (prefix consistency after a restore, or a
+retried turn that sampled different tokens) forks: `TokenLog.fork(store, ref, new_key)`
+starts a new log whose first `ref.length` tokens are `ref`'s prefix, read through the
+base log, so nothing is copied.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import re
+import sys
+from array import array
+from collections.abc import Iterable
+from concurrent.futures import ThreadPoolExecutor
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from belayer.storage.errors import CorruptObject, ObjectConflict, ObjectNotFound
+from belayer.storage.store import ObjectStore
+
+FORMAT = "belayer-tokenlog/1"
+ENCODING = "u32le"
+MAX_TOKEN_ID = 2**32 - 1
+_SEGMENT = re.compile(r"^(\d{12})\.u32$")
+_READ_THREADS = 8
+
+
+class PrefixRef(BaseModel):
+    """The first `length` tokens of the token log at `key`, whose sha256 is `sha256`."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    key: str = Field(min_length=1, description="Key of the token log (relative to the store's key_prefix).")
+    length: int = Field(ge=0, description="Number of tokens in the prefix.")
+    sha256: str = Field(
+        pattern=r"^[0-9a-f]{64}$", description="sha256 of the prefix as little-endian uint32 token ids."
+    )
+
+
+def encode_tokens(tokens: Iterable[int]) -> bytes:
+    """Token ids as packed little-endian uint32 (the canonical encoding)."""
+    try:
+        packed = array("I", tokens)
+    except (OverflowError, TypeError) as exc:
+        raise ValueError(f"token ids must be integers in [0, {MAX_TOKEN_ID}]: {exc}") from None
+    if packed.itemsize != 4:  # pragma: no cover - no supported platform has this
+        raise RuntimeError("array('I') is not 32-bit on this platform")
+    if sys.byteorder == "big":  # pragma: no cover
+        packed.byteswap()
+    return packed.tobytes()
+
+
+def decode_tokens(data: bytes) -> list[int]:
+    """Inverse of `encode_tokens`."""
+    if len(data) % 4:
+        raise ValueError(f"{len(data)} bytes is not a whole number of uint32 token ids")
+    packed = array("I")
+    packed.frombytes(data)
+    if sys.byteorder == "big":  # pragma: no cover
+        packed.byteswap()
+    return packed.tolist()
+
+
+def prefix_sha256(tokens: Iterable[int]) -> str:
+    """sha256 (hex) of `tokens` in the canonical encoding."""
+    return hashlib.sha256(encode_tokens(tokens)).hexdigest()
+
+
+def prefix_ref(key: str, tokens: list[int]) -> PrefixRef:
+    """The `PrefixRef` of `tokens` as the first len(tokens) tokens of the log at `key`."""
+    return PrefixRef(key=key, length=len(tokens), sha256=prefix_sha256(tokens))
+
+
+class TokenLog:
+    """One writer's handle on an append-only token log. Not thread-safe; one per trajectory branch."""
+
+    def __init__(self, store: ObjectStore, key: str, *, prefix: bytes = b""):
+        self.store = store
+        self.key = key.rstrip("/")
+        self._length = len(prefix) // 4
+        self._hasher = hashlib.sha256(prefix)
+
+    @classmethod
+    def create(cls, store: ObjectStore, key: str) -> TokenLog:
+        """A new, empty log at `key` (idempotent: an existing log of the same kind is reopened empty,
+        and replayed appends of the same tokens then succeed)."""
+        _write_manifest(store, key, base=None)
+        return cls(store, key)
+
+    @classmethod
+    def fork(cls, store: ObjectStore, ref: PrefixRef, key: str) -> TokenLog:
+        """A new log at `key` that starts as the verified prefix `ref` of another log."""
+        prefix = _read_verified(store, ref)
+        _write_manifest(store, key, base=ref)
+        return cls(store, key, prefix=prefix)
+
+    @classmethod
+    def resume(cls, store: ObjectStore, ref: PrefixRef) -> TokenLog:
+        """Continue appending to `ref.key` after `ref` (the prefix is read and verified)."""
+        return cls(store, ref.key, prefix=_read_verified(store, ref))
+
+    @property
+    def head(self) -> PrefixRef:
+        """The ref of everything appended so far."""
+        return PrefixRef(key=self.key, length=self._length, sha256=self._hasher.hexdigest())
+
+    def append(self, tokens: Iterable[int]) -> PrefixRef:
+        """Append one segment (e.g. a turn's tokens); returns the ref of the whole log so far.
+
+        Retrying the same append is harmless; a different append where one already
+        exists raises `ObjectConflict` (fork from the last good ref instead).
+        """
+        data = encode_tokens(tokens)
+        if not data:
+            return self.head
+        segment_key = _segment_key(self.key, self._length)
+        try:
+            self.store.put_bytes(segment_key, data, if_absent=True)
+        except ObjectConflict as exc:
+            raise ObjectConflict(
+                f"token log {self.key!r} already holds different tokens at position {self._length} "
+                f"(another writer appended, or this context diverged); fork the log from your last "
+                f"PrefixRef with TokenLog.fork: {exc}"
+            ) from None
+        self._hasher.update(data)
+        self._length += len(data) // 4
+        return self.head
+
+    def read_prefix(self, ref: PrefixRef) -> list[int]:
+        return read_prefix(self.store, ref)
+
+
+def read_prefix(store: ObjectStore, ref: PrefixRef) -> list[int]:
+    """Exactly the first `ref.length` tokens of `ref.key`, checked against `ref.sha256`.
+
+    Raises `CorruptObject` when the log holds fewer tokens, a segment is missing or
+    damaged, or the prefix's hash is not the ref's.
+    """
+    return decode_tokens(_read_verified(store, ref))
+
+
+def _read_verified(store: ObjectStore, ref: PrefixRef) -> bytes:
+    data = _collect(store, ref.key, ref.length)
+    if len(data) < ref.length * 4:
+        raise CorruptObject(
+            f"token log {ref.key!r} holds only {len(data) // 4} tokens; the ref asks for {ref.length}"
+        )
+    actual = hashlib.sha256(data).hexdigest()
+    if actual != ref.sha256:
+        raise CorruptObject(
+            f"token log {ref.key!r}: the first {ref.length} tokens hash to {actual}, but the ref says "
+            f"{ref.sha256} (the ref belongs to another log or branch, or the log was damaged)"
+        )
+    return data
+
+
+def _collect(store: ObjectStore, key: str, length: int) -> bytes:
+    """The first `length` tokens of the log at `key` as stored (or fewer if it is shorter)."""
+    key = key.rstrip("/")
+    manifest = _read_manifest(store, key)
+    out = bytearray()
+    own_start = 0
+    if manifest["base"] is not None:
+        base = PrefixRef.model_validate(manifest["base"])
+        out += _collect(store, base.key, min(length, base.length))
+        if len(out) < min(length, base.length) * 4:
+            return bytes(out)
+        own_start = base.length
+    if length > own_start:
+        out += _collect_segments(store, key, own_start, length)
+    return bytes(out[: length * 4])
+
+
+def _collect_segments(store: ObjectStore, key: str, start: int, length: int) -> bytes:
+    starts = []
+    seg_dir = f"{key}/seg/"
+    for seg_key in store.list(seg_dir):
+        match = _SEGMENT.match(seg_key[len(seg_dir) :])
+        if match and start <= int(match.group(1)) < length:
+            starts.append(int(match.group(1)))
+    with ThreadPoolExecutor(max_workers=_READ_THREADS, thread_name_prefix="belayer-tokenlog") as pool:
+        blobs = list(pool.map(lambda s: store.get_bytes(_segment_key(key, s)), starts))
+    out = bytearray()
+    position = start
+    for seg_start, blob in zip(starts, blobs):
+        if seg_start != position:
+            raise CorruptObject(
+                f"token log {key!r}: segment at position {seg_start} follows tokens ending at {position} "
+                "(a segment is missing or overlaps)"
+            )
+        if len(blob) % 4:
+            raise CorruptObject(f"token log {key!r}: segment at {seg_start} is not whole uint32 ids")
+        out += blob
+        position += len(blob) // 4
+    return bytes(out)
+
+
+def _segment_key(key: str, start: int) -> str:
+    return f"{key}/seg/{start:012d}.u32"
+
+
+def _manifest_key(key: str) -> str:
+    return f"{key.rstrip('/')}/manifest.json"
+
+
+def _write_manifest(store: ObjectStore, key: str, *, base: PrefixRef | None) -> None:
+    manifest = {"format": FORMAT, "encoding": ENCODING, "base": base.model_dump() if base else None}
+    body = json.dumps(manifest, sort_keys=True).encode()
+    try:
+        store.put_bytes(_manifest_key(key), body, if_absent=True)
+    except ObjectConflict:
+        raise ObjectConflict(
+            f"a different token log already exists at {key!r} (another base); use a new key"
+        ) from None
+
+
+def _read_manifest(store: ObjectStore, key: str) -> dict:
+    try:
+        body = store.get_bytes(_manifest_key(key))
+    except ObjectNotFound:
+        raise ObjectNotFound(f"no token log at {key!r} (its manifest {_manifest_key(key)!r} is missing)") from None
+    manifest = json.loads(body)
+    if manifest.get("format") != FORMAT or manifest.get("encoding") != ENCODING:
+        raise CorruptObject(f"token log {key!r}: unknown format {manifest.get('format')!r}/{manifest.get('encoding')!r}")
+    return manifest
