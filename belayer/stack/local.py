@@ -161,17 +161,20 @@ class LocalStack:
 
 def sandbox_runtime_status(config: BelayerConfig) -> ComponentStatus:
     """podman + runc + CRIU + base image: not a process, but `status` must show it."""
-    try:
-        from belayer.sandbox.runtime import check_runtime
-    except ImportError:
-        return ComponentStatus("sandbox-runtime", None, "podman", False, "not installed yet", None)
+    from belayer.sandbox.runtime import check_runtime
+
     health = check_runtime(config.state_dir)
+    criu = ".".join(map(str, health.criu_version)) or "missing"
+    if health.ok:
+        detail = f"podman {health.podman_version}, CRIU {criu} ({health.criu_route}), image {health.image}"
+    else:
+        detail = "; ".join(health.problems)
     return ComponentStatus(
         name="sandbox-runtime",
         pid=None,
-        address=getattr(health, "summary", "podman + runc + CRIU"),
-        healthy=bool(health.ok),
-        detail=health.detail,
+        address=f"podman storage {config.state_dir / 'podman'}",
+        healthy=health.ok,
+        detail=detail,
         log=None,
     )
 
