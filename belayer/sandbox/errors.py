@@ -1,0 +1,66 @@
+"""Sandbox errors: one root, specific kinds, messages that name the fix.
+
+`retryable` says whether the same call may succeed later on the same host; the
+activity translator (belayer/activities/sandbox.py) maps each kind to a Temporal
+ApplicationError type with non_retryable = not retryable.
+"""
+
+from __future__ import annotations
+
+from belayer.errors import BelayerError
+
+
+class SandboxError(BelayerError):
+    """Root of every sandbox error."""
+
+    retryable = False
+
+
+class SandboxNotFound(SandboxError):
+    """No container for this sandbox on this host (destroyed, or the host was replaced)."""
+
+
+class SandboxUnreachable(SandboxError):
+    """The supervisor does not answer: the container died. Recover from a checkpoint."""
+
+
+class SandboxBusy(SandboxError):
+    """Another action is still running in this sandbox."""
+
+    retryable = True
+
+
+class StaleGeneration(SandboxError):
+    """The handle's generation is not the sandbox's: a restore superseded it."""
+
+
+class SupervisorRefused(SandboxError):
+    """The supervisor refused a malformed or out-of-order request."""
+
+
+class RuntimeUnavailable(SandboxError):
+    """podman, runc, CRIU or the base image is missing or broken on this host."""
+
+
+class PodmanFailed(SandboxError):
+    """A podman call failed; the message carries its stderr."""
+
+    retryable = True
+
+
+class CheckpointFailed(SandboxError):
+    """podman/CRIU could not dump the sandbox."""
+
+    retryable = True
+
+
+class RestoreFailed(SandboxError):
+    """No checkpoint could be restored, and replay was not allowed or failed too."""
+
+
+class CheckpointCorrupt(SandboxError):
+    """A checkpoint archive is missing or does not match its recorded sha256."""
+
+
+class JournalMismatch(SandboxError):
+    """A restored sandbox's journal head differs from its checkpoint's recorded step."""
