@@ -25,7 +25,13 @@ class StorageConfig(Section):
         16, ge=5, le=512, description="Multipart part size in MiB; S3 requires at least 5."
     )
     max_attempts: int = Field(
-        5, ge=1, le=20, description="Attempts for a transient error before giving up."
+        8,
+        ge=1,
+        le=20,
+        description=(
+            "Attempts for a transient error before giving up; at the default delays, 8 attempts "
+            "wait 8-16 s in all, enough to ride out a SeaweedFS restart."
+        ),
     )
     path_style: bool = Field(
         True, description="Path-style addressing; SeaweedFS and MinIO need it, AWS accepts it."
@@ -37,7 +43,7 @@ class StorageConfig(Section):
         60.0, gt=0, le=3600, description="Seconds to wait for the endpoint's next bytes before retrying."
     )
     retry_base_delay_s: float = Field(
-        0.2, ge=0, le=60, description="First backoff delay after a transient error; doubles per attempt (full jitter)."
+        0.2, ge=0, le=60, description="Backoff cap after the first transient error; doubles per attempt (equal jitter)."
     )
     retry_max_delay_s: float = Field(
         5.0, ge=0, le=300, description="Upper bound of one backoff delay."

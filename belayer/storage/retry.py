@@ -1,4 +1,4 @@
-"""The storage layer's only retry loop: exponential backoff with full jitter.
+"""The storage layer's only retry loop: exponential backoff with jitter.
 
 Only `TransientStorageError` is retried, at most `max_attempts` times in all; every
 other error goes straight to the caller. botocore's own retries are off
@@ -31,8 +31,15 @@ class RetryPolicy:
     rng: random.Random = field(default_factory=random.Random)
 
     def delay(self, attempt: int) -> float:
-        """Full jitter: uniform in [0, min(max, base * 2**attempt)] after failed `attempt` (1-based)."""
-        return self.rng.uniform(0.0, min(self.max_delay_s, self.base_delay_s * 2 ** (attempt - 1)))
+        """Equal jitter after failed `attempt` (1-based): cap/2 + uniform(0, cap/2), where
+        cap = min(max_delay_s, base_delay_s * 2**(attempt-1)).
+
+        Half the delay is fixed so that the total patience has a floor (at the defaults,
+        8 attempts wait 8-16 s, longer than a SeaweedFS restart); the other half spreads
+        out clients that failed together.
+        """
+        cap = min(self.max_delay_s, self.base_delay_s * 2 ** (attempt - 1))
+        return cap / 2 + self.rng.uniform(0.0, cap / 2)
 
     def call(self, fn: Callable[[], T], *, translate: Callable[[BaseException], StorageError], what: str) -> T:
         """`fn()`, retried on transient errors; raises the translated error of the last attempt."""
