@@ -1,0 +1,155 @@
+"""Token logs: canonical encoding, exact prefixes by reference, idempotent appends, forks."""
+
+from __future__ import annotations
+
+import hashlib
+import random
+import struct
+
+import pytest
+
+from belayer.storage import CorruptObject, ObjectConflict, ObjectNotFound, ObjectStore
+from belayer.storage.tokenlog import (
+    PrefixRef,
+    TokenLog,
+    decode_tokens,
+    encode_tokens,
+    prefix_ref,
+    prefix_sha256,
+    read_prefix,
+)
+
+from .helpers import RawBucket
+
+
+# ---- encoding (no server) ------------------------------------------------------------
+
+
+def test_canonical_encoding_is_little_endian_uint32():
+    assert encode_tokens([1, 256, 2**32 - 1]) == struct.pack("<3I", 1, 256, 2**32 - 1)
+    assert prefix_sha256([1, 2]) == hashlib.sha256(struct.pack("<2I", 1, 2)).hexdigest()
+    assert prefix_sha256([]) == hashlib.sha256(b"").hexdigest()
+    assert decode_tokens(encode_tokens([5, 0, 7])) == [5, 0, 7]
+
+
+@pytest.mark.parametrize("bad", [[-1], [2**32], ["a"], [1.5]])
+def test_out_of_range_token_ids_are_refused(bad):
+    with pytest.raises(ValueError):
+        encode_tokens(bad)
+
+
+def test_prefix_ref_is_small_and_serialisable():
+    ref = prefix_ref("tokenlogs/t1", list(range(100_000)))
+    payload = ref.model_dump_json()
+    assert len(payload) < 200
+    assert PrefixRef.model_validate_json(payload) == ref
+
+
+# ---- against SeaweedFS -----------------------------------------------------------------
+
+
+@pytest.fixture
+def store(storage_config):
+    with ObjectStore(storage_config) as store:
+        yield store
+
+
+def turns(count: int, seed: int = 0) -> list[list[int]]:
+    rng = random.Random(seed)
+    return [[rng.randrange(0, 200_000) for _ in range(rng.randrange(1, 400))] for _ in range(count)]
+
+
+@pytest.mark.stack
+def test_many_appends_read_back_as_exact_prefixes(store):
+    log = TokenLog.create(store, "traj/42")
+    everything: list[int] = []
+    refs = []
+    for turn in turns(150):
+        ref = log.append(turn)
+        everything += turn
+        assert ref == PrefixRef(key="traj/42", length=len(everything), sha256=prefix_sha256(everything))
+        refs.append(ref)
+    assert read_prefix(store, refs[-1]) == everything
+    for ref in (refs[0], refs[1], refs[74], refs[148]):  # shorter prefixes than the latest
+        assert read_prefix(store, ref) == everything[: ref.length]
+    for length in (0, 1, 7, refs[10].length + 3, len(everything) - 1):  # cuts inside a segment
+        assert log.read_prefix(prefix_ref("traj/42", everything[:length])) == everything[:length]
+    assert log.append([]) == refs[-1]
+
+
+@pytest.mark.stack
+def test_wrong_hash_or_length_is_refused(store):
+    log = TokenLog.create(store, "traj/h")
+    log.append([1, 2, 3])
+    ref = log.append([4, 5])
+    with pytest.raises(CorruptObject, match="hash to"):
+        read_prefix(store, ref.model_copy(update={"sha256": prefix_sha256([1, 2, 3, 4, 6])}))
+    with pytest.raises(CorruptObject, match="hash to"):
+        read_prefix(store, ref.model_copy(update={"length": 4}))  # the hash is of 5 tokens
+    with pytest.raises(CorruptObject, match="holds only 5 tokens"):
+        read_prefix(store, prefix_ref("traj/h", [1, 2, 3, 4, 5, 6]))
+    with pytest.raises(ObjectNotFound, match="no token log"):
+        read_prefix(store, prefix_ref("traj/none", [1]))
+
+
+@pytest.mark.stack
+def test_retried_append_is_idempotent_and_divergence_conflicts(store):
+    first = TokenLog.create(store, "traj/r")
+    ref1 = first.append([10, 11])
+    ref2 = first.append([12])
+    # A retried activity replays from the last ref it knew: same tokens succeed...
+    retried = TokenLog.resume(store, ref1)
+    assert retried.append([12]) == ref2
+    # ...different tokens at a taken position are refused, never written over.
+    other = TokenLog.resume(store, ref1)
+    with pytest.raises(ObjectConflict, match="fork"):
+        other.append([99])
+    assert read_prefix(store, ref2) == [10, 11, 12]
+    # Re-creating the same log is harmless, and so is replaying it from the start.
+    again = TokenLog.create(store, "traj/r")
+    assert again.append([10, 11]) == ref1
+
+
+@pytest.mark.stack
+def test_fork_diverges_without_copying(store, storage_config):
+    log = TokenLog.create(store, "traj/f/b0")
+    log.append([1, 2, 3])
+    cut = log.append([4, 5, 6])
+    log.append([7, 8])
+    branch = TokenLog.fork(store, prefix_ref("traj/f/b0", [1, 2, 3, 4]), "traj/f/b1")
+    assert branch.head.length == 4
+    ref = branch.append([40, 41])
+    assert read_prefix(store, ref) == [1, 2, 3, 4, 40, 41]
+    assert read_prefix(store, prefix_ref("traj/f/b1", [1, 2])) == [1, 2]
+    assert read_prefix(store, cut) == [1, 2, 3, 4, 5, 6]  # the base is untouched
+    fork_of_fork = TokenLog.fork(store, ref, "traj/f/b2")
+    assert read_prefix(store, fork_of_fork.append([9])) == [1, 2, 3, 4, 40, 41, 9]
+    with pytest.raises(ObjectConflict, match="different token log"):
+        TokenLog.fork(store, cut, "traj/f/b1")
+    segments = [k for k in RawBucket(storage_config).all_keys() if k.startswith("traj/f/b1/seg/")]
+    assert segments == ["traj/f/b1/seg/000000000004.u32"]
+
+
+@pytest.mark.stack
+def test_damaged_or_missing_segments_are_detected(store, storage_config):
+    raw = RawBucket(storage_config)
+    log = TokenLog.create(store, "traj/d")
+    log.append([1, 2, 3])
+    log.append([4, 5])
+    ref = log.append([6])
+    raw.overwrite("traj/d/seg/000000000003.u32", encode_tokens([4, 9]))  # keeps the old sha256
+    with pytest.raises(CorruptObject, match="corrupt"):
+        read_prefix(store, ref)
+    assert read_prefix(store, prefix_ref("traj/d", [1, 2, 3])) == [1, 2, 3]  # not needed, not read
+    raw.client.delete_object(Bucket=storage_config.bucket, Key=raw.full("traj/d/seg/000000000003.u32"))
+    with pytest.raises(CorruptObject, match="missing or overlaps"):
+        read_prefix(store, ref)
+
+
+@pytest.mark.stack
+def test_manifest_stays_small_with_many_turns(store, storage_config):
+    log = TokenLog.create(store, "traj/m")
+    for turn in turns(40, seed=3):
+        log.append(turn)
+    manifest = RawBucket(storage_config).head("traj/m/manifest.json")
+    assert manifest["ContentLength"] < 200
