@@ -1,24 +1,52 @@
 """Sandbox settings: limits and runtime of the agent's containers."""
 
+from typing import Literal
+
 from pydantic import Field
 
 from belayer.section import Section
 
 
 class SandboxConfig(Section):
-    """Per-sandbox limits and the host's task queue."""
+    """Per-sandbox limits, the host's task queue and where checkpoints go."""
 
-    image: str = Field("localhost/belayer-base:v1", description="Base image every sandbox starts from.")
-    memory_mb: int = Field(1024, ge=64, description="Memory limit per sandbox (MiB).")
-    cpus: float = Field(1.0, gt=0, le=64, description="CPU limit per sandbox (cores).")
-    pids_limit: int = Field(256, ge=16, description="Process limit per sandbox (stops fork bombs).")
-    workspace_mb: int = Field(
-        256, ge=16, description="Size of the /workspace tmpfs (MiB); it travels inside checkpoints."
+    backend: Literal["podman"] = Field(
+        "podman", description="Container backend; only podman (+ runc + CRIU) can checkpoint processes here."
     )
-    action_timeout_s: float = Field(60.0, gt=0, description="Default per-action timeout (seconds).")
+    image: str = Field("localhost/belayer-base:v1", description="Base image every sandbox starts from.")
+    memory_mb: int = Field(
+        1024, ge=64, le=1 << 20, description="Memory limit per sandbox (MiB); the tmpfs mounts count against it."
+    )
+    cpus: float = Field(1.0, gt=0, le=64, description="CPU limit per sandbox (cores).")
+    pids_limit: int = Field(256, ge=16, le=1 << 22, description="Process limit per sandbox (stops fork bombs).")
+    workspace_mb: int = Field(
+        256, ge=16, le=1 << 20, description="Size of the /workspace tmpfs (MiB); it travels inside checkpoints."
+    )
+    home_mb: int = Field(
+        64, ge=4, le=1 << 20, description="Size of the agent's home tmpfs /home/agent (MiB); travels in checkpoints."
+    )
+    tmp_mb: int = Field(64, ge=4, le=1 << 20, description="Size of the /tmp tmpfs (MiB); travels in checkpoints.")
+    action_timeout_s: float = Field(60.0, gt=0, le=86400, description="Default per-action timeout (seconds).")
     output_cap_bytes: int = Field(
-        64 * 1024, ge=1024, description="Captured stdout/stderr per action before truncation."
+        64 * 1024, ge=1024, le=16 << 20, description="Captured stdout (and stderr) per action before truncation."
     )
     host_task_queue: str | None = Field(
         None, description="This host's task queue; default 'belayer-sandbox-<hostname>'."
+    )
+    channel_root: str = Field(
+        "/run/belayer/sbx",
+        description="Host directory holding each sandbox's supervisor socket directory; must be the same "
+        "path on every sandbox host (restores re-create the bind-mount source at the recorded path).",
+    )
+    checkpoint_prefix: str = Field(
+        "sandboxes/", description="Object-store key prefix of checkpoint archives and their metadata."
+    )
+    checkpoint_compression: Literal["zstd", "gzip", "none"] = Field(
+        "zstd", description="Compression of `podman container checkpoint --export` archives."
+    )
+    start_timeout_s: float = Field(
+        30.0, gt=0, le=600, description="How long create/restore wait for the supervisor to answer."
+    )
+    podman_timeout_s: float = Field(
+        300.0, gt=0, le=3600, description="Upper bound of one podman call (checkpoint and restore included)."
     )

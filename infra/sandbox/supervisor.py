@@ -7,9 +7,8 @@ restore needs -- are the same on every host. Python 3.11 standard library only: 
 runs on the image's Debian python3, not in Belayer's virtual environment.
 
 What lives here, and what must not:
-* one persistent bash shell, run as the unprivileged agent user (uid 1000), in which
-  every action runs; cwd, exported variables, functions and background jobs persist
-  between actions;
+* one persistent bash shell in which every action runs; cwd, exported variables,
+  functions and background jobs persist between actions;
 * per-action timeout: the processes the action started are killed; a shell that is
   itself stuck (a builtin loop) is replaced, its cwd and exported environment restored
   from the last completed action, and the observation says so;
@@ -17,20 +16,33 @@ What lives here, and what must not:
   last cap/2 bytes are kept and a marker names how many bytes were dropped, so 1 GB of
   output costs neither memory nor disk;
 * exactly-once: every action carries (trajectory, step) and the sandbox generation.
-  Executed ids and their observations are journaled in /var/lib/belayer/journal.jsonl
-  (root-owned, mode 0700: the agent runs as uid 1000 without capabilities and can
-  neither read nor write it, and the journal lies outside /workspace). A repeated id
-  returns the journaled observation without running anything; a request carrying
-  another generation than the current one is refused;
+  Executed ids and their observations are journaled in /var/lib/belayer/journal.jsonl;
+  a repeated id returns the journaled observation without running anything; a
+  request carrying another generation than the current one is refused;
 * the channel: a unix socket, /run/belayer/supervisor.sock, in a per-sandbox host
-  directory bind-mounted at /run/belayer (root, 0700: unreachable for the agent).
-  One JSON request per connection, one JSON reply, then close: nothing is open
-  between requests, so a checkpoint taken between actions holds no connection
-  (DESIGN.md s7). Long actions are submit -> poll ("wait" long-polls a few seconds).
+  directory bind-mounted at /run/belayer. One JSON request per connection, one JSON
+  reply, then close: nothing is open between requests, so a checkpoint taken between
+  actions holds no connection (DESIGN.md s7). Long actions are submit -> poll ("wait"
+  long-polls a few seconds).
+
+Who may touch what. Every process in the sandbox runs as uid/gid 0: CRIU on these
+hosts lacks CAP_SYS_RESOURCE, and the kernel then lets it read the rlimits only of
+processes whose uids and gids all equal its own (an agent running as uid 1000 made
+every dump fail with "Can't get rlimit"). So the agent is root *without any
+capability*: the shell is started through `--drop-caps-exec`, which clears its
+effective, permitted and inheritable sets, and the container's no-new-privileges
+keeps every later exec from regaining them. The journal (a tmpfs at
+/var/lib/belayer) and the channel directory are owned by uid 999 with mode 0700:
+a capability-less root is not their owner and cannot enter them; only PID 1 keeps
+CAP_DAC_OVERRIDE (to reach them) and CAP_CHOWN (to hand the journal to 999 at
+start). PID 1 marks itself non-dumpable, so the agent cannot ptrace it or open
+/proc/1/fd or /proc/1/mem, and it installs no SIGTERM/SIGINT handler, so the kernel
+drops those signals from inside the container (podman removes sandboxes with SIGKILL).
+The root file system is read-only; everything writable is a size-limited tmpfs.
 
 No host-side policy lives here (limits, checkpoints, storage): only what must run
 inside the container. Local mode (BELAYER_SUPERVISOR_LOCAL=1) runs it as an ordinary
-process for tests: no user switch, and only the shell's session is ever killed.
+process for tests: no capability changes, and only the shell's session is ever killed.
 """
 
 from __future__ import annotations
@@ -51,7 +63,7 @@ VERSION = 1
 LOCAL = os.environ.get("BELAYER_SUPERVISOR_LOCAL") == "1"
 CHANNEL_DIR = os.environ.get("BELAYER_CHANNEL_DIR", "/run/belayer")
 JOURNAL_DIR = os.environ.get("BELAYER_JOURNAL_DIR", "/var/lib/belayer")
-AGENT_UID = int(os.environ.get("BELAYER_AGENT_UID", "1000"))
+GUARD_UID = 999  # owner of the journal and channel: not the agent, not reachable by it
 AGENT_HOME = os.environ.get("BELAYER_AGENT_HOME", "/home/agent")
 WORKSPACE = os.environ.get("BELAYER_WORKSPACE", "/workspace")
 SOCKET_NAME = "supervisor.sock"
@@ -286,12 +298,12 @@ class Shell:
             .replace("{RESTORE}", restore_script)
         )
         env = self._environment()
-        kwargs: dict = {}
+        argv = ["/bin/bash", "--noprofile", "--norc", "-c", program]
         if not LOCAL:
-            kwargs = {"user": AGENT_UID, "group": AGENT_UID, "extra_groups": []}
+            argv = [sys.executable, "-I", "-S", os.path.abspath(__file__), "--drop-caps-exec", *argv]
         cwd = WORKSPACE if os.path.isdir(WORKSPACE) else "/"
         proc = subprocess.Popen(
-            ["/bin/bash", "--noprofile", "--norc", "-c", program],
+            argv,
             stdin=cmd_r,
             stdout=subprocess.DEVNULL,
             stderr=subprocess.DEVNULL if not os.environ.get("BELAYER_SHELL_STDERR") else open(os.environ["BELAYER_SHELL_STDERR"], "ab"),
@@ -299,7 +311,6 @@ class Shell:
             cwd=cwd,
             env=env,
             start_new_session=True,
-            **kwargs,
         )
         self.pid = proc.pid
         # The reaper owns the exit status; Popen must never wait on this pid.
@@ -325,8 +336,8 @@ class Shell:
         return {
             "PATH": "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin",
             "HOME": AGENT_HOME,
-            "USER": "agent",
-            "LOGNAME": "agent",
+            "USER": "root",
+            "LOGNAME": "root",
             "SHELL": "/bin/bash",
             "LANG": "C.UTF-8",
             "TERM": "dumb",
@@ -344,12 +355,11 @@ class Shell:
             view = view[n:]
 
     def kill(self) -> None:
-        """Kill the whole shell session (the shell, its foreground and its own jobs)."""
-        for sig in (signal.SIGKILL,):
-            try:
-                os.killpg(self.pid, sig)
-            except OSError:
-                pass
+        """Kill the shell (its background jobs survive: they may be the agent's servers)."""
+        try:
+            os.kill(self.pid, signal.SIGKILL)
+        except OSError:
+            pass
         try:
             os.close(self.cmd_w)
         except OSError:
@@ -397,7 +407,6 @@ class Journal:
 
     def __init__(self, directory: str):
         os.makedirs(directory, mode=0o700, exist_ok=True)
-        os.chmod(directory, 0o700)
         self.path = os.path.join(directory, "journal.jsonl")
         self.entries: dict[tuple[str, int], dict] = {}
         self.heads: dict[str, int] = {}
@@ -411,6 +420,8 @@ class Journal:
                     except ValueError:
                         continue  # a torn last line
         self.fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600)
+        if not LOCAL:
+            os.fchown(self.fd, GUARD_UID, GUARD_UID)
 
     def _apply(self, rec: dict) -> None:
         if rec.get("type") == "generation":
@@ -713,16 +724,40 @@ def _serve_one(sup: Supervisor, conn: socket.socket) -> None:
         conn.close()
 
 
+def drop_caps_exec(argv: list[str]) -> None:
+    """Clear this process's capability sets, then exec argv (the agent's shell)."""
+    import ctypes
+
+    libc = ctypes.CDLL(None, use_errno=True)
+
+    class Header(ctypes.Structure):
+        _fields_ = [("version", ctypes.c_uint32), ("pid", ctypes.c_int)]
+
+    class Data(ctypes.Structure):
+        _fields_ = [("effective", ctypes.c_uint32), ("permitted", ctypes.c_uint32),
+                    ("inheritable", ctypes.c_uint32)]
+
+    header = Header(0x20080522, 0)  # _LINUX_CAPABILITY_VERSION_3
+    data = (Data * 2)()
+    if libc.capset(ctypes.byref(header), data) != 0:
+        raise SystemExit(f"capset failed: errno {ctypes.get_errno()}")
+    libc.prctl(47, 4, 0, 0, 0)  # PR_CAP_AMBIENT, PR_CAP_AMBIENT_CLEAR_ALL
+    os.execv(argv[0], argv)
+
+
 def main() -> None:
-    signal.signal(signal.SIGTERM, lambda *_: os._exit(0))
-    signal.signal(signal.SIGINT, lambda *_: os._exit(0))
+    if len(sys.argv) > 1 and sys.argv[1] == "--drop-caps-exec":
+        drop_caps_exec(sys.argv[2:])
     signal.signal(signal.SIGPIPE, signal.SIG_IGN)
-    if not LOCAL:
-        os.makedirs(CHANNEL_DIR, exist_ok=True)
-        os.chmod(CHANNEL_DIR, 0o700)
-        for d in (WORKSPACE, AGENT_HOME):
-            if os.path.isdir(d) and os.stat(d).st_uid != AGENT_UID:
-                os.chown(d, AGENT_UID, AGENT_UID)
+    if LOCAL:
+        signal.signal(signal.SIGTERM, lambda *_: os._exit(0))
+        signal.signal(signal.SIGINT, lambda *_: os._exit(0))
+    else:
+        import ctypes
+
+        ctypes.CDLL(None).prctl(4, 0, 0, 0, 0)  # PR_SET_DUMPABLE 0: no ptrace, no /proc/1/fd
+        if os.path.isdir(JOURNAL_DIR) and os.stat(JOURNAL_DIR).st_uid != GUARD_UID:
+            os.chown(JOURNAL_DIR, GUARD_UID, GUARD_UID)
     reaper = Reaper()
     sup = Supervisor(reaper)
     threading.Thread(target=serve, args=(sup, os.path.join(CHANNEL_DIR, SOCKET_NAME)), daemon=True).start()

@@ -1,0 +1,401 @@
+"""The sandbox host: create, exec, checkpoint, restore, recover, destroy, workspace hash.
+
+One `SandboxHost` per host process (the sandbox worker). It owns no policy about
+*when* to checkpoint (belayer/policy) and no Temporal code (belayer/activities): it
+turns handles and refs into backend calls, object-store streams and supervisor
+requests. Calls on one sandbox are serialised (a checkpoint never overlaps an action:
+the supervisor channel must hold no connection while CRIU dumps).
+
+Checkpoint archives and their metadata go to the object store under
+`<checkpoint_prefix><sandbox id>/<step>-g<generation>-<nonce>/{archive,meta.json,fs.tar}`.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import secrets
+import tempfile
+import threading
+import time
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Protocol
+
+from belayer.sandbox import channel
+from belayer.sandbox.backend import SandboxBackend
+from belayer.sandbox.config import SandboxConfig
+from belayer.sandbox.errors import (
+    CheckpointCorrupt,
+    JournalMismatch,
+    RestoreFailed,
+    RuntimeUnavailable,
+    SandboxError,
+    StaleGeneration,
+)
+from belayer.sandbox.models import (
+    SETUP_TRAJECTORY,
+    Action,
+    CheckpointMeta,
+    CheckpointRef,
+    LoggedAction,
+    Observation,
+    RecoveryMode,
+    RecoverOutcome,
+    SandboxHandle,
+    SandboxSpec,
+)
+
+HASH_SCRIPT = r"""
+import hashlib, os, stat, sys
+root = sys.argv[1]
+h = hashlib.sha256()
+for dirpath, dirnames, filenames in os.walk(root):
+    dirnames.sort()
+    for name in sorted(dirnames + filenames):
+        p = os.path.join(dirpath, name)
+        rel = os.path.relpath(p, root).encode("utf-8", "surrogateescape")
+        st = os.lstat(p)
+        mode = stat.S_IMODE(st.st_mode)
+        if stat.S_ISLNK(st.st_mode):
+            h.update(b"L\0" + rel + b"\0" + os.readlink(p).encode("utf-8", "surrogateescape") + b"\0")
+        elif stat.S_ISDIR(st.st_mode):
+            h.update(b"D\0" + rel + b"\0" + str(mode).encode() + b"\0")
+        elif stat.S_ISREG(st.st_mode):
+            f = hashlib.sha256()
+            try:
+                with open(p, "rb") as fh:
+                    for chunk in iter(lambda: fh.read(1 << 20), b""):
+                        f.update(chunk)
+                digest = f.hexdigest()
+            except OSError as exc:
+                digest = "unreadable:" + type(exc).__name__
+            h.update(b"F\0" + rel + b"\0" + str(mode).encode() + b"\0" + digest.encode() + b"\0")
+        else:
+            h.update(b"O\0" + rel + b"\0")
+print(h.hexdigest())
+"""
+
+# What the fs-only baseline keeps: the agent's writable trees, not processes.
+FS_SNAPSHOT_PATHS = ["workspace", "home/agent", "tmp"]
+
+
+class ArchiveStore(Protocol):
+    """The slice of belayer.storage.ObjectStore that checkpoints use."""
+
+    def put_bytes(self, key: str, data: bytes, *, if_absent: bool = False): ...
+    def get_bytes(self, key: str, *, expected_sha256: str | None = None) -> bytes: ...
+    def upload_stream(self, key: str, source, *, if_absent: bool = False, progress=None): ...
+    def download_stream(self, key: str, dest, *, expected_sha256: str | None = None, progress=None): ...
+    def delete_prefix(self, prefix: str) -> int: ...
+
+
+def default_host_queue(cfg: SandboxConfig) -> str:
+    import socket
+
+    return cfg.host_task_queue or f"belayer-sandbox-{socket.gethostname()}"
+
+
+class SandboxHost:
+    """Sandboxes on this host, their checkpoints in `store`."""
+
+    def __init__(
+        self,
+        cfg: SandboxConfig,
+        backend: SandboxBackend,
+        store: ArchiveStore,
+        *,
+        state_dir: Path,
+        host_queue: str | None = None,
+    ):
+        self.cfg = cfg
+        self.backend = backend
+        self.store = store
+        self.state_dir = Path(state_dir)
+        self.host_queue = host_queue or default_host_queue(cfg)
+        self._locks: dict[str, threading.Lock] = {}
+        self._locks_guard = threading.Lock()
+
+    # ------------------------------------------------------------------ helpers
+    def _lock(self, sandbox_id: str) -> threading.Lock:
+        with self._locks_guard:
+            return self._locks.setdefault(sandbox_id, threading.Lock())
+
+    def _sock(self, handle_or_id: SandboxHandle | str) -> Path:
+        sid = handle_or_id if isinstance(handle_or_id, str) else handle_or_id.sandbox_id
+        return self.backend.channel_path(sid)
+
+    def _handle(self, sandbox_id: str, generation: int, container: str) -> SandboxHandle:
+        return SandboxHandle(sandbox_id=sandbox_id, host_queue=self.host_queue, generation=generation,
+                             container=container)  # fmt: skip
+
+    def ping(self, handle: SandboxHandle) -> dict:
+        return channel.call(self._sock(handle), {"op": "ping"}, timeout_s=10)
+
+    # ------------------------------------------------------------------ create / destroy
+    def create(self, spec: SandboxSpec, sandbox_id: str | None = None, generation: int = 0) -> SandboxHandle:
+        """A fresh sandbox from the base image, the task's setup commands already run."""
+        sandbox_id = sandbox_id or f"sbx-{uuid.uuid4().hex[:12]}"
+        with self._lock(sandbox_id):
+            container = self.backend.create(sandbox_id, generation, spec.labels)
+            try:
+                info = channel.wait_ready(self._sock(sandbox_id), self.cfg.start_timeout_s)
+                if generation != info["generation"]:
+                    channel.call(self._sock(sandbox_id),
+                                 {"op": "set_generation", "expected": info["generation"], "new": generation})
+                for i, command in enumerate(spec.setup_commands, start=1):
+                    obs = self._run(sandbox_id, SETUP_TRAJECTORY, i, generation, command, None)
+                    if obs.exit_code != 0:
+                        raise SandboxError(
+                            f"setup command {i} of sandbox {sandbox_id} failed (exit {obs.exit_code}): "
+                            f"{obs.stderr[-2000:] or obs.stdout[-2000:]}"
+                        )
+            except BaseException:
+                self.backend.destroy(sandbox_id)
+                raise
+        return self._handle(sandbox_id, generation, container)
+
+    def destroy(self, handle: SandboxHandle) -> None:
+        with self._lock(handle.sandbox_id):
+            self.backend.destroy(handle.sandbox_id)
+
+    def kill(self, handle: SandboxHandle) -> None:
+        """Crash the sandbox (SIGKILL); chaos and tests."""
+        self.backend.kill(handle.container)
+
+    # ------------------------------------------------------------------ exec
+    def _run(self, sandbox_id: str, trajectory: str, step: int, generation: int, command: str,
+             timeout_s: float | None) -> Observation:  # fmt: skip
+        reply = channel.run_action(
+            self._sock(sandbox_id), trajectory=trajectory, step=step, generation=generation, command=command,
+            timeout_s=timeout_s or self.cfg.action_timeout_s, output_cap=self.cfg.output_cap_bytes,
+        )  # fmt: skip
+        return Observation.from_supervisor(reply["observation"], replayed=bool(reply.get("replayed")))
+
+    def exec(self, handle: SandboxHandle, action: Action) -> Observation:
+        """Run one action exactly once (a repeated (trajectory, step) returns the journal's)."""
+        with self._lock(handle.sandbox_id):
+            return self._run(handle.sandbox_id, action.trajectory, action.step, handle.generation,
+                             action.command, action.timeout_s)  # fmt: skip
+
+    def workspace_hash(self, handle: SandboxHandle, path: str = "/workspace") -> str:
+        """sha256 over /workspace's paths, modes and contents (no timestamps)."""
+        with self._lock(handle.sandbox_id):
+            out = self.backend.run_as_agent(handle.container, ["python3", "-I", "-c", HASH_SCRIPT, path])
+        return out.decode().strip()
+
+    # ------------------------------------------------------------------ checkpoint
+    def checkpoint(
+        self,
+        handle: SandboxHandle,
+        *,
+        token_prefix_len: int | None = None,
+        token_prefix_sha256: str | None = None,
+        fs_snapshot: bool = False,
+    ) -> CheckpointRef:
+        """Full checkpoint (file system + processes), the sandbox keeps running."""
+        with self._lock(handle.sandbox_id):
+            info = channel.call(self._sock(handle), {"op": "ping"}, timeout_s=10)
+            if info["generation"] != handle.generation:
+                raise StaleGeneration(
+                    f"sandbox {handle.sandbox_id} is at generation {info['generation']}, the handle at "
+                    f"{handle.generation}: a restore superseded this handle"
+                )
+            if info["busy"]:
+                raise SandboxError(f"sandbox {handle.sandbox_id} is running an action; checkpoint after it")
+            base = (f"{self.cfg.checkpoint_prefix}{handle.sandbox_id}/"
+                    f"{info['head']:08d}-g{handle.generation}-{secrets.token_hex(4)}/")  # fmt: skip
+            hasher = hashlib.sha256()
+            size = 0
+            t0 = time.monotonic()
+
+            def counted(chunks: Iterator[bytes]) -> Iterator[bytes]:
+                nonlocal size
+                for chunk in chunks:
+                    hasher.update(chunk)
+                    size += len(chunk)
+                    yield chunk
+
+            with self.backend.checkpoint_stream(handle.container) as chunks:
+                self.store.upload_stream(base + "archive", counted(chunks))
+            dump_s = time.monotonic() - t0
+            fs_key = fs_sha = None
+            if fs_snapshot:
+                data = self.backend.run_as_agent(
+                    handle.container, ["tar", "-C", "/", "--ignore-failed-read", "-cf", "-", *FS_SNAPSHOT_PATHS]
+                )
+                fs_key = base + "fs.tar"
+                fs_sha = self.store.put_bytes(fs_key, data).sha256
+            versions = self.backend.versions()
+            meta = CheckpointMeta(
+                sandbox_id=handle.sandbox_id, trajectory=info.get("trajectory"), step=info["head"],
+                generation=handle.generation, token_prefix_len=token_prefix_len,
+                token_prefix_sha256=token_prefix_sha256, archive_key=base + "archive",
+                archive_sha256=hasher.hexdigest(), archive_bytes=size, fs_key=fs_key, fs_sha256=fs_sha,
+                image=self.cfg.image, image_id=self.backend.image_id(), criu_version=versions["criu"],
+                podman_version=versions["podman"], compression=self.cfg.checkpoint_compression,
+                netns=f"belayer-{handle.sandbox_id}", channel_dir=str(self._sock(handle).parent),
+                created_at=time.time(), dump_s=dump_s,
+            )  # fmt: skip
+            self.store.put_bytes(base + "meta.json", meta.model_dump_json().encode())
+        return CheckpointRef(meta_key=base + "meta.json", step=meta.step, archive_sha256=meta.archive_sha256,
+                             archive_bytes=size)  # fmt: skip
+
+    def load_meta(self, ref: CheckpointRef) -> CheckpointMeta:
+        from belayer.storage.errors import StorageError
+
+        try:
+            return CheckpointMeta.model_validate_json(self.store.get_bytes(ref.meta_key))
+        except StorageError as exc:
+            raise CheckpointCorrupt(f"checkpoint metadata {ref.meta_key} unreadable: {exc}") from exc
+        except ValueError as exc:
+            raise CheckpointCorrupt(f"checkpoint metadata {ref.meta_key} is not valid: {exc}") from exc
+
+    # ------------------------------------------------------------------ restore
+    def restore(self, ref: CheckpointRef, new_generation: int) -> tuple[SandboxHandle, CheckpointMeta]:
+        """Full restore on this host; fences any older container of the lineage first."""
+        meta = self.load_meta(ref)
+        if meta.archive_sha256 != ref.archive_sha256:
+            raise CheckpointCorrupt(f"{ref.meta_key}: metadata names another archive than the workflow recorded")
+        image_id = self.backend.image_id()
+        if image_id != meta.image_id:
+            raise RuntimeUnavailable(
+                f"checkpoint {ref.meta_key} needs base image id {meta.image_id}, this host has {image_id} for "
+                f"{self.cfg.image}: run infra/install/base-image.sh from the same revision"
+            )
+        sid = meta.sandbox_id
+        with self._lock(sid):
+            self.backend.fence(sid)
+            tmp_dir = self.state_dir / "tmp"
+            tmp_dir.mkdir(parents=True, exist_ok=True)
+            with tempfile.NamedTemporaryFile(dir=tmp_dir, prefix=f"restore-{sid}-", suffix=".tar") as f:
+                self._download_archive(meta, f)
+                container = self.backend.restore(Path(f.name), sid, new_generation)
+            try:
+                info = channel.wait_ready(self._sock(sid), self.cfg.start_timeout_s)
+                if info["head"] != meta.step:
+                    raise JournalMismatch(
+                        f"restored sandbox {sid} has journal head {info['head']}, its checkpoint says {meta.step}"
+                    )
+                channel.call(self._sock(sid),
+                             {"op": "set_generation", "expected": info["generation"], "new": new_generation})
+            except BaseException:
+                self.backend.fence(sid)
+                raise
+        return self._handle(sid, new_generation, container), meta
+
+    def _download_archive(self, meta: CheckpointMeta, f) -> None:
+        from belayer.storage.errors import CorruptObject, ObjectNotFound
+
+        try:
+            self.store.download_stream(meta.archive_key, f, expected_sha256=meta.archive_sha256)
+        except (CorruptObject, ObjectNotFound) as exc:
+            raise CheckpointCorrupt(f"archive {meta.archive_key}: {exc}") from exc
+        f.flush()
+
+    # ------------------------------------------------------------------ recover
+    def recover(
+        self,
+        handle: SandboxHandle,
+        checkpoints: list[CheckpointRef],
+        actions: list[LoggedAction],
+        *,
+        mode: RecoveryMode = "full",
+        spec: SandboxSpec | None = None,
+        allow_replay: bool = True,
+    ) -> RecoverOutcome:
+        """Bring the sandbox back at the log's last step and check every replayed observation.
+
+        `checkpoints` newest first; a corrupt or missing one falls back to the previous
+        one, then (if allowed) to a fresh sandbox replaying from the start. `actions` is
+        the log from step 1 (or at least from the oldest checkpoint's step + 1).
+        """
+        spec = spec or SandboxSpec()
+        new_gen = handle.generation + 1
+        notes: list[str] = []
+        t0 = time.monotonic()
+        new_handle: SandboxHandle | None = None
+        start_step = 0
+        source = "replay-from-start"
+        if mode == "full":
+            for ref in checkpoints:
+                try:
+                    new_handle, meta = self.restore(ref, new_gen)
+                    start_step, source = meta.step, f"checkpoint@{meta.step}"
+                    break
+                except (CheckpointCorrupt, JournalMismatch, RestoreFailed) as exc:
+                    notes.append(f"checkpoint {ref.meta_key} (step {ref.step}) unusable: {exc}")
+        elif mode == "fs-only":
+            for ref in checkpoints:
+                try:
+                    new_handle, start_step = self._restore_fs_only(handle, ref, new_gen, spec)
+                    source = f"fs@{start_step}"
+                    break
+                except CheckpointCorrupt as exc:
+                    notes.append(f"file-system snapshot of {ref.meta_key} unusable: {exc}")
+        if new_handle is None:
+            if mode == "full" and not allow_replay:
+                raise RestoreFailed("no checkpoint could be restored and replay is not allowed: " + "; ".join(notes))
+            if mode != "replay":
+                notes.append("falling back to replay from the start in a fresh sandbox")
+            with self._lock(handle.sandbox_id):
+                self.backend.fence(handle.sandbox_id)
+            new_handle = self.create(spec, sandbox_id=handle.sandbox_id, generation=new_gen)
+        restore_s = time.monotonic() - t0
+        return self._replay_and_compare(new_handle, actions, start_step, mode, source, notes, restore_s)
+
+    def _restore_fs_only(self, handle: SandboxHandle, ref: CheckpointRef, new_gen: int,
+                         spec: SandboxSpec) -> tuple[SandboxHandle, int]:  # fmt: skip
+        meta = self.load_meta(ref)
+        if not meta.fs_key or not meta.fs_sha256:
+            raise CheckpointCorrupt(f"{ref.meta_key} has no file-system snapshot")
+        from belayer.storage.errors import StorageError
+
+        try:
+            data = self.store.get_bytes(meta.fs_key, expected_sha256=meta.fs_sha256)
+        except StorageError as exc:
+            raise CheckpointCorrupt(f"file-system snapshot {meta.fs_key}: {exc}") from exc
+        with self._lock(handle.sandbox_id):
+            self.backend.fence(handle.sandbox_id)
+        # Processes are lost by design: a fresh sandbox (no setup: the files carry it).
+        new_handle = self.create(SandboxSpec(labels=spec.labels), sandbox_id=handle.sandbox_id, generation=new_gen)
+        self.backend.run_as_agent(new_handle.container, ["tar", "-C", "/", "-xf", "-"], stdin=data)
+        return new_handle, meta.step
+
+    def _replay_and_compare(self, handle: SandboxHandle, actions: list[LoggedAction], start_step: int,
+                            mode: RecoveryMode, source: str, notes: list[str],
+                            restore_s: float) -> RecoverOutcome:  # fmt: skip
+        t1 = time.monotonic()
+        todo = sorted((a for a in actions if a.step > start_step), key=lambda a: a.step)
+        last_ok = start_step
+        replayed = 0
+        mismatch_step = None
+        mismatch_obs = None
+        for a in todo:
+            obs = self.exec(handle, a)
+            replayed += 1
+            if obs.sha256 != a.observation_sha256:
+                mismatch_step, mismatch_obs = a.step, obs
+                break
+            last_ok = a.step
+        return RecoverOutcome(
+            handle=handle, mode=mode, source=source, restored_step=start_step, replayed_steps=replayed,
+            consistent=mismatch_step is None, consistent_at=last_ok, mismatch_step=mismatch_step,
+            mismatch_observation=mismatch_obs, notes=notes, restore_s=restore_s,
+            replay_s=time.monotonic() - t1,
+        )  # fmt: skip
+
+    def delete_checkpoints(self, sandbox_id: str) -> int:
+        return self.store.delete_prefix(f"{self.cfg.checkpoint_prefix}{sandbox_id}/")
+
+
+def make_host(config, *, store=None, host_queue: str | None = None) -> SandboxHost:
+    """A SandboxHost for the effective BelayerConfig (podman backend, its object store)."""
+    from belayer.sandbox.podman import PodmanBackend
+
+    if store is None:
+        from belayer.storage.store import ObjectStore
+
+        store = ObjectStore(config.storage)
+    backend = PodmanBackend(config.sandbox, config.state_dir, config.cache_dir)
+    return SandboxHost(config.sandbox, backend, store, state_dir=config.state_dir, host_queue=host_queue)

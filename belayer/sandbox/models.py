@@ -1,0 +1,159 @@
+"""Serialisable sandbox data: handles, actions, observations, checkpoint metadata.
+
+These cross process boundaries (Temporal payloads, object-store JSON), so they are
+pydantic models with bounded, documented fields. No I/O here.
+"""
+
+from __future__ import annotations
+
+import base64
+import hashlib
+import json
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+SETUP_TRAJECTORY = "__setup__"
+RecoveryMode = Literal["full", "replay", "fs-only"]
+
+
+class _Model(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+class SandboxHandle(_Model):
+    """What the workflow holds: never the resource, only where and which generation."""
+
+    sandbox_id: str = Field(description="Stable id of the sandbox lineage (survives restores).")
+    host_queue: str = Field(description="Task queue of the sandbox host that runs it now.")
+    generation: int = Field(ge=0, description="Bumped on every restore; stale handles are refused.")
+    container: str = Field(description="Container name on that host (sandbox id + generation).")
+
+
+class Action(_Model):
+    """One agent command, identified by (trajectory, step)."""
+
+    trajectory: str = Field(min_length=1, max_length=200, description="Trajectory id.")
+    step: int = Field(ge=1, description="Step number within the trajectory (1-based).")
+    command: str = Field(max_length=1 << 20, description="Bash text run in the persistent shell.")
+    timeout_s: float | None = Field(None, gt=0, le=86400, description="Per-action timeout; default from config.")
+
+
+class LoggedAction(Action):
+    """An action as the trajectory logged it, with the hash of the observation it produced."""
+
+    observation_sha256: str = Field(description="Observation.sha256 recorded when the action first ran.")
+
+
+class Observation(_Model):
+    """What one action produced. Text fields are safe to show a model (invalid UTF-8 escaped)."""
+
+    exit_code: int = Field(description="Exit status; 128+N when killed by signal N; 124 on timeout.")
+    stdout: str = Field(description="Captured stdout, UTF-8 with invalid bytes as \\xNN escapes.")
+    stderr: str = Field(description="Captured stderr, same encoding.")
+    stdout_bytes: int = Field(ge=0, description="Bytes the action wrote to stdout (before the cap).")
+    stderr_bytes: int = Field(ge=0, description="Bytes the action wrote to stderr (before the cap).")
+    truncated: bool = Field(description="Some output was dropped by the cap (a marker says where).")
+    binary: bool = Field(description="The output was not valid UTF-8.")
+    duration_s: float = Field(ge=0, description="Wall time of the action inside the sandbox.")
+    timed_out: bool = Field(description="The action hit its timeout and was killed.")
+    shell_respawned: bool = Field(description="The shell was replaced; `note` says what was kept.")
+    note: str = Field("", description="What the supervisor did beyond running the command.")
+    replayed_from_journal: bool = Field(
+        False, description="A repeated action id: this is the journaled observation, nothing ran."
+    )
+    sha256: str = Field(description="Hash of exit code, raw stdout/stderr and timeout flag (not timings).")
+
+    @classmethod
+    def from_supervisor(cls, obs: dict, replayed: bool) -> Observation:
+        out = base64.b64decode(obs["stdout"]["b64"])
+        err = base64.b64decode(obs["stderr"]["b64"])
+        binary = False
+        texts = []
+        for raw in (out, err):
+            try:
+                texts.append(raw.decode("utf-8"))
+            except UnicodeDecodeError:
+                binary = True
+                texts.append(raw.decode("utf-8", "backslashreplace"))
+        return cls(
+            exit_code=int(obs["exit_code"]),
+            stdout=texts[0],
+            stderr=texts[1],
+            stdout_bytes=int(obs["stdout"]["total"]),
+            stderr_bytes=int(obs["stderr"]["total"]),
+            truncated=bool(obs["stdout"]["dropped"] or obs["stderr"]["dropped"]),
+            binary=binary,
+            duration_s=float(obs["duration_s"]),
+            timed_out=bool(obs["timed_out"]),
+            shell_respawned=bool(obs["shell_respawned"]),
+            note=str(obs.get("note", "")),
+            replayed_from_journal=replayed,
+            sha256=observation_hash(int(obs["exit_code"]), out, err, bool(obs["timed_out"])),
+        )
+
+
+def observation_hash(exit_code: int, stdout: bytes, stderr: bytes, timed_out: bool) -> str:
+    h = hashlib.sha256()
+    h.update(json.dumps([exit_code, timed_out, len(stdout), len(stderr)]).encode())
+    h.update(stdout)
+    h.update(stderr)
+    return h.hexdigest()
+
+
+class SandboxSpec(_Model):
+    """What a new sandbox starts from: the base image plus the task's setup commands."""
+
+    setup_commands: list[str] = Field(default_factory=list, description="Run in order in the agent shell.")
+    labels: dict[str, str] = Field(default_factory=dict, description="Extra container labels (tests tag here).")
+
+
+class CheckpointMeta(_Model):
+    """Stored next to each archive as meta.json; a restore trusts nothing else."""
+
+    sandbox_id: str
+    trajectory: str | None = Field(description="Trajectory the sandbox serves (None before any action).")
+    step: int = Field(ge=0, description="Journal head when the checkpoint was taken.")
+    generation: int = Field(ge=0, description="Supervisor generation inside the archive.")
+    token_prefix_len: int | None = Field(None, ge=0, description="Token count of the context at this step.")
+    token_prefix_sha256: str | None = Field(None, description="Hash of that token prefix.")
+    archive_key: str
+    archive_sha256: str
+    archive_bytes: int = Field(ge=0)
+    fs_key: str | None = Field(None, description="File-system-only snapshot (fs-only baseline), if taken.")
+    fs_sha256: str | None = None
+    image: str
+    image_id: str
+    criu_version: str
+    podman_version: str
+    compression: str
+    netns: str = Field(description="Network namespace name the archive's config points at.")
+    channel_dir: str = Field(description="Bind-mount source of the supervisor channel.")
+    created_at: float
+    dump_s: float = Field(ge=0, description="Seconds podman/CRIU took to dump and stream the archive.")
+
+
+class CheckpointRef(_Model):
+    """What the workflow keeps of a checkpoint: pointers and hashes only."""
+
+    meta_key: str
+    step: int = Field(ge=0)
+    archive_sha256: str
+    archive_bytes: int = Field(ge=0)
+
+
+class RecoverOutcome(_Model):
+    """Result of recover(): the new handle, where the sandbox came from, and consistency."""
+
+    handle: SandboxHandle
+    mode: RecoveryMode = Field(description="The mode requested.")
+    source: str = Field(description="'checkpoint@<step>', 'fs@<step>' or 'replay-from-start'.")
+    restored_step: int = Field(ge=0, description="Step the sandbox was at before replay.")
+    replayed_steps: int = Field(ge=0)
+    consistent: bool = Field(description="Every replayed observation matched the log.")
+    consistent_at: int = Field(ge=0, description="Last step known to match (n when consistent).")
+    mismatch_step: int | None = Field(None, description="First step whose observation differs.")
+    mismatch_observation: Observation | None = Field(None, description="The new observation at that step.")
+    notes: list[str] = Field(default_factory=list, description="Fallbacks taken, and why.")
+    restore_s: float = Field(ge=0, description="Time to get a running sandbox (restore or create).")
+    replay_s: float = Field(ge=0, description="Time spent replaying actions.")

@@ -1,0 +1,264 @@
+"""Podman + runc + CRIU backend (the podman CLI) and the podman/CRIU error translator.
+
+Why the CLI and not podman's REST API: the REST API needs a long-lived
+`podman system service` started with Belayer's global flags (--root, --runroot,
+--runtime-flag=criu=...), one more process to supervise on every host; the CLI takes
+those flags per call from belayer/sandbox/runtime.py, checkpoint --export streams
+cleanly to an inherited fd (DESIGN.md s7), and the per-call cost (~0.1 s) only hits
+lifecycle operations: actions go over the supervisor's socket, not through podman.
+
+Every podman call goes through `runtime.podman_command()` / `runtime.podman_env()`:
+Belayer's containers.conf, storage under the state dir, Belayer's CRIU -- never the
+user's own podman setup.
+
+Isolation of each container:
+* network: a per-lineage namespace `belayer-<sandbox id>` with loopback only
+  (`--network=none` loses loopback at restore, DESIGN.md s7); restores re-create it;
+* --cap-drop=ALL, then DAC_OVERRIDE and CHOWN for PID 1 only (to reach the journal and
+  channel, owned by uid 999). Everything runs as uid 0: CRIU here lacks
+  CAP_SYS_RESOURCE and cannot read the rlimits of processes of another uid, so an
+  unprivileged agent user makes every dump fail. The agent's shell starts with empty
+  capability sets (the supervisor clears them) and no-new-privileges keeps every exec
+  from regaining them (infra/sandbox/supervisor.py explains the rest);
+* memory (tmpfs included, swap off), cpus and pids limits;
+* disk: the root file system is read-only (the agent cannot fill the host's disk
+  through the overlay: overlay size= needs XFS); /workspace, /home/agent, /tmp,
+  /var/tmp, /run/lock and the journal /var/lib/belayer are size-limited tmpfs, which
+  travel inside the checkpoint and count against the memory limit;
+* the channel: a host directory (uid 999, 0700) bind-mounted at /run/belayer.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import shutil
+import subprocess
+from collections.abc import Iterator
+from pathlib import Path
+
+from belayer.sandbox import runtime
+from belayer.sandbox.config import SandboxConfig
+from belayer.sandbox.errors import (
+    CheckpointFailed,
+    PodmanFailed,
+    RestoreFailed,
+    RuntimeUnavailable,
+    SandboxError,
+    SandboxNotFound,
+)
+
+GUARD_UID = 999  # owner of the journal and channel (see the supervisor)
+SUPERVISOR_ARGV = ["python3", "-I", "/opt/belayer/supervisor.py"]
+LABEL_SANDBOX = "belayer.sandbox"
+LABEL_GENERATION = "belayer.generation"
+CAPS = "DAC_OVERRIDE,CHOWN"
+CHUNK = 1 << 20
+
+
+def translate_podman_error(args: list[str], returncode: int, stderr: str) -> SandboxError:
+    """The one translator from a failed podman/CRIU call to a typed sandbox error."""
+    verb = next((a for a in args if not a.startswith("-")), "?")
+    text = " ".join(stderr.split())[-2000:]
+    where = f"podman {' '.join(a for a in args if not a.startswith('--root') )[:200]}"
+    low = text.lower()
+    if "no container with name or id" in low or "no such container" in low:
+        return SandboxNotFound(f"{where}: container not found ({text}); it was destroyed or lives on another host")
+    if "image not known" in low or "unable to find image" in low:
+        return RuntimeUnavailable(
+            f"{where}: base image missing ({text}); run `bash infra/install/base-image.sh` as root on this host"
+        )
+    if "criu" in low and ("version" in low or "not found" in low or "executable" in low):
+        return RuntimeUnavailable(f"{where}: CRIU unusable ({text}); run `bash infra/install/criu.sh` as root")
+    if verb == "checkpoint":
+        return CheckpointFailed(f"{where}: checkpoint failed (exit {returncode}): {text}")
+    if verb == "restore":
+        return RestoreFailed(f"{where}: restore failed (exit {returncode}): {text}")
+    return PodmanFailed(f"{where}: exit {returncode}: {text}")
+
+
+class PodmanBackend:
+    """Sandbox containers under Belayer's own podman storage (rootful, runc, CRIU)."""
+
+    name = "podman"
+
+    def __init__(self, cfg: SandboxConfig, state_dir: Path, cache_dir: Path | None = None):
+        self.cfg = cfg
+        self.state_dir = Path(state_dir)
+        self.cache_dir = cache_dir
+        self._image_id: str | None = None
+        self._versions: dict[str, str] | None = None
+
+    # ------------------------------------------------------------------ plumbing
+    def _cmd(self, *args: str) -> list[str]:
+        return runtime.podman_command(*args, state_dir=self.state_dir, cache_dir=self.cache_dir)
+
+    def _env(self) -> dict[str, str]:
+        return runtime.podman_env(self.state_dir, self.cache_dir)
+
+    def podman(self, *args: str, check: bool = True, input: bytes | None = None) -> subprocess.CompletedProcess:
+        try:
+            r = subprocess.run(
+                self._cmd(*args), env=self._env(), capture_output=True, input=input,
+                stdin=None if input is not None else subprocess.DEVNULL, timeout=self.cfg.podman_timeout_s,
+            )  # fmt: skip
+        except FileNotFoundError as exc:
+            raise RuntimeUnavailable(f"podman is not installed ({exc}): run infra/install/podman.sh as root") from exc
+        except subprocess.TimeoutExpired as exc:
+            raise PodmanFailed(f"podman {args[0]} did not finish in {self.cfg.podman_timeout_s:g}s "
+                               "(sandbox.podman_timeout_s)") from exc
+        if check and r.returncode != 0:
+            raise translate_podman_error(list(args), r.returncode, r.stderr.decode(errors="replace"))
+        return r
+
+    @staticmethod
+    def netns_name(sandbox_id: str) -> str:
+        return f"belayer-{sandbox_id}"
+
+    @staticmethod
+    def container_name(sandbox_id: str, generation: int) -> str:
+        return f"{sandbox_id}-g{generation}"
+
+    def channel_dir(self, sandbox_id: str) -> Path:
+        return Path(self.cfg.channel_root) / sandbox_id
+
+    def channel_path(self, sandbox_id: str) -> Path:
+        return self.channel_dir(sandbox_id) / "supervisor.sock"
+
+    def ensure_host_side(self, sandbox_id: str) -> None:
+        """The network namespace (loopback up) and the channel directory of a lineage."""
+        ns = self.netns_name(sandbox_id)
+        if not Path("/run/netns", ns).exists():
+            r = subprocess.run(["ip", "netns", "add", ns], capture_output=True, text=True)
+            if r.returncode != 0 and not Path("/run/netns", ns).exists():
+                raise RuntimeUnavailable(f"`ip netns add {ns}` failed: {r.stderr.strip()} (needs root and iproute2)")
+        subprocess.run(["ip", "-n", ns, "link", "set", "lo", "up"], capture_output=True, check=False)
+        d = self.channel_dir(sandbox_id)
+        d.mkdir(parents=True, exist_ok=True)
+        os.chown(d, GUARD_UID, GUARD_UID)
+        os.chmod(d, 0o700)
+        with contextlib.suppress(FileNotFoundError):
+            (d / "supervisor.sock").unlink()
+
+    # ------------------------------------------------------------------ lifecycle
+    def create(self, sandbox_id: str, generation: int, labels: dict[str, str]) -> str:
+        self.ensure_host_side(sandbox_id)
+        name = self.container_name(sandbox_id, generation)
+        c = self.cfg
+        args = [
+            "run", "-d", "--name", name, "--hostname", "sandbox",
+            "--label", f"{LABEL_SANDBOX}={sandbox_id}", "--label", f"{LABEL_GENERATION}={generation}",
+            f"--network=ns:/run/netns/{self.netns_name(sandbox_id)}",
+            "--cap-drop=ALL", f"--cap-add={CAPS}", "--security-opt=no-new-privileges", "--read-only",
+            f"--memory={c.memory_mb}m", f"--memory-swap={c.memory_mb}m", f"--cpus={c.cpus:g}",
+            f"--pids-limit={c.pids_limit}",
+            "--tmpfs", f"/workspace:rw,exec,size={c.workspace_mb}m,mode=0755",
+            "--tmpfs", f"/home/agent:rw,exec,size={c.home_mb}m,mode=0755",
+            "--tmpfs", f"/tmp:rw,exec,size={c.tmp_mb}m,mode=1777",
+            "--tmpfs", "/var/tmp:rw,size=16m,mode=1777",
+            "--tmpfs", "/run/lock:rw,size=1m,mode=1777",
+            "--tmpfs", "/var/lib/belayer:rw,size=64m,mode=0700",
+            "-v", f"{self.channel_dir(sandbox_id)}:/run/belayer",
+        ]  # fmt: skip
+        for k, v in labels.items():
+            args += ["--label", f"{k}={v}"]
+        self.podman(*args, c.image, *SUPERVISOR_ARGV)
+        return name
+
+    def is_running(self, container: str) -> bool:
+        r = self.podman("container", "inspect", "--format", "{{.State.Running}}", container, check=False)
+        return r.returncode == 0 and r.stdout.strip() == b"true"
+
+    def kill(self, container: str) -> None:
+        self.podman("kill", container, check=False)
+
+    def containers_of(self, sandbox_id: str) -> list[str]:
+        r = self.podman("ps", "-a", "--filter", f"label={LABEL_SANDBOX}={sandbox_id}", "--format", "{{.Names}}")
+        return r.stdout.decode().split()
+
+    def fence(self, sandbox_id: str) -> list[str]:
+        names = self.containers_of(sandbox_id)
+        if names:
+            self.podman("rm", "-f", "-t", "0", *names, check=False)
+        return names
+
+    def destroy(self, sandbox_id: str) -> None:
+        self.fence(sandbox_id)
+        subprocess.run(["ip", "netns", "del", self.netns_name(sandbox_id)], capture_output=True, check=False)
+        shutil.rmtree(self.channel_dir(sandbox_id), ignore_errors=True)
+
+    # ------------------------------------------------------------------ checkpoint / restore
+    @contextlib.contextmanager
+    def checkpoint_stream(self, container: str) -> Iterator[Iterator[bytes]]:
+        """`checkpoint --export=/dev/fd/N` on a pipe: a clean archive stream (DESIGN.md s7)."""
+        r, w = os.pipe()
+        args = [
+            "container", "checkpoint", "--leave-running", "--tcp-established",
+            "-c", self.cfg.checkpoint_compression, f"--export=/dev/fd/{w}", container,
+        ]  # fmt: skip
+        err_path = self.state_dir / "tmp" / f"ckpt-{container}-{os.getpid()}.err"
+        err_path.parent.mkdir(parents=True, exist_ok=True)
+        with open(err_path, "w+b") as err:
+            proc = subprocess.Popen(
+                self._cmd(*args), env=self._env(), stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
+                stderr=err, pass_fds=(w,),
+            )  # fmt: skip
+            os.close(w)
+            reader = os.fdopen(r, "rb", buffering=0)
+
+            def chunks() -> Iterator[bytes]:
+                while True:
+                    data = reader.read(CHUNK)
+                    if not data:
+                        return
+                    yield data
+
+            try:
+                yield chunks()
+                for _ in chunks():  # drain whatever the consumer left
+                    pass
+                rc = proc.wait(timeout=self.cfg.podman_timeout_s)
+            except BaseException:
+                proc.kill()
+                proc.wait()
+                raise
+            finally:
+                reader.close()
+            err.seek(0)
+            stderr = err.read().decode(errors="replace")
+        err_path.unlink(missing_ok=True)
+        if rc != 0:
+            raise translate_podman_error(args, rc, stderr)
+
+    def restore(self, archive: Path, sandbox_id: str, generation: int) -> str:
+        self.ensure_host_side(sandbox_id)
+        name = self.container_name(sandbox_id, generation)
+        # podman 4.3 refuses --name with --tcp-established: restore under the archived
+        # name (its container was fenced), then rename to this generation's name.
+        r = self.podman("container", "restore", "--tcp-established", f"--import={archive}")
+        restored = r.stdout.decode().strip().splitlines()[-1] if r.stdout.strip() else ""
+        if self.podman("rename", restored, name, check=False).returncode != 0:
+            return self._name_of(restored)
+        return name
+
+    def _name_of(self, container: str) -> str:
+        return self.podman("container", "inspect", "--format", "{{.Name}}", container).stdout.decode().strip()
+
+    def run_as_agent(self, container: str, argv: list[str], stdin: bytes | None = None) -> bytes:
+        # Belayer's own helpers (hash, tar), with the container's capabilities; they touch
+        # only the agent's trees.
+        args = ["exec"] + (["-i"] if stdin is not None else []) + [container]
+        return self.podman(*args, *argv, input=stdin).stdout
+
+    def image_id(self) -> str:
+        if self._image_id is None:
+            r = self.podman("image", "inspect", "--format", "{{.Id}}", self.cfg.image)
+            self._image_id = r.stdout.decode().strip()
+        return self._image_id
+
+    def versions(self) -> dict[str, str]:
+        if self._versions is None:
+            r = self.podman("version", "--format", "{{.Client.Version}}", check=False)
+            criu = ".".join(map(str, runtime.criu_version(runtime.criu_path(self.cache_dir))))
+            self._versions = {"podman": r.stdout.decode().strip() or "?", "criu": criu or "?"}
+        return self._versions
