@@ -189,3 +189,11 @@ if [ -n "$old_id" ] && [ "$old_id" != "$new_id" ]; then
   pm rmi "$old_id" >/dev/null 2>&1 && log "removed the previous $IMAGE ($old_id)" || true
 fi
 log "imported: $IMAGE id $new_id [$(elapsed)]"
+
+# Each tarball is ~250 MB: keep only the current ones (older image versions or
+# supervisor hashes are never imported again; a bump rebuilds them).
+for f in "$CACHE"/base-image-v*.tar "$CACHE"/base-rootfs-*.tar; do
+  [ -f "$f" ] || continue
+  [ "$f" = "$IMAGE_TAR" ] || [ "$f" = "$ROOTFS_TAR" ] && continue
+  rm -f "$f" && log "pruned old $(basename "$f")"
+done
