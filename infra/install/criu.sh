@@ -87,7 +87,8 @@ write_wrapper() {  # $1 = route line, rest = command to exec
   local route_line=$1; shift
   local tmp="$WRAPPER.tmp.$$" q=""
   local a
-  for a in "$@"; do q+=" $(printf '%q' "$a")"; done
+  # POSIX single quotes: the wrapper runs under /bin/sh (dash), which lacks $'...'.
+  for a in "$@"; do q+=" '${a//\'/\'\\\'\'}'"; done
   cat >"$tmp" <<EOF
 #!/bin/sh
 # Belayer's criu, written by infra/install/criu.sh. Do not edit; rerun the script.
