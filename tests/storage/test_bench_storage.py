@@ -1,0 +1,38 @@
+"""`belayer bench storage` end to end on the test SeaweedFS (small size; figures not judged)."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from click.testing import CliRunner
+
+from belayer.bench.storage import storage
+from belayer.storage import ObjectStore
+
+from .helpers import RawBucket
+
+pytestmark = pytest.mark.stack
+
+
+def test_bench_storage_json_and_cleanup(storage_config, tmp_path):
+    cfg = storage_config
+    env = {
+        "BELAYER_CONFIG": "",
+        "BELAYER_STORAGE__ENDPOINT": cfg.endpoint,
+        "BELAYER_STORAGE__BUCKET": cfg.bucket,
+        "BELAYER_STORAGE__ACCESS_KEY": cfg.access_key.get_secret_value(),
+        "BELAYER_STORAGE__SECRET_KEY": cfg.secret_key.get_secret_value(),
+        "BELAYER_STORAGE__KEY_PREFIX": cfg.key_prefix,
+        "BELAYER_STORAGE__PART_SIZE_MB": "5",
+    }
+    result = CliRunner().invoke(storage, ["--json", "--size-mb", "12", "--dir", str(tmp_path)], env=env)
+    assert result.exit_code == 0, result.output
+    figures = json.loads(result.stdout.strip().splitlines()[-1])
+    assert figures["size_mb"] == 12
+    for field in ("upload_mb_s", "download_mb_s", "local_copy_mb_s", "upload_vs_local", "download_vs_local"):
+        assert figures[field] > 0
+    assert list(tmp_path.iterdir()) == []  # temp files gone
+    assert RawBucket(cfg).all_keys() == []  # object and its hash record gone
+    with ObjectStore(cfg) as store:
+        assert list(store.list("")) == []
