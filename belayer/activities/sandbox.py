@@ -1,0 +1,208 @@
+"""Sandbox activities: one *Args and one *Result model per activity, one error translator.
+
+The workflow holds a `SandboxHandle` (sandbox id, host task queue, generation) and
+schedules exec / checkpoint / workspace_hash / destroy on `handle.host_queue`;
+create and recover may run on any sandbox host (the shared queue `belayer-sandbox`),
+recover being how a sandbox whose host is lost comes back elsewhere. Payloads carry
+handles, refs and hashes, never archives.
+
+The activities are methods of `SandboxActivities`, bound to one `SandboxHost` per
+worker process (belayer/workers/sandbox/). Blocking podman/CRIU work runs in a
+thread; long activities heartbeat meanwhile. Every error leaves through
+`to_application_error`, the one translator from sandbox and storage errors to
+Temporal's ApplicationError(type=..., non_retryable=...).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import functools
+from collections.abc import Callable
+from typing import Any, TypeVar
+
+from pydantic import BaseModel, ConfigDict, Field
+from temporalio import activity
+from temporalio.exceptions import ApplicationError
+
+from belayer.sandbox.models import (
+    Action,
+    CheckpointRef,
+    LoggedAction,
+    Observation,
+    RecoveryMode,
+    RecoverOutcome,
+    SandboxHandle,
+    SandboxSpec,
+)
+
+SHARED_QUEUE = "belayer-sandbox"
+HEARTBEAT_EVERY_S = 5.0
+T = TypeVar("T")
+
+
+class _Model(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+class CreateSandboxArgs(_Model):
+    spec: SandboxSpec = Field(default_factory=SandboxSpec, description="Setup commands and labels.")
+
+
+class CreateSandboxResult(_Model):
+    handle: SandboxHandle
+
+
+class ExecArgs(_Model):
+    handle: SandboxHandle
+    action: Action
+
+
+class ExecResult(_Model):
+    observation: Observation
+
+
+class CheckpointArgs(_Model):
+    handle: SandboxHandle
+    token_prefix_len: int | None = Field(None, ge=0, description="Context length at this step.")
+    token_prefix_sha256: str | None = Field(None, description="Hash of that token prefix.")
+    fs_snapshot: bool = Field(False, description="Also keep a files-only snapshot (fs-only baseline).")
+
+
+class CheckpointResult(_Model):
+    checkpoint: CheckpointRef
+
+
+class RestoreArgs(_Model):
+    handle: SandboxHandle = Field(description="The handle being superseded (its generation + 1 is used).")
+    checkpoint: CheckpointRef
+
+
+class RestoreResult(_Model):
+    handle: SandboxHandle
+    step: int = Field(ge=0, description="Journal head of the restored sandbox.")
+
+
+class RecoverArgs(_Model):
+    handle: SandboxHandle
+    checkpoints: list[CheckpointRef] = Field(default_factory=list, description="Newest first.")
+    actions: list[LoggedAction] = Field(default_factory=list, description="Logged actions, step order.")
+    mode: RecoveryMode = "full"
+    spec: SandboxSpec = Field(default_factory=SandboxSpec, description="For a replay from the start.")
+    allow_replay: bool = Field(True, description="Fall back to replay from the start when no checkpoint works.")
+
+
+class RecoverResult(_Model):
+    outcome: RecoverOutcome
+
+
+class DestroyArgs(_Model):
+    handle: SandboxHandle
+    delete_checkpoints: bool = Field(False, description="Also delete the lineage's checkpoint objects.")
+
+
+class DestroyResult(_Model):
+    deleted_objects: int = 0
+
+
+class WorkspaceHashArgs(_Model):
+    handle: SandboxHandle
+    path: str = "/workspace"
+
+
+class WorkspaceHashResult(_Model):
+    sha256: str
+
+
+def to_application_error(exc: BaseException) -> BaseException:
+    """The one translator: Belayer sandbox/storage errors -> ApplicationError; others unchanged."""
+    from belayer.sandbox.errors import SandboxError
+    from belayer.storage.errors import StorageError
+
+    if isinstance(exc, (SandboxError, StorageError)):
+        return ApplicationError(str(exc), type=type(exc).__name__, non_retryable=not exc.retryable)
+    return exc
+
+
+def _translated(fn: Callable[..., Any]) -> Callable[..., Any]:
+    @functools.wraps(fn)
+    async def wrapper(*args: Any, **kwargs: Any) -> Any:
+        try:
+            return await fn(*args, **kwargs)
+        except ApplicationError:
+            raise
+        except Exception as exc:
+            translated = to_application_error(exc)
+            if translated is exc:
+                raise
+            raise translated from exc
+
+    return wrapper
+
+
+async def _blocking(fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
+    """Run `fn` in a thread; heartbeat while it runs so a dead worker is noticed."""
+    task = asyncio.ensure_future(asyncio.to_thread(fn, *args, **kwargs))
+    while True:
+        done, _ = await asyncio.wait({task}, timeout=HEARTBEAT_EVERY_S)
+        if done:
+            return task.result()
+        activity.heartbeat()
+
+
+class SandboxActivities:
+    """The activities of one sandbox host."""
+
+    def __init__(self, host):
+        self.host = host
+
+    def all(self) -> list[Callable[..., Any]]:
+        return [self.create, self.exec, self.checkpoint, self.restore, self.recover, self.destroy,
+                self.workspace_hash]  # fmt: skip
+
+    @activity.defn(name="sandbox.create")
+    @_translated
+    async def create(self, args: CreateSandboxArgs) -> CreateSandboxResult:
+        return CreateSandboxResult(handle=await _blocking(self.host.create, args.spec))
+
+    @activity.defn(name="sandbox.exec")
+    @_translated
+    async def exec(self, args: ExecArgs) -> ExecResult:
+        return ExecResult(observation=await _blocking(self.host.exec, args.handle, args.action))
+
+    @activity.defn(name="sandbox.checkpoint")
+    @_translated
+    async def checkpoint(self, args: CheckpointArgs) -> CheckpointResult:
+        ref = await _blocking(
+            self.host.checkpoint, args.handle, token_prefix_len=args.token_prefix_len,
+            token_prefix_sha256=args.token_prefix_sha256, fs_snapshot=args.fs_snapshot,
+        )  # fmt: skip
+        return CheckpointResult(checkpoint=ref)
+
+    @activity.defn(name="sandbox.restore")
+    @_translated
+    async def restore(self, args: RestoreArgs) -> RestoreResult:
+        handle, meta = await _blocking(self.host.restore, args.checkpoint, args.handle.generation + 1)
+        return RestoreResult(handle=handle, step=meta.step)
+
+    @activity.defn(name="sandbox.recover")
+    @_translated
+    async def recover(self, args: RecoverArgs) -> RecoverResult:
+        outcome = await _blocking(
+            self.host.recover, args.handle, args.checkpoints, args.actions, mode=args.mode, spec=args.spec,
+            allow_replay=args.allow_replay,
+        )  # fmt: skip
+        return RecoverResult(outcome=outcome)
+
+    @activity.defn(name="sandbox.destroy")
+    @_translated
+    async def destroy(self, args: DestroyArgs) -> DestroyResult:
+        await _blocking(self.host.destroy, args.handle)
+        deleted = 0
+        if args.delete_checkpoints:
+            deleted = await _blocking(self.host.delete_checkpoints, args.handle.sandbox_id)
+        return DestroyResult(deleted_objects=deleted)
+
+    @activity.defn(name="sandbox.workspace_hash")
+    @_translated
+    async def workspace_hash(self, args: WorkspaceHashArgs) -> WorkspaceHashResult:
+        return WorkspaceHashResult(sha256=await _blocking(self.host.workspace_hash, args.handle, args.path))

@@ -1,0 +1,60 @@
+"""The sandbox host's Temporal worker: this host's queue plus the shared sandbox queue.
+
+`python -m belayer.workers.sandbox` serves the activities of belayer/activities/sandbox.py
+on `belayer-sandbox-<hostname>` (or `sandbox.host_task_queue`) -- where every call on a
+sandbox living here goes -- and on the shared `belayer-sandbox` queue (create and
+recover may run on any host). Ready once Temporal lists it as a poller of its host
+queue (activity kind): that is the readiness check belayer/stack/workers.py performs.
+
+Before serving it checks the runtime (podman, runc, CRIU, base image) and exits 2 with
+the fixes when the host cannot run sandboxes, instead of accepting work it would fail.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import sys
+
+from belayer.activities.sandbox import SHARED_QUEUE, SandboxActivities
+from belayer.config import BelayerConfig, load_config
+from belayer.sandbox.host import default_host_queue, make_host
+
+
+def host_queue(config: BelayerConfig) -> str:
+    return default_host_queue(config.sandbox)
+
+
+def check_host(config: BelayerConfig) -> list[str]:
+    """Problems that keep this host from running sandboxes (empty: fine)."""
+    from belayer.sandbox import runtime
+
+    health = runtime.check_runtime(config.state_dir, config.cache_dir)
+    return list(health.problems)
+
+
+async def serve(config: BelayerConfig) -> None:
+    from belayer.workers.runner import run_worker
+
+    host = make_host(config, host_queue=host_queue(config))
+    activities = SandboxActivities(host)
+    await run_worker(
+        config.temporal,
+        role="sandbox",
+        task_queues=[host.host_queue, SHARED_QUEUE],
+        activities=activities.all(),
+        max_concurrent_activities=16,
+    )
+
+
+def main(argv: list[str] | None = None) -> int:
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
+    config = load_config()
+    problems = check_host(config)
+    if problems:
+        for p in problems:
+            print(f"belayer sandbox worker: {p}", file=sys.stderr)
+        return 2
+    print(f"belayer sandbox worker: serving {host_queue(config)} and {SHARED_QUEUE}", flush=True)
+    asyncio.run(serve(config))
+    return 0
