@@ -4,6 +4,7 @@ from typing import Literal
 
 from pydantic import Field
 
+from belayer.sandbox.runtime import base_image_name
 from belayer.section import Section
 
 
@@ -13,7 +14,7 @@ class SandboxConfig(Section):
     backend: Literal["podman"] = Field(
         "podman", description="Container backend; only podman (+ runc + CRIU) can checkpoint processes here."
     )
-    image: str = Field("localhost/belayer-base:v1", description="Base image every sandbox starts from.")
+    image: str = Field("localhost/belayer-base:v2", description="Base image every sandbox starts from.")
     memory_mb: int = Field(
         1024, ge=64, le=1 << 20, description="Memory limit per sandbox (MiB); the tmpfs mounts count against it."
     )

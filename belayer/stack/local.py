@@ -163,7 +163,7 @@ def sandbox_runtime_status(config: BelayerConfig) -> ComponentStatus:
     """podman + runc + CRIU + base image: not a process, but `status` must show it."""
     from belayer.sandbox.runtime import check_runtime
 
-    health = check_runtime(config.state_dir)
+    health = check_runtime(config.state_dir, config.cache_dir)
     criu = ".".join(map(str, health.criu_version)) or "missing"
     if health.ok:
         detail = f"podman {health.podman_version}, CRIU {criu} ({health.criu_route}), image {health.image}"

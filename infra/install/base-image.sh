@@ -4,7 +4,7 @@
 #
 #  1. rootfs: `debootstrap --variant=minbase` of the machine's own Debian release from
 #     the machine's own mirror (both read from the system's apt configuration), plus
-#     bash coreutils findutils grep sed procps python3 git make; logs, apt caches and
+#     bash coreutils findutils grep sed procps python3 python3-venv git make; logs, apt caches and
 #     other run-specific files are dropped, and the tarball is written with sorted
 #     names, numeric owners and one fixed mtime, so that it depends on the package
 #     set only (cached: $CACHE/base-rootfs-<release>-v$BASE_IMAGE_VERSION.tar);
@@ -27,7 +27,7 @@ ROOT="$(cd "$(dirname "$0")/../.." && pwd)"
 : "${BASE_IMAGE_VERSION:?BASE_IMAGE_VERSION missing from infra/versions.env}"
 
 CACHE="${BELAYER_CACHE_DIR:-$HOME/.cache/belayer}"
-PACKAGES=bash,coreutils,findutils,grep,sed,procps,python3,git,make
+PACKAGES=bash,coreutils,findutils,grep,sed,procps,python3,python3-venv,git,make
 # One fixed mtime for every file of the image (2024-01-01T00:00:00Z).
 EPOCH=1704067200
 
