@@ -212,8 +212,11 @@ class ObjectStore:
             except Exception as exc:
                 error = self._translate(exc, "download", key)
                 body = None
+                if expected is not None and got >= expected[0] and isinstance(error, TransientStorageError):
+                    break  # every recorded byte arrived; what failed came after them
                 if not isinstance(error, TransientStorageError) or attempt >= self.retry.max_attempts:
                     raise error from exc
+                log.info("download %r: resuming at byte %d (attempt %d): %s", key, got, attempt + 1, error)
                 self.retry.sleep(self.retry.delay(attempt))
                 attempt += 1
         assert expected is not None

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import hashlib
 import io
-import os
+import logging
 import random
 
 import pytest
@@ -325,3 +325,19 @@ def test_data_survives_a_server_crash(seaweedfs, store):
         seaweedfs.start()
     with ObjectStore(store.cfg.model_copy(update={"max_attempts": 12})) as patient:  # see the test above
         assert patient.get_bytes("durable", expected_sha256=ref.sha256) == b"still here"
+
+
+def test_download_resumes_after_the_server_restarts_mid_stream(seaweedfs, small_parts, caplog):
+    data = payload(40 * MiB, seed=12)
+    patient = small_parts.model_copy(update={"max_attempts": 12})  # see the test above
+    with ObjectStore(patient) as store:
+        ref = store.upload_stream("resume", chunks(data, MiB))
+        stream = store.iter_download("resume", chunk_size=64 * 1024)
+        received = [next(stream)]
+        seaweedfs.kill()
+        seaweedfs.start()
+        with caplog.at_level(logging.INFO, logger="belayer.storage.store"):
+            received += list(stream)  # the broken response is resumed with a ranged GET
+        assert b"".join(received) == data
+        assert store.head("resume") == ref
+    assert any("resuming at byte" in r.getMessage() for r in caplog.records)
