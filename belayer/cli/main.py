@@ -96,7 +96,10 @@ def status(ctx: click.Context, as_json: bool) -> None:
         for row in rows:
             health = "[green]healthy[/]" if row.healthy else "[red]unhealthy[/]"
             table.add_row(row.name, str(row.pid or "-"), row.address, health, row.detail)
-        Console().print(table)
+        out = Console()
+        if not out.is_terminal:
+            out = Console(width=200)
+        out.print(table)
     sys.exit(0 if all(r.healthy for r in rows) else 1)
 
 
