@@ -33,7 +33,9 @@ COPY_CHUNK = 16 * MiB
 
 @click.command("storage")
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object on stdout.")
-@click.option("--size-mb", type=click.IntRange(1, 65536), default=256, show_default=True, help="File size in MiB.")
+@click.option(
+    "--size-mb", type=click.IntRange(1, 65536), default=256, show_default=True, help="File size in MiB."
+)
 @click.option(
     "--dir",
     "work_dir",
@@ -68,10 +70,15 @@ def run_storage_bench(
                 local_s = _timed(progress, "local copy", size, lambda tick: _copy(source, local_copy, tick))
                 local_copy.unlink()
                 with source.open("rb") as src:
-                    upload_s = _timed(progress, "upload", size, lambda tick: store.upload_stream(key, src, progress=tick))
+                    upload_s = _timed(
+                        progress, "upload", size, lambda tick: store.upload_stream(key, src, progress=tick)
+                    )
                 with downloaded.open("wb") as dest:
                     download_s = _timed(
-                        progress, "download", size, lambda tick: store.download_stream(key, dest, progress=tick)
+                        progress,
+                        "download",
+                        size,
+                        lambda tick: store.download_stream(key, dest, progress=tick),
                     )
         finally:
             store.delete(key)
@@ -95,7 +102,9 @@ def result_table(result: dict) -> Table:
     table.add_column("vs local copy", justify="right")
     table.add_row("local disk copy", f"{result['local_copy_mb_s']:.1f}", "1.000")
     table.add_row("upload (verified)", f"{result['upload_mb_s']:.1f}", f"{result['upload_vs_local']:.3f}")
-    table.add_row("download (verified)", f"{result['download_mb_s']:.1f}", f"{result['download_vs_local']:.3f}")
+    table.add_row(
+        "download (verified)", f"{result['download_mb_s']:.1f}", f"{result['download_vs_local']:.3f}"
+    )
     return table
 
 
@@ -110,7 +119,9 @@ def _progress(console: Console) -> Progress:
     )
 
 
-def _timed(progress: Progress, label: str, size: int, step: Callable[[Callable[[int], None]], object]) -> float:
+def _timed(
+    progress: Progress, label: str, size: int, step: Callable[[Callable[[int], None]], object]
+) -> float:
     """Seconds `step` took; it reports bytes done so far through the callback it is given."""
     task = progress.add_task(label, total=size)
     started = time.perf_counter()

@@ -17,9 +17,7 @@ class StorageConfig(Section):
     access_key: SecretStr = Field(
         SecretStr("belayer"), description="Access key id; the local SeaweedFS enforces it."
     )
-    secret_key: SecretStr = Field(
-        SecretStr("belayer-local-secret"), description="Secret access key."
-    )
+    secret_key: SecretStr = Field(SecretStr("belayer-local-secret"), description="Secret access key.")
     key_prefix: str = Field("", description="Prefix put before every key, e.g. 'team-a/'.")
     part_size_mb: int = Field(
         16, ge=5, le=512, description="Multipart part size in MiB; S3 requires at least 5."
@@ -43,8 +41,9 @@ class StorageConfig(Section):
         60.0, gt=0, le=3600, description="Seconds to wait for the endpoint's next bytes before retrying."
     )
     retry_base_delay_s: float = Field(
-        0.2, ge=0, le=60, description="Backoff cap after the first transient error; doubles per attempt (equal jitter)."
+        0.2,
+        ge=0,
+        le=60,
+        description="Backoff cap after the first transient error; doubles per attempt (equal jitter).",
     )
-    retry_max_delay_s: float = Field(
-        5.0, ge=0, le=300, description="Upper bound of one backoff delay."
-    )
+    retry_max_delay_s: float = Field(5.0, ge=0, le=300, description="Upper bound of one backoff delay.")

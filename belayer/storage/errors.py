@@ -95,7 +95,9 @@ _TRANSIENT_TRANSPORT = (
 )
 
 
-def translate_error(exc: BaseException, *, operation: str, key: str | None, endpoint: str | None, bucket: str) -> StorageError:
+def translate_error(
+    exc: BaseException, *, operation: str, key: str | None, endpoint: str | None, bucket: str
+) -> StorageError:
     """The Belayer storage error for a botocore/urllib3 exception raised by one S3 call.
 
     `operation` and `key` only make the message useful; the kind depends on `exc`.
@@ -128,13 +130,17 @@ def translate_error(exc: BaseException, *, operation: str, key: str | None, endp
     return PermanentStorageError(f"{where}: unexpected {type(exc).__name__}: {exc}")
 
 
-def _translate_client_error(exc: bc.ClientError, *, where: str, endpoint: str | None, bucket: str) -> StorageError:
+def _translate_client_error(
+    exc: bc.ClientError, *, where: str, endpoint: str | None, bucket: str
+) -> StorageError:
     error_obj = _classify_client_error(exc, where=where, endpoint=endpoint, bucket=bucket)
     error_obj.code = str(exc.response.get("Error", {}).get("Code", "")) or None
     return error_obj
 
 
-def _classify_client_error(exc: bc.ClientError, *, where: str, endpoint: str | None, bucket: str) -> StorageError:
+def _classify_client_error(
+    exc: bc.ClientError, *, where: str, endpoint: str | None, bucket: str
+) -> StorageError:
     error = exc.response.get("Error", {})
     code = str(error.get("Code", ""))
     status = int(exc.response.get("ResponseMetadata", {}).get("HTTPStatusCode", 0) or 0)
@@ -164,7 +170,11 @@ def _classify_client_error(exc: bc.ClientError, *, where: str, endpoint: str | N
     if code in _CONFLICT_CODES or status == 412:
         return ObjectConflict(f"{where}: an object already exists at this key ({detail})")
     if code in _TRANSIENT_CODES or status in (408, 429) or status >= 500:
-        return TransientStorageError(f"{where}: endpoint {endpoint} says {detail} (HTTP {status}); retry later")
+        return TransientStorageError(
+            f"{where}: endpoint {endpoint} says {detail} (HTTP {status}); retry later"
+        )
     if code == "PermanentRedirect" or code == "AuthorizationHeaderMalformed":
         return PermanentStorageError(f"{where}: {detail}; fix {ENV}REGION or {ENV}ENDPOINT")
-    return PermanentStorageError(f"{where}: endpoint {endpoint} refused the request ({detail}, HTTP {status})")
+    return PermanentStorageError(
+        f"{where}: endpoint {endpoint} refused the request ({detail}, HTTP {status})"
+    )

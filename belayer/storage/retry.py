@@ -41,7 +41,9 @@ class RetryPolicy:
         cap = min(self.max_delay_s, self.base_delay_s * 2 ** (attempt - 1))
         return cap / 2 + self.rng.uniform(0.0, cap / 2)
 
-    def call(self, fn: Callable[[], T], *, translate: Callable[[BaseException], StorageError], what: str) -> T:
+    def call(
+        self, fn: Callable[[], T], *, translate: Callable[[BaseException], StorageError], what: str
+    ) -> T:
         """`fn()`, retried on transient errors; raises the translated error of the last attempt."""
         attempt = 1
         while True:
@@ -56,6 +58,13 @@ class RetryPolicy:
                         raise
                     raise error from exc
                 pause = self.delay(attempt)
-                log.info("%s: transient error, attempt %d/%d, retrying in %.2fs: %s", what, attempt, self.max_attempts, pause, error)
+                log.info(
+                    "%s: transient error, attempt %d/%d, retrying in %.2fs: %s",
+                    what,
+                    attempt,
+                    self.max_attempts,
+                    pause,
+                    error,
+                )
                 self.sleep(pause)
                 attempt += 1

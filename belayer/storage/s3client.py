@@ -12,7 +12,9 @@ from botocore.config import Config
 from belayer.storage.config import StorageConfig
 
 
-def make_s3_client(cfg: StorageConfig, *, connect_timeout_s: float | None = None, read_timeout_s: float | None = None):
+def make_s3_client(
+    cfg: StorageConfig, *, connect_timeout_s: float | None = None, read_timeout_s: float | None = None
+):
     """A boto3 S3 client for `cfg`'s endpoint (SeaweedFS, MinIO or AWS S3).
 
     Timeouts default to `cfg.connect_timeout_s` / `cfg.read_timeout_s`.

@@ -80,7 +80,9 @@ class ObjectStore:
         self.cfg = cfg
         self.client = client if client is not None else make_s3_client(cfg)
         self.retry = retry or RetryPolicy(
-            max_attempts=cfg.max_attempts, base_delay_s=cfg.retry_base_delay_s, max_delay_s=cfg.retry_max_delay_s
+            max_attempts=cfg.max_attempts,
+            base_delay_s=cfg.retry_base_delay_s,
+            max_delay_s=cfg.retry_max_delay_s,
         )
         self.part_size = cfg.part_size_mb << 20
 
@@ -227,15 +229,21 @@ class ObjectStore:
 
     def head(self, key: str) -> ObjectRef:
         """Size and recorded sha256 without reading the bytes; `CorruptObject` if unrecorded."""
-        resp = self._call("head", key, lambda: self.client.head_object(Bucket=self.cfg.bucket, Key=self._full(key)))
+        resp = self._call(
+            "head", key, lambda: self.client.head_object(Bucket=self.cfg.bucket, Key=self._full(key))
+        )
         recorded = self._record(key, resp)
         if recorded is None:
-            raise CorruptObject(f"{key!r} has no recorded sha256: it was not written through Belayer's ObjectStore")
+            raise CorruptObject(
+                f"{key!r} has no recorded sha256: it was not written through Belayer's ObjectStore"
+            )
         return ObjectRef(key=key, size=recorded[0], sha256=recorded[1])
 
     def exists(self, key: str) -> bool:
         try:
-            self._call("head", key, lambda: self.client.head_object(Bucket=self.cfg.bucket, Key=self._full(key)))
+            self._call(
+                "head", key, lambda: self.client.head_object(Bucket=self.cfg.bucket, Key=self._full(key))
+            )
         except ObjectNotFound:
             return False
         return True
@@ -250,10 +258,14 @@ class ObjectStore:
     def delete(self, key: str) -> None:
         """Remove `key` and its hash record; deleting a missing key is not an error."""
         try:
-            resp = self._call("head", key, lambda: self.client.head_object(Bucket=self.cfg.bucket, Key=self._full(key)))
+            resp = self._call(
+                "head", key, lambda: self.client.head_object(Bucket=self.cfg.bucket, Key=self._full(key))
+            )
         except ObjectNotFound:
             return
-        self._call("delete", key, lambda: self.client.delete_object(Bucket=self.cfg.bucket, Key=self._full(key)))
+        self._call(
+            "delete", key, lambda: self.client.delete_object(Bucket=self.cfg.bucket, Key=self._full(key))
+        )
         nonce = resp.get("Metadata", {}).get(META_RECORD)
         if nonce:
             self._delete_record(key, nonce)
@@ -264,8 +276,12 @@ class ObjectStore:
         Returns how many objects (not counting records) were deleted.
         """
         if not prefix and not self.cfg.key_prefix:
-            raise ValueError("delete_prefix('') with an empty key_prefix would empty the whole bucket; refusing")
-        deleted = self._delete_full_keys(k for k in self._list_full(self._full(prefix, check=False)) if not self._is_record(k))
+            raise ValueError(
+                "delete_prefix('') with an empty key_prefix would empty the whole bucket; refusing"
+            )
+        deleted = self._delete_full_keys(
+            k for k in self._list_full(self._full(prefix, check=False)) if not self._is_record(k)
+        )
         self._delete_full_keys(self._list_full(self.cfg.key_prefix + RECORD_ROOT + prefix))
         return deleted
 
@@ -281,7 +297,9 @@ class ObjectStore:
             page = self._call(
                 "list-uploads",
                 prefix,
-                lambda: self.client.list_multipart_uploads(Bucket=self.cfg.bucket, Prefix=full_prefix, **markers),
+                lambda markers=markers: self.client.list_multipart_uploads(
+                    Bucket=self.cfg.bucket, Prefix=full_prefix, **markers
+                ),
             )
             for upload in page.get("Uploads", []):
                 self._abort(upload["Key"], upload["UploadId"])
@@ -292,7 +310,9 @@ class ObjectStore:
 
     # ---- multipart internals -----------------------------------------------------------
 
-    def _multipart(self, key: str, parts: Iterator[bytes], *, if_absent: bool, progress: Progress | None) -> ObjectRef:
+    def _multipart(
+        self, key: str, parts: Iterator[bytes], *, if_absent: bool, progress: Progress | None
+    ) -> ObjectRef:
         nonce = uuid.uuid4().hex
         replaced = None if if_absent else self._record_nonce_of(key)
         created = self._call(
@@ -390,7 +410,12 @@ class ObjectStore:
         try:
             self._abort(self._full(key), upload_id)
         except StorageError as abort_error:
-            log.warning("upload %r failed and its abort failed too; upload id %s left: %s", key, upload_id, abort_error)
+            log.warning(
+                "upload %r failed and its abort failed too; upload id %s left: %s",
+                key,
+                upload_id,
+                abort_error,
+            )
             cause.add_note(
                 f"the multipart upload {upload_id} of {key!r} could not be aborted either; "
                 "ObjectStore.abort_incomplete_uploads removes it once the endpoint answers"
@@ -401,7 +426,9 @@ class ObjectStore:
             self._call(
                 "abort-multipart",
                 full_key,
-                lambda: self.client.abort_multipart_upload(Bucket=self.cfg.bucket, Key=full_key, UploadId=upload_id),
+                lambda: self.client.abort_multipart_upload(
+                    Bucket=self.cfg.bucket, Key=full_key, UploadId=upload_id
+                ),
             )
         except ObjectNotFound:
             pass
@@ -415,7 +442,9 @@ class ObjectStore:
         body = json.dumps({"key": ref.key, "size": ref.size, "sha256": ref.sha256, "nonce": nonce}).encode()
         record_key = self._record_key(ref.key, nonce)
         self._call(
-            "put-record", ref.key, lambda: self.client.put_object(Bucket=self.cfg.bucket, Key=record_key, Body=body)
+            "put-record",
+            ref.key,
+            lambda: self.client.put_object(Bucket=self.cfg.bucket, Key=record_key, Body=body),
         )
 
     def _read_record(self, key: str, nonce: str) -> tuple[int, str]:
@@ -442,15 +471,23 @@ class ObjectStore:
     def _delete_record(self, key: str, nonce: str, *, quiet: bool = False) -> None:
         record_key = self._record_key(key, nonce)
         try:
-            self._call("delete-record", key, lambda: self.client.delete_object(Bucket=self.cfg.bucket, Key=record_key))
+            self._call(
+                "delete-record",
+                key,
+                lambda: self.client.delete_object(Bucket=self.cfg.bucket, Key=record_key),
+            )
         except StorageError as exc:
             if not quiet:
                 raise
-            log.warning("could not delete hash record %r (harmless, delete_prefix removes it): %s", record_key, exc)
+            log.warning(
+                "could not delete hash record %r (harmless, delete_prefix removes it): %s", record_key, exc
+            )
 
     def _record_nonce_of(self, key: str) -> str | None:
         try:
-            resp = self._call("head", key, lambda: self.client.head_object(Bucket=self.cfg.bucket, Key=self._full(key)))
+            resp = self._call(
+                "head", key, lambda: self.client.head_object(Bucket=self.cfg.bucket, Key=self._full(key))
+            )
         except ObjectNotFound:
             return None
         return resp.get("Metadata", {}).get(META_RECORD)
@@ -489,7 +526,9 @@ class ObjectStore:
         try:
             existing = self.head(ref.key)
         except (ObjectNotFound, CorruptObject) as exc:
-            raise ObjectConflict(f"{ref.key!r}: create-if-absent lost, and the existing object is unusable: {exc}") from None
+            raise ObjectConflict(
+                f"{ref.key!r}: create-if-absent lost, and the existing object is unusable: {exc}"
+            ) from None
         if existing.sha256 == ref.sha256 and existing.size == ref.size:
             return ref
         raise ObjectConflict(
@@ -521,7 +560,9 @@ class ObjectStore:
         except Exception as exc:
             error = self._translate(exc, "download", key)
             if isinstance(error, ObjectConflict):
-                raise TransientStorageError(f"download {key!r}: the object was replaced while downloading; download it again") from exc
+                raise TransientStorageError(
+                    f"download {key!r}: the object was replaced while downloading; download it again"
+                ) from exc
             raise
 
     def _list_full(self, full_prefix: str) -> Iterator[str]:
@@ -530,7 +571,9 @@ class ObjectStore:
             page = self._call(
                 "list",
                 full_prefix,
-                lambda: self.client.list_objects_v2(Bucket=self.cfg.bucket, Prefix=full_prefix, **token),
+                lambda token=token: self.client.list_objects_v2(
+                    Bucket=self.cfg.bucket, Prefix=full_prefix, **token
+                ),
             )
             for item in page.get("Contents", []):
                 yield item["Key"]
@@ -568,10 +611,14 @@ class ObjectStore:
         return len(full_keys)
 
     def _translate(self, exc: BaseException, operation: str, key: str | None) -> StorageError:
-        return translate_error(exc, operation=operation, key=key, endpoint=self.cfg.endpoint, bucket=self.cfg.bucket)
+        return translate_error(
+            exc, operation=operation, key=key, endpoint=self.cfg.endpoint, bucket=self.cfg.bucket
+        )
 
     def _call(self, operation: str, key: str | None, fn: Callable[[], T]) -> T:
-        return self.retry.call(fn, translate=lambda exc: self._translate(exc, operation, key), what=f"{operation} {key}")
+        return self.retry.call(
+            fn, translate=lambda exc: self._translate(exc, operation, key), what=f"{operation} {key}"
+        )
 
 
 def _verify(key: str, got_size: int, got_sha: str, size: int, sha: str) -> None:

@@ -203,7 +203,7 @@ def _collect_segments(store: ObjectStore, key: str, start: int, length: int) -> 
         blobs = list(pool.map(lambda s: store.get_bytes(_segment_key(key, s)), starts))
     out = bytearray()
     position = start
-    for seg_start, blob in zip(starts, blobs):
+    for seg_start, blob in zip(starts, blobs, strict=True):
         if seg_start != position:
             raise CorruptObject(
                 f"token log {key!r}: segment at position {seg_start} follows tokens ending at {position} "
@@ -239,8 +239,12 @@ def _read_manifest(store: ObjectStore, key: str) -> dict:
     try:
         body = store.get_bytes(_manifest_key(key))
     except ObjectNotFound:
-        raise ObjectNotFound(f"no token log at {key!r} (its manifest {_manifest_key(key)!r} is missing)") from None
+        raise ObjectNotFound(
+            f"no token log at {key!r} (its manifest {_manifest_key(key)!r} is missing)"
+        ) from None
     manifest = json.loads(body)
     if manifest.get("format") != FORMAT or manifest.get("encoding") != ENCODING:
-        raise CorruptObject(f"token log {key!r}: unknown format {manifest.get('format')!r}/{manifest.get('encoding')!r}")
+        raise CorruptObject(
+            f"token log {key!r}: unknown format {manifest.get('format')!r}/{manifest.get('encoding')!r}"
+        )
     return manifest

@@ -37,7 +37,9 @@ class RawBucket:
         return [k for k in self.all_keys() if k.startswith(RECORD_ROOT)]
 
     def open_uploads(self) -> list[dict]:
-        return self.client.list_multipart_uploads(Bucket=self.cfg.bucket, Prefix=self.cfg.key_prefix).get("Uploads", [])
+        return self.client.list_multipart_uploads(Bucket=self.cfg.bucket, Prefix=self.cfg.key_prefix).get(
+            "Uploads", []
+        )
 
 
 class CountingSleep:

@@ -28,8 +28,10 @@ def test_256_mib_stream_has_bounded_peak_rss(storage_config, record_property):
     assert proc.returncode == 0, proc.stderr[-3000:]
     result = json.loads(proc.stdout)
     record_property("peak_rss_growth_mib", round(result["peak_growth"] / MiB, 1))
-    print(f"\npeak RSS growth {result['peak_growth'] / MiB:.1f} MiB (upload {result['upload_growth'] / MiB:.1f} MiB), "
-          f"part size {result['part_size'] // MiB} MiB")
+    print(
+        f"\npeak RSS growth {result['peak_growth'] / MiB:.1f} MiB (upload {result['upload_growth'] / MiB:.1f} MiB), "
+        f"part size {result['part_size'] // MiB} MiB"
+    )
     assert result["size"] == result["downloaded_size"] == size_mib * MiB
     assert result["uploaded_sha256"] == result["generated_sha256"] == result["downloaded_sha256"]
     assert result["download_ref_ok"]

@@ -25,7 +25,8 @@ from .helpers import CountingSleep
 
 def client_error(code: str, status: int, message: str = "") -> bc.ClientError:
     return bc.ClientError(
-        {"Error": {"Code": code, "Message": message}, "ResponseMetadata": {"HTTPStatusCode": status}}, "PutObject"
+        {"Error": {"Code": code, "Message": message}, "ResponseMetadata": {"HTTPStatusCode": status}},
+        "PutObject",
     )
 
 
@@ -126,7 +127,9 @@ class Flaky:
 
 def policy(max_attempts: int) -> tuple[RetryPolicy, CountingSleep]:
     sleep = CountingSleep()
-    return RetryPolicy(max_attempts=max_attempts, base_delay_s=0.1, max_delay_s=1.0, sleep=sleep, rng=random.Random(0)), sleep
+    return RetryPolicy(
+        max_attempts=max_attempts, base_delay_s=0.1, max_delay_s=1.0, sleep=sleep, rng=random.Random(0)
+    ), sleep
 
 
 def test_transient_errors_are_retried_with_growing_bounded_backoff():
@@ -149,7 +152,12 @@ def test_transient_errors_give_up_after_max_attempts():
 
 
 @pytest.mark.parametrize(
-    "exc", [client_error("InvalidAccessKeyId", 403), client_error("NoSuchKey", 404), client_error("PreconditionFailed", 412)]
+    "exc",
+    [
+        client_error("InvalidAccessKeyId", 403),
+        client_error("NoSuchKey", 404),
+        client_error("PreconditionFailed", 412),
+    ],
 )
 def test_permanent_errors_are_never_retried(exc):
     retry, sleep = policy(5)

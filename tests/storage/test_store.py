@@ -66,7 +66,7 @@ def test_empty_object_round_trip(store):
     ref = store.put_bytes("empty", b"")
     assert store.get_bytes("empty") == b""
     assert store.download_stream("empty", io.BytesIO()) == ref
-    assert store.upload_stream("empty2", iter([])) .size == 0
+    assert store.upload_stream("empty2", iter([])).size == 0
 
 
 def test_missing_object(store):
@@ -121,7 +121,9 @@ def test_server_honours_conditional_put_and_complete(raw):
         raw.client.put_object(Bucket=bucket, Key=key, Body=b"second", IfNoneMatch="*")
     assert info.value.response["ResponseMetadata"]["HTTPStatusCode"] == 412
     upload = raw.client.create_multipart_upload(Bucket=bucket, Key=key)
-    part = raw.client.upload_part(Bucket=bucket, Key=key, UploadId=upload["UploadId"], PartNumber=1, Body=b"p" * 5 * MiB)
+    part = raw.client.upload_part(
+        Bucket=bucket, Key=key, UploadId=upload["UploadId"], PartNumber=1, Body=b"p" * 5 * MiB
+    )
     with pytest.raises(Exception) as info:
         raw.client.complete_multipart_upload(
             Bucket=bucket,

@@ -21,7 +21,6 @@ from belayer.storage.tokenlog import (
 
 from .helpers import RawBucket
 
-
 # ---- encoding (no server) ------------------------------------------------------------
 
 
