@@ -1,0 +1,121 @@
+"""Fixtures for real sandboxes: podman + runc + CRIU on this host, checkpoints in SeaweedFS.
+
+Every sandbox a test creates is tagged (label `belayer.test=<token>`) and recorded by a
+tracking backend; teardown destroys each one (containers of every generation, network
+namespace, channel directory) even when the test failed, then checks that nothing is
+left and names what leaked. Checkpoint objects live under the test's own key prefix,
+which the `storage_config` fixture deletes afterwards.
+"""
+
+from __future__ import annotations
+
+import subprocess
+import uuid
+from pathlib import Path
+
+import pytest
+
+from belayer.sandbox import runtime
+from belayer.sandbox.config import SandboxConfig
+from belayer.sandbox.host import SandboxHost
+from belayer.sandbox.models import SandboxSpec
+from belayer.sandbox.podman import LABEL_SANDBOX, PodmanBackend
+
+REPO = Path(__file__).resolve().parents[2]
+TEST_LABEL = "belayer.test"
+
+
+class TrackingBackend(PodmanBackend):
+    """Records every sandbox lineage it touches, so teardown can remove it."""
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.seen: set[str] = set()
+
+    def create(self, sandbox_id, generation, labels):
+        self.seen.add(sandbox_id)
+        return super().create(sandbox_id, generation, labels)
+
+    def restore(self, archive, sandbox_id, generation):
+        self.seen.add(sandbox_id)
+        return super().restore(archive, sandbox_id, generation)
+
+
+@pytest.fixture(scope="session")
+def sandbox_runtime():
+    """The runtime is healthy and the base image carries the current infra/sandbox/."""
+    # Idempotent and fast when the image already carries this supervisor (cache key).
+    r = subprocess.run(["bash", str(REPO / "infra/install/base-image.sh")], capture_output=True, text=True)
+    health = runtime.check_runtime()
+    if not health.ok:
+        pytest.skip("sandbox runtime unavailable: " + "; ".join(health.problems) + f"\n{r.stdout}{r.stderr}")
+    assert r.returncode == 0, f"base-image.sh failed:\n{r.stdout}\n{r.stderr}"
+    return health
+
+
+def small_config(**overrides) -> SandboxConfig:
+    """Limits small enough that two cores run the suite; tests override what they probe."""
+    values = dict(memory_mb=512, workspace_mb=64, home_mb=32, tmp_mb=32, pids_limit=128,
+                  action_timeout_s=30.0, output_cap_bytes=16 * 1024, image=runtime.base_image_name())  # fmt: skip
+    values.update(overrides)
+    return SandboxConfig(**values)
+
+
+class Sandboxes:
+    """A SandboxHost plus the bookkeeping that guarantees cleanup."""
+
+    def __init__(self, host: SandboxHost, backend: TrackingBackend, token: str):
+        self.host = host
+        self.backend = backend
+        self.token = token
+
+    def spec(self, *setup: str) -> SandboxSpec:
+        return SandboxSpec(setup_commands=list(setup), labels={TEST_LABEL: self.token})
+
+    def create(self, *setup: str):
+        return self.host.create(self.spec(*setup))
+
+    def cleanup(self) -> list[str]:
+        ids = set(self.backend.seen)
+        r = self.backend.podman("ps", "-a", "--filter", f"label={TEST_LABEL}={self.token}",
+                                "--format", f'{{{{index .Labels "{LABEL_SANDBOX}"}}}}', check=False)  # fmt: skip
+        ids.update(r.stdout.decode().split())
+        for sid in ids:
+            self.backend.destroy(sid)
+        leaked = []
+        r = self.backend.podman("ps", "-a", "--filter", f"label={TEST_LABEL}={self.token}",
+                                "--format", "{{.Names}}", check=False)  # fmt: skip
+        leaked += [f"container {n}" for n in r.stdout.decode().split()]
+        for sid in ids:
+            if Path("/run/netns", self.backend.netns_name(sid)).exists():
+                leaked.append(f"netns {self.backend.netns_name(sid)}")
+            if self.backend.channel_dir(sid).exists():
+                leaked.append(f"channel dir {self.backend.channel_dir(sid)}")
+        return leaked
+
+
+def make_sandboxes(storage_config, **config_overrides) -> Sandboxes:
+    from belayer.storage.store import ObjectStore
+
+    cfg = small_config(**config_overrides)
+    state_dir = runtime.default_state_dir()
+    backend = TrackingBackend(cfg, state_dir)
+    host = SandboxHost(cfg, backend, ObjectStore(storage_config), state_dir=state_dir, host_queue="belayer-sandbox-test")
+    return Sandboxes(host, backend, uuid.uuid4().hex[:12])
+
+
+@pytest.fixture
+def sandboxes(sandbox_runtime, storage_config, request):
+    """Real sandboxes for one test; `@pytest.mark.sandbox_config(...)` overrides limits."""
+    marker = request.node.get_closest_marker("sandbox_config")
+    boxes = make_sandboxes(storage_config, **(marker.kwargs if marker else {}))
+    try:
+        yield boxes
+    finally:
+        leaked = boxes.cleanup()
+        boxes.host.store.close()
+    assert not leaked, f"test leaked: {leaked}"
+
+
+def pytest_configure(config):
+    config.addinivalue_line("markers", "sandbox_config(**limits): SandboxConfig overrides for `sandboxes`")

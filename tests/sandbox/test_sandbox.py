@@ -1,0 +1,259 @@
+"""Real sandboxes on podman + runc + CRIU: checkpoint, restore, recover, exactly-once, bad input.
+
+ZDTM style: the same scenario runs with no checkpoint, with checkpoint -> kill ->
+restore on a fresh container, with iterated checkpoints, and with a checkpoint that
+leaves the sandbox running; each mode checks the same visible state (shell cwd,
+exported and unexported variables, the job table, a background HTTP server's answer,
+the /workspace tree hash). Every sandbox is removed by the `sandboxes` fixture.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from belayer.sandbox.errors import StaleGeneration
+from belayer.sandbox.models import Action, LoggedAction, SandboxHandle
+
+pytestmark = pytest.mark.sandbox
+
+TRAJ = "traj-test"
+
+SCENARIO = [
+    "mkdir -p /workspace/proj && cd /workspace/proj && export APP_MODE=test && echo 'print(6*7)' > calc.py",
+    # A background server the agent starts and later queries.
+    "python3 -m http.server 8123 --bind 127.0.0.1 >/tmp/http.log 2>&1 &\n"
+    "for i in $(seq 100); do python3 -c \"import urllib.request as u; u.urlopen('http://127.0.0.1:8123/')\" "
+    "2>/dev/null && break; sleep 0.1; done; echo up",
+    "python3 calc.py > out.txt && counter=7 && greet() { echo hello-$1; } && export COUNTER=1",
+    "mkdir -p sub && cd sub && export COUNTER=$((COUNTER+1)) && echo data > here.txt && pwd",
+    "greet $counter; ls -R /workspace",
+]
+PROBE = (
+    "pwd; echo $APP_MODE $COUNTER $counter; greet x; jobs | wc -l; "
+    "python3 -c \"import urllib.request as u; print(u.urlopen('http://127.0.0.1:8123/out.txt').read().decode())\""
+)
+PROBE_EXPECTED = "/workspace/proj/sub\ntest 2 7\nhello-x\n1\n42\n\n"
+
+
+def act(step: int, command: str, timeout_s: float | None = None) -> Action:
+    return Action(trajectory=TRAJ, step=step, command=command, timeout_s=timeout_s)
+
+
+def run_logged(host, handle: SandboxHandle, steps: range, log: list[LoggedAction]) -> None:
+    for step in steps:
+        obs = host.exec(handle, act(step, SCENARIO[step - 1]))
+        assert obs.exit_code == 0, (step, obs)
+        log.append(LoggedAction(trajectory=TRAJ, step=step, command=SCENARIO[step - 1],
+                                observation_sha256=obs.sha256))  # fmt: skip
+
+
+@pytest.mark.parametrize("mode", ["none", "checkpoint", "iterated", "leave-running"])
+def test_zdtm_shell_state_and_server_survive(sandboxes, mode):
+    host = sandboxes.host
+    handle = sandboxes.create()
+    log: list[LoggedAction] = []
+    n = len(SCENARIO)
+    checkpoints = []
+    if mode == "none":
+        run_logged(host, handle, range(1, n + 1), log)
+    elif mode in ("checkpoint", "leave-running"):
+        run_logged(host, handle, range(1, 3), log)
+        checkpoints.append(host.checkpoint(handle))
+        run_logged(host, handle, range(3, n + 1), log)
+    else:  # iterated: a checkpoint after every step from 2 on
+        for step in range(1, n + 1):
+            run_logged(host, handle, range(step, step + 1), log)
+            if step >= 2:
+                checkpoints.insert(0, host.checkpoint(handle))
+    before_hash = host.workspace_hash(handle)
+
+    if mode in ("checkpoint", "iterated"):
+        # The sandbox dies, and everything this host had for it goes: a fresh host.
+        host.kill(handle)
+        sandboxes.backend.destroy(handle.sandbox_id)
+        outcome = host.recover(handle, checkpoints, log)
+        assert outcome.consistent, outcome
+        assert outcome.consistent_at == n
+        assert outcome.source == f"checkpoint@{checkpoints[0].step}"
+        assert outcome.handle.generation == handle.generation + 1
+        assert outcome.replayed_steps == n - checkpoints[0].step
+        handle = outcome.handle
+
+    probe = host.exec(handle, act(n + 1, PROBE))
+    assert probe.exit_code == 0, probe
+    assert probe.stdout == PROBE_EXPECTED
+    assert host.workspace_hash(handle) == before_hash
+
+
+def test_repeated_action_id_executes_once(sandboxes):
+    host = sandboxes.host
+    handle = sandboxes.create()
+    first = host.exec(handle, act(1, "echo line >> /workspace/count; wc -l < /workspace/count"))
+    again = host.exec(handle, act(1, "echo line >> /workspace/count; wc -l < /workspace/count"))
+    assert first.stdout == "1\n" and not first.replayed_from_journal
+    assert again.replayed_from_journal and again.sha256 == first.sha256
+    check = host.exec(handle, act(2, "wc -l < /workspace/count"))
+    assert check.stdout == "1\n"
+
+
+def test_stale_generation_refused(sandboxes):
+    host = sandboxes.host
+    old = sandboxes.create()
+    obs = host.exec(old, act(1, "echo one"))
+    ref = host.checkpoint(old)
+    log = [LoggedAction(trajectory=TRAJ, step=1, command="echo one", observation_sha256=obs.sha256)]
+    new = host.recover(old, [ref], log).handle
+    assert new.generation == old.generation + 1
+    with pytest.raises(StaleGeneration):
+        host.exec(old, act(2, "echo should-not-run"))
+    with pytest.raises(StaleGeneration):
+        host.checkpoint(old)
+    assert host.exec(new, act(2, "echo two")).stdout == "two\n"
+
+
+def test_corrupt_archive_falls_back_to_previous_then_replay(sandboxes):
+    host = sandboxes.host
+    handle = sandboxes.create()
+    log: list[LoggedAction] = []
+    run_logged(host, handle, range(1, 3), log)
+    older = host.checkpoint(handle)
+    run_logged(host, handle, range(3, 5), log)
+    newer = host.checkpoint(handle)
+    run_logged(host, handle, range(5, 6), log)
+    meta = host.load_meta(newer)
+    host.store.put_bytes(meta.archive_key, b"garbage, not a checkpoint")  # a corrupt object
+    host.kill(handle)
+
+    outcome = host.recover(handle, [newer, older], log)
+    assert outcome.source == f"checkpoint@{older.step}" and outcome.consistent, outcome
+    assert any("unusable" in n and meta.archive_key in n for n in outcome.notes)
+
+    # Both archives gone: replay from the start in a fresh sandbox, and say so.
+    host.store.delete(host.load_meta(older).archive_key)
+    host.kill(outcome.handle)
+    outcome2 = host.recover(outcome.handle, [newer, older], log)
+    assert outcome2.source == "replay-from-start", outcome2
+    assert outcome2.consistent and outcome2.replayed_steps == len(log)
+    assert any("replay from the start" in n for n in outcome2.notes)
+    probe = host.exec(outcome2.handle, act(6, PROBE))
+    assert probe.stdout == PROBE_EXPECTED
+
+
+def test_recover_reports_first_mismatch(sandboxes):
+    host = sandboxes.host
+    handle = sandboxes.create()
+    commands = ["echo stable > /workspace/a", "cat /proc/sys/kernel/random/uuid", "echo never-reached"]
+    log = []
+    for i, c in enumerate(commands, start=1):
+        obs = host.exec(handle, act(i, c))
+        log.append(LoggedAction(trajectory=TRAJ, step=i, command=c, observation_sha256=obs.sha256))
+    ref = host.checkpoint(handle)  # at step 3
+    del ref
+    host.kill(handle)
+    outcome = host.recover(handle, [], log, mode="replay")
+    assert not outcome.consistent
+    assert outcome.mismatch_step == 2 and outcome.consistent_at == 1
+    assert outcome.mismatch_observation is not None and len(outcome.mismatch_observation.stdout) == 37
+    assert outcome.replayed_steps == 2  # stops at the first mismatch
+
+
+# ------------------------------------------------------------------------- bad input
+
+
+def test_never_ending_command_times_out_and_sandbox_stays_usable(sandboxes):
+    host = sandboxes.host
+    handle = sandboxes.create()
+    host.exec(handle, act(1, "cd /workspace; export KEEP=yes; sleep 1000 >/dev/null 2>&1 & echo bg"))
+    obs = host.exec(handle, act(2, "sleep 1000", timeout_s=1))
+    assert obs.timed_out and obs.exit_code != 0 and not obs.shell_respawned
+    # A shell stuck in a builtin loop is replaced, its cwd and exports kept.
+    obs = host.exec(handle, act(3, "cd /tmp; export KEEP=still; while :; do :; done", timeout_s=1))
+    assert obs.timed_out and obs.shell_respawned and "new shell" in obs.note
+    after = host.exec(handle, act(4, "pwd; echo $KEEP; pgrep -c sleep"))
+    assert after.stdout == "/workspace\nyes\n1\n", after  # the earlier background job survived
+
+
+def test_huge_output_is_capped(sandboxes):
+    host = sandboxes.host
+    handle = sandboxes.create()
+    obs = host.exec(handle, act(1, "head -c 1000000000 /dev/zero | tr '\\0' y; echo; echo tail-end", timeout_s=120))
+    assert obs.exit_code == 0
+    assert obs.stdout_bytes == 1_000_000_000 + len("\ntail-end\n")
+    assert obs.truncated and "bytes truncated" in obs.stdout
+    assert len(obs.stdout) < 2 * host.cfg.output_cap_bytes
+    assert obs.stdout.endswith("tail-end\n")
+
+
+@pytest.mark.sandbox_config(pids_limit=64)
+def test_fork_bomb_hits_pids_limit(sandboxes):
+    host = sandboxes.host
+    handle = sandboxes.create()
+    obs = host.exec(handle, act(1, "bomb() { bomb | bomb & }; bomb; sleep 3; echo survived", timeout_s=5))
+    assert obs.exit_code is not None
+    after = host.exec(handle, act(2, "echo alive; cat /sys/fs/cgroup/pids.max 2>/dev/null || true"))
+    assert after.stdout.startswith("alive\n"), after
+
+
+def test_filling_the_disk_fails_cleanly(sandboxes):
+    host = sandboxes.host
+    handle = sandboxes.create()
+    mb = host.cfg.workspace_mb
+    obs = host.exec(handle, act(1, f"head -c {(mb + 16)}M /dev/zero > /workspace/big"))
+    assert obs.exit_code != 0 and "No space left on device" in obs.stderr, obs
+    ro = host.exec(handle, act(2, "echo x > /usr/local/x; echo x > /var/cache/x"))
+    assert ro.exit_code != 0 and "Read-only file system" in ro.stderr, ro
+    ok = host.exec(handle, act(3, "rm /workspace/big && echo small > /workspace/f && cat /workspace/f"))
+    assert ok.stdout == "small\n"
+
+
+def test_network_is_loopback_only(sandboxes):
+    host = sandboxes.host
+    handle = sandboxes.create()
+    probe = (
+        "python3 - <<'EOF'\n"
+        "import socket\n"
+        "for addr in [('1.1.1.1', 80), ('10.0.2.2', 80)]:\n"
+        "    s = socket.socket(); s.settimeout(3)\n"
+        "    try:\n"
+        "        s.connect(addr); print('REACHED', addr)\n"
+        "    except OSError as e:\n"
+        "        print('blocked', e.errno)\n"
+        "srv = socket.socket(); srv.bind(('127.0.0.1', 0)); srv.listen(1)\n"
+        "c = socket.create_connection(srv.getsockname()); print('loopback ok')\n"
+        "EOF\n"
+        "ip -o link 2>/dev/null | wc -l; cat /proc/net/dev | tail -n +3 | cut -d: -f1 | tr -d ' '"
+    )
+    obs = host.exec(handle, act(1, probe))
+    assert "REACHED" not in obs.stdout and obs.stdout.count("blocked") == 2, obs
+    assert "loopback ok" in obs.stdout
+    assert obs.stdout.strip().endswith("lo"), obs  # the only interface
+
+
+def test_binary_output_is_returned_safely(sandboxes):
+    host = sandboxes.host
+    handle = sandboxes.create()
+    obs = host.exec(handle, act(1, "printf 'ok\\x00\\xff\\xfe\\x80end'; printf '\\xc3\\xa9' >&2"))
+    assert obs.binary and obs.exit_code == 0
+    assert obs.stdout == "ok\x00\\xff\\xfe\\x80end"
+    assert obs.stderr == "é"
+    assert obs.stdout_bytes == 9
+
+
+def test_agent_cannot_reach_journal_channel_or_supervisor(sandboxes):
+    host = sandboxes.host
+    handle = sandboxes.create()
+    cmds = [
+        "cat /var/lib/belayer/journal.jsonl",
+        "ls /run/belayer",
+        "cat /proc/1/environ",
+        "ls -l /proc/1/fd/ && cat /proc/1/fd/*",
+        "kill -9 1",
+        "kill -TERM 1",
+        "grep CapEff /proc/self/status",
+    ]
+    outs = [host.exec(handle, act(i, c)) for i, c in enumerate(cmds, start=1)]
+    for o in outs[:4]:
+        assert o.exit_code != 0 and "Permission denied" in o.stderr, o
+    assert outs[6].stdout.split()[1] == "0000000000000000"
+    alive = host.exec(handle, act(len(cmds) + 1, "echo still-here"))
+    assert alive.stdout == "still-here\n"
