@@ -166,7 +166,6 @@ class ObjectStore:
         On `CorruptObject` the bytes already written to `dest` must be discarded.
         """
         done = 0
-        ref = None
         stream = self.iter_download(key, expected_sha256=expected_sha256)
         try:
             while True:
@@ -176,8 +175,9 @@ class ObjectStore:
                 if progress:
                     progress(done)
         except StopIteration as stop:
-            ref = stop.value
-        return ref
+            return stop.value
+        finally:
+            stream.close()  # releases the HTTP connection when `dest` failed
 
     def iter_download(
         self, key: str, *, expected_sha256: str | None = None, chunk_size: int = DOWNLOAD_CHUNK
@@ -311,7 +311,7 @@ class ObjectStore:
     # ---- multipart internals -----------------------------------------------------------
 
     def _multipart(
-        self, key: str, parts: Iterator[bytes], *, if_absent: bool, progress: Progress | None
+        self, key: str, parts: Iterator[bytearray], *, if_absent: bool, progress: Progress | None
     ) -> ObjectRef:
         nonce = uuid.uuid4().hex
         replaced = None if if_absent else self._record_nonce_of(key)
@@ -343,7 +343,7 @@ class ObjectStore:
         return ref
 
     def _upload_parts(
-        self, key: str, upload_id: str, parts: Iterator[bytes], progress: Progress | None
+        self, key: str, upload_id: str, parts: Iterator[bytearray], progress: Progress | None
     ) -> tuple[list[dict], int, str]:
         """Upload parts one at a time while the next one is read and hashed."""
         hasher = hashlib.sha256()
@@ -375,7 +375,7 @@ class ObjectStore:
                     pending.cancel()
         return etags, size, hasher.hexdigest()
 
-    def _upload_part(self, key: str, upload_id: str, number: int, data: bytes) -> dict:
+    def _upload_part(self, key: str, upload_id: str, number: int, data: bytearray) -> dict:
         resp = self._call(
             f"upload-part {number}",
             key,
@@ -629,41 +629,61 @@ def _verify(key: str, got_size: int, got_sha: str, size: int, sha: str) -> None:
         raise CorruptObject(f"{key!r} is corrupt: sha256 of its bytes is {got_sha}, {sha} recorded at write")
 
 
-def _parts(source: BinaryIO | Iterable[bytes], part_size: int) -> Iterator[bytes]:
-    """`source` regrouped into chunks of exactly `part_size` bytes (the last may be shorter)."""
+def _parts(source: BinaryIO | Iterable[bytes], part_size: int) -> Iterator[bytearray]:
+    """`source` regrouped into parts of exactly `part_size` bytes (the last may be shorter).
+
+    Each part is a fresh buffer filled in place, without intermediate copies, so a part
+    costs its own size and nothing more while the previous one is still uploading.
+    """
     if isinstance(source, (bytes, bytearray, memoryview, str)):
         raise TypeError("upload_stream takes a binary file or an iterable of bytes; use put_bytes for bytes")
+    if hasattr(source, "readinto"):
+        return _readinto_parts(source, part_size)
     if hasattr(source, "read"):
-        yield from _file_parts(source, part_size)
-        return
-    buffer = bytearray()
-    for chunk in source:
-        buffer += chunk
-        while len(buffer) >= part_size:
-            with memoryview(buffer) as view:
-                part = view[:part_size].tobytes()
-            del buffer[:part_size]
-            yield part
-            del part
-    if buffer:
-        yield bytes(buffer)
+        return _chunk_parts(iter(lambda: source.read(DOWNLOAD_CHUNK), b""), part_size)
+    return _chunk_parts(source, part_size)
 
 
-def _file_parts(source: BinaryIO, part_size: int) -> Iterator[bytes]:
+def _readinto_parts(source: BinaryIO, part_size: int) -> Iterator[bytearray]:
     while True:
-        part = source.read(part_size)
-        if not part:
+        part = bytearray(part_size)
+        filled = 0
+        with memoryview(part) as view:
+            while filled < part_size:  # pipes and sockets answer short reads before EOF
+                n = source.readinto(view[filled:])
+                if not n:
+                    break
+                filled += n
+        if filled < part_size:
+            del part[filled:]
+            if filled:
+                yield part
             return
-        # Pipes and sockets may answer short reads before EOF.
-        while len(part) < part_size:
-            more = source.read(part_size - len(part))
-            if not more:
-                break
-            part += more
-        yield bytes(part)
+        yield part
 
 
-def _chain(head: list[bytes], rest: Iterator[bytes]) -> Iterator[bytes]:
+def _chunk_parts(chunks: Iterable[bytes], part_size: int) -> Iterator[bytearray]:
+    part = bytearray(part_size)
+    filled = 0
+    for chunk in chunks:
+        with memoryview(chunk) as view:
+            data = view.cast("B") if view.format != "B" or view.ndim != 1 else view
+            offset = 0
+            while offset < len(data):
+                take = min(part_size - filled, len(data) - offset)
+                part[filled : filled + take] = data[offset : offset + take]
+                filled += take
+                offset += take
+                if filled == part_size:
+                    yield part
+                    part = bytearray(part_size)
+                    filled = 0
+    if filled:
+        del part[filled:]
+        yield part
+
+
+def _chain(head: list[bytearray], rest: Iterator[bytearray]) -> Iterator[bytearray]:
     """`head` then `rest`, keeping no reference to a part once it is handed out."""
     while head:
         yield head.pop(0)
