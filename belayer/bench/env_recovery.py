@@ -1,0 +1,357 @@
+"""`belayer bench env-recovery`: full restore vs `replay` vs `fs-only`, same run, real sandboxes.
+
+Each workload is an action log that builds real state in a sandbox: a Python package
+installed from a wheel built here (unpacked into the agent's user site-packages: the
+base image has python3 but no pip), generated data and a compiled/indexed artefact, a
+`make` build, a git history, a background HTTP server holding in-memory state that
+later actions query and change, and shell cwd / exported variables / functions.
+
+Per workload, one unfailed run executes all n actions, takes a full checkpoint (with a
+file-system snapshot for the fs-only baseline) at a late step k, runs to n, records
+the /workspace hash and every observation hash, then the sandbox is killed. Then,
+in the same run, on the same host:
+  belayer  -- restore the checkpoint, replay k+1..n, compare observations;
+  replay   -- fresh sandbox + the task's setup, replay 1..n;
+  fs-only  -- fresh sandbox, unpack the files of step k (processes lost), replay k+1..n.
+`state_identical`: Belayer's recovered sandbox matched every replayed observation and
+the unfailed run's /workspace hash. `fs_only_consistent`: fs-only replay matched every
+observation (it cannot when a process held state).
+
+Heavy modules (podman backend, storage) are imported inside the command only.
+"""
+
+from __future__ import annotations
+
+import base64
+import io
+import json
+import time
+import zipfile
+from dataclasses import dataclass, field
+
+import click
+
+# ----------------------------------------------------------------------------- the wheel
+
+PKG_INIT = '''"""benchpkg: a tiny library the benchmark's agent installs from a local wheel."""
+__version__ = "1.0.0"
+import hashlib, random
+
+def rows(n, seed=7):
+    rng = random.Random(seed)
+    words = ["alpha", "beta", "gamma", "delta", "eps", "zeta", "eta", "theta"]
+    for i in range(n):
+        yield i, rng.choice(words), rng.randint(0, 10**6), hashlib.sha1(str(i).encode()).hexdigest()[:12]
+'''
+PKG_GEN = '''import csv, sys
+from benchpkg import rows
+n, out = int(sys.argv[1]), sys.argv[2]
+with open(out, "w", newline="") as f:
+    w = csv.writer(f)
+    for r in rows(n):
+        w.writerow(r)
+print("rows", n)
+'''
+PKG_INDEX = '''import csv, sqlite3, sys
+src, db = sys.argv[1], sys.argv[2]
+con = sqlite3.connect(db)
+con.execute("create table t (id integer, word text, value integer, tag text)")
+with open(src) as f:
+    con.executemany("insert into t values (?,?,?,?)", csv.reader(f))
+con.execute("create index ix_word on t(word)")
+con.commit()
+print(con.execute("select word, count(*), sum(value) from t group by word order by word").fetchall())
+'''
+PKG_SERVE = '''import json, sqlite3, sys
+from http.server import BaseHTTPRequestHandler, HTTPServer
+from urllib.parse import urlparse, parse_qs
+db, port = sys.argv[1], int(sys.argv[2])
+con = sqlite3.connect(db)
+totals = dict(con.execute("select word, sum(value) from t group by word"))
+counters = {}
+class H(BaseHTTPRequestHandler):
+    def log_message(self, *a):
+        pass
+    def do_GET(self):
+        u = urlparse(self.path); q = {k: v[0] for k, v in parse_qs(u.query).items()}
+        if u.path == "/stats":
+            body = {"words": len(totals), "total": sum(totals.values())}
+        elif u.path == "/add":
+            counters[q["key"]] = counters.get(q["key"], 0) + int(q.get("n", 1)); body = counters
+        elif u.path == "/get":
+            body = {"key": q["key"], "value": counters.get(q["key"], 0), "total": totals.get(q["key"])}
+        else:
+            body = {"error": u.path}
+        data = json.dumps(body, sort_keys=True).encode()
+        self.send_response(200); self.send_header("Content-Length", str(len(data))); self.end_headers()
+        self.wfile.write(data)
+HTTPServer(("127.0.0.1", port), H).serve_forever()
+'''
+PKG_CLIENT = '''import sys, time, urllib.request
+port, path = sys.argv[1], sys.argv[2]
+for i in range(100):
+    try:
+        print(urllib.request.urlopen(f"http://127.0.0.1:{port}{path}", timeout=5).read().decode()); break
+    except OSError:
+        time.sleep(0.05)
+else:
+    sys.exit("server not answering")
+'''
+PKG_SELFTEST = '''import sqlite3, sys, hashlib
+con = sqlite3.connect(sys.argv[1])
+h = hashlib.sha256()
+for rounds in range(int(sys.argv[2])):
+    for row in con.execute("select id, word, value from t where value % 7 = ? order by id", (rounds % 7,)):
+        h.update(repr(row).encode())
+print("selftest ok", h.hexdigest()[:16])
+'''
+
+
+def build_wheel() -> bytes:
+    """A pure-Python wheel of `benchpkg`, built in memory (deterministic bytes)."""
+    files = {
+        "benchpkg/__init__.py": PKG_INIT, "benchpkg/gen.py": PKG_GEN, "benchpkg/index.py": PKG_INDEX,
+        "benchpkg/serve.py": PKG_SERVE, "benchpkg/client.py": PKG_CLIENT, "benchpkg/selftest.py": PKG_SELFTEST,
+        "benchpkg-1.0.0.dist-info/METADATA": "Metadata-Version: 2.1\nName: benchpkg\nVersion: 1.0.0\n",
+        "benchpkg-1.0.0.dist-info/WHEEL": "Wheel-Version: 1.0\nGenerator: belayer\nRoot-Is-Purelib: true\n"
+                                          "Tag: py3-none-any\n",
+    }  # fmt: skip
+    import hashlib
+
+    record = []
+    for name, text in files.items():
+        digest = base64.urlsafe_b64encode(hashlib.sha256(text.encode()).digest()).rstrip(b"=").decode()
+        record.append(f"{name},sha256={digest},{len(text.encode())}")
+    record.append("benchpkg-1.0.0.dist-info/RECORD,,")
+    files["benchpkg-1.0.0.dist-info/RECORD"] = "\n".join(record) + "\n"
+    buf = io.BytesIO()
+    with zipfile.ZipFile(buf, "w", zipfile.ZIP_DEFLATED) as z:
+        for name, text in files.items():
+            info = zipfile.ZipInfo(name, date_time=(2024, 1, 1, 0, 0, 0))
+            info.compress_type = zipfile.ZIP_DEFLATED
+            z.writestr(info, text)
+    return buf.getvalue()
+
+
+def wheel_setup(wheel: bytes) -> list[str]:
+    """Task setup: the wheel lands in /workspace/dist (as a task's files would)."""
+    b64 = base64.b64encode(wheel).decode()
+    return [f"mkdir -p /workspace/dist && base64 -d > /workspace/dist/benchpkg-1.0.0-py3-none-any.whl <<'EOF'\n"
+            f"{b64}\nEOF"]  # fmt: skip
+
+
+INSTALL = (
+    "SITE=$(python3 -c 'import site; print(site.getusersitepackages())') && mkdir -p $SITE && "
+    "python3 -m zipfile -e /workspace/dist/benchpkg-1.0.0-py3-none-any.whl $SITE && "
+    "python3 -c 'import benchpkg; print(benchpkg.__version__)'"
+)
+
+
+@dataclass
+class Workload:
+    name: str
+    actions: list[str]
+    checkpoint_after: int  # k: the late step the last checkpoint was taken at
+    setup: list[str] = field(default_factory=list)
+
+
+def workloads(scale: float = 1.0) -> list[Workload]:
+    rows = max(1000, int(300_000 * scale))
+    rounds = max(1, int(6 * scale))
+    targets = max(4, int(60 * scale))
+    wheel = wheel_setup(build_wheel())
+    data_server = Workload(
+        name="package-data-server",
+        setup=wheel,
+        actions=[
+            "mkdir -p /workspace/app/data && cd /workspace/app && export APP_ENV=bench DATA=/workspace/app/data",
+            INSTALL,
+            f"python3 -m benchpkg.gen {rows} $DATA/rows.csv",
+            "python3 -m benchpkg.index $DATA/rows.csv $DATA/index.sqlite && ls -l $DATA | wc -l",
+            "python3 -m benchpkg.serve $DATA/index.sqlite 8200 >/tmp/serve.log 2>&1 &\n"
+            "python3 -m benchpkg.client 8200 /stats",
+            "python3 -m benchpkg.client 8200 '/add?key=alpha&n=5'",
+            f"python3 -m benchpkg.selftest $DATA/index.sqlite {rounds} | tee $DATA/selftest.txt",
+            "python3 -m benchpkg.client 8200 '/add?key=beta&n=2'; report() { echo \"report:$1\"; }",
+            "mkdir -p reports && cd reports && export STAGE=report && python3 -m benchpkg.client 8200 '/get?key=alpha'",
+            "report $STAGE; pwd; python3 -m benchpkg.client 8200 '/get?key=beta' | tee beta.json",
+        ],
+        checkpoint_after=8,
+    )
+    make_rules = (
+        "all: $(patsubst src/%.txt,out/%.sum,$(wildcard src/*.txt))\n"
+        "out/%.sum: src/%.txt\n"
+        "\t@mkdir -p out && python3 -c \"import hashlib,sys; d=open(sys.argv[1],'rb').read(); "
+        "print(hashlib.sha256(d*200).hexdigest())\" $< > $@\n"
+    )
+    make_build = Workload(
+        name="make-build-and-kv-server",
+        setup=wheel,
+        actions=[
+            "mkdir -p /workspace/proj/src && cd /workspace/proj && export BUILD=release JOBS=1",
+            INSTALL,
+            f"for i in $(seq {targets}); do python3 -c \"import benchpkg; "
+            f"[print(*r) for r in benchpkg.rows(2000, seed=$i)]\" > src/m$i.txt; done; ls src | wc -l",
+            f"cat > Makefile <<'EOF'\n{make_rules}EOF\nmake -j$JOBS all && ls out | wc -l",
+            "tar --sort=name --mtime=@0 --owner=0 --group=0 -czf /workspace/proj/artefact.tgz out && "
+            "python3 -c \"import hashlib; print(hashlib.sha256(open('artefact.tgz','rb').read()).hexdigest())\"",
+            "python3 -m http.server 8300 --bind 127.0.0.1 >/tmp/http.log 2>&1 &\n"
+            "python3 -m benchpkg.client 8300 /out/m1.sum",
+            "python3 -m benchpkg.index <(cat src/*.txt | tr ' ' ',') /workspace/proj/all.sqlite",
+            "cd out && export STAGE=verify && ls | head -3",
+            "python3 -m benchpkg.client 8300 /out/m2.sum; echo $BUILD $STAGE; pwd",
+        ],
+        checkpoint_after=7,
+    )
+    git_session = Workload(
+        name="git-history-and-tests",
+        setup=wheel,
+        actions=[
+            "mkdir -p /workspace/repo && cd /workspace/repo && git init -q -b main && "
+            "export GIT_AUTHOR_NAME=agent GIT_AUTHOR_EMAIL=a@b GIT_COMMITTER_NAME=agent GIT_COMMITTER_EMAIL=a@b "
+            "GIT_AUTHOR_DATE=2024-01-01T00:00:00Z GIT_COMMITTER_DATE=2024-01-01T00:00:00Z",
+            INSTALL,
+            f"for i in $(seq {targets * 3}); do python3 -c \"import benchpkg; "
+            f"[print(*r) for r in benchpkg.rows(500, seed=$i)]\" > f$i.txt; done; git add -A && "
+            "git commit -qm initial && git rev-parse HEAD",
+            f"python3 -m benchpkg.gen {rows // 2} data.csv && python3 -m benchpkg.index data.csv db.sqlite && "
+            "git add data.csv && git commit -qm data && git log --oneline | wc -l",
+            "python3 -m benchpkg.serve db.sqlite 8400 >/tmp/serve.log 2>&1 &\n"
+            "python3 -m benchpkg.client 8400 '/add?key=gamma&n=9'",
+            f"python3 -m benchpkg.selftest db.sqlite {rounds} > selftest.log && git add selftest.log && "
+            "git commit -qm tests && git rev-parse --short HEAD",
+            "git checkout -q -b feature && sed -i 's/alpha/ALPHA/' f1.txt && git commit -qam edit && git branch",
+            # After the checkpoint: nothing that rewrites .git/index (it stores inode times).
+            "python3 -m benchpkg.client 8400 '/add?key=gamma&n=1'; git log --oneline | wc -l",
+            "python3 -m benchpkg.client 8400 '/get?key=gamma'; git rev-parse --short HEAD; echo $GIT_AUTHOR_NAME",
+        ],
+        checkpoint_after=7,
+    )
+    return [data_server, make_build, git_session]
+
+
+# ----------------------------------------------------------------------------- running
+
+
+def run_workload(host, wl: Workload, trajectory: str, log_fn=lambda m: None) -> dict:
+    from belayer.sandbox.models import Action, LoggedAction, SandboxSpec
+
+    spec = SandboxSpec(setup_commands=wl.setup, labels={"belayer.bench": "env-recovery"})
+    handle = host.create(spec)
+    sandbox_ids = {handle.sandbox_id}
+    try:
+        log: list[LoggedAction] = []
+        ckpt = None
+        t0 = time.monotonic()
+        for step, command in enumerate(wl.actions, start=1):
+            obs = host.exec(handle, Action(trajectory=trajectory, step=step, command=command, timeout_s=600))
+            if obs.exit_code != 0:
+                raise click.ClickException(
+                    f"workload {wl.name} step {step} failed (exit {obs.exit_code}): {obs.stderr[-1500:]}"
+                )
+            log.append(LoggedAction(trajectory=trajectory, step=step, command=command, timeout_s=600,
+                                    observation_sha256=obs.sha256))  # fmt: skip
+            if step == wl.checkpoint_after:
+                tc = time.monotonic()
+                ckpt = host.checkpoint(handle, fs_snapshot=True)
+                checkpoint_s = time.monotonic() - tc
+        unfailed_s = time.monotonic() - t0
+        assert ckpt is not None
+        meta = host.load_meta(ckpt)
+        expected_hash = host.workspace_hash(handle)
+        log_fn(f"{wl.name}: unfailed run {unfailed_s:.1f}s, checkpoint at step {ckpt.step} "
+               f"({checkpoint_s:.2f}s, {ckpt.archive_bytes / 2**20:.1f} MiB); killing the sandbox")  # fmt: skip
+        host.kill(handle)
+
+        results = {}
+        for mode in ("full", "replay", "fs-only"):
+            t = time.monotonic()
+            outcome = host.recover(handle, [ckpt], log, mode=mode, spec=spec)
+            elapsed = time.monotonic() - t
+            handle = outcome.handle
+            same_fs = host.workspace_hash(handle) == expected_hash
+            results[mode] = (elapsed, outcome, same_fs)
+            log_fn(f"{wl.name}: {mode:8s} {elapsed:6.2f}s from {outcome.source}, consistent={outcome.consistent}"
+                   f" at {outcome.consistent_at}, workspace identical={same_fs}")  # fmt: skip
+            host.kill(handle)
+        full, replay, fs_only = results["full"], results["replay"], results["fs-only"]
+        return {
+            "name": wl.name,
+            "belayer_s": round(full[0], 3),
+            "replay_s": round(replay[0], 3),
+            "fs_only_s": round(fs_only[0], 3),
+            "speedup_vs_replay": round(replay[0] / full[0], 2),
+            "state_identical": bool(full[1].consistent and full[1].consistent_at == len(wl.actions) and full[2]),
+            "fs_only_consistent": bool(fs_only[1].consistent),
+            "steps": len(wl.actions),
+            "checkpoint_step": ckpt.step,
+            "checkpoint_s": round(checkpoint_s, 3),
+            "checkpoint_dump_s": round(meta.dump_s, 3),
+            "archive_bytes": ckpt.archive_bytes,
+            "belayer_restore_s": round(full[1].restore_s, 3),
+            "belayer_replayed_steps": full[1].replayed_steps,
+            "replay_consistent": bool(replay[1].consistent),
+            "fs_only_mismatch_step": fs_only[1].mismatch_step,
+            "unfailed_run_s": round(unfailed_s, 3),
+        }
+    finally:
+        for sid in sandbox_ids:
+            host.backend.destroy(sid)
+        host.delete_checkpoints(handle.sandbox_id)
+
+
+def run_bench(config, *, store=None, names: list[str] | None = None, scale: float = 1.0,
+              log_fn=lambda m: None) -> dict:  # fmt: skip
+    from belayer.sandbox.host import make_host
+
+    host = make_host(config, store=store)
+    selected = [w for w in workloads(scale) if not names or w.name in names]
+    rows = [run_workload(host, w, trajectory=f"bench-{w.name}", log_fn=log_fn) for w in selected]
+    speedups = [r["speedup_vs_replay"] for r in rows]
+    return {
+        "workloads": rows,
+        "speedup_vs_replay_min": min(speedups) if speedups else None,
+        "speedup_vs_replay_max": max(speedups) if speedups else None,
+        "sandbox": {"cpus": config.sandbox.cpus, "memory_mb": config.sandbox.memory_mb,
+                    "image": config.sandbox.image},  # fmt: skip
+    }
+
+
+@click.command("env-recovery")
+@click.option("--json", "as_json", is_flag=True, help="Print one JSON object on stdout.")
+@click.option("--workload", "names", multiple=True, help="Run only these workloads (repeatable).")
+@click.option("--scale", type=click.FloatRange(0.01, 10), default=1.0, show_default=True,
+              help="Scale the data sizes of every workload.")
+@click.option("--archive-dir", type=click.Path(file_okay=False), default=None,
+              help="Keep checkpoints in this directory instead of the configured object store.")
+@click.pass_context
+def env_recovery(ctx: click.Context, as_json: bool, names: tuple[str, ...], scale: float,
+                 archive_dir: str | None) -> None:  # fmt: skip
+    """Environment recovery: Belayer's full restore vs replay vs fs-only, same run."""
+    from pathlib import Path
+
+    from rich.console import Console
+
+    from belayer.config import load_config
+
+    config = load_config((ctx.obj or {}).get("config_file"))
+    store = None
+    if archive_dir:
+        from belayer.sandbox.localstore import LocalDirStore
+
+        store = LocalDirStore(Path(archive_dir))
+    err = Console(stderr=True)
+    result = run_bench(config, store=store, names=list(names) or None, scale=scale,
+                       log_fn=lambda m: err.print(m, highlight=False))  # fmt: skip
+    if as_json:
+        click.echo(json.dumps(result))
+        return
+    from rich.table import Table
+
+    table = Table(title="environment recovery (seconds)")
+    for col in ("workload", "belayer", "replay", "fs-only", "speedup", "state identical", "fs-only consistent"):
+        table.add_column(col)
+    for r in result["workloads"]:
+        table.add_row(r["name"], f"{r['belayer_s']:.2f}", f"{r['replay_s']:.2f}", f"{r['fs_only_s']:.2f}",
+                      f"{r['speedup_vs_replay']:.1f}x", str(r["state_identical"]), str(r["fs_only_consistent"]))
+    Console().print(table)
