@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from botocore import exceptions as bc
+
 from belayer.storage.config import StorageConfig
 from belayer.storage.s3client import make_s3_client
 from belayer.storage.store import RECORD_ROOT
@@ -50,3 +52,42 @@ class CountingSleep:
 
     def __call__(self, seconds: float) -> None:
         self.delays.append(seconds)
+
+
+class FaultyClient:
+    """A real boto3 client with faults injected into named calls, one per call, in order.
+
+    `plan` maps a method name to a list of faults: "refused" (raise before the request
+    is sent), "lost" (the request is served, then the answer is lost), "slowdown" (an
+    HTTP 503 SlowDown instead of the request), or None (no fault for that call).
+    """
+
+    def __init__(self, real, plan: dict[str, list[str | None]]):
+        self.real = real
+        self.plan = plan
+        self.calls: dict[str, int] = {}
+
+    def __getattr__(self, name: str):
+        method = getattr(self.real, name)
+        if name not in self.plan:
+            return method
+
+        def faulty(*args, **kwargs):
+            self.calls[name] = self.calls.get(name, 0) + 1
+            fault = self.plan[name].pop(0) if self.plan[name] else None
+            if fault == "refused":
+                raise bc.EndpointConnectionError(endpoint_url="http://injected-fault")
+            if fault == "slowdown":
+                raise bc.ClientError(
+                    {
+                        "Error": {"Code": "SlowDown", "Message": "injected"},
+                        "ResponseMetadata": {"HTTPStatusCode": 503},
+                    },
+                    name,
+                )
+            result = method(*args, **kwargs)
+            if fault == "lost":
+                raise bc.ConnectionClosedError(endpoint_url="http://injected-fault")
+            return result
+
+        return faulty
