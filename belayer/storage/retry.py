@@ -49,13 +49,15 @@ class RetryPolicy:
         while True:
             try:
                 return fn()
+            except StorageError:
+                raise  # already ours, and already retried where it was raised
             except Exception as exc:  # translated right here; nothing is swallowed
                 error = translate(exc)
                 if not isinstance(error, TransientStorageError) or attempt >= self.max_attempts:
                     if isinstance(error, TransientStorageError) and self.max_attempts > 1:
-                        error = TransientStorageError(f"{error} (gave up after {attempt} attempts)")
-                    if error is exc:
-                        raise
+                        error = TransientStorageError(
+                            f"{error} (gave up after {attempt} attempts)", code=error.code
+                        )
                     raise error from exc
                 pause = self.delay(attempt)
                 log.info(

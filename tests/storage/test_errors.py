@@ -172,3 +172,11 @@ def test_permanent_errors_are_never_retried(exc):
 def test_delays_are_capped():
     retry = RetryPolicy(max_attempts=20, base_delay_s=1.0, max_delay_s=3.0, rng=random.Random(1))
     assert all(retry.delay(attempt) <= 3.0 for attempt in range(1, 20))
+
+
+def test_storage_errors_raised_inside_are_not_retried_again():
+    retry, sleep = policy(5)
+    fn = Flaky(TransientStorageError("already retried below"))
+    with pytest.raises(TransientStorageError, match="already retried below"):
+        retry.call(fn, translate=translate, what="get k")
+    assert fn.calls == 1 and sleep.delays == []
