@@ -105,6 +105,20 @@ for rounds in range(int(sys.argv[2])):
         h.update(repr(row).encode())
 print("selftest ok", h.hexdigest()[:16])
 '''
+PKG_FIT = '''import json, sqlite3, sys
+con = sqlite3.connect(sys.argv[1])
+xs = [v for (v,) in con.execute("select value from t order by id")]
+k, iters = 8, int(sys.argv[2])
+centers = [xs[i * len(xs) // k] for i in range(k)]
+for _ in range(iters):
+    sums, counts = [0.0] * k, [0] * k
+    for x in xs:
+        best = min(range(k), key=lambda j: abs(x - centers[j]))
+        sums[best] += x; counts[best] += 1
+    centers = [sums[j] / counts[j] if counts[j] else centers[j] for j in range(k)]
+json.dump({"centers": [round(c, 3) for c in sorted(centers)]}, open(sys.argv[3], "w"))
+print("model", [round(c) for c in sorted(centers)])
+'''
 
 
 def build_wheel() -> bytes:
@@ -112,6 +126,7 @@ def build_wheel() -> bytes:
     files = {
         "benchpkg/__init__.py": PKG_INIT, "benchpkg/gen.py": PKG_GEN, "benchpkg/index.py": PKG_INDEX,
         "benchpkg/serve.py": PKG_SERVE, "benchpkg/client.py": PKG_CLIENT, "benchpkg/selftest.py": PKG_SELFTEST,
+        "benchpkg/fit.py": PKG_FIT,
         "benchpkg-1.0.0.dist-info/METADATA": "Metadata-Version: 2.1\nName: benchpkg\nVersion: 1.0.0\n",
         "benchpkg-1.0.0.dist-info/WHEEL": "Wheel-Version: 1.0\nGenerator: belayer\nRoot-Is-Purelib: true\n"
                                           "Tag: py3-none-any\n",
@@ -159,6 +174,7 @@ def workloads(scale: float = 1.0) -> list[Workload]:
     rows = max(1000, int(300_000 * scale))
     rounds = max(1, int(6 * scale))
     targets = max(4, int(60 * scale))
+    iters = max(1, int(12 * scale))
     wheel = wheel_setup(build_wheel())
     data_server = Workload(
         name="package-data-server",
@@ -171,6 +187,7 @@ def workloads(scale: float = 1.0) -> list[Workload]:
             "python3 -m benchpkg.serve $DATA/index.sqlite 8200 >/tmp/serve.log 2>&1 &\n"
             "python3 -m benchpkg.client 8200 /stats",
             "python3 -m benchpkg.client 8200 '/add?key=alpha&n=5'",
+            f"python3 -m benchpkg.fit $DATA/index.sqlite {iters} $DATA/model.json && "
             f"python3 -m benchpkg.selftest $DATA/index.sqlite {rounds} | tee $DATA/selftest.txt",
             "python3 -m benchpkg.client 8200 '/add?key=beta&n=2'; report() { echo \"report:$1\"; }",
             "mkdir -p reports && cd reports && export STAGE=report && python3 -m benchpkg.client 8200 '/get?key=alpha'",
@@ -242,6 +259,7 @@ def run_workload(host, wl: Workload, trajectory: str, log_fn=lambda m: None) -> 
     try:
         log: list[LoggedAction] = []
         ckpt = None
+        durations: list[float] = []
         t0 = time.monotonic()
         for step, command in enumerate(wl.actions, start=1):
             obs = host.exec(handle, Action(trajectory=trajectory, step=step, command=command, timeout_s=600))
@@ -251,6 +269,7 @@ def run_workload(host, wl: Workload, trajectory: str, log_fn=lambda m: None) -> 
                 )
             log.append(LoggedAction(trajectory=trajectory, step=step, command=command, timeout_s=600,
                                     observation_sha256=obs.sha256))  # fmt: skip
+            durations.append(round(obs.duration_s, 3))
             if step == wl.checkpoint_after:
                 tc = time.monotonic()
                 ckpt = host.checkpoint(handle, fs_snapshot=True)
@@ -260,7 +279,8 @@ def run_workload(host, wl: Workload, trajectory: str, log_fn=lambda m: None) -> 
         meta = host.load_meta(ckpt)
         expected_hash = host.workspace_hash(handle)
         log_fn(f"{wl.name}: unfailed run {unfailed_s:.1f}s, checkpoint at step {ckpt.step} "
-               f"({checkpoint_s:.2f}s, {ckpt.archive_bytes / 2**20:.1f} MiB); killing the sandbox")  # fmt: skip
+               f"({checkpoint_s:.2f}s, {ckpt.archive_bytes / 2**20:.1f} MiB), action seconds {durations}; "
+               "killing the sandbox")  # fmt: skip
         host.kill(handle)
 
         results = {}
@@ -293,6 +313,7 @@ def run_workload(host, wl: Workload, trajectory: str, log_fn=lambda m: None) -> 
             "replay_consistent": bool(replay[1].consistent),
             "fs_only_mismatch_step": fs_only[1].mismatch_step,
             "unfailed_run_s": round(unfailed_s, 3),
+            "action_s": durations,
         }
     finally:
         for sid in sandbox_ids:
