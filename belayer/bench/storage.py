@@ -63,6 +63,7 @@ def run_storage_bench(
     key = f"bench/storage-{uuid.uuid4().hex}"
     console = console or Console(stderr=True)
     with tempfile.TemporaryDirectory(prefix="belayer-bench-", dir=work_dir) as tmp, ObjectStore(cfg) as store:
+        store.check()  # fail before writing a large file when endpoint, bucket or keys are wrong
         source, local_copy, downloaded = (Path(tmp) / name for name in ("source", "copy", "downloaded"))
         try:
             with _progress(console) as progress:

@@ -33,6 +33,7 @@ import re
 import uuid
 from collections.abc import Callable, Iterable, Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
+from datetime import UTC, datetime
 from typing import Any, BinaryIO, TypeVar
 
 from pydantic import BaseModel, ConfigDict, Field
@@ -85,6 +86,17 @@ class ObjectStore:
             max_delay_s=cfg.retry_max_delay_s,
         )
         self.part_size = cfg.part_size_mb << 20
+
+    def check(self) -> None:
+        """One cheap request that fails like real work would on a wrong endpoint, bucket or
+        credentials (a HEAD cannot tell a missing bucket from a missing key)."""
+        self._call(
+            "check",
+            None,
+            lambda: self.client.list_objects_v2(
+                Bucket=self.cfg.bucket, Prefix=self.cfg.key_prefix, MaxKeys=1
+            ),
+        )
 
     def close(self) -> None:
         self.client.close()
@@ -285,10 +297,12 @@ class ObjectStore:
         self._delete_full_keys(self._list_full(self.cfg.key_prefix + RECORD_ROOT + prefix))
         return deleted
 
-    def abort_incomplete_uploads(self, prefix: str = "") -> int:
+    def abort_incomplete_uploads(self, prefix: str = "", *, older_than_s: float = 0.0) -> int:
         """Abort multipart uploads under `prefix` left by crashed writers; returns how many.
 
-        Only for cleanup when no writer is active under `prefix`: it also aborts live uploads.
+        Only uploads started more than `older_than_s` seconds ago (by the endpoint's
+        clock) are touched; with the default 0 every upload goes, live ones included, so
+        pass a bound longer than any upload when writers may be active.
         """
         full_prefix = self._full(prefix, check=False)
         aborted = 0
@@ -301,7 +315,11 @@ class ObjectStore:
                     Bucket=self.cfg.bucket, Prefix=full_prefix, **markers
                 ),
             )
+            now = datetime.now(UTC)
             for upload in page.get("Uploads", []):
+                initiated = upload.get("Initiated")
+                if older_than_s and initiated and (now - initiated).total_seconds() < older_than_s:
+                    continue
                 self._abort(upload["Key"], upload["UploadId"])
                 aborted += 1
             if not page.get("IsTruncated"):

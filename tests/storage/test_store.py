@@ -271,6 +271,8 @@ def test_wrong_settings_give_a_permanent_error_naming_the_setting(storage_config
     cfg = storage_config.model_copy(update={field: value})
     with ObjectStore(cfg, retry=RetryPolicy(max_attempts=5, sleep=sleep)) as store:
         with pytest.raises(PermanentStorageError, match=setting):
+            store.check()
+        with pytest.raises(PermanentStorageError, match=setting):
             store.put_bytes("k", b"data")
         with pytest.raises(PermanentStorageError, match=setting):
             store.get_bytes("k")
@@ -313,6 +315,7 @@ def test_server_killed_during_upload_then_retry_succeeds(seaweedfs, small_parts,
         assert ref.sha256 == hashlib.sha256(data).hexdigest()
         out = io.BytesIO()
         assert store.download_stream("ckpt", out) == ref and out.getvalue() == data
+        assert store.abort_incomplete_uploads("", older_than_s=3600) == 0  # too young to be touched
         store.abort_incomplete_uploads("")
     assert raw.open_uploads() == []
 
