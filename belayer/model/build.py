@@ -53,6 +53,7 @@ SHAPES: dict[str, ModelShape] = {
     "bench": ModelShape(hidden=768, intermediate=3072, layers=12, heads=12, kv_heads=12, max_positions=4096),
 }
 TOKENIZER_VOCAB = 2048
+VOCAB_MULTIPLE = 64
 
 Progress = Callable[[str], None]
 
@@ -139,6 +140,10 @@ def train_tokenizer():
         show_progress=False,
     )
     tokenizer.train_from_iterator(texts, trainer=trainer)
+    # vLLM pads embedding tables to a multiple of 64 rows; reserved tokens fill the vocabulary
+    # up to that size so every id the model can emit is a real token.
+    missing = -tokenizer.get_vocab_size() % VOCAB_MULTIPLE
+    tokenizer.add_special_tokens([f"<|reserved_{i}|>" for i in range(missing)])
     return tokenizer
 
 

@@ -1,4 +1,4 @@
-"""Rollout node settings: model, engines and failure detection."""
+"""Rollout node settings: model, engines, shared memory and failure detection."""
 
 from typing import Literal
 
@@ -9,16 +9,41 @@ from pydantic import Field
 class RolloutConfig(Section):
     """One rollout node: memory owner, primary and shadow engine, node supervisor."""
 
+    node_id: str = Field(
+        "node0",
+        pattern=r"^[A-Za-z0-9_.-]{1,40}$",
+        description="Names the node's task queue and its shared-memory segments (/dev/shm/belayer-<node_id>-*).",
+    )
     model: Literal["tiny", "bench"] = Field("tiny", description="Which project-built model to serve.")
     dtype: Literal["float32", "bfloat16"] = Field(
         "float32", description="Engine dtype; fp32 keeps takeover replay token-identical."
     )
     weight_mode: Literal["private", "shared"] = Field(
-        "private", description="Engines use the owner's weights mapped (shared) or a prepacked copy."
+        "private",
+        description=(
+            "Engines use the owner's weights mapped without copying (shared: less memory, slower CPU "
+            "decode) or their own prepacked copy made at init (private: faster decode)."
+        ),
     )
-    kv_cache_mb: int = Field(256, ge=16, description="Size of the shared KV arena (MiB).")
-    max_model_len: int = Field(2048, ge=64, description="Context length served.")
+    kv_cache_mb: int = Field(256, ge=16, le=1 << 20, description="Size of the shared KV arena (MiB).")
+    max_model_len: int = Field(2048, ge=64, le=1 << 20, description="Context length served.")
+    max_num_seqs: int = Field(32, ge=1, le=4096, description="Requests batched together by the leader engine.")
+    heartbeat_interval_s: float = Field(
+        0.25, gt=0, le=60, description="How often an engine reports it is alive from its serving loop."
+    )
     heartbeat_timeout_s: float = Field(
-        2.0, gt=0, description="An engine silent this long is declared hung and replaced."
+        2.0, gt=0, le=600, description="An engine silent this long is declared hung and replaced."
+    )
+    engine_start_timeout_s: float = Field(
+        180.0, gt=0, le=3600, description="How long an engine (or the owner) may take to become ready."
+    )
+    control_timeout_s: float = Field(
+        10.0, gt=0, le=600, description="How long a control call to an engine (lease, health check) may take."
+    )
+    weights_verify_interval_s: float = Field(
+        60.0, ge=0, le=86400, description="Background re-check of weight checksums by the owner; 0 disables it."
     )
     shadow: bool = Field(True, description="Keep a pre-initialized shadow engine for takeover.")
+    engine_threads: int = Field(
+        0, ge=0, le=1024, description="Torch threads per engine process; 0 lets vLLM decide."
+    )

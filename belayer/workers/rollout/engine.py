@@ -1,0 +1,155 @@
+"""An engine worker process: one in-process vLLM engine serving the node's leader role.
+
+Its loop is small: take control messages, step the engine when it holds the lease and has
+work, stream token deltas, heartbeat. It writes the KV arena only while it holds the lease
+(its mapping is read-only before) and checks the lease epoch before every step, so a
+fenced engine that was somehow still running stops instead of writing.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from multiprocessing.connection import Connection
+
+from belayer.workers.rollout import faults
+from belayer.workers.rollout.procutil import die_with_parent, memory_of
+from belayer.workers.rollout.protocol import (
+    AbortRequest,
+    AddRequest,
+    EngineReady,
+    EngineSpec,
+    Failed,
+    HealthCheck,
+    HealthResult,
+    Heartbeat,
+    LeaseTaken,
+    MemoryReport,
+    QueryMemory,
+    Rejected,
+    StepOutput,
+    Stop,
+    TakeLease,
+    TokenDelta,
+)
+
+
+def engine_main(spec: EngineSpec, conn: Connection) -> None:
+    """Entry point of an engine process (multiprocessing spawn target)."""
+    die_with_parent()
+    from belayer.workers.rollout.vllm_hooks import engine_environment
+
+    os.environ.update(engine_environment(spec.threads))
+    t0 = time.perf_counter()
+    try:
+        loop = EngineLoop(spec, conn)
+    except Exception as exc:
+        conn.send(Failed(f"engine ({spec.role}) failed to start: {type(exc).__name__}: {exc}"))
+        return
+    rss, private, _shared = memory_of(os.getpid())
+    conn.send(EngineReady(os.getpid(), time.perf_counter() - t0, loop.digest, rss, private))
+    loop.run()
+
+
+class EngineLoop:
+    def __init__(self, spec: EngineSpec, conn: Connection):
+        from belayer.workers.rollout import shm, vllm_hooks
+
+        self.spec, self.conn = spec, conn
+        self.hooks = vllm_hooks
+        self.arena = shm.ArenaMapping(spec.arena_path)
+        vllm_hooks.bind_arena(self.arena)
+        self.engine = vllm_hooks.build_engine(spec)
+        self.faults = faults.active()
+        self.digest = vllm_hooks.device_digest()
+        self.tokens_streamed = 0
+        self.last_sent = time.monotonic()
+        self.running = True
+
+    def run(self) -> None:
+        while self.running:
+            busy = self.arena.writable and self.engine.has_unfinished_requests()
+            timeout = 0.0 if busy else self.spec.heartbeat_interval_s
+            try:
+                if self.conn.poll(timeout):
+                    while self.running and self.conn.poll(0):
+                        self.handle(self.conn.recv())
+            except (EOFError, BrokenPipeError):  # supervisor gone: nothing to serve
+                return
+            if self.running and self.arena.writable and self.engine.has_unfinished_requests():
+                self.step()
+            if time.monotonic() - self.last_sent >= self.spec.heartbeat_interval_s:
+                self.send(Heartbeat(time.time()))
+
+    def handle(self, msg) -> None:
+        if isinstance(msg, AddRequest):
+            self.add(msg)
+        elif isinstance(msg, AbortRequest):
+            self.engine.abort_request([msg.engine_request_id])
+        elif isinstance(msg, TakeLease):
+            self.take_lease()
+        elif isinstance(msg, HealthCheck):
+            t0 = time.perf_counter()
+            digest = self.hooks.device_digest(fail="device_check_fail" in self.faults)
+            self.send(HealthResult(digest == msg.expected_digest, digest, time.perf_counter() - t0))
+        elif isinstance(msg, QueryMemory):
+            self.send(MemoryReport(*memory_of(os.getpid())))
+        elif isinstance(msg, Stop):
+            self.running = False
+
+    def add(self, msg: AddRequest) -> None:
+        if not self.arena.writable:
+            self.send(Rejected(msg.engine_request_id, "engine does not hold the arena lease"))
+            return
+        self._fault("engine_crash_before_decode", lambda f: True)
+        params = self.hooks.sampling_params(msg.spec, msg.max_tokens, len(msg.prompt_ids))
+        try:
+            self.engine.add_request(msg.engine_request_id, {"prompt_token_ids": list(msg.prompt_ids)}, params)
+        except Exception as exc:  # vLLM's own validation: a non-retryable answer for this request
+            self.send(Rejected(msg.engine_request_id, f"{type(exc).__name__}: {exc}"))
+
+    def take_lease(self) -> None:
+        t0 = time.perf_counter()
+        try:
+            epoch = self.arena.try_take_lease()
+            self.hooks.reset_worker_state(self.engine)
+        except Exception as exc:
+            self.send(Failed(f"lease not taken: {type(exc).__name__}: {exc}"))
+            return
+        self.send(LeaseTaken(epoch, time.perf_counter() - t0))
+
+    def step(self) -> None:
+        if not self.arena.still_leader():
+            # Fenced: someone holds a newer epoch. Never write the arena again.
+            os._exit(3)
+        t0 = time.perf_counter()
+        outputs = self.engine.step()
+        deltas = []
+        for out in outputs:
+            completion = out.outputs[0]
+            deltas.append(
+                TokenDelta(out.request_id, list(completion.token_ids), out.finished, completion.finish_reason)
+            )
+            self.tokens_streamed += len(completion.token_ids)
+        if deltas:
+            self.send(StepOutput(deltas, time.perf_counter() - t0))
+        self._fault("engine_crash_during_decode", lambda f: self.tokens_streamed >= f.number("after", 32))
+        if self._armed("engine_hang", lambda f: self.tokens_streamed >= f.number("after", 32)):
+            faults.hang_forever()
+
+    def send(self, msg) -> None:
+        self.conn.send(msg)
+        self.last_sent = time.monotonic()
+
+    def _armed(self, name: str, condition) -> bool:
+        fault = self.faults.get(name)
+        return (
+            fault is not None
+            and self.spec.role == "primary"  # the node's first leader only: a replacement never re-faults
+            and self.arena.epoch == int(fault.number("epoch", 1))
+            and condition(fault)
+        )
+
+    def _fault(self, name: str, condition) -> None:
+        if self._armed(name, condition):
+            faults.die_now()

@@ -1,0 +1,28 @@
+"""Errors of the rollout node: what a caller may retry and what it must not."""
+
+from belayer.errors import BelayerError
+
+
+class RolloutError(BelayerError):
+    """The rollout node failed; `retryable` says whether another attempt may succeed."""
+
+    retryable = True
+
+
+class BadRequestError(RolloutError):
+    """The request itself is invalid (token outside the vocabulary, prompt too long, prefix
+    hash mismatch): retrying it anywhere gives the same answer."""
+
+    retryable = False
+
+
+class NodeClosedError(RolloutError):
+    """The node was shut down while the request was in flight; another node may serve it."""
+
+
+class EngineStartError(RolloutError):
+    """An engine or the memory owner did not become ready; the message names the setting."""
+
+
+class SharedMemoryError(RolloutError):
+    """A shared-memory segment is missing, too small, or its header is not intact."""

@@ -1,0 +1,30 @@
+"""Process helpers shared by the owner and engine children."""
+
+from __future__ import annotations
+
+import ctypes
+import os
+import signal
+
+PR_SET_PDEATHSIG = 1
+
+
+def die_with_parent() -> None:
+    """Ask the kernel to SIGKILL this child when the supervisor dies: nothing is left behind."""
+    libc = ctypes.CDLL(None, use_errno=True)
+    libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
+    if os.getppid() == 1:  # the parent died before prctl took effect
+        os._exit(1)
+
+
+def memory_of(pid: int) -> tuple[int, int, int]:
+    """(rss, private, shared) bytes of a process, from /proc/<pid>/smaps_rollup."""
+    fields: dict[str, int] = {}
+    with open(f"/proc/{pid}/smaps_rollup") as f:
+        for line in f:
+            parts = line.split()
+            if len(parts) >= 3 and parts[-1] == "kB":
+                fields[parts[0].rstrip(":")] = int(parts[1]) * 1024
+    private = fields.get("Private_Clean", 0) + fields.get("Private_Dirty", 0)
+    shared = fields.get("Shared_Clean", 0) + fields.get("Shared_Dirty", 0)
+    return fields.get("Rss", 0), private, shared
