@@ -750,8 +750,12 @@ def main() -> None:
         drop_caps_exec(sys.argv[2:])
     signal.signal(signal.SIGPIPE, signal.SIG_IGN)
     if LOCAL:
+        import ctypes
+
         signal.signal(signal.SIGTERM, lambda *_: os._exit(0))
         signal.signal(signal.SIGINT, lambda *_: os._exit(0))
+        # Orphans (background jobs of a dead shell) re-parent here, as they do to PID 1.
+        ctypes.CDLL(None).prctl(36, 1, 0, 0, 0)  # PR_SET_CHILD_SUBREAPER
     else:
         import ctypes
 

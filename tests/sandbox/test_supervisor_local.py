@@ -1,0 +1,163 @@
+"""The in-sandbox supervisor run as a local process (BELAYER_SUPERVISOR_LOCAL=1): no podman.
+
+Covers the protocol, exactly-once journal, generations, timeouts, the output cap and
+shell respawn quickly; tests/sandbox/test_sandbox.py repeats what matters inside real
+containers. The supervisor and every process it started are killed after each test.
+"""
+
+from __future__ import annotations
+
+import base64
+import importlib.util
+import os
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from belayer.sandbox import channel
+from belayer.sandbox.errors import SandboxBusy, StaleGeneration, SupervisorRefused
+from belayer.sandbox.models import Observation
+
+SUPERVISOR = Path(__file__).resolve().parents[2] / "infra/sandbox/supervisor.py"
+
+
+def load_supervisor_module():
+    spec = importlib.util.spec_from_file_location("belayer_supervisor", SUPERVISOR)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+class Local:
+    def __init__(self, root: Path):
+        self.root = root
+        for d in ("chan", "journal", "ws"):
+            (root / d).mkdir()
+        env = dict(os.environ, BELAYER_SUPERVISOR_LOCAL="1", BELAYER_CHANNEL_DIR=str(root / "chan"),
+                   BELAYER_JOURNAL_DIR=str(root / "journal"), BELAYER_WORKSPACE=str(root / "ws"))  # fmt: skip
+        self.proc = subprocess.Popen([sys.executable, str(SUPERVISOR)], env=env, stderr=subprocess.DEVNULL,
+                                     start_new_session=True)  # fmt: skip
+        self.sock = root / "chan" / "supervisor.sock"
+        channel.wait_ready(self.sock, 10)
+
+    def run(self, step: int, command: str, timeout_s: float = 10, cap: int = 4096, generation: int = 0,
+            trajectory: str = "t") -> Observation:  # fmt: skip
+        reply = channel.run_action(self.sock, trajectory=trajectory, step=step, generation=generation,
+                                   command=command, timeout_s=timeout_s, output_cap=cap, poll_s=0.5)  # fmt: skip
+        return Observation.from_supervisor(reply["observation"], replayed=reply["replayed"])
+
+    def descendants(self) -> list[int]:
+        parents = {}
+        for name in os.listdir("/proc"):
+            if name.isdigit():
+                try:
+                    stat = Path(f"/proc/{name}/stat").read_bytes()
+                except OSError:
+                    continue
+                parents[int(name)] = int(stat[stat.rfind(b")") + 2 :].split()[1])
+        found, frontier = [], [self.proc.pid]
+        while frontier:
+            kids = [p for p, pp in parents.items() if pp in frontier]
+            found += kids
+            frontier = kids
+        return found
+
+    def stop(self) -> None:
+        # The supervisor is a subreaper locally: every process it started is a descendant.
+        for pid in self.descendants():
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except OSError:
+                pass
+        self.proc.kill()
+        self.proc.wait(timeout=10)
+
+
+@pytest.fixture
+def sup(tmp_path):
+    s = Local(tmp_path)
+    try:
+        yield s
+    finally:
+        s.stop()
+
+
+def test_shell_state_persists_and_ids_run_once(sup):
+    assert sup.run(1, "cd /tmp && export A=1 && b=2 && f() { echo f$1; }").exit_code == 0
+    obs = sup.run(2, "pwd; echo $A $b; f x; echo side-effect >> $OLDPWD/marker")
+    assert obs.stdout == "/tmp\n1 2\nfx\n"
+    again = sup.run(2, "echo something else")
+    assert again.replayed_from_journal and again.sha256 == obs.sha256
+    assert (sup.root / "ws" / "marker").read_text() == "side-effect\n"
+
+
+def test_generation_and_order_are_enforced(sup):
+    sup.run(1, "true")
+    with pytest.raises(StaleGeneration):
+        sup.run(2, "true", generation=1)
+    channel.call(sup.sock, {"op": "set_generation", "expected": 0, "new": 3})
+    with pytest.raises(StaleGeneration):
+        sup.run(2, "true", generation=0)
+    assert sup.run(2, "echo ok", generation=3).stdout == "ok\n"
+    with pytest.raises(SupervisorRefused):  # a step at or before the head that never ran
+        channel.call(sup.sock, {"op": "submit", "trajectory": "t", "step": 0, "generation": 3, "command": "true"})
+    with pytest.raises(SupervisorRefused):  # another trajectory
+        sup.run(9, "true", generation=3, trajectory="other")
+
+
+def test_busy_while_an_action_runs(sup):
+    channel.call(sup.sock, {"op": "submit", "trajectory": "t", "step": 1, "generation": 0,
+                            "command": "sleep 2", "timeout_s": 10})  # fmt: skip
+    with pytest.raises(SandboxBusy):
+        channel.call(sup.sock, {"op": "submit", "trajectory": "t", "step": 2, "generation": 0, "command": "true"})
+    # A retry of the running id attaches to it instead of running it twice.
+    reply = channel.call(sup.sock, {"op": "submit", "trajectory": "t", "step": 1, "generation": 0,
+                                    "command": "sleep 2", "wait_s": 5})  # fmt: skip
+    assert reply["state"] == "done" and reply["observation"]["exit_code"] == 0
+
+
+def test_timeout_kills_the_action_not_the_shell(sup):
+    sup.run(1, "export KEEP=1; sleep 30 >/dev/null 2>&1 &")
+    obs = sup.run(2, "sleep 30", timeout_s=0.5)
+    assert obs.timed_out and not obs.shell_respawned
+    obs = sup.run(3, "while :; do :; done", timeout_s=0.5)
+    assert obs.timed_out and obs.shell_respawned
+    after = sup.run(4, "echo $KEEP; jobs | wc -l")
+    assert after.stdout == "1\n0\n"  # exports kept, the job table is the new shell's
+
+
+def test_exit_respawns_the_shell(sup):
+    sup.run(1, "cd /tmp; export X=y")
+    obs = sup.run(2, "exit 7")
+    assert obs.exit_code == 7 and obs.shell_respawned
+    assert sup.run(3, "pwd; echo $X").stdout == "/tmp\ny\n"
+
+
+def test_output_cap_keeps_head_and_tail(sup):
+    obs = sup.run(1, "seq 1 200000", cap=1024)
+    assert obs.truncated and obs.stdout.startswith("1\n2\n") and obs.stdout.endswith("199999\n200000\n")
+    assert obs.stdout_bytes == len("".join(f"{i}\n" for i in range(1, 200001)))
+    assert "bytes truncated" in obs.stdout
+
+
+def test_capture_handles_split_sentinels():
+    mod = load_supervisor_module()
+    cap = mod.Capture("abcd", 100)
+    data = b"hello \x1eab" + b"cd\x1e" + b"ignored"
+    for i in range(len(data)):  # byte by byte: the sentinel arrives split
+        if not cap.done.is_set():
+            cap.feed(data[i : i + 1])
+    assert cap.done.is_set()
+    out = cap.finish()
+    assert base64.b64decode(out["b64"]) == b"hello " and out["dropped"] == 0
+
+
+def test_binary_and_large_commands(sup):
+    obs = sup.run(1, "printf '\\xff\\x00ok'")
+    assert obs.binary and obs.stdout == "\\xff\x00ok"
+    big = "echo " + "x" * 200_000
+    assert sup.run(2, big).stdout_bytes == 200_001
+    assert sup.run(3, "echo é; echo 'multi\nline'").stdout == "é\nmulti\nline\n"
