@@ -29,8 +29,8 @@ from belayer.sandbox.models import (
     CheckpointRef,
     LoggedAction,
     Observation,
-    RecoveryMode,
     RecoverOutcome,
+    RecoveryMode,
     SandboxHandle,
     SandboxSpec,
 )

@@ -40,7 +40,7 @@ def call(sock_path: str | Path, request: dict, timeout_s: float = 30.0) -> dict:
                 if not chunk:
                     break
                 chunks.append(chunk)
-        except (OSError, socket.timeout) as exc:
+        except (TimeoutError, OSError) as exc:
             raise SandboxUnreachable(
                 f"no answer from the sandbox supervisor at {sock_path} ({type(exc).__name__}: {exc}); "
                 "the sandbox is dead or not started: recover it from its latest checkpoint"

@@ -4,7 +4,6 @@ from typing import Literal
 
 from pydantic import Field
 
-from belayer.sandbox.runtime import base_image_name
 from belayer.section import Section
 
 

@@ -40,8 +40,8 @@ from belayer.sandbox.models import (
     CheckpointRef,
     LoggedAction,
     Observation,
-    RecoveryMode,
     RecoverOutcome,
+    RecoveryMode,
     SandboxHandle,
     SandboxSpec,
 )

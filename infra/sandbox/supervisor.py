@@ -283,7 +283,7 @@ def _high_fd(fd: int) -> int:
 class Shell:
     """The persistent bash and its pipes. Replaced (respawn) when it dies or is stuck."""
 
-    def __init__(self, restore_script: str, reaper: "Reaper"):
+    def __init__(self, restore_script: str, reaper: Reaper):
         self.reaper = reaper
         out_r, out_w = os.pipe()
         err_r, err_w = os.pipe()
