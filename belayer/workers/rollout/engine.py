@@ -90,7 +90,9 @@ class EngineLoop:
             self.take_lease()
         elif isinstance(msg, HealthCheck):
             t0 = time.perf_counter()
-            digest = self.hooks.device_digest(fail="device_check_fail" in self.faults)
+            # the fault targets the engine about to take over, so the fallback path is exercised
+            fail = "device_check_fail" in self.faults and self.spec.role == "shadow"
+            digest = self.hooks.device_digest(fail=fail)
             self.send(HealthResult(digest == msg.expected_digest, digest, time.perf_counter() - t0))
         elif isinstance(msg, QueryMemory):
             self.send(MemoryReport(*memory_of(os.getpid())))

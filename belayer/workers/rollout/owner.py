@@ -81,7 +81,7 @@ class MemoryOwner:
     def serve(self, conn: Connection) -> None:
         selected = faults.active()
         crash_at = None
-        if "owner_crash" in selected:
+        if "owner_crash" in selected and self.spec.generation == 1:  # a replacement owner never re-faults
             crash_at = time.monotonic() + selected["owner_crash"].number("after_s", 0.0)
         interval = self.spec.verify_interval_s
         next_verify = time.monotonic() + interval if interval > 0 else None
