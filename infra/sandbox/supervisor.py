@@ -520,10 +520,21 @@ class Supervisor:
                 command = str(req["command"]).encode("utf-8", "surrogateescape")
                 timeout = float(req.get("timeout_s", 60.0))
                 cap = int(req.get("output_cap", 65536))
-                self.running = key
-                threading.Thread(
+                runner = threading.Thread(
                     target=self._run_action, args=(key, generation, command, timeout, cap), daemon=True
-                ).start()
+                )
+                try:
+                    runner.start()
+                    self.running = key
+                except RuntimeError as exc:
+                    # The sandbox is out of pids (e.g. a background fork bomb): the agent's
+                    # own doing, so it is the action's observation, journaled like any other.
+                    obs = self._failed_observation(
+                        f"the action could not start: {exc}; the sandbox's process limit is exhausted "
+                        f"({len(list_processes())} processes): kill some, or recover the sandbox"
+                    )
+                    self.journal.append({"type": "action", "trajectory": key[0], "step": key[1],
+                                         "generation": generation, "observation": obs})  # fmt: skip
             wait_s = min(float(req.get("wait_s", 0.0)), MAX_WAIT_S)
             deadline = time.monotonic() + wait_s
             while key not in self.journal.entries:
@@ -642,27 +653,35 @@ class Supervisor:
                 return got
 
     def _kill_new_processes(self, shell: Shell, before: dict) -> int:
-        """SIGKILL every process the action started; repeat until none is left (forks race)."""
-        killed: set[int] = set()
+        """Kill every process the action started.
+
+        Freeze first (SIGSTOP, repeated until a pass finds nothing new: a stopped process
+        cannot fork), then SIGKILL them all, so a fork bomb cannot refill the pids it frees.
+        """
         me = os.getpid()
-        for _ in range(50):
-            victims = []
+        frozen: set[int] = set()
+        for _ in range(200):
+            fresh = []
             for pid, info in list_processes().items():
-                if pid in (me, shell.pid, 1) or before.get(pid, (None,))[0] == info[0]:
+                if pid in (me, shell.pid, 1) or pid in frozen or before.get(pid, (None,))[0] == info[0]:
                     continue
                 if LOCAL and info[1] != shell.pid:
                     continue  # locally, only the shell's own session
-                victims.append(pid)
-            if not victims:
+                fresh.append(pid)
+            if not fresh:
                 break
-            for pid in victims:
+            for pid in fresh:
                 try:
-                    os.kill(pid, signal.SIGKILL)
-                    killed.add(pid)
+                    os.kill(pid, signal.SIGSTOP)
+                    frozen.add(pid)
                 except OSError:
                     pass
-            time.sleep(0.02)
-        return len(killed)
+        for pid in frozen:
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except OSError:
+                pass
+        return len(frozen)
 
     def _respawn(self) -> None:
         self.shell = Shell(self.last_state, self.reaper)
@@ -697,7 +716,10 @@ def serve(sup: Supervisor, path: str) -> None:
             conn, _ = srv.accept()
         except InterruptedError:
             continue
-        threading.Thread(target=_serve_one, args=(sup, conn), daemon=True).start()
+        try:
+            threading.Thread(target=_serve_one, args=(sup, conn), daemon=True).start()
+        except RuntimeError:  # no thread left (pids limit, e.g. a fork bomb): answer inline
+            _serve_one(sup, conn)
 
 
 def _serve_one(sup: Supervisor, conn: socket.socket) -> None:
@@ -717,6 +739,8 @@ def _serve_one(sup: Supervisor, conn: socket.socket) -> None:
             reply = {"ok": False, "error": {"type": exc.kind, "message": str(exc)}}
         except (KeyError, ValueError, TypeError) as exc:
             reply = {"ok": False, "error": {"type": "BadRequest", "message": f"{type(exc).__name__}: {exc}"}}
+        except Exception as exc:  # never leave a request without an answer
+            reply = {"ok": False, "error": {"type": "Internal", "message": f"{type(exc).__name__}: {exc}"}}
         conn.sendall(json.dumps(reply, separators=(",", ":")).encode() + b"\n")
     except (OSError, RequestError):
         pass

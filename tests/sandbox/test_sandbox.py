@@ -188,10 +188,18 @@ def test_huge_output_is_capped(sandboxes):
 def test_fork_bomb_hits_pids_limit(sandboxes):
     host = sandboxes.host
     handle = sandboxes.create()
-    obs = host.exec(handle, act(1, "bomb() { bomb | bomb & }; bomb; sleep 3; echo survived", timeout_s=5))
-    assert obs.exit_code is not None
-    after = host.exec(handle, act(2, "echo alive; cat /sys/fs/cgroup/pids.max 2>/dev/null || true"))
-    assert after.stdout.startswith("alive\n"), after
+    # In the foreground: the timeout freezes and kills every process the action started.
+    obs = host.exec(handle, act(1, "bomb() { bomb | bomb; }; bomb", timeout_s=3))
+    assert obs.timed_out
+    after = host.exec(handle, act(2, "echo alive; cat /sys/fs/cgroup/pids.max 2>/dev/null || cat /sys/fs/cgroup/pids/pids.max"))
+    assert after.stdout == "alive\n64\n", after
+    # In the background it outlives its action; the pids limit contains it, the supervisor
+    # still answers, and the next action's observation says what happened.
+    host.exec(handle, act(3, "bomb() { bomb | bomb & }; bomb; sleep 2; echo started", timeout_s=10))
+    starved = host.exec(handle, act(4, "echo hello", timeout_s=5))
+    assert starved.exit_code != 0
+    assert "process limit" in starved.note or "fork" in starved.stderr or starved.timed_out, starved
+    assert host.ping(handle)["ok"]
 
 
 def test_filling_the_disk_fails_cleanly(sandboxes):
