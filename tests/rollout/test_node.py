@@ -1,0 +1,148 @@
+"""The rollout node on the real engine (vLLM CPU, tiny model, fp32), in both weight modes.
+
+Every scenario runs the same requests uninterrupted first and then under a real fault
+(SIGKILL, SIGSTOP, a killed owner, corrupted weights) and compares the tokens: a recovery
+must be invisible in the output. Faults are triggered by token progress, never by time.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import os
+import signal
+import time
+
+import pytest
+
+from belayer.workers.rollout import shm
+from belayer.workers.rollout.errors import BadRequestError
+from belayer.workers.rollout.protocol import SamplingSpec
+from tests.rollout.conftest import PROMPTS, SPECS
+
+pytestmark = pytest.mark.engine
+
+_baselines: dict[str, list[list[int]]] = {}
+
+
+def baseline(node) -> list[list[int]]:
+    """Tokens of an uninterrupted run on this node (computed once per node)."""
+    key = node.config.node_id
+    if key not in _baselines:
+        handles = [node.submit(p, s) for p, s in zip(PROMPTS, SPECS)]
+        _baselines[key] = [h.result(300).token_ids for h in handles]
+        assert all(len(t) == s.max_tokens for t, s in zip(_baselines[key], SPECS))
+    return _baselines[key]
+
+
+def signal_leader_at(node, tokens: int, sig: int):
+    """on_progress callback: send `sig` to the leader once the request has `tokens` tokens.
+    It runs on the node's pump thread, so the fault lands at an exact point of progress."""
+    fired = {}
+
+    def on_progress(n: int) -> None:
+        if not fired and n >= tokens:
+            fired["pid"] = node.leader.pid
+            os.kill(fired["pid"], sig)
+
+    on_progress.fired = fired
+    return on_progress
+
+
+def run_with_fault(node, trigger) -> list:
+    handles = [node.submit(p, s, on_progress=trigger if i == 0 else None) for i, (p, s) in enumerate(zip(PROMPTS, SPECS))]
+    return [h.result(300) for h in handles]
+
+
+def wait_for(condition, what: str, timeout: float = 60.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not condition():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out waiting for {what}")
+        time.sleep(0.02)
+
+
+def test_kill_primary_mid_decode_replays_token_identically(node):
+    expected = baseline(node)
+    before = len(node.recoveries)
+    trigger = signal_leader_at(node, 60, signal.SIGKILL)
+    results = run_with_fault(node, trigger)
+    assert trigger.fired, "the leader was never killed"
+    assert [r.token_ids for r in results] == expected
+    event = node.recoveries[before]
+    assert event.kind == "takeover" and event.fallback_reason is None
+    assert event.replayed_requests == len(PROMPTS), "every request must have been in flight"
+    assert all(r.recoveries == ("takeover",) for r in results)
+    assert event.failed_pid == trigger.fired["pid"]
+
+
+def test_hung_primary_is_detected_and_replaced(node):
+    expected = baseline(node)
+    before = len(node.recoveries)
+    trigger = signal_leader_at(node, 40, signal.SIGSTOP)  # alive but silent: only heartbeats tell
+    results = run_with_fault(node, trigger)
+    assert [r.token_ids for r in results] == expected
+    event = node.recoveries[before]
+    assert event.kind == "takeover" and "heartbeat" in event.reason
+
+
+def test_shadow_never_holds_a_writable_arena_while_primary_has_the_lease(node):
+    baseline(node)
+    arena = node.owner.ready.arena_path
+    assert _arena_perms(node.leader.pid, arena) == "rw-s"
+    assert _arena_perms(node.shadow.pid, arena) == "r--s"  # a stray write would fault
+    with open(arena, "rb") as f:  # the kernel lock is held by the leader
+        with pytest.raises(BlockingIOError):
+            fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    assert shm.read_arena_header(arena).epoch == node.epoch
+
+
+def test_bad_input_is_rejected_and_the_node_keeps_serving(node):
+    vocab = node.vocab_size
+    with pytest.raises(BadRequestError, match="outside the model's vocabulary") as err:
+        node.submit([1, 2, vocab], SamplingSpec(max_tokens=4))
+    assert err.value.retryable is False
+    with pytest.raises(BadRequestError, match="does not fit the context"):
+        node.submit([3] * node.config.max_model_len, SamplingSpec(max_tokens=4))
+    with pytest.raises(BadRequestError):
+        node.submit([], SamplingSpec(max_tokens=4))
+    done = node.generate(PROMPTS[0], SPECS[0], timeout=300)
+    assert done.token_ids == baseline(node)[0]
+
+
+def test_owner_killed_means_cold_start_and_requests_complete(node):
+    expected = baseline(node)
+    os.kill(node.owner.pid, signal.SIGKILL)
+    wait_for(lambda: node.owner_failure is not None, "the node to notice the dead owner")
+    before = len(node.recoveries)
+    results = run_with_fault(node, signal_leader_at(node, 60, signal.SIGKILL))
+    assert [r.token_ids for r in results] == expected
+    event = node.recoveries[before]
+    assert event.kind == "cold_start" and "owner" in event.fallback_reason
+    assert all(r.recoveries == ("cold_start",) for r in results)
+
+
+def test_corrupted_weights_mean_cold_start_never_a_wrong_answer(node):
+    expected = baseline(node)
+    weights = node.owner.ready.weights_path
+    with open(weights, "r+b") as f:  # flip one byte inside the first tensor's data
+        header = shm.read_weights_header(shm.map_readonly(weights))
+        f.seek(header.data_offset + 128)
+        byte = f.read(1)
+        f.seek(header.data_offset + 128)
+        f.write(bytes([byte[0] ^ 0xFF]))
+    before = len(node.recoveries)
+    verdict = node.verify_weights()
+    assert not verdict.ok and verdict.bad_tensors
+    wait_for(lambda: len(node.recoveries) > before, "the cold start after the checksum mismatch")
+    assert node.recoveries[before].kind == "cold_start"
+    assert "checksum" in node.recoveries[before].reason
+    results = run_with_fault(node, None)
+    assert [r.token_ids for r in results] == expected
+
+
+def _arena_perms(pid: int, arena) -> str:
+    with open(f"/proc/{pid}/maps") as f:
+        for line in f:
+            if line.rstrip().endswith(str(arena)):
+                return line.split()[1]
+    raise AssertionError(f"process {pid} does not map {arena}")
