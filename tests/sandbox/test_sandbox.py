@@ -265,3 +265,21 @@ def test_agent_cannot_reach_journal_channel_or_supervisor(sandboxes):
     assert outs[6].stdout.split()[1] == "0000000000000000"
     alive = host.exec(handle, act(len(cmds) + 1, "echo still-here"))
     assert alive.stdout == "still-here\n"
+
+
+def test_fs_only_baseline_keeps_files_but_loses_processes(sandboxes):
+    host = sandboxes.host
+    handle = sandboxes.create()
+    log: list[LoggedAction] = []
+    run_logged(host, handle, range(1, 4), log)
+    ref = host.checkpoint(handle, fs_snapshot=True)
+    run_logged(host, handle, range(4, len(SCENARIO) + 1), log)
+    expected = host.workspace_hash(handle)
+    host.kill(handle)
+    outcome = host.recover(handle, [ref], log, mode="fs-only")
+    assert outcome.source == "fs@3"
+    # Step 4 runs `cd sub` relative to a cwd the new shell does not have: the first mismatch.
+    assert not outcome.consistent and outcome.mismatch_step == 4, outcome
+    files = host.exec(outcome.handle, act(len(SCENARIO) + 1, "cat /workspace/proj/out.txt"))
+    assert files.stdout == "42\n"  # the files of step 3 came back
+    assert host.workspace_hash(outcome.handle) != expected
