@@ -28,7 +28,11 @@ class SandboxConfig(Section):
     tmp_mb: int = Field(64, ge=4, le=1 << 20, description="Size of the /tmp tmpfs (MiB); travels in checkpoints.")
     action_timeout_s: float = Field(60.0, gt=0, le=86400, description="Default per-action timeout (seconds).")
     output_cap_bytes: int = Field(
-        64 * 1024, ge=1024, le=16 << 20, description="Captured stdout (and stderr) per action before truncation."
+        64 * 1024,
+        ge=1024,
+        le=128 * 1024,
+        description="Captured stdout (and stderr) per action before truncation; bounded so an observation "
+        "(invalid bytes escaped as 4 characters) stays well under Temporal's 2 MB payload limit.",
     )
     host_task_queue: str | None = Field(
         None, description="This host's task queue; default 'belayer-sandbox-<hostname>'."
