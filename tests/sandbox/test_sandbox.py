@@ -196,9 +196,10 @@ def test_fork_bomb_hits_pids_limit(sandboxes):
     # In the background it outlives its action; the pids limit contains it, the supervisor
     # still answers, and the next action's observation says what happened.
     host.exec(handle, act(3, "bomb() { bomb | bomb & }; bomb; sleep 2; echo started", timeout_s=10))
-    starved = host.exec(handle, act(4, "echo hello", timeout_s=5))
-    assert starved.exit_code != 0
-    assert "process limit" in starved.note or "fork" in starved.stderr or starved.timed_out, starved
+    starved = host.exec(handle, act(4, "echo hello; /bin/true", timeout_s=5))
+    # Whether the bomb still holds every pid is a race: either the action ran, or its
+    # observation names the exhausted limit (or the failed fork) -- never a dead channel.
+    assert starved.stdout.startswith("hello") or "process limit" in starved.note or starved.timed_out, starved
     assert host.ping(handle)["ok"]
 
 
