@@ -13,6 +13,7 @@ Checkpoint archives and their metadata go to the object store under
 from __future__ import annotations
 
 import hashlib
+import os
 import secrets
 import tempfile
 import threading
@@ -22,7 +23,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Protocol
 
-from belayer.sandbox import channel
+from belayer.sandbox import channel, faults
 from belayer.sandbox.backend import SandboxBackend
 from belayer.sandbox.config import SandboxConfig
 from belayer.sandbox.errors import (
@@ -174,6 +175,8 @@ class SandboxHost:
 
     def exec(self, handle: SandboxHandle, action: Action) -> Observation:
         """Run one action exactly once (a repeated (trajectory, step) returns the journal's)."""
+        if faults.active("sandbox_kill_during_exec"):
+            threading.Timer(0.2, self.backend.kill, args=(handle.container,)).start()
         with self._lock(handle.sandbox_id):
             return self._run(handle.sandbox_id, action.trajectory, action.step, handle.generation,
                              action.command, action.timeout_s)  # fmt: skip
@@ -270,7 +273,13 @@ class SandboxHost:
             tmp_dir.mkdir(parents=True, exist_ok=True)
             with tempfile.NamedTemporaryFile(dir=tmp_dir, prefix=f"restore-{sid}-", suffix=".tar") as f:
                 self._download_archive(meta, f)
-                container = self.backend.restore(Path(f.name), sid, new_generation)
+                if faults.active("sandbox_restore_damaged_archive"):
+                    _damage(f)
+                try:
+                    container = self.backend.restore(Path(f.name), sid, new_generation)
+                except SandboxError:
+                    self.backend.fence(sid)  # a failed restore can leave a created container
+                    raise
             try:
                 info = channel.wait_ready(self._sock(sid), self.cfg.start_timeout_s)
                 if info["head"] != meta.step:
@@ -387,6 +396,17 @@ class SandboxHost:
 
     def delete_checkpoints(self, sandbox_id: str) -> int:
         return self.store.delete_prefix(f"{self.cfg.checkpoint_prefix}{sandbox_id}/")
+
+
+def _damage(f) -> None:
+    """Flip one byte in the middle of a downloaded archive (fault point)."""
+    f.flush()
+    size = os.fstat(f.fileno()).st_size
+    with open(f.name, "r+b") as g:
+        g.seek(size // 2)
+        b = g.read(1)
+        g.seek(size // 2)
+        g.write(bytes([b[0] ^ 0xFF]) if b else b"x")
 
 
 def make_host(config, *, store=None, host_queue: str | None = None) -> SandboxHost:

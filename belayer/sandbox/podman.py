@@ -58,7 +58,8 @@ CHUNK = 1 << 20
 
 def translate_podman_error(args: list[str], returncode: int, stderr: str) -> SandboxError:
     """The one translator from a failed podman/CRIU call to a typed sandbox error."""
-    verb = next((a for a in args if not a.startswith("-")), "?")
+    words = [a for a in args if not a.startswith("-")]
+    verb = words[1] if len(words) > 1 and words[0] == "container" else (words[0] if words else "?")
     text = " ".join(stderr.split())[-2000:]
     where = f"podman {' '.join(a for a in args if not a.startswith('--root') )[:200]}"
     low = text.lower()

@@ -284,3 +284,29 @@ def test_fs_only_baseline_keeps_files_but_loses_processes(sandboxes):
     files = host.exec(outcome.handle, act(len(SCENARIO) + 1, "cat /workspace/proj/out.txt"))
     assert files.stdout == "42\n"  # the files of step 3 came back
     assert host.workspace_hash(outcome.handle) != expected
+
+
+def test_fault_damaged_archive_fails_restore_and_falls_back(sandboxes, monkeypatch):
+    host = sandboxes.host
+    handle = sandboxes.create()
+    log: list[LoggedAction] = []
+    run_logged(host, handle, range(1, 3), log)
+    ref = host.checkpoint(handle)
+    host.kill(handle)
+    monkeypatch.setenv("BELAYER_FAULT", "sandbox_restore_damaged_archive")
+    outcome = host.recover(handle, [ref], log)
+    # The sha256 matched, podman/CRIU refused the bytes: replay from the start, said so.
+    assert outcome.source == "replay-from-start" and outcome.consistent, outcome
+    assert any("unusable" in n for n in outcome.notes)
+    names = sandboxes.backend.containers_of(handle.sandbox_id)
+    assert names == [outcome.handle.container]  # the failed restore left nothing behind
+
+
+def test_fault_sandbox_killed_during_exec(sandboxes, monkeypatch):
+    from belayer.sandbox.errors import SandboxUnreachable
+
+    host = sandboxes.host
+    handle = sandboxes.create()
+    monkeypatch.setenv("BELAYER_FAULT", "sandbox_kill_during_exec")
+    with pytest.raises(SandboxUnreachable):
+        host.exec(handle, act(1, "sleep 5"))
