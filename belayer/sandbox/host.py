@@ -326,6 +326,17 @@ class SandboxHost:
         new_handle: SandboxHandle | None = None
         start_step = 0
         source = "replay-from-start"
+        last_logged = max((a.step for a in actions), default=0)
+        usable = []
+        for ref in checkpoints:
+            if ref.step > last_logged:
+                # Taken on a timeline the log no longer has (the context was cut before it):
+                # its journal would answer the new steps with the old observations.
+                notes.append(f"checkpoint {ref.meta_key} (step {ref.step}) is past the log's last step "
+                             f"{last_logged}: skipped")  # fmt: skip
+            else:
+                usable.append(ref)
+        checkpoints = usable
         if mode == "full":
             for ref in checkpoints:
                 try:
