@@ -623,6 +623,7 @@ class RolloutNode:
     def _take_lease(self, engine: _Child) -> None:
         reply = self._call(engine, TakeLease(), LeaseTaken)
         self.epoch = reply.epoch
+        engine.last_heard = time.monotonic()  # its silence is measured from becoming leader
 
     def _call(self, child: _Child, msg: Any, reply_type: type) -> Any:
         """Send a control message and wait for its reply, dispatching anything else."""
