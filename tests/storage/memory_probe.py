@@ -2,6 +2,11 @@
 
 Usage: python -m tests.storage.memory_probe <size_mib>, with the StorageConfig as JSON
 on stdin. A separate process, so that the test suite's own memory does not count.
+
+The peak is the kernel's high-water mark of this process's resident set (VmHWM in
+/proc/self/status), reset after the baseline through /proc/self/clear_refs. Not
+ru_maxrss: that survives fork+exec, so a child of a large pytest process would
+report its parent's size.
 """
 
 from __future__ import annotations
@@ -9,14 +14,27 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-import resource
 import sys
-
-import psutil
+from pathlib import Path
 
 from belayer.storage import ObjectStore, StorageConfig
 
 MiB = 1 << 20
+
+
+def status_bytes(field: str) -> int:
+    for line in Path("/proc/self/status").read_text().splitlines():
+        if line.startswith(field + ":"):
+            return int(line.split()[1]) * 1024
+    raise RuntimeError(f"{field} not in /proc/self/status")
+
+
+def reset_peak() -> bool:
+    try:
+        Path("/proc/self/clear_refs").write_text("5")
+        return True
+    except OSError:
+        return False
 
 
 class HashingSink:
@@ -43,15 +61,16 @@ def main() -> None:
     size_mib = int(sys.argv[1])
     cfg = StorageConfig.model_validate_json(sys.stdin.read())
     with ObjectStore(cfg) as store:
-        store.put_bytes("memory-probe/warmup", b"x")  # client, connection pool, TLS: not counted
+        store.put_bytes("memory-probe/warmup", b"x")  # client, connection pool: not counted
         store.get_bytes("memory-probe/warmup")
-        baseline = psutil.Process().memory_info().rss
+        baseline = status_bytes("VmRSS")
+        peak_was_reset = reset_peak()
         expected = hashlib.sha256()
         ref = store.upload_stream("memory-probe/big", generated(size_mib, expected))
-        after_upload = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+        after_upload = status_bytes("VmHWM")
         sink = HashingSink()
         got = store.download_stream("memory-probe/big", sink)
-        peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+        peak = status_bytes("VmHWM")
         store.delete_prefix("memory-probe/")
     json.dump(
         {
@@ -62,6 +81,7 @@ def main() -> None:
             "downloaded_size": sink.size,
             "download_ref_ok": got == ref,
             "baseline_rss": baseline,
+            "peak_was_reset": peak_was_reset,
             "upload_growth": after_upload - baseline,
             "peak_growth": peak - baseline,
             "part_size": cfg.part_size_mb * MiB,
