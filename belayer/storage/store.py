@@ -152,7 +152,8 @@ class ObjectStore:
         """Stream `source` (a binary file or an iterable of bytes) to `key`, hashing on the way.
 
         At most two parts are in memory: one uploading, the next being read. A stream
-        that fits in one part is written with a single PUT. A failed multipart upload is
+        that fits in one part is written with a single PUT. `progress(bytes_done)` is
+        called after each part (what an activity heartbeats). A failed multipart upload is
         aborted; if even the abort fails (endpoint down), the error says so and
         `abort_incomplete_uploads` removes the leftover parts later.
         """
