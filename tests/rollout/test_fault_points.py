@@ -1,0 +1,45 @@
+"""Named fault points (BELAYER_FAULT) on a real node: the same requests with and without
+the fault must give the same tokens."""
+
+from __future__ import annotations
+
+import pytest
+
+from tests.rollout.conftest import PROMPTS, SPECS, NodeUnderTest, node_config
+
+pytestmark = pytest.mark.engine
+
+
+@pytest.fixture
+def faulty_node(request, monkeypatch, tiny_model):
+    monkeypatch.setenv("BELAYER_FAULT", request.param)
+    nut = NodeUnderTest(node_config(weight_mode="private"), tiny_model)
+    try:
+        nut.start()
+        yield nut.node
+    finally:
+        left = nut.close()
+    assert not left, f"node leaked: {left}"
+
+
+def run_all(node):
+    handles = [node.submit(p, s) for p, s in zip(PROMPTS, SPECS)]
+    return [h.result(300).token_ids for h in handles]
+
+
+@pytest.mark.parametrize("faulty_node", ["engine_crash_before_decode"], indirect=True)
+def test_crash_before_decode_is_taken_over(faulty_node):
+    under_fault = run_all(faulty_node)
+    assert [e.kind for e in faulty_node.recoveries] == ["takeover"]
+    assert faulty_node.wait_shadow_ready()
+    assert run_all(faulty_node) == under_fault  # the new leader, uninterrupted
+
+
+@pytest.mark.parametrize("faulty_node", ["engine_hang:after=40,device_check_fail"], indirect=True)
+def test_hang_with_failed_device_check_falls_back_to_cold_start(faulty_node):
+    under_fault = run_all(faulty_node)
+    (event,) = faulty_node.recoveries
+    assert event.kind == "cold_start"
+    assert "heartbeat" in event.reason and "device health check" in event.fallback_reason
+    assert event.replayed_requests == len(PROMPTS)
+    assert run_all(faulty_node) == under_fault
