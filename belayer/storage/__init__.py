@@ -13,6 +13,7 @@ from belayer.storage.errors import (
     TransientStorageError,
 )
 from belayer.storage.store import ObjectRef, ObjectStore
+from belayer.storage.tokenlog import PrefixRef, TokenLog, prefix_ref, read_prefix
 
 __all__ = [
     "CorruptObject",
@@ -21,7 +22,11 @@ __all__ = [
     "ObjectRef",
     "ObjectStore",
     "PermanentStorageError",
+    "PrefixRef",
     "StorageConfig",
     "StorageError",
+    "TokenLog",
     "TransientStorageError",
+    "prefix_ref",
+    "read_prefix",
 ]

@@ -342,16 +342,18 @@ class ObjectStore:
             ),
         )
         upload_id = created["UploadId"]
-        record_written = False
+        record_written = completing = False
         try:
             etags, size, sha = self._upload_parts(key, upload_id, parts, progress)
             ref = ObjectRef(key=key, size=size, sha256=sha)
             self._write_record(ref, nonce)
-            record_written = True
+            record_written = completing = True
             outcome = self._complete(key, upload_id, etags, nonce, if_absent=if_absent)
         except BaseException as exc:
             self._abort_after_failure(key, upload_id, exc)
-            if record_written:
+            # A Complete that failed on our side may still have succeeded on the server;
+            # then the object points at this record, so it stays (a leak at worst).
+            if record_written and not completing:
                 self._delete_record(key, nonce, quiet=True)
             raise
         if outcome == "conflict":
@@ -451,6 +453,9 @@ class ObjectStore:
             )
         except ObjectNotFound:
             pass
+        except StorageError as exc:
+            if exc.code != "NoSuchUpload":  # already completed or aborted: nothing left
+                raise
 
     # ---- hash records ------------------------------------------------------------------
 

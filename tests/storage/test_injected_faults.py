@@ -115,3 +115,15 @@ class CutShortBody:
                 raise urllib3.exceptions.ProtocolError("Connection broken: injected reset")
             self.sent += len(chunk)
             yield chunk
+
+
+def test_complete_that_succeeded_unseen_leaves_a_readable_object(cfg):
+    """Every answer to Complete lost: the call fails, but the object the server made
+    keeps its hash record, so it is readable and verified (never unverifiable)."""
+    store, client, _ = faulty_store(cfg, {"complete_multipart_upload": ["lost"] * 3}, max_attempts=3)
+    body = data(11 * MiB, seed=5)
+    with pytest.raises(TransientStorageError):
+        store.upload_stream("big", io.BytesIO(body))
+    with ObjectStore(cfg) as plain:
+        assert plain.get_bytes("big") == body
+    assert RawBucket(cfg).open_uploads() == []
