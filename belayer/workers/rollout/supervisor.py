@@ -174,6 +174,7 @@ class RolloutNode:
         self.reference_digest: str | None = None
         self.owner_failure: str | None = None
         self._pending: list[tuple[Callable[[], Any], Future]] = []
+        self._forced_fallback: str | None = None
         self._wake_r, self._wake_w = _MP.Pipe(duplex=False)
         self._closed = threading.Event()
         self._pump: threading.Thread | None = None
@@ -272,6 +273,12 @@ class RolloutNode:
     def verify_weights(self) -> WeightsVerified:
         """Ask the owner to re-hash every tensor now; a mismatch triggers a cold start."""
         return self._in_pump(self._verify_weights).result(self.config.control_timeout_s + 60)
+
+    def force_full_cold_start_next(self, why: str) -> None:
+        """Make the next recovery a full cold start (new owner loading weights from disk, new
+        engine): the comparison point of `belayer bench worker-recovery`."""
+        with self._lock:
+            self._forced_fallback = f"full cold start requested: {why}"
 
     def memory(self) -> dict[str, tuple[int, int, int]]:
         """(rss, private, shared) bytes per child process, by role."""
@@ -442,7 +449,9 @@ class RolloutNode:
         phases["fence_s"] = time.perf_counter() - t
         log.error("rollout node %s: %s; recovering %d in-flight requests", self.config.node_id, reason, len(self._inflight))
 
-        fallback = self._owner_check(phases)
+        fallback, self._forced_fallback = self._forced_fallback, None
+        if fallback is None:
+            fallback = self._owner_check(phases)
         if fallback is None:
             fallback = self._device_check(phases)
         kind = "takeover"
@@ -457,8 +466,9 @@ class RolloutNode:
         if fallback is not None:
             kind = "cold_start"
             log.error("rollout node %s: falling back to a cold start: %s", self.config.node_id, fallback)
+            owner_bad = self.owner_failure is not None or "owner" in fallback or "full cold start" in fallback
             try:
-                self._cold_start(phases, owner_bad=self.owner_failure is not None or "owner" in fallback)
+                self._cold_start(phases, owner_bad=owner_bad)
             except RolloutError as exc:
                 # Nothing left to serve on: tell every request, retryable elsewhere (Temporal
                 # retries the activity on another node, resuming from its heartbeat).

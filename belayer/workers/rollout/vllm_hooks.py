@@ -274,6 +274,8 @@ def engine_environment(threads: int) -> dict[str, str]:
     }
     if threads:
         env["OMP_NUM_THREADS"] = str(threads)
+    # vLLM's INFO lines from every engine drown the node's own log; an explicit setting wins.
+    env["VLLM_LOGGING_LEVEL"] = os.environ.get("VLLM_LOGGING_LEVEL", "WARNING")
     return env
 
 
