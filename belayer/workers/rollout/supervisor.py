@@ -267,6 +267,16 @@ class RolloutNode:
                 self._send_to_leader(record)
         return RequestHandle(self, record)
 
+    def cancel(self, request_id: str, why: str = "cancelled by the caller") -> None:
+        """Drop a request (e.g. its activity was cancelled): the leader stops decoding it."""
+        with self._lock:
+            record = self._inflight.get(request_id)
+            if record is None:
+                return
+            if record.engine_request_id is not None:
+                self._send_leader(AbortRequest(record.engine_request_id))
+            self._fail(record, NodeClosedError(f"request {request_id}: {why}"))
+
     def generate(self, prompt_ids: list[int], spec: SamplingSpec, timeout: float | None = None) -> Completion:
         return self.submit(prompt_ids, spec).result(timeout)
 

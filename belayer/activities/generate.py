@@ -1,0 +1,203 @@
+"""The `generate` activity: one turn of generation on a rollout node.
+
+Input is a reference to the context (token log key, length, sha256) and sampling
+parameters; output is the reference of the context with the generated tokens appended
+(the new segment is `[segment_start, prefix.length)`), the decoded text, the finish reason
+and the engine's timing. Token ids never cross Temporal except in heartbeats, where the
+tokens produced so far let a retry on another node resume mid-turn instead of starting
+over: with temperature > 0 each position draws from (seed, absolute position), so the
+resumed attempt produces exactly the tokens the failed one would have.
+
+Served by a rollout node worker (`python -m belayer.workers.rollout`) on the node's own
+task queue and on the shared rollout queue. No workflow code imports this module's
+dependencies at import time: it only imports pydantic models and temporalio here.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import functools
+import time
+
+from pydantic import BaseModel, ConfigDict, Field
+from temporalio import activity
+from temporalio.exceptions import ApplicationError
+
+from belayer.storage.tokenlog import PrefixRef
+
+MAX_HEARTBEAT_EVERY_S = 1.0
+
+
+class _Model(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+class SamplingParams(_Model):
+    """Sampling of one turn. With temperature > 0 every position draws from (seed, position)."""
+
+    max_tokens: int = Field(ge=1, le=32768, description="Tokens to generate at most in this turn.")
+    temperature: float = Field(0.0, ge=0, le=5, description="0 is greedy.")
+    top_p: float = Field(1.0, gt=0, le=1, description="Nucleus sampling mass.")
+    top_k: int = Field(0, ge=0, description="Keep the k most likely tokens; 0 keeps all.")
+    seed: int = Field(0, ge=0, lt=2**63, description="With the absolute position, fixes every draw.")
+    stop: list[str] = Field(default_factory=list, description="Stop when the text contains one of these.")
+    ignore_eos: bool = Field(False, description="Generate exactly max_tokens (trace replays).")
+
+
+class GenerateArgs(_Model):
+    prefix: PrefixRef = Field(description="The context so far, verified by its sha256 before use.")
+    sampling: SamplingParams
+    log_key: str | None = Field(
+        None,
+        min_length=1,
+        description="Log to append the turn to; default prefix.key. Another key forks a new log from prefix.",
+    )
+
+
+class EngineTiming(_Model):
+    """What the engine measured; the checkpoint policy predicts from it."""
+
+    prefill_s: float = Field(ge=0, description="Request sent → first token (includes queueing on the node).")
+    per_token_s: float = Field(ge=0, description="Mean decode latency per token after the first.")
+    queue_s: float = Field(ge=0, description="Time not explained by prefill and decode (storage, waiting).")
+    total_s: float = Field(ge=0, description="Whole activity attempt.")
+
+
+class GenerateResult(_Model):
+    prefix: PrefixRef = Field(description="The context including this turn's tokens.")
+    segment_start: int = Field(0, ge=0, description="Position of this turn's first token in prefix's log.")
+    text: str = Field(description="This turn's tokens, decoded (stop string excluded).")
+    output_tokens: int = Field(ge=0)
+    finish_reason: str = Field(description="'length' (max_tokens or context full) or 'stop' (EOS / stop string).")
+    timing: EngineTiming
+    node_queue: str = Field(description="The node's own queue: send the next turn there (prefix cache).")
+    resumed_tokens: int = Field(0, ge=0, description="Tokens carried over from a previous attempt's heartbeat.")
+    engine_recoveries: list[str] = Field(default_factory=list, description="Takeovers / cold starts during this turn.")
+
+
+class RolloutActivities:
+    """`generate` bound to one rollout node and one object store."""
+
+    def __init__(self, node, store, node_queue: str):
+        self.node = node
+        self.store = store
+        self.node_queue = node_queue
+
+    @functools.cached_property
+    def tokenizer(self):
+        from tokenizers import Tokenizer
+
+        return Tokenizer.from_file(str(self.node.model_dir / "tokenizer.json"))
+
+    @activity.defn(name="generate")
+    async def generate(self, args: GenerateArgs) -> GenerateResult:
+        try:
+            return await self._generate(args)
+        except (ApplicationError, asyncio.CancelledError):
+            raise
+        except Exception as exc:
+            raise translate_error(exc) from exc
+
+    async def _generate(self, args: GenerateArgs) -> GenerateResult:
+        from belayer.storage.tokenlog import TokenLog, encode_tokens, read_prefix
+        from belayer.workers.rollout.protocol import SamplingSpec
+
+        started = time.monotonic()
+        context = await asyncio.to_thread(read_prefix, self.store, args.prefix)  # verifies the sha256
+        log_key = args.log_key or args.prefix.key
+        if log_key == args.prefix.key:
+            log = TokenLog(self.store, log_key, prefix=encode_tokens(context))
+        else:
+            log = await asyncio.to_thread(TokenLog.fork, self.store, args.prefix, log_key)
+        resumed = _heartbeated_tokens()[: args.sampling.max_tokens]
+        sampling = args.sampling
+        spec = SamplingSpec(
+            max_tokens=sampling.max_tokens - len(resumed),
+            temperature=sampling.temperature,
+            top_p=sampling.top_p,
+            top_k=sampling.top_k,
+            seed=sampling.seed,
+            stop=tuple(sampling.stop),
+            ignore_eos=sampling.ignore_eos,
+        )
+        produced = list(resumed)
+        finish_reason, prefill_s, per_token_s, recoveries = "length", 0.0, 0.0, []
+        if spec.max_tokens > 0:
+            handle = await asyncio.to_thread(self.node.submit, context + resumed, spec, _attempt_id())
+            try:
+                completion = await self._await_with_heartbeats(handle, resumed)
+            except asyncio.CancelledError:
+                self.node.cancel(handle.request_id, "activity cancelled")
+                raise
+            produced += completion.token_ids
+            finish_reason, prefill_s = completion.finish_reason, completion.prefill_s
+            per_token_s, recoveries = completion.decode_s_per_token, list(completion.recoveries)
+        head = await asyncio.to_thread(log.append, produced)
+        text = self.tokenizer.decode(produced, skip_special_tokens=True)
+        for stop in sampling.stop:
+            if stop in text:
+                text = text[: text.index(stop)]
+        total = time.monotonic() - started
+        return GenerateResult(
+            prefix=head,
+            segment_start=args.prefix.length,
+            text=text,
+            output_tokens=len(produced),
+            finish_reason=finish_reason,
+            timing=EngineTiming(
+                prefill_s=prefill_s,
+                per_token_s=per_token_s,
+                queue_s=max(0.0, total - prefill_s - per_token_s * len(produced)),
+                total_s=total,
+            ),
+            node_queue=self.node_queue,
+            resumed_tokens=len(resumed),
+            engine_recoveries=recoveries,
+        )
+
+    async def _await_with_heartbeats(self, handle, resumed: list[int]):
+        every = _heartbeat_every()
+        while not handle.done():
+            activity.heartbeat(resumed + handle.tokens_so_far())
+            await asyncio.sleep(every)
+        return handle.result(timeout=0)
+
+
+def _heartbeat_every() -> float:
+    timeout = activity.info().heartbeat_timeout
+    if timeout is None:
+        return MAX_HEARTBEAT_EVERY_S
+    return max(0.05, min(MAX_HEARTBEAT_EVERY_S, timeout.total_seconds() / 2))
+
+
+def _attempt_id() -> str:
+    info = activity.info()
+    return f"{info.workflow_id}/{info.activity_id}/{info.attempt}"
+
+
+def _heartbeated_tokens() -> list[int]:
+    details = activity.info().heartbeat_details
+    if not details:
+        return []
+    tokens = details[-1]
+    return [int(t) for t in tokens] if isinstance(tokens, list) else []
+
+
+def translate_error(exc: BaseException) -> ApplicationError:
+    """The one translator for the rollout side: bad input is final, the rest retries."""
+    from belayer.storage.errors import CorruptObject, StorageError
+    from belayer.workers.rollout.errors import BadRequestError, RolloutError
+
+    if isinstance(exc, BadRequestError):
+        return ApplicationError(str(exc), type="BadRequest", non_retryable=True)
+    if isinstance(exc, CorruptObject):
+        return ApplicationError(
+            f"context reference does not verify: {exc}", type="CorruptPrefix", non_retryable=True
+        )
+    if isinstance(exc, StorageError):
+        return ApplicationError(
+            str(exc), type=type(exc).__name__, non_retryable=not getattr(exc, "retryable", True)
+        )
+    if isinstance(exc, RolloutError):
+        return ApplicationError(str(exc), type=type(exc).__name__, non_retryable=not exc.retryable)
+    return ApplicationError(f"{type(exc).__name__}: {exc}", type=type(exc).__name__)

@@ -1,0 +1,27 @@
+"""`python -m belayer.workers.rollout`: one rollout node (owner, leader, shadow) + its worker."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import sys
+
+from belayer.config import load_config
+
+
+def main() -> int:
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
+    config = load_config()
+    from belayer.workers.rollout.worker import node_task_queue, serve
+
+    print(
+        f"belayer rollout node {config.rollout.node_id}: serving {node_task_queue(config)} "
+        f"and {config.temporal.rollout_task_queue}",
+        flush=True,
+    )
+    asyncio.run(serve(config))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

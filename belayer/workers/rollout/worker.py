@@ -1,0 +1,42 @@
+"""The rollout node worker process: a `RolloutNode` serving `generate` over Temporal.
+
+It listens on the node's own task queue (turn affinity: the next turn of a trajectory
+comes back here and reuses the prefix cache) and on the shared rollout queue (any node
+may take a turn whose node is gone).
+"""
+
+from __future__ import annotations
+
+import logging
+
+from belayer.config import BelayerConfig
+
+log = logging.getLogger("belayer.rollout")
+
+
+def node_task_queue(config: BelayerConfig) -> str:
+    return f"{config.temporal.rollout_task_queue}-{config.rollout.node_id}"
+
+
+async def serve(config: BelayerConfig) -> None:
+    from belayer.activities.generate import RolloutActivities
+    from belayer.model.build import model_path
+    from belayer.storage.store import ObjectStore
+    from belayer.workers.rollout.supervisor import RolloutNode
+    from belayer.workers.runner import run_worker
+
+    model_dir = model_path(config.rollout.model, config.cache_dir)
+    node = RolloutNode(config.rollout, model_dir)
+    node.start(wait_shadow=False)  # serve as soon as the leader is up; the shadow follows
+    try:
+        own_queue = node_task_queue(config)
+        activities = RolloutActivities(node, ObjectStore(config.storage), own_queue)
+        await run_worker(
+            config.temporal,
+            role=f"rollout-{config.rollout.node_id}",
+            task_queues=[own_queue, config.temporal.rollout_task_queue],
+            activities=[activities.generate],
+            max_concurrent_activities=max(1, config.rollout.max_num_seqs),
+        )
+    finally:
+        node.close()
