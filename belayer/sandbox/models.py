@@ -68,6 +68,12 @@ class Observation(_Model):
     def from_supervisor(cls, obs: dict, replayed: bool) -> Observation:
         out = base64.b64decode(obs["stdout"]["b64"])
         err = base64.b64decode(obs["stderr"]["b64"])
+        sha = observation_hash(int(obs["exit_code"]), out, err, bool(obs["timed_out"]))
+        if obs.get("compacted"):
+            # An old journal entry whose output was dropped to make room: its hash stands.
+            sha = obs["sha256"]
+        elif obs.get("sha256") not in (None, sha):
+            raise ValueError("the supervisor's observation hash disagrees with its bytes")
         binary = False
         texts = []
         for raw in (out, err):
@@ -87,9 +93,10 @@ class Observation(_Model):
             duration_s=float(obs["duration_s"]),
             timed_out=bool(obs["timed_out"]),
             shell_respawned=bool(obs["shell_respawned"]),
-            note=str(obs.get("note", "")),
+            note=str(obs.get("note", ""))
+            + ("; output dropped from the journal to make room (hash kept)" if obs.get("compacted") else ""),
             replayed_from_journal=replayed,
-            sha256=observation_hash(int(obs["exit_code"]), out, err, bool(obs["timed_out"])),
+            sha256=sha,
         )
 
 

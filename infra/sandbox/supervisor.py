@@ -49,6 +49,7 @@ from __future__ import annotations
 
 import base64
 import fcntl
+import hashlib
 import json
 import os
 import secrets
@@ -73,6 +74,7 @@ MAX_WAIT_S = 5.0
 # before it is considered stuck itself and replaced.
 SHELL_GRACE_S = 2.0
 SETUP_TRAJECTORY = "__setup__"
+KEEP_FULL_OBSERVATIONS = 32
 
 # The shell's program. {OUT} {ERR} {ST} are the inherited pipe fds; they are moved to
 # 3/4/5. Each action arrives on stdin as a header line "<nonce> <nbytes>" followed by
@@ -102,6 +104,16 @@ def log(msg: str) -> None:
 
 
 # ----------------------------------------------------------------------------- capture
+
+
+def observation_hash(exit_code: int, out_b64: str, err_b64: str, timed_out: bool) -> str:
+    """Same formula as belayer.sandbox.models.observation_hash (kept there for the host)."""
+    out, err = base64.b64decode(out_b64), base64.b64decode(err_b64)
+    h = hashlib.sha256()
+    h.update(json.dumps([exit_code, timed_out, len(out), len(err)]).encode())
+    h.update(out)
+    h.update(err)
+    return h.hexdigest()
 
 
 class Capture:
@@ -409,6 +421,7 @@ class Journal:
         os.makedirs(directory, mode=0o700, exist_ok=True)
         self.path = os.path.join(directory, "journal.jsonl")
         self.entries: dict[tuple[str, int], dict] = {}
+        self.order: dict[tuple[str, int], int] = {}
         self.heads: dict[str, int] = {}
         self.generation = 0
         self.trajectory: str | None = None
@@ -429,14 +442,44 @@ class Journal:
         elif rec.get("type") == "action":
             key = (rec["trajectory"], int(rec["step"]))
             self.entries[key] = rec["observation"]
+            self.order[key] = len(self.order) if key not in self.order else self.order[key]
             self.heads[key[0]] = max(self.heads.get(key[0], 0), key[1])
             if key[0] != SETUP_TRAJECTORY:
                 self.trajectory = key[0]
 
     def append(self, rec: dict) -> None:
         line = (json.dumps(rec, separators=(",", ":")) + "\n").encode()
-        os.write(self.fd, line)
+        try:
+            os.write(self.fd, line)
+        except OSError:
+            # The journal tmpfs is full: keep full observations only for the latest
+            # actions (the ones a retry can ask for), older ones keep exit code and hash.
+            self._compact()
+            os.write(self.fd, line)
         self._apply(rec)
+
+    def _compact(self, keep_full: int = KEEP_FULL_OBSERVATIONS) -> None:
+        latest = sorted(self.entries, key=lambda k: self.order.get(k, 0))[-keep_full:]
+        tmp = self.path + ".tmp"
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        try:
+            os.write(fd, (json.dumps({"type": "generation", "generation": self.generation}) + "\n").encode())
+            for key in sorted(self.entries, key=lambda k: self.order.get(k, 0)):
+                obs = self.entries[key]
+                if key not in latest and not obs.get("compacted"):
+                    obs = dict(obs, stdout={"b64": "", "total": obs["stdout"]["total"], "dropped": 0},
+                               stderr={"b64": "", "total": obs["stderr"]["total"], "dropped": 0},
+                               compacted=True)  # fmt: skip
+                    self.entries[key] = obs
+                rec = {"type": "action", "trajectory": key[0], "step": key[1], "observation": obs}
+                os.write(fd, (json.dumps(rec, separators=(",", ":")) + "\n").encode())
+        finally:
+            os.close(fd)
+        if not LOCAL:
+            os.chown(tmp, GUARD_UID, GUARD_UID)
+        os.replace(tmp, self.path)
+        os.close(self.fd)
+        self.fd = os.open(self.path, os.O_WRONLY | os.O_APPEND)
 
     def head(self, trajectory: str | None) -> int:
         t = trajectory if trajectory is not None else self.trajectory
@@ -561,20 +604,31 @@ class Supervisor:
     def _run_action(self, key, generation, command, timeout, cap) -> None:
         try:
             obs = self._execute(command, timeout, cap)
+        except (RuntimeError, BlockingIOError) as exc:  # no thread / fork: EAGAIN
+            obs = self._failed_observation(
+                f"the action could not run: {exc}; the sandbox's process limit is exhausted "
+                f"({len(list_processes())} processes): kill some, or recover the sandbox"
+            )
         except Exception as exc:  # the journal must still close the action
             obs = self._failed_observation(f"supervisor error: {type(exc).__name__}: {exc}")
         with self.lock:
-            self.journal.append(
-                {"type": "action", "trajectory": key[0], "step": key[1], "generation": generation,
-                 "observation": obs}
-            )
-            self.running = None
-            self.lock.notify_all()
+            try:
+                self.journal.append(
+                    {"type": "action", "trajectory": key[0], "step": key[1], "generation": generation,
+                     "observation": obs}
+                )
+            except OSError as exc:  # still answer the caller; the id is kept in memory
+                obs = dict(obs, note=(obs.get("note", "") + f"; journal write failed: {exc}").lstrip("; "))
+                self.journal._apply({"type": "action", "trajectory": key[0], "step": key[1], "observation": obs})
+            finally:
+                self.running = None
+                self.lock.notify_all()
 
     @staticmethod
     def _failed_observation(note: str) -> dict:
         empty = {"b64": "", "total": 0, "dropped": 0}
-        return {"exit_code": -1, "stdout": empty, "stderr": empty, "duration_s": 0.0,
+        return {"exit_code": -1, "sha256": observation_hash(-1, "", "", False),
+                "stdout": empty, "stderr": empty, "duration_s": 0.0,
                 "timed_out": False, "shell_respawned": False, "note": note}
 
     def _execute(self, command: bytes, timeout: float, cap: int) -> dict:
@@ -624,10 +678,12 @@ class Supervisor:
             exit_code = 124 if timed_out else -1
         shell.out.attach(None)
         shell.err.attach(None)
+        stdout, stderr = out.finish(), err.finish()
         return {
             "exit_code": exit_code,
-            "stdout": out.finish(),
-            "stderr": err.finish(),
+            "sha256": observation_hash(exit_code, stdout["b64"], stderr["b64"], timed_out),
+            "stdout": stdout,
+            "stderr": stderr,
             "duration_s": round(duration, 6),
             "timed_out": timed_out,
             "shell_respawned": respawned,

@@ -161,3 +161,23 @@ def test_binary_and_large_commands(sup):
     big = "echo " + "x" * 200_000
     assert sup.run(2, big).stdout_bytes == 200_001
     assert sup.run(3, "echo é; echo 'multi\nline'").stdout == "é\nmulti\nline\n"
+
+
+def test_journal_compaction_keeps_hashes(tmp_path, monkeypatch):
+    monkeypatch.setenv("BELAYER_SUPERVISOR_LOCAL", "1")
+    mod = load_supervisor_module()
+    j = mod.Journal(str(tmp_path))
+    for step in range(1, 41):
+        out = base64.b64encode(f"out {step}\n".encode()).decode()
+        obs = {"exit_code": 0, "sha256": mod.observation_hash(0, out, "", False), "timed_out": False,
+               "stdout": {"b64": out, "total": 6, "dropped": 0}, "stderr": {"b64": "", "total": 0, "dropped": 0},
+               "duration_s": 0.0, "shell_respawned": False, "note": ""}  # fmt: skip
+        j.append({"type": "action", "trajectory": "t", "step": step, "generation": 0, "observation": obs})
+    full = {k: Observation.from_supervisor(v, replayed=True).sha256 for k, v in j.entries.items()}
+    j._compact(keep_full=5)
+    again = mod.Journal(str(tmp_path))  # what a restarted supervisor would read
+    assert again.head("t") == 40
+    for key, obs in again.entries.items():
+        o = Observation.from_supervisor(obs, replayed=True)
+        assert o.sha256 == full[key]
+        assert bool(obs.get("compacted")) == (key[1] <= 35)
