@@ -47,7 +47,7 @@ def run_logged(host, handle: SandboxHandle, steps: range, log: list[LoggedAction
                                 observation_sha256=obs.sha256))  # fmt: skip
 
 
-@pytest.mark.parametrize("mode", ["none", "checkpoint", "iterated", "leave-running"])
+@pytest.mark.parametrize("mode", ["none", "checkpoint", "iterated", "leave-running", "chained"])
 def test_zdtm_shell_state_and_server_survive(sandboxes, mode):
     host = sandboxes.host
     handle = sandboxes.create()
@@ -60,6 +60,14 @@ def test_zdtm_shell_state_and_server_survive(sandboxes, mode):
         run_logged(host, handle, range(1, 3), log)
         checkpoints.append(host.checkpoint(handle))
         run_logged(host, handle, range(3, n + 1), log)
+    elif mode == "chained":  # restore, then checkpoint the restored sandbox and restore again
+        run_logged(host, handle, range(1, 3), log)
+        first = host.checkpoint(handle)
+        host.kill(handle)
+        handle = host.recover(handle, [first], log).handle
+        run_logged(host, handle, range(3, 4), log)
+        checkpoints.insert(0, host.checkpoint(handle))
+        run_logged(host, handle, range(4, n + 1), log)
     else:  # iterated: a checkpoint after every step from 2 on
         for step in range(1, n + 1):
             run_logged(host, handle, range(step, step + 1), log)
@@ -67,7 +75,7 @@ def test_zdtm_shell_state_and_server_survive(sandboxes, mode):
                 checkpoints.insert(0, host.checkpoint(handle))
     before_hash = host.workspace_hash(handle)
 
-    if mode in ("checkpoint", "iterated"):
+    if mode in ("checkpoint", "iterated", "chained"):
         # The sandbox dies, and everything this host had for it goes: a fresh host.
         host.kill(handle)
         sandboxes.backend.destroy(handle.sandbox_id)
@@ -75,7 +83,7 @@ def test_zdtm_shell_state_and_server_survive(sandboxes, mode):
         assert outcome.consistent, outcome
         assert outcome.consistent_at == n
         assert outcome.source == f"checkpoint@{checkpoints[0].step}"
-        assert outcome.handle.generation == handle.generation + 1
+        assert outcome.handle.generation == handle.generation + 1 == (2 if mode == "chained" else 1)
         assert outcome.replayed_steps == n - checkpoints[0].step
         handle = outcome.handle
 
