@@ -86,6 +86,27 @@ def run_faulted(node, requests, kill_after: int) -> tuple[list[list[int]], _Run]
     return tokens, run
 
 
+def resume_control(node, requests, expected: list[list[int]], at_kill: dict[int, int]) -> bool:
+    """What plain vLLM does when it resumes a request from prompt + generated prefix, with no
+    failure at all: in fp32 this matches the uninterrupted run; in bf16 it may not (KV rebuilt
+    by prefill differs from KV built by decode), which is the yardstick for the takeover."""
+    handles = []
+    for i, (prompt, spec) in enumerate(requests):
+        k = min(at_kill.get(i, 0), spec.max_tokens - 1)
+        rest = SamplingSpec(**{**spec.__dict__, "max_tokens": spec.max_tokens - k})
+        handles.append((k, node.submit(prompt + expected[i][:k], rest)))
+    return all(h.result(3600).token_ids == expected[i][k:] for i, (k, h) in enumerate(handles))
+
+
+def _first_divergence(expected: list[list[int]], got: list[list[int]]) -> list[int | None]:
+    """Per request, the first position where the tokens differ (None when identical)."""
+    out = []
+    for a, b in zip(expected, got):
+        diff = next((j for j, (x, y) in enumerate(zip(a, b)) if x != y), None)
+        out.append(diff if diff is not None or len(a) == len(b) else min(len(a), len(b)))
+    return out
+
+
 def _caught_up_s(run: _Run, event) -> float:
     # A request with 0 tokens at the kill is "caught up" once serving resumes.
     times = [run.caught_up_at.get(i, event.ready_at) for i in run.at_kill] or [event.ready_at]
@@ -118,6 +139,9 @@ def measure_recovery(config: RolloutConfig, model_dir, requests: int, prompt_tok
         cold = node.recoveries[before]
         node.wait_shadow_ready()
 
+        say("control: plain resume from prompt + prefix, no failure")
+        control = resume_control(node, work, expected, run_t.at_kill)
+
         takeover_ready = takeover.ready_at - run_t.killed_at
         cold_ready = cold.ready_at - run_c.killed_at
         takeover_caught = _caught_up_s(run_t, takeover)
@@ -141,6 +165,8 @@ def measure_recovery(config: RolloutConfig, model_dir, requests: int, prompt_tok
             "tokens_identical": got_takeover == expected and got_cold == expected,
             "takeover_tokens_identical": got_takeover == expected,
             "cold_start_tokens_identical": got_cold == expected,
+            "control_resume_identical": control,
+            "first_divergence": _first_divergence(expected, got_takeover),
             "recovery_kinds": [takeover.kind, cold.kind],
             "phases": {
                 "takeover": {k: round(v, 4) for k, v in takeover.phases.items()},

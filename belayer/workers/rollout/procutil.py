@@ -10,7 +10,11 @@ PR_SET_PDEATHSIG = 1
 
 
 def die_with_parent() -> None:
-    """Ask the kernel to SIGKILL this child when the supervisor dies: nothing is left behind."""
+    """Ask the kernel to SIGKILL this child when the supervisor dies: nothing is left behind.
+
+    Also points the child's stdout at stderr: vLLM logs to stdout, and the supervisor's
+    stdout belongs to its caller (e.g. `belayer bench ... --json`)."""
+    os.dup2(2, 1)
     libc = ctypes.CDLL(None, use_errno=True)
     libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
     if os.getppid() == 1:  # the parent died before prctl took effect
