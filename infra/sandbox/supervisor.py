@@ -85,7 +85,7 @@ exec 3>&{OUT} 4>&{ERR} 5>&{ST} {OUT}>&- {ERR}>&- {ST}>&-
 while IFS= read -r __belayer_hdr; do
   __belayer_nonce=${__belayer_hdr%% *}
   LC_ALL=C IFS= read -r -N "${__belayer_hdr#* }" __belayer_cmd
-  eval "$__belayer_cmd" </dev/null >&3 2>&4
+  eval "$__belayer_cmd" </dev/null >&3 2>&4 3>&- 4>&- 5>&-
   __belayer_rc=$?
   printf '\036%s\036' "$__belayer_nonce" >&3
   printf '\036%s\036' "$__belayer_nonce" >&4
