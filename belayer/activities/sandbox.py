@@ -46,6 +46,11 @@ class _Model(BaseModel):
 
 class CreateSandboxArgs(_Model):
     spec: SandboxSpec = Field(default_factory=SandboxSpec, description="Setup commands and labels.")
+    sandbox_id: str | None = Field(
+        None, pattern=r"^sbx-[0-9a-z-]{4,40}$",
+        description="Lineage id chosen by the workflow (workflow.uuid4()) so a retried create replaces "
+        "its own earlier attempt instead of leaking it; default: a fresh one.",
+    )
 
 
 class CreateSandboxResult(_Model):
@@ -162,7 +167,7 @@ class SandboxActivities:
     @activity.defn(name="sandbox.create")
     @_translated
     async def create(self, args: CreateSandboxArgs) -> CreateSandboxResult:
-        return CreateSandboxResult(handle=await _blocking(self.host.create, args.spec))
+        return CreateSandboxResult(handle=await _blocking(self.host.create, args.spec, sandbox_id=args.sandbox_id))
 
     @activity.defn(name="sandbox.exec")
     @_translated

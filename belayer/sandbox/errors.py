@@ -34,6 +34,10 @@ class StaleGeneration(SandboxError):
     """The handle's generation is not the sandbox's: a restore superseded it."""
 
 
+class SetupFailed(SandboxError):
+    """A task setup command exited non-zero; the message carries its output."""
+
+
 class SupervisorRefused(SandboxError):
     """The supervisor refused a malformed or out-of-order request."""
 

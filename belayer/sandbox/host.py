@@ -32,6 +32,7 @@ from belayer.sandbox.errors import (
     RestoreFailed,
     RuntimeUnavailable,
     SandboxError,
+    SetupFailed,
     StaleGeneration,
 )
 from belayer.sandbox.models import (
@@ -135,9 +136,16 @@ class SandboxHost:
 
     # ------------------------------------------------------------------ create / destroy
     def create(self, spec: SandboxSpec, sandbox_id: str | None = None, generation: int = 0) -> SandboxHandle:
-        """A fresh sandbox from the base image, the task's setup commands already run."""
+        """A fresh sandbox from the base image, the task's setup commands already run.
+
+        With an explicit `sandbox_id` (e.g. from the workflow, so a retried create is
+        idempotent) any container left by an earlier attempt is removed first.
+        """
+        explicit = sandbox_id is not None
         sandbox_id = sandbox_id or f"sbx-{uuid.uuid4().hex[:12]}"
         with self._lock(sandbox_id):
+            if explicit:
+                self.backend.fence(sandbox_id)
             container = self.backend.create(sandbox_id, generation, spec.labels)
             try:
                 info = channel.wait_ready(self._sock(sandbox_id), self.cfg.start_timeout_s)
@@ -147,7 +155,7 @@ class SandboxHost:
                 for i, command in enumerate(spec.setup_commands, start=1):
                     obs = self._run(sandbox_id, SETUP_TRAJECTORY, i, generation, command, None)
                     if obs.exit_code != 0:
-                        raise SandboxError(
+                        raise SetupFailed(
                             f"setup command {i} of sandbox {sandbox_id} failed (exit {obs.exit_code}): "
                             f"{obs.stderr[-2000:] or obs.stdout[-2000:]}"
                         )
