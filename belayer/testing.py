@@ -1,0 +1,71 @@
+"""Test helpers for users' own tests: a scripted rollout engine.
+
+`ScriptedRollout` serves the same `generate` activity contract as a real rollout node
+(context by reference in, context by reference out, heartbeated tokens), without vLLM:
+token ids are drawn from (seed, absolute position), so runs are reproducible and a
+retried turn produces the same tokens, like the real node's sampler. For model tasks a
+script of replies (text per turn) stands in for the model.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import functools
+import hashlib
+import time
+from pathlib import Path
+
+from temporalio import activity
+
+from belayer.activities.generate import EngineTiming, GenerateArgs, GenerateResult
+
+
+class ScriptedRollout:
+    """A stand-in rollout node: deterministic tokens, optional scripted replies."""
+
+    def __init__(self, store, tokenizer_path: Path, *, replies: list[str] | None = None,
+                 per_token_s: float = 0.0, node_queue: str = "scripted-rollout"):
+        self.store = store
+        self.tokenizer_path = tokenizer_path
+        self.replies = list(replies or [])
+        self.per_token_s = per_token_s
+        self.node_queue = node_queue
+        self.calls = 0
+
+    @functools.cached_property
+    def tokenizer(self):
+        from tokenizers import Tokenizer
+
+        return Tokenizer.from_file(str(self.tokenizer_path))
+
+    @activity.defn(name="generate")
+    async def generate(self, args: GenerateArgs) -> GenerateResult:
+        from belayer.storage.tokenlog import TokenLog
+
+        started = time.monotonic()
+        log = await asyncio.to_thread(TokenLog.resume, self.store, args.prefix)
+        turn = self.calls
+        self.calls += 1
+        if turn < len(self.replies):
+            tokens = self.tokenizer.encode(self.replies[turn], add_special_tokens=False).ids
+            tokens = tokens[: args.sampling.max_tokens]
+        else:
+            vocab = self.tokenizer.get_vocab_size()
+            tokens = [_token_at(args.sampling.seed, args.prefix.length + i, vocab)
+                      for i in range(args.sampling.max_tokens)]
+        if self.per_token_s:
+            await asyncio.sleep(self.per_token_s * len(tokens))
+        activity.heartbeat(tokens)
+        head = await asyncio.to_thread(log.append, tokens)
+        total = time.monotonic() - started
+        return GenerateResult(
+            prefix=head, text=self.tokenizer.decode(tokens, skip_special_tokens=True),
+            output_tokens=len(tokens), finish_reason="length",
+            timing=EngineTiming(prefill_s=0.0, per_token_s=self.per_token_s, queue_s=0.0, total_s=total),
+            node_queue=self.node_queue,
+        )
+
+
+def _token_at(seed: int, position: int, vocab: int) -> int:
+    digest = hashlib.blake2b(f"{seed}:{position}".encode(), digest_size=4).digest()
+    return int.from_bytes(digest, "little") % vocab

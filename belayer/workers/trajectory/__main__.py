@@ -1,0 +1,43 @@
+"""`python -m belayer.workers.trajectory`: the workflow worker.
+
+Serves `TrajectoryWorkflow` and the context (tokenizer) activities on the workflow task
+queue. Deterministic workflow code only runs here; every side effect is an activity.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import sys
+
+from belayer.config import BelayerConfig, load_config
+
+
+async def serve(config: BelayerConfig) -> None:
+    from belayer.activities.context import ContextActivities
+    from belayer.model.build import model_path
+    from belayer.storage.store import ObjectStore
+    from belayer.workers.runner import run_worker
+    from belayer.workflows.trajectory import TrajectoryWorkflow
+
+    tokenizer = model_path(config.rollout.model, config.cache_dir) / "tokenizer.json"
+    context = ContextActivities(ObjectStore(config.storage), tokenizer)
+    await run_worker(
+        config.temporal,
+        role="trajectory",
+        task_queues=[config.temporal.workflow_task_queue],
+        workflows=[TrajectoryWorkflow],
+        activities=[context.start_context, context.append_observation],
+    )
+
+
+def main() -> int:
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
+    config = load_config()
+    print(f"belayer trajectory worker: serving {config.temporal.workflow_task_queue}", flush=True)
+    asyncio.run(serve(config))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,498 @@
+"""`TrajectoryWorkflow`: the deterministic turn loop of one agent trajectory.
+
+generate (rollout queue) -> action -> exec (the sandbox's host queue) -> observation
+appended to the context -> next turn. A checkpoint chosen by the policy runs beside the
+next generation; the next action waits for it. A sandbox failure triggers `recover`
+from the latest checkpoint with replay-verify; a mismatch cuts the context. Engine
+failures never reach this code (the node takes over) or arrive as activity retries.
+
+Workflow code only: no I/O, clocks or randomness outside Temporal's APIs.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from datetime import timedelta
+
+from temporalio import workflow
+from temporalio.common import RetryPolicy, SearchAttributeKey
+from temporalio.exceptions import ActivityError, ApplicationError
+
+with workflow.unsafe.imports_passed_through():
+    from belayer.activities.context import (
+        AppendObservationArgs,
+        ContextResult,
+        StartContextArgs,
+    )
+    from belayer.activities.generate import GenerateArgs, GenerateResult, SamplingParams
+    from belayer.activities.sandbox import (
+        CheckpointArgs,
+        CheckpointResult,
+        CreateSandboxArgs,
+        CreateSandboxResult,
+        DestroyArgs,
+        ExecArgs,
+        ExecResult,
+        RecoverArgs,
+        RecoverResult,
+        WorkspaceHashArgs,
+        WorkspaceHashResult,
+    )
+    from belayer.policy.adaptive import CheckpointSample, GenerationSample
+    from belayer.sandbox.models import Action, LoggedAction, Observation, SandboxSpec
+    from belayer.workflows.actions import malformed_observation, parse_action
+    from belayer.workflows.models import (
+        RecoveryRecord,
+        StepRecord,
+        TrajectoryInput,
+        TrajectoryProgress,
+        TrajectoryResult,
+        TrajectoryState,
+        TrajectoryStatus,
+    )
+    from belayer.workloads.models import ModelTask, TraceTask
+
+TASK_KEY = SearchAttributeKey.for_keyword("BelayerTask")
+STATUS_KEY = SearchAttributeKey.for_keyword("BelayerStatus")
+
+# Sandbox failures that `recover` repairs. Anything else from a sandbox is a bug or a
+# hostile input and is reported, not papered over.
+SANDBOX_LOST = {"SandboxNotFound", "SandboxUnreachable", "StaleGeneration", "JournalMismatch"}
+CHECKPOINTS_KEPT = 3
+
+SANDBOX_RETRY = RetryPolicy(
+    initial_interval=timedelta(seconds=1), maximum_attempts=3,
+    non_retryable_error_types=sorted(SANDBOX_LOST),
+)
+ENGINE_RETRY = RetryPolicy(initial_interval=timedelta(seconds=1), maximum_attempts=6)
+STORAGE_RETRY = RetryPolicy(initial_interval=timedelta(seconds=1), maximum_attempts=5)
+HOST_SCHEDULE_TO_START = timedelta(seconds=30)
+
+
+class InfraFailure(Exception):
+    """The trajectory cannot continue for an infrastructure reason."""
+
+
+@workflow.defn(name="TrajectoryWorkflow")
+class TrajectoryWorkflow:
+    @workflow.init
+    def __init__(self, input: TrajectoryInput) -> None:
+        self.input = input
+        self.state = input.carried or TrajectoryState(policy={"config": input.policy})
+        self.status: TrajectoryStatus = "running"
+        self.pending_checkpoint: asyncio.Task | None = None
+        self.first_step_of_run = self.state.step
+
+    # ---------------------------------------------------------------- queries
+
+    @workflow.query(name="progress")
+    def progress(self) -> TrajectoryProgress:
+        state = self.state
+        return TrajectoryProgress(
+            trajectory_id=self.input.trajectory_id,
+            task=self.input.task.id,
+            status=self.status,
+            step=state.step,
+            tokens=state.context.length if state.context else 0,
+            checkpoints_taken=sum(1 for d in state.policy.decisions if d.checkpointed),
+            latest_checkpoint_step=state.checkpoints[0].step if state.checkpoints else None,
+            recoveries=state.recoveries,
+            recent_decisions=state.policy.decisions[-20:],
+            predictor_error=state.policy.predictor_error(),
+            sandbox=state.sandbox,
+        )
+
+    # ---------------------------------------------------------------- main loop
+
+    @workflow.run
+    async def run(self, input: TrajectoryInput) -> TrajectoryResult:
+        self._set_status("running")
+        try:
+            if self.state.sandbox is None:
+                await self._start()
+            while not self._finished():
+                if self._should_continue_as_new():
+                    await self._settle_checkpoint()
+                    self._continue_as_new()
+                await self._turn()
+            await self._settle_checkpoint()
+            return await self._finish()
+        except InfraFailure as failure:
+            return await self._fail_infra(str(failure))
+
+    async def _start(self) -> None:
+        task = self.input.task
+        created = await self._sandbox_activity(
+            "sandbox.create", CreateSandboxArgs(spec=SandboxSpec(setup_commands=task.setup)),
+            CreateSandboxResult, queue=self.input.queues.sandbox,
+            summary=f"create sandbox for {task.id} ({len(task.setup)} setup commands)",
+        )
+        self.state.sandbox = created.handle
+        instruction = task.instruction if isinstance(task, ModelTask) else f"replay trace {task.id}"
+        started = await self._context_activity(
+            "start_context",
+            StartContextArgs(log_key=self._log_key(), instruction=instruction),
+            summary="tokenize the prompt into a new token log",
+        )
+        self.state.context = started.prefix
+
+    def _finished(self) -> bool:
+        task, state = self.input.task, self.state
+        if state.stopped:
+            return True
+        if state.context and state.context.length >= self.input.max_total_tokens:
+            return True
+        if isinstance(task, TraceTask):
+            return state.turn >= len(task.turns)
+        return state.turn >= task.max_turns
+
+    async def _turn(self) -> None:
+        generation = await self._generate()
+        await self._settle_checkpoint()
+        command = self._action_from(generation)
+        if command is None:
+            self.state.stopped = True
+            return
+        self.state.step += 1
+        self.state.turn += 1
+        step_record, observation = await self._act(command, generation.prefix)
+        self.state.steps.append(step_record)
+        self.state.policy.observe_action(observation.duration_s)
+        self._maybe_checkpoint(step_record.context_after_action)
+        await self._append_observation(observation)
+
+    def _action_from(self, generation: GenerateResult) -> str | None:
+        task = self.input.task
+        if isinstance(task, TraceTask):
+            return task.turns[self.state.turn].bash
+        parsed = parse_action(generation.text)
+        if parsed.kind == "stop":
+            return None
+        if parsed.kind == "malformed":
+            # A policy outcome: the model sees what was wrong, through a harmless action.
+            return "printf '%s\\n' " + _shell_quote(malformed_observation(parsed))
+        return parsed.command
+
+    # ---------------------------------------------------------------- generation
+
+    async def _generate(self) -> GenerateResult:
+        task = self.input.task
+        if isinstance(task, TraceTask):
+            max_tokens, ignore_eos = task.turns[self.state.turn].think_tokens, True
+        else:
+            max_tokens, ignore_eos = task.max_tokens_per_turn, False
+        budget = self.input.max_total_tokens - self.state.context.length
+        args = GenerateArgs(
+            prefix=self.state.context,
+            sampling=SamplingParams(
+                max_tokens=max(1, min(max_tokens, budget)),
+                temperature=self.input.sampling.temperature,
+                seed=self.input.sampling.seed + self.state.generations,
+                ignore_eos=ignore_eos,
+            ),
+            log_key=self.state.context.key,
+        )
+        try:
+            result = await workflow.execute_activity(
+                "generate", args, result_type=GenerateResult,
+                task_queue=self.input.queues.rollout,
+                start_to_close_timeout=timedelta(minutes=30),
+                heartbeat_timeout=timedelta(seconds=30),
+                retry_policy=ENGINE_RETRY,
+                summary=f"turn {self.state.turn + 1}: generate up to {args.sampling.max_tokens} tokens",
+            )
+        except ActivityError as err:
+            raise InfraFailure(f"generation failed after retries: {_cause(err)}") from None
+        self.state.generations += 1
+        self.state.context = result.prefix
+        self.state.policy.observe_generation(
+            GenerationSample(
+                output_tokens=result.output_tokens,
+                per_token_s=result.timing.per_token_s,
+                queue_s=result.timing.queue_s,
+                total_s=result.timing.total_s,
+            )
+        )
+        return result
+
+    # ---------------------------------------------------------------- actions and recovery
+
+    async def _act(self, command: str, context_after_action) -> tuple[StepRecord, Observation]:
+        action = Action(trajectory=self.input.trajectory_id, step=self.state.step, command=command)
+        while True:
+            try:
+                executed = await self._sandbox_activity(
+                    "sandbox.exec", ExecArgs(handle=self.state.sandbox, action=action), ExecResult,
+                    queue=self.state.sandbox.host_queue, on_host=True,
+                    summary=f"step {action.step}: {_first_line(command)}",
+                )
+                observation = executed.observation
+                break
+            except SandboxLost as lost:
+                cut = await self._recover(lost.reason)
+                if cut is not None:
+                    return cut
+        record = StepRecord(
+            step=action.step, command=command, observation_sha256=observation.sha256,
+            exit_code=observation.exit_code, context_after_action=context_after_action,
+        )
+        return record, observation
+
+    async def _recover(self, reason: str) -> tuple[StepRecord, Observation] | None:
+        """Restore the sandbox and replay-verify; returns the cut step when the context must be cut."""
+        if len(self.state.recoveries) >= self.input.max_recoveries:
+            raise InfraFailure(f"sandbox lost again after {self.input.max_recoveries} recoveries: {reason}")
+        await self._settle_checkpoint()
+        started = workflow.now()
+        logged = [
+            LoggedAction(trajectory=self.input.trajectory_id, step=s.step, command=s.command,
+                         observation_sha256=s.observation_sha256)
+            for s in self.state.steps
+        ]
+        outcome = (await self._sandbox_activity(
+            "sandbox.recover",
+            RecoverArgs(handle=self.state.sandbox, checkpoints=self.state.checkpoints, actions=logged,
+                        spec=SandboxSpec(setup_commands=self.input.task.setup)),
+            RecoverResult, queue=self.input.queues.sandbox,
+            summary=f"recover sandbox at step {self.state.step}: {reason[:80]}",
+        )).outcome
+        self.state.sandbox = outcome.handle
+        record = RecoveryRecord(
+            kind="sandbox", step=self.state.step, reason=reason, source=outcome.source,
+            replayed_steps=outcome.replayed_steps, consistent=outcome.consistent,
+            time_lost_s=0.0,
+        )
+        cut = None
+        if not outcome.consistent and outcome.mismatch_step is not None:
+            cut = self._cut_context(outcome.mismatch_step, outcome.mismatch_observation, record)
+        record.time_lost_s = (workflow.now() - started).total_seconds()
+        self.state.recoveries.append(record)
+        return cut
+
+    def _cut_context(self, step: int, observation: Observation, record: RecoveryRecord):
+        """Cut after action `step`: its new observation replaces the logged one, later steps go."""
+        kept = [s for s in self.state.steps if s.step < step]
+        at = next(s for s in self.state.steps if s.step == step)
+        record.cut_after_step = step
+        record.tokens_discarded = self.state.context.length - at.context_after_action.length
+        self.state.steps = kept
+        self.state.step = step
+        self.state.turn = step
+        self.state.context = at.context_after_action
+        self.state.log_generation += 1
+        new_record = at.model_copy(update={
+            "observation_sha256": observation.sha256, "exit_code": observation.exit_code,
+        })
+        return new_record, observation
+
+    # ---------------------------------------------------------------- checkpoints
+
+    def _maybe_checkpoint(self, context) -> None:
+        sandbox_mb = self.state.checkpoints[0].archive_bytes / 2**20 if self.state.checkpoints else 0.0
+        next_tokens = self._expected_next_output()
+        decision = self.state.policy.decide(self.state.step, sandbox_mb, next_tokens)
+        if not decision.checkpointed:
+            return
+        args = CheckpointArgs(
+            handle=self.state.sandbox, token_prefix_len=context.length,
+            token_prefix_sha256=context.sha256,
+        )
+        self.pending_checkpoint = asyncio.ensure_future(self._checkpoint(args, workflow.now()))
+
+    async def _checkpoint(self, args: CheckpointArgs, started):
+        result = await self._sandbox_activity(
+            "sandbox.checkpoint", args, CheckpointResult,
+            queue=args.handle.host_queue, on_host=True,
+            summary=f"checkpoint after step {self.state.step}",
+        )
+        return result.checkpoint, (workflow.now() - started).total_seconds()
+
+    async def _settle_checkpoint(self) -> None:
+        """Wait for the checkpoint in flight (if any) and account for it."""
+        if self.pending_checkpoint is None:
+            return
+        task, self.pending_checkpoint = self.pending_checkpoint, None
+        waited_from = workflow.now()
+        try:
+            checkpoint, duration = await task
+        except (SandboxLost, InfraFailure, ActivityError):
+            self.state.policy.observe_checkpoint_failed()
+            return
+        wait = (workflow.now() - waited_from).total_seconds()
+        self.state.checkpoints = [checkpoint, *self.state.checkpoints][:CHECKPOINTS_KEPT]
+        self.state.policy.observe_checkpoint(
+            CheckpointSample(duration_s=duration, size_mb=checkpoint.archive_bytes / 2**20), wait_s=wait
+        )
+
+    def _expected_next_output(self) -> int | None:
+        task = self.input.task
+        if isinstance(task, TraceTask) and self.state.turn < len(task.turns):
+            return task.turns[self.state.turn].think_tokens
+        return None
+
+    # ---------------------------------------------------------------- context
+
+    async def _append_observation(self, observation: Observation) -> None:
+        fork_to = None
+        if self.state.log_generation and not self.state.context.key.endswith(f"/v{self.state.log_generation}"):
+            fork_to = self._log_key()
+        result = await self._context_activity(
+            "append_observation",
+            AppendObservationArgs(prefix=self.state.context, text=_observation_text(observation),
+                                  fork_to=fork_to),
+            summary=f"step {self.state.step}: append observation (exit {observation.exit_code})",
+        )
+        self.state.context = result.prefix
+
+    def _log_key(self) -> str:
+        return f"trajectories/{self.input.trajectory_id}/tokens/v{self.state.log_generation}"
+
+    # ---------------------------------------------------------------- the end
+
+    async def _finish(self) -> TrajectoryResult:
+        reward = await self._reward()
+        env_hash = await self._workspace_hash()
+        await self._destroy()
+        status: TrajectoryStatus = "completed" if reward == 1.0 else "failed_policy"
+        self._set_status(status)
+        return self._result(status, reward=reward, env_sha256=env_hash)
+
+    async def _reward(self) -> float:
+        check = self.input.task.check
+        if not check:
+            return 1.0
+        # The check is the trajectory's last action: the sandbox serves one trajectory,
+        # and its journal makes a retried check return the same verdict.
+        action = Action(trajectory=self.input.trajectory_id, step=self.state.step + 1, command=check)
+        while True:
+            try:
+                executed = await self._sandbox_activity(
+                    "sandbox.exec", ExecArgs(handle=self.state.sandbox, action=action), ExecResult,
+                    queue=self.state.sandbox.host_queue, on_host=True, summary=f"check: {_first_line(check)}",
+                )
+                return 1.0 if executed.observation.exit_code == 0 else 0.0
+            except SandboxLost as lost:
+                await self._recover(lost.reason)
+
+    async def _workspace_hash(self) -> str:
+        while True:
+            try:
+                hashed = await self._sandbox_activity(
+                    "sandbox.workspace_hash", WorkspaceHashArgs(handle=self.state.sandbox),
+                    WorkspaceHashResult, queue=self.state.sandbox.host_queue, on_host=True,
+                    summary="hash /workspace",
+                )
+                return hashed.sha256
+            except SandboxLost as lost:
+                await self._recover(lost.reason)
+
+    async def _destroy(self) -> None:
+        if self.state.sandbox is None:
+            return
+        try:
+            await self._sandbox_activity(
+                "sandbox.destroy", DestroyArgs(handle=self.state.sandbox, delete_checkpoints=True),
+                None, queue=self.state.sandbox.host_queue, on_host=True, summary="destroy sandbox",
+            )
+        except (SandboxLost, InfraFailure):
+            pass  # the sandbox is gone already; its checkpoints expire with the bucket's lifecycle
+
+    async def _fail_infra(self, reason: str) -> TrajectoryResult:
+        if self.pending_checkpoint is not None:
+            self.pending_checkpoint.cancel()
+        await self._destroy()
+        self._set_status("failed_infra")
+        return self._result("failed_infra", reason=reason, reward=None, env_sha256=None)
+
+    def _result(self, status: TrajectoryStatus, *, reward, env_sha256, reason: str = "") -> TrajectoryResult:
+        state = self.state
+        return TrajectoryResult(
+            trajectory_id=self.input.trajectory_id, task=self.input.task.id, status=status,
+            reason=reason, turns=state.step, tokens=state.context.length if state.context else 0,
+            reward=reward, token_sha256=state.context.sha256 if state.context else None,
+            env_sha256=env_sha256, recoveries=state.recoveries,
+            checkpoints=sum(1 for d in state.policy.decisions if d.checkpointed),
+            decisions=state.policy.decisions,
+        )
+
+    # ---------------------------------------------------------------- plumbing
+
+    def _set_status(self, status: TrajectoryStatus) -> None:
+        self.status = status
+        workflow.upsert_search_attributes([
+            TASK_KEY.value_set(self.input.task.id), STATUS_KEY.value_set(status),
+        ])
+
+    def _should_continue_as_new(self) -> bool:
+        steps_this_run = self.state.step - self.first_step_of_run
+        return steps_this_run >= self.input.continue_as_new_every or workflow.info().is_continue_as_new_suggested()
+
+    def _continue_as_new(self) -> None:
+        carried = self.state.model_copy(update={"runs": self.state.runs + 1})
+        workflow.continue_as_new(self.input.model_copy(update={"carried": carried}))
+
+    async def _sandbox_activity(self, name, args, result_type, *, queue, summary, on_host=False):
+        """A sandbox activity; a lost sandbox or dead host surfaces as `SandboxLost`."""
+        try:
+            return await workflow.execute_activity(
+                name, args, result_type=result_type, task_queue=queue,
+                start_to_close_timeout=timedelta(minutes=10),
+                schedule_to_start_timeout=HOST_SCHEDULE_TO_START if on_host else None,
+                heartbeat_timeout=timedelta(seconds=30),
+                retry_policy=SANDBOX_RETRY, summary=summary,
+            )
+        except ActivityError as err:
+            kind = _error_type(err)
+            if kind in SANDBOX_LOST or (on_host and (kind == "PodmanFailed" or _timed_out(err))):
+                raise SandboxLost(f"{kind or 'host timeout'}: {_cause(err)}") from None
+            raise InfraFailure(f"{name} failed: {_cause(err)}") from None
+
+    async def _context_activity(self, name, args, *, summary) -> ContextResult:
+        try:
+            return await workflow.execute_activity(
+                name, args, result_type=ContextResult, task_queue=self.input.queues.context,
+                start_to_close_timeout=timedelta(minutes=2), retry_policy=STORAGE_RETRY, summary=summary,
+            )
+        except ActivityError as err:
+            raise InfraFailure(f"{name} failed: {_cause(err)}") from None
+
+
+class SandboxLost(Exception):
+    """The sandbox or its host is gone; `recover` brings it back."""
+
+    def __init__(self, reason: str):
+        super().__init__(reason)
+        self.reason = reason
+
+
+def _error_type(err: ActivityError) -> str | None:
+    cause = err.cause
+    return cause.type if isinstance(cause, ApplicationError) else None
+
+
+def _timed_out(err: ActivityError) -> bool:
+    from temporalio.exceptions import TimeoutError as TemporalTimeout
+
+    return isinstance(err.cause, TemporalTimeout)
+
+
+def _cause(err: ActivityError) -> str:
+    cause = err.cause
+    return f"{type(cause).__name__}: {cause}" if cause else str(err)
+
+
+def _first_line(text: str, limit: int = 60) -> str:
+    line = text.strip().splitlines()[0] if text.strip() else ""
+    return line if len(line) <= limit else line[: limit - 1] + "…"
+
+
+def _shell_quote(text: str) -> str:
+    return "'" + text.replace("'", "'\\''") + "'"
+
+
+def _observation_text(observation: Observation) -> str:
+    parts = [observation.stdout]
+    if observation.stderr:
+        parts.append(observation.stderr)
+    parts.append(f"[exit {observation.exit_code}]")
+    return "\n".join(p for p in parts if p)

@@ -1,0 +1,77 @@
+"""A real trajectory stack in-process: Temporal dev server, SeaweedFS, podman sandboxes.
+
+Generation is the scripted rollout (belayer.testing) unless a test asks for the real
+engine, so the workflow's own behaviour is tested in seconds. Every worker, sandbox,
+and object a test starts is stopped or removed afterwards.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import uuid
+from dataclasses import dataclass
+
+import pytest
+from temporalio.client import Client
+from temporalio.worker import Worker
+
+from belayer.activities.context import ContextActivities
+from belayer.activities.sandbox import SandboxActivities
+from belayer.model.build import model_path
+from belayer.storage.store import ObjectStore
+from belayer.temporal_client import connect
+from belayer.testing import ScriptedRollout
+from belayer.workflows.models import TaskQueues
+from belayer.workflows.trajectory import TrajectoryWorkflow
+from tests.sandbox.conftest import make_sandboxes, sandbox_runtime  # noqa: F401  (fixture)
+
+
+@pytest.fixture(scope="session")
+def tokenizer_path(tmp_path_factory):
+    return model_path("tiny") / "tokenizer.json"
+
+
+@dataclass
+class TrajectoryStack:
+    client: Client
+    queues: TaskQueues
+    store: ObjectStore
+    sandboxes: object
+    rollout: ScriptedRollout
+
+
+@contextlib.asynccontextmanager
+async def trajectory_stack(stack_config, storage_config, tokenizer_path, *, replies=None,
+                           per_token_s=0.001):
+    token = uuid.uuid4().hex[:8]
+    queues = TaskQueues(rollout=f"rollout-{token}", sandbox=f"sandbox-{token}", context=f"wf-{token}")
+    client = await connect(stack_config.temporal)
+    store = ObjectStore(storage_config)
+    boxes = make_sandboxes(storage_config)
+    boxes.host.host_queue = f"sandbox-host-{token}"
+    rollout = ScriptedRollout(store, tokenizer_path, replies=replies, per_token_s=per_token_s)
+    context = ContextActivities(store, tokenizer_path)
+    sandbox_activities = SandboxActivities(boxes.host)
+    workers = [
+        Worker(client, task_queue=queues.context, workflows=[TrajectoryWorkflow],
+               activities=[context.start_context, context.append_observation]),
+        Worker(client, task_queue=queues.rollout, activities=[rollout.generate]),
+        Worker(client, task_queue=queues.sandbox, activities=sandbox_activities.all()),
+        Worker(client, task_queue=boxes.host.host_queue, activities=sandbox_activities.all()),
+    ]
+    runs = [asyncio.create_task(w.run()) for w in workers]
+    try:
+        yield TrajectoryStack(client, queues, store, boxes, rollout)
+    finally:
+        await asyncio.gather(*(w.shutdown() for w in workers), return_exceptions=True)
+        await asyncio.gather(*runs, return_exceptions=True)
+        leaked = await asyncio.to_thread(boxes.cleanup)
+        store.close()
+        assert not leaked, f"test leaked: {leaked}"
+
+
+@pytest.fixture
+async def stack(temporal_server, seaweedfs, sandbox_runtime, stack_config, storage_config, tokenizer_path):
+    async with trajectory_stack(stack_config, storage_config, tokenizer_path) as built:
+        yield built

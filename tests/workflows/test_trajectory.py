@@ -1,0 +1,94 @@
+"""TrajectoryWorkflow on the real stack (Temporal, SeaweedFS, podman + CRIU), scripted engine."""
+
+from __future__ import annotations
+
+import asyncio
+import uuid
+
+import pytest
+
+from belayer.policy.config import PolicyConfig
+from belayer.workflows.models import TrajectoryInput, TrajectoryProgress, TrajectoryResult
+from belayer.workloads.models import TraceTask, TraceTurn
+
+pytestmark = [pytest.mark.stack, pytest.mark.sandbox]
+
+STATEFUL_TRACE = TraceTask(
+    id="stateful",
+    setup=["mkdir -p /workspace/w"],
+    turns=[
+        TraceTurn(think_tokens=8, bash="cd /workspace/w && export MARK=kept && pwd"),
+        TraceTurn(think_tokens=8, bash="seq 1 200 > numbers.txt && wc -l numbers.txt"),
+        TraceTurn(think_tokens=8, bash="nohup python3 -m http.server 8766 --bind 127.0.0.1 >/dev/null 2>&1 & sleep 1; echo up"),
+        TraceTurn(think_tokens=8, bash="echo $MARK $(pwd) && sha256sum numbers.txt | cut -c1-16"),
+        TraceTurn(think_tokens=8, bash="python3 -c \"import urllib.request as u; print(len(u.urlopen('http://127.0.0.1:8766/numbers.txt').read()))\""),
+        TraceTurn(think_tokens=8, bash="echo done >> numbers.txt && tail -1 numbers.txt"),
+    ],
+    check="test \"$(tail -1 /workspace/w/numbers.txt)\" = done",
+)
+
+
+async def start(stack, task, policy="every-step", **kwargs):
+    trajectory_id = f"{task.id}-{uuid.uuid4().hex[:8]}"
+    return await stack.client.start_workflow(
+        "TrajectoryWorkflow",
+        TrajectoryInput(trajectory_id=trajectory_id, task=task, queues=stack.queues,
+                        policy=PolicyConfig(mode=policy), **kwargs),
+        id=trajectory_id, task_queue=stack.queues.context, result_type=TrajectoryResult,
+    )
+
+
+async def wait_for_step(handle, step: int) -> TrajectoryProgress:
+    for _ in range(600):
+        progress = await handle.query("progress", result_type=TrajectoryProgress)
+        if progress.step >= step:
+            return progress
+        await asyncio.sleep(0.05)
+    raise AssertionError(f"trajectory never reached step {step}")
+
+
+async def test_trace_completes_and_repeats_identically(stack):
+    first = await (await start(stack, STATEFUL_TRACE)).result()
+    second = await (await start(stack, STATEFUL_TRACE)).result()
+    assert first.status == "completed", first.reason
+    assert first.reward == 1.0 and first.turns == len(STATEFUL_TRACE.turns)
+    assert first.checkpoints >= len(STATEFUL_TRACE.turns) - 1
+    assert (first.token_sha256, first.env_sha256) == (second.token_sha256, second.env_sha256)
+    assert first.recoveries == []
+
+
+async def test_sandbox_killed_mid_trajectory_recovers_identically(stack):
+    reference = await (await start(stack, STATEFUL_TRACE)).result()
+    handle = await start(stack, STATEFUL_TRACE)
+    progress = await wait_for_step(handle, 4)
+    stack.sandboxes.backend.podman("kill", progress.sandbox.container, check=False)
+    result = await handle.result()
+    assert result.status == "completed", result.reason
+    assert len(result.recoveries) >= 1
+    recovery = result.recoveries[0]
+    assert recovery.consistent and recovery.source.startswith("checkpoint@")
+    assert (result.token_sha256, result.env_sha256) == (reference.token_sha256, reference.env_sha256)
+
+
+async def test_nondeterministic_action_after_restore_cuts_the_context(stack):
+    task = STATEFUL_TRACE.model_copy(update={
+        "id": "clock",
+        "turns": [
+            TraceTurn(think_tokens=8, bash="mkdir -p /workspace/w && cd /workspace/w"),
+            TraceTurn(think_tokens=8, bash="date +%s%N | tee stamp"),
+            TraceTurn(think_tokens=8, bash="echo three"),
+            TraceTurn(think_tokens=8, bash="echo four"),
+            TraceTurn(think_tokens=8, bash="echo five"),
+        ],
+        "check": "test -s /workspace/w/stamp",
+    })
+    # No checkpoints: the restore replays from the start, so `date` runs again and differs.
+    handle = await start(stack, task, policy="none")
+    progress = await wait_for_step(handle, 4)
+    stack.sandboxes.backend.podman("kill", progress.sandbox.container, check=False)
+    result = await handle.result()
+    assert result.status == "completed", result.reason
+    cut = [r for r in result.recoveries if r.cut_after_step is not None]
+    assert cut and cut[0].cut_after_step == 2 and not cut[0].consistent
+    assert cut[0].tokens_discarded > 0
+    assert result.turns == len(task.turns)
