@@ -194,12 +194,21 @@ class SeaweedFS:
         return Health(True, f"S3 answers, bucket {self.cfg.bucket!r} present; data in {self.data_dir}")
 
     def ready(self) -> bool:
-        """The S3 gateway answers (the bucket may still be missing)."""
+        """S3 answers and, once the bucket exists, serves a write and a read.
+
+        Right after a restart SeaweedFS lists buckets for a few seconds before its
+        volumes take reads and writes, so listing alone is not readiness.
+        """
         from belayer.storage.s3client import make_s3_client
 
         try:
-            make_s3_client(self.cfg, connect_timeout_s=2, read_timeout_s=5).list_buckets()
-            return True
+            client = make_s3_client(self.cfg, connect_timeout_s=2, read_timeout_s=5)
+            names = [b["Name"] for b in client.list_buckets().get("Buckets", [])]
+            if self.cfg.bucket not in names:
+                return True  # after_ready creates it
+            key = ".belayer-readiness-probe"
+            client.put_object(Bucket=self.cfg.bucket, Key=key, Body=b"ok")
+            return client.get_object(Bucket=self.cfg.bucket, Key=key)["Body"].read() == b"ok"
         except Exception:
             return False
 

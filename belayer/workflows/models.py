@@ -84,6 +84,7 @@ class TrajectoryState(_Model):
     step: int = 0
     turn: int = Field(0, description="Index of the next trace turn / model turn.")
     context: PrefixRef | None = None
+    node_queue: str | None = Field(None, description="Rollout node that served the last turn.")
     sandbox: SandboxHandle | None = None
     steps: list[StepRecord] = []
     checkpoints: list[CheckpointRef] = Field([], description="Newest first, a few kept.")

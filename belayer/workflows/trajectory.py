@@ -67,6 +67,7 @@ SANDBOX_RETRY = RetryPolicy(
 ENGINE_RETRY = RetryPolicy(initial_interval=timedelta(seconds=1), maximum_attempts=6)
 STORAGE_RETRY = RetryPolicy(initial_interval=timedelta(seconds=1), maximum_attempts=5)
 HOST_SCHEDULE_TO_START = timedelta(seconds=30)
+AFFINITY_SCHEDULE_TO_START = timedelta(seconds=10)
 
 
 class InfraFailure(Exception):
@@ -190,21 +191,11 @@ class TrajectoryWorkflow:
                 seed=self.input.sampling.seed + self.state.generations,
                 ignore_eos=ignore_eos,
             ),
-            log_key=self.state.context.key,
         )
-        try:
-            result = await workflow.execute_activity(
-                "generate", args, result_type=GenerateResult,
-                task_queue=self.input.queues.rollout,
-                start_to_close_timeout=timedelta(minutes=30),
-                heartbeat_timeout=timedelta(seconds=30),
-                retry_policy=ENGINE_RETRY,
-                summary=f"turn {self.state.turn + 1}: generate up to {args.sampling.max_tokens} tokens",
-            )
-        except ActivityError as err:
-            raise InfraFailure(f"generation failed after retries: {_cause(err)}") from None
+        result = await self._generate_with_affinity(args)
         self.state.generations += 1
         self.state.context = result.prefix
+        self.state.node_queue = result.node_queue
         self.state.policy.observe_generation(
             GenerationSample(
                 output_tokens=result.output_tokens,
@@ -214,6 +205,31 @@ class TrajectoryWorkflow:
             )
         )
         return result
+
+    async def _generate_with_affinity(self, args: GenerateArgs) -> GenerateResult:
+        """Prefer the node that served the previous turn (its prefix cache holds this
+        context); when it does not pick the turn up in time, any node takes it."""
+        summary = f"turn {self.state.turn + 1}: generate up to {args.sampling.max_tokens} tokens"
+        if self.state.node_queue:
+            try:
+                return await workflow.execute_activity(
+                    "generate", args, result_type=GenerateResult, task_queue=self.state.node_queue,
+                    schedule_to_start_timeout=AFFINITY_SCHEDULE_TO_START,
+                    start_to_close_timeout=timedelta(minutes=30), heartbeat_timeout=timedelta(seconds=30),
+                    retry_policy=ENGINE_RETRY, summary=summary + f" on {self.state.node_queue}",
+                )
+            except ActivityError as err:
+                if _error_type(err) in ("BadRequest", "CorruptPrefix"):
+                    raise InfraFailure(f"generation refused: {_cause(err)}") from None
+                self.state.node_queue = None  # that node is gone or stuck: any node will do
+        try:
+            return await workflow.execute_activity(
+                "generate", args, result_type=GenerateResult, task_queue=self.input.queues.rollout,
+                start_to_close_timeout=timedelta(minutes=30), heartbeat_timeout=timedelta(seconds=30),
+                retry_policy=ENGINE_RETRY, summary=summary,
+            )
+        except ActivityError as err:
+            raise InfraFailure(f"generation failed after retries: {_cause(err)}") from None
 
     # ---------------------------------------------------------------- actions and recovery
 

@@ -50,7 +50,8 @@ async def trajectory_stack(stack_config, storage_config, tokenizer_path, *, repl
     store = ObjectStore(storage_config)
     boxes = make_sandboxes(storage_config)
     boxes.host.host_queue = f"sandbox-host-{token}"
-    rollout = ScriptedRollout(store, tokenizer_path, replies=replies, per_token_s=per_token_s)
+    rollout = ScriptedRollout(store, tokenizer_path, replies=replies, per_token_s=per_token_s,
+                              node_queue=queues.rollout)
     context = ContextActivities(store, tokenizer_path)
     sandbox_activities = SandboxActivities(boxes.host)
     workers = [
