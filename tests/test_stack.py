@@ -91,7 +91,7 @@ async def workflow_exists(address: str, workflow_id: str) -> bool:
 @pytest.mark.stack
 def test_up_status_down_round_trip_keeps_history(private_stack):
     config, env = private_stack
-    belayer(env, "up")
+    belayer(env, "up", "--only", "temporal,seaweedfs")
     components = service_status(env)
     for name in ("temporal", "seaweedfs"):
         assert components[name]["healthy"], components[name]
@@ -99,7 +99,7 @@ def test_up_status_down_round_trip_keeps_history(private_stack):
 
     # Running `up` twice is harmless: same processes, still healthy.
     pids_before = {n: components[n]["pid"] for n in ("temporal", "seaweedfs")}
-    second = belayer(env, "up")
+    second = belayer(env, "up", "--only", "temporal,seaweedfs")
     assert "already running" in second.stderr
     assert {n: service_status(env)[n]["pid"] for n in pids_before} == pids_before
 
@@ -109,7 +109,7 @@ def test_up_status_down_round_trip_keeps_history(private_stack):
         assert not psutil.pid_exists(pid) or psutil.Process(pid).status() == psutil.STATUS_ZOMBIE
     assert not service_status(env)["temporal"]["healthy"]
 
-    belayer(env, "up")
+    belayer(env, "up", "--only", "temporal,seaweedfs")
     assert asyncio.run(workflow_exists(config.temporal.address, "survives-down-up"))
 
 
@@ -121,7 +121,7 @@ def test_port_taken_fails_clearly_and_leaves_nothing_running(private_stack):
     squatter.bind(("127.0.0.1", s3_port))
     squatter.listen()
     try:
-        result = belayer(env, "up", check=False)
+        result = belayer(env, "up", "--only", "temporal,seaweedfs", check=False)
     finally:
         squatter.close()
     assert result.returncode == 1

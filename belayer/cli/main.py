@@ -51,13 +51,18 @@ def config_from(ctx: click.Context) -> BelayerConfig:
 @main.command()
 @click.option("--wait/--no-wait", default=True, show_default=True,
               help="Wait until every component answers.")
+@click.option("--only", default=None, metavar="NAME,...",
+              help="Start only these components (temporal, seaweedfs, sandbox-worker, rollout-node, "
+                   "trajectory-worker).")
 @click.pass_context
-def up(ctx: click.Context, wait: bool) -> None:
-    """Start the local stack (Temporal dev server, SeaweedFS) in the background."""
+def up(ctx: click.Context, wait: bool, only: str | None) -> None:
+    """Start the local stack in the background: Temporal dev server and web UI, SeaweedFS,
+    and Belayer's workers (sandbox host, rollout node, trajectory worker)."""
     from belayer.stack.local import LocalStack, root_warning
 
     config = config_from(ctx)
     stack = LocalStack(config)
+    stack.select(only.split(",") if only else None)
     warning = root_warning()
     if warning:
         console.print(f"[yellow]warning:[/] {warning}")
@@ -133,7 +138,10 @@ def bench() -> None:
 def _register_optional_commands() -> None:
     """Commands whose modules may pull heavy dependencies are added when present."""
     optional = [
+        (main, "belayer.cli.run", "run"),
+        (main, "belayer.cli.run", "inspect"),
         (bench, "belayer.bench.storage", "storage"),
+        (bench, "belayer.bench.env_recovery", "env_recovery"),
         (bench, "belayer.bench.worker_recovery", "worker_recovery"),
         (main, "belayer.model.cli", "model"),
     ]

@@ -19,6 +19,7 @@ from belayer.config import BelayerConfig
 from belayer.errors import StackError
 from belayer.stack.process import ManagedProcess
 from belayer.stack.services import Health, SeaweedFS, TemporalDevServer, port_in_use
+from belayer.stack.workers import WorkerService
 
 
 class Service(Protocol):
@@ -57,7 +58,18 @@ class LocalStack:
         self.services: list[Service] = [
             TemporalDevServer(config.temporal, self.state_dir),
             SeaweedFS(config.storage, config.stack, self.state_dir),
+            *belayer_workers(config),
         ]
+
+    def select(self, names: list[str] | None) -> None:
+        """Keep only the named services (for `up --only`); unknown names are an error."""
+        if not names:
+            return
+        known = [s.name for s in self.services]
+        unknown = [n for n in names if n not in known]
+        if unknown:
+            raise StackError(f"unknown component(s) {', '.join(unknown)}; choose from {', '.join(known)}")
+        self.services = [s for s in self.services if s.name in names]
 
     def process(self, service: Service) -> ManagedProcess:
         return ManagedProcess(service.name, self.state_dir)
@@ -107,7 +119,7 @@ class LocalStack:
                 )
 
     def _wait_ready(self, service: Service, proc: ManagedProcess, report: Reporter) -> None:
-        timeout = self.config.stack.startup_timeout_s
+        timeout = getattr(service, "startup_timeout_s", None) or self.config.stack.startup_timeout_s
         deadline = time.monotonic() + timeout
         report(f"{service.name}: waiting until it answers (timeout {timeout:.0f}s)")
         while time.monotonic() < deadline:
@@ -157,6 +169,27 @@ class LocalStack:
             detail=health.detail,
             log=str(proc.log_file),
         )
+
+
+def belayer_workers(config: BelayerConfig) -> list[WorkerService]:
+    """Belayer's own workers: sandbox host (root only: CRIU), rollout node, trajectories."""
+    from belayer.sandbox.host import default_host_queue
+    from belayer.workers.rollout.worker import node_task_queue
+
+    workers = []
+    if os.geteuid() == 0:
+        workers.append(WorkerService(
+            "sandbox-worker", "belayer.workers.sandbox", default_host_queue(config.sandbox), "activity", config,
+        ))
+    workers.append(WorkerService(
+        "rollout-node", "belayer.workers.rollout", node_task_queue(config), "activity", config,
+        startup_timeout_s=config.rollout.engine_start_timeout_s,
+    ))
+    workers.append(WorkerService(
+        "trajectory-worker", "belayer.workers.trajectory", config.temporal.workflow_task_queue, "workflow",
+        config,
+    ))
+    return workers
 
 
 def sandbox_runtime_status(config: BelayerConfig) -> ComponentStatus:

@@ -46,8 +46,9 @@ class WorkerService:
     """`python -m MODULE`, ready once it polls `task_queue` on Temporal."""
 
     def __init__(self, name: str, module: str, task_queue: str, queue_kind: str,
-                 config: BelayerConfig):
+                 config: BelayerConfig, *, startup_timeout_s: float | None = None):
         self.name = name
+        self.startup_timeout_s = startup_timeout_s
         self.module = module
         self.task_queue = task_queue
         self.queue_kind = queue_kind  # "workflow" or "activity"

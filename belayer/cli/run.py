@@ -1,0 +1,234 @@
+"""`belayer run` and `belayer inspect`: start trajectories, follow them, look inside one."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import sys
+import time
+import uuid
+from pathlib import Path
+
+import click
+from rich.console import Console
+from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
+from rich.table import Table
+
+console = Console(stderr=True)
+
+
+@click.command()
+@click.argument("workload", type=click.Path(path_type=Path))
+@click.option("-n", "--repeats", default=1, show_default=True, type=click.IntRange(1, 10_000),
+              help="Trajectories per task.")
+@click.option("--concurrency", default=4, show_default=True, type=click.IntRange(1, 1000),
+              help="Trajectories running at once.")
+@click.option("--seed", default=0, show_default=True, type=click.IntRange(0), help="Sampling seed.")
+@click.option("--json", "as_json", is_flag=True, help="Print one JSON object with every trajectory.")
+@click.pass_context
+def run(ctx: click.Context, workload: Path, repeats: int, concurrency: int, seed: int, as_json: bool) -> None:
+    """Run every task of WORKLOAD (.yaml or .jsonl) as durable trajectories.
+
+    Exit status 1 when any trajectory ended failed_infra. Ctrl-C leaves the trajectories
+    running; follow them with `belayer inspect ID` or in the Temporal web UI.
+    """
+    from belayer.cli.main import config_from
+    from belayer.workloads.loader import load_workload
+
+    config = config_from(ctx.find_root())
+    tasks = load_workload(workload).tasks
+    started_at = time.monotonic()
+    runner = _Runner(config, tasks, repeats, concurrency, seed)
+    try:
+        results = asyncio.run(runner.run(quiet=as_json))
+    except KeyboardInterrupt:
+        console.print("\n[yellow]interrupted[/]: the trajectories keep running on the workers. Follow them with")
+        for workflow_id in runner.started:
+            console.print(f"  belayer inspect {workflow_id}")
+        console.print(f"or in the web UI: {runner.ui_root()}")
+        os._exit(130)
+    wall = time.monotonic() - started_at
+    _report(results, wall, as_json)
+    failed_infra = any(r.status == "failed_infra" for r in results)
+    sys.stdout.flush()
+    # Exit without interpreter teardown: the Temporal SDK can abort at exit (DESIGN.md s7).
+    os._exit(1 if failed_infra else 0)
+
+
+class _Runner:
+    def __init__(self, config, tasks, repeats: int, concurrency: int, seed: int):
+        self.config = config
+        self.inputs = []
+        run_id = uuid.uuid4().hex[:6]
+        from belayer.client import trajectory_input
+
+        for task in tasks:
+            for repeat in range(repeats):
+                self.inputs.append(trajectory_input(config, task, repeat=repeat, seed=seed, run_id=run_id))
+        self.concurrency = concurrency
+        self.started: list[str] = []
+
+    def ui_root(self) -> str:
+        from belayer.client import ui_link
+
+        return ui_link(self.config, "").rstrip("/")
+
+    async def run(self, quiet: bool):
+        from belayer.temporal_client import connect
+
+        client = await connect(self.config.temporal)
+        limit = asyncio.Semaphore(self.concurrency)
+        with Progress(TextColumn("{task.description}"), BarColumn(), TextColumn("{task.fields[note]}"),
+                      TimeElapsedColumn(), console=console, disable=quiet, transient=False) as progress:
+            jobs = [self._one(client, limit, progress, item) for item in self.inputs]
+            return await asyncio.gather(*jobs)
+
+    async def _one(self, client, limit, progress, input):
+        from belayer.client import start_trajectory
+        from belayer.workflows.models import TrajectoryProgress
+
+        total = len(input.task.turns) if hasattr(input.task, "turns") else input.task.max_turns
+        row = progress.add_task(input.trajectory_id, total=total, note="waiting")
+        async with limit:
+            handle = await start_trajectory(client, self.config, input)
+            self.started.append(input.trajectory_id)
+            result_task = asyncio.ensure_future(handle.result())
+            while not result_task.done():
+                try:
+                    seen = await handle.query("progress", result_type=TrajectoryProgress)
+                    recoveries = f", {len(seen.recoveries)} recoveries" if seen.recoveries else ""
+                    progress.update(row, completed=seen.step,
+                                    note=f"step {seen.step}, {seen.tokens} tokens{recoveries}")
+                except Exception:  # a query can race the workflow's start or end
+                    pass
+                await asyncio.wait({result_task}, timeout=0.5)
+            result = result_task.result()
+            progress.update(row, completed=total, note=f"{result.status}, reward {result.reward}")
+            return result
+
+
+def _report(results, wall: float, as_json: bool) -> None:
+    rows = [{
+        "id": r.trajectory_id, "task": r.task, "status": r.status, "turns": r.turns,
+        "tokens": r.tokens, "reward": r.reward, "token_sha256": r.token_sha256,
+        "env_sha256": r.env_sha256, "recoveries": [rec.model_dump() for rec in r.recoveries],
+        **({"reason": r.reason} if r.reason else {}),
+    } for r in results]
+    if as_json:
+        click.echo(json.dumps({"trajectories": rows, "wall_s": round(wall, 3)}, indent=2))
+        return
+    table = Table("trajectory", "status", "turns", "tokens", "reward", "recoveries", "checkpoints",
+                  "token sha256", "env sha256")
+    for r in results:
+        status = {"completed": "[green]completed[/]", "failed_infra": "[red]failed_infra[/]"}.get(r.status, r.status)
+        table.add_row(r.trajectory_id, status, str(r.turns), str(r.tokens), str(r.reward),
+                      str(len(r.recoveries)), str(r.checkpoints), (r.token_sha256 or "-")[:12],
+                      (r.env_sha256 or "-")[:12])
+    Console(width=max(Console().width, 160)).print(table)
+    for r in results:
+        for rec in r.recoveries:
+            cut = f", context cut after step {rec.cut_after_step}" if rec.cut_after_step else ""
+            console.print(f"  {r.trajectory_id}: {rec.kind} recovery at step {rec.step} from {rec.source}, "
+                          f"{rec.replayed_steps} steps replayed, {rec.time_lost_s:.2f}s lost{cut}")
+        if r.reason:
+            console.print(f"  {r.trajectory_id}: {r.reason}")
+    console.print(f"{len(results)} trajectories in {wall:.1f}s")
+
+
+@click.command()
+@click.argument("workflow_id")
+@click.option("--json", "as_json", is_flag=True, help="Print one JSON object.")
+@click.pass_context
+def inspect(ctx: click.Context, workflow_id: str, as_json: bool) -> None:
+    """Show a trajectory's turns, actions, observations, checkpoints and recoveries."""
+    from belayer.cli.main import config_from
+
+    config = config_from(ctx.find_root())
+    report = asyncio.run(_inspect(config, workflow_id))
+    if as_json:
+        click.echo(json.dumps(report, indent=2, default=str))
+    else:
+        _print_inspection(report)
+    sys.stdout.flush()
+    os._exit(0)
+
+
+async def _inspect(config, workflow_id: str) -> dict:
+    from temporalio.service import RPCError
+
+    from belayer.client import ui_link
+    from belayer.errors import BelayerError
+    from belayer.temporal_client import connect
+
+    client = await connect(config.temporal)
+    handle = client.get_workflow_handle(workflow_id)
+    try:
+        description = await handle.describe()
+    except RPCError as exc:
+        raise BelayerError(f"no trajectory {workflow_id!r} in namespace {config.temporal.namespace} ({exc}); "
+                           "list them with the web UI or `temporal workflow list`") from None
+    steps, checkpoints, summary = await _walk_history(handle)
+    return {"id": workflow_id, "status": description.status.name if description.status else "?",
+            "ui": ui_link(config, workflow_id), "steps": steps, "checkpoints": checkpoints, **summary}
+
+
+async def _walk_history(handle):
+    """Actions and observations as the history recorded them (works for closed runs too)."""
+    from temporalio.api.enums.v1 import EventType
+    from temporalio.contrib.pydantic import pydantic_data_converter
+
+    from belayer.activities.sandbox import CheckpointResult, ExecArgs, ExecResult
+    from belayer.workflows.models import TrajectoryResult
+
+    converter = pydantic_data_converter.payload_converter
+    scheduled: dict[int, tuple[str, object]] = {}
+    steps, checkpoints, summary = [], [], {}
+    async for event in handle.fetch_history_events():
+        if event.event_type == EventType.EVENT_TYPE_ACTIVITY_TASK_SCHEDULED:
+            attrs = event.activity_task_scheduled_event_attributes
+            name = attrs.activity_type.name
+            arg = None
+            if name == "sandbox.exec" and attrs.input.payloads:
+                arg = converter.from_payloads(attrs.input.payloads, [ExecArgs])[0]
+            scheduled[event.event_id] = (name, arg)
+        elif event.event_type == EventType.EVENT_TYPE_ACTIVITY_TASK_COMPLETED:
+            attrs = event.activity_task_completed_event_attributes
+            name, arg = scheduled.get(attrs.scheduled_event_id, ("?", None))
+            if name == "sandbox.exec":
+                obs = converter.from_payloads(attrs.result.payloads, [ExecResult])[0].observation
+                steps.append({"step": arg.action.step, "command": arg.action.command,
+                              "exit_code": obs.exit_code, "stdout": obs.stdout[:300],
+                              "stderr": obs.stderr[:300], "duration_s": round(obs.duration_s, 3),
+                              "replayed": obs.replayed_from_journal})
+            elif name == "sandbox.checkpoint":
+                ref = converter.from_payloads(attrs.result.payloads, [CheckpointResult])[0].checkpoint
+                checkpoints.append({"step": ref.step, "bytes": ref.archive_bytes, "key": ref.meta_key})
+        elif event.event_type == EventType.EVENT_TYPE_WORKFLOW_EXECUTION_COMPLETED:
+            payloads = event.workflow_execution_completed_event_attributes.result.payloads
+            if payloads:
+                result = converter.from_payloads(payloads, [TrajectoryResult])[0]
+                summary = {"result": {k: v for k, v in result.model_dump().items() if k != "decisions"},
+                           "decisions": [d.model_dump() for d in result.decisions]}
+    return steps, checkpoints, summary
+
+
+def _print_inspection(report: dict) -> None:
+    out = Console(width=max(Console().width, 160))
+    out.print(f"[bold]{report['id']}[/]  {report['status']}  {report['ui']}")
+    table = Table("step", "command", "exit", "observation (truncated)", "s")
+    for step in report["steps"]:
+        text = (step["stdout"] + step["stderr"]).strip().replace("\n", " ⏎ ")[:80]
+        table.add_row(str(step["step"]), step["command"].strip().splitlines()[0][:50], str(step["exit_code"]),
+                      text, str(step["duration_s"]))
+    out.print(table)
+    if report["checkpoints"]:
+        out.print("checkpoints: " + ", ".join(f"step {c['step']} ({c['bytes'] // 1024} KiB)"
+                                              for c in report["checkpoints"]))
+    result = report.get("result")
+    if result:
+        out.print(f"result: {result['status']} reward={result['reward']} turns={result['turns']} "
+                  f"tokens={result['tokens']}")
+        for rec in result["recoveries"]:
+            out.print(f"  recovery at step {rec['step']}: {rec['reason'][:80]} → {rec['source']}, "
+                      f"replayed {rec['replayed_steps']}, consistent={rec['consistent']}")
