@@ -33,6 +33,17 @@ def check_host(config: BelayerConfig) -> list[str]:
     return list(health.problems)
 
 
+def remove_stale_temp_files(config: BelayerConfig) -> int:
+    """Archives a previous worker downloaded for a restore it did not finish (it crashed)."""
+    tmp = config.state_dir / "tmp"
+    removed = 0
+    for pattern in ("restore-sbx-*.tar", "ckpt-sbx-*.err"):
+        for path in tmp.glob(pattern):
+            path.unlink(missing_ok=True)
+            removed += 1
+    return removed
+
+
 async def serve(config: BelayerConfig) -> None:
     from belayer.workers.runner import run_worker
 
@@ -55,6 +66,7 @@ def main(argv: list[str] | None = None) -> int:
         for p in problems:
             print(f"belayer sandbox worker: {p}", file=sys.stderr)
         return 2
+    remove_stale_temp_files(config)
     print(f"belayer sandbox worker: serving {host_queue(config)} and {SHARED_QUEUE}", flush=True)
     asyncio.run(serve(config))
     return 0
