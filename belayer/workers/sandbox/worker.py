@@ -34,13 +34,23 @@ def check_host(config: BelayerConfig) -> list[str]:
 
 
 def remove_stale_temp_files(config: BelayerConfig) -> int:
-    """Archives a previous worker downloaded for a restore it did not finish (it crashed)."""
+    """Archives a previous worker downloaded for a restore it did not finish (it crashed).
+
+    Only files untouched for an hour: another process on this host (a test, a bench) may
+    be restoring right now.
+    """
+    import time
+
     tmp = config.state_dir / "tmp"
     removed = 0
     for pattern in ("restore-sbx-*.tar", "ckpt-sbx-*.err"):
         for path in tmp.glob(pattern):
-            path.unlink(missing_ok=True)
-            removed += 1
+            try:
+                if time.time() - path.stat().st_mtime > 3600:
+                    path.unlink()
+                    removed += 1
+            except OSError:
+                continue
     return removed
 
 
