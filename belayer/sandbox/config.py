@@ -2,7 +2,7 @@
 
 from typing import Literal
 
-from pydantic import Field
+from pydantic import Field, model_validator
 
 from belayer.section import Section
 
@@ -26,6 +26,10 @@ class SandboxConfig(Section):
         64, ge=4, le=1 << 20, description="Size of the agent's home tmpfs /home/agent (MiB); travels in checkpoints."
     )
     tmp_mb: int = Field(64, ge=4, le=1 << 20, description="Size of the /tmp tmpfs (MiB); travels in checkpoints.")
+    journal_mb: int = Field(
+        64, ge=4, le=4096,
+        description="Size of the supervisor's journal tmpfs (MiB); when full, old observations keep only hashes.",
+    )
     action_timeout_s: float = Field(60.0, gt=0, le=86400, description="Default per-action timeout (seconds).")
     output_cap_bytes: int = Field(
         64 * 1024,
@@ -54,3 +58,18 @@ class SandboxConfig(Section):
     podman_timeout_s: float = Field(
         300.0, gt=0, le=3600, description="Upper bound of one podman call (checkpoint and restore included)."
     )
+
+    @model_validator(mode="after")
+    def _tmpfs_fit_in_memory(self) -> "SandboxConfig":
+        # tmpfs pages are charged to the container's memory: full tmpfs mounts alone must
+        # leave room for the processes (a full /workspace would otherwise OOM-kill PID 1).
+        tmpfs = self.workspace_mb + self.home_mb + self.tmp_mb + self.journal_mb + TMPFS_FIXED_MB
+        if tmpfs > self.memory_mb * 0.75:
+            raise ValueError(
+                f"sandbox tmpfs sizes (workspace_mb + home_mb + tmp_mb + journal_mb + {TMPFS_FIXED_MB} = "
+                f"{tmpfs} MiB) exceed 3/4 of memory_mb ({self.memory_mb}); raise sandbox.memory_mb or lower them"
+            )
+        return self
+
+
+TMPFS_FIXED_MB = 17  # /var/tmp (16) and /run/lock (1)

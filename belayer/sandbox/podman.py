@@ -158,7 +158,7 @@ class PodmanBackend:
             "--tmpfs", f"/tmp:rw,exec,size={c.tmp_mb}m,mode=1777",
             "--tmpfs", "/var/tmp:rw,size=16m,mode=1777",
             "--tmpfs", "/run/lock:rw,size=1m,mode=1777",
-            "--tmpfs", "/var/lib/belayer:rw,size=64m,mode=0700",
+            "--tmpfs", f"/var/lib/belayer:rw,size={c.journal_mb}m,mode=0700",
             "-v", f"{self.channel_dir(sandbox_id)}:/run/belayer",
         ]  # fmt: skip
         for k, v in labels.items():

@@ -17,7 +17,7 @@ def test_env_recovery_json(sandbox_runtime, tmp_path, monkeypatch):
     from belayer.bench.env_recovery import build_wheel, env_recovery
 
     assert build_wheel() == build_wheel()  # deterministic artefact
-    monkeypatch.setenv("BELAYER_SANDBOX__MEMORY_MB", "512")
+    monkeypatch.setenv("BELAYER_SANDBOX__MEMORY_MB", "768")
     result = CliRunner().invoke(
         env_recovery,
         ["--json", "--scale", "0.02", "--workload", "make-build-and-kv-server", "--archive-dir", str(tmp_path)],
