@@ -116,7 +116,7 @@ def write_model(size: ModelSize, out: Path, say: Progress) -> None:
     from safetensors.torch import save_file
 
     save_file(state, str(out / "model.safetensors"), metadata={"format": "pt"})
-    files = {p.name: _sha256(p) for p in sorted(out.iterdir()) if p.is_file()}
+    files = {p.name: file_sha256(p) for p in sorted(out.iterdir()) if p.is_file()}
     manifest = {"size": size, "recipe": RECIPE_VERSION, "seed": SEED, "params": params, "vocab": vocab, "files": files}
     (out / MANIFEST).write_text(json.dumps(manifest, indent=2, sort_keys=True) + "\n")
 
@@ -216,7 +216,8 @@ def _models_root(cache_dir: Path | None) -> Path:
     return (cache_dir or default_cache_dir()).expanduser() / "models"
 
 
-def _sha256(path: Path) -> str:
+def file_sha256(path: Path) -> str:
+    """sha256 (hex) of a file, read in 1 MiB chunks."""
     h = hashlib.sha256()
     with path.open("rb") as f:
         for chunk in iter(lambda: f.read(1 << 20), b""):

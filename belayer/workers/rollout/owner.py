@@ -142,13 +142,13 @@ class MemoryOwner:
 
 def check_model_files(model_dir: Path) -> None:
     """Weights on disk must match the build manifest: a corrupt file never gets served."""
-    from belayer.model.build import MANIFEST, _sha256
+    from belayer.model.build import MANIFEST, file_sha256
 
     manifest_file = model_dir / MANIFEST
     if not manifest_file.is_file():
         return
     expected = json.loads(manifest_file.read_text())["files"].get("model.safetensors")
-    if expected and _sha256(model_dir / "model.safetensors") != expected:
+    if expected and file_sha256(model_dir / "model.safetensors") != expected:
         raise shm.SharedMemoryError(
             f"{model_dir}/model.safetensors does not match its build manifest; rebuild with "
             "`belayer model build --force`"

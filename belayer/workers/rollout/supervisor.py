@@ -219,8 +219,6 @@ class RolloutNode:
             for record in list(self._inflight.values()):
                 self._fail(record, NodeClosedError(f"rollout node {self.config.node_id} closed"))
         shm.unlink_segments(self.config.node_id)
-        if self._tokenizer is not None:
-            self._tokenizer = None
 
     def __enter__(self) -> "RolloutNode":
         return self.start()

@@ -40,3 +40,11 @@ async def serve(config: BelayerConfig) -> None:
         )
     finally:
         node.close()
+
+
+def cleanup_node(node_id: str) -> list[str]:
+    """What `belayer down` calls after stopping the node worker: remove the node's shared
+    memory if the worker could not (SIGKILLed). Its children die with it (PDEATHSIG)."""
+    from belayer.workers.rollout import shm
+
+    return [str(p) for p in shm.unlink_segments(node_id)]
