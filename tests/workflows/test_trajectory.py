@@ -92,3 +92,33 @@ async def test_nondeterministic_action_after_restore_cuts_the_context(stack):
     assert cut and cut[0].cut_after_step == 2 and not cut[0].consistent
     assert cut[0].tokens_discarded > 0
     assert result.turns == len(task.turns)
+
+
+async def test_long_trajectory_continues_as_new(stack):
+    """History restarts every few steps; state (sandbox, context, policy) carries over."""
+    reference = await (await start(stack, STATEFUL_TRACE)).result()
+    handle = await start(stack, STATEFUL_TRACE, continue_as_new_every=2)
+    result = await handle.result()
+    assert result.status == "completed", result.reason
+    assert (result.token_sha256, result.env_sha256) == (reference.token_sha256, reference.env_sha256)
+    runs = 0
+    async for execution in stack.client.list_workflows(f'WorkflowId = "{handle.id}"'):
+        runs += 1
+    assert runs >= 3
+
+
+async def test_record_history_for_replay(stack, request):
+    """Refreshes tests/workflows/histories/ when BELAYER_RECORD_HISTORIES=1; else skipped."""
+    import os
+    from pathlib import Path
+
+    if os.environ.get("BELAYER_RECORD_HISTORIES") != "1":
+        pytest.skip("set BELAYER_RECORD_HISTORIES=1 to re-record the checked-in histories")
+    handle = await start(stack, STATEFUL_TRACE)
+    progress = await wait_for_step(handle, 4)
+    stack.sandboxes.backend.podman("kill", progress.sandbox.container, check=False)
+    await handle.result()
+    history = await handle.fetch_history()
+    out = Path(__file__).parent / "histories" / "stateful-with-sandbox-recovery.json"
+    out.parent.mkdir(exist_ok=True)
+    out.write_text(history.to_json())

@@ -1,0 +1,64 @@
+"""Start a Belayer trajectory from your own code with the Temporal client.
+
+    .venv/bin/belayer up                       # the local stack and Belayer's workers
+    .venv/bin/python examples/start_trajectory.py
+
+The typed models are the public API: `TrajectoryInput` in, `TrajectoryResult` out, and
+`TrajectoryProgress` from the `progress` query while it runs. Payloads use Temporal's
+pydantic data converter.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import uuid
+
+from temporalio.client import Client
+from temporalio.contrib.pydantic import pydantic_data_converter
+
+from belayer.workflows.models import TaskQueues, TrajectoryInput, TrajectoryProgress, TrajectoryResult
+from belayer.workloads.models import TraceTask, TraceTurn
+
+TASK = TraceTask(
+    id="example-hello",
+    setup=["mkdir -p /workspace/hello"],
+    turns=[
+        TraceTurn(think_tokens=16, bash="cd /workspace/hello && echo 'print(6 * 7)' > answer.py"),
+        TraceTurn(think_tokens=16, bash="python3 answer.py | tee answer.txt"),
+    ],
+    check="test \"$(cat /workspace/hello/answer.txt)\" = 42",
+)
+
+
+async def run_trajectory(client: Client, workflow_queue: str, queues: TaskQueues,
+                         task: TraceTask = TASK) -> TrajectoryResult:
+    """Start one trajectory, print its progress while it runs, return its result."""
+    trajectory_id = f"{task.id}-{uuid.uuid4().hex[:6]}"
+    handle = await client.start_workflow(
+        "TrajectoryWorkflow",
+        TrajectoryInput(trajectory_id=trajectory_id, task=task, queues=queues),
+        id=trajectory_id,
+        task_queue=workflow_queue,
+        result_type=TrajectoryResult,
+    )
+    result_future = asyncio.ensure_future(handle.result())
+    while not result_future.done():
+        progress = await handle.query("progress", result_type=TrajectoryProgress)
+        print(f"{trajectory_id}: step {progress.step}, {progress.tokens} tokens, "
+              f"{progress.checkpoints_taken} checkpoints")
+        await asyncio.wait({result_future}, timeout=1.0)
+    return result_future.result()
+
+
+async def main() -> None:
+    client = await Client.connect(os.environ.get("BELAYER_TEMPORAL__ADDRESS", "127.0.0.1:7233"),
+                                  data_converter=pydantic_data_converter)
+    result = await run_trajectory(client, "belayer-workflows", TaskQueues())
+    print(f"{result.trajectory_id}: {result.status}, reward {result.reward}, "
+          f"token_sha256 {result.token_sha256[:12]}, env_sha256 {result.env_sha256[:12]}")
+
+
+if __name__ == "__main__":
+    asyncio.run(main())
+    os._exit(0)  # the SDK can abort at interpreter exit in short scripts (DESIGN.md s7)
