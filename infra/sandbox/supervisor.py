@@ -286,6 +286,12 @@ def list_processes() -> dict[int, tuple[int, int, int]]:
     return out
 
 
+def _shell_stderr():
+    """Where the driver's own errors go: nowhere, or BELAYER_SHELL_STDERR (a file, for debugging)."""
+    path = os.environ.get("BELAYER_SHELL_STDERR")
+    return open(path, "ab") if path else subprocess.DEVNULL  # noqa: SIM115 (inherited by the shell)
+
+
 def _high_fd(fd: int) -> int:
     high = fcntl.fcntl(fd, fcntl.F_DUPFD_CLOEXEC, 100)
     os.close(fd)
@@ -318,7 +324,7 @@ class Shell:
             argv,
             stdin=cmd_r,
             stdout=subprocess.DEVNULL,
-            stderr=subprocess.DEVNULL if not os.environ.get("BELAYER_SHELL_STDERR") else open(os.environ["BELAYER_SHELL_STDERR"], "ab"),
+            stderr=_shell_stderr(),
             pass_fds=(out_w, err_w, st_w),
             cwd=cwd,
             env=env,
