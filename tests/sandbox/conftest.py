@@ -9,6 +9,7 @@ which the `storage_config` fixture deletes afterwards.
 
 from __future__ import annotations
 
+import os
 import subprocess
 import uuid
 from pathlib import Path
@@ -25,8 +26,13 @@ REPO = Path(__file__).resolve().parents[2]
 TEST_LABEL = "belayer.test"
 
 
+OWNER_LABEL = "belayer.test.owner"  # pid of the test process that created the container
+
+
 class TrackingBackend(PodmanBackend):
-    """Records every sandbox lineage it touches, so teardown can remove it."""
+    """Records every sandbox lineage it touches, so teardown can remove it; labels every
+    container with its test process's pid, so a later session can sweep what a killed
+    session (SIGKILL/SIGTERM: no teardown) left behind."""
 
     def __init__(self, *args, **kwargs):
         super().__init__(*args, **kwargs)
@@ -34,11 +40,25 @@ class TrackingBackend(PodmanBackend):
 
     def create(self, sandbox_id, generation, labels):
         self.seen.add(sandbox_id)
-        return super().create(sandbox_id, generation, labels)
+        return super().create(sandbox_id, generation, {**labels, OWNER_LABEL: str(os.getpid())})
 
     def restore(self, archive, sandbox_id, generation):
         self.seen.add(sandbox_id)
         return super().restore(archive, sandbox_id, generation)
+
+
+def sweep_orphans(backend: PodmanBackend) -> list[str]:
+    """Destroy test sandboxes whose creating test process is gone; returns their ids."""
+    r = backend.podman("ps", "-a", "--filter", f"label={OWNER_LABEL}", "--format",
+                       f'{{{{index .Labels "{LABEL_SANDBOX}"}}}} {{{{index .Labels "{OWNER_LABEL}"}}}}',
+                       check=False)  # fmt: skip
+    swept = []
+    for line in r.stdout.decode().splitlines():
+        sid, _, pid = line.partition(" ")
+        if sid and pid.isdigit() and not Path(f"/proc/{pid}").exists():
+            backend.destroy(sid)
+            swept.append(sid)
+    return swept
 
 
 @pytest.fixture(scope="session")
@@ -50,6 +70,9 @@ def sandbox_runtime():
     if not health.ok:
         pytest.skip("sandbox runtime unavailable: " + "; ".join(health.problems) + f"\n{r.stdout}{r.stderr}")
     assert r.returncode == 0, f"base-image.sh failed:\n{r.stdout}\n{r.stderr}"
+    swept = sweep_orphans(PodmanBackend(small_config(), runtime.default_state_dir()))
+    if swept:
+        print(f"swept sandboxes left by killed test sessions: {swept}")
     return health
 
 
