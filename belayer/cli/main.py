@@ -140,6 +140,7 @@ def _register_optional_commands() -> None:
     optional = [
         (main, "belayer.cli.run", "run"),
         (main, "belayer.cli.run", "inspect"),
+        (main, "belayer.chaos.cli", "chaos"),
         (bench, "belayer.bench.storage", "storage"),
         (bench, "belayer.bench.env_recovery", "env_recovery"),
         (bench, "belayer.bench.worker_recovery", "worker_recovery"),

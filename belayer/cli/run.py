@@ -26,8 +26,13 @@ console = Console(stderr=True)
               help="Trajectories running at once.")
 @click.option("--seed", default=0, show_default=True, type=click.IntRange(0), help="Sampling seed.")
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object with every trajectory.")
+@click.option("--chaos", "chaos_plan", default=None, metavar="PLAN",
+              help="Inject real faults: a .yaml plan or e.g. 'engine-crash@step=2,sandbox-crash@step=4'.")
+@click.option("--chaos-rate", type=float, default=None, help="Seeded random faults per step (0-1).")
+@click.option("--chaos-seed", type=int, default=0, show_default=True, help="Seed of --chaos-rate.")
 @click.pass_context
-def run(ctx: click.Context, workload: Path, repeats: int, concurrency: int, seed: int, as_json: bool) -> None:
+def run(ctx: click.Context, workload: Path, repeats: int, concurrency: int, seed: int, as_json: bool,
+        chaos_plan: str | None, chaos_rate: float | None, chaos_seed: int) -> None:
     """Run every task of WORKLOAD (.yaml or .jsonl) as durable trajectories.
 
     Exit status 1 when any trajectory ended failed_infra. Ctrl-C leaves the trajectories
@@ -38,8 +43,9 @@ def run(ctx: click.Context, workload: Path, repeats: int, concurrency: int, seed
 
     config = config_from(ctx.find_root())
     tasks = load_workload(workload).tasks
+    plan = _chaos_plan(chaos_plan, chaos_rate, chaos_seed, tasks)
     started_at = time.monotonic()
-    runner = _Runner(config, tasks, repeats, concurrency, seed)
+    runner = _Runner(config, tasks, repeats, concurrency, seed, plan)
     try:
         results = asyncio.run(runner.run(quiet=as_json))
     except KeyboardInterrupt:
@@ -49,16 +55,33 @@ def run(ctx: click.Context, workload: Path, repeats: int, concurrency: int, seed
         console.print(f"or in the web UI: {runner.ui_root()}")
         os._exit(130)
     wall = time.monotonic() - started_at
-    _report(results, wall, as_json)
+    _report(results, wall, as_json, runner.faults if plan else None)
     failed_infra = any(r.status == "failed_infra" for r in results)
     sys.stdout.flush()
     # Exit without interpreter teardown: the Temporal SDK can abort at exit (DESIGN.md s7).
     os._exit(1 if failed_infra else 0)
 
 
+def _chaos_plan(plan: str | None, rate: float | None, seed: int, tasks) -> list:
+    from belayer.chaos.plan import parse_plan, random_plan
+
+    if plan and rate is not None:
+        raise click.UsageError("give --chaos or --chaos-rate, not both")
+    if plan:
+        return parse_plan(plan)
+    if rate is not None:
+        steps = max(len(t.turns) if hasattr(t, "turns") else t.max_turns for t in tasks)
+        return random_plan(rate, seed, steps)
+    return []
+
+
 class _Runner:
-    def __init__(self, config, tasks, repeats: int, concurrency: int, seed: int):
+    def __init__(self, config, tasks, repeats: int, concurrency: int, seed: int, plan: list | None = None):
         self.config = config
+        self.plan = plan or []
+        self.progress: dict[str, object] = {}
+        self.finished: set[str] = set()
+        self.faults: list[dict] = []
         self.inputs = []
         run_id = uuid.uuid4().hex[:6]
         from belayer.client import trajectory_input
@@ -82,7 +105,76 @@ class _Runner:
         with Progress(TextColumn("{task.description}"), BarColumn(), TextColumn("{task.fields[note]}"),
                       TimeElapsedColumn(), console=console, disable=quiet, transient=False) as progress:
             jobs = [self._one(client, limit, progress, item) for item in self.inputs]
-            return await asyncio.gather(*jobs)
+            chaos = asyncio.ensure_future(self._chaos()) if self.plan else None
+            results = await asyncio.gather(*jobs)
+            if chaos is not None:
+                chaos.cancel()
+                await asyncio.gather(chaos, return_exceptions=True)
+            self._settle_faults(results)
+            return results
+
+    async def _chaos(self) -> None:
+        """Inject each planned fault when its trigger fires; measure until the target moves on."""
+        from belayer.chaos.faults import Chaos
+
+        chaos = Chaos(self.config)
+        started = time.monotonic()
+        for planned in sorted(self.plan, key=lambda f: (f.t or 0, f.step or 0)):
+            while True:
+                target = planned.target or (self.started[0] if self.started else None)
+                seen = self.progress.get(target)
+                if target in self.finished:
+                    break
+                if planned.t is not None and time.monotonic() - started >= planned.t and seen:
+                    break
+                if planned.step is not None and seen is not None and seen.step >= planned.step:
+                    break
+                await asyncio.sleep(0.1)
+            record = {"kind": planned.fault, "at": None, "target": target, "recovered_by": None,
+                      "recovery_s": None}
+            self.faults.append(record)
+            if target in self.finished or seen is None:
+                record["recovered_by"] = "not injected: the target finished first"
+                continue
+            roles_before = _roles(chaos)
+            container = seen.sandbox.container if seen.sandbox else None
+            report = await asyncio.to_thread(chaos.inject, planned.fault, sandbox_container=container)
+            record.update(at=seen.step, target=report.target, detail=report.detail)
+            await self._measure_recovery(record, target, seen.step, report.at, chaos, roles_before)
+
+    async def _measure_recovery(self, record, trajectory, step, injected_at, chaos, roles_before) -> None:
+        """Recovery time = injection until the trajectory completes another step (or ends)."""
+        while trajectory not in self.finished:
+            seen = self.progress.get(trajectory)
+            if seen is not None and seen.step > step:
+                break
+            await asyncio.sleep(0.1)
+        record["recovery_s"] = round(time.time() - injected_at, 3)
+        roles_after = _roles(chaos)
+        if record["kind"].startswith(("engine", "owner")) and roles_after.get("recoveries", 0) > roles_before.get(
+                "recoveries", 0):
+            event = roles_after.get("last_recovery", {})
+            record["recovered_by"] = event.get("kind", "takeover")
+            record["node_ready_s"] = event.get("ready_s")
+        record.setdefault("_trajectory", trajectory)
+
+    def _settle_faults(self, results) -> None:
+        """Name what recovered each fault, from what the trajectories recorded."""
+        by_id = {r.trajectory_id: r for r in results}
+        for record in self.faults:
+            trajectory = by_id.get(record.pop("_trajectory", record["target"]))
+            if record["recovered_by"] is not None:
+                continue
+            if record["kind"] in ("sandbox-crash", "sandbox-host-crash") and trajectory and trajectory.recoveries:
+                record["recovered_by"] = "restore+replay"
+            else:
+                record["recovered_by"] = {
+                    "node-crash": "temporal retry on a restarted node",
+                    "temporal-worker-crash": "workflow replay on a restarted worker",
+                    "temporal-restart": "Temporal persistence",
+                    "s3-outage": "retries with backoff",
+                    "engine-hang": "takeover",
+                }.get(record["kind"], "retry")
 
     async def _one(self, client, limit, progress, input):
         from belayer.client import start_trajectory
@@ -97,6 +189,7 @@ class _Runner:
             while not result_task.done():
                 try:
                     seen = await handle.query("progress", result_type=TrajectoryProgress)
+                    self.progress[input.trajectory_id] = seen
                     recoveries = f", {len(seen.recoveries)} recoveries" if seen.recoveries else ""
                     progress.update(row, completed=seen.step,
                                     note=f"step {seen.step}, {seen.tokens} tokens{recoveries}")
@@ -104,11 +197,19 @@ class _Runner:
                     pass
                 await asyncio.wait({result_task}, timeout=0.5)
             result = result_task.result()
+            self.finished.add(input.trajectory_id)
             progress.update(row, completed=total, note=f"{result.status}, reward {result.reward}")
             return result
 
 
-def _report(results, wall: float, as_json: bool) -> None:
+def _roles(chaos) -> dict:
+    try:
+        return chaos.roles()
+    except Exception:  # no rollout node: nothing to compare
+        return {}
+
+
+def _report(results, wall: float, as_json: bool, faults: list[dict] | None = None) -> None:
     rows = [{
         "id": r.trajectory_id, "task": r.task, "status": r.status, "turns": r.turns,
         "tokens": r.tokens, "reward": r.reward, "token_sha256": r.token_sha256,
@@ -116,7 +217,10 @@ def _report(results, wall: float, as_json: bool) -> None:
         **({"reason": r.reason} if r.reason else {}),
     } for r in results]
     if as_json:
-        click.echo(json.dumps({"trajectories": rows, "wall_s": round(wall, 3)}, indent=2))
+        report = {"trajectories": rows, "wall_s": round(wall, 3)}
+        if faults is not None:
+            report["faults"] = faults
+        click.echo(json.dumps(report, indent=2))
         return
     table = Table("trajectory", "status", "turns", "tokens", "reward", "recoveries", "checkpoints",
                   "token sha256", "env sha256")
@@ -133,6 +237,10 @@ def _report(results, wall: float, as_json: bool) -> None:
                           f"{rec.replayed_steps} steps replayed, {rec.time_lost_s:.2f}s lost{cut}")
         if r.reason:
             console.print(f"  {r.trajectory_id}: {r.reason}")
+    for fault in faults or []:
+        took = f" in {fault['recovery_s']:.2f}s" if fault.get("recovery_s") is not None else ""
+        console.print(f"  fault {fault['kind']} at step {fault['at']} on {fault['target']}: "
+                      f"recovered by {fault['recovered_by']}{took}")
     console.print(f"{len(results)} trajectories in {wall:.1f}s")
 
 

@@ -68,6 +68,9 @@ ENGINE_RETRY = RetryPolicy(initial_interval=timedelta(seconds=1), maximum_attemp
 STORAGE_RETRY = RetryPolicy(initial_interval=timedelta(seconds=1), maximum_attempts=5)
 HOST_SCHEDULE_TO_START = timedelta(seconds=30)
 AFFINITY_SCHEDULE_TO_START = timedelta(seconds=10)
+# Both sides heartbeat about every second: a dead worker is noticed within these.
+GENERATE_HEARTBEAT = timedelta(seconds=10)
+SANDBOX_HEARTBEAT = timedelta(seconds=15)
 
 
 class InfraFailure(Exception):
@@ -215,7 +218,7 @@ class TrajectoryWorkflow:
                 return await workflow.execute_activity(
                     "generate", args, result_type=GenerateResult, task_queue=self.state.node_queue,
                     schedule_to_start_timeout=AFFINITY_SCHEDULE_TO_START,
-                    start_to_close_timeout=timedelta(minutes=30), heartbeat_timeout=timedelta(seconds=30),
+                    start_to_close_timeout=timedelta(minutes=30), heartbeat_timeout=GENERATE_HEARTBEAT,
                     retry_policy=ENGINE_RETRY, summary=summary + f" on {self.state.node_queue}",
                 )
             except ActivityError as err:
@@ -225,7 +228,7 @@ class TrajectoryWorkflow:
         try:
             return await workflow.execute_activity(
                 "generate", args, result_type=GenerateResult, task_queue=self.input.queues.rollout,
-                start_to_close_timeout=timedelta(minutes=30), heartbeat_timeout=timedelta(seconds=30),
+                start_to_close_timeout=timedelta(minutes=30), heartbeat_timeout=GENERATE_HEARTBEAT,
                 retry_policy=ENGINE_RETRY, summary=summary,
             )
         except ActivityError as err:
@@ -454,7 +457,7 @@ class TrajectoryWorkflow:
                 name, args, result_type=result_type, task_queue=queue,
                 start_to_close_timeout=timedelta(minutes=10),
                 schedule_to_start_timeout=HOST_SCHEDULE_TO_START if on_host else None,
-                heartbeat_timeout=timedelta(seconds=30),
+                heartbeat_timeout=SANDBOX_HEARTBEAT,
                 retry_policy=SANDBOX_RETRY, summary=summary,
             )
         except ActivityError as err:

@@ -7,7 +7,11 @@ may take a turn whose node is gone).
 
 from __future__ import annotations
 
+import asyncio
+import json
 import logging
+import os
+from pathlib import Path
 
 from belayer.config import BelayerConfig
 
@@ -28,6 +32,7 @@ async def serve(config: BelayerConfig) -> None:
     model_dir = model_path(config.rollout.model, config.cache_dir)
     node = RolloutNode(config.rollout, model_dir)
     node.start(wait_shadow=False)  # serve as soon as the leader is up; the shadow follows
+    publisher = asyncio.create_task(publish_roles(node, roles_file(config)))
     try:
         own_queue = node_task_queue(config)
         activities = RolloutActivities(node, ObjectStore(config.storage), own_queue)
@@ -39,7 +44,33 @@ async def serve(config: BelayerConfig) -> None:
             max_concurrent_activities=max(1, config.rollout.max_num_seqs),
         )
     finally:
+        publisher.cancel()
         node.close()
+        roles_file(config).unlink(missing_ok=True)
+
+
+def roles_file(config: BelayerConfig) -> Path:
+    """Where the node says which pid is owner, leader and shadow right now (for `belayer chaos`)."""
+    return config.state_dir / "run" / f"rollout-{config.rollout.node_id}.roles.json"
+
+
+async def publish_roles(node, path: Path, every_s: float = 0.2) -> None:
+    """Keep `path` current: roles change at every takeover, and fault injection must hit
+    the process that holds a role now, not the one that held it when it looked."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    last = None
+    while True:
+        roles = {**node.pids(), "epoch": node.epoch, "recoveries": len(node.recoveries)}
+        if node.recoveries:
+            event = node.recoveries[-1]
+            roles["last_recovery"] = {"kind": event.kind, "reason": event.reason, "ready_s": event.ready_s,
+                                      "fallback_reason": event.fallback_reason}
+        if roles != last:
+            tmp = path.with_suffix(".tmp")
+            tmp.write_text(json.dumps(roles))
+            os.replace(tmp, path)
+            last = roles
+        await asyncio.sleep(every_s)
 
 
 def cleanup_node(node_id: str) -> list[str]:

@@ -1,0 +1,47 @@
+"""`belayer chaos FAULT`: inject one real fault into the running local stack."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+
+import click
+
+from belayer.chaos.faults import FAULT_KINDS
+
+
+@click.command()
+@click.argument("fault", type=click.Choice(FAULT_KINDS))
+@click.option("--trajectory", default=None, help="For sandbox-crash: the trajectory whose sandbox dies.")
+@click.option("--duration", default=5.0, show_default=True, type=click.FloatRange(0, 3600),
+              help="For s3-outage: seconds the object store stays down.")
+@click.pass_context
+def chaos(ctx: click.Context, fault: str, trajectory: str | None, duration: float) -> None:
+    """Inject FAULT now: processes are SIGKILLed, servers stopped, containers killed.
+
+    Supervised workers that a kill takes down are restarted afterwards, as a cluster
+    supervisor would. Use `belayer run --chaos PLAN` to inject faults at chosen steps.
+    """
+    from belayer.chaos.faults import Chaos, ChaosError
+    from belayer.cli.main import config_from
+
+    config = config_from(ctx.find_root())
+    container = None
+    if fault == "sandbox-crash":
+        if not trajectory:
+            raise ChaosError("sandbox-crash needs --trajectory ID (whose sandbox to kill)")
+        container = asyncio.run(_sandbox_of(config, trajectory))
+    report = Chaos(config).inject(fault, sandbox_container=container, duration_s=duration)
+    click.echo(json.dumps(report.model_dump()))
+
+
+async def _sandbox_of(config, trajectory: str) -> str:
+    from belayer.chaos.faults import ChaosError
+    from belayer.temporal_client import connect
+    from belayer.workflows.models import TrajectoryProgress
+
+    client = await connect(config.temporal)
+    progress = await client.get_workflow_handle(trajectory).query("progress", result_type=TrajectoryProgress)
+    if progress.sandbox is None:
+        raise ChaosError(f"trajectory {trajectory} has no sandbox yet")
+    return progress.sandbox.container

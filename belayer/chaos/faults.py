@@ -1,0 +1,159 @@
+"""Real faults against a running local stack: processes SIGKILLed, servers stopped,
+containers killed. Nothing here sets a flag that pretends.
+
+Each fault names its target, does it, and returns a `FaultReport`. Where something must
+come back (a worker the stack supervises), the fault restarts it the way a cluster
+supervisor would, after the kill, and says so.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import time
+from collections.abc import Callable
+from typing import Literal
+
+import psutil
+from pydantic import BaseModel
+
+from belayer.config import BelayerConfig
+from belayer.errors import BelayerError
+
+FaultKind = Literal[
+    "engine-crash", "engine-hang", "owner-crash", "node-crash", "sandbox-crash",
+    "sandbox-host-crash", "temporal-worker-crash", "temporal-restart", "s3-outage",
+]
+FAULT_KINDS: tuple[str, ...] = FaultKind.__args__
+
+
+class ChaosError(BelayerError):
+    """A fault could not be injected (its target is missing)."""
+
+
+class FaultReport(BaseModel):
+    kind: str
+    target: str
+    at: float  # time.time() of the injection
+    detail: str
+
+
+class Chaos:
+    """Fault injection against the stack of one state directory."""
+
+    def __init__(self, config: BelayerConfig):
+        from belayer.stack.local import LocalStack
+
+        self.config = config
+        self.stack = LocalStack(config)
+
+    def inject(self, kind: str, *, sandbox_container: str | None = None, duration_s: float = 5.0) -> FaultReport:
+        handlers: dict[str, Callable[[], tuple[str, str]]] = {
+            "engine-crash": lambda: self._signal_role("leader", signal.SIGKILL),
+            "engine-hang": lambda: self._signal_role("leader", signal.SIGSTOP),
+            "owner-crash": lambda: self._signal_role("owner", signal.SIGKILL),
+            "node-crash": lambda: self._crash_service("rollout-node"),
+            "sandbox-crash": lambda: self._kill_container(sandbox_container),
+            "sandbox-host-crash": self._crash_sandbox_host,
+            "temporal-worker-crash": lambda: self._crash_service("trajectory-worker"),
+            "temporal-restart": lambda: self._outage("temporal", 1.0),
+            "s3-outage": lambda: self._outage("seaweedfs", duration_s),
+        }
+        if kind not in handlers:
+            raise ChaosError(f"unknown fault {kind!r}; choose one of {', '.join(FAULT_KINDS)}")
+        at = time.time()
+        target, detail = handlers[kind]()
+        return FaultReport(kind=kind, target=target, at=at, detail=detail)
+
+    # -- rollout node -------------------------------------------------------------------
+
+    def roles(self) -> dict:
+        from belayer.workers.rollout.worker import roles_file
+
+        path = roles_file(self.config)
+        try:
+            return json.loads(path.read_text())
+        except (OSError, ValueError):
+            raise ChaosError(f"no rollout node roles at {path}: is the rollout node up (`belayer up`)?") from None
+
+    def _signal_role(self, role: str, sig: int) -> tuple[str, str]:
+        pid = self.roles().get(role)
+        if not pid:
+            raise ChaosError(f"the rollout node has no {role} right now")
+        os.kill(pid, sig)
+        return f"{role} pid {pid}", f"sent {signal.Signals(sig).name}"
+
+    # -- processes the stack supervises --------------------------------------------------
+
+    def _service(self, name: str):
+        for service in self.stack.services:
+            if service.name == name:
+                return service
+        raise ChaosError(f"no component {name!r} in this stack")
+
+    def _crash_service(self, name: str, while_down: Callable[[], str] | None = None) -> tuple[str, str]:
+        """SIGKILL a supervised process and its children, then restart it like a supervisor."""
+        service = self._service(name)
+        proc = self.stack.process(service).running()
+        if proc is None:
+            raise ChaosError(f"{name} is not running; start it with `belayer up`")
+        family = [proc, *proc.children(recursive=True)]
+        for member in family:
+            _kill(member)
+        psutil.wait_procs(family, timeout=30)
+        detail = f"SIGKILLed with {len(family) - 1} children"
+        if name == "rollout-node":
+            from belayer.workers.rollout.worker import cleanup_node
+
+            cleanup_node(self.config.rollout.node_id)
+        if while_down is not None:
+            detail += "; " + while_down()
+        self.stack._start_one(service, lambda _m: None, wait=True)
+        return f"{name} pid {proc.pid}", detail + "; restarted"
+
+    def _outage(self, name: str, duration_s: float) -> tuple[str, str]:
+        service = self._service(name)
+        proc = self.stack.process(service).running()
+        if proc is None:
+            raise ChaosError(f"{name} is not running; start it with `belayer up`")
+        _kill(proc)
+        proc.wait(timeout=30)
+        time.sleep(duration_s)
+        self.stack._start_one(service, lambda _m: None, wait=True)
+        return f"{name} pid {proc.pid}", f"SIGKILLed, down {duration_s:.1f}s, restarted"
+
+    # -- sandboxes ----------------------------------------------------------------------
+
+    def _kill_container(self, container: str | None) -> tuple[str, str]:
+        from belayer.sandbox.runtime import run_podman
+
+        if not container:
+            raise ChaosError("sandbox-crash needs a target container (the trajectory's sandbox)")
+        result = run_podman("kill", container, state_dir=self.config.state_dir,
+                            cache_dir=self.config.cache_dir)
+        if result.returncode != 0:
+            raise ChaosError(f"podman kill {container} failed: {result.stderr.strip()}")
+        return f"container {container}", "podman kill (SIGKILL to every process in it)"
+
+    def _crash_sandbox_host(self) -> tuple[str, str]:
+        """The host's worker and every sandbox container on it die together."""
+        from belayer.sandbox.podman import LABEL_SANDBOX
+        from belayer.sandbox.runtime import run_podman
+
+        def kill_containers() -> str:
+            listed = run_podman("ps", "-q", "--filter", f"label={LABEL_SANDBOX}",
+                                state_dir=self.config.state_dir, cache_dir=self.config.cache_dir)
+            containers = listed.stdout.split()
+            for container in containers:
+                run_podman("kill", container, state_dir=self.config.state_dir, cache_dir=self.config.cache_dir)
+            return f"{len(containers)} containers killed"
+
+        return self._crash_service("sandbox-worker", while_down=kill_containers)
+
+
+def _kill(proc: psutil.Process) -> None:
+    try:
+        proc.kill()
+    except psutil.Error:
+        pass

@@ -1,0 +1,70 @@
+"""Chaos plans: which fault, when (a trajectory step or a time offset), against whom.
+
+Inline: `engine-crash@step=2,sandbox-crash@step=4` or `s3-outage@t=10`. A file (.yaml):
+`faults: [{fault: engine-crash, step: 2, target: TRAJECTORY_ID}]`. Without a target a
+fault hits the first trajectory the run started. `--chaos-rate R --chaos-seed S` draws a
+seeded schedule over every fault kind instead.
+"""
+
+from __future__ import annotations
+
+import random
+import re
+from pathlib import Path
+
+import yaml
+from pydantic import BaseModel, Field, ValidationError, model_validator
+
+from belayer.chaos.faults import FAULT_KINDS, ChaosError
+
+_INLINE = re.compile(r"^(?P<fault>[a-z0-9-]+)@(?P<key>step|t)=(?P<value>\d+(\.\d+)?)(:(?P<target>\S+))?$")
+
+
+class PlannedFault(BaseModel):
+    fault: str
+    step: int | None = Field(None, ge=1, description="Inject once the target reaches this step.")
+    t: float | None = Field(None, ge=0, description="Inject this many seconds after the run starts.")
+    target: str | None = Field(None, description="Trajectory id; default the first one started.")
+
+    @model_validator(mode="after")
+    def _one_trigger(self) -> PlannedFault:
+        if self.fault not in FAULT_KINDS:
+            raise ValueError(f"unknown fault {self.fault!r}; choose one of {', '.join(FAULT_KINDS)}")
+        if (self.step is None) == (self.t is None):
+            raise ValueError(f"fault {self.fault}: give exactly one of step or t")
+        return self
+
+
+def parse_plan(text: str) -> list[PlannedFault]:
+    """A plan from a file path or an inline comma-separated list."""
+    path = Path(text)
+    try:
+        if path.suffix in (".yaml", ".yml") and path.is_file():
+            document = yaml.safe_load(path.read_text()) or {}
+            return [PlannedFault(**item) for item in document.get("faults", [])]
+        return [_parse_inline(part.strip()) for part in text.split(",") if part.strip()]
+    except (ValidationError, ValueError, TypeError) as exc:
+        raise ChaosError(f"invalid chaos plan {text!r}: {exc}") from None
+
+
+def _parse_inline(part: str) -> PlannedFault:
+    match = _INLINE.match(part)
+    if not match:
+        raise ChaosError(f"chaos plan entry {part!r} is not FAULT@step=N or FAULT@t=SECONDS[:TARGET]")
+    value = match["value"]
+    trigger = {"step": int(float(value))} if match["key"] == "step" else {"t": float(value)}
+    return PlannedFault(fault=match["fault"], target=match["target"], **trigger)
+
+
+def random_plan(rate: float, seed: int, steps: int, kinds: tuple[str, ...] = FAULT_KINDS) -> list[PlannedFault]:
+    """About `rate` faults per step over `steps` steps, kinds drawn in turn from a seeded shuffle."""
+    if not 0 < rate <= 1:
+        raise ChaosError(f"--chaos-rate must be in (0, 1], got {rate}")
+    rng = random.Random(seed)
+    order = list(kinds)
+    rng.shuffle(order)
+    plan = []
+    for step in range(1, steps + 1):
+        if rng.random() < rate:
+            plan.append(PlannedFault(fault=order[len(plan) % len(order)], step=step))
+    return plan
