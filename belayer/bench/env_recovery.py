@@ -1,8 +1,8 @@
 """`belayer bench env-recovery`: full restore vs `replay` vs `fs-only`, same run, real sandboxes.
 
 Each workload is an action log that builds real state in a sandbox: a Python package
-installed from a wheel built here (unpacked into the agent's user site-packages: the
-base image has python3 but no pip), generated data and a compiled/indexed artefact, a
+pip-installed from a wheel built here into a venv the agent creates and activates
+(offline: `--no-index`), generated data and a compiled/indexed artefact, a
 `make` build, a git history, a background HTTP server holding in-memory state that
 later actions query and change, and shell cwd / exported variables / functions.
 
@@ -155,11 +155,13 @@ def wheel_setup(wheel: bytes) -> list[str]:
             f"{b64}\nEOF"]  # fmt: skip
 
 
-INSTALL = (
-    "SITE=$(python3 -c 'import site; print(site.getusersitepackages())') && mkdir -p $SITE && "
-    "python3 -m zipfile -e /workspace/dist/benchpkg-1.0.0-py3-none-any.whl $SITE && "
-    "python3 -c 'import benchpkg; print(benchpkg.__version__)'"
-)
+# Two actions: the venv lives in the agent's home; activating it is shell state (PATH,
+# VIRTUAL_ENV) that only a full restore brings back.
+INSTALL = [
+    "python3 -m venv $HOME/venv && . $HOME/venv/bin/activate && echo $VIRTUAL_ENV",
+    "pip install --no-index --no-deps --disable-pip-version-check -q "
+    "/workspace/dist/benchpkg-1.0.0-py3-none-any.whl && python3 -c 'import benchpkg; print(benchpkg.__version__)'",
+]
 
 
 @dataclass
@@ -181,7 +183,7 @@ def workloads(scale: float = 1.0) -> list[Workload]:
         setup=wheel,
         actions=[
             "mkdir -p /workspace/app/data && cd /workspace/app && export APP_ENV=bench DATA=/workspace/app/data",
-            INSTALL,
+            *INSTALL,
             f"python3 -m benchpkg.gen {rows} $DATA/rows.csv",
             "python3 -m benchpkg.index $DATA/rows.csv $DATA/index.sqlite && ls -l $DATA | wc -l",
             "python3 -m benchpkg.serve $DATA/index.sqlite 8200 >/tmp/serve.log 2>&1 &\n"
@@ -193,7 +195,7 @@ def workloads(scale: float = 1.0) -> list[Workload]:
             "mkdir -p reports && cd reports && export STAGE=report && python3 -m benchpkg.client 8200 '/get?key=alpha'",
             "report $STAGE; pwd; python3 -m benchpkg.client 8200 '/get?key=beta' | tee beta.json",
         ],
-        checkpoint_after=8,
+        checkpoint_after=9,
     )
     make_rules = (
         "all: $(patsubst src/%.txt,out/%.sum,$(wildcard src/*.txt))\n"
@@ -206,7 +208,7 @@ def workloads(scale: float = 1.0) -> list[Workload]:
         setup=wheel,
         actions=[
             "mkdir -p /workspace/proj/src && cd /workspace/proj && export BUILD=release JOBS=1",
-            INSTALL,
+            *INSTALL,
             f"for i in $(seq {targets}); do python3 -c \"import benchpkg; "
             f"[print(*r) for r in benchpkg.rows(2000, seed=$i)]\" > src/m$i.txt; done; ls src | wc -l",
             f"cat > Makefile <<'EOF'\n{make_rules}EOF\nmake -j$JOBS all && ls out | wc -l",
@@ -218,7 +220,7 @@ def workloads(scale: float = 1.0) -> list[Workload]:
             "cd out && export STAGE=verify && ls | head -3",
             "python3 -m benchpkg.client 8300 /out/m2.sum; echo $BUILD $STAGE; pwd",
         ],
-        checkpoint_after=7,
+        checkpoint_after=8,
     )
     git_session = Workload(
         name="git-history-and-tests",
@@ -227,7 +229,7 @@ def workloads(scale: float = 1.0) -> list[Workload]:
             "mkdir -p /workspace/repo && cd /workspace/repo && git init -q -b main && "
             "export GIT_AUTHOR_NAME=agent GIT_AUTHOR_EMAIL=a@b GIT_COMMITTER_NAME=agent GIT_COMMITTER_EMAIL=a@b "
             "GIT_AUTHOR_DATE=2024-01-01T00:00:00Z GIT_COMMITTER_DATE=2024-01-01T00:00:00Z",
-            INSTALL,
+            *INSTALL,
             f"for i in $(seq {targets * 3}); do python3 -c \"import benchpkg; "
             f"[print(*r) for r in benchpkg.rows(500, seed=$i)]\" > f$i.txt; done; git add -A && "
             "git commit -qm initial && git rev-parse HEAD",
@@ -242,7 +244,7 @@ def workloads(scale: float = 1.0) -> list[Workload]:
             "python3 -m benchpkg.client 8400 '/add?key=gamma&n=1'; git log --oneline | wc -l",
             "python3 -m benchpkg.client 8400 '/get?key=gamma'; git rev-parse --short HEAD; echo $GIT_AUTHOR_NAME",
         ],
-        checkpoint_after=7,
+        checkpoint_after=8,
     )
     return [data_server, make_build, git_session]
 
