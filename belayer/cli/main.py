@@ -8,6 +8,7 @@ from pathlib import Path
 
 import click
 from rich.console import Console
+from rich.markup import escape
 from rich.table import Table
 
 from belayer.config import BelayerConfig, load_config, masked_dump
@@ -23,7 +24,7 @@ class BelayerGroup(click.Group):
         try:
             return super().invoke(ctx)
         except BelayerError as exc:
-            console.print(f"[bold red]error:[/] {exc}", highlight=False, markup=True)
+            console.print(f"[bold red]error:[/] {escape(str(exc))}", highlight=False, soft_wrap=True)
             sys.exit(1)
 
 
