@@ -23,7 +23,11 @@ What lives here, and what must not:
   directory bind-mounted at /run/belayer. One JSON request per connection, one JSON
   reply, then close: nothing is open between requests, so a checkpoint taken between
   actions holds no connection (DESIGN.md s7). Long actions are submit -> poll ("wait"
-  long-polls a few seconds).
+  long-polls a few seconds). Why a socket and not a FIFO pair: each connection frames
+  one request and its answer, so a worker that crashed mid-poll and its retry (or a
+  ping during a long action) never read each other's replies, with no reply ids and no
+  single-reader rule; the price -- no connection may be open at checkpoint time -- is
+  paid by the host, which serialises checkpoint and exec per sandbox;
 
 Who may touch what. Every process in the sandbox runs as uid/gid 0: CRIU on these
 hosts lacks CAP_SYS_RESOURCE, and the kernel then lets it read the rlimits only of
