@@ -68,11 +68,17 @@ class GenerateResult(_Model):
     segment_start: int = Field(0, ge=0, description="Position of this turn's first token in prefix's log.")
     text: str = Field(description="This turn's tokens, decoded (stop string excluded).")
     output_tokens: int = Field(ge=0)
-    finish_reason: str = Field(description="'length' (max_tokens or context full) or 'stop' (EOS / stop string).")
+    finish_reason: str = Field(
+        description="'length' (max_tokens or context full) or 'stop' (EOS / stop string)."
+    )
     timing: EngineTiming
     node_queue: str = Field(description="The node's own queue: send the next turn there (prefix cache).")
-    resumed_tokens: int = Field(0, ge=0, description="Tokens carried over from a previous attempt's heartbeat.")
-    engine_recoveries: list[str] = Field(default_factory=list, description="Takeovers / cold starts during this turn.")
+    resumed_tokens: int = Field(
+        0, ge=0, description="Tokens carried over from a previous attempt's heartbeat."
+    )
+    engine_recoveries: list[str] = Field(
+        default_factory=list, description="Takeovers / cold starts during this turn."
+    )
 
 
 class RolloutActivities:

@@ -50,7 +50,9 @@ def workload(n: int, prompt_tokens: int, max_tokens: int, vocab: int) -> list[tu
         if i % 2 == 0:
             spec = SamplingSpec(max_tokens=max_tokens, ignore_eos=True)
         else:
-            spec = SamplingSpec(max_tokens=max_tokens, temperature=0.8, top_p=0.95, seed=1000 + i, ignore_eos=True)
+            spec = SamplingSpec(
+                max_tokens=max_tokens, temperature=0.8, top_p=0.95, seed=1000 + i, ignore_eos=True
+            )
         out.append((prompt, spec))
     return out
 
@@ -101,8 +103,8 @@ def resume_control(node, requests, expected: list[list[int]], at_kill: dict[int,
 def _first_divergence(expected: list[list[int]], got: list[list[int]]) -> list[int | None]:
     """Per request, the first position where the tokens differ (None when identical)."""
     out = []
-    for a, b in zip(expected, got):
-        diff = next((j for j, (x, y) in enumerate(zip(a, b)) if x != y), None)
+    for a, b in zip(expected, got, strict=True):
+        diff = next((j for j, (x, y) in enumerate(zip(a, b, strict=False)) if x != y), None)
         out.append(diff if diff is not None or len(a) == len(b) else min(len(a), len(b)))
     return out
 
@@ -113,7 +115,9 @@ def _caught_up_s(run: _Run, event) -> float:
     return max(max(times), event.ready_at) - run.killed_at
 
 
-def measure_recovery(config: RolloutConfig, model_dir, requests: int, prompt_tokens: int, max_tokens: int, kill_after: int, say) -> dict:
+def measure_recovery(
+    config: RolloutConfig, model_dir, requests: int, prompt_tokens: int, max_tokens: int, kill_after: int, say
+) -> dict:
     from belayer.workers.rollout.supervisor import RolloutNode
 
     node = RolloutNode(config, model_dir)
@@ -123,7 +127,9 @@ def measure_recovery(config: RolloutConfig, model_dir, requests: int, prompt_tok
     start_s = time.perf_counter() - t0
     try:
         work = workload(requests, prompt_tokens, max_tokens, node.vocab_size)
-        say(f"uninterrupted run: {requests} requests x {prompt_tokens} prompt tokens, {max_tokens} new tokens")
+        say(
+            f"uninterrupted run: {requests} requests x {prompt_tokens} prompt tokens, {max_tokens} new tokens"
+        )
         expected, base_s = run_uninterrupted(node, work)
 
         say(f"takeover run: SIGKILL the leader after {kill_after} tokens")
@@ -180,7 +186,9 @@ def measure_recovery(config: RolloutConfig, model_dir, requests: int, prompt_tok
         node.close()
 
 
-def measure_weight_mode(config: RolloutConfig, model_dir, requests: int, prompt_tokens: int, max_tokens: int, say) -> dict:
+def measure_weight_mode(
+    config: RolloutConfig, model_dir, requests: int, prompt_tokens: int, max_tokens: int, say
+) -> dict:
     """Memory per engine and decode throughput of one weight mode (no fault)."""
     from belayer.workers.rollout.supervisor import RolloutNode
 
@@ -213,13 +221,28 @@ def measure_weight_mode(config: RolloutConfig, model_dir, requests: int, prompt_
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object.")
 @click.option("--model", type=click.Choice(["tiny", "bench"]), default="bench", show_default=True)
 @click.option("--dtype", type=click.Choice(["float32", "bfloat16"]), default="float32", show_default=True)
-@click.option("--weight-mode", type=click.Choice(["private", "shared"]), default=None, help="Default: the configured mode.")
+@click.option(
+    "--weight-mode",
+    type=click.Choice(["private", "shared"]),
+    default=None,
+    help="Default: the configured mode.",
+)
 @click.option("--requests", type=click.IntRange(1, 256), default=4, show_default=True)
 @click.option("--prompt-tokens", type=click.IntRange(1, 100_000), default=512, show_default=True)
 @click.option("--max-tokens", type=click.IntRange(2, 100_000), default=96, show_default=True)
-@click.option("--kill-after", type=click.IntRange(1, 100_000), default=48, show_default=True, help="Tokens of request 0 before the kill.")
-@click.option("--weight-modes", is_flag=True, help="Also measure memory and decode speed of both weight modes.")
-def worker_recovery(as_json, model, dtype, weight_mode, requests, prompt_tokens, max_tokens, kill_after, weight_modes):
+@click.option(
+    "--kill-after",
+    type=click.IntRange(1, 100_000),
+    default=48,
+    show_default=True,
+    help="Tokens of request 0 before the kill.",
+)
+@click.option(
+    "--weight-modes", is_flag=True, help="Also measure memory and decode speed of both weight modes."
+)
+def worker_recovery(
+    as_json, model, dtype, weight_mode, requests, prompt_tokens, max_tokens, kill_after, weight_modes
+):
     """Kill the leader engine mid-decode: shadow takeover vs cold start."""
     from belayer.config import load_config
     from belayer.model.build import model_path
@@ -249,7 +272,11 @@ def worker_recovery(as_json, model, dtype, weight_mode, requests, prompt_tokens,
         result["weight_modes"] = {
             mode: measure_weight_mode(
                 base.model_copy(update={"weight_mode": mode, "node_id": "bench-" + uuid.uuid4().hex[:6]}),
-                model_dir, requests, min(prompt_tokens, 128), max_tokens, say,
+                model_dir,
+                requests,
+                min(prompt_tokens, 128),
+                max_tokens,
+                say,
             )
             for mode in ("private", "shared")
         }
@@ -263,5 +290,11 @@ def worker_recovery(as_json, model, dtype, weight_mode, requests, prompt_tokens,
 def _kv_mb_needed(model_dir, dtype: str, tokens: int) -> int:
     config = json.loads((model_dir / "config.json").read_text())
     head_dim = config.get("head_dim") or config["hidden_size"] // config["num_attention_heads"]
-    per_token = 2 * config["num_hidden_layers"] * config["num_key_value_heads"] * head_dim * (4 if dtype == "float32" else 2)
+    per_token = (
+        2
+        * config["num_hidden_layers"]
+        * config["num_key_value_heads"]
+        * head_dim
+        * (4 if dtype == "float32" else 2)
+    )
     return max(16, -(-tokens * per_token // MB) + 16)

@@ -15,9 +15,10 @@ import json
 import os
 import shutil
 import tempfile
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable, Literal
+from typing import Literal
 
 from belayer.errors import BelayerError
 
@@ -66,7 +67,9 @@ def default_cache_dir() -> Path:
     return Path("~/.cache/belayer").expanduser()
 
 
-def model_path(size: ModelSize = "tiny", cache_dir: Path | None = None, progress: Progress | None = None) -> Path:
+def model_path(
+    size: ModelSize = "tiny", cache_dir: Path | None = None, progress: Progress | None = None
+) -> Path:
     """Path of the built model folder, building it first when it is missing."""
     target = _models_root(cache_dir) / model_dir_name(size)
     if (target / MANIFEST).is_file():
@@ -75,7 +78,11 @@ def model_path(size: ModelSize = "tiny", cache_dir: Path | None = None, progress
 
 
 def build_model(
-    size: ModelSize = "tiny", cache_dir: Path | None = None, *, force: bool = False, progress: Progress | None = None
+    size: ModelSize = "tiny",
+    cache_dir: Path | None = None,
+    *,
+    force: bool = False,
+    progress: Progress | None = None,
 ) -> Path:
     """Build the model of `size` into the cache (atomically) and return its folder."""
     if size not in SHAPES:
@@ -117,7 +124,14 @@ def write_model(size: ModelSize, out: Path, say: Progress) -> None:
 
     save_file(state, str(out / "model.safetensors"), metadata={"format": "pt"})
     files = {p.name: file_sha256(p) for p in sorted(out.iterdir()) if p.is_file()}
-    manifest = {"size": size, "recipe": RECIPE_VERSION, "seed": SEED, "params": params, "vocab": vocab, "files": files}
+    manifest = {
+        "size": size,
+        "recipe": RECIPE_VERSION,
+        "seed": SEED,
+        "params": params,
+        "vocab": vocab,
+        "files": files,
+    }
     (out / MANIFEST).write_text(json.dumps(manifest, indent=2, sort_keys=True) + "\n")
 
 

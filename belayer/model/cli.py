@@ -32,5 +32,7 @@ def build(size: str, cache_dir: Path | None, force: bool) -> None:
         from belayer.config import load_config
 
         cache_dir = load_config().cache_dir
-    path = build_model(size, cache_dir, force=force, progress=lambda msg: click.echo(f"[model] {msg}", err=True))
+    path = build_model(
+        size, cache_dir, force=force, progress=lambda msg: click.echo(f"[model] {msg}", err=True)
+    )
     click.echo(str(path))

@@ -23,7 +23,7 @@ def faulty_node(request, monkeypatch, tiny_model):
 
 
 def run_all(node):
-    handles = [node.submit(p, s) for p, s in zip(PROMPTS, SPECS)]
+    handles = [node.submit(p, s) for p, s in zip(PROMPTS, SPECS, strict=True)]
     return [h.result(300).token_ids for h in handles]
 
 

@@ -43,7 +43,9 @@ def _context(store, key: str) -> PrefixRef:
 
 
 def _expected(node) -> list[int]:
-    spec = SamplingSpec(max_tokens=SAMPLING.max_tokens, temperature=SAMPLING.temperature, seed=SAMPLING.seed, ignore_eos=True)
+    spec = SamplingSpec(
+        max_tokens=SAMPLING.max_tokens, temperature=SAMPLING.temperature, seed=SAMPLING.seed, ignore_eos=True
+    )
     return node.generate(PROMPT, spec, timeout=300).token_ids
 
 

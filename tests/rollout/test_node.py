@@ -28,9 +28,9 @@ def baseline(node) -> list[list[int]]:
     """Tokens of an uninterrupted run on this node (computed once per node)."""
     key = node.config.node_id
     if key not in _baselines:
-        handles = [node.submit(p, s) for p, s in zip(PROMPTS, SPECS)]
+        handles = [node.submit(p, s) for p, s in zip(PROMPTS, SPECS, strict=True)]
         _baselines[key] = [h.result(300).token_ids for h in handles]
-        assert all(len(t) == s.max_tokens for t, s in zip(_baselines[key], SPECS))
+        assert all(len(t) == s.max_tokens for t, s in zip(_baselines[key], SPECS, strict=True))
     return _baselines[key]
 
 
@@ -49,7 +49,10 @@ def signal_leader_at(node, tokens: int, sig: int):
 
 
 def run_with_fault(node, trigger) -> list:
-    handles = [node.submit(p, s, on_progress=trigger if i == 0 else None) for i, (p, s) in enumerate(zip(PROMPTS, SPECS))]
+    handles = [
+        node.submit(p, s, on_progress=trigger if i == 0 else None)
+        for i, (p, s) in enumerate(zip(PROMPTS, SPECS, strict=True))
+    ]
     return [h.result(300) for h in handles]
 
 

@@ -2,8 +2,9 @@
 
 from typing import Literal
 
-from belayer.section import Section
 from pydantic import Field
+
+from belayer.section import Section
 
 
 class RolloutConfig(Section):
@@ -27,7 +28,9 @@ class RolloutConfig(Section):
     )
     kv_cache_mb: int = Field(256, ge=16, le=1 << 20, description="Size of the shared KV arena (MiB).")
     max_model_len: int = Field(2048, ge=64, le=1 << 20, description="Context length served.")
-    max_num_seqs: int = Field(32, ge=1, le=4096, description="Requests batched together by the leader engine.")
+    max_num_seqs: int = Field(
+        32, ge=1, le=4096, description="Requests batched together by the leader engine."
+    )
     heartbeat_interval_s: float = Field(
         0.25, gt=0, le=60, description="How often an engine reports it is alive from its serving loop."
     )
@@ -41,7 +44,10 @@ class RolloutConfig(Section):
         10.0, gt=0, le=600, description="How long a control call to an engine (lease, health check) may take."
     )
     weights_verify_interval_s: float = Field(
-        60.0, ge=0, le=86400, description="Background re-check of weight checksums by the owner; 0 disables it."
+        60.0,
+        ge=0,
+        le=86400,
+        description="Background re-check of weight checksums by the owner; 0 disables it.",
     )
     shadow: bool = Field(True, description="Keep a pre-initialized shadow engine for takeover.")
     engine_threads: int = Field(

@@ -61,7 +61,7 @@ class MemoryOwner:
         header = shm.read_weights_header(self.mm)
         self.data_offset = header.data_offset
         entries = []
-        for entry, tensor in zip(self.entries, tensors.values()):
+        for entry, tensor in zip(self.entries, tensors.values(), strict=True):
             self._write(entry, tensor)
             entries.append(shm.TensorEntry(**{**entry.__dict__, "sha256": self._digest(entry)}))
         self.entries = entries
@@ -169,11 +169,15 @@ def vllm_layout(model_dir: Path, dtype: str) -> dict:
             continue  # folded into the fused tensor below
         if name.endswith("self_attn.q_proj.weight"):
             base = name.removesuffix("q_proj.weight")
-            fused = torch.cat([hf[base + "q_proj.weight"], hf[base + "k_proj.weight"], hf[base + "v_proj.weight"]])
+            fused = torch.cat(
+                [hf[base + "q_proj.weight"], hf[base + "k_proj.weight"], hf[base + "v_proj.weight"]]
+            )
             out[base + "qkv_proj.weight"] = fused
         elif name.endswith("mlp.gate_proj.weight"):
             base = name.removesuffix("gate_proj.weight")
-            out[base + "gate_up_proj.weight"] = torch.cat([hf[base + "gate_proj.weight"], hf[base + "up_proj.weight"]])
+            out[base + "gate_up_proj.weight"] = torch.cat(
+                [hf[base + "gate_proj.weight"], hf[base + "up_proj.weight"]]
+            )
         else:
             out[name] = hf[name]
     return {name: t.to(target).contiguous() for name, t in out.items()}

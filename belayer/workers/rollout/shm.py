@@ -93,7 +93,9 @@ def create_weights_segment(path: Path, entries: list[TensorEntry], version: int)
     finally:
         os.close(fd)
     mm[PAGE : PAGE + len(manifest)] = manifest
-    mm[0 : _WEIGHTS_HDR.size] = _WEIGHTS_HDR.pack(WEIGHTS_MAGIC, total, len(manifest), data_offset, version, STATUS_LOADING)
+    mm[0 : _WEIGHTS_HDR.size] = _WEIGHTS_HDR.pack(
+        WEIGHTS_MAGIC, total, len(manifest), data_offset, version, STATUS_LOADING
+    )
     return mm
 
 
@@ -218,7 +220,9 @@ class ArenaMapping:
             fcntl.flock(self.fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except OSError as exc:
             if exc.errno in (errno.EWOULDBLOCK, errno.EAGAIN):
-                raise SharedMemoryError(f"arena lease on {self.path} is still held by another engine") from None
+                raise SharedMemoryError(
+                    f"arena lease on {self.path} is still held by another engine"
+                ) from None
             raise
         epoch = read_arena_header(self.path).epoch + 1
         os.pwrite(self.fd, struct.pack("<Q", epoch), _EPOCH_OFFSET)
@@ -232,7 +236,9 @@ class ArenaMapping:
 
     def _protect(self, prot: int) -> None:
         if self.address is None:
-            raise SharedMemoryError("the KV arena is not bound to vLLM's cache yet; cannot change its protection")
+            raise SharedMemoryError(
+                "the KV arena is not bound to vLLM's cache yet; cannot change its protection"
+            )
         if _libc.mprotect(ctypes.c_void_p(self.address), ctypes.c_size_t(self.size), prot) != 0:
             err = ctypes.get_errno()
             raise SharedMemoryError(f"mprotect on the KV arena failed: {os.strerror(err)}")

@@ -17,11 +17,12 @@ import multiprocessing as mp
 import threading
 import time
 import uuid
+from collections.abc import Callable
 from concurrent.futures import Future
 from dataclasses import dataclass, field
 from multiprocessing.connection import Connection, wait
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 from belayer.workers.rollout import shm
 from belayer.workers.rollout.config import RolloutConfig
@@ -116,7 +117,7 @@ class _InFlight:
 class RequestHandle:
     """A submitted request: wait for its `Completion`, or look at its progress."""
 
-    def __init__(self, node: "RolloutNode", record: _InFlight):
+    def __init__(self, node: RolloutNode, record: _InFlight):
         self._node, self._record = node, record
 
     @property
@@ -183,7 +184,7 @@ class RolloutNode:
 
     # -- lifecycle ----------------------------------------------------------------------
 
-    def start(self, wait_shadow: bool = True) -> "RolloutNode":
+    def start(self, wait_shadow: bool = True) -> RolloutNode:
         """Owner, then primary (leader), then shadow; returns when the leader serves."""
         stale = shm.unlink_segments(self.config.node_id)
         if stale:
@@ -201,7 +202,9 @@ class RolloutNode:
         except BaseException:
             self.close()
             raise
-        self._pump = threading.Thread(target=self._pump_loop, name=f"belayer-{self.config.node_id}-pump", daemon=True)
+        self._pump = threading.Thread(
+            target=self._pump_loop, name=f"belayer-{self.config.node_id}-pump", daemon=True
+        )
         self._pump.start()
         return self
 
@@ -220,7 +223,7 @@ class RolloutNode:
                 self._fail(record, NodeClosedError(f"rollout node {self.config.node_id} closed"))
         shm.unlink_segments(self.config.node_id)
 
-    def __enter__(self) -> "RolloutNode":
+    def __enter__(self) -> RolloutNode:
         return self.start()
 
     def __exit__(self, *exc) -> None:
@@ -228,7 +231,11 @@ class RolloutNode:
 
     def pids(self) -> dict[str, int]:
         with self._lock:
-            return {c.role if c is not self.leader else "leader": c.pid for c in (self.owner, self.leader, self.shadow) if c}
+            return {
+                c.role if c is not self.leader else "leader": c.pid
+                for c in (self.owner, self.leader, self.shadow)
+                if c
+            }
 
     def wait_shadow_ready(self, timeout: float | None = None) -> bool:
         deadline = time.monotonic() + (timeout or self.config.engine_start_timeout_s)
@@ -253,14 +260,14 @@ class RolloutNode:
         self._validate(prompt_ids, spec)
         if self._closed.is_set():
             raise NodeClosedError(f"rollout node {self.config.node_id} is closed")
-        record = _InFlight(request_id or uuid.uuid4().hex, list(prompt_ids), spec, time.monotonic(), on_progress=on_progress)
+        record = _InFlight(
+            request_id or uuid.uuid4().hex, list(prompt_ids), spec, time.monotonic(), on_progress=on_progress
+        )
         with self._lock:
             if record.request_id in self._inflight:
                 raise BadRequestError(f"request id {record.request_id} is already in flight")
             self._inflight[record.request_id] = record
-            log.debug(
-                "request %s: %d prompt tokens, %s", record.request_id, len(record.prompt_ids), spec
-            )
+            log.debug("request %s: %d prompt tokens, %s", record.request_id, len(record.prompt_ids), spec)
             if self.leader is not None and self.leader.ready is not None:
                 self._send_to_leader(record)
         return RequestHandle(self, record)
@@ -345,10 +352,20 @@ class RolloutNode:
             if self._closed.is_set():
                 return
             if self.owner is not None and self.owner.process.sentinel in ready and self.owner_failure is None:
-                self.owner_failure = f"memory owner (pid {self.owner.pid}) exited with {self.owner.process.exitcode}"
-                log.error("rollout node %s: %s; the next recovery will be a cold start", self.config.node_id, self.owner_failure)
+                self.owner_failure = (
+                    f"memory owner (pid {self.owner.pid}) exited with {self.owner.process.exitcode}"
+                )
+                log.error(
+                    "rollout node %s: %s; the next recovery will be a cold start",
+                    self.config.node_id,
+                    self.owner_failure,
+                )
             if self.shadow is not None and self.shadow.process.sentinel in ready:
-                log.error("rollout node %s: shadow (pid %s) died; starting another", self.config.node_id, self.shadow.pid)
+                log.error(
+                    "rollout node %s: shadow (pid %s) died; starting another",
+                    self.config.node_id,
+                    self.shadow.pid,
+                )
                 _stop_child(self.shadow)
                 self.shadow = self._start_engine("shadow") if self.config.shadow else None
             leader = self.leader
@@ -358,7 +375,9 @@ class RolloutNode:
                 leader.process.join()  # already dead: reap it so the exit code is known
                 self._recover(f"leader (pid {leader.pid}) died with exit code {leader.process.exitcode}")
             elif time.monotonic() - leader.last_heard > self.config.heartbeat_timeout_s:
-                self._recover(f"leader (pid {leader.pid}) missed heartbeats for {self.config.heartbeat_timeout_s} s")
+                self._recover(
+                    f"leader (pid {leader.pid}) missed heartbeats for {self.config.heartbeat_timeout_s} s"
+                )
 
     def _drain(self, child: _Child) -> None:
         try:
@@ -375,10 +394,18 @@ class RolloutNode:
         elif isinstance(msg, Rejected):
             record = self._by_engine_id.pop(msg.engine_request_id, None)
             if record is not None:
-                self._fail(record, BadRequestError(f"engine rejected request {record.request_id}: {msg.message}"))
+                self._fail(
+                    record, BadRequestError(f"engine rejected request {record.request_id}: {msg.message}")
+                )
         elif isinstance(msg, EngineReady):
             child.ready = msg
-            log.info("rollout node %s: %s engine (pid %s) ready in %.2f s", self.config.node_id, child.role, msg.pid, msg.init_s)
+            log.info(
+                "rollout node %s: %s engine (pid %s) ready in %.2f s",
+                self.config.node_id,
+                child.role,
+                msg.pid,
+                msg.init_s,
+            )
         elif isinstance(msg, WeightsVerified) and child is self.owner and not msg.ok:
             self.owner_failure = f"weights checksum mismatch in {list(msg.bad_tensors)[:3]}"
             log.error("rollout node %s: %s", self.config.node_id, self.owner_failure)
@@ -436,7 +463,9 @@ class RolloutNode:
         if len(prompt) >= self.config.max_model_len:
             self._finish(record, "length")
             return
-        self._send_leader(AddRequest(record.engine_request_id, prompt, record.spec, record.remaining, len(prompt)))
+        self._send_leader(
+            AddRequest(record.engine_request_id, prompt, record.spec, record.remaining, len(prompt))
+        )
 
     def _send_leader(self, msg: Any) -> None:
         try:
@@ -455,7 +484,12 @@ class RolloutNode:
         self._drain(old)  # tokens it streamed before dying are real: keep them
         _close_conn(old)
         phases["fence_s"] = time.perf_counter() - t
-        log.error("rollout node %s: %s; recovering %d in-flight requests", self.config.node_id, reason, len(self._inflight))
+        log.error(
+            "rollout node %s: %s; recovering %d in-flight requests",
+            self.config.node_id,
+            reason,
+            len(self._inflight),
+        )
 
         fallback, self._forced_fallback = self._forced_fallback, None
         if fallback is None:
@@ -482,7 +516,9 @@ class RolloutNode:
                 # retries the activity on another node, resuming from its heartbeat).
                 log.error("rollout node %s: cold start failed: %s", self.config.node_id, exc)
                 for record in list(self._inflight.values()):
-                    self._fail(record, RolloutError(f"rollout node {self.config.node_id} lost its engine: {exc}"))
+                    self._fail(
+                        record, RolloutError(f"rollout node {self.config.node_id} lost its engine: {exc}")
+                    )
                 return
 
         t = time.perf_counter()
@@ -508,7 +544,11 @@ class RolloutNode:
         self.recoveries.append(event)
         log.warning(
             "rollout node %s: %s done in %.3f s (epoch %d, %d requests re-prefilled)%s",
-            self.config.node_id, kind, event.ready_s, self.epoch, len(records),
+            self.config.node_id,
+            kind,
+            event.ready_s,
+            self.epoch,
+            len(records),
             f"; cold start because {fallback}" if fallback else "",
         )
         if self.config.shadow and self.shadow is None:
@@ -587,7 +627,9 @@ class RolloutNode:
             verify_interval_s=self.config.weights_verify_interval_s,
         )
         parent, child = _MP.Pipe()
-        process = _MP.Process(target=owner_main, args=(spec, child), name=f"belayer-{self.config.node_id}-owner", daemon=True)
+        process = _MP.Process(
+            target=owner_main, args=(spec, child), name=f"belayer-{self.config.node_id}-owner", daemon=True
+        )
         process.start()
         child.close()
         self.owner = _Child("owner", process, parent, spec=spec)
@@ -610,7 +652,9 @@ class RolloutNode:
             threads=self.config.engine_threads,
         )
         parent, child = _MP.Pipe()
-        process = _MP.Process(target=engine_main, args=(spec, child), name=f"belayer-{self.config.node_id}-{role}", daemon=True)
+        process = _MP.Process(
+            target=engine_main, args=(spec, child), name=f"belayer-{self.config.node_id}-{role}", daemon=True
+        )
         process.start()
         child.close()
         return _Child(role, process, parent, spec=spec)
@@ -628,7 +672,9 @@ class RolloutNode:
                 )
             if not child.conn.poll(min(left, 0.5)):
                 if not child.process.is_alive():
-                    raise EngineStartError(f"{child.role} (pid {child.pid}) exited with {child.process.exitcode} while starting")
+                    raise EngineStartError(
+                        f"{child.role} (pid {child.pid}) exited with {child.process.exitcode} while starting"
+                    )
                 continue
             msg = child.conn.recv()
             if isinstance(msg, Failed):
@@ -650,13 +696,17 @@ class RolloutNode:
         while True:
             left = deadline - time.monotonic()
             if left <= 0:
-                raise RolloutError(f"{child.role} did not answer {type(msg).__name__} in {self.config.control_timeout_s} s")
+                raise RolloutError(
+                    f"{child.role} did not answer {type(msg).__name__} in {self.config.control_timeout_s} s"
+                )
             try:
                 if not child.conn.poll(left):
                     continue
                 reply = child.conn.recv()
             except (EOFError, OSError):
-                raise RolloutError(f"{child.role} (pid {child.pid}) died during {type(msg).__name__}") from None
+                raise RolloutError(
+                    f"{child.role} (pid {child.pid}) died during {type(msg).__name__}"
+                ) from None
             if isinstance(reply, reply_type):
                 return reply
             if isinstance(reply, Failed):

@@ -26,7 +26,6 @@ from pathlib import Path
 
 import torch
 from torch.overrides import TorchFunctionMode
-
 from vllm import EngineArgs, SamplingParams
 from vllm.model_executor.model_loader import register_model_loader
 from vllm.model_executor.model_loader.base_loader import BaseModelLoader
@@ -81,7 +80,7 @@ class BelayerShmLoader(BaseModelLoader):
         mm = shm.map_readonly(Path(extra["weights_path"]))
         header, entries = shm.read_manifest(mm)
         if header.status != shm.STATUS_OK:
-            raise shm.SharedMemoryError("owner's weights are not verified (status %d)" % header.status)
+            raise shm.SharedMemoryError(f"owner's weights are not verified (status {header.status})")
         by_name = {e.name: e for e in entries}
         shared = self._mode() == "shared"
         for name, param in model.named_parameters():
@@ -111,7 +110,9 @@ def _tensor_view(mm, data_offset: int, entry: shm.TensorEntry) -> torch.Tensor:
     count = math.prod(entry.shape)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # read-only buffer on purpose
-        return torch.frombuffer(mm, dtype=dtype, count=count, offset=data_offset + entry.offset).view(entry.shape)
+        return torch.frombuffer(mm, dtype=dtype, count=count, offset=data_offset + entry.offset).view(
+            entry.shape
+        )
 
 
 @contextlib.contextmanager
@@ -159,7 +160,9 @@ class _ArenaAllocation(TorchFunctionMode):
 
 
 class ArenaModelRunner(CPUModelRunner):
-    def initialize_kv_cache_tensors(self, kv_cache_config, kernel_block_sizes, kv_cache_allocation_context=None):
+    def initialize_kv_cache_tensors(
+        self, kv_cache_config, kernel_block_sizes, kv_cache_allocation_context=None
+    ):
         # Why: this is the single place vLLM allocates the KV backing buffer; overriding it
         # (instead of patching utils) keeps the rest of KV binding untouched.
         if _ARENA is None:

@@ -63,8 +63,12 @@ async def publish_roles(node, path: Path, every_s: float = 0.2) -> None:
         roles = {**node.pids(), "epoch": node.epoch, "recoveries": len(node.recoveries)}
         if node.recoveries:
             event = node.recoveries[-1]
-            roles["last_recovery"] = {"kind": event.kind, "reason": event.reason, "ready_s": event.ready_s,
-                                      "fallback_reason": event.fallback_reason}
+            roles["last_recovery"] = {
+                "kind": event.kind,
+                "reason": event.reason,
+                "ready_s": event.ready_s,
+                "fallback_reason": event.fallback_reason,
+            }
         if roles != last:
             tmp = path.with_suffix(".tmp")
             tmp.write_text(json.dumps(roles))
