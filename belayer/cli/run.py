@@ -292,7 +292,9 @@ async def _walk_history(handle):
     converter = pydantic_data_converter.payload_converter
     scheduled: dict[int, tuple[str, object]] = {}
     steps, checkpoints, summary = [], [], {}
+    clock = _ActivityClock()
     async for event in handle.fetch_history_events():
+        clock.see(event)
         if event.event_type == EventType.EVENT_TYPE_ACTIVITY_TASK_SCHEDULED:
             attrs = event.activity_task_scheduled_event_attributes
             name = attrs.activity_type.name
@@ -318,7 +320,68 @@ async def _walk_history(handle):
                 result = converter.from_payloads(payloads, [TrajectoryResult])[0]
                 summary = {"result": {k: v for k, v in result.model_dump().items() if k != "decisions"},
                            "decisions": [d.model_dump() for d in result.decisions]}
+    waits = sum(d.get("wait_s") or 0.0 for d in summary.get("decisions", []))
+    summary["timing"] = clock.summary(turns=len(steps), checkpoint_wait_s=waits)
     return steps, checkpoints, summary
+
+
+class _ActivityClock:
+    """Where a trajectory's wall time went, from the history's own timestamps.
+
+    Work = time activities on the critical path spent executing (started -> closed);
+    checkpoints run beside generation, so only the waits for them count. The rest is
+    orchestration: Temporal dispatch (scheduled -> started) and workflow task rounds.
+    """
+
+    OVERLAPPED = {"sandbox.checkpoint"}
+
+    def __init__(self):
+        self.first = self.last = None
+        self.scheduled: dict[int, tuple[str, float]] = {}
+        self.started: dict[int, float] = {}
+        self.busy: dict[str, float] = {}
+        self.dispatch_s = 0.0
+
+    def see(self, event) -> None:
+        from temporalio.api.enums.v1 import EventType
+
+        at = event.event_time.ToDatetime().timestamp()
+        self.first = at if self.first is None else self.first
+        self.last = at
+        kind = event.event_type
+        if kind == EventType.EVENT_TYPE_ACTIVITY_TASK_SCHEDULED:
+            name = event.activity_task_scheduled_event_attributes.activity_type.name
+            self.scheduled[event.event_id] = (name, at)
+        elif kind == EventType.EVENT_TYPE_ACTIVITY_TASK_STARTED:
+            scheduled_id = event.activity_task_started_event_attributes.scheduled_event_id
+            self.started[scheduled_id] = at
+        elif kind in (EventType.EVENT_TYPE_ACTIVITY_TASK_COMPLETED, EventType.EVENT_TYPE_ACTIVITY_TASK_FAILED,
+                      EventType.EVENT_TYPE_ACTIVITY_TASK_TIMED_OUT):
+            attrs = (event.activity_task_completed_event_attributes
+                     if kind == EventType.EVENT_TYPE_ACTIVITY_TASK_COMPLETED
+                     else event.activity_task_failed_event_attributes
+                     if kind == EventType.EVENT_TYPE_ACTIVITY_TASK_FAILED
+                     else event.activity_task_timed_out_event_attributes)
+            name, scheduled_at = self.scheduled.get(attrs.scheduled_event_id, ("?", at))
+            started_at = self.started.get(attrs.scheduled_event_id, scheduled_at)
+            self.busy[name] = self.busy.get(name, 0.0) + (at - started_at)
+            if name not in self.OVERLAPPED:
+                self.dispatch_s += started_at - scheduled_at
+
+    def summary(self, turns: int, checkpoint_wait_s: float = 0.0) -> dict:
+        wall = (self.last - self.first) if self.first is not None else 0.0
+        work = sum(v for k, v in self.busy.items() if k not in self.OVERLAPPED)
+        orchestration = max(0.0, wall - work - checkpoint_wait_s)
+        return {
+            "wall_s": round(wall, 3),
+            "activity_s": {k: round(v, 3) for k, v in sorted(self.busy.items())},
+            "critical_work_s": round(work, 3),
+            "checkpoint_wait_s": round(checkpoint_wait_s, 3),
+            "orchestration_s": round(orchestration, 3),
+            "dispatch_s": round(self.dispatch_s, 3),
+            "orchestration_per_turn_s": round(orchestration / turns, 4) if turns else None,
+            "orchestration_pct": round(100 * orchestration / wall, 2) if wall else None,
+        }
 
 
 def _print_inspection(report: dict) -> None:
@@ -333,6 +396,11 @@ def _print_inspection(report: dict) -> None:
     if report["checkpoints"]:
         out.print("checkpoints: " + ", ".join(f"step {c['step']} ({c['bytes'] // 1024} KiB)"
                                               for c in report["checkpoints"]))
+    timing = report.get("timing")
+    if timing:
+        out.print(f"time: {timing['wall_s']}s wall, {timing['critical_work_s']}s engine/sandbox/context work, "
+                  f"{timing['orchestration_s']}s orchestration ({timing['orchestration_pct']}%, "
+                  f"{timing['orchestration_per_turn_s']}s per turn)")
     result = report.get("result")
     if result:
         out.print(f"result: {result['status']} reward={result['reward']} turns={result['turns']} "

@@ -147,7 +147,16 @@ class LocalStack:
                 stopped.append(service.name)
             else:
                 report(f"{service.name}: was not running")
+        self._remove_rollout_leftovers(report)
         return stopped
+
+    def _remove_rollout_leftovers(self, report: Reporter) -> None:
+        """A rollout node killed hard cannot unlink its shared memory: `down` does."""
+        from belayer.workers.rollout.worker import cleanup_node, roles_file
+
+        for segment in cleanup_node(self.config.rollout.node_id):
+            report(f"rollout-node: removed leftover shared memory {segment}")
+        roles_file(self.config).unlink(missing_ok=True)
 
     def status(self) -> list[ComponentStatus]:
         rows = [self._service_status(service) for service in self.services]

@@ -38,7 +38,7 @@ class TrajectoryStack:
     queues: TaskQueues
     store: ObjectStore
     sandboxes: object
-    rollout: ScriptedRollout
+    rollout: object  # ScriptedRollout, or RolloutActivities on a real node
     workers: dict[str, tuple[Worker, asyncio.Task]]
 
     async def _stop(self, *names: str) -> None:
@@ -58,15 +58,21 @@ class TrajectoryStack:
 
 @contextlib.asynccontextmanager
 async def trajectory_stack(stack_config, storage_config, tokenizer_path, *, replies=None,
-                           per_token_s=0.001):
+                           per_token_s=0.001, rollout_node=None):
+    """Workers for every queue of a trajectory; `rollout_node` puts a real engine behind generate."""
     token = uuid.uuid4().hex[:8]
     queues = TaskQueues(rollout=f"rollout-{token}", sandbox=f"sandbox-{token}", context=f"wf-{token}")
     client = await connect(stack_config.temporal)
     store = ObjectStore(storage_config)
     boxes = make_sandboxes(storage_config)
     boxes.host.host_queue = f"sandbox-host-{token}"
-    rollout = ScriptedRollout(store, tokenizer_path, replies=replies, per_token_s=per_token_s,
-                              node_queue=queues.rollout)
+    if rollout_node is not None:
+        from belayer.activities.generate import RolloutActivities
+
+        rollout = RolloutActivities(rollout_node, store, queues.rollout)
+    else:
+        rollout = ScriptedRollout(store, tokenizer_path, replies=replies, per_token_s=per_token_s,
+                                  node_queue=queues.rollout)
     context = ContextActivities(store, tokenizer_path)
     sandbox_activities = SandboxActivities(boxes.host)
     workers = {
