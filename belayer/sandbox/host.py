@@ -433,5 +433,8 @@ def make_host(config, *, store=None, host_queue: str | None = None) -> SandboxHo
         from belayer.storage.store import ObjectStore
 
         store = ObjectStore(config.storage)
+    from belayer.storage.encryption import archive_store
+
+    store = archive_store(store, config.storage.encryption_key)  # checkpoints hold process memory
     backend = PodmanBackend(config.sandbox, config.state_dir, config.cache_dir)
     return SandboxHost(config.sandbox, backend, store, state_dir=config.state_dir, host_queue=host_queue)

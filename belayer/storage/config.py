@@ -19,6 +19,11 @@ class StorageConfig(Section):
     )
     secret_key: SecretStr = Field(SecretStr("belayer-local-secret"), description="Secret access key.")
     key_prefix: str = Field("", description="Prefix put before every key, e.g. 'team-a/'.")
+    encryption_key: SecretStr = Field(
+        SecretStr(""),
+        description="32-byte key (base64 or hex) encrypting checkpoint archives at rest (AES-256-GCM, "
+        "belayer/storage/encryption.py); empty: not encrypted. Never logged.",
+    )
     part_size_mb: int = Field(
         16, ge=5, le=512, description="Multipart part size in MiB; S3 requires at least 5."
     )

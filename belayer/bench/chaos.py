@@ -1,0 +1,87 @@
+"""`belayer bench chaos`: the chaos soak (belayer/chaos/soak.py) as a command.
+
+It injects real faults into the stack of the effective configuration: run it against a
+stack of your own (`BELAYER_STATE_DIR=... belayer up` on other ports), never one that
+other people's runs share.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import sys
+from pathlib import Path
+
+import click
+from rich.console import Console
+from rich.table import Table
+
+console = Console(stderr=True)
+EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "workloads" / "build-and-serve.yaml"
+
+
+@click.command()
+@click.option("--workload", "workloads", multiple=True, type=click.Path(exists=True, path_type=Path),
+              help="Workload file (repeatable); default examples/workloads/build-and-serve.yaml.")
+@click.option("--rounds", default=5, show_default=True, type=click.IntRange(1, 10_000),
+              help="Rounds with faults, after one reference round.")
+@click.option("--repeats", default=1, show_default=True, type=click.IntRange(1, 1000),
+              help="Trajectories per task per round.")
+@click.option("--faults-per-round", default=2, show_default=True, type=click.IntRange(0, 1000))
+@click.option("--seed", default=0, show_default=True, type=click.IntRange(0), help="Seed of the fault schedule.")
+@click.option("--kinds", default=None, metavar="KIND,...", help="Fault kinds drawn from (default: all).")
+@click.option("--s3-outage-s", default=3.0, show_default=True, type=click.FloatRange(0, 600))
+@click.option("--round-timeout-s", default=600.0, show_default=True, type=click.FloatRange(10, 86400),
+              help="A trajectory without a result by then counts as lost (and is terminated).")
+@click.option("--json", "as_json", is_flag=True, help="Print one JSON object (with per-run details).")
+@click.option("--out", type=click.Path(path_type=Path), default=None,
+              help="Also write the JSON here (input of `belayer report`).")
+@click.pass_context
+def chaos(ctx: click.Context, workloads: tuple[Path, ...], rounds: int, repeats: int, faults_per_round: int,
+          seed: int, kinds: str | None, s3_outage_s: float, round_timeout_s: float, as_json: bool,
+          out: Path | None) -> None:
+    """Soak: the example workloads under a seeded schedule of real faults of every kind;
+    each trajectory's token and environment hashes compared with an unfailed run.
+
+    Exit status 1 when a trajectory was lost, mismatched or failed_infra, or something leaked.
+    """
+    from belayer.chaos.faults import FAULT_KINDS, ChaosError
+    from belayer.chaos.soak import Soak, SoakSettings
+    from belayer.cli.main import config_from
+
+    chosen = kinds.split(",") if kinds else list(FAULT_KINDS)
+    unknown = [k for k in chosen if k not in FAULT_KINDS]
+    if unknown:
+        raise ChaosError(f"unknown fault kind(s) {', '.join(unknown)}; choose from {', '.join(FAULT_KINDS)}")
+    settings = SoakSettings(workloads=list(workloads) or [EXAMPLE], rounds=rounds, repeats=repeats,
+                            faults_per_round=faults_per_round, seed=seed, kinds=chosen,
+                            s3_outage_s=s3_outage_s, round_timeout_s=round_timeout_s)
+    config = config_from(ctx.find_root())
+    summary = asyncio.run(Soak(config, settings, report=lambda m: console.print(m, highlight=False)).run())
+    text = json.dumps(summary, indent=2)
+    if out:
+        out.write_text(text)
+    if as_json:
+        click.echo(text)
+    else:
+        _print(summary)
+    bad = summary["lost"] or summary["mismatched"] or summary["failed_infra"] or any(summary["leaked"].values())
+    sys.stdout.flush()
+    os._exit(1 if bad else 0)  # the Temporal SDK can abort at interpreter exit (DESIGN.md s7)
+
+
+def _print(summary: dict) -> None:
+    out = Console(width=max(Console().width, 120))
+    table = Table("fault kind", "injected", "p50 recovery s", "max recovery s")
+    for kind, row in summary["by_kind"].items():
+        table.add_row(kind, str(row["injected"]), _s(row["p50_recovery_s"]), _s(row["max_recovery_s"]))
+    out.print(table)
+    out.print(f"{summary['trajectories']} trajectories, {summary['faults_injected']} faults: "
+              f"lost {summary['lost']}, mismatched {summary['mismatched']}, failed_infra {summary['failed_infra']}, "
+              f"context cuts {summary['context_cuts']}; leaked {summary['leaked']}; recovery p50 "
+              f"{_s(summary['p50_recovery_s'])} s, p99 {_s(summary['p99_recovery_s'])} s")
+
+
+def _s(value) -> str:
+    return "-" if value is None else f"{value:.2f}"

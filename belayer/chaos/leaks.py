@@ -1,0 +1,148 @@
+"""What a run left behind: sandbox containers, processes, shared memory, objects.
+
+A snapshot is taken before a soak and another after it; a leak is what the second has
+and the first had not, minus what the live stack legitimately holds (its services and
+their children, the rollout node's current segments). Nothing here removes anything.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import psutil
+from pydantic import BaseModel
+
+from belayer.config import BelayerConfig
+
+
+class Leaks(BaseModel):
+    containers: list[str] = []
+    processes: list[str] = []
+    shm_segments: list[str] = []
+    objects: list[str] = []
+
+    def counts(self) -> dict[str, int]:
+        return {name: len(getattr(self, name)) for name in ("containers", "processes", "shm_segments", "objects")}
+
+
+class Snapshot(BaseModel):
+    containers: set[str]
+    processes: set[int]
+
+
+def snapshot(config: BelayerConfig) -> Snapshot:
+    return Snapshot(containers=set(sandbox_containers(config)), processes={p.pid for p in stack_processes(config)})
+
+
+def find_leaks(config: BelayerConfig, before: Snapshot, sandbox_ids: set[str]) -> Leaks:
+    """Everything the run left that nothing live explains."""
+    containers = [c for c in sandbox_containers(config) if c not in before.containers]
+    live = _service_trees(config)
+    processes = [
+        f"{p.pid} {' '.join(_cmdline(p))[:120]}"
+        for p in stack_processes(config)
+        if p.pid not in before.processes and p.pid not in live
+    ]
+    return Leaks(containers=containers, processes=processes, shm_segments=unmapped_segments(config),
+                 objects=leftover_objects(config, sandbox_ids))
+
+
+def sandbox_containers(config: BelayerConfig) -> list[str]:
+    """Names of every Belayer sandbox container of this state directory (any state)."""
+    from belayer.sandbox.podman import LABEL_SANDBOX
+    from belayer.sandbox.runtime import run_podman
+
+    listed = run_podman("ps", "-a", "--filter", f"label={LABEL_SANDBOX}", "--format", "{{.Names}}",
+                        state_dir=config.state_dir, cache_dir=config.cache_dir)
+    return listed.stdout.split()
+
+
+def stack_processes(config: BelayerConfig) -> list[psutil.Process]:
+    """Processes that belong to this state directory's stack: their environment or command
+    line names it. The calling process and its ancestors are not counted."""
+    mine = {os.getpid(), *(p.pid for p in psutil.Process().parents())}
+    marker = str(config.state_dir)
+    found = []
+    for proc in psutil.process_iter():
+        if proc.pid in mine:
+            continue
+        try:
+            env = proc.environ()
+            if env.get("BELAYER_STATE_DIR") == marker or marker in " ".join(proc.cmdline()):
+                found.append(proc)
+        except psutil.Error:
+            continue
+    return found
+
+
+def _service_trees(config: BelayerConfig) -> set[int]:
+    """Pids of the stack's running services, their children, and the conmon of live containers."""
+    from belayer.stack.local import LocalStack
+
+    stack = LocalStack(config)
+    pids: set[int] = set()
+    for service in stack.services:
+        proc = stack.process(service).running()
+        if proc is None:
+            continue
+        pids.add(proc.pid)
+        try:
+            pids.update(child.pid for child in proc.children(recursive=True))
+        except psutil.Error:
+            pass
+    for proc in psutil.process_iter(["name", "cmdline"]):
+        # conmon and a container's own processes belong to a container: counted as containers.
+        try:
+            if proc.info["name"] == "conmon":
+                pids.add(proc.pid)
+                pids.update(child.pid for child in proc.children(recursive=True))
+        except psutil.Error:
+            continue
+    return pids
+
+
+def unmapped_segments(config: BelayerConfig) -> list[str]:
+    """The rollout node's /dev/shm segments that no live process maps or holds open."""
+    from belayer.workers.rollout.shm import leftover_segments
+
+    segments = {str(p) for p in leftover_segments(config.rollout.node_id)}
+    if not segments:
+        return []
+    used: set[str] = set()
+    for pid_dir in Path("/proc").iterdir():
+        if not pid_dir.name.isdigit():
+            continue
+        try:
+            for line in (pid_dir / "maps").read_text().splitlines():
+                path = line.rpartition(" ")[2]
+                if path in segments:
+                    used.add(path)
+            for fd in (pid_dir / "fd").iterdir():
+                target = os.readlink(fd)
+                if target in segments:
+                    used.add(target)
+        except OSError:
+            continue
+    return sorted(segments - used)
+
+
+def leftover_objects(config: BelayerConfig, sandbox_ids: set[str]) -> list[str]:
+    """Checkpoint objects of finished sandboxes (destroy deletes them) and unfinished
+    multipart uploads. Token logs and observations are the trajectories' record: kept."""
+    from belayer.storage.store import ObjectStore
+
+    found: list[str] = []
+    with ObjectStore(config.storage) as store:
+        for sandbox_id in sorted(sandbox_ids):
+            found.extend(store.list(f"{config.sandbox.checkpoint_prefix}{sandbox_id}/"))
+        uploads = store.client.list_multipart_uploads(Bucket=config.storage.bucket).get("Uploads", [])
+        found.extend(f"incomplete upload {u['Key']}" for u in uploads)
+    return found
+
+
+def _cmdline(proc: psutil.Process) -> list[str]:
+    try:
+        return proc.cmdline()
+    except psutil.Error:
+        return ["?"]

@@ -1,0 +1,379 @@
+"""The chaos soak behind `belayer bench chaos`: the example workloads, many times, under a
+seeded schedule of real faults of every kind, each trajectory compared with an unfailed
+run of its task.
+
+One reference round runs every task with no fault. Then each round starts every task
+(times `repeats`) at once and injects `faults_per_round` faults one after another, each
+on a trajectory and at a step (or a time offset) drawn from the seed; fault kinds come
+in turn from a seeded shuffle of all kinds, so `rounds * faults_per_round >= 9` covers
+every kind. A fault's recovery time runs from the injection until its trajectory
+completes another step (or ends). After the last round, whatever the run left behind
+(containers, processes, shared memory, objects) is counted.
+
+Verdicts per trajectory, against the reference of its task:
+- lost: no result (the workflow failed, was terminated, or did not finish in time);
+- failed_infra: ended failed_infra (infrastructure failures are never rewards);
+- context_cut: a recovery found a nondeterministic action and cut the context there:
+  its hashes legitimately differ; counted apart, and its recovery must say where;
+- mismatched: completed without a cut, but token_sha256 or env_sha256 differ.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import math
+import random
+import time
+import uuid
+from collections.abc import Callable
+from pathlib import Path
+
+from pydantic import BaseModel, Field
+
+from belayer.chaos.faults import FAULT_KINDS, Chaos, ChaosError
+from belayer.config import BelayerConfig
+
+Reporter = Callable[[str], None]
+
+
+class SoakSettings(BaseModel):
+    """Size and schedule of one soak."""
+
+    workloads: list[Path] = Field(description="Workload files whose tasks run every round.")
+    rounds: int = Field(5, ge=1, description="Rounds with faults (after one reference round).")
+    repeats: int = Field(1, ge=1, description="Trajectories per task per round.")
+    faults_per_round: int = Field(2, ge=0, description="Faults injected, one after another, per round.")
+    seed: int = Field(0, ge=0, description="Seed of the fault schedule.")
+    kinds: list[str] = Field(list(FAULT_KINDS), description="Fault kinds drawn from.")
+    time_trigger_share: float = Field(0.25, ge=0, le=1, description="Share of faults triggered by time.")
+    s3_outage_s: float = Field(3.0, ge=0, description="How long an s3-outage keeps the store down.")
+    round_timeout_s: float = Field(600.0, gt=0, description="A trajectory not done by then is lost.")
+
+
+class ScheduledFault(BaseModel):
+    kind: str
+    target: int = Field(description="Index of the target among the round's trajectories.")
+    step: int | None = None
+    t: float | None = None
+
+
+class FaultRecord(BaseModel):
+    kind: str
+    round: int
+    target: str
+    trigger: str
+    at: int | None = Field(None, description="Step the target had completed at the injection.")
+    injected_at: float | None = None
+    recovered_by: str | None = None
+    recovery_s: float | None = None
+    injected: bool = False
+    detail: str = ""
+
+
+class TrajectoryOutcome(BaseModel):
+    id: str
+    task: str
+    round: int
+    status: str
+    verdict: str
+    turns: int = 0
+    token_sha256: str | None = None
+    env_sha256: str | None = None
+    recoveries: list[dict] = []
+    checkpoints: int = 0
+    sandbox_ids: list[str] = []
+    started_at: float
+    ended_at: float | None = None
+    step_times: list[tuple[int, float]] = Field([], description="(step, time first seen) as polled.")
+    reason: str = ""
+
+
+def schedule(settings: SoakSettings, turns: list[int]) -> list[list[ScheduledFault]]:
+    """Per round, the faults to inject, in order. `turns[i]` is trajectory i's step count."""
+    rng = random.Random(settings.seed)
+    order = list(settings.kinds)
+    rng.shuffle(order)
+    plan: list[list[ScheduledFault]] = []
+    drawn = 0
+    for _ in range(settings.rounds):
+        faults = []
+        for _ in range(settings.faults_per_round):
+            kind = order[drawn % len(order)]
+            drawn += 1
+            target = rng.randrange(len(turns))
+            if rng.random() < settings.time_trigger_share:
+                faults.append(ScheduledFault(kind=kind, target=target, t=round(rng.uniform(2, 20), 1)))
+            else:
+                faults.append(ScheduledFault(kind=kind, target=target, step=rng.randint(1, max(1, turns[target] - 1))))
+        plan.append(faults)
+    return plan
+
+
+class Soak:
+    def __init__(self, config: BelayerConfig, settings: SoakSettings, report: Reporter = lambda _m: None):
+        from belayer.workloads.loader import load_workload
+
+        self.config = config
+        self.settings = settings
+        self.report = report
+        self.tasks = [task for path in settings.workloads for task in load_workload(path).tasks]
+        self.chaos = Chaos(config)
+        self.run_id = uuid.uuid4().hex[:6]
+        self.faults: list[FaultRecord] = []
+        self.outcomes: list[TrajectoryOutcome] = []
+        self.references: dict[str, TrajectoryOutcome] = {}
+        self.progress: dict[str, object] = {}
+        self.finished: set[str] = set()
+
+    async def run(self) -> dict:
+        from belayer.chaos import leaks
+        from belayer.temporal_client import connect
+
+        started = time.monotonic()
+        before = await asyncio.to_thread(leaks.snapshot, self.config)
+        self.client = await connect(self.config.temporal)
+        self.report("reference round: every task once, no faults")
+        for outcome in await self._round(0, []):
+            self.references.setdefault(outcome.task, outcome)
+        inputs_turns = [_turns(task) for task in self.tasks for _ in range(self.settings.repeats)]
+        for number, faults in enumerate(schedule(self.settings, inputs_turns), start=1):
+            self.report(f"round {number}/{self.settings.rounds}: {', '.join(f.kind for f in faults) or 'no faults'}")
+            await self._wait_healthy()
+            self.outcomes.extend(await self._round(number, faults))
+        await self._wait_healthy()
+        sandbox_ids = {sid for o in [*self.outcomes, *self.references.values()] for sid in o.sandbox_ids}
+        found = await asyncio.to_thread(leaks.find_leaks, self.config, before, sandbox_ids)
+        return self._summary(found, time.monotonic() - started)
+
+    # ---------------------------------------------------------------- one round
+
+    async def _round(self, number: int, faults: list[ScheduledFault]) -> list[TrajectoryOutcome]:
+        from belayer.client import trajectory_input
+
+        inputs = [trajectory_input(self.config, task, repeat=repeat, run_id=f"soak{self.run_id}r{number}")
+                  for task in self.tasks for repeat in range(self.settings.repeats)]
+        begun = time.monotonic()
+        jobs = [asyncio.ensure_future(self._follow(number, item)) for item in inputs]
+        chaos = asyncio.ensure_future(self._inject_all(number, faults, [i.trajectory_id for i in inputs], begun))
+        outcomes = await asyncio.gather(*jobs)
+        chaos.cancel()
+        await asyncio.gather(chaos, return_exceptions=True)
+        for outcome in outcomes:
+            outcome.verdict = self._verdict(outcome) if number else "reference"
+        return list(outcomes)
+
+    async def _follow(self, number: int, input) -> TrajectoryOutcome:
+        """Start one trajectory and poll it to its end; Temporal outages are waited out."""
+        from temporalio.client import WorkflowFailureError
+        from temporalio.service import RPCError
+
+        from belayer.client import start_trajectory
+        from belayer.workflows.models import TrajectoryProgress
+
+        tid = input.trajectory_id
+        outcome = TrajectoryOutcome(id=tid, task=input.task.id, round=number, status="running", verdict="",
+                                    started_at=time.time())
+        deadline = time.monotonic() + self.settings.round_timeout_s
+        handle = await _retrying(lambda: start_trajectory(self.client, self.config, input))
+        result_task = asyncio.ensure_future(handle.result())
+        try:
+            while time.monotonic() < deadline:
+                done, _ = await asyncio.wait({result_task}, timeout=0.5)
+                if done:
+                    try:
+                        result = result_task.result()
+                    except WorkflowFailureError as exc:
+                        outcome.status, outcome.reason = "lost", f"workflow failed: {exc.cause or exc}"
+                        break
+                    except (RPCError, RuntimeError, OSError):
+                        await asyncio.sleep(1)  # the server restarts: ask again
+                        result_task = asyncio.ensure_future(handle.result())
+                        continue
+                    outcome.status, outcome.reason = result.status, result.reason
+                    outcome.turns, outcome.token_sha256, outcome.env_sha256 = (
+                        result.turns, result.token_sha256, result.env_sha256)
+                    outcome.recoveries = [r.model_dump() for r in result.recoveries]
+                    outcome.checkpoints = result.checkpoints
+                    break
+                try:
+                    seen = await asyncio.wait_for(handle.query("progress", result_type=TrajectoryProgress), 5)
+                except Exception:  # a query races the start, the end, or a server restart
+                    continue
+                self.progress[tid] = seen
+                if not outcome.step_times or outcome.step_times[-1][0] != seen.step:
+                    outcome.step_times.append((seen.step, time.time()))
+                if seen.sandbox and seen.sandbox.sandbox_id not in outcome.sandbox_ids:
+                    outcome.sandbox_ids.append(seen.sandbox.sandbox_id)
+            else:
+                outcome.status, outcome.reason = "lost", f"no result within {self.settings.round_timeout_s:.0f}s"
+                await _terminate(handle, "belayer bench chaos: round timeout")
+        finally:
+            result_task.cancel()
+            outcome.ended_at = time.time()
+            self.finished.add(tid)
+        return outcome
+
+    def _verdict(self, outcome: TrajectoryOutcome) -> str:
+        if outcome.status == "lost":
+            return "lost"
+        if outcome.status == "failed_infra":
+            return "failed_infra"
+        if any(r.get("cut_after_step") for r in outcome.recoveries):
+            return "context_cut"
+        reference = self.references.get(outcome.task)
+        if reference is None or reference.status != outcome.status or \
+                (reference.token_sha256, reference.env_sha256) != (outcome.token_sha256, outcome.env_sha256):
+            return "mismatched"
+        return "ok"
+
+    # ---------------------------------------------------------------- faults
+
+    async def _inject_all(self, number: int, faults: list[ScheduledFault], ids: list[str], begun: float) -> None:
+        for planned in faults:
+            target = ids[planned.target]
+            record = FaultRecord(kind=planned.kind, round=number, target=target,
+                                 trigger=f"step={planned.step}" if planned.step is not None else f"t={planned.t}")
+            self.faults.append(record)
+            seen = await self._trigger(planned, target, begun)
+            if seen is None:
+                record.recovered_by = "not injected: the target finished first"
+                continue
+            await self._inject(record, seen)
+
+    async def _trigger(self, planned: ScheduledFault, target: str, begun: float):
+        while target not in self.finished:
+            seen = self.progress.get(target)
+            if seen is not None and seen.sandbox is not None:
+                if planned.step is not None and seen.step >= planned.step:
+                    return seen
+                if planned.t is not None and time.monotonic() - begun >= planned.t:
+                    return seen
+            await asyncio.sleep(0.1)
+        return None
+
+    async def _inject(self, record: FaultRecord, seen) -> None:
+        roles_before = self._roles()
+        recoveries_before = len(seen.recoveries)
+        try:
+            report = await asyncio.to_thread(
+                self.chaos.inject, record.kind, sandbox_container=seen.sandbox.container,
+                duration_s=self.settings.s3_outage_s)
+        except ChaosError as exc:
+            record.recovered_by = f"not injected: {exc}"
+            return
+        record.injected, record.at, record.injected_at = True, seen.step, report.at
+        record.detail = f"{report.target}: {report.detail}"
+        self.report(f"  {record.kind} on {record.target} at step {seen.step}: {report.detail}")
+        while record.target not in self.finished:
+            now = self.progress.get(record.target)
+            if now is not None and now.step > seen.step:
+                break
+            await asyncio.sleep(0.1)
+        record.recovery_s = round(time.time() - report.at, 3)
+        record.recovered_by = self._recovered_by(record, roles_before, recoveries_before)
+
+    def _recovered_by(self, record: FaultRecord, roles_before: dict, recoveries_before: int) -> str:
+        roles_after = self._roles()
+        if record.kind.startswith(("engine", "owner")):
+            if roles_after.get("recoveries", 0) > roles_before.get("recoveries", 0):
+                return str(roles_after.get("last_recovery", {}).get("kind", "takeover"))
+            return "no node recovery seen"
+        now = self.progress.get(record.target)
+        if record.kind in ("sandbox-crash", "sandbox-host-crash"):
+            if now is not None and len(now.recoveries) > recoveries_before:
+                rec = now.recoveries[-1]
+                return f"restore+replay from {rec.source}"
+            return "restore+replay (seen in the result)"
+        return {
+            "node-crash": "temporal retry on the restarted node",
+            "temporal-worker-crash": "workflow replay on the restarted worker",
+            "temporal-restart": "Temporal persistence",
+            "s3-outage": "retries with backoff",
+        }.get(record.kind, "retry")
+
+    def _roles(self) -> dict:
+        try:
+            return self.chaos.roles()
+        except ChaosError:
+            return {}
+
+    async def _wait_healthy(self, timeout_s: float = 240.0) -> None:
+        """Between rounds every component must be back; one that is not is reported, not hidden."""
+        from belayer.stack.local import LocalStack
+
+        deadline = time.monotonic() + timeout_s
+        while True:
+            rows = await asyncio.to_thread(LocalStack(self.config).status)
+            sick = [f"{r.name}: {r.detail}" for r in rows if not r.healthy]
+            if not sick:
+                return
+            if time.monotonic() > deadline:
+                raise ChaosError(f"the stack did not come back within {timeout_s:.0f}s: {'; '.join(sick)}")
+            await asyncio.sleep(1)
+
+    # ---------------------------------------------------------------- summary
+
+    def _summary(self, found, wall_s: float) -> dict:
+        injected = [f for f in self.faults if f.injected]
+        times = [f.recovery_s for f in injected if f.recovery_s is not None]
+        by_kind = {}
+        for kind in self.settings.kinds:
+            mine = [f for f in injected if f.kind == kind]
+            kind_times = [f.recovery_s for f in mine if f.recovery_s is not None]
+            by_kind[kind] = {"injected": len(mine), "p50_recovery_s": percentile(kind_times, 0.5),
+                             "max_recovery_s": max(kind_times) if kind_times else None}
+        verdicts = [o.verdict for o in self.outcomes]
+        cuts = [o for o in self.outcomes if o.verdict == "context_cut"]
+        return {
+            "trajectories": len(self.outcomes),
+            "faults_injected": len(injected),
+            "by_kind": by_kind,
+            "lost": verdicts.count("lost"),
+            "mismatched": verdicts.count("mismatched"),
+            "failed_infra": verdicts.count("failed_infra"),
+            "context_cuts": len(cuts),
+            "leaked": found.counts(),
+            "p50_recovery_s": percentile(times, 0.5),
+            "p99_recovery_s": percentile(times, 0.99),
+            "faults_not_injected": len(self.faults) - len(injected),
+            "seed": self.settings.seed,
+            "rounds": self.settings.rounds,
+            "wall_s": round(wall_s, 1),
+            "details": {
+                "references": {task: o.model_dump() for task, o in self.references.items()},
+                "runs": [o.model_dump() for o in self.outcomes],
+                "faults": [f.model_dump() for f in self.faults],
+                "leaks": found.model_dump(),
+            },
+        }
+
+
+def percentile(values: list[float], q: float) -> float | None:
+    """Nearest-rank percentile; None for no values."""
+    if not values:
+        return None
+    ordered = sorted(values)
+    return ordered[max(0, math.ceil(q * len(ordered)) - 1)]
+
+
+def _turns(task) -> int:
+    return len(task.turns) if getattr(task, "turns", None) else task.max_turns
+
+
+async def _retrying(start, attempts: int = 30):
+    from temporalio.service import RPCError
+
+    for attempt in range(attempts):
+        try:
+            return await start()
+        except RPCError:
+            if attempt == attempts - 1:
+                raise
+            await asyncio.sleep(1)
+
+
+async def _terminate(handle, reason: str) -> None:
+    try:
+        await handle.terminate(reason=reason)
+    except Exception:  # already closed
+        pass
