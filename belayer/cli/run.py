@@ -408,3 +408,20 @@ def _print_inspection(report: dict) -> None:
         for rec in result["recoveries"]:
             out.print(f"  recovery at step {rec['step']}: {rec['reason'][:80]} → {rec['source']}, "
                       f"replayed {rec['replayed_steps']}, consistent={rec['consistent']}")
+    if report.get("decisions"):
+        from belayer.policy.adaptive import CheckpointPolicy, DecisionRecord
+
+        def secs(value) -> str:
+            return "-" if value is None else f"{value:.2f}"
+
+        decisions = [DecisionRecord(**d) for d in report["decisions"]]
+        table = Table("step", "verdict", "gen predicted", "gen actual", "ckpt estimated", "ckpt actual",
+                      "wait", "unprotected", "reason", title="checkpoint decisions (s)")
+        for d in decisions:
+            table.add_row(str(d.step), d.verdict, secs(d.predicted_generation_s), secs(d.actual_generation_s),
+                          secs(d.estimated_checkpoint_s), secs(d.actual_checkpoint_s), secs(d.wait_s),
+                          str(d.unprotected_steps), d.reason[:60])
+        out.print(table)
+        error = CheckpointPolicy(decisions=decisions).predictor_error()
+        out.print(f"predictor error (mean relative): generation {secs(error['generation_mean_rel_error'])}, "
+                  f"checkpoint {secs(error['checkpoint_mean_rel_error'])}")

@@ -45,6 +45,7 @@ class DecisionRecord(BaseModel):
     unprotected_steps: int
     unprotected_replay_s: float
     actual_checkpoint_s: float | None = None
+    actual_checkpoint_mb: float | None = None
     actual_generation_s: float | None = None
     wait_s: float | None = None
 
@@ -80,6 +81,7 @@ class CheckpointPolicy(BaseModel):
         self.checkpoints = [*self.checkpoints, sample][-self.config.history :]
         if self.decisions and self.decisions[-1].checkpointed:
             self.decisions[-1].actual_checkpoint_s = sample.duration_s
+            self.decisions[-1].actual_checkpoint_mb = sample.size_mb
             self.decisions[-1].wait_s = wait_s
 
     def observe_checkpoint_failed(self) -> None:

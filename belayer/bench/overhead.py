@@ -1,0 +1,469 @@
+"""`belayer bench overhead`: what checkpointing costs while nothing fails, and what it saves
+when a sandbox dies, under each checkpoint policy, in one run.
+
+The same trace workload runs as real trajectories against the running stack (Temporal,
+rollout node, sandbox worker) under `none`, `every-step` and `adaptive`. The modes are
+interleaved — round r runs them in an order rotated by r — so drift on a shared machine
+(other jobs, a warming cache) lands on every mode alike. With `--inject-failure` each
+round also runs each mode once more with its sandbox SIGKILLed at a chosen step, and the
+time lost per failure is the faulted run's wall time minus the same mode's failure-free
+mean: overhead and recovery in one table.
+
+Per-phase figures come from the trajectories' own decision records (generation, action,
+checkpoint and wait durations). From them `accelerator_estimate` replays the trace through
+`belayer.policy.simulate`, i.e. the workflow's overlap rule without CPU contention between
+the engine and the checkpoint: the figure this trace would show with the engine on its
+own accelerator. Scheduling and summarising are pure functions; only `run_trial` talks
+to the stack.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import statistics
+import sys
+import time
+import uuid
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+import click
+from pydantic import BaseModel
+
+from belayer.policy.adaptive import CheckpointPolicy, DecisionRecord
+from belayer.policy.config import PolicyConfig
+from belayer.policy.simulate import TraceStep, simulate
+from belayer.workflows.models import RecoveryRecord, TrajectoryInput, TrajectoryProgress, TrajectoryResult
+from belayer.workloads.models import TraceTask
+
+MODES = ("none", "every-step", "adaptive")
+KEY = {"none": "none", "every-step": "every_step", "adaptive": "adaptive"}
+DEFAULT_WORKLOAD = Path(__file__).resolve().parents[2] / "examples" / "workloads" / "overhead.yaml"
+
+
+class Trial(BaseModel):
+    """One trajectory of the benchmark: its round, policy mode and whether it is faulted."""
+
+    round: int
+    mode: str
+    faulted: bool = False
+
+
+class TrialResult(Trial):
+    """What one trajectory measured."""
+
+    trajectory_id: str
+    status: str
+    reason: str = ""
+    wall_s: float
+    checkpoints: int
+    decisions: list[DecisionRecord]
+    recoveries: list[RecoveryRecord]
+    fault_step: int | None = None
+    fault_detail: str | None = None
+
+
+@dataclass
+class Target:
+    """Where trials run: how to start a trajectory and how to kill its sandbox."""
+
+    start: Callable[[TrajectoryInput], Awaitable]  # -> temporalio WorkflowHandle
+    make_input: Callable[[TraceTask, PolicyConfig, str], TrajectoryInput]
+    kill_sandbox: Callable[[str], str]  # container name -> what was done
+
+
+# ---------------------------------------------------------------- schedule
+
+
+def schedule(rounds: int, inject: bool) -> list[Trial]:
+    """Round r runs every (mode, faulted) pair once, in an order rotated by r."""
+    pairs = [(m, False) for m in MODES] + ([(m, True) for m in MODES] if inject else [])
+    trials = []
+    for r in range(rounds):
+        k = r % len(pairs)
+        trials += [Trial(round=r, mode=m, faulted=f) for m, f in pairs[k:] + pairs[:k]]
+    return trials
+
+
+def default_fail_step(task: TraceTask) -> int:
+    """Two thirds of the way in: enough work behind it for the modes to differ."""
+    return max(1, (2 * len(task.turns)) // 3)
+
+
+# ---------------------------------------------------------------- running
+
+
+async def run_trial(target: Target, task: TraceTask, policy: PolicyConfig, trial: Trial, *,
+                    fail_at: int, run_id: str) -> TrialResult:
+    """Run one trajectory to its end; when faulted, kill its sandbox once it reaches `fail_at`."""
+    suffix = "-fault" if trial.faulted else ""
+    trajectory_id = f"{task.id}-{run_id}-r{trial.round}-{trial.mode}{suffix}"
+    input = target.make_input(task, policy.model_copy(update={"mode": trial.mode}), trajectory_id)
+    started = time.monotonic()
+    handle = await target.start(input)
+    fault_step = fault_detail = None
+    if trial.faulted:
+        fault_step, fault_detail = await _kill_at_step(handle, target, fail_at)
+    result: TrajectoryResult = await handle.result()
+    wall = time.monotonic() - started
+    return TrialResult(
+        **trial.model_dump(), trajectory_id=trajectory_id, status=result.status, reason=result.reason,
+        wall_s=round(wall, 3), checkpoints=result.checkpoints, decisions=result.decisions,
+        recoveries=result.recoveries, fault_step=fault_step, fault_detail=fault_detail,
+    )
+
+
+async def _kill_at_step(handle, target: Target, step: int) -> tuple[int | None, str]:
+    """SIGKILL the sandbox as soon as action `step` is under way (or say why not)."""
+    while True:
+        try:
+            seen = await handle.query("progress", result_type=TrajectoryProgress)
+        except Exception:  # the query can race the workflow's first task
+            seen = None
+        if seen is not None and seen.status != "running":
+            return None, "not injected: the trajectory ended first"
+        if seen is not None and seen.step >= step and seen.sandbox is not None:
+            detail = await asyncio.to_thread(target.kill_sandbox, seen.sandbox.container)
+            return seen.step, detail
+        await asyncio.sleep(0.1)
+
+
+async def run_bench(target: Target, task: TraceTask, policy: PolicyConfig, *, rounds: int,
+                    inject: bool, fail_at: int | None = None,
+                    say: Callable[[str], None] = lambda _m: None) -> dict:
+    """Every trial of the schedule, one after another, then the summary."""
+    fail_at = fail_at or default_fail_step(task)
+    run_id = uuid.uuid4().hex[:6]
+    results = []
+    for trial in schedule(rounds, inject):
+        result = await run_trial(target, task, policy, trial, fail_at=fail_at, run_id=run_id)
+        results.append(result)
+        say(f"round {trial.round} {trial.mode:10s}{' faulted' if trial.faulted else '        '} "
+            f"{result.wall_s:7.1f}s {result.status}, {result.checkpoints} checkpoints, "
+            f"{len(result.recoveries)} recoveries  ({result.trajectory_id})")
+    return summarize(task, policy, results, rounds=rounds, fail_at=fail_at if inject else None)
+
+
+# ---------------------------------------------------------------- summarising (pure)
+
+
+def summarize(task: TraceTask, policy: PolicyConfig, results: list[TrialResult], *, rounds: int,
+              fail_at: int | None = None) -> dict:
+    """The benchmark's JSON: wall times, overheads, checkpoints, phases, failures, estimate."""
+    clean = {m: [r for r in results if r.mode == m and not r.faulted and r.status == "completed"]
+             for m in MODES}
+    walls = {m: _mean([r.wall_s for r in clean[m]]) for m in MODES}
+    none_s = walls["none"]
+    report: dict = {
+        "none_s": _round(none_s),
+        "every_step_s": _round(walls["every-step"]),
+        "adaptive_s": _round(walls["adaptive"]),
+        "every_step_overhead_pct": _pct(walls["every-step"], none_s),
+        "adaptive_overhead_pct": _pct(walls["adaptive"], none_s),
+        "checkpoints": {KEY[m]: _round(_mean([r.checkpoints for r in clean[m]]), 2)
+                        for m in ("every-step", "adaptive")},
+        "max_unprotected_steps": _max_unprotected(clean["adaptive"]),
+        "workload": task.id,
+        "turns": len(task.turns),
+        "think_tokens": sum(t.think_tokens for t in task.turns),
+        "rounds": rounds,
+        "policy": policy.model_dump(include={"alpha", "max_unprotected_steps", "max_unprotected_replay_s"}),
+        "per_round": _per_round(results),
+        "phases": {KEY[m]: _phases(task, clean[m], clean["none"]) for m in MODES},
+        "accelerator_estimate": accelerator_estimate(task, policy, clean),
+    }
+    incomplete = [{"id": r.trajectory_id, "status": r.status, "reason": r.reason}
+                  for r in results if r.status != "completed"]
+    if incomplete:
+        report["incomplete"] = incomplete
+    if fail_at is not None:
+        report["failures"] = _failures(results, walls, fail_at)
+    return report
+
+
+def _per_round(results: list[TrialResult]) -> list[dict]:
+    rows = []
+    for r in sorted({t.round for t in results}):
+        this = [t for t in results if t.round == r]
+        row: dict = {"order": [t.mode + ("+fault" if t.faulted else "") for t in this]}
+        walls = {t.mode: t.wall_s for t in this if not t.faulted and t.status == "completed"}
+        for m in MODES:
+            row[f"{KEY[m]}_s"] = walls.get(m)
+        if "none" in walls:
+            for m in ("every-step", "adaptive"):
+                if m in walls:
+                    row[f"{KEY[m]}_overhead_pct"] = _pct(walls[m], walls["none"])
+        rows.append(row)
+    return rows
+
+
+def _turn_tokens(task: TraceTask, decision: DecisionRecord) -> int | None:
+    """Think tokens of the generation that followed `decision` (the next turn's)."""
+    return task.turns[decision.step].think_tokens if decision.step < len(task.turns) else None
+
+
+def action_durations(decisions: list[DecisionRecord]) -> dict[int, float]:
+    """Each action's duration, recovered from the unprotected replay time each decision saw:
+    it restarts from zero after a checkpoint and accumulates over skipped steps."""
+    out, carried = {}, 0.0
+    for d in decisions:
+        out[d.step] = max(d.unprotected_replay_s - carried, 0.0)
+        carried = 0.0 if d.checkpointed else d.unprotected_replay_s
+    return out
+
+
+def _phases(task: TraceTask, trials: list[TrialResult], baseline: list[TrialResult]) -> dict:
+    decisions = [d for t in trials for d in t.decisions]
+    gens = [d.actual_generation_s for d in decisions if d.actual_generation_s is not None]
+    tokens = [_turn_tokens(task, d) for d in decisions if d.actual_generation_s is not None]
+    per_token = sum(gens) / sum(t or 0 for t in tokens) if gens and sum(t or 0 for t in tokens) else None
+    base = [d for t in baseline for d in t.decisions if d.actual_generation_s is not None]
+    base_tokens = sum(_turn_tokens(task, d) or 0 for d in base)
+    base_per_token = sum(d.actual_generation_s for d in base) / base_tokens if base_tokens else None
+    checkpoints = [d for d in decisions if d.actual_checkpoint_s is not None]
+    waits = [d.wait_s for d in checkpoints if d.wait_s is not None]
+    actions = [s for t in trials for s in action_durations(t.decisions).values()]
+    errors = [CheckpointPolicy(decisions=t.decisions).predictor_error() for t in trials]
+    n = len(trials) or None
+    return {
+        "trajectories": len(trials),
+        "generation_s_per_turn": _round(_mean(gens)),
+        "generation_ms_per_token": _round(per_token * 1000 if per_token else None, 2),
+        "generation_slowdown_pct": _pct(per_token, base_per_token),
+        "action_s_per_turn": _round(_mean(actions)),
+        "checkpoint_s": _round(_mean([d.actual_checkpoint_s for d in checkpoints])),
+        "checkpoint_mb": _round(_mean([d.actual_checkpoint_mb for d in checkpoints
+                                       if d.actual_checkpoint_mb is not None]), 2),
+        "wait_s_per_trajectory": _round(sum(waits) / n if n else None),
+        "waited_checkpoints_per_trajectory": _round(sum(1 for w in waits if w > 0.05) / n if n else None, 2),
+        "verdicts": {v: sum(1 for d in decisions if d.verdict == v) for v in ("checkpoint", "forced", "skip")},
+        "max_unprotected_steps": _max_unprotected(trials),
+        "predictor_error": {
+            key: _round(_mean([e[key] for e in errors if e[key] is not None]), 3)
+            for key in ("generation_mean_rel_error", "checkpoint_mean_rel_error")
+        },
+    }
+
+
+def _failures(results: list[TrialResult], clean_walls: dict, fail_at: int) -> dict:
+    """Per mode: end-to-end time lost per failure, and how the workflow recovered."""
+    out = {}
+    for m in MODES:
+        faulted = [r for r in results if r.mode == m and r.faulted]
+        hit = [r for r in faulted if r.fault_step is not None]
+        lost = [r.wall_s - clean_walls[m] for r in hit if r.status == "completed" and clean_walls[m] is not None]
+        recs = [rec for r in hit for rec in r.recoveries]
+        out[KEY[m]] = {
+            "injected": len(hit),
+            "fail_at_step": fail_at,
+            "completed": sum(1 for r in hit if r.status == "completed"),
+            "lost_s_per_failure": _round(_mean(lost)),
+            "recovery_s": _round(_mean([rec.time_lost_s for rec in recs])),
+            "replayed_steps": _round(_mean([rec.replayed_steps for rec in recs]), 2),
+            "sources": sorted({rec.source for rec in recs}),
+            "consistent": all(rec.consistent for rec in recs) if recs else None,
+        }
+    return out
+
+
+def _max_unprotected(trials: list[TrialResult]) -> int | None:
+    counts = [d.unprotected_steps for t in trials for d in t.decisions]
+    return max(counts) if counts else None
+
+
+# ---------------------------------------------------------------- the accelerator estimate
+
+
+def measured_trace(task: TraceTask, none: list[TrialResult], every: list[TrialResult]) -> list[TraceStep] | None:
+    """Per turn: generation and action durations from the `none` runs (no checkpoint beside
+    the engine), checkpoint duration and size from the `every-step` runs."""
+    if not none or not every:
+        return None
+    turns = len(task.turns)
+    gen: dict[int, list[float]] = {}
+    act: dict[int, list[float]] = {}
+    ckpt: dict[int, list[float]] = {}
+    size: dict[int, list[float]] = {}
+    for t in none:
+        for d in t.decisions:
+            if d.actual_generation_s is not None and d.step < turns:
+                gen.setdefault(d.step, []).append(d.actual_generation_s)  # turn index d.step
+        for step, seconds in action_durations(t.decisions).items():
+            act.setdefault(step - 1, []).append(seconds)
+    for t in every:
+        for d in t.decisions:
+            if d.actual_checkpoint_s is not None:
+                ckpt.setdefault(d.step - 1, []).append(d.actual_checkpoint_s)
+                if d.actual_checkpoint_mb is not None:
+                    size.setdefault(d.step - 1, []).append(d.actual_checkpoint_mb)
+    rates = [statistics.mean(v) / task.turns[i].think_tokens for i, v in gen.items() if task.turns[i].think_tokens]
+    fallback_rate = statistics.mean(rates) if rates else 0.0
+    all_ckpt = [s for v in ckpt.values() for s in v]
+    trace = []
+    for i, turn in enumerate(task.turns):
+        tokens = turn.think_tokens
+        rate = statistics.mean(gen[i]) / tokens if i in gen and tokens else fallback_rate
+        trace.append(TraceStep(
+            output_tokens=tokens, per_token_s=rate,
+            action_s=statistics.mean(act.get(i, [0.0])),
+            checkpoint_s=statistics.mean(ckpt.get(i) or all_ckpt or [0.0]),
+            size_mb=statistics.mean(size.get(i, [0.0])),
+        ))
+    return trace
+
+
+def accelerator_estimate(task: TraceTask, policy: PolicyConfig, clean: dict[str, list[TrialResult]]) -> dict | None:
+    """The same trace with the engine on its own accelerator: generation as measured without
+    a checkpoint beside it, checkpoints as measured, the workflow's overlap rule replayed by
+    the simulator. Work the simulator does not model (Temporal round trips, tokenizing
+    observations) is the gap between the measured and simulated `none` runs, added to all."""
+    trace = measured_trace(task, clean["none"], clean["every-step"])
+    if trace is None:
+        return None
+    timelines = {m: simulate(trace, policy.model_copy(update={"mode": m})) for m in MODES}
+    measured_none = _mean([r.wall_s for r in clean["none"]])
+    unmodelled = max(measured_none - timelines["none"].wall_s, 0.0)
+    walls = {m: timelines[m].wall_s + unmodelled for m in MODES}
+    return {
+        "none_s": _round(walls["none"]),
+        "every_step_s": _round(walls["every-step"]),
+        "adaptive_s": _round(walls["adaptive"]),
+        "every_step_overhead_pct": _pct(walls["every-step"], walls["none"]),
+        "adaptive_overhead_pct": _pct(walls["adaptive"], walls["none"]),
+        "checkpoints": {KEY[m]: timelines[m].checkpoints for m in ("every-step", "adaptive")},
+        "max_unprotected_steps": timelines["adaptive"].max_unprotected_steps,
+        "wait_s": {KEY[m]: _round(timelines[m].wait_s) for m in ("every-step", "adaptive")},
+        "unmodelled_s": _round(unmodelled),
+    }
+
+
+def _mean(values) -> float | None:
+    values = [v for v in values if v is not None]
+    return statistics.mean(values) if values else None
+
+
+def _round(value: float | None, digits: int = 3) -> float | None:
+    return None if value is None else round(value, digits)
+
+
+def _pct(value: float | None, base: float | None) -> float | None:
+    if value is None or not base:
+        return None
+    return round((value - base) / base * 100, 2)
+
+
+# ---------------------------------------------------------------- the command
+
+
+def _load_task(workload: Path, task_id: str | None) -> TraceTask:
+    from belayer.workloads.loader import load_workload
+
+    traces = [t for t in load_workload(workload).tasks if isinstance(t, TraceTask)]
+    if task_id:
+        traces = [t for t in traces if t.id == task_id]
+    if not traces:
+        raise click.UsageError(f"{workload} has no trace task{f' {task_id!r}' if task_id else ''}; "
+                               "the benchmark needs recorded turns (think_tokens + bash)")
+    return traces[0]
+
+
+def _stack_target(config, client) -> Target:
+    from belayer.chaos.faults import Chaos
+    from belayer.client import start_trajectory, trajectory_input
+
+    chaos = Chaos(config)
+
+    def make_input(task: TraceTask, policy: PolicyConfig, trajectory_id: str) -> TrajectoryInput:
+        return trajectory_input(config, task).model_copy(update={"trajectory_id": trajectory_id, "policy": policy})
+
+    def kill(container: str) -> str:
+        report = chaos.inject("sandbox-crash", sandbox_container=container)
+        return report.detail
+
+    return Target(start=lambda input: start_trajectory(client, config, input), make_input=make_input,
+                  kill_sandbox=kill)
+
+
+@click.command("overhead")
+@click.option("--workload", type=click.Path(exists=True, dir_okay=False, path_type=Path),
+              default=DEFAULT_WORKLOAD, show_default=True, help="Workload file with the trace task to run.")
+@click.option("--task", "task_id", default=None, help="Trace task of the workload (default: the first).")
+@click.option("--rounds", default=2, show_default=True, type=click.IntRange(1, 100),
+              help="Rounds; each runs every mode once, in a rotated order.")
+@click.option("--inject-failure", is_flag=True,
+              help="Also run each mode once per round with its sandbox SIGKILLed mid-trajectory.")
+@click.option("--fail-at", type=click.IntRange(1), default=None,
+              help="Step at which the sandbox is killed [default: two thirds of the turns].")
+@click.option("--json", "as_json", is_flag=True, help="Print one JSON object on stdout.")
+@click.pass_context
+def overhead(ctx: click.Context, workload: Path, task_id: str | None, rounds: int, inject_failure: bool,
+             fail_at: int | None, as_json: bool) -> None:
+    """Checkpoint overhead of none / every-step / adaptive on the running stack, interleaved.
+
+    Policy settings other than the mode come from the configuration
+    (e.g. BELAYER_POLICY__ALPHA); the stack must be up (`belayer up`).
+    """
+    from rich.console import Console
+
+    from belayer.cli.main import config_from
+    from belayer.temporal_client import connect
+
+    config = config_from(ctx.find_root())
+    task = _load_task(workload, task_id)
+    err = Console(stderr=True)
+
+    async def main() -> dict:
+        client = await connect(config.temporal)
+        return await run_bench(_stack_target(config, client), task, config.policy, rounds=rounds,
+                               inject=inject_failure, fail_at=fail_at,
+                               say=lambda m: err.print(m, highlight=False))
+
+    report = asyncio.run(main())
+    if as_json:
+        click.echo(json.dumps(report, indent=2))
+    else:
+        print_report(report)
+    sys.stdout.flush()
+    # Exit without interpreter teardown: the Temporal SDK can abort at exit (DESIGN.md s7).
+    os._exit(0)
+
+
+def print_report(report: dict) -> None:
+    from rich.console import Console
+    from rich.table import Table
+
+    table = Table(title=f"checkpoint overhead: {report['workload']}, {report['turns']} turns, "
+                        f"{report['rounds']} rounds (means)")
+    columns = ["mode", "wall s", "overhead %", "checkpoints", "gen s/turn", "gen slowdown %",
+               "ckpt s", "wait s", "max unprotected"]
+    failures = report.get("failures")
+    if failures:
+        columns += ["lost s / failure", "recovered from"]
+    for col in columns:
+        table.add_column(col)
+    for mode in MODES:
+        key = KEY[mode]
+        phases = report["phases"][key]
+        row = [mode, _fmt(report[f"{key}_s"]), _fmt(report.get(f"{key}_overhead_pct")),
+               _fmt(report["checkpoints"].get(key, 0)), _fmt(phases["generation_s_per_turn"]),
+               _fmt(phases["generation_slowdown_pct"]), _fmt(phases["checkpoint_s"]),
+               _fmt(phases["wait_s_per_trajectory"]), _fmt(phases["max_unprotected_steps"])]
+        if failures:
+            row += [_fmt(failures[key]["lost_s_per_failure"]), ", ".join(failures[key]["sources"])]
+        table.add_row(*row)
+    out = Console(width=max(Console().width, 160))
+    out.print(table)
+    estimate = report.get("accelerator_estimate")
+    if estimate:
+        out.print(f"engine on its own accelerator (simulated from the measured phases): every-step "
+                  f"{_fmt(estimate['every_step_overhead_pct'])}%, adaptive {_fmt(estimate['adaptive_overhead_pct'])}% "
+                  f"({estimate['checkpoints']['adaptive']} checkpoints)")
+
+
+def _fmt(value) -> str:
+    if value is None:
+        return "-"
+    return f"{value:.2f}" if isinstance(value, float) else str(value)
