@@ -94,26 +94,28 @@ def stack_config(tmp_path_factory) -> BelayerConfig:
     return isolated_config(tmp_path_factory.mktemp("belayer-state"))
 
 
+def running_service(stack_config, service_type, handle_type=ServiceHandle):
+    """Start the session's `service_type` and yield its handle; stop it at the end."""
+    stack = LocalStack(stack_config)
+    service = next(s for s in stack.services if isinstance(s, service_type))
+    handle = handle_type(stack, service)
+    handle.start()
+    try:
+        yield handle
+    finally:
+        handle.stop()
+
+
 @pytest.fixture(scope="session")
 def seaweedfs(stack_config) -> SeaweedFSHandle:
     """A private SeaweedFS with credentials enforced and the test bucket created."""
-    stack = LocalStack(stack_config)
-    service = next(s for s in stack.services if isinstance(s, SeaweedFS))
-    handle = SeaweedFSHandle(stack, service)
-    handle.start()
-    yield handle
-    handle.stop()
+    yield from running_service(stack_config, SeaweedFS, SeaweedFSHandle)
 
 
 @pytest.fixture(scope="session")
 def temporal_server(stack_config) -> ServiceHandle:
     """A private Temporal dev server (sqlite file in the session's state directory)."""
-    stack = LocalStack(stack_config)
-    service = next(s for s in stack.services if isinstance(s, TemporalDevServer))
-    handle = ServiceHandle(stack, service)
-    handle.start()
-    yield handle
-    handle.stop()
+    yield from running_service(stack_config, TemporalDevServer)
 
 
 @pytest.fixture
