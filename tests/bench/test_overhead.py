@@ -1,0 +1,151 @@
+"""`belayer bench overhead`: its schedule and summary on recorded figures, and one tiny
+interleaved run with a killed sandbox per mode on the in-process stack.
+
+Nothing here passes or fails on how long anything took: the figures come from full runs.
+"""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from belayer.bench.overhead import (
+    MODES,
+    Target,
+    TrialResult,
+    action_durations,
+    run_bench,
+    schedule,
+    summarize,
+)
+from belayer.policy.adaptive import DecisionRecord
+from belayer.policy.config import PolicyConfig
+from belayer.workflows.models import RecoveryRecord, TrajectoryInput, TrajectoryResult
+from belayer.workloads.models import TraceTask, TraceTurn
+
+TOP_KEYS = {"none_s", "every_step_s", "adaptive_s", "every_step_overhead_pct", "adaptive_overhead_pct",
+            "checkpoints", "max_unprotected_steps"}
+
+TASK = TraceTask(
+    id="bench-tiny",
+    setup=["mkdir -p /workspace/b"],
+    turns=[
+        TraceTurn(think_tokens=8, bash="cd /workspace/b && seq 1 500 > n.txt && wc -l < n.txt"),
+        TraceTurn(think_tokens=4, bash="echo two >> n.txt && tail -1 n.txt"),
+        TraceTurn(think_tokens=8, bash="wc -l < n.txt"),
+        TraceTurn(think_tokens=4, bash="echo four"),
+    ],
+    check="test -s /workspace/b/n.txt",
+)
+
+
+def test_schedule_rotates_the_order_every_round():
+    trials = schedule(3, inject=False)
+    rounds = [[t.mode for t in trials if t.round == r] for r in range(3)]
+    assert rounds == [list(MODES), [*MODES[1:], MODES[0]], [MODES[2], *MODES[:2]]]
+    # each mode runs once in every position
+    assert all(sorted(r[i] for r in rounds) == sorted(MODES) for i in range(3))
+    faulted = schedule(2, inject=True)
+    assert len(faulted) == 12
+    assert sorted((t.mode, t.faulted) for t in faulted if t.round == 1) == sorted(
+        (m, f) for m in MODES for f in (False, True))
+
+
+def decision(step, verdict, replay, gen=None, ckpt=None, wait=None, unprotected=1):
+    return DecisionRecord(step=step, verdict=verdict, reason="", predicted_generation_s=1.0,
+                          estimated_checkpoint_s=0.5, unprotected_steps=unprotected,
+                          unprotected_replay_s=replay, actual_generation_s=gen,
+                          actual_checkpoint_s=ckpt, actual_checkpoint_mb=2.0 if ckpt else None,
+                          wait_s=wait)
+
+
+def test_action_durations_undo_the_unprotected_accumulation():
+    decisions = [decision(1, "skip", 1.0), decision(2, "skip", 3.0, unprotected=2),
+                 decision(3, "forced", 3.5, unprotected=3), decision(4, "checkpoint", 0.25)]
+    assert action_durations(decisions) == {1: 1.0, 2: 2.0, 3: 0.5, 4: 0.25}
+
+
+def trial(mode, round, wall, decisions, checkpoints=0, faulted=False, recoveries=()):
+    return TrialResult(round=round, mode=mode, faulted=faulted, trajectory_id=f"{mode}-{round}-{faulted}",
+                       status="completed", wall_s=wall, checkpoints=checkpoints, decisions=decisions,
+                       recoveries=list(recoveries), fault_step=2 if faulted else None)
+
+
+def recorded_trials() -> list[TrialResult]:
+    """Two rounds of figures shaped like a real run of TASK."""
+    out = []
+    for r in range(2):
+        none = [decision(s, "skip", 0.1 * s, gen=1.0, unprotected=s) for s in range(1, 4)]
+        none.append(decision(4, "skip", 0.4, unprotected=4))
+        every = [decision(s, "checkpoint", 0.1, gen=1.2, ckpt=0.8, wait=0.0) for s in range(1, 4)]
+        every.append(decision(4, "checkpoint", 0.1, ckpt=0.8, wait=0.8))
+        adaptive = [decision(1, "checkpoint", 0.1, gen=1.1, ckpt=0.8, wait=0.0),
+                    decision(2, "skip", 0.1, gen=1.0), decision(3, "forced", 0.2, gen=1.0, ckpt=0.8,
+                                                                    wait=0.0, unprotected=2),
+                    decision(4, "skip", 0.1)]
+        out += [trial("none", r, 10.0, none), trial("every-step", r, 11.0, every, checkpoints=4),
+                trial("adaptive", r, 10.1, adaptive, checkpoints=2)]
+        lost = RecoveryRecord(kind="sandbox", step=2, reason="killed", source="checkpoint@1",
+                              replayed_steps=1, consistent=True, time_lost_s=1.5)
+        out.append(trial("adaptive", r, 12.1, adaptive, checkpoints=2, faulted=True, recoveries=[lost]))
+    return out
+
+
+def test_summary_of_recorded_figures():
+    report = summarize(TASK, PolicyConfig(mode="adaptive"), recorded_trials(), rounds=2, fail_at=2)
+    assert TOP_KEYS <= set(report)
+    assert report["none_s"] == 10.0 and report["every_step_s"] == 11.0
+    assert report["every_step_overhead_pct"] == 10.0 and report["adaptive_overhead_pct"] == 1.0
+    assert report["checkpoints"] == {"every_step": 4, "adaptive": 2}
+    assert report["max_unprotected_steps"] == 2
+    every = report["phases"]["every_step"]
+    assert every["generation_slowdown_pct"] == 20.0  # 1.2 s against 1.0 s for the same tokens
+    assert every["checkpoint_s"] == 0.8 and every["wait_s_per_trajectory"] == 0.8
+    assert report["phases"]["none"]["action_s_per_turn"] == 0.1
+    assert [r["adaptive_overhead_pct"] for r in report["per_round"]] == [1.0, 1.0]
+    assert report["failures"]["adaptive"]["lost_s_per_failure"] == 2.0
+    assert report["failures"]["adaptive"]["sources"] == ["checkpoint@1"]
+    estimate = report["accelerator_estimate"]
+    # the simulator sees no contention: every-step costs only the final checkpoint it waits for
+    assert estimate["none_s"] == 10.0 and estimate["checkpoints"]["every_step"] == 4
+    assert estimate["every_step_s"] >= estimate["adaptive_s"] >= estimate["none_s"]
+    json.dumps(report)
+
+
+@pytest.mark.stack
+@pytest.mark.sandbox
+async def test_interleaved_run_with_one_killed_sandbox_per_mode(stack):
+    def make_input(task, policy, trajectory_id):
+        return TrajectoryInput(trajectory_id=trajectory_id, task=task, queues=stack.queues, policy=policy)
+
+    async def start(input):
+        return await stack.client.start_workflow(
+            "TrajectoryWorkflow", input, id=input.trajectory_id, task_queue=stack.queues.context,
+            result_type=TrajectoryResult)
+
+    def kill(container):
+        stack.sandboxes.backend.podman("kill", container, check=False)
+        return "podman kill"
+
+    policy = PolicyConfig(mode="adaptive", max_unprotected_steps=2)
+    report = await run_bench(Target(start=start, make_input=make_input, kill_sandbox=kill), TASK, policy,
+                             rounds=1, inject=True, fail_at=2)
+    json.dumps(report)
+    assert TOP_KEYS <= set(report) and "incomplete" not in report
+    assert [row["order"] for row in report["per_round"]] == [
+        ["none", "every-step", "adaptive", "none+fault", "every-step+fault", "adaptive+fault"]]
+    phases = report["phases"]
+    assert phases["none"]["verdicts"]["checkpoint"] + phases["none"]["verdicts"]["forced"] == 0
+    assert report["checkpoints"]["every_step"] == len(TASK.turns)
+    assert report["checkpoints"]["adaptive"] <= report["checkpoints"]["every_step"]
+    # the bound holds: never more unprotected actions than configured
+    assert report["max_unprotected_steps"] <= 2
+    assert phases["none"]["max_unprotected_steps"] == len(TASK.turns)
+    failures = report["failures"]
+    for key in ("none", "every_step", "adaptive"):
+        assert failures[key]["injected"] == 1 and failures[key]["completed"] == 1
+        assert failures[key]["consistent"] is True
+    assert failures["none"]["sources"] == ["replay-from-start"]
+    assert all(s.startswith("checkpoint@") for s in failures["every_step"]["sources"])
+    assert report["accelerator_estimate"]["checkpoints"]["every_step"] == len(TASK.turns)
