@@ -142,6 +142,7 @@ def _register_optional_commands() -> None:
         (main, "belayer.cli.run", "run"),
         (main, "belayer.cli.run", "inspect"),
         (main, "belayer.chaos.cli", "chaos"),
+        (main, "belayer.report.cli", "report"),
         (bench, "belayer.bench.storage", "storage"),
         (bench, "belayer.bench.env_recovery", "env_recovery"),
         (bench, "belayer.bench.worker_recovery", "worker_recovery"),

@@ -1,0 +1,34 @@
+"""`belayer report RUN_JSON --out DIR`: a self-contained HTML report with PNG figures."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import sys
+from pathlib import Path
+
+import click
+
+
+@click.command()
+@click.argument("run_json", type=click.Path(path_type=Path))
+@click.option("--out", "out_dir", required=True, type=click.Path(path_type=Path),
+              help="Directory for report.html and the PNG figures (created).")
+@click.option("--bench", "benches", multiple=True, type=click.Path(path_type=Path),
+              help="A `belayer bench ... --json` result to show side by side (repeatable).")
+@click.option("--history/--no-history", default=True, show_default=True,
+              help="Read each trajectory's Temporal history for the timeline.")
+@click.pass_context
+def report(ctx: click.Context, run_json: Path, out_dir: Path, benches: tuple[Path, ...], history: bool) -> None:
+    """Report on RUN_JSON (from `belayer run --json` or `belayer bench chaos --json`): a timeline
+    per trajectory (turns, checkpoints, faults, recoveries), recovery times per fault kind,
+    the outcome of every trajectory, and benchmark tables side by side.
+    """
+    from belayer.cli.main import config_from
+    from belayer.report.build import build_report
+
+    config = config_from(ctx.find_root()) if history else None
+    path = asyncio.run(build_report(run_json, out_dir, list(benches), config))
+    click.echo(str(path))
+    sys.stdout.flush()
+    os._exit(0)  # the Temporal SDK can abort at interpreter exit (DESIGN.md s7)
