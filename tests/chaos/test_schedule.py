@@ -1,0 +1,64 @@
+"""The soak's fault schedule and figures: seeded, covering every kind, no stack needed.
+(The soak itself runs real faults: `belayer bench chaos` on a stack of your own.)"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from belayer.chaos.faults import FAULT_KINDS, ChaosError
+from belayer.chaos.plan import parse_plan, random_plan
+from belayer.chaos.soak import SoakSettings, percentile, schedule
+
+EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "workloads" / "build-and-serve.yaml"
+
+
+def settings(**kw) -> SoakSettings:
+    return SoakSettings(workloads=[EXAMPLE], **kw)
+
+
+def test_default_soak_covers_every_fault_kind_once_per_cycle():
+    plan = schedule(settings(), turns=[6, 4])
+    kinds = [f.kind for round_ in plan for f in round_]
+    assert set(FAULT_KINDS) <= set(kinds)
+    assert len(kinds) == 10 and len(set(kinds[:9])) == 9  # a full shuffle before any repeat
+
+
+def test_schedule_is_a_function_of_the_seed():
+    assert schedule(settings(seed=3), [6, 4]) == schedule(settings(seed=3), [6, 4])
+    assert schedule(settings(seed=3), [6, 4]) != schedule(settings(seed=4), [6, 4])
+
+
+@pytest.mark.parametrize("seed", range(20))
+def test_triggers_stay_inside_each_target(seed):
+    turns = [6, 4, 1]
+    for round_ in schedule(settings(seed=seed, rounds=4, faults_per_round=3), turns):
+        for fault in round_:
+            assert 0 <= fault.target < len(turns)
+            assert (fault.step is None) != (fault.t is None)
+            if fault.step is not None:
+                assert 1 <= fault.step <= max(1, turns[fault.target] - 1)  # never after the last step
+
+
+def test_kinds_can_be_narrowed():
+    plan = schedule(settings(kinds=["engine-crash"], rounds=3), [6])
+    assert {f.kind for r in plan for f in r} == {"engine-crash"}
+
+
+def test_percentile_is_nearest_rank():
+    assert percentile([], 0.5) is None
+    assert percentile([3.0], 0.99) == 3.0
+    values = [float(v) for v in range(1, 101)]
+    assert percentile(values, 0.5) == 50.0 and percentile(values, 0.99) == 99.0
+
+
+def test_plans_mix_step_and_time_triggers_and_targets():
+    plan = parse_plan("engine-crash@step=2,s3-outage@t=1.5,sandbox-crash@step=4:traj-1")
+    assert [(p.fault, p.step, p.t, p.target) for p in plan] == [
+        ("engine-crash", 2, None, None), ("s3-outage", None, 1.5, None), ("sandbox-crash", 4, None, "traj-1")]
+    with pytest.raises(ChaosError):
+        parse_plan("engine-crash@step=0")
+    with pytest.raises(ChaosError):
+        random_plan(0, 1, 5)
+    assert random_plan(1.0, 7, 9) == random_plan(1.0, 7, 9)
