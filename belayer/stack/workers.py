@@ -20,14 +20,15 @@ from belayer.stack.services import Health, run_coroutine
 CONFIG_FILE_ENV = "BELAYER_CONFIG"
 
 
-def write_effective_config(config: BelayerConfig) -> Path:
-    """The full configuration, secrets included, readable by the owner only."""
+def write_effective_config(config: BelayerConfig, path: Path | None = None) -> Path:
+    """The full configuration, secrets included, readable by the owner only; by default
+    in the state directory, where the workers of that stack find it."""
     import tomli_w
 
     data = json.loads(config.model_dump_json())
     data["storage"]["access_key"] = config.storage.access_key.get_secret_value()
     data["storage"]["secret_key"] = config.storage.secret_key.get_secret_value()
-    path = config.state_dir / "run" / "effective-config.toml"
+    path = path or config.state_dir / "run" / "effective-config.toml"
     path.parent.mkdir(parents=True, exist_ok=True)
     fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
     with os.fdopen(fd, "w") as out:

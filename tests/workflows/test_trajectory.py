@@ -55,6 +55,15 @@ async def test_trace_completes_and_repeats_identically(stack):
     assert first.checkpoints >= len(STATEFUL_TRACE.turns) - 1
     assert (first.token_sha256, first.env_sha256) == (second.token_sha256, second.env_sha256)
     assert first.recoveries == []
+    # The web UI's filters: trajectories by task and status (search attributes).
+    found = []
+    for _ in range(50):
+        found = [w.id async for w in stack.client.list_workflows(
+            'BelayerTask = "stateful" AND BelayerStatus = "completed"')]
+        if first.trajectory_id in found:
+            break
+        await asyncio.sleep(0.1)
+    assert first.trajectory_id in found and second.trajectory_id in found
 
 
 async def test_sandbox_killed_mid_trajectory_recovers_identically(stack):
@@ -102,7 +111,7 @@ async def test_long_trajectory_continues_as_new(stack):
     assert result.status == "completed", result.reason
     assert (result.token_sha256, result.env_sha256) == (reference.token_sha256, reference.env_sha256)
     runs = 0
-    async for execution in stack.client.list_workflows(f'WorkflowId = "{handle.id}"'):
+    async for _execution in stack.client.list_workflows(f'WorkflowId = "{handle.id}"'):
         runs += 1
     assert runs >= 3
 

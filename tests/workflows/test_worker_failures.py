@@ -11,19 +11,19 @@ import sys
 import uuid
 
 import pytest
-from temporalio.worker import Worker
 
-from belayer.activities.sandbox import SandboxActivities
 from belayer.stack.workers import write_effective_config
 from tests.workflows.test_trajectory import STATEFUL_TRACE, start, wait_for_step
 
 pytestmark = [pytest.mark.stack, pytest.mark.sandbox]
 
 
-def spawn(module: str, config) -> subprocess.Popen:
-    env = dict(os.environ, BELAYER_CONFIG=str(write_effective_config(config)), PYTHONUNBUFFERED="1")
+def spawn(module: str, config, config_dir) -> subprocess.Popen:
+    """`python -m module` with `config`, written to a file of its own in `config_dir`."""
+    config_file = write_effective_config(config, config_dir / f"{module}.toml")
+    env = dict(os.environ, BELAYER_CONFIG=str(config_file), PYTHONUNBUFFERED="1")
     return subprocess.Popen([sys.executable, "-m", module], env=env, stdin=subprocess.DEVNULL,
-                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, start_new_session=True)
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
 
 
 def kill(proc: subprocess.Popen) -> None:
@@ -47,12 +47,12 @@ async def test_workflow_worker_killed_mid_run_resumes(stack, worker_config, toke
     reference = await (await start(stack, STATEFUL_TRACE)).result()
     # Stop the in-process workflow worker: from now on the subprocess runs the workflow.
     await stack.stop_workflow_worker()
-    first = spawn("belayer.workers.trajectory", worker_config)
+    first = spawn("belayer.workers.trajectory", worker_config, worker_config.state_dir)
     try:
         handle = await start(stack, STATEFUL_TRACE)
         await wait_for_step(handle, 3)
         kill(first)
-        second = spawn("belayer.workers.trajectory", worker_config)
+        second = spawn("belayer.workers.trajectory", worker_config, worker_config.state_dir)
         try:
             result = await asyncio.wait_for(handle.result(), timeout=240)
         finally:
@@ -75,31 +75,37 @@ async def test_temporal_server_restarted_mid_run_loses_nothing(stack, temporal_s
     assert (result.token_sha256, result.env_sha256) == (reference.token_sha256, reference.env_sha256)
 
 
-async def test_sandbox_worker_killed_mid_run_recovers(stack):
-    """The host's worker dies; a new worker on the same host queue picks the sandbox up."""
+async def test_sandbox_worker_killed_mid_run_recovers(stack, stack_config, tmp_path):
+    """The host's worker process is SIGKILLed mid-trajectory; the restarted worker on the
+    same host queue picks the running sandbox up again."""
+    from belayer.activities.sandbox import SHARED_QUEUE
+    from belayer.sandbox import runtime
+    from belayer.sandbox.podman import PodmanBackend
+
     reference = await (await start(stack, STATEFUL_TRACE)).result()
     await stack.stop_sandbox_workers()
-    handle = await start(stack, STATEFUL_TRACE)
-    activities = SandboxActivities(stack.sandboxes.host)
-    queues = [stack.queues.sandbox, stack.sandboxes.host.host_queue]
-
-    def host_worker(queue: str) -> Worker:
-        return Worker(stack.client, task_queue=queue, activities=activities.all(),
-                      identity=f"host-{uuid.uuid4().hex[:6]}")
-
-    first = [host_worker(q) for q in queues]
-    runs = [asyncio.create_task(w.run()) for w in first]
-    await wait_for_step(handle, 3)
-    # An abrupt stop: the worker's in-flight tasks are abandoned, not finished.
-    for run in runs:
-        run.cancel()
-    await asyncio.gather(*runs, return_exceptions=True)
-    second = [host_worker(q) for q in queues]
-    runs = [asyncio.create_task(w.run()) for w in second]
+    host_queue = f"sandbox-host-{uuid.uuid4().hex[:8]}"
+    config = stack_config.model_copy(update={
+        "state_dir": runtime.default_state_dir(),  # where the base image lives
+        "storage": stack.store.cfg,
+        "sandbox": stack.sandboxes.host.cfg.model_copy(update={"host_task_queue": host_queue}),
+    })
+    stack.queues = stack.queues.model_copy(update={"sandbox": SHARED_QUEUE})
+    first = spawn("belayer.workers.sandbox", config, config_dir=tmp_path)
+    second = None
+    sandbox_id = None
     try:
+        handle = await start(stack, STATEFUL_TRACE)
+        progress = await wait_for_step(handle, 3)
+        sandbox_id = progress.sandbox.sandbox_id
+        kill(first)
+        second = spawn("belayer.workers.sandbox", config, config_dir=tmp_path)
         result = await asyncio.wait_for(handle.result(), timeout=240)
     finally:
-        await asyncio.gather(*(w.shutdown() for w in second), return_exceptions=True)
-        await asyncio.gather(*runs, return_exceptions=True)
+        kill(first)
+        if second is not None:
+            kill(second)
+        if sandbox_id:
+            PodmanBackend(config.sandbox, config.state_dir, config.cache_dir).destroy(sandbox_id)
     assert result.status == "completed", result.reason
     assert (result.token_sha256, result.env_sha256) == (reference.token_sha256, reference.env_sha256)
