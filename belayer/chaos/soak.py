@@ -48,6 +48,7 @@ class SoakSettings(BaseModel):
     time_trigger_share: float = Field(0.25, ge=0, le=1, description="Share of faults triggered by time.")
     s3_outage_s: float = Field(3.0, ge=0, description="How long an s3-outage keeps the store down.")
     round_timeout_s: float = Field(600.0, gt=0, description="A trajectory not done by then is lost.")
+    extra_rounds: int = Field(2, ge=0, description="Rounds added for faults that found no running target.")
 
 
 class ScheduledFault(BaseModel):
@@ -124,6 +125,7 @@ class Soak:
         self.references: dict[str, TrajectoryOutcome] = {}
         self.progress: dict[str, object] = {}
         self.finished: set[str] = set()
+        self.carried: list[ScheduledFault] = []
 
     async def run(self) -> dict:
         from belayer.chaos import leaks
@@ -136,7 +138,15 @@ class Soak:
         for outcome in await self._round(0, []):
             self.references.setdefault(outcome.task, outcome)
         inputs_turns = [_turns(task) for task in self.tasks for _ in range(self.settings.repeats)]
-        for number, faults in enumerate(schedule(self.settings, inputs_turns), start=1):
+        rounds = schedule(self.settings, inputs_turns)
+        # A fault whose round ended before it could hit (every trajectory finished while an
+        # earlier fault recovered) moves to the next round, so every kind is really injected.
+        rounds += [[] for _ in range(self.settings.extra_rounds)]
+        for number, scheduled in enumerate(rounds, start=1):
+            faults = [*self.carried, *scheduled]
+            self.carried = []
+            if number > self.settings.rounds and not faults:
+                break
             self.report(f"round {number}/{self.settings.rounds}: {', '.join(f.kind for f in faults) or 'no faults'}")
             await self._wait_healthy()
             self.outcomes.extend(await self._round(number, faults))
@@ -235,10 +245,20 @@ class Soak:
                                  trigger=f"step={planned.step}" if planned.step is not None else f"t={planned.t}")
             self.faults.append(record)
             seen = await self._trigger(planned, target, begun)
+            if seen is None:  # the target ended first: any trajectory still running will do
+                target = next((i for i in ids if i not in self.finished and self._has_sandbox(i)), None)
+                seen = self.progress.get(target) if target else None
+                record.target = target or record.target
+                record.trigger += " (retargeted)"
             if seen is None:
-                record.recovered_by = "not injected: the target finished first"
+                record.recovered_by = "not injected: every trajectory of the round had finished; carried over"
+                self.carried.append(planned.model_copy(update={"step": 1, "t": None}))
                 continue
             await self._inject(record, seen)
+
+    def _has_sandbox(self, trajectory: str) -> bool:
+        seen = self.progress.get(trajectory)
+        return seen is not None and seen.sandbox is not None
 
     async def _trigger(self, planned: ScheduledFault, target: str, begun: float):
         while target not in self.finished:
