@@ -337,6 +337,7 @@ def accelerator_estimate(task: TraceTask, policy: PolicyConfig, clean: dict[str,
         "max_unprotected_steps": timelines["adaptive"].max_unprotected_steps,
         "wait_s": {KEY[m]: _round(timelines[m].wait_s) for m in ("every-step", "adaptive")},
         "unmodelled_s": _round(unmodelled),
+        "measured_trace": [step.model_dump() for step in trace],
     }
 
 

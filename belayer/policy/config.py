@@ -11,7 +11,7 @@ class PolicyConfig(Section):
     """When to take a full checkpoint of a trajectory's sandbox."""
 
     mode: Literal["none", "every-step", "adaptive"] = Field(
-        "every-step", description="none: never; every-step: after each action; adaptive: in bubbles."
+        "adaptive", description="none: never; every-step: after each action; adaptive: in bubbles."
     )
     alpha: float = Field(
         1.0, gt=0, le=100,

@@ -135,3 +135,20 @@ def test_adaptive_never_costs_more_wall_time_than_every_step(trace):
     adaptive_wall = simulate(trace, adaptive()).wall_s
     every_step_wall = simulate(trace, PolicyConfig(mode="every-step")).wall_s
     assert adaptive_wall <= every_step_wall + 1e-9
+
+
+def test_adaptive_is_the_default():
+    assert PolicyConfig().mode == "adaptive"
+    assert CheckpointPolicy().config.mode == "adaptive"
+
+
+def test_no_next_generation_means_no_bubble_to_hide_in():
+    """After the last turn the workflow expects 0 tokens: skip, unless the bound says otherwise."""
+    policy = CheckpointPolicy(config=adaptive(max_unprotected_steps=3))
+    policy.observe_checkpoint(CheckpointSample(duration_s=0.5, size_mb=2.0))
+    policy.observe_generation(GenerationSample(output_tokens=400, per_token_s=0.02, total_s=8.0))
+    policy.observe_action(0.1)
+    assert policy.decide(step=1, size_mb=2.0, expected_output_tokens=0).verdict == "skip"
+    policy.observe_action(0.1)
+    policy.observe_action(0.1)
+    assert policy.decide(step=3, size_mb=2.0, expected_output_tokens=0).verdict == "forced"
