@@ -94,3 +94,115 @@ async def test_token_outside_vocabulary_is_non_retryable(activity_node, store):
     assert err.value.non_retryable and err.value.type == "BadRequest"
     # the node keeps serving
     assert len(_expected(activity_node)) == SAMPLING.max_tokens
+
+
+# ------------------------------------------------------------------ through Temporal
+
+from datetime import timedelta  # noqa: E402
+
+from temporalio import workflow  # noqa: E402
+from temporalio.common import RetryPolicy  # noqa: E402
+from temporalio.exceptions import ActivityError  # noqa: E402
+
+with workflow.unsafe.imports_passed_through():
+    from belayer.activities.generate import GenerateResult
+
+
+@workflow.defn(sandboxed=False)  # this test module imports boto3 and the node at top level
+class TwoTurns:
+    """Turn 1 on the shared queue, turn 2 on the node's own queue, then a forged ref."""
+
+    @workflow.run
+    async def run(self, prefix: PrefixRef, shared_queue: str) -> dict:
+        opts = dict(
+            start_to_close_timeout=timedelta(minutes=5),
+            heartbeat_timeout=timedelta(seconds=30),
+            retry_policy=RetryPolicy(maximum_attempts=3),
+        )
+        first = await workflow.execute_activity(
+            "generate",
+            GenerateArgs(
+                prefix=prefix,
+                sampling=SamplingParams(max_tokens=300, temperature=0.7, seed=3, ignore_eos=True),
+            ),
+            result_type=GenerateResult,
+            task_queue=shared_queue,
+            **opts,
+        )
+        second = await workflow.execute_activity(
+            "generate",
+            GenerateArgs(prefix=first.prefix, sampling=SamplingParams(max_tokens=16)),
+            result_type=GenerateResult,
+            task_queue=first.node_queue,
+            **opts,
+        )
+        forged = first.prefix.model_copy(update={"sha256": "f" * 64})
+        try:
+            await workflow.execute_activity(
+                "generate",
+                GenerateArgs(prefix=forged, sampling=SamplingParams(max_tokens=4)),
+                result_type=GenerateResult,
+                task_queue=shared_queue,
+                **opts,
+            )
+            bad = None
+        except ActivityError as err:
+            bad = {"type": err.cause.type, "non_retryable": err.cause.non_retryable}
+        return {"first": first, "second": second, "bad": bad}
+
+
+async def test_generate_through_temporal_survives_a_leader_kill(
+    activity_node, store, temporal_server, stack_config
+):
+    import os
+    import signal
+    import uuid
+
+    from temporalio.worker import Worker
+
+    from belayer.temporal_client import connect
+
+    ref = _context(store, "traj/t")
+    suffix = uuid.uuid4().hex[:8]
+    shared_queue, node_queue = f"rollout-{suffix}", f"rollout-{suffix}-node"
+    acts = RolloutActivities(activity_node, store, node_queue)
+    killed = []
+
+    def kill_mid_turn(request_id: str, n: int) -> None:
+        if not killed and n >= 100:
+            killed.append(activity_node.leader.pid)
+            os.kill(killed[0], signal.SIGKILL)
+
+    activity_node.add_progress_listener(kill_mid_turn)
+    client = await connect(stack_config.temporal)
+    try:
+        workers = [
+            Worker(
+                client,
+                task_queue=q,
+                activities=[acts.generate],
+                workflows=[TwoTurns] if q == shared_queue else [],
+            )
+            for q in (shared_queue, node_queue)
+        ]
+        async with workers[0], workers[1]:
+            out = await client.execute_workflow(
+                TwoTurns.run,
+                args=[ref, shared_queue],
+                id=f"gen-{suffix}",
+                task_queue=shared_queue,
+                execution_timeout=timedelta(minutes=10),
+            )
+    finally:
+        activity_node.remove_progress_listener(kill_mid_turn)
+    first, second = GenerateResult.model_validate(out["first"]), GenerateResult.model_validate(out["second"])
+    assert killed, "the leader was never killed"
+    assert first.engine_recoveries == ["takeover"] and first.output_tokens == 300
+    spec = SamplingSpec(max_tokens=300, temperature=0.7, seed=3, ignore_eos=True)
+    assert (
+        read_prefix(store, first.prefix)[len(PROMPT) :]
+        == activity_node.generate(PROMPT, spec, timeout=300).token_ids
+    )
+    assert second.prefix.length == first.prefix.length + second.output_tokens
+    assert second.segment_start == first.prefix.length
+    assert out["bad"] == {"type": "CorruptPrefix", "non_retryable": True}

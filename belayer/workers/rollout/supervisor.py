@@ -176,6 +176,7 @@ class RolloutNode:
         self.owner_failure: str | None = None
         self._pending: list[tuple[Callable[[], Any], Future]] = []
         self._forced_fallback: str | None = None
+        self._listeners: list[Callable[[str, int], None]] = []
         self._wake_r, self._wake_w = _MP.Pipe(duplex=False)
         self._closed = threading.Event()
         self._pump: threading.Thread | None = None
@@ -288,6 +289,16 @@ class RolloutNode:
     def verify_weights(self) -> WeightsVerified:
         """Ask the owner to re-hash every tensor now; a mismatch triggers a cold start."""
         return self._in_pump(self._verify_weights).result(self.config.control_timeout_s + 60)
+
+    def add_progress_listener(self, listener: Callable[[str, int], None]) -> None:
+        """Call `listener(request_id, tokens_so_far)` on the pump thread after every delta
+        (benchmarks and fault injection: act at an exact point of progress)."""
+        with self._lock:
+            self._listeners.append(listener)
+
+    def remove_progress_listener(self, listener: Callable[[str, int], None]) -> None:
+        with self._lock:
+            self._listeners.remove(listener)
 
     def force_full_cold_start_next(self, why: str) -> None:
         """Make the next recovery a full cold start (new owner loading weights from disk, new
@@ -425,6 +436,8 @@ class RolloutNode:
             record.tokens.extend(delta.token_ids)
             if record.on_progress is not None:
                 record.on_progress(len(record.tokens))
+            for listener in self._listeners:
+                listener(record.request_id, len(record.tokens))
         if record.spec.stop and self._hit_stop(record):
             self._send_leader(AbortRequest(delta.engine_request_id))
             self._finish(record, "stop")
