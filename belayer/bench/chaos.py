@@ -58,7 +58,17 @@ def chaos(ctx: click.Context, workloads: tuple[Path, ...], rounds: int, repeats:
                             faults_per_round=faults_per_round, seed=seed, kinds=chosen,
                             s3_outage_s=s3_outage_s, round_timeout_s=round_timeout_s)
     config = config_from(ctx.find_root())
-    summary = asyncio.run(Soak(config, settings, report=lambda m: console.print(m, highlight=False)).run())
+    # The Temporal SDK's core logs its connection retries (a restarted server) on stdout:
+    # keep stdout for the JSON alone by sending fd 1 to stderr while the soak runs.
+    sys.stdout.flush()
+    real_stdout = os.dup(1)
+    os.dup2(2, 1)
+    try:
+        summary = asyncio.run(Soak(config, settings, report=lambda m: console.print(m, highlight=False)).run())
+    finally:
+        sys.stdout.flush()
+        os.dup2(real_stdout, 1)
+        os.close(real_stdout)
     text = json.dumps(summary, indent=2)
     if out:
         out.write_text(text)

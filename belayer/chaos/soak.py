@@ -28,6 +28,7 @@ import uuid
 from collections.abc import Callable
 from pathlib import Path
 
+import psutil
 from pydantic import BaseModel, Field
 
 from belayer.chaos.faults import FAULT_KINDS, Chaos, ChaosError
@@ -166,8 +167,13 @@ class Soak:
         jobs = [asyncio.ensure_future(self._follow(number, item)) for item in inputs]
         chaos = asyncio.ensure_future(self._inject_all(number, faults, [i.trajectory_id for i in inputs], begun))
         outcomes = await asyncio.gather(*jobs)
-        chaos.cancel()
-        await asyncio.gather(chaos, return_exceptions=True)
+        # Every trajectory has ended, so each pending fault finds no target and an injected
+        # one stops measuring: let it write its record (an injection under way completes).
+        try:
+            await asyncio.wait_for(asyncio.shield(chaos), 300)
+        except TimeoutError:
+            chaos.cancel()
+            await asyncio.gather(chaos, return_exceptions=True)
         for outcome in outcomes:
             outcome.verdict = self._verdict(outcome) if number else "reference"
         return list(outcomes)
@@ -297,6 +303,9 @@ class Soak:
         if record.kind.startswith(("engine", "owner")):
             if roles_after.get("recoveries", 0) > roles_before.get("recoveries", 0):
                 return str(roles_after.get("last_recovery", {}).get("kind", "takeover"))
+            owner = roles_after.get("owner")
+            if record.kind == "owner-crash" and owner and not psutil.pid_exists(owner):
+                return "none yet: the leader kept serving; the node's next engine failure is a cold start"
             return "no node recovery seen"
         now = self.progress.get(record.target)
         if record.kind in ("sandbox-crash", "sandbox-host-crash"):

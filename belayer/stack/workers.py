@@ -28,6 +28,7 @@ def write_effective_config(config: BelayerConfig, path: Path | None = None) -> P
     data = json.loads(config.model_dump_json())
     data["storage"]["access_key"] = config.storage.access_key.get_secret_value()
     data["storage"]["secret_key"] = config.storage.secret_key.get_secret_value()
+    data["storage"]["encryption_key"] = config.storage.encryption_key.get_secret_value()
     path = path or config.state_dir / "run" / "effective-config.toml"
     path.parent.mkdir(parents=True, exist_ok=True)
     fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
