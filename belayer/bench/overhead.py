@@ -175,6 +175,12 @@ def summarize(task: TraceTask, policy: PolicyConfig, results: list[TrialResult],
         "phases": {KEY[m]: _phases(task, clean[m], clean["none"]) for m in MODES},
         "accelerator_estimate": accelerator_estimate(task, policy, clean),
     }
+    # The part of the overhead that is waiting for a checkpoint on the critical path; the
+    # rest is the checkpoint's CPU slowing the engine, plus noise.
+    report["wait_overhead_pct"] = {
+        KEY[m]: _pct((none_s or 0) + (report["phases"][KEY[m]]["wait_s_per_trajectory"] or 0), none_s)
+        for m in ("every-step", "adaptive")
+    }
     incomplete = [{"id": r.trajectory_id, "status": r.status, "reason": r.reason}
                   for r in results if r.status != "completed"]
     if incomplete:
@@ -337,6 +343,10 @@ def accelerator_estimate(task: TraceTask, policy: PolicyConfig, clean: dict[str,
         "max_unprotected_steps": timelines["adaptive"].max_unprotected_steps,
         "wait_s": {KEY[m]: _round(timelines[m].wait_s) for m in ("every-step", "adaptive")},
         "unmodelled_s": _round(unmodelled),
+        # The same, if the workflow told the policy that no generation follows the last turn.
+        "adaptive_overhead_pct_if_end_known": _pct(
+            simulate(trace, policy.model_copy(update={"mode": "adaptive"}), end_tokens=0).wall_s + unmodelled,
+            walls["none"]),
         "measured_trace": [step.model_dump() for step in trace],
     }
 

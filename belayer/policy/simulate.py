@@ -40,8 +40,12 @@ class Timeline(BaseModel):
     wait_s: float
 
 
-def simulate(trace: list[TraceStep], config: PolicyConfig) -> Timeline:
-    """The timeline the workflow would produce for `trace` under `config`."""
+def simulate(trace: list[TraceStep], config: PolicyConfig, *, end_tokens: int | None = None) -> Timeline:
+    """The timeline the workflow would produce for `trace` under `config`.
+
+    `end_tokens` is what the last decision is told about the generation after the last
+    turn: None (unknown, as the workflow says today) or 0 (there is none).
+    """
     policy = CheckpointPolicy(config=config)
     intervals: list[Interval] = []
     clock = 0.0
@@ -68,7 +72,7 @@ def simulate(trace: list[TraceStep], config: PolicyConfig) -> Timeline:
         intervals.append(Interval(kind="action", step=step, start=action_start, end=action_end))
         policy.observe_action(turn.action_s)
         max_unprotected = max(max_unprotected, policy.unprotected_steps)
-        next_tokens = trace[step + 1].output_tokens if step + 1 < len(trace) else None
+        next_tokens = trace[step + 1].output_tokens if step + 1 < len(trace) else end_tokens
         decision = policy.decide(step, turn.size_mb, expected_output_tokens=next_tokens)
         if decision.checkpointed:
             checkpoint_end = action_end + turn.checkpoint_s
