@@ -305,13 +305,14 @@ def measured_trace(task: TraceTask, none: list[TrialResult], every: list[TrialRe
                 ckpt.setdefault(d.step - 1, []).append(d.actual_checkpoint_s)
                 if d.actual_checkpoint_mb is not None:
                     size.setdefault(d.step - 1, []).append(d.actual_checkpoint_mb)
-    rates = [statistics.mean(v) / task.turns[i].think_tokens for i, v in gen.items() if task.turns[i].think_tokens]
-    fallback_rate = statistics.mean(rates) if rates else 0.0
     all_ckpt = [s for v in ckpt.values() for s in v]
     trace = []
     for i, turn in enumerate(task.turns):
         tokens = turn.think_tokens
-        rate = statistics.mean(gen[i]) / tokens if i in gen and tokens else fallback_rate
+        # The first turn has no decision before it: take the measured turn closest in length.
+        nearest = i if i in gen else min(gen, key=lambda j: abs(task.turns[j].think_tokens - tokens), default=None)
+        measured_tokens = task.turns[nearest].think_tokens if nearest is not None else 0
+        rate = statistics.mean(gen[nearest]) / measured_tokens if measured_tokens else 0.0
         trace.append(TraceStep(
             output_tokens=tokens, per_token_s=rate,
             action_s=statistics.mean(act.get(i, [0.0])),
