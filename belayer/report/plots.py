@@ -72,7 +72,7 @@ def timeline(run: RunData, histories: dict[str, History], path: Path, max_rows: 
             ax.barh(lane, max(interval.end - interval.start, 0.05), left=interval.start - origin, height=height,
                     color=color, edgecolor="black" if failed else color, hatch="//" if failed else None,
                     linewidth=0.6 if failed else 0)
-        for fault in faults_by_target.get(trajectory.id, []):
+        for index, fault in enumerate(faults_by_target.get(trajectory.id, [])):
             at = fault_time(fault, history)
             if at is None:
                 continue
@@ -80,7 +80,9 @@ def timeline(run: RunData, histories: dict[str, History], path: Path, max_rows: 
             if fault.recovery_s:
                 ax.fill_between([at - origin, at - origin + fault.recovery_s], y - 0.42, y + 0.42,
                                 color="#C44E52", alpha=0.15, linewidth=0)
-            ax.annotate(fault.kind, (at - origin, y + 0.44), fontsize=7, color="#C44E52", ha="left", va="bottom")
+            # labels of faults close together on one row alternate between two lines
+            ax.annotate(fault.kind, (at - origin, y + 0.42), xytext=(2, -1 - 8 * (index % 2)),
+                        textcoords="offset points", fontsize=7, color="#C44E52", ha="left", va="top")
     ax.set_yticks(range(len(rows)))
     ax.set_yticklabels([f"{t.id}  [{t.verdict or t.status}]" for t in rows], fontsize=8)
     ax.set_ylim(len(rows) - 0.4, -0.7)
