@@ -120,4 +120,7 @@ def _fmt(value) -> str:
         return f"{value:.3f}".rstrip("0").rstrip(".") if abs(value) < 1e6 else f"{value:.4g}"
     if isinstance(value, (dict, list)):
         return json.dumps(value)
-    return str(value)
+    text = str(value)
+    if len(text) == 64 and all(c in "0123456789abcdef" for c in text):
+        return text[:12] + "…"  # a sha256: the prefix tells runs apart
+    return text
