@@ -43,3 +43,13 @@ def test_hang_with_failed_device_check_falls_back_to_cold_start(faulty_node):
     assert "heartbeat" in event.reason and "device health check" in event.fallback_reason
     assert event.replayed_requests == len(PROMPTS)
     assert run_all(faulty_node) == under_fault
+
+
+@pytest.mark.parametrize("faulty_node", ["owner_crash:after_s=0,engine_crash_during_decode:after=60"], indirect=True)
+def test_owner_crash_then_engine_crash_falls_back_to_cold_start(faulty_node):
+    under_fault = run_all(faulty_node)
+    (event,) = faulty_node.recoveries
+    assert event.kind == "cold_start" and "owner" in event.fallback_reason
+    assert event.replayed_requests == len(PROMPTS)
+    assert faulty_node.generation == 2  # a new owner loaded the weights again
+    assert run_all(faulty_node) == under_fault
