@@ -23,7 +23,9 @@ class RolloutConfig(Section):
         "private",
         description=(
             "Engines use the owner's weights mapped without copying (shared: less memory, slower CPU "
-            "decode) or their own prepacked copy made at init (private: faster decode)."
+            "decode) or their own prepacked copy made at init (private: faster decode). Default from "
+            "the bench model (116M, fp32, 2 cores): private 150 tok/s batched, +445 MiB per engine; "
+            "shared 36 tok/s batched. On GPUs weights are used as loaded and shared costs nothing."
         ),
     )
     kv_cache_mb: int = Field(256, ge=16, le=1 << 20, description="Size of the shared KV arena (MiB).")
