@@ -152,3 +152,15 @@ def test_config_show_masks_secrets(tmp_path):
     assert shown["storage"]["secret_key"] == "***"
     assert "very-secret-value" not in result.stdout + result.stderr
     assert shown["state_dir"] == str(tmp_path)
+
+
+def test_non_root_is_told_what_still_works(monkeypatch, tmp_path):
+    from belayer.config import load_config
+    from belayer.stack import local
+
+    monkeypatch.setattr(local.os, "geteuid", lambda: 1000)
+    warning = local.root_warning()
+    assert "checkpoint and restore of sandboxes need root (CRIU)" in warning
+    assert "still work" in warning
+    names = [w.name for w in local.belayer_workers(load_config(state_dir=tmp_path))]
+    assert "sandbox-worker" not in names and "trajectory-worker" in names
