@@ -60,7 +60,7 @@ def sandbox_containers(config: BelayerConfig) -> list[str]:
 
 def stack_processes(config: BelayerConfig) -> list[psutil.Process]:
     """Processes that belong to this state directory's stack: their environment or command
-    line names it. The calling process and its ancestors are not counted."""
+    line names it (a default state directory too: see below). The calling process and its ancestors are not counted."""
     mine = {os.getpid(), *(p.pid for p in psutil.Process().parents())}
     marker = str(config.state_dir)
     found = []
@@ -68,8 +68,10 @@ def stack_processes(config: BelayerConfig) -> list[psutil.Process]:
         if proc.pid in mine:
             continue
         try:
+            # workers the stack starts carry its effective-config path (in the state
+            # directory) in their environment, and their children inherit it
             env = proc.environ()
-            if env.get("BELAYER_STATE_DIR") == marker or marker in " ".join(proc.cmdline()):
+            if any(marker in value for value in env.values()) or marker in " ".join(proc.cmdline()):
                 found.append(proc)
         except psutil.Error:
             continue
