@@ -108,39 +108,68 @@ class _Runner:
             chaos = asyncio.ensure_future(self._chaos()) if self.plan else None
             results = await asyncio.gather(*jobs)
             if chaos is not None:
-                chaos.cancel()
+                # every trajectory ended: pending faults settle as not injected, a measuring one
+                # writes its record; only a fault still being injected is waited for
+                try:
+                    await asyncio.wait_for(asyncio.shield(chaos), 300)
+                except TimeoutError:
+                    chaos.cancel()
                 await asyncio.gather(chaos, return_exceptions=True)
             self._settle_faults(results)
             return results
 
     async def _chaos(self) -> None:
-        """Inject each planned fault when its trigger fires; measure until the target moves on."""
+        """Inject each planned fault when its trigger fires (step and time triggers are
+        watched together; faults go one at a time); measure until the target moves on."""
         from belayer.chaos.faults import Chaos
 
         chaos = Chaos(self.config)
         started = time.monotonic()
-        for planned in sorted(self.plan, key=lambda f: (f.t or 0, f.step or 0)):
-            while True:
-                target = planned.target or (self.started[0] if self.started else None)
+        pending = list(self.plan)
+        while pending:
+            fired = None
+            for planned in pending:
+                target = self._target_of(planned)
                 seen = self.progress.get(target)
-                if target in self.finished:
+                if target in self.finished or (
+                        seen is not None and (planned.step is not None and seen.step >= planned.step
+                                              or planned.t is not None and time.monotonic() - started >= planned.t)):
+                    fired = (planned, target, seen)
                     break
-                if planned.t is not None and time.monotonic() - started >= planned.t and seen:
-                    break
-                if planned.step is not None and seen is not None and seen.step >= planned.step:
-                    break
+            if fired is None:
                 await asyncio.sleep(0.1)
-            record = {"kind": planned.fault, "at": None, "target": target, "recovered_by": None,
-                      "recovery_s": None}
-            self.faults.append(record)
-            if target in self.finished or seen is None:
-                record["recovered_by"] = "not injected: the target finished first"
                 continue
-            roles_before = _roles(chaos)
-            container = seen.sandbox.container if seen.sandbox else None
+            planned, target, seen = fired
+            pending.remove(planned)
+            await self._inject(chaos, planned, target, seen)
+
+    def _target_of(self, planned) -> str | None:
+        """A trajectory id, or a task id (its first trajectory); default the first started."""
+        if planned.target is None:
+            return self.started[0] if self.started else None
+        if planned.target in self.started:
+            return planned.target
+        ids = [i.trajectory_id for i in self.inputs if i.task.id == planned.target]
+        return next((i for i in ids if i in self.started), ids[0] if ids else planned.target)
+
+    async def _inject(self, chaos, planned, target, seen) -> None:
+        from belayer.chaos.faults import ChaosError
+
+        record = {"kind": planned.fault, "at": None, "target": target, "recovered_by": None,
+                  "recovery_s": None, "trajectory": target}
+        self.faults.append(record)
+        if target in self.finished or seen is None:
+            record["recovered_by"] = "not injected: the target finished first"
+            return
+        roles_before = _roles(chaos)
+        container = seen.sandbox.container if seen.sandbox else None
+        try:
             report = await asyncio.to_thread(chaos.inject, planned.fault, sandbox_container=container)
-            record.update(at=seen.step, target=report.target, detail=report.detail)
-            await self._measure_recovery(record, target, seen.step, report.at, chaos, roles_before)
+        except ChaosError as exc:
+            record["recovered_by"] = f"not injected: {exc}"
+            return
+        record.update(at=seen.step, target=report.target, detail=report.detail, injected_at=report.at)
+        await self._measure_recovery(record, target, seen.step, report.at, chaos, roles_before)
 
     async def _measure_recovery(self, record, trajectory, step, injected_at, chaos, roles_before) -> None:
         """Recovery time = injection until the trajectory completes another step (or ends)."""
@@ -186,7 +215,13 @@ class _Runner:
             handle = await start_trajectory(client, self.config, input)
             self.started.append(input.trajectory_id)
             result_task = asyncio.ensure_future(handle.result())
-            while not result_task.done():
+            while True:
+                if result_task.done():
+                    if not _server_went_away(result_task):
+                        break
+                    # a restarted Temporal server (chaos: temporal-restart) drops the long poll
+                    await asyncio.sleep(1)
+                    result_task = asyncio.ensure_future(handle.result())
                 try:
                     seen = await handle.query("progress", result_type=TrajectoryProgress)
                     self.progress[input.trajectory_id] = seen
@@ -200,6 +235,13 @@ class _Runner:
             self.finished.add(input.trajectory_id)
             progress.update(row, completed=total, note=f"{result.status}, reward {result.reward}")
             return result
+
+
+def _server_went_away(task: asyncio.Future) -> bool:
+    from temporalio.service import RPCError, RPCStatusCode
+
+    exc = task.exception()
+    return isinstance(exc, RPCError) and exc.status in (RPCStatusCode.UNAVAILABLE, RPCStatusCode.DEADLINE_EXCEEDED)
 
 
 def _roles(chaos) -> dict:
