@@ -37,10 +37,12 @@ EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "workloads" / "buil
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object (with per-run details).")
 @click.option("--out", type=click.Path(path_type=Path), default=None,
               help="Also write the JSON here (input of `belayer report`).")
+@click.option("--report", "report_dir", type=click.Path(path_type=Path), default=None,
+              help="Also write the HTML report (`belayer report`) into this directory.")
 @click.pass_context
 def chaos(ctx: click.Context, workloads: tuple[Path, ...], rounds: int, repeats: int, faults_per_round: int,
           seed: int, kinds: str | None, s3_outage_s: float, round_timeout_s: float, as_json: bool,
-          out: Path | None) -> None:
+          out: Path | None, report_dir: Path | None) -> None:
     """Soak: the example workloads under a seeded schedule of real faults of every kind;
     each trajectory's token and environment hashes compared with an unfailed run.
 
@@ -72,6 +74,13 @@ def chaos(ctx: click.Context, workloads: tuple[Path, ...], rounds: int, repeats:
     text = json.dumps(summary, indent=2)
     if out:
         out.write_text(text)
+    if report_dir:
+        from belayer.report.build import build_report
+
+        report_dir.mkdir(parents=True, exist_ok=True)
+        (report_dir / "soak.json").write_text(text)
+        page = asyncio.run(build_report(report_dir / "soak.json", report_dir, [], config))
+        console.print(f"report: {page}")
     if as_json:
         click.echo(text)
     else:
