@@ -13,8 +13,12 @@ class PolicyConfig(Section):
     mode: Literal["none", "every-step", "adaptive"] = Field(
         "adaptive", description="none: never; every-step: after each action; adaptive: in bubbles."
     )
+    # 2, not 1: a checkpoint that outlasts its generation stalls the next action, while a
+    # skipped one only leaves work unprotected (bounded below). Measured predictor errors
+    # were 30-60% (generation) and ~35% (checkpoint), so the margin is needed; see
+    # `belayer bench overhead`.
     alpha: float = Field(
-        1.0, gt=0, le=100,
+        2.0, gt=0, le=100,
         description="Checkpoint when predicted generation time >= alpha x checkpoint cost.",
     )
     max_unprotected_steps: int = Field(
@@ -28,7 +32,7 @@ class PolicyConfig(Section):
         5, ge=1, le=100, description="How many recent turns and checkpoints the predictors average."
     )
     prior_checkpoint_s: float = Field(
-        0.6, gt=0, description="Checkpoint cost assumed before any checkpoint was measured (s)."
+        1.0, gt=0, description="Checkpoint cost assumed before any checkpoint was measured (s)."
     )
     prior_token_latency_s: float = Field(
         0.01, gt=0, description="Per-token decode latency assumed before the engine reports one (s)."

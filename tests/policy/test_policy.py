@@ -69,7 +69,7 @@ def test_failed_checkpoint_leaves_work_unprotected():
 
 
 def test_decisions_record_actuals_and_predictor_error():
-    policy = CheckpointPolicy(config=PolicyConfig(mode="every-step"))
+    policy = CheckpointPolicy(config=PolicyConfig(mode="every-step", prior_checkpoint_s=0.6))
     policy.observe_generation(GenerationSample(output_tokens=100, per_token_s=0.01, total_s=1.0))
     policy.observe_action(0.2)
     policy.decide(step=0, size_mb=1)
