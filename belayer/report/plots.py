@@ -133,11 +133,14 @@ def outcomes(run: RunData, path: Path) -> Path | None:
         return None
     plt = _pyplot()
     labels: dict[str, int] = {}
+    names = {"ok": "ok (hashes identical)", "reference": "reference (no fault)",
+             "context_cut": "context cut (consistent)"}
     for t in run.trajectories:
-        key = t.verdict or t.status
+        key = names.get(t.verdict or t.status, t.verdict or t.status)
         labels[key] = labels.get(key, 0) + 1
-    order = sorted(labels, key=lambda k: (k not in ("ok", "completed", "reference"), k))
-    colors = {"ok": "#55A868", "completed": "#55A868", "reference": "#999999", "context_cut": "#DD8452"}
+    order = sorted(labels, key=lambda k: (not k.startswith(("ok", "completed", "reference")), k))
+    colors = {names["ok"]: "#55A868", "completed": "#55A868", names["reference"]: "#999999",
+              names["context_cut"]: "#DD8452"}
     fig, ax = plt.subplots(figsize=(7, 0.9 + 0.45 * len(order)))
     ax.barh(order, [labels[k] for k in order], color=[colors.get(k, "#C44E52") for k in order])
     for y, key in enumerate(order):
