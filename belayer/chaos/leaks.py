@@ -132,14 +132,18 @@ def unmapped_segments(config: BelayerConfig) -> list[str]:
 def leftover_objects(config: BelayerConfig, sandbox_ids: set[str]) -> list[str]:
     """Checkpoint objects of finished sandboxes (destroy deletes them) and unfinished
     multipart uploads. Token logs and observations are the trajectories' record: kept."""
-    from belayer.storage.store import ObjectStore
+    from belayer.storage.store import RECORD_ROOT, ObjectStore
 
     found: list[str] = []
     with ObjectStore(config.storage) as store:
         for sandbox_id in sorted(sandbox_ids):
-            found.extend(store.list(f"{config.sandbox.checkpoint_prefix}{sandbox_id}/"))
-        uploads = store.client.list_multipart_uploads(Bucket=config.storage.bucket).get("Uploads", [])
-        found.extend(f"incomplete upload {u['Key']}" for u in uploads)
+            prefix = f"{config.sandbox.checkpoint_prefix}{sandbox_id}/"
+            found.extend(store.list(prefix))
+            # hash records of multipart archives live apart from their objects
+            found.extend(store._list_full(config.storage.key_prefix + RECORD_ROOT + prefix))
+            uploads = store.client.list_multipart_uploads(
+                Bucket=config.storage.bucket, Prefix=config.storage.key_prefix + prefix).get("Uploads", [])
+            found.extend(f"incomplete upload {u['Key']}" for u in uploads)
     return found
 
 
