@@ -36,7 +36,7 @@ def node_config(**overrides) -> RolloutConfig:
         kv_cache_mb=64,
         max_model_len=1024,
         heartbeat_interval_s=0.1,
-        heartbeat_timeout_s=2.0,
+        heartbeat_timeout_s=5.0,  # generous: other jobs on 2 cores can starve a healthy engine
         weights_verify_interval_s=0,
     )
     base.update(overrides)

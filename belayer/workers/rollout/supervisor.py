@@ -177,6 +177,7 @@ class RolloutNode:
         self._pending: list[tuple[Callable[[], Any], Future]] = []
         self._forced_fallback: str | None = None
         self._listeners: list[Callable[[str, int], None]] = []
+        self._state_listeners: list[Callable[[dict], None]] = []
         self._wake_r, self._wake_w = _MP.Pipe(duplex=False)
         self._closed = threading.Event()
         self._pump: threading.Thread | None = None
@@ -300,6 +301,54 @@ class RolloutNode:
         with self._lock:
             self._listeners.remove(listener)
 
+    def add_state_listener(self, listener: Callable[[dict], None]) -> None:
+        """Call `listener(self.roles())` now and whenever a role, the epoch or the recovery
+        count changes (the node worker publishes it for `belayer chaos`)."""
+        with self._lock:
+            self._state_listeners.append(listener)
+            listener(self.roles())
+
+    def remove_state_listener(self, listener: Callable[[dict], None]) -> None:
+        with self._lock:
+            self._state_listeners.remove(listener)
+
+    def roles(self) -> dict:
+        """Pids by role, lease epoch, owner generation, recoveries so far and the last one."""
+        with self._lock:
+            state: dict[str, Any] = {
+                "node_id": self.config.node_id,
+                "owner": self.owner.pid if self.owner else None,
+                "leader": self.leader.pid if self.leader else None,
+                "shadow": self.shadow.pid if self.shadow else None,
+                "shadow_ready": bool(self.shadow and self.shadow.ready),
+                "epoch": self.epoch,
+                "generation": self.generation,
+                "weight_mode": self.config.weight_mode,
+                "recoveries": len(self.recoveries),
+            }
+            if self.recoveries:
+                last = self.recoveries[-1]
+                state["last_recovery"] = {
+                    "kind": last.kind,
+                    "reason": last.reason,
+                    "fallback_reason": last.fallback_reason,
+                    "ready_s": round(last.ready_s, 4),
+                    "replayed_requests": last.replayed_requests,
+                    "replayed_tokens": last.replayed_tokens,
+                    "phases": {k: round(v, 4) for k, v in last.phases.items()},
+                }
+            return state
+
+    def _notify_state(self) -> None:
+        if not self._state_listeners:
+            return
+        state = self.roles()
+        for listener in list(self._state_listeners):
+            try:
+                listener(state)
+            except Exception:  # a publisher must never break the node
+                log.exception("rollout node %s: state listener failed", self.config.node_id)
+
     def force_full_cold_start_next(self, why: str) -> None:
         """Make the next recovery a full cold start (new owner loading weights from disk, new
         engine): the comparison point of `belayer bench worker-recovery`."""
@@ -347,7 +396,9 @@ class RolloutNode:
 
     def _pump_once(self) -> None:
         with self._lock:
-            children = [c for c in (self.leader, self.shadow, self.owner) if c is not None]
+            children = [c for c in (self.leader, self.shadow) if c is not None]
+            if self.owner is not None and self.owner_failure is None:
+                children.append(self.owner)  # a dead owner's pipe and sentinel stay readable forever
         waitables: list[Any] = [self._wake_r]
         for c in children:
             waitables += [c.conn, c.process.sentinel]
@@ -371,6 +422,7 @@ class RolloutNode:
                     self.config.node_id,
                     self.owner_failure,
                 )
+                self._notify_state()
             if self.shadow is not None and self.shadow.process.sentinel in ready:
                 log.error(
                     "rollout node %s: shadow (pid %s) died; starting another",
@@ -379,6 +431,7 @@ class RolloutNode:
                 )
                 _stop_child(self.shadow)
                 self.shadow = self._start_engine("shadow") if self.config.shadow else None
+                self._notify_state()
             leader = self.leader
             if leader is None:
                 return
@@ -417,6 +470,7 @@ class RolloutNode:
                 msg.pid,
                 msg.init_s,
             )
+            self._notify_state()
         elif isinstance(msg, WeightsVerified) and child is self.owner and not msg.ok:
             self.owner_failure = f"weights checksum mismatch in {list(msg.bad_tensors)[:3]}"
             log.error("rollout node %s: %s", self.config.node_id, self.owner_failure)
@@ -566,6 +620,7 @@ class RolloutNode:
         )
         if self.config.shadow and self.shadow is None:
             self.shadow = self._start_engine("shadow")  # in the background: the pump sees it ready
+        self._notify_state()
 
     def _owner_check(self, phases: dict[str, float]) -> str | None:
         t = time.perf_counter()

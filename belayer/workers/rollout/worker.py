@@ -7,7 +7,7 @@ may take a turn whose node is gone).
 
 from __future__ import annotations
 
-import asyncio
+import functools
 import json
 import logging
 import os
@@ -32,7 +32,7 @@ async def serve(config: BelayerConfig) -> None:
     model_dir = model_path(config.rollout.model, config.cache_dir)
     node = RolloutNode(config.rollout, model_dir)
     node.start(wait_shadow=False)  # serve as soon as the leader is up; the shadow follows
-    publisher = asyncio.create_task(publish_roles(node, roles_file(config)))
+    node.add_state_listener(functools.partial(publish_roles, roles_file(config)))
     try:
         own_queue = node_task_queue(config)
         activities = RolloutActivities(node, ObjectStore(config.storage), own_queue)
@@ -44,7 +44,6 @@ async def serve(config: BelayerConfig) -> None:
             max_concurrent_activities=max(1, config.rollout.max_num_seqs),
         )
     finally:
-        publisher.cancel()
         node.close()
         roles_file(config).unlink(missing_ok=True)
 
@@ -54,27 +53,14 @@ def roles_file(config: BelayerConfig) -> Path:
     return config.state_dir / "run" / f"rollout-{config.rollout.node_id}.roles.json"
 
 
-async def publish_roles(node, path: Path, every_s: float = 0.2) -> None:
-    """Keep `path` current: roles change at every takeover, and fault injection must hit
-    the process that holds a role now, not the one that held it when it looked."""
+def publish_roles(path: Path, state: dict) -> None:
+    """Write `RolloutNode.roles()` atomically (a reader never sees half a file). Called by the
+    node on its pump thread whenever a role, the epoch or the recovery count changes, so
+    fault injection always hits the process that holds a role now."""
     path.parent.mkdir(parents=True, exist_ok=True)
-    last = None
-    while True:
-        roles = {**node.pids(), "epoch": node.epoch, "recoveries": len(node.recoveries)}
-        if node.recoveries:
-            event = node.recoveries[-1]
-            roles["last_recovery"] = {
-                "kind": event.kind,
-                "reason": event.reason,
-                "ready_s": event.ready_s,
-                "fallback_reason": event.fallback_reason,
-            }
-        if roles != last:
-            tmp = path.with_suffix(".tmp")
-            tmp.write_text(json.dumps(roles))
-            os.replace(tmp, path)
-            last = roles
-        await asyncio.sleep(every_s)
+    tmp = path.with_suffix(".tmp")
+    tmp.write_text(json.dumps(state, sort_keys=True))
+    os.replace(tmp, path)
 
 
 def cleanup_node(node_id: str) -> list[str]:
