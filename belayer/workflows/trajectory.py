@@ -369,12 +369,23 @@ class TrajectoryWorkflow:
     # ---------------------------------------------------------------- the end
 
     async def _finish(self) -> TrajectoryResult:
-        reward = await self._reward()
+        exhausted = self._budget_exhausted()
+        reward = 0.0 if exhausted else await self._reward()
         env_hash = await self._workspace_hash()
         await self._destroy()
         status: TrajectoryStatus = "completed" if reward == 1.0 else "failed_policy"
         self._set_status(status)
-        return self._result(status, reward=reward, env_sha256=env_hash)
+        return self._result(status, reward=reward, env_sha256=env_hash, reason=exhausted or "")
+
+    def _budget_exhausted(self) -> str | None:
+        """Why the context budget ended the trajectory before its task did, if it did."""
+        used, budget = self.state.context.length, self.input.max_total_tokens
+        if self.state.stopped or used < budget:
+            return None
+        if self.state.turn == 0:
+            return (f"context budget exhausted before the first turn: the prompt alone is {used} tokens, "
+                    f"the budget {budget} (max_total_tokens; rollout.max_model_len)")
+        return f"context budget exhausted after {self.state.turn} turns: {used} of {budget} tokens"
 
     async def _reward(self) -> float:
         check = self.input.task.check

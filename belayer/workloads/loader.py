@@ -33,7 +33,10 @@ def load_workload(path: Path) -> Workload:
 def _read_raw_tasks(path: Path) -> list[Any]:
     if not path.is_file():
         raise WorkloadError(f"workload file {path} does not exist; give the path of a .yaml or .jsonl file")
-    text = path.read_text(encoding="utf-8", errors="strict")
+    try:
+        text = path.read_text(encoding="utf-8", errors="strict")
+    except UnicodeDecodeError as exc:
+        raise WorkloadError(f"{path}: not UTF-8 text (byte {exc.start}): save the workload as UTF-8") from None
     if path.suffix == ".jsonl":
         return [_parse_json_line(path, n, line) for n, line in enumerate(text.splitlines(), 1)
                 if line.strip()]
@@ -43,6 +46,8 @@ def _read_raw_tasks(path: Path) -> list[Any]:
         document = yaml.safe_load(text)
     except yaml.YAMLError as exc:
         raise WorkloadError(f"{path}: not valid YAML: {exc}") from None
+    except RecursionError:
+        raise WorkloadError(f"{path}: nested too deeply to be a workload; tasks are a flat list") from None
     if document is None:
         return []
     if not isinstance(document, dict) or set(document) != {"tasks"}:
@@ -55,6 +60,8 @@ def _read_raw_tasks(path: Path) -> list[Any]:
 def _parse_json_line(path: Path, number: int, line: str) -> Any:
     try:
         return json.loads(line)
+    except RecursionError:
+        raise WorkloadError(f"{path}:{number}: nested too deeply to be a task") from None
     except json.JSONDecodeError as exc:
         raise WorkloadError(f"{path}:{number}: not valid JSON ({exc.msg}); one task object per line") from None
 

@@ -109,9 +109,6 @@ async def _steps(stack, workflow_id: str):
     return steps
 
 
-@pytest.mark.xfail(strict=True, reason="belayer/workflows/trajectory.py: a prompt beyond max_total_tokens ends "
-                                       "'completed' with reward 1.0 (no check) and no reason; it should be a policy "
-                                       "failure that says the context budget was exhausted before the first turn")
 async def test_huge_prompt_is_a_policy_failure_that_says_why(stack):
     task = ModelTask(id="huge-prompt", instruction="lorem ipsum dolor " * 20_000, max_turns=3)
     handle = await start(stack, task, max_total_tokens=2048)
