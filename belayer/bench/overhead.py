@@ -453,7 +453,7 @@ def print_report(report: dict) -> None:
                "ckpt s", "wait s", "max unprotected"]
     failures = report.get("failures")
     if failures:
-        columns += ["lost s / failure", "recovered from"]
+        columns += ["lost s / failure", "recovery s", "recovered from"]
     for col in columns:
         table.add_column(col)
     for mode in MODES:
@@ -464,10 +464,14 @@ def print_report(report: dict) -> None:
                _fmt(phases["generation_slowdown_pct"]), _fmt(phases["checkpoint_s"]),
                _fmt(phases["wait_s_per_trajectory"]), _fmt(phases["max_unprotected_steps"])]
         if failures:
-            row += [_fmt(failures[key]["lost_s_per_failure"]), ", ".join(failures[key]["sources"])]
+            row += [_fmt(failures[key]["lost_s_per_failure"]), _fmt(failures[key]["recovery_s"]),
+                    ", ".join(failures[key]["sources"])]
         table.add_row(*row)
     out = Console(width=max(Console().width, 160))
     out.print(table)
+    waits = report.get("wait_overhead_pct") or {}
+    out.print(f"waiting for checkpoints on the critical path: every-step {_fmt(waits.get('every_step'))}%, "
+              f"adaptive {_fmt(waits.get('adaptive'))}% of the none wall time")
     estimate = report.get("accelerator_estimate")
     if estimate:
         out.print(f"engine on its own accelerator (simulated from the measured phases): every-step "
