@@ -296,7 +296,18 @@ class Soak:
                 break
             await asyncio.sleep(0.1)
         record.recovery_s = round(time.time() - report.at, 3)
+        if record.kind.startswith("engine"):
+            # the step may complete before the node notices (no request was in flight):
+            # what recovered it is named once the node has acted, recovery_s stays as measured
+            await self._await_node_recovery(roles_before)
         record.recovered_by = self._recovered_by(record, roles_before, recoveries_before)
+
+    async def _await_node_recovery(self, roles_before: dict, timeout_s: float = 120.0) -> None:
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            if self._roles().get("recoveries", 0) > roles_before.get("recoveries", 0):
+                return
+            await asyncio.sleep(0.2)
 
     def _recovered_by(self, record: FaultRecord, roles_before: dict, recoveries_before: int) -> str:
         roles_after = self._roles()
@@ -304,7 +315,7 @@ class Soak:
             if roles_after.get("recoveries", 0) > roles_before.get("recoveries", 0):
                 return str(roles_after.get("last_recovery", {}).get("kind", "takeover"))
             owner = roles_after.get("owner")
-            if record.kind == "owner-crash" and owner and not psutil.pid_exists(owner):
+            if record.kind == "owner-crash" and owner and not _alive(owner):
                 return "none yet: the leader kept serving; the node's next engine failure is a cold start"
             return "no node recovery seen"
         now = self.progress.get(record.target)
@@ -375,6 +386,14 @@ class Soak:
                 "leaks": found.model_dump(),
             },
         }
+
+
+def _alive(pid: int) -> bool:
+    """A killed child the node has not reaped yet is a zombie: dead."""
+    try:
+        return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
+    except psutil.Error:
+        return False
 
 
 def percentile(values: list[float], q: float) -> float | None:
