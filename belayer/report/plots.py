@@ -9,6 +9,7 @@
 
 from __future__ import annotations
 
+import statistics
 from pathlib import Path
 
 from belayer.report.data import RunData
@@ -110,7 +111,7 @@ def recovery(run: RunData, path: Path) -> Path | None:
     fig, ax = plt.subplots(figsize=(10, 1.0 + 0.55 * len(kinds)))
     for y, kind in enumerate(kinds):
         times = sorted(f.recovery_s for f in measured if f.kind == kind)
-        median = times[(len(times) - 1) // 2]
+        median = statistics.median(times)
         ax.barh(y, median, height=0.6, color="#4C72B0", alpha=0.35)
         ax.scatter(times, [y] * len(times), color="#4C72B0", zorder=3, s=22)
         ax.annotate(f"median {median:.1f}s (n={len(times)})", (max(times), y), xytext=(6, 0),
