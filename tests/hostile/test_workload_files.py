@@ -45,7 +45,7 @@ def test_crafted_workload_is_refused(tmp_path: Path, name: str):
 
 
 RAW_CASES = {
-    # invalid UTF-8 / binary: today a UnicodeDecodeError traceback escapes the loader
+    # invalid UTF-8 / binary: must be refused with one clear line, not a UnicodeDecodeError traceback
     "bad-utf8.yaml": b"tasks:\n  - id: x\n    turns: [{think_tokens: 1, bash: \"\xff\xfe\"}]\n",
     "binary.jsonl": bytes(range(256)) * 4,
     # deep nesting: must be refused with one clear line, not a RecursionError traceback
