@@ -126,8 +126,12 @@ class TrajectoryWorkflow:
 
     async def _start(self) -> None:
         task = self.input.task
+        # A sandbox id chosen here (deterministically) makes a retried create replace its
+        # own earlier attempt instead of leaking a second container.
+        sandbox_id = f"sbx-{workflow.uuid4().hex[:12]}"
         created = await self._sandbox_activity(
-            "sandbox.create", CreateSandboxArgs(spec=SandboxSpec(setup_commands=task.setup)),
+            "sandbox.create",
+            CreateSandboxArgs(sandbox_id=sandbox_id, spec=SandboxSpec(setup_commands=task.setup)),
             CreateSandboxResult, queue=self.input.queues.sandbox,
             summary=f"create sandbox for {task.id} ({len(task.setup)} setup commands)",
         )
@@ -295,6 +299,8 @@ class TrajectoryWorkflow:
         record.cut_after_step = step
         record.tokens_discarded = self.state.context.length - at.context_after_action.length
         self.state.steps = kept
+        # Checkpoints from step `step` on hold the future the cut discards.
+        self.state.checkpoints = [c for c in self.state.checkpoints if c.step < step]
         self.state.step = step
         self.state.turn = step
         self.state.context = at.context_after_action
@@ -481,7 +487,7 @@ class TrajectoryWorkflow:
         try:
             return await workflow.execute_activity(
                 name, args, result_type=ContextResult, task_queue=self.input.queues.context,
-                start_to_close_timeout=timedelta(minutes=2), retry_policy=STORAGE_RETRY, summary=summary,
+                start_to_close_timeout=timedelta(seconds=30), retry_policy=STORAGE_RETRY, summary=summary,
             )
         except ActivityError as err:
             raise InfraFailure(f"{name} failed: {_cause(err)}") from None
