@@ -178,6 +178,7 @@ class RolloutNode:
         self._forced_fallback: str | None = None
         self._listeners: list[Callable[[str, int], None]] = []
         self._state_listeners: list[Callable[[dict], None]] = []
+        self.broken: str | None = None  # set when no engine could be started: the node refuses work
         self._wake_r, self._wake_w = _MP.Pipe(duplex=False)
         self._closed = threading.Event()
         self._pump: threading.Thread | None = None
@@ -262,6 +263,10 @@ class RolloutNode:
         self._validate(prompt_ids, spec)
         if self._closed.is_set():
             raise NodeClosedError(f"rollout node {self.config.node_id} is closed")
+        if self.broken is not None:
+            raise RolloutError(
+                f"rollout node {self.config.node_id} cannot serve ({self.broken}); retry elsewhere"
+            )
         record = _InFlight(
             request_id or uuid.uuid4().hex, list(prompt_ids), spec, time.monotonic(), on_progress=on_progress
         )
@@ -325,6 +330,7 @@ class RolloutNode:
                 "generation": self.generation,
                 "weight_mode": self.config.weight_mode,
                 "recoveries": len(self.recoveries),
+                "broken": self.broken,
             }
             if self.recoveries:
                 last = self.recoveries[-1]
@@ -582,6 +588,8 @@ class RolloutNode:
                 # Nothing left to serve on: tell every request, retryable elsewhere (Temporal
                 # retries the activity on another node, resuming from its heartbeat).
                 log.error("rollout node %s: cold start failed: %s", self.config.node_id, exc)
+                self.broken = f"cold start failed: {exc}"
+                self._notify_state()
                 for record in list(self._inflight.values()):
                     self._fail(
                         record, RolloutError(f"rollout node {self.config.node_id} lost its engine: {exc}")
