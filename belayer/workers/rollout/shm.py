@@ -67,6 +67,35 @@ def unlink_segments(node_id: str) -> list[Path]:
     return removed
 
 
+def orphan_segments(prefix: str = "belayer-", min_age_s: float = 60.0) -> list[Path]:
+    """Segments of nodes that are gone: a node whose supervisor was SIGKILLed (its children
+    die with it, its segments do not). A node counts as gone only when no live process maps
+    any of its segments and none was touched for `min_age_s`; a node whose owner died but
+    whose engines still run keeps everything (its next recovery cleans up)."""
+    import time
+
+    by_node: dict[str, list[Path]] = {}
+    for path in SHM_DIR.glob(prefix + "*"):
+        node_part = path.name.rsplit("-", 2)[0]  # belayer-<node>-weights-g<N> -> belayer-<node>
+        by_node.setdefault(node_part + "-", []).append(path)
+    now = time.time()
+    candidates = {
+        node: paths
+        for node, paths in by_node.items()
+        if all(now - p.stat().st_mtime >= min_age_s for p in paths)
+    }
+    if not candidates:
+        return []
+    for maps in Path("/proc").glob("[0-9]*/maps"):
+        try:
+            text = maps.read_text()
+        except OSError:  # the process exited, or is not ours to read
+            continue
+        for node in [n for n in candidates if str(SHM_DIR / n) in text]:
+            del candidates[node]
+    return sorted(p for paths in candidates.values() for p in paths)
+
+
 @dataclass(frozen=True)
 class TensorEntry:
     name: str
