@@ -125,8 +125,10 @@ class RequestHandle:
         return self._record.request_id
 
     def tokens_so_far(self) -> list[int]:
-        with self._node._lock:
-            return list(self._record.tokens)
+        # Lock-free on purpose: a cold start holds the node lock for seconds, and heartbeats
+        # must not wait for it. The list only grows (pump thread) and copying it is atomic
+        # under the GIL, so this is a consistent prefix of the request's tokens.
+        return list(self._record.tokens)
 
     def done(self) -> bool:
         return self._record.done.is_set()
