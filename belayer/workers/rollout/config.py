@@ -37,7 +37,14 @@ class RolloutConfig(Section):
         0.25, gt=0, le=60, description="How often an engine reports it is alive from its serving loop."
     )
     heartbeat_timeout_s: float = Field(
-        2.0, gt=0, le=600, description="An engine silent this long is declared hung and replaced."
+        2.0,
+        gt=0,
+        le=600,
+        description=(
+            "An engine silent this long is declared hung and replaced. It beats between steps, so this "
+            "must exceed the longest step (a full prefill chunk): 2 s suits the tiny model; the bench "
+            "model on 2 CPU cores needs ~30 s (as `belayer bench worker-recovery` sets)."
+        ),
     )
     engine_start_timeout_s: float = Field(
         180.0, gt=0, le=3600, description="How long an engine (or the owner) may take to become ready."
