@@ -162,11 +162,27 @@ class RolloutActivities:
         )
 
     async def _await_with_heartbeats(self, handle, resumed: list[int]):
+        """Heartbeat the tokens so far until the request is done.
+
+        Reading them takes the node's lock, which a takeover or cold start holds for as
+        long as it runs (seconds). That read happens on a thread, so the event loop keeps
+        heartbeating the last tokens it saw and Temporal never mistakes a node that is
+        recovering for a dead worker.
+        """
         every = _heartbeat_every()
+        seen: list[int] = []
+        reading: asyncio.Future | None = None
         while not handle.done():
-            activity.heartbeat(resumed + handle.tokens_so_far())
+            if reading is None:
+                reading = asyncio.ensure_future(asyncio.to_thread(handle.tokens_so_far))
+            if reading.done():
+                seen = reading.result()
+                reading = None
+            activity.heartbeat(resumed + seen)
             await asyncio.sleep(every)
-        return handle.result(timeout=0)
+        if reading is not None:
+            await reading
+        return await asyncio.to_thread(handle.result, 0)
 
 
 def _heartbeat_every() -> float:
