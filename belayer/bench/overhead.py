@@ -306,20 +306,34 @@ def measured_trace(task: TraceTask, none: list[TrialResult], every: list[TrialRe
                 if d.actual_checkpoint_mb is not None:
                     size.setdefault(d.step - 1, []).append(d.actual_checkpoint_mb)
     all_ckpt = [s for v in ckpt.values() for s in v]
+    means = {i: statistics.mean(v) for i, v in gen.items()}
+    fixed, per_token = _affine_fit([(task.turns[i].think_tokens, s) for i, s in means.items()])
     trace = []
     for i, turn in enumerate(task.turns):
         tokens = turn.think_tokens
-        # The first turn has no decision before it: take the measured turn closest in length.
-        nearest = i if i in gen else min(gen, key=lambda j: abs(task.turns[j].think_tokens - tokens), default=None)
-        measured_tokens = task.turns[nearest].think_tokens if nearest is not None else 0
-        rate = statistics.mean(gen[nearest]) / measured_tokens if measured_tokens else 0.0
+        # The first turn has no decision before it: the fit stands in for its measurement.
+        seconds = means.get(i, fixed + per_token * tokens)
         trace.append(TraceStep(
-            output_tokens=tokens, per_token_s=rate,
+            output_tokens=tokens, per_token_s=per_token, fixed_s=max(seconds - per_token * tokens, 0.0),
             action_s=statistics.mean(act.get(i, [0.0])),
             checkpoint_s=statistics.mean(ckpt.get(i) or all_ckpt or [0.0]),
             size_mb=statistics.mean(size.get(i, [0.0])),
         ))
     return trace
+
+
+def _affine_fit(points: list[tuple[int, float]]) -> tuple[float, float]:
+    """Least-squares seconds = fixed + per_token x tokens, both kept >= 0: the engine's
+    per-token latency and its per-turn part, as the policy's predictor sees them."""
+    if not points:
+        return 0.0, 0.0
+    mean_x = statistics.mean(x for x, _ in points)
+    mean_y = statistics.mean(y for _, y in points)
+    var = sum((x - mean_x) ** 2 for x, _ in points)
+    slope = sum((x - mean_x) * (y - mean_y) for x, y in points) / var if var else 0.0
+    if slope <= 0:
+        return mean_y, 0.0
+    return max(mean_y - slope * mean_x, 0.0), slope
 
 
 def accelerator_estimate(task: TraceTask, policy: PolicyConfig, clean: dict[str, list[TrialResult]]) -> dict | None:

@@ -20,6 +20,7 @@ class TraceStep(BaseModel):
 
     output_tokens: int = Field(ge=0)
     per_token_s: float = Field(ge=0)
+    fixed_s: float = Field(0.0, ge=0, description="Per-turn time beside decoding (prefill, queueing).")
     action_s: float = Field(ge=0)
     checkpoint_s: float = Field(ge=0)
     size_mb: float = Field(ge=0)
@@ -53,12 +54,12 @@ def simulate(trace: list[TraceStep], config: PolicyConfig, *, end_tokens: int | 
     waited = 0.0
     max_unprotected = 0
     for step, turn in enumerate(trace):
-        generation_s = turn.output_tokens * turn.per_token_s
+        generation_s = turn.fixed_s + turn.output_tokens * turn.per_token_s
         intervals.append(Interval(kind="generate", step=step, start=clock, end=clock + generation_s))
         generation_end = clock + generation_s
         policy.observe_generation(
             GenerationSample(output_tokens=turn.output_tokens, per_token_s=turn.per_token_s,
-                             total_s=generation_s)
+                             queue_s=turn.fixed_s, total_s=generation_s)
         )
         action_start = max(generation_end, checkpoint_end)
         waited += action_start - generation_end
