@@ -149,3 +149,12 @@ async def test_interleaved_run_with_one_killed_sandbox_per_mode(stack):
     assert failures["none"]["sources"] == ["replay-from-start"]
     assert all(s.startswith("checkpoint@") for s in failures["every_step"]["sources"])
     assert report["accelerator_estimate"]["checkpoints"]["every_step"] == len(TASK.turns)
+
+
+def test_affine_fit_separates_the_per_turn_part_from_decoding():
+    from belayer.bench.overhead import _affine_fit
+
+    fixed, per_token = _affine_fit([(16, 1.0 + 16 * 0.05), (240, 1.0 + 240 * 0.05), (24, 1.0 + 24 * 0.05)])
+    assert round(fixed, 6) == 1.0 and round(per_token, 6) == 0.05
+    assert _affine_fit([(10, 2.0), (10, 4.0)]) == (3.0, 0.0)
+    assert _affine_fit([]) == (0.0, 0.0)

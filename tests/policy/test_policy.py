@@ -152,3 +152,12 @@ def test_no_next_generation_means_no_bubble_to_hide_in():
     policy.observe_action(0.1)
     policy.observe_action(0.1)
     assert policy.decide(step=3, size_mb=2.0, expected_output_tokens=0).verdict == "forced"
+
+
+def test_fixed_part_of_a_turn_counts_as_generation_and_as_queueing():
+    trace = [TraceStep(output_tokens=10, per_token_s=0.1, fixed_s=2.0, action_s=0.1, checkpoint_s=2.5,
+                       size_mb=1)] * 3
+    timeline = simulate(trace, adaptive(alpha=1.0))
+    generations = [i for i in timeline.intervals if i.kind == "generate"]
+    assert all(abs((g.end - g.start) - 3.0) < 1e-9 for g in generations)
+    assert timeline.checkpoints == 3 and timeline.wait_s == 0.0  # 3 s of generation hides 2.5 s
