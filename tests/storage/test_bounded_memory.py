@@ -41,7 +41,11 @@ def test_256_mib_stream_has_bounded_peak_rss(storage_config, record_property):
 
 
 def _config_json(cfg) -> str:
+    """The config with its secrets revealed, for the probe process (every SecretStr field)."""
+    from pydantic import SecretStr
+
     data = cfg.model_dump()
-    data["access_key"] = cfg.access_key.get_secret_value()
-    data["secret_key"] = cfg.secret_key.get_secret_value()
+    for name, value in data.items():
+        if isinstance(value, SecretStr):
+            data[name] = value.get_secret_value()
     return json.dumps(data)
