@@ -350,9 +350,11 @@ class TrajectoryWorkflow:
         )
 
     def _expected_next_output(self) -> int | None:
+        """Tokens of the coming generation when the task says (a trace); 0 after its last
+        turn, where no generation follows to hide a checkpoint in."""
         task = self.input.task
-        if isinstance(task, TraceTask) and self.state.turn < len(task.turns):
-            return task.turns[self.state.turn].think_tokens
+        if isinstance(task, TraceTask):
+            return task.turns[self.state.turn].think_tokens if self.state.turn < len(task.turns) else 0
         return None
 
     # ---------------------------------------------------------------- context
