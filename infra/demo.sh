@@ -16,7 +16,8 @@ echo
 echo "== 1/2: $WORKLOAD, no faults (the reference)"
 $BELAYER run "$WORKLOAD" --json > "$out/reference.json"
 echo "== 2/2: $WORKLOAD with an engine crash at step 2 and a sandbox crash at step 4"
-$BELAYER run "$WORKLOAD" --chaos "engine-crash@step=2,sandbox-crash@step=4" --json > "$out/chaos.json"
+$BELAYER run "$WORKLOAD" --chaos "engine-crash@step=2:build-and-serve,sandbox-crash@step=4:build-and-serve" \
+  --json > "$out/chaos.json"
 .venv/bin/python - "$out/reference.json" "$out/chaos.json" <<'PY'
 import json, sys
 
@@ -31,14 +32,17 @@ for t in chaos["trajectories"]:
     ok &= same_tokens and same_env and t["status"] == ref["status"] == "completed"
     print(f"{t['task']:18} {t['status']:10} {len(t['recoveries']):>10}  {str(same_tokens):16} {same_env}")
 print()
-for fault in chaos.get("faults", []):
+faults = chaos.get("faults", [])
+injected = [f for f in faults if f.get("at") is not None]
+ok &= len(injected) == 2
+for fault in faults:
     took = f"{fault['recovery_s']:.2f}s" if fault.get("recovery_s") is not None else "-"
     extra = f" (node ready again in {fault['node_ready_s'] * 1000:.0f} ms)" if fault.get("node_ready_s") else ""
     print(f"fault {fault['kind']:13} at step {fault['at']}: recovered by {fault['recovered_by']}, "
           f"trajectory moving again after {took}{extra}")
 print(f"\nwall time: {reference['wall_s']:.1f}s undisturbed, {chaos['wall_s']:.1f}s with faults")
 print("RESULT:", "every trajectory survived both failures with identical hashes" if ok
-      else "MISMATCH: see above")
+      else "FAILED: a fault was not injected or a hash differs; see above")
 sys.exit(0 if ok else 1)
 PY
 echo
