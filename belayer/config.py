@@ -174,14 +174,26 @@ def _field_description(path: list[str]) -> str | None:
 
 def masked_dump(config: BelayerConfig) -> dict[str, Any]:
     """The configuration as plain data with every secret replaced by '***'."""
+    return plain_dump(config, reveal_secrets=False)
 
-    def mask(value: Any) -> Any:
+
+def plain_dump(config: BelayerConfig, *, reveal_secrets: bool) -> dict[str, Any]:
+    """The configuration as plain data, unset (None) values left out (TOML has no null).
+
+    Every `SecretStr` field is masked, or revealed for the owner-only file the workers
+    read, so a secret added to any section is handled without naming it here.
+    """
+
+    def plain(value: Any) -> Any:
         if isinstance(value, SecretStr):
+            if reveal_secrets:
+                return value.get_secret_value()
             return "***" if value.get_secret_value() else ""
         if isinstance(value, BaseModel):
-            return {name: mask(getattr(value, name)) for name in type(value).model_fields}
+            fields = ((name, plain(getattr(value, name))) for name in type(value).model_fields)
+            return {name: field for name, field in fields if field is not None}
         if isinstance(value, Path):
             return str(value)
         return value
 
-    return mask(config)
+    return plain(config)

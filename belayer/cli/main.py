@@ -121,14 +121,8 @@ def config_show(ctx: click.Context, as_json: bool) -> None:
     """Print the effective configuration, secrets masked."""
     import tomli_w
 
-    data = _drop_none(masked_dump(config_from(ctx.find_root())))
+    data = masked_dump(config_from(ctx.find_root()))
     click.echo(json.dumps(data, indent=2) if as_json else tomli_w.dumps(data))
-
-
-def _drop_none(value):
-    if isinstance(value, dict):
-        return {k: _drop_none(v) for k, v in value.items() if v is not None}
-    return value
 
 
 @main.group()

@@ -8,12 +8,11 @@ file (mode 0600; it holds credentials), so a worker never disagrees with `up`.
 
 from __future__ import annotations
 
-import json
 import os
 import sys
 from pathlib import Path
 
-from belayer.config import BelayerConfig, TemporalConfig
+from belayer.config import BelayerConfig, TemporalConfig, plain_dump
 from belayer.stack.process import ManagedProcess
 from belayer.stack.services import Health, run_coroutine
 
@@ -25,22 +24,12 @@ def write_effective_config(config: BelayerConfig, path: Path | None = None) -> P
     in the state directory, where the workers of that stack find it."""
     import tomli_w
 
-    data = json.loads(config.model_dump_json())
-    data["storage"]["access_key"] = config.storage.access_key.get_secret_value()
-    data["storage"]["secret_key"] = config.storage.secret_key.get_secret_value()
-    data["storage"]["encryption_key"] = config.storage.encryption_key.get_secret_value()
     path = path or config.state_dir / "run" / "effective-config.toml"
     path.parent.mkdir(parents=True, exist_ok=True)
     fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
     with os.fdopen(fd, "w") as out:
-        out.write(tomli_w.dumps(_without_none(data)))
+        out.write(tomli_w.dumps(plain_dump(config, reveal_secrets=True)))
     return path
-
-
-def _without_none(value):
-    if isinstance(value, dict):
-        return {k: _without_none(v) for k, v in value.items() if v is not None}
-    return value
 
 
 class WorkerService:
