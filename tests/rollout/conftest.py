@@ -97,15 +97,20 @@ class NodeUnderTest:
         return left
 
 
-@pytest.fixture(scope="module", params=["private", "shared"])
-def node_under_test(request, tiny_model):
-    nut = NodeUnderTest(node_config(weight_mode=request.param), tiny_model)
+def started_node(config: RolloutConfig, model_dir: Path):
+    """Yield a started `NodeUnderTest`; afterwards close it and fail on anything it leaked."""
+    nut = NodeUnderTest(config, model_dir)
     try:
         nut.start()
         yield nut
     finally:
         left = nut.close()
     assert not left, f"node leaked: {left}"
+
+
+@pytest.fixture(scope="module", params=["private", "shared"])
+def node_under_test(request, tiny_model):
+    yield from started_node(node_config(weight_mode=request.param), tiny_model)
 
 
 @pytest.fixture

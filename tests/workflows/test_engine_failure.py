@@ -11,7 +11,7 @@ import signal
 import pytest
 
 from belayer.workloads.models import TraceTask, TraceTurn
-from tests.rollout.conftest import NodeUnderTest, node_config, tiny_model  # noqa: F401 (fixture)
+from tests.rollout.conftest import node_config, started_node, tiny_model  # noqa: F401 (fixture)
 from tests.workflows.conftest import trajectory_stack
 from tests.workflows.test_trajectory import start, wait_for_step
 
@@ -28,13 +28,7 @@ LONG_THINKING = TraceTask(
 
 @pytest.fixture(scope="module")
 def real_node(tiny_model):
-    nut = NodeUnderTest(node_config(max_model_len=2048), tiny_model)
-    try:
-        nut.start()
-        yield nut
-    finally:
-        left = nut.close()
-    assert not left, f"node leaked: {left}"
+    yield from started_node(node_config(max_model_len=2048), tiny_model)
 
 
 async def test_primary_engine_killed_mid_turn(temporal_server, seaweedfs, sandbox_runtime, stack_config,
