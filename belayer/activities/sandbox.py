@@ -60,6 +60,10 @@ class CreateSandboxResult(_Model):
 class ExecArgs(_Model):
     handle: SandboxHandle
     action: Action
+    isolated: bool = Field(
+        False, description="Run in a clean process that inherits nothing from the agent's shell "
+        "(fixed PATH/HOME/locale, no variables, functions or options of the agent): the reward check.",
+    )
 
 
 class ExecResult(_Model):
