@@ -44,6 +44,26 @@ class TemporalConfig(Section):
     workflow_task_queue: str = Field(
         "belayer-workflows", description="Queue the trajectory workflows run on."
     )
+    encrypt_payloads: bool = Field(
+        False,
+        description="Encrypt every Temporal payload (inputs, results, failures) with AES-256-GCM "
+        "under a key derived from storage.encryption_key, which must then be set; the web UI "
+        "shows them through `belayer codec-server`.",
+    )
+    codec_port: int = Field(
+        8081, ge=1, le=65535,
+        description="Port of `belayer codec-server` on 127.0.0.1; `belayer up` points the web UI "
+        "at it when encrypt_payloads is on.",
+    )
+
+
+def missing_key_error() -> ConfigError:
+    return ConfigError(
+        "temporal.encrypt_payloads is on but storage.encryption_key is empty: payloads are "
+        "encrypted under the archives' key. Set BELAYER_STORAGE__ENCRYPTION_KEY (or "
+        "`storage.encryption_key` in the config file) to a 32-byte base64 key, or turn "
+        "BELAYER_TEMPORAL__ENCRYPT_PAYLOADS off"
+    )
 
 
 class StackConfig(Section):
@@ -87,6 +107,8 @@ class BelayerConfig(BaseSettings):
     def model_post_init(self, __context: Any) -> None:
         self.state_dir = self.state_dir.expanduser()
         self.cache_dir = self.cache_dir.expanduser()
+        if self.temporal.encrypt_payloads and not self.storage.encryption_key.get_secret_value():
+            raise missing_key_error()
 
     @classmethod
     def settings_customise_sources(

@@ -1,11 +1,21 @@
-"""The one way Belayer connects to Temporal: pydantic payloads, one namespace setting."""
+"""The one way Belayer connects to Temporal: one data converter, one namespace setting.
+
+`data_converter` is the only place a converter is built: Temporal's pydantic converter,
+plus the payload encryption codec (belayer/payload_codec.py) when
+`temporal.encrypt_payloads` is on. Every client, worker, replayer and example goes
+through it (directly, or through `connect`), so nothing reaches Temporal with payloads
+in the clear once encryption is switched on.
+"""
 
 from __future__ import annotations
 
+import dataclasses
+
 from temporalio.client import Client
 from temporalio.contrib.pydantic import pydantic_data_converter
+from temporalio.converter import DataConverter, DefaultFailureConverterWithEncodedAttributes
 
-from belayer.config import TemporalConfig
+from belayer.config import TemporalConfig, missing_key_error
 from belayer.errors import BelayerError
 
 
@@ -13,12 +23,37 @@ class TemporalUnreachable(BelayerError):
     """No Temporal frontend answers at the configured address."""
 
 
-async def connect(cfg: TemporalConfig) -> Client:
-    """A client for `cfg`, or `TemporalUnreachable` naming the address and the fix."""
+def data_converter(cfg: TemporalConfig, encryption_key=None) -> DataConverter:
+    """The converter for `cfg`: pydantic payloads, encrypted under `encryption_key`
+    (the `storage.encryption_key` SecretStr) when `cfg.encrypt_payloads` is on.
+
+    Failure messages and stack traces are moved into an encoded payload too when
+    encrypting: they often quote commands and their output.
+    """
+    if not cfg.encrypt_payloads:
+        return pydantic_data_converter
+    from belayer.payload_codec import EncryptionCodec
+
+    secret = encryption_key.get_secret_value() if hasattr(encryption_key, "get_secret_value") \
+        else encryption_key
+    if not secret:
+        raise missing_key_error()
+    return dataclasses.replace(
+        pydantic_data_converter,
+        payload_codec=EncryptionCodec.from_setting(secret),
+        failure_converter_class=DefaultFailureConverterWithEncodedAttributes,
+    )
+
+
+async def connect(cfg: TemporalConfig, encryption_key=None) -> Client:
+    """A client for `cfg`, or `TemporalUnreachable` naming the address and the fix.
+
+    `encryption_key` is `storage.encryption_key`; it is required when
+    `cfg.encrypt_payloads` is on (a `ConfigError` otherwise, before any connection).
+    """
+    converter = data_converter(cfg, encryption_key)
     try:
-        return await Client.connect(
-            cfg.address, namespace=cfg.namespace, data_converter=pydantic_data_converter
-        )
+        return await Client.connect(cfg.address, namespace=cfg.namespace, data_converter=converter)
     except Exception as exc:  # the SDK raises plain RuntimeError for connection failures
         raise TemporalUnreachable(
             f"cannot reach Temporal at {cfg.address} ({exc}); start the local stack with "

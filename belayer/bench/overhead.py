@@ -442,7 +442,7 @@ def overhead(ctx: click.Context, workload: Path, task_id: str | None, rounds: in
     err = Console(stderr=True)
 
     async def main() -> dict:
-        client = await connect(config.temporal)
+        client = await connect(config.temporal, config.storage.encryption_key)
         return await run_bench(_stack_target(config, client), task, config.policy, rounds=rounds,
                                inject=inject_failure, fail_at=fail_at,
                                say=lambda m: err.print(m, highlight=False))

@@ -40,7 +40,7 @@ async def _sandbox_of(config, trajectory: str) -> str:
     from belayer.temporal_client import connect
     from belayer.workflows.models import TrajectoryProgress
 
-    client = await connect(config.temporal)
+    client = await connect(config.temporal, config.storage.encryption_key)
     progress = await client.get_workflow_handle(trajectory).query("progress", result_type=TrajectoryProgress)
     if progress.sandbox is None:
         raise ChaosError(f"trajectory {trajectory} has no sandbox yet")

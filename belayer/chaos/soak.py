@@ -134,7 +134,7 @@ class Soak:
 
         started = time.monotonic()
         before = await asyncio.to_thread(leaks.snapshot, self.config)
-        self.client = await connect(self.config.temporal)
+        self.client = await connect(self.config.temporal, self.config.storage.encryption_key)
         self.report("reference round: every task once, no faults")
         for outcome in await self._round(0, []):
             self.references.setdefault(outcome.task, outcome)

@@ -109,6 +109,36 @@ def status(ctx: click.Context, as_json: bool) -> None:
     sys.exit(0 if all(r.healthy for r in rows) else 1)
 
 
+@main.command("codec-server")
+@click.option("--port", type=click.IntRange(1, 65535), default=None,
+              help="Port on 127.0.0.1 (default: temporal.codec_port, 8081).")
+@click.pass_context
+def codec_server(ctx: click.Context, port: int | None) -> None:
+    """Decode encrypted Temporal payloads for the web UI (Temporal's remote codec protocol).
+
+    Serves POST /encode and /decode on 127.0.0.1 with storage.encryption_key; point the UI at
+    it with `temporal server start-dev --ui-codec-endpoint http://127.0.0.1:8081` (what
+    `belayer up` does when temporal.encrypt_payloads is on). Stops on Ctrl-C or SIGTERM.
+    """
+    import signal
+
+    from belayer.codec_server import make_server
+
+    config = config_from(ctx)
+    server = make_server(config, port)
+    # SystemExit unwinds serve_forever in this thread; server.shutdown() would wait on itself.
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))
+    console.print(f"codec server on {server.endpoint} (key id {server.codec.key_id}, "
+                  f"namespace {config.temporal.namespace}); web UI origins: "
+                  f"{', '.join(sorted(server.origins))}", highlight=False)
+    try:
+        server.serve_forever()
+    except KeyboardInterrupt:
+        pass
+    finally:
+        server.server_close()
+
+
 @main.group()
 def config() -> None:
     """Inspect the effective configuration."""

@@ -100,7 +100,7 @@ class _Runner:
     async def run(self, quiet: bool):
         from belayer.temporal_client import connect
 
-        client = await connect(self.config.temporal)
+        client = await connect(self.config.temporal, self.config.storage.encryption_key)
         limit = asyncio.Semaphore(self.concurrency)
         with Progress(TextColumn("{task.description}"), BarColumn(), TextColumn("{task.fields[note]}"),
                       TimeElapsedColumn(), console=console, disable=quiet, transient=False) as progress:
@@ -311,27 +311,26 @@ async def _inspect(config, workflow_id: str) -> dict:
     from belayer.errors import BelayerError
     from belayer.temporal_client import connect
 
-    client = await connect(config.temporal)
+    client = await connect(config.temporal, config.storage.encryption_key)
     handle = client.get_workflow_handle(workflow_id)
     try:
         description = await handle.describe()
     except RPCError as exc:
         raise BelayerError(f"no trajectory {workflow_id!r} in namespace {config.temporal.namespace} ({exc}); "
                            "list them with the web UI or `temporal workflow list`") from None
-    steps, checkpoints, summary = await _walk_history(handle)
+    steps, checkpoints, summary = await _walk_history(handle, client.data_converter)
     return {"id": workflow_id, "status": description.status.name if description.status else "?",
             "ui": ui_link(config, workflow_id), "steps": steps, "checkpoints": checkpoints, **summary}
 
 
-async def _walk_history(handle):
-    """Actions and observations as the history recorded them (works for closed runs too)."""
+async def _walk_history(handle, converter):
+    """Actions and observations as the history recorded them (works for closed runs too);
+    `converter` is the client's, so encrypted payloads are decoded too."""
     from temporalio.api.enums.v1 import EventType
-    from temporalio.contrib.pydantic import pydantic_data_converter
 
     from belayer.activities.sandbox import CheckpointResult, ExecArgs, ExecResult
     from belayer.workflows.models import TrajectoryResult
 
-    converter = pydantic_data_converter.payload_converter
     scheduled: dict[int, tuple[str, object]] = {}
     steps, checkpoints, summary = [], [], {}
     clock = _ActivityClock()
@@ -342,24 +341,24 @@ async def _walk_history(handle):
             name = attrs.activity_type.name
             arg = None
             if name == "sandbox.exec" and attrs.input.payloads:
-                arg = converter.from_payloads(attrs.input.payloads, [ExecArgs])[0]
+                arg = (await converter.decode(attrs.input.payloads, [ExecArgs]))[0]
             scheduled[event.event_id] = (name, arg)
         elif event.event_type == EventType.EVENT_TYPE_ACTIVITY_TASK_COMPLETED:
             attrs = event.activity_task_completed_event_attributes
             name, arg = scheduled.get(attrs.scheduled_event_id, ("?", None))
             if name == "sandbox.exec":
-                obs = converter.from_payloads(attrs.result.payloads, [ExecResult])[0].observation
+                obs = (await converter.decode(attrs.result.payloads, [ExecResult]))[0].observation
                 steps.append({"step": arg.action.step, "command": arg.action.command,
                               "exit_code": obs.exit_code, "stdout": obs.stdout[:300],
                               "stderr": obs.stderr[:300], "duration_s": round(obs.duration_s, 3),
                               "replayed": obs.replayed_from_journal})
             elif name == "sandbox.checkpoint":
-                ref = converter.from_payloads(attrs.result.payloads, [CheckpointResult])[0].checkpoint
+                ref = (await converter.decode(attrs.result.payloads, [CheckpointResult]))[0].checkpoint
                 checkpoints.append({"step": ref.step, "bytes": ref.archive_bytes, "key": ref.meta_key})
         elif event.event_type == EventType.EVENT_TYPE_WORKFLOW_EXECUTION_COMPLETED:
             payloads = event.workflow_execution_completed_event_attributes.result.payloads
             if payloads:
-                result = converter.from_payloads(payloads, [TrajectoryResult])[0]
+                result = (await converter.decode(payloads, [TrajectoryResult]))[0]
                 summary = {"result": {k: v for k, v in result.model_dump().items() if k != "decisions"},
                            "decisions": [d.model_dump() for d in result.decisions]}
     waits = sum(d.get("wait_s") or 0.0 for d in summary.get("decisions", []))

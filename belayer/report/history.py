@@ -45,7 +45,7 @@ async def fetch_histories(config, ids: list[str]) -> dict[str, History]:
     """Histories of `ids`; one that cannot be read says why instead of failing the report."""
     from belayer.temporal_client import connect
 
-    client = await connect(config.temporal)
+    client = await connect(config.temporal, config.storage.encryption_key)
     found = {}
     for workflow_id in ids:
         try:

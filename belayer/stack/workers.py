@@ -67,7 +67,8 @@ class WorkerService:
             return Health(False, "not running")
         try:
             identities = run_coroutine(
-                lambda: pollers(self.config.temporal, self.task_queue, self.queue_kind), timeout_s=5
+                lambda: pollers(self.config.temporal, self.task_queue, self.queue_kind,
+                                self.config.storage.encryption_key), timeout_s=5
             )
         except Exception as exc:  # unhealthy with its reason
             return Health(False, f"cannot ask Temporal about {self.task_queue}: {exc}")
@@ -80,7 +81,7 @@ class WorkerService:
         """Nothing: a worker needs no set-up once it polls."""
 
 
-async def pollers(cfg: TemporalConfig, task_queue: str, queue_kind: str) -> list[str]:
+async def pollers(cfg: TemporalConfig, task_queue: str, queue_kind: str, encryption_key=None) -> list[str]:
     """Identities of the workers currently polling `task_queue`."""
     from temporalio.api.enums.v1 import TaskQueueType
     from temporalio.api.taskqueue.v1 import TaskQueue
@@ -88,7 +89,7 @@ async def pollers(cfg: TemporalConfig, task_queue: str, queue_kind: str) -> list
 
     from belayer.temporal_client import connect
 
-    client = await connect(cfg)
+    client = await connect(cfg, encryption_key)
     kind = {
         "workflow": TaskQueueType.TASK_QUEUE_TYPE_WORKFLOW,
         "activity": TaskQueueType.TASK_QUEUE_TYPE_ACTIVITY,

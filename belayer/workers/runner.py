@@ -32,14 +32,18 @@ def worker_identity(role: str) -> str:
 async def run_worker(
     cfg: TemporalConfig,
     *,
+    encryption_key=None,
     role: str,
     task_queues: Sequence[str],
     workflows: Sequence[type] = (),
     activities: Sequence[Callable] = (),
     max_concurrent_activities: int = 16,
 ) -> None:
-    """Serve `task_queues` with the given workflows and activities until a stop signal."""
-    client = await connect(cfg)
+    """Serve `task_queues` with the given workflows and activities until a stop signal.
+
+    `encryption_key` is `storage.encryption_key`, needed when payloads are encrypted.
+    """
+    client = await connect(cfg, encryption_key)
     identity = worker_identity(role)
     workers = [
         Worker(

@@ -174,7 +174,7 @@ async def test_generate_through_temporal_survives_a_leader_kill(
             os.kill(killed[0], signal.SIGKILL)
 
     activity_node.add_progress_listener(kill_mid_turn)
-    client = await connect(stack_config.temporal)
+    client = await connect(stack_config.temporal, stack_config.storage.encryption_key)
     try:
         workers = [
             Worker(

@@ -85,7 +85,7 @@ async def test_activities_round_trip(sandboxes, temporal_server, stack_config):
 
     queue = f"belayer-sandbox-test-{uuid.uuid4().hex[:8]}"
     sandboxes.host.host_queue = queue
-    client = await connect(stack_config.temporal)
+    client = await connect(stack_config.temporal, stack_config.storage.encryption_key)
     acts = SandboxActivities(sandboxes.host)
     async with Worker(client, task_queue=queue, workflows=[SandboxRoundTrip], activities=acts.all()):
         result = await client.execute_workflow(

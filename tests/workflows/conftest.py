@@ -62,7 +62,7 @@ async def trajectory_stack(stack_config, storage_config, tokenizer_path, *, repl
     """Workers for every queue of a trajectory; `rollout_node` puts a real engine behind generate."""
     token = uuid.uuid4().hex[:8]
     queues = TaskQueues(rollout=f"rollout-{token}", sandbox=f"sandbox-{token}", context=f"wf-{token}")
-    client = await connect(stack_config.temporal)
+    client = await connect(stack_config.temporal, stack_config.storage.encryption_key)
     store = ObjectStore(storage_config)
     boxes = make_sandboxes(storage_config)
     boxes.host.host_queue = f"sandbox-host-{token}"

@@ -38,6 +38,7 @@ async def serve(config: BelayerConfig) -> None:
         activities = RolloutActivities(node, ObjectStore(config.storage), own_queue)
         await run_worker(
             config.temporal,
+            encryption_key=config.storage.encryption_key,
             role=f"rollout-{config.rollout.node_id}",
             task_queues=[own_queue, config.temporal.rollout_task_queue],
             activities=[activities.generate],

@@ -61,6 +61,7 @@ async def serve(config: BelayerConfig) -> None:
     activities = SandboxActivities(host)
     await run_worker(
         config.temporal,
+        encryption_key=config.storage.encryption_key,
         role="sandbox",
         task_queues=[host.host_queue, SHARED_QUEUE],
         activities=activities.all(),

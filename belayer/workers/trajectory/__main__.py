@@ -24,6 +24,7 @@ async def serve(config: BelayerConfig) -> None:
     context = ContextActivities(ObjectStore(config.storage), tokenizer)
     await run_worker(
         config.temporal,
+        encryption_key=config.storage.encryption_key,
         role="trajectory",
         task_queues=[config.temporal.workflow_task_queue],
         workflows=[TrajectoryWorkflow],
