@@ -176,7 +176,8 @@ class SandboxActivities:
     @activity.defn(name="sandbox.exec")
     @_translated
     async def exec(self, args: ExecArgs) -> ExecResult:
-        return ExecResult(observation=await _blocking(self.host.exec, args.handle, args.action))
+        observation = await _blocking(self.host.exec, args.handle, args.action, isolated=args.isolated)
+        return ExecResult(observation=observation)
 
     @activity.defn(name="sandbox.checkpoint")
     @_translated

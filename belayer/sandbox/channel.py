@@ -83,12 +83,17 @@ def run_action(
     command: str,
     timeout_s: float,
     output_cap: int,
+    isolated: bool = False,
     poll_s: float = 2.0,
 ) -> dict:
-    """Submit an action and poll until it is done; returns the supervisor's reply."""
+    """Submit an action and poll until it is done; returns the supervisor's reply.
+
+    `isolated`: run it in a clean process that inherits nothing of the agent's shell.
+    """
     req = {
         "op": "submit", "trajectory": trajectory, "step": step, "generation": generation,
         "command": command, "timeout_s": timeout_s, "output_cap": output_cap, "wait_s": poll_s,
+        "isolated": isolated,
     }  # fmt: skip
     reply = call(sock_path, req, timeout_s=poll_s + 30)
     while reply["state"] != "done":

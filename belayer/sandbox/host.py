@@ -174,20 +174,26 @@ class SandboxHost:
 
     # ------------------------------------------------------------------ exec
     def _run(self, sandbox_id: str, trajectory: str, step: int, generation: int, command: str,
-             timeout_s: float | None) -> Observation:  # fmt: skip
+             timeout_s: float | None, isolated: bool = False) -> Observation:  # fmt: skip
         reply = channel.run_action(
             self._sock(sandbox_id), trajectory=trajectory, step=step, generation=generation, command=command,
             timeout_s=timeout_s or self.cfg.action_timeout_s, output_cap=self.cfg.output_cap_bytes,
+            isolated=isolated,
         )  # fmt: skip
         return Observation.from_supervisor(reply["observation"], replayed=bool(reply.get("replayed")))
 
-    def exec(self, handle: SandboxHandle, action: Action) -> Observation:
-        """Run one action exactly once (a repeated (trajectory, step) returns the journal's)."""
+    def exec(self, handle: SandboxHandle, action: Action, *, isolated: bool = False) -> Observation:
+        """Run one action exactly once (a repeated (trajectory, step) returns the journal's).
+
+        `isolated` (the reward check): a clean process in /workspace with the base
+        environment, none of the agent's variables, functions or options; it hands
+        nothing on to the agent's later actions.
+        """
         if faults.active("sandbox_kill_during_exec"):
             threading.Timer(0.2, self.backend.kill, args=(handle.container,)).start()
         with self._lock(handle.sandbox_id):
             return self._run(handle.sandbox_id, action.trajectory, action.step, handle.generation,
-                             action.command, action.timeout_s)  # fmt: skip
+                             action.command, action.timeout_s, isolated)  # fmt: skip
 
     def workspace_hash(self, handle: SandboxHandle, path: str = "/workspace") -> str:
         """sha256 over /workspace's paths, modes and contents (no timestamps)."""

@@ -56,6 +56,7 @@ import fcntl
 import hashlib
 import json
 import os
+import re
 import secrets
 import signal
 import socket
@@ -80,23 +81,50 @@ SHELL_GRACE_S = 2.0
 SETUP_TRAJECTORY = "__setup__"
 KEEP_FULL_OBSERVATIONS = 32
 
-# The shell's program. {OUT} {ERR} {ST} are the inherited pipe fds; they are moved to
-# 3/4/5. Each action arrives on stdin as a header line "<nonce> <nbytes>" followed by
-# exactly nbytes of command text (read -N in the C locale counts bytes).
-DRIVER = r"""
-exec 3>&{OUT} 4>&{ERR} 5>&{ST} {OUT}>&- {ERR}>&- {ST}>&-
-{RESTORE}
-while IFS= read -r __belayer_hdr; do
-  __belayer_nonce=${__belayer_hdr%% *}
-  LC_ALL=C IFS= read -r -N "${__belayer_hdr#* }" __belayer_cmd
-  eval "$__belayer_cmd" </dev/null >&3 2>&4 3>&- 4>&- 5>&-
-  __belayer_rc=$?
-  printf '\036%s\036' "$__belayer_nonce" >&3
-  printf '\036%s\036' "$__belayer_nonce" >&4
-  __belayer_state=$(export -p; printf 'cd -- %q 2>/dev/null\n' "$PWD")
-  LC_ALL=C printf '%s %s %s\n%s' "$__belayer_nonce" "$__belayer_rc" "${#__belayer_state}" "$__belayer_state" >&5
-done
+# How one action runs. A fresh bash per action, started by this supervisor, which alone
+# reports the exit status (waitpid), frames the output (it writes the end-of-output
+# sentinel itself, after the process exited) and keeps the shell state between actions
+# as data. Nothing of the agent's -- functions, aliases, traps, options, enable -n,
+# readonly variables -- lives in a process that delivers or reports the next action.
+#
+# The program starts in posix mode (`bash --posix`), so the carried functions are
+# imported as pure definitions (bash refuses anything else in BASH_FUNC_* values) and
+# none may be named like a special builtin (trap, exit, eval, export, unset, set...):
+# the preamble's special builtins are therefore the real ones. It then reads the
+# action text from a memfd, installs the EXIT trap that dumps the state as NUL-separated
+# data into another memfd, leaves posix mode, restores which variables were unexported, and evals
+# the action. The trap runs after the action with the agent's functions in scope, so it
+# first removes a function named `builtin` and then calls only `builtin ...`, special
+# builtins and /usr/bin/env by absolute path; what an action defines can only spoil the
+# state it hands on (its own), never another action's exit status or output.
+PREAMBLE = r"""__belayer_action=$(< /dev/fd/{TEXT})
+exec {TEXT}<&-
+trap '__belayer_rc=$?
+unset -f builtin
+builtin set +e +u +o pipefail +x +v 2>/dev/null
+unset IFS
+{ builtin export -f -- $(builtin compgen -A function)
+  __belayer_exported=$(builtin compgen -e)
+  builtin export -- $(builtin compgen -v)
+  __belayer_exported=$__belayer_exported /usr/bin/env -0 >&{DUMP}
+} 2>/dev/null
+exit "$__belayer_rc"' EXIT
+set +o posix
 """
+ACTION_EVAL = 'eval "$__belayer_action"\n'
+# Special builtins: bash refuses to import a function of these names in posix mode.
+SPECIAL_BUILTINS = frozenset(
+    "break : . continue eval exec exit export readonly return set shift times trap unset source".split()
+)
+# Variables bash owns, or that change how bash starts: never carried to the next action.
+NOT_CARRIED = frozenset(
+    "_ SHLVL BASH_ENV ENV SHELLOPTS BASHOPTS POSIXLY_CORRECT PPID UID EUID GROUPS HOSTNAME HOSTTYPE "
+    "MACHTYPE OSTYPE HISTCMD LINENO RANDOM SRANDOM SECONDS EPOCHREALTIME EPOCHSECONDS FUNCNAME "
+    "PIPESTATUS DIRSTACK OPTIND OPTARG OPTERR IFS PS4 COLUMNS LINES".split()
+)
+MAX_ENTRY_BYTES = 128 * 1024 - 1  # execve's MAX_ARG_STRLEN: a longer entry makes the next exec fail
+MAX_STATE_BYTES = 1 << 20
+_IDENTIFIER = re.compile(r"[A-Za-z_][A-Za-z0-9_]*\Z")
 
 
 def log(msg: str) -> None:
@@ -212,60 +240,6 @@ class StreamReader(threading.Thread):
                     self.capture.feed(data)
 
 
-class StatusReader(threading.Thread):
-    """Reads "<nonce> <rc> <len>\\n<state>" records the shell writes after each action."""
-
-    def __init__(self, fd: int):
-        super().__init__(name="status", daemon=True)
-        self.fd = fd
-        self.cond = threading.Condition()
-        self.results: dict[str, tuple[int, str]] = {}
-        self.eof = False
-
-    def run(self) -> None:
-        buf = b""
-        while True:
-            try:
-                data = os.read(self.fd, 65536)
-            except InterruptedError:
-                continue
-            except OSError:
-                data = b""
-            if not data:
-                with self.cond:
-                    self.eof = True
-                    self.cond.notify_all()
-                os.close(self.fd)
-                return
-            buf += data
-            while True:
-                nl = buf.find(b"\n")
-                if nl < 0:
-                    break
-                parts = buf[:nl].split(b" ")
-                if len(parts) != 3:
-                    buf = buf[nl + 1 :]
-                    continue
-                need = int(parts[2])
-                if len(buf) - nl - 1 < need:
-                    break
-                state = buf[nl + 1 : nl + 1 + need].decode("utf-8", "surrogateescape")
-                buf = buf[nl + 1 + need :]
-                with self.cond:
-                    self.results[parts[0].decode()] = (int(parts[1]), state)
-                    self.cond.notify_all()
-
-    def wait_for(self, nonce: str, timeout: float) -> tuple[int, str] | None:
-        deadline = time.monotonic() + timeout
-        with self.cond:
-            while nonce not in self.results and not self.eof:
-                left = deadline - time.monotonic()
-                if left <= 0:
-                    return None
-                self.cond.wait(left)
-            return self.results.pop(nonce, None)
-
-
 # ------------------------------------------------------------------------------- shell
 
 
@@ -290,109 +264,163 @@ def list_processes() -> dict[int, tuple[int, int, int]]:
     return out
 
 
-def _shell_stderr():
-    """Where the driver's own errors go: nowhere, or BELAYER_SHELL_STDERR (a file, for debugging)."""
-    path = os.environ.get("BELAYER_SHELL_STDERR")
-    return open(path, "ab") if path else subprocess.DEVNULL  # noqa: SIM115 (inherited by the shell)
+def _base_environment() -> dict[str, str]:
+    """The environment of the first action, and of every isolated (judge) process."""
+    if LOCAL:
+        return {k: v for k, v in os.environ.items() if not k.startswith("BELAYER_")}
+    return {
+        "PATH": "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin",
+        "HOME": AGENT_HOME,
+        "USER": "root",
+        "LOGNAME": "root",
+        "SHELL": "/bin/bash",
+        "LANG": "C.UTF-8",
+        "TERM": "dumb",
+        "PYTHONDONTWRITEBYTECODE": "1",
+    }
+
+
+def _workspace_dir() -> str:
+    return WORKSPACE if os.path.isdir(WORKSPACE) else "/"
+
+
+class ShellState:
+    """What one action hands on to the next, as data: variables, functions, cwd.
+
+    Variables and functions travel in the next bash's environment (functions as
+    BASH_FUNC_name%% entries, which bash imports as definitions only); `unexported`
+    names the variables the preamble un-exports again. Not carried: shell options,
+    traps, aliases, arrays and the job table (background processes keep running).
+    """
+
+    def __init__(self, env: dict[str, str], unexported: list[str], cwd: str):
+        self.env = env
+        self.unexported = unexported
+        self.cwd = cwd
+
+    @classmethod
+    def initial(cls) -> ShellState:
+        return cls(_base_environment(), [], _workspace_dir())
+
+    @classmethod
+    def from_dump(cls, dump: bytes, previous: ShellState) -> tuple[ShellState, list[str]]:
+        """Parse the EXIT trap's `env -0` dump; keep only what a next bash can safely start with."""
+        entries: dict[str, str] = {}
+        for raw in dump.split(b"\0"):
+            name, sep, value = raw.decode("utf-8", "surrogateescape").partition("=")
+            if sep:
+                entries[name] = value
+        exported = set(entries.pop("__belayer_exported", "").split("\n"))
+        env: dict[str, str] = {}
+        unexported: list[str] = []
+        too_long: list[str] = []
+        for name, value in entries.items():
+            if len(name.encode("utf-8", "surrogateescape")) + len(value.encode("utf-8", "surrogateescape")) >= MAX_ENTRY_BYTES:
+                too_long.append(name)
+            elif _carried_function(name, value):
+                env[name] = value
+            elif _carried_variable(name):
+                env[name] = value
+                if name not in exported:
+                    unexported.append(name)
+        if sum(len(k) + len(v) + 2 for k, v in env.items()) > MAX_STATE_BYTES:
+            return previous, [f"the shell state passed {MAX_STATE_BYTES} bytes: the previous action's is kept"]
+        notes = [f"not carried to the next action (over {MAX_ENTRY_BYTES} bytes): {', '.join(too_long)}"] if too_long else []
+        cwd = env.get("PWD", "")
+        if not (cwd.startswith("/") and os.path.isdir(cwd)):
+            cwd = previous.cwd if os.path.isdir(previous.cwd) else _workspace_dir()
+        return cls(env, unexported, cwd), notes
+
+    def program(self, text_fd: int, dump_fd: int) -> str:
+        preamble = PREAMBLE.replace("{TEXT}", str(text_fd)).replace("{DUMP}", str(dump_fd))
+        unexport = f"export -n -- {' '.join(self.unexported)}\n" if self.unexported else ""
+        return preamble + unexport + ACTION_EVAL
+
+
+def _carried_function(name: str, value: str) -> bool:
+    if not (name.startswith("BASH_FUNC_") and name.endswith("%%") and value.startswith("() {")):
+        return False
+    fname = name[len("BASH_FUNC_") : -2]
+    return bool(_IDENTIFIER.match(fname)) and fname not in SPECIAL_BUILTINS
+
+
+def _carried_variable(name: str) -> bool:
+    return (
+        bool(_IDENTIFIER.match(name))
+        and name not in NOT_CARRIED
+        and not name.startswith(("BASH", "COMP_", "__belayer_"))
+    )
+
+
+class ActionStreams:
+    """The two output pipes every action writes to, drained for the whole sandbox life.
+
+    The supervisor keeps the write ends too: background processes never see EPIPE, and
+    after an action's bash has exited the supervisor writes that action's sentinel
+    behind everything bash wrote. The sentinel's nonce never enters the sandbox.
+    """
+
+    def __init__(self):
+        out_r, self.out_w = os.pipe()
+        err_r, self.err_w = os.pipe()
+        self.out = StreamReader(out_r, "stdout")
+        self.err = StreamReader(err_r, "stderr")
+        self.out.start()
+        self.err.start()
+
+    def attach(self, out: Capture | None, err: Capture | None) -> None:
+        self.out.attach(out)
+        self.err.attach(err)
+
+    def close_action(self, nonce: str) -> None:
+        sentinel = b"\x1e" + nonce.encode() + b"\x1e"
+        for fd in (self.out_w, self.err_w):
+            os.write(fd, sentinel)
+
+
+def spawn_action(command: bytes, state: ShellState, streams: ActionStreams) -> tuple[int, int]:
+    """Start one action's bash; returns (pid, fd of the state dump its EXIT trap writes)."""
+    text_fd = _high_fd(os.memfd_create("belayer-action"))
+    dump_fd = _high_fd(os.memfd_create("belayer-state"))
+    try:
+        os.write(text_fd, command)
+        argv = ["/bin/bash", "--posix", "--noprofile", "--norc", "-c", state.program(text_fd, dump_fd)]
+        if not LOCAL:
+            argv = [sys.executable, "-I", "-S", os.path.abspath(__file__), "--drop-caps-exec", *argv]
+        with open(os.devnull, "rb") as null:
+            proc = subprocess.Popen(
+                argv, stdin=null, stdout=streams.out_w, stderr=streams.err_w, pass_fds=(text_fd, dump_fd),
+                cwd=state.cwd, env=state.env, start_new_session=True,
+            )  # fmt: skip
+    except BaseException:
+        os.close(dump_fd)
+        raise
+    finally:
+        os.close(text_fd)
+    proc.returncode = 0  # the reaper owns the exit status; Popen must never wait on this pid
+    return proc.pid, dump_fd
 
 
 def _high_fd(fd: int) -> int:
+    """Far above the fds an agent's command is likely to redirect (and close-on-exec here)."""
     high = fcntl.fcntl(fd, fcntl.F_DUPFD_CLOEXEC, 100)
     os.close(fd)
     return high
 
 
-class Shell:
-    """The persistent bash and its pipes. Replaced (respawn) when it dies or is stuck."""
-
-    def __init__(self, restore_script: str, reaper: Reaper):
-        self.reaper = reaper
-        out_r, out_w = os.pipe()
-        err_r, err_w = os.pipe()
-        st_r, st_w = os.pipe()
-        # The shell moves these to 3/4/5: they must not be numbered 3..5 themselves.
-        out_w, err_w, st_w = (_high_fd(fd) for fd in (out_w, err_w, st_w))
-        cmd_r, cmd_w = os.pipe()
-        program = (
-            DRIVER.replace("{OUT}", str(out_w))
-            .replace("{ERR}", str(err_w))
-            .replace("{ST}", str(st_w))
-            .replace("{RESTORE}", restore_script)
-        )
-        env = self._environment()
-        argv = ["/bin/bash", "--noprofile", "--norc", "-c", program]
-        if not LOCAL:
-            argv = [sys.executable, "-I", "-S", os.path.abspath(__file__), "--drop-caps-exec", *argv]
-        cwd = WORKSPACE if os.path.isdir(WORKSPACE) else "/"
-        proc = subprocess.Popen(
-            argv,
-            stdin=cmd_r,
-            stdout=subprocess.DEVNULL,
-            stderr=_shell_stderr(),
-            pass_fds=(out_w, err_w, st_w),
-            cwd=cwd,
-            env=env,
-            start_new_session=True,
-        )
-        self.pid = proc.pid
-        # The reaper owns the exit status; Popen must never wait on this pid.
-        proc.returncode = 0
-        for fd in (out_w, err_w, st_w, cmd_r):
-            os.close(fd)
-        self.cmd_w = cmd_w
-        self.out = StreamReader(out_r, "stdout")
-        self.err = StreamReader(err_r, "stderr")
-        self.status = StatusReader(st_r)
-        for t in (self.out, self.err, self.status):
-            t.start()
-        self.last_state = restore_script
-
-    @staticmethod
-    def _environment() -> dict[str, str]:
-        if LOCAL:
-            env = dict(os.environ)
-            for k in list(env):
-                if k.startswith("BELAYER_"):
-                    del env[k]
-            return env
-        return {
-            "PATH": "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin",
-            "HOME": AGENT_HOME,
-            "USER": "root",
-            "LOGNAME": "root",
-            "SHELL": "/bin/bash",
-            "LANG": "C.UTF-8",
-            "TERM": "dumb",
-            "PYTHONDONTWRITEBYTECODE": "1",
-        }
-
-    def alive(self) -> bool:
-        return self.reaper.status_of(self.pid) is None
-
-    def send(self, nonce: str, command: bytes) -> None:
-        os.write(self.cmd_w, f"{nonce} {len(command)}\n".encode())
-        view = memoryview(command)
-        while view:
-            n = os.write(self.cmd_w, view)
-            view = view[n:]
-
-    def kill(self) -> None:
-        """Kill the shell (its background jobs survive: they may be the agent's servers)."""
-        try:
-            os.kill(self.pid, signal.SIGKILL)
-        except OSError:
-            pass
-        try:
-            os.close(self.cmd_w)
-        except OSError:
-            pass
+def read_dump(dump_fd: int) -> bytes:
+    try:
+        size = os.fstat(dump_fd).st_size
+        return os.pread(dump_fd, min(size, MAX_STATE_BYTES + 1), 0) if size else b""
+    finally:
+        os.close(dump_fd)
 
 
 class Reaper:
     """PID 1 duty: reap every child, orphans included; keep the shells' exit statuses."""
 
     def __init__(self):
-        self.lock = threading.Lock()
+        self.lock = threading.Condition()
         self.statuses: dict[int, int] = {}
 
     def run_forever(self) -> None:
@@ -409,10 +437,18 @@ class Reaper:
                 if len(self.statuses) > 4096:
                     for k in list(self.statuses)[:2048]:
                         del self.statuses[k]
+                self.lock.notify_all()
 
-    def status_of(self, pid: int) -> int | None:
+    def wait_for(self, pid: int, timeout: float) -> int | None:
+        """The wait status of `pid` once reaped, or None when `timeout` passes first."""
+        deadline = time.monotonic() + timeout
         with self.lock:
-            return self.statuses.get(pid)
+            while pid not in self.statuses:
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    return None
+                self.lock.wait(left)
+            return self.statuses.pop(pid)
 
 
 # ----------------------------------------------------------------------------- journal
@@ -505,8 +541,8 @@ class Supervisor:
         self.journal = Journal(JOURNAL_DIR)
         self.lock = threading.Condition()
         self.running: tuple[str, int] | None = None
-        self.shell = Shell("", reaper)
-        self.last_state = ""
+        self.streams = ActionStreams()
+        self.state = ShellState.initial()
         self.started = time.time()
 
     # -- requests
@@ -531,7 +567,6 @@ class Supervisor:
                 "busy": self.running is not None,
                 "running": list(self.running) if self.running else None,
                 "actions": len(self.journal.entries),
-                "shell_pid": self.shell.pid,
             }
 
     def set_generation(self, expected: int, new: int) -> dict:
@@ -573,8 +608,9 @@ class Supervisor:
                 command = str(req["command"]).encode("utf-8", "surrogateescape")
                 timeout = float(req.get("timeout_s", 60.0))
                 cap = int(req.get("output_cap", 65536))
+                isolated = bool(req.get("isolated", False))
                 runner = threading.Thread(
-                    target=self._run_action, args=(key, generation, command, timeout, cap), daemon=True
+                    target=self._run_action, args=(key, generation, command, timeout, cap, isolated), daemon=True
                 )
                 try:
                     runner.start()
@@ -611,9 +647,9 @@ class Supervisor:
                 )
 
     # -- one action
-    def _run_action(self, key, generation, command, timeout, cap) -> None:
+    def _run_action(self, key, generation, command, timeout, cap, isolated) -> None:
         try:
-            obs = self._execute(command, timeout, cap)
+            obs = self._execute(command, timeout, cap, isolated)
         except (RuntimeError, BlockingIOError) as exc:  # no thread / fork: EAGAIN
             obs = self._failed_observation(
                 f"the action could not run: {exc}; the sandbox's process limit is exhausted "
@@ -641,53 +677,40 @@ class Supervisor:
                 "stdout": empty, "stderr": empty, "duration_s": 0.0,
                 "timed_out": False, "shell_respawned": False, "note": note}
 
-    def _execute(self, command: bytes, timeout: float, cap: int) -> dict:
-        notes = []
-        respawned = False
-        if not self.shell.alive():
-            self._respawn()
-            respawned = True
-            notes.append(self._respawn_note("the shell had exited"))
-        shell = self.shell
+    def _execute(self, command: bytes, timeout: float, cap: int, isolated: bool) -> dict:
+        """Run one action in its own bash and report what this process saw, not what bash said.
+
+        `isolated` (the reward check): the process starts from the base environment in
+        /workspace and hands nothing on; the agent's state stays as it was.
+        """
+        state = ShellState.initial() if isolated else self.state
         nonce = secrets.token_hex(8)
         out, err = Capture(nonce, cap), Capture(nonce, cap)
         before = list_processes()
-        shell.out.attach(out)
-        shell.err.attach(err)
+        self.streams.attach(out, err)
         t0 = time.monotonic()
-        exit_code: int | None = None
-        timed_out = False
         try:
-            shell.send(nonce, command)
-        except OSError:
-            pass
-        result = self._await_status(shell, nonce, timeout)
-        if result is None and shell.alive() and not shell.status.eof:
-            timed_out = True
-            killed = self._kill_new_processes(shell, before)
-            notes.append(f"timed out after {timeout:g}s: killed {killed} process(es) the action started")
-            result = self._await_status(shell, nonce, SHELL_GRACE_S)
-            if result is None:
-                shell.kill()
-                self._respawn()
-                respawned = True
-                notes.append(self._respawn_note("the shell itself did not return"))
+            pid, dump_fd = spawn_action(command, state, self.streams)
+        except OSError as exc:
+            self.streams.attach(None, None)
+            return self._failed_observation(f"the action's shell could not start: {exc}")
+        status, timed_out, notes = self._await_action(pid, before, timeout)
         duration = time.monotonic() - t0
-        if result is not None:
-            exit_code, self.last_state = result
-            out.done.wait(5.0)
-            err.done.wait(5.0)
-        elif not timed_out:
-            st = self.reaper.status_of(shell.pid)
-            code = os.waitstatus_to_exitcode(st) if st is not None else None
-            exit_code = code if code is not None else -1
-            self._respawn()
-            respawned = True
-            notes.append(self._respawn_note(f"the action ended the shell (status {code})"))
-        if exit_code is None:
-            exit_code = 124 if timed_out else -1
-        shell.out.attach(None)
-        shell.err.attach(None)
+        self.streams.close_action(nonce)
+        out.done.wait(5.0)
+        err.done.wait(5.0)
+        self.streams.attach(None, None)
+        dump = read_dump(dump_fd)
+        state_lost = not isolated and not dump
+        if state_lost:
+            notes.append(
+                "the action's shell ended without handing on its state (killed, or replaced by exec): the "
+                "next action starts with the variables, functions and cwd of the action before"
+            )
+        elif not isolated:
+            self.state, carried_notes = ShellState.from_dump(dump, self.state)
+            notes.extend(carried_notes)
+        exit_code = 124 if timed_out else _exit_code(status)
         stdout, stderr = out.finish(), err.finish()
         return {
             "exit_code": exit_code,
@@ -696,30 +719,27 @@ class Supervisor:
             "stderr": stderr,
             "duration_s": round(duration, 6),
             "timed_out": timed_out,
-            "shell_respawned": respawned,
+            "shell_respawned": state_lost,
             "note": "; ".join(notes),
         }
 
-    def _await_status(self, shell: Shell, nonce: str, timeout: float):
-        deadline = time.monotonic() + timeout
-        while True:
-            left = deadline - time.monotonic()
-            if left <= 0:
-                return None
-            got = shell.status.wait_for(nonce, min(left, 0.5))
-            if got is not None:
-                return got
-            if shell.status.eof or not shell.alive():
-                got = shell.status.wait_for(nonce, 0.05)
-                # The shell is gone: give the reaper a moment to record its status.
-                for _ in range(100):
-                    if got is not None or not shell.alive():
-                        break
-                    time.sleep(0.01)
-                return got
+    def _await_action(self, pid: int, before: dict, timeout: float) -> tuple[int | None, bool, list[str]]:
+        """Wait for the action's bash; on timeout kill what the action started, then bash itself
+        if it does not finish (a builtin loop) -- its EXIT trap then cannot hand on state."""
+        status = self.reaper.wait_for(pid, timeout)
+        if status is not None:
+            return status, False, []
+        killed = self._kill_new_processes(before, session=pid, spare=pid)
+        notes = [f"timed out after {timeout:g}s: killed {killed} process(es) the action started"]
+        status = self.reaper.wait_for(pid, SHELL_GRACE_S)
+        if status is None:
+            _kill(pid)
+            status = self.reaper.wait_for(pid, SHELL_GRACE_S)
+            notes.append("the action's shell itself did not return and was killed")
+        return status, True, notes
 
-    def _kill_new_processes(self, shell: Shell, before: dict) -> int:
-        """Kill every process the action started.
+    def _kill_new_processes(self, before: dict, *, session: int, spare: int) -> int:
+        """Kill every process the action started (but `spare`).
 
         Freeze first (SIGSTOP, repeated until a pass finds nothing new: a stopped process
         cannot fork), then SIGKILL them all, so a fork bomb cannot refill the pids it frees.
@@ -729,10 +749,10 @@ class Supervisor:
         for _ in range(200):
             fresh = []
             for pid, info in list_processes().items():
-                if pid in (me, shell.pid, 1) or pid in frozen or before.get(pid, (None,))[0] == info[0]:
+                if pid in (me, spare, 1) or pid in frozen or before.get(pid, (None,))[0] == info[0]:
                     continue
-                if LOCAL and info[1] != shell.pid:
-                    continue  # locally, only the shell's own session
+                if LOCAL and info[1] != session:
+                    continue  # locally, only the action's own session
                 fresh.append(pid)
             if not fresh:
                 break
@@ -743,22 +763,23 @@ class Supervisor:
                 except OSError:
                     pass
         for pid in frozen:
-            try:
-                os.kill(pid, signal.SIGKILL)
-            except OSError:
-                pass
+            _kill(pid)
         return len(frozen)
 
-    def _respawn(self) -> None:
-        self.shell = Shell(self.last_state, self.reaper)
 
-    @staticmethod
-    def _respawn_note(why: str) -> str:
-        return (
-            f"{why}; a new shell was started with the cwd and exported variables of the last "
-            "completed action (unexported variables, functions and the job table are lost; "
-            "background processes keep running)"
-        )
+def _kill(pid: int) -> None:
+    try:
+        os.kill(pid, signal.SIGKILL)
+    except OSError:
+        pass
+
+
+def _exit_code(status: int | None) -> int:
+    """Exit status as a shell reports it: 128+N when killed by signal N; -1 when unknown."""
+    if status is None:
+        return -1
+    code = os.waitstatus_to_exitcode(status)
+    return 128 - code if code < 0 else code
 
 
 # ----------------------------------------------------------------------------- channel

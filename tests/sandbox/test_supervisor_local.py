@@ -129,11 +129,47 @@ def test_timeout_kills_the_action_not_the_shell(sup):
     assert after.stdout == "1\n0\n"  # exports kept, the job table is the new shell's
 
 
-def test_exit_respawns_the_shell(sup):
+def test_exit_keeps_the_state_exec_loses_only_its_own(sup):
     sup.run(1, "cd /tmp; export X=y")
-    obs = sup.run(2, "exit 7")
-    assert obs.exit_code == 7 and obs.shell_respawned
-    assert sup.run(3, "pwd; echo $X").stdout == "/tmp\ny\n"
+    obs = sup.run(2, "export X=z; exit 7")
+    assert obs.exit_code == 7 and not obs.shell_respawned  # the EXIT trap still hands the state on
+    assert sup.run(3, "pwd; echo $X").stdout == "/tmp\nz\n"
+    obs = sup.run(4, "export X=lost; cd /; exec true")
+    assert obs.exit_code == 0 and obs.shell_respawned and "action before" in obs.note
+    assert sup.run(5, "pwd; echo $X").stdout == "/tmp\nz\n"
+
+
+# What an agent defines to take over the plumbing: each line is one earlier action.
+OVERRIDES = [
+    "printf() { builtin printf 'forged\\n'; return 0; }",
+    "eval() { return 0; }",
+    "read() { return 1; }",
+    "builtin() { exit 0; }",
+    "declare() { exit 0; }; compgen() { exit 0; }; env() { exit 0; }",
+    "test() { return 0; }; [() { return 0; }",
+    "shopt -s expand_aliases; alias false=true; alias echo='echo forged'",
+    "trap 'exit 0' EXIT; trap 'exit 0' ERR; trap 'false' DEBUG; shopt -s extdebug",
+    "set -e -o pipefail; set -u",
+    "export PATH=/tmp/fakebin:$PATH; mkdir -p /tmp/fakebin; printf '#!/bin/sh\\nexit 0\\n' > /tmp/fakebin/false; chmod +x /tmp/fakebin/false",
+    "export BASH_ENV=/tmp/evil.sh SHELLOPTS=errexit POSIXLY_CORRECT=1; echo 'exit 0' > /tmp/evil.sh",
+    "enable -n eval; enable -n exit; set +o posix; exit() { :; }",
+    "readonly __belayer_rc=0 __belayer_action='exit 0'; export __belayer_exported=PATH",
+    "echo $__belayer_nonce > /tmp/nonce",
+]
+
+
+def test_agent_definitions_never_reach_the_next_actions_plumbing(sup):
+    for step, override in enumerate(OVERRIDES, start=1):
+        sup.run(step, override)
+    step = len(OVERRIDES)
+    failed = sup.run(step + 1, "echo out; echo err >&2; false")
+    assert failed.exit_code == 1 and failed.stdout == "out\n" and failed.stderr == "err\n", failed
+    status = sup.run(step + 2, "(exit 3)")
+    assert status.exit_code == 3
+    # The agent's functions still work for the agent: it is their plumbing use that is cut.
+    assert sup.run(step + 3, "printf x").stdout == "forged\n"
+    # The sentinel's nonce never entered the sandbox.
+    assert sup.run(step + 4, "cat /tmp/nonce; env | grep -ci nonce").stdout == "\n0\n"
 
 
 def test_output_cap_keeps_head_and_tail(sup):
