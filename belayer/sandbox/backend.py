@@ -32,6 +32,9 @@ class SandboxBackend(Protocol):
     def kill(self, container: str) -> None:
         """SIGKILL the container and leave it behind (a crash, for tests and chaos)."""
 
+    def lineages(self) -> dict[str, list[str]]:
+        """Every Belayer container on this host, by sandbox id (the stale-lineage sweep)."""
+
     def fence(self, sandbox_id: str) -> list[str]:
         """Remove every container of the lineage on this host (before a restore)."""
 

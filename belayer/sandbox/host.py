@@ -7,12 +7,15 @@ requests. Calls on one sandbox are serialised (a checkpoint never overlaps an ac
 the supervisor channel must hold no connection while CRIU dumps).
 
 Checkpoint archives and their metadata go to the object store under
-`<checkpoint_prefix><sandbox id>/<step>-g<generation>-<nonce>/{archive,meta.json,fs.tar}`.
+`<checkpoint_prefix><sandbox id>/<step>-g<generation>-<nonce>/{archive,meta.json,fs.tar}`,
+next to the lineage records (`lineage/g<N>.json`, belayer/sandbox/lineage.py) that let a
+host coming back after a recovery elsewhere fence its superseded container.
 """
 
 from __future__ import annotations
 
 import hashlib
+import logging
 import os
 import secrets
 import tempfile
@@ -23,7 +26,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Protocol
 
-from belayer.sandbox import channel, faults
+from belayer.sandbox import channel, faults, lineage
 from belayer.sandbox.backend import SandboxBackend
 from belayer.sandbox.config import SandboxConfig
 from belayer.sandbox.errors import (
@@ -90,6 +93,10 @@ class ArchiveStore(Protocol):
     def upload_stream(self, key: str, source, *, if_absent: bool = False, progress=None): ...
     def download_stream(self, key: str, dest, *, expected_sha256: str | None = None, progress=None): ...
     def delete_prefix(self, prefix: str) -> int: ...
+    def list(self, prefix: str = ""): ...
+
+
+logger = logging.getLogger(__name__)
 
 
 def default_host_queue(cfg: SandboxConfig) -> str:
@@ -148,6 +155,7 @@ class SandboxHost:
                 self.backend.fence(sandbox_id)
             container = self.backend.create(sandbox_id, generation, spec.labels)
             try:
+                self._record_lineage(sandbox_id, generation, container)
                 info = channel.wait_ready(self._sock(sandbox_id), self.cfg.start_timeout_s)
                 if generation != info["generation"]:
                     channel.call(self._sock(sandbox_id),
@@ -189,6 +197,7 @@ class SandboxHost:
         environment, none of the agent's variables, functions or options; it hands
         nothing on to the agent's later actions.
         """
+        self._refuse_if_superseded(handle)
         if faults.active("sandbox_kill_during_exec"):
             threading.Timer(0.2, self.backend.kill, args=(handle.container,)).start()
         with self._lock(handle.sandbox_id):
@@ -211,6 +220,7 @@ class SandboxHost:
         fs_snapshot: bool = False,
     ) -> CheckpointRef:
         """Full checkpoint (file system + processes), the sandbox keeps running."""
+        self._refuse_if_superseded(handle)
         with self._lock(handle.sandbox_id):
             info = channel.call(self._sock(handle), {"op": "ping"}, timeout_s=10)
             if info["generation"] != handle.generation:
@@ -295,6 +305,7 @@ class SandboxHost:
                     self.backend.fence(sid)  # a failed restore can leave a created container
                     raise
             try:
+                self._record_lineage(sid, new_generation, container)
                 info = channel.wait_ready(self._sock(sid), self.cfg.start_timeout_s)
                 if info["head"] != meta.step:
                     raise JournalMismatch(
@@ -420,7 +431,64 @@ class SandboxHost:
         )  # fmt: skip
 
     def delete_checkpoints(self, sandbox_id: str) -> int:
-        return self.store.delete_prefix(f"{self.cfg.checkpoint_prefix}{sandbox_id}/")
+        """Delete the lineage's checkpoints; its lineage records stay (belayer/sandbox/lineage.py)."""
+        prefix = f"{self.cfg.checkpoint_prefix}{sandbox_id}/"
+        dirs = {key[len(prefix):].split("/", 1)[0] + "/" for key in self.store.list(prefix)}
+        return sum(self.store.delete_prefix(prefix + d) for d in sorted(dirs - {lineage.DIR}))
+
+    # ------------------------------------------------------------------ lineage fencing
+    def _record_lineage(self, sandbox_id: str, generation: int, container: str) -> None:
+        lineage.write(self.store, self.cfg.checkpoint_prefix, sandbox_id, generation, self.host_queue, container)
+
+    def _refuse_if_superseded(self, handle: SandboxHandle) -> None:
+        """Refuse a handle whose lineage has a newer generation, and fence it if it lives elsewhere.
+
+        The supervisor refuses a stale generation only inside the newest container; a
+        container left on a host that lost contact (its worker died, the lineage was
+        restored on another host) still carries the old generation and would run the
+        action. So every action and checkpoint first lists the lineage's records: one
+        LIST request, ~N ms against an action's ~M ms through the supervisor (`belayer
+        bench`-style timing in tests/sandbox/test_lineage_fencing.py's note), cheap
+        enough to pay on every call. A per-sandbox cache would miss exactly the case
+        that matters: a host that never restarted, whose cached generation equals the
+        stale handle's. A store error propagates (fail closed): the translator makes a
+        transient one retryable.
+        """
+        newest = lineage.newest_generation(self.store, self.cfg.checkpoint_prefix, handle.sandbox_id)
+        if newest is None or newest <= handle.generation:
+            return
+        rec = lineage.newest(self.store, self.cfg.checkpoint_prefix, handle.sandbox_id)
+        where = f"{rec.host_queue} (container {rec.container})" if rec else "another host"
+        if rec is not None and rec.host_queue != self.host_queue:
+            self._fence_superseded(handle.sandbox_id, rec)
+        raise StaleGeneration(
+            f"sandbox {handle.sandbox_id} is at generation {newest} on {where}, the handle at "
+            f"{handle.generation}: a restore superseded this handle; use the newer one"
+        )
+
+    def sweep_stale(self) -> list[str]:
+        """Fence every local container whose lineage moved to another host; returns their names.
+
+        Run by the sandbox worker before it serves (a host coming back after a recovery
+        elsewhere). Lineages without records (older Belayer, another store) are left alone.
+        """
+        fenced: list[str] = []
+        for sandbox_id, names in self.backend.lineages().items():
+            rec = lineage.newest(self.store, self.cfg.checkpoint_prefix, sandbox_id)
+            if rec is not None and rec.host_queue != self.host_queue:
+                fenced += self._fence_superseded(sandbox_id, rec, names)
+        return fenced
+
+    def _fence_superseded(self, sandbox_id: str, rec: lineage.LineageRecord,
+                          names: list[str] | None = None) -> list[str]:  # fmt: skip
+        with self._lock(sandbox_id):
+            names = self.backend.lineages().get(sandbox_id, []) if names is None else names
+            self.backend.destroy(sandbox_id)
+        if names:
+            logger.warning("fenced %s of sandbox %s on %s: its lineage is at generation %d on %s (container %s)",
+                        ", ".join(names), sandbox_id, self.host_queue, rec.generation, rec.host_queue,
+                        rec.container)  # fmt: skip
+        return names
 
 
 def _damage(f) -> None:

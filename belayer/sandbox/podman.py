@@ -177,6 +177,16 @@ class PodmanBackend:
         r = self.podman("ps", "-a", "--filter", f"label={LABEL_SANDBOX}={sandbox_id}", "--format", "{{.Names}}")
         return r.stdout.decode().split()
 
+    def lineages(self) -> dict[str, list[str]]:
+        r = self.podman("ps", "-a", "--filter", f"label={LABEL_SANDBOX}",
+                        "--format", f'{{{{index .Labels "{LABEL_SANDBOX}"}}}} {{{{.Names}}}}')  # fmt: skip
+        out: dict[str, list[str]] = {}
+        for line in r.stdout.decode().splitlines():
+            sandbox_id, _, name = line.partition(" ")
+            if sandbox_id and name:
+                out.setdefault(sandbox_id, []).append(name)
+        return out
+
     def fence(self, sandbox_id: str) -> list[str]:
         names = self.containers_of(sandbox_id)
         if names:

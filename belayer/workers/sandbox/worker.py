@@ -7,7 +7,9 @@ recover may run on any host). Ready once Temporal lists it as a poller of its ho
 queue (activity kind): that is the readiness check belayer/stack/workers.py performs.
 
 Before serving it checks the runtime (podman, runc, CRIU, base image) and exits 2 with
-the fixes when the host cannot run sandboxes, instead of accepting work it would fail.
+the fixes when the host cannot run sandboxes, instead of accepting work it would fail;
+then it fences the containers whose lineage moved to another host while it was away
+(`SandboxHost.sweep_stale`).
 """
 
 from __future__ import annotations
@@ -58,6 +60,10 @@ async def serve(config: BelayerConfig) -> None:
     from belayer.workers.runner import run_worker
 
     host = make_host(config, host_queue=host_queue(config))
+    # A host coming back after its sandboxes were recovered elsewhere: remove what they left.
+    fenced = await asyncio.to_thread(host.sweep_stale)
+    if fenced:
+        print(f"belayer sandbox worker: fenced superseded containers {', '.join(fenced)}", flush=True)
     activities = SandboxActivities(host)
     await run_worker(
         config.temporal,
