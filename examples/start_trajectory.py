@@ -4,8 +4,11 @@
     .venv/bin/python examples/start_trajectory.py
 
 The typed models are the public API: `TrajectoryInput` in, `TrajectoryResult` out, and
-`TrajectoryProgress` from the `progress` query while it runs. Payloads use Temporal's
-pydantic data converter.
+`TrajectoryProgress` from the `progress` query while it runs. Connect through
+`belayer.temporal_client.connect`: it reads the same configuration as `belayer up`
+(address, namespace, task queues) and uses the same data converter as the workers:
+Temporal's pydantic converter, plus payload encryption when `temporal.encrypt_payloads`
+is on. A client built by hand would fail to read encrypted results.
 """
 
 from __future__ import annotations
@@ -15,8 +18,9 @@ import os
 import uuid
 
 from temporalio.client import Client
-from temporalio.contrib.pydantic import pydantic_data_converter
 
+from belayer.config import load_config
+from belayer.temporal_client import connect
 from belayer.workflows.models import TaskQueues, TrajectoryInput, TrajectoryProgress, TrajectoryResult
 from belayer.workloads.models import TraceTask, TraceTurn
 
@@ -52,9 +56,11 @@ async def run_trajectory(client: Client, workflow_queue: str, queues: TaskQueues
 
 
 async def main() -> None:
-    client = await Client.connect(os.environ.get("BELAYER_TEMPORAL__ADDRESS", "127.0.0.1:7233"),
-                                  data_converter=pydantic_data_converter)
-    result = await run_trajectory(client, "belayer-workflows", TaskQueues())
+    config = load_config()
+    client = await connect(config.temporal, config.storage.encryption_key)
+    result = await run_trajectory(client, config.temporal.workflow_task_queue,
+                                  TaskQueues(rollout=config.temporal.rollout_task_queue,
+                                             context=config.temporal.workflow_task_queue))
     print(f"{result.trajectory_id}: {result.status}, reward {result.reward}, "
           f"token_sha256 {result.token_sha256[:12]}, env_sha256 {result.env_sha256[:12]}")
 

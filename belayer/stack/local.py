@@ -19,7 +19,7 @@ from belayer.config import BelayerConfig
 from belayer.errors import StackError
 from belayer.stack.process import ManagedProcess
 from belayer.stack.services import Health, SeaweedFS, TemporalDevServer, port_in_use
-from belayer.stack.workers import WorkerService
+from belayer.stack.workers import CodecServerService, WorkerService
 
 
 class Service(Protocol):
@@ -60,6 +60,9 @@ class LocalStack:
             SeaweedFS(config.storage, config.stack, self.state_dir),
             *belayer_workers(config),
         ]
+        if config.temporal.encrypt_payloads:
+            # Started with the stack so the web UI, pointed at it, shows payloads decoded.
+            self.services.insert(1, CodecServerService(config))
 
     def select(self, names: list[str] | None) -> None:
         """Keep only the named services (for `up --only`); unknown names are an error."""
@@ -247,6 +250,8 @@ def _who_listens(port: int) -> str:
 def _port_setting_hint(name: str) -> str:
     if name == "temporal":
         return "BELAYER_TEMPORAL__ADDRESS, BELAYER_TEMPORAL__UI_PORT"
+    if name == "codec-server":
+        return "BELAYER_TEMPORAL__CODEC_PORT"
     return "BELAYER_STORAGE__ENDPOINT and BELAYER_STACK__SEAWEEDFS_*_PORT"
 
 

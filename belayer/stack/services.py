@@ -104,6 +104,9 @@ class TemporalDevServer:
             "--ui-disable-news-fetch",
             "--log-level", "warn",
         ]
+        if self.cfg.encrypt_payloads:
+            # The UI then asks `belayer codec-server` (started by `up`) to decode payloads.
+            argv += ["--ui-codec-endpoint", f"http://127.0.0.1:{self.cfg.codec_port}"]
         for key, kind in self.search_attributes.items():
             argv += ["--search-attribute", f"{key}={kind}"]
         return argv, dict(os.environ)
@@ -128,6 +131,8 @@ class TemporalDevServer:
         from temporalio.api.workflowservice.v1 import GetSystemInfoRequest
         from temporalio.client import Client
 
+        # A bare client on purpose: this call carries no payloads, and the dev server's
+        # health must not depend on the payload key (belayer.temporal_client otherwise).
         client = await Client.connect(self.cfg.address, namespace=self.cfg.namespace)
         await client.workflow_service.get_system_info(GetSystemInfoRequest())
 

@@ -100,3 +100,54 @@ async def pollers(cfg: TemporalConfig, task_queue: str, queue_kind: str, encrypt
         )
     )
     return [poller.identity for poller in response.pollers]
+
+
+class CodecServerService:
+    """`belayer codec-server` for the local web UI, when payloads are encrypted.
+
+    It reads the key from the same owner-only effective config file as the workers; ready
+    once it answers the web UI's CORS preflight, which is the first thing the UI sends.
+    """
+
+    name = "codec-server"
+
+    def __init__(self, config: BelayerConfig):
+        self.config = config
+        self.port = config.temporal.codec_port
+
+    @property
+    def address(self) -> str:
+        return f"http://127.0.0.1:{self.port} (web UI codec endpoint)"
+
+    def ports(self) -> list[tuple[str, int]]:
+        return [("127.0.0.1", self.port)]
+
+    def command(self) -> tuple[list[str], dict[str, str]]:
+        env = dict(os.environ)
+        env[CONFIG_FILE_ENV] = str(write_effective_config(self.config))
+        env.setdefault("PYTHONUNBUFFERED", "1")
+        return [sys.executable, "-m", "belayer.cli", "codec-server", "--port", str(self.port)], env
+
+    def ready(self) -> bool:
+        return self.health().ok
+
+    def health(self) -> Health:
+        import urllib.request
+
+        ui_host = self.config.temporal.address.rpartition(":")[0] or "127.0.0.1"
+        origin = f"http://{ui_host}:{self.config.temporal.ui_port}"
+        request = urllib.request.Request(
+            f"http://127.0.0.1:{self.port}/decode", method="OPTIONS",
+            headers={"Origin": origin, "Access-Control-Request-Method": "POST"},
+        )
+        try:
+            with urllib.request.urlopen(request, timeout=3) as response:
+                allowed = response.headers.get("Access-Control-Allow-Origin")
+        except OSError as exc:  # refused, timed out, or an HTTP error status
+            return Health(False, f"does not answer the web UI's preflight: {exc}")
+        if allowed != origin:
+            return Health(False, f"answers, but not for the web UI origin {origin}")
+        return Health(True, f"decodes payloads for the web UI at {origin}")
+
+    def after_ready(self) -> None:
+        """Nothing: the UI finds it through --ui-codec-endpoint."""

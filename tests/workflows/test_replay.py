@@ -10,9 +10,10 @@ from pathlib import Path
 
 import pytest
 from temporalio.client import WorkflowHistory
-from temporalio.contrib.pydantic import pydantic_data_converter
 from temporalio.worker import Replayer
 
+from belayer.config import TemporalConfig
+from belayer.temporal_client import data_converter
 from belayer.workflows.trajectory import TrajectoryWorkflow
 
 HISTORIES = sorted((Path(__file__).parent / "histories").glob("*.json"))
@@ -21,7 +22,7 @@ HISTORIES = sorted((Path(__file__).parent / "histories").glob("*.json"))
 @pytest.mark.parametrize("path", HISTORIES, ids=[p.stem for p in HISTORIES])
 async def test_history_replays(path: Path):
     history = WorkflowHistory.from_json(path.stem, path.read_text())
-    replayer = Replayer(workflows=[TrajectoryWorkflow], data_converter=pydantic_data_converter)
+    replayer = Replayer(workflows=[TrajectoryWorkflow], data_converter=data_converter(TemporalConfig()))
     await replayer.replay_workflow(history)
 
 
