@@ -47,11 +47,6 @@ class SamplingParams(_Model):
 class GenerateArgs(_Model):
     prefix: PrefixRef = Field(description="The context so far, verified by its sha256 before use.")
     sampling: SamplingParams
-    log_key: str | None = Field(
-        None,
-        min_length=1,
-        description="Log to append the turn to; default prefix.key. Another key forks a new log from prefix.",
-    )
 
 
 class EngineTiming(_Model):
@@ -110,11 +105,8 @@ class RolloutActivities:
 
         started = time.monotonic()
         context = await asyncio.to_thread(read_prefix, self.store, args.prefix)  # verifies the sha256
-        log_key = args.log_key or args.prefix.key
-        if log_key == args.prefix.key:
-            log = TokenLog(self.store, log_key, prefix=encode_tokens(context))
-        else:
-            log = await asyncio.to_thread(TokenLog.fork, self.store, args.prefix, log_key)
+        # A cut context is forked by the workflow's next append (`fork_to`), never here.
+        log = TokenLog(self.store, args.prefix.key, prefix=encode_tokens(context))
         resumed = _heartbeated_tokens()[: args.sampling.max_tokens]
         sampling = args.sampling
         spec = SamplingSpec(

@@ -30,7 +30,6 @@ from belayer.sandbox.models import (
     LoggedAction,
     Observation,
     RecoverOutcome,
-    RecoveryMode,
     SandboxHandle,
     SandboxSpec,
 )
@@ -81,23 +80,14 @@ class CheckpointResult(_Model):
     checkpoint: CheckpointRef
 
 
-class RestoreArgs(_Model):
-    handle: SandboxHandle = Field(description="The handle being superseded (its generation + 1 is used).")
-    checkpoint: CheckpointRef
-
-
-class RestoreResult(_Model):
-    handle: SandboxHandle
-    step: int = Field(ge=0, description="Journal head of the restored sandbox.")
-
-
 class RecoverArgs(_Model):
     handle: SandboxHandle
     checkpoints: list[CheckpointRef] = Field(default_factory=list, description="Newest first.")
-    actions: list[LoggedAction] = Field(default_factory=list, description="Logged actions, step order.")
-    mode: RecoveryMode = "full"
+    actions: list[LoggedAction] = Field(
+        default_factory=list, description="Logged actions, step order, with the context after each: a "
+        "checkpoint whose recorded prefix or journal disagrees with them is skipped as unusable.",
+    )
     spec: SandboxSpec = Field(default_factory=SandboxSpec, description="For a replay from the start.")
-    allow_replay: bool = Field(True, description="Fall back to replay from the start when no checkpoint works.")
 
 
 class RecoverResult(_Model):
@@ -165,8 +155,7 @@ class SandboxActivities:
         self.host = host
 
     def all(self) -> list[Callable[..., Any]]:
-        return [self.create, self.exec, self.checkpoint, self.restore, self.recover, self.destroy,
-                self.workspace_hash]  # fmt: skip
+        return [self.create, self.exec, self.checkpoint, self.recover, self.destroy, self.workspace_hash]
 
     @activity.defn(name="sandbox.create")
     @_translated
@@ -188,19 +177,10 @@ class SandboxActivities:
         )  # fmt: skip
         return CheckpointResult(checkpoint=ref)
 
-    @activity.defn(name="sandbox.restore")
-    @_translated
-    async def restore(self, args: RestoreArgs) -> RestoreResult:
-        handle, meta = await _blocking(self.host.restore, args.checkpoint, args.handle.generation + 1)
-        return RestoreResult(handle=handle, step=meta.step)
-
     @activity.defn(name="sandbox.recover")
     @_translated
     async def recover(self, args: RecoverArgs) -> RecoverResult:
-        outcome = await _blocking(
-            self.host.recover, args.handle, args.checkpoints, args.actions, mode=args.mode, spec=args.spec,
-            allow_replay=args.allow_replay,
-        )  # fmt: skip
+        outcome = await _blocking(self.host.recover, args.handle, args.checkpoints, args.actions, spec=args.spec)
         return RecoverResult(outcome=outcome)
 
     @activity.defn(name="sandbox.destroy")

@@ -67,4 +67,10 @@ class CheckpointCorrupt(SandboxError):
 
 
 class JournalMismatch(SandboxError):
-    """A restored sandbox's journal head differs from its checkpoint's recorded step."""
+    """A restored sandbox's journal (its head, or an observation up to it) differs from what
+    its checkpoint recorded or from the trajectory's log."""
+
+
+class CheckpointInconsistent(SandboxError):
+    """A checkpoint's recorded token prefix is not the trajectory's context at its step: it
+    was taken on a branch the context no longer has. Skipped, like a corrupt one."""

@@ -43,6 +43,10 @@ class LoggedAction(Action):
     """An action as the trajectory logged it, with the hash of the observation it produced."""
 
     observation_sha256: str = Field(description="Observation.sha256 recorded when the action first ran.")
+    token_prefix_len: int | None = Field(
+        None, ge=0, description="Context length after this action: what a checkpoint after this step records."
+    )
+    token_prefix_sha256: str | None = Field(None, description="Hash of that context (a restore checks it).")
 
 
 class Observation(_Model):

@@ -70,9 +70,12 @@ class RecoveryRecord(_Model):
     kind: Literal["sandbox"]
     step: int = Field(description="Step whose action was in flight when the failure surfaced.")
     reason: str
-    source: str = Field(description="Checkpoint step restored, or replay from the start.")
+    source: str = Field(description="Checkpoint step restored, replay from the start, or 'failed'.")
+    failed: bool = Field(False, description="The recover itself failed (its new sandbox was lost too, or "
+                         "nothing could be restored); `notes` says why.")
     replayed_steps: int
     consistent: bool
+    notes: list[str] = Field([], description="Checkpoints skipped as unusable and fallbacks taken, and why.")
     cut_after_step: int | None = Field(None, description="Context cut after this action (mismatch).")
     tokens_discarded: int = 0
     time_lost_s: float
@@ -81,8 +84,7 @@ class RecoveryRecord(_Model):
 class TrajectoryState(_Model):
     """The workflow's whole memory; carried across continue-as-new."""
 
-    step: int = 0
-    turn: int = Field(0, description="Index of the next trace turn / model turn.")
+    step: int = Field(0, description="Steps executed so far: also the index of the next turn.")
     context: PrefixRef | None = None
     node_queue: str | None = Field(None, description="Rollout node that served the last turn.")
     sandbox: SandboxHandle | None = None

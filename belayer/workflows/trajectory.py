@@ -2,9 +2,13 @@
 
 generate (rollout queue) -> action -> exec (the sandbox's host queue) -> observation
 appended to the context -> next turn. A checkpoint chosen by the policy runs beside the
-next generation; the next action waits for it. A sandbox failure triggers `recover`
-from the latest checkpoint with replay-verify; a mismatch cuts the context. Engine
+next generation; the next action waits for it. Every sandbox call (an action, the reward
+check, the workspace hash) goes through `_on_sandbox`: a lost sandbox is recovered from
+the latest usable checkpoint with replay-verify, and a mismatch cuts the context
+(`ContextCut`), from which the turn loop generates again, whatever phase it was in. Engine
 failures never reach this code (the node takes over) or arrive as activity retries.
+Every way out of the loop is a result: completed, failed_policy, or failed_infra with a
+reason; `max_recoveries` bounds the recoveries, failed ones included.
 
 Workflow code only: no I/O, clocks or randomness outside Temporal's APIs.
 """
@@ -57,7 +61,7 @@ STATUS_KEY = SearchAttributeKey.for_keyword("BelayerStatus")
 
 # Sandbox failures that `recover` repairs. Anything else from a sandbox is a bug or a
 # hostile input and is reported, not papered over.
-SANDBOX_LOST = {"SandboxNotFound", "SandboxUnreachable", "StaleGeneration", "JournalMismatch"}
+SANDBOX_LOST = {"SandboxNotFound", "SandboxUnreachable", "StaleGeneration"}
 CHECKPOINTS_KEPT = 3
 
 SANDBOX_RETRY = RetryPolicy(
@@ -67,6 +71,8 @@ SANDBOX_RETRY = RetryPolicy(
 ENGINE_RETRY = RetryPolicy(initial_interval=timedelta(seconds=1), maximum_attempts=6)
 STORAGE_RETRY = RetryPolicy(initial_interval=timedelta(seconds=1), maximum_attempts=5)
 HOST_SCHEDULE_TO_START = timedelta(seconds=30)
+# create / recover on the shared queue: with no sandbox host at all, the trajectory ends.
+SHARED_SCHEDULE_TO_START = timedelta(minutes=5)
 AFFINITY_SCHEDULE_TO_START = timedelta(seconds=10)
 # Both sides heartbeat about every second: a dead worker is noticed within these.
 GENERATE_HEARTBEAT = timedelta(seconds=10)
@@ -75,6 +81,17 @@ SANDBOX_HEARTBEAT = timedelta(seconds=15)
 
 class InfraFailure(Exception):
     """The trajectory cannot continue for an infrastructure reason."""
+
+
+class ContextCut(Exception):
+    """A recovery found that the sandbox now answers step `record.step` differently: the
+    state is cut back to that action; the turn loop records the new observation and
+    generates again from there."""
+
+    def __init__(self, record: StepRecord, observation: Observation):
+        super().__init__(f"context cut after step {record.step}")
+        self.record = record
+        self.observation = observation
 
 
 @workflow.defn(name="TrajectoryWorkflow")
@@ -114,27 +131,38 @@ class TrajectoryWorkflow:
         try:
             if self.state.sandbox is None:
                 await self._start()
-            while not self._finished():
-                if self._should_continue_as_new():
-                    await self._settle_checkpoint()
-                    self._continue_as_new()
-                await self._turn()
-            await self._settle_checkpoint()
-            return await self._finish()
-        except InfraFailure as failure:
+            while True:
+                try:
+                    return await self._turns_then_finish()
+                except ContextCut as cut:
+                    await self._record_step(cut.record, cut.observation)
+        except (InfraFailure, SandboxLost) as failure:
             return await self._fail_infra(str(failure))
+
+    async def _turns_then_finish(self) -> TrajectoryResult:
+        """The turn loop and the final check; a cut anywhere in it leaves by `ContextCut`."""
+        while not self._finished():
+            if self._should_continue_as_new():
+                await self._settle_checkpoint()
+                self._continue_as_new()
+            await self._turn()
+        await self._settle_checkpoint()
+        return await self._finish()
 
     async def _start(self) -> None:
         task = self.input.task
         # A sandbox id chosen here (deterministically) makes a retried create replace its
         # own earlier attempt instead of leaking a second container.
         sandbox_id = f"sbx-{workflow.uuid4().hex[:12]}"
-        created = await self._sandbox_activity(
-            "sandbox.create",
-            CreateSandboxArgs(sandbox_id=sandbox_id, spec=SandboxSpec(setup_commands=task.setup)),
-            CreateSandboxResult, queue=self.input.queues.sandbox,
-            summary=f"create sandbox for {task.id} ({len(task.setup)} setup commands)",
-        )
+        try:
+            created = await self._sandbox_activity(
+                "sandbox.create",
+                CreateSandboxArgs(sandbox_id=sandbox_id, spec=SandboxSpec(setup_commands=task.setup)),
+                CreateSandboxResult, queue=self.input.queues.sandbox,
+                summary=f"create sandbox for {task.id} ({len(task.setup)} setup commands)",
+            )
+        except SandboxLost as lost:
+            raise InfraFailure(f"sandbox.create failed: {lost.reason}") from None
         self.state.sandbox = created.handle
         instruction = task.instruction if isinstance(task, ModelTask) else f"replay trace {task.id}"
         started = await self._context_activity(
@@ -151,8 +179,8 @@ class TrajectoryWorkflow:
         if state.context and state.context.length >= self.input.max_total_tokens:
             return True
         if isinstance(task, TraceTask):
-            return state.turn >= len(task.turns)
-        return state.turn >= task.max_turns
+            return state.step >= len(task.turns)
+        return state.step >= task.max_turns
 
     async def _turn(self) -> None:
         generation = await self._generate()
@@ -162,17 +190,28 @@ class TrajectoryWorkflow:
             self.state.stopped = True
             return
         self.state.step += 1
-        self.state.turn += 1
-        step_record, observation = await self._act(command, generation.prefix)
-        self.state.steps.append(step_record)
+        action = Action(trajectory=self.input.trajectory_id, step=self.state.step, command=command)
+        executed = await self._on_sandbox(
+            "sandbox.exec", lambda handle: ExecArgs(handle=handle, action=action), ExecResult,
+            summary=f"step {action.step}: {_first_line(command)}",
+        )
+        observation = executed.observation
+        await self._record_step(StepRecord(
+            step=action.step, command=command, observation_sha256=observation.sha256,
+            exit_code=observation.exit_code, context_after_action=generation.prefix,
+        ), observation)
+
+    async def _record_step(self, record: StepRecord, observation: Observation) -> None:
+        """Log an executed step (or the step a cut rewrote) and append its observation."""
+        self.state.steps.append(record)
         self.state.policy.observe_action(observation.duration_s)
-        self._maybe_checkpoint(step_record.context_after_action)
+        self._maybe_checkpoint(record.context_after_action)
         await self._append_observation(observation)
 
     def _action_from(self, generation: GenerateResult) -> str | None:
         task = self.input.task
         if isinstance(task, TraceTask):
-            return task.turns[self.state.turn].bash
+            return task.turns[self.state.step].bash
         parsed = parse_action(generation.text)
         if parsed.kind == "stop":
             return None
@@ -186,7 +225,7 @@ class TrajectoryWorkflow:
     async def _generate(self) -> GenerateResult:
         task = self.input.task
         if isinstance(task, TraceTask):
-            max_tokens, ignore_eos = task.turns[self.state.turn].think_tokens, True
+            max_tokens, ignore_eos = task.turns[self.state.step].think_tokens, True
         else:
             max_tokens, ignore_eos = task.max_tokens_per_turn, False
         budget = self.input.max_total_tokens - self.state.context.length
@@ -216,7 +255,7 @@ class TrajectoryWorkflow:
     async def _generate_with_affinity(self, args: GenerateArgs) -> GenerateResult:
         """Prefer the node that served the previous turn (its prefix cache holds this
         context); when it does not pick the turn up in time, any node takes it."""
-        summary = f"turn {self.state.turn + 1}: generate up to {args.sampling.max_tokens} tokens"
+        summary = f"turn {self.state.step + 1}: generate up to {args.sampling.max_tokens} tokens"
         if self.state.node_queue:
             try:
                 return await workflow.execute_activity(
@@ -240,57 +279,66 @@ class TrajectoryWorkflow:
 
     # ---------------------------------------------------------------- actions and recovery
 
-    async def _act(self, command: str, context_after_action) -> tuple[StepRecord, Observation]:
-        action = Action(trajectory=self.input.trajectory_id, step=self.state.step, command=command)
+    async def _on_sandbox(self, name, make_args, result_type, *, summary):
+        """Call the sandbox that holds the trajectory; when it is lost, recover it and call
+        again. A recovery that cuts the context raises `ContextCut` out of here, for the turn
+        loop to resume from: actions, the reward check and the hash all go this one way."""
         while True:
             try:
-                executed = await self._sandbox_activity(
-                    "sandbox.exec", ExecArgs(handle=self.state.sandbox, action=action), ExecResult,
-                    queue=self.state.sandbox.host_queue, on_host=True,
-                    summary=f"step {action.step}: {_first_line(command)}",
+                return await self._sandbox_activity(
+                    name, make_args(self.state.sandbox), result_type,
+                    queue=self.state.sandbox.host_queue, on_host=True, summary=summary,
                 )
-                observation = executed.observation
-                break
             except SandboxLost as lost:
-                cut = await self._recover(lost.reason)
-                if cut is not None:
-                    return cut
-        record = StepRecord(
-            step=action.step, command=command, observation_sha256=observation.sha256,
-            exit_code=observation.exit_code, context_after_action=context_after_action,
-        )
-        return record, observation
+                await self._recover(lost.reason)
 
-    async def _recover(self, reason: str) -> tuple[StepRecord, Observation] | None:
-        """Restore the sandbox and replay-verify; returns the cut step when the context must be cut."""
-        if len(self.state.recoveries) >= self.input.max_recoveries:
-            raise InfraFailure(f"sandbox lost again after {self.input.max_recoveries} recoveries: {reason}")
+    async def _recover(self, reason: str) -> None:
+        """Restore the sandbox and replay-verify; raises `ContextCut` on a mismatch and
+        `InfraFailure` when recovery is impossible or `max_recoveries` is spent. A recover
+        whose new sandbox is lost too counts as one recovery, and is tried again."""
         await self._settle_checkpoint()
-        started = workflow.now()
-        logged = [
-            LoggedAction(trajectory=self.input.trajectory_id, step=s.step, command=s.command,
-                         observation_sha256=s.observation_sha256)
-            for s in self.state.steps
-        ]
-        outcome = (await self._sandbox_activity(
-            "sandbox.recover",
-            RecoverArgs(handle=self.state.sandbox, checkpoints=self.state.checkpoints, actions=logged,
-                        spec=SandboxSpec(setup_commands=self.input.task.setup)),
-            RecoverResult, queue=self.input.queues.sandbox,
-            summary=f"recover sandbox at step {self.state.step}: {reason[:80]}",
-        )).outcome
+        while True:
+            if len(self.state.recoveries) >= self.input.max_recoveries:
+                raise InfraFailure(f"sandbox lost again after {self.input.max_recoveries} recoveries: {reason}")
+            started = workflow.now()
+            try:
+                outcome = (await self._sandbox_activity(
+                    "sandbox.recover", self._recover_args(), RecoverResult, queue=self.input.queues.sandbox,
+                    summary=f"recover sandbox at step {self.state.step}: {reason[:80]}",
+                )).outcome
+            except (SandboxLost, InfraFailure) as failed:
+                self.state.recoveries.append(RecoveryRecord(
+                    kind="sandbox", step=self.state.step, reason=reason, source="failed", failed=True,
+                    replayed_steps=0, consistent=False, notes=[str(failed)],
+                    time_lost_s=(workflow.now() - started).total_seconds(),
+                ))
+                if isinstance(failed, InfraFailure):
+                    raise InfraFailure(f"recovery failed: {failed}") from None
+                reason = f"recovery failed: {failed}"
+                continue
+            break
         self.state.sandbox = outcome.handle
         record = RecoveryRecord(
             kind="sandbox", step=self.state.step, reason=reason, source=outcome.source,
-            replayed_steps=outcome.replayed_steps, consistent=outcome.consistent,
-            time_lost_s=0.0,
+            replayed_steps=outcome.replayed_steps, consistent=outcome.consistent, notes=outcome.notes,
+            time_lost_s=(workflow.now() - started).total_seconds(),
         )
-        cut = None
-        if not outcome.consistent and outcome.mismatch_step is not None:
-            cut = self._cut_context(outcome.mismatch_step, outcome.mismatch_observation, record)
-        record.time_lost_s = (workflow.now() - started).total_seconds()
         self.state.recoveries.append(record)
-        return cut
+        if not outcome.consistent and outcome.mismatch_step is not None:
+            raise ContextCut(*self._cut_context(outcome.mismatch_step, outcome.mismatch_observation, record))
+
+    def _recover_args(self) -> RecoverArgs:
+        """The log as the host replays and verifies it: each step's command, observation hash
+        and the context after its action (what a checkpoint after that step recorded)."""
+        logged = [
+            LoggedAction(trajectory=self.input.trajectory_id, step=s.step, command=s.command,
+                         observation_sha256=s.observation_sha256,
+                         token_prefix_len=s.context_after_action.length,
+                         token_prefix_sha256=s.context_after_action.sha256)
+            for s in self.state.steps
+        ]
+        return RecoverArgs(handle=self.state.sandbox, checkpoints=self.state.checkpoints, actions=logged,
+                           spec=SandboxSpec(setup_commands=self.input.task.setup))
 
     def _cut_context(self, step: int, observation: Observation, record: RecoveryRecord):
         """Cut after action `step`: its new observation replaces the logged one, later steps go."""
@@ -302,7 +350,7 @@ class TrajectoryWorkflow:
         # Checkpoints from step `step` on hold the future the cut discards.
         self.state.checkpoints = [c for c in self.state.checkpoints if c.step < step]
         self.state.step = step
-        self.state.turn = step
+        self.state.stopped = False  # the model has not seen the new observation: it goes on
         self.state.context = at.context_after_action
         self.state.log_generation += 1
         new_record = at.model_copy(update={
@@ -354,7 +402,7 @@ class TrajectoryWorkflow:
         turn, where no generation follows to hide a checkpoint in."""
         task = self.input.task
         if isinstance(task, TraceTask):
-            return task.turns[self.state.turn].think_tokens if self.state.turn < len(task.turns) else 0
+            return task.turns[self.state.step].think_tokens if self.state.step < len(task.turns) else 0
         return None
 
     # ---------------------------------------------------------------- context
@@ -390,39 +438,31 @@ class TrajectoryWorkflow:
         used, budget = self.state.context.length, self.input.max_total_tokens
         if self.state.stopped or used < budget:
             return None
-        if self.state.turn == 0:
+        if self.state.step == 0:
             return (f"context budget exhausted before the first turn: the prompt alone is {used} tokens, "
                     f"the budget {budget} (max_total_tokens; rollout.max_model_len)")
-        return f"context budget exhausted after {self.state.turn} turns: {used} of {budget} tokens"
+        return f"context budget exhausted after {self.state.step} turns: {used} of {budget} tokens"
 
     async def _reward(self) -> float:
         check = self.input.task.check
         if not check:
             return 1.0
-        # The check is the trajectory's last action: the sandbox serves one trajectory,
-        # and its journal makes a retried check return the same verdict.
+        # The check is the trajectory's last action, run apart from the agent's shell (it
+        # judges the agent, it must not inherit its state); the journal makes a retried
+        # check return the same verdict.
         action = Action(trajectory=self.input.trajectory_id, step=self.state.step + 1, command=check)
-        while True:
-            try:
-                executed = await self._sandbox_activity(
-                    "sandbox.exec", ExecArgs(handle=self.state.sandbox, action=action), ExecResult,
-                    queue=self.state.sandbox.host_queue, on_host=True, summary=f"check: {_first_line(check)}",
-                )
-                return 1.0 if executed.observation.exit_code == 0 else 0.0
-            except SandboxLost as lost:
-                await self._recover(lost.reason)
+        executed = await self._on_sandbox(
+            "sandbox.exec", lambda handle: ExecArgs(handle=handle, action=action, isolated=True), ExecResult,
+            summary=f"check: {_first_line(check)}",
+        )
+        return 1.0 if executed.observation.exit_code == 0 else 0.0
 
     async def _workspace_hash(self) -> str:
-        while True:
-            try:
-                hashed = await self._sandbox_activity(
-                    "sandbox.workspace_hash", WorkspaceHashArgs(handle=self.state.sandbox),
-                    WorkspaceHashResult, queue=self.state.sandbox.host_queue, on_host=True,
-                    summary="hash /workspace",
-                )
-                return hashed.sha256
-            except SandboxLost as lost:
-                await self._recover(lost.reason)
+        hashed = await self._on_sandbox(
+            "sandbox.workspace_hash", lambda handle: WorkspaceHashArgs(handle=handle), WorkspaceHashResult,
+            summary="hash /workspace",
+        )
+        return hashed.sha256
 
     async def _destroy(self) -> None:
         if self.state.sandbox is None:
@@ -475,7 +515,7 @@ class TrajectoryWorkflow:
             return await workflow.execute_activity(
                 name, args, result_type=result_type, task_queue=queue,
                 start_to_close_timeout=timedelta(minutes=10),
-                schedule_to_start_timeout=HOST_SCHEDULE_TO_START if on_host else None,
+                schedule_to_start_timeout=HOST_SCHEDULE_TO_START if on_host else SHARED_SCHEDULE_TO_START,
                 heartbeat_timeout=SANDBOX_HEARTBEAT,
                 retry_policy=SANDBOX_RETRY, summary=summary,
             )
