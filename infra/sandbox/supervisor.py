@@ -7,11 +7,20 @@ restore needs -- are the same on every host. Python 3.11 standard library only: 
 runs on the image's Debian python3, not in Belayer's virtual environment.
 
 What lives here, and what must not:
-* one persistent bash shell in which every action runs; cwd, exported variables,
-  functions and background jobs persist between actions;
-* per-action timeout: the processes the action started are killed; a shell that is
-  itself stuck (a builtin loop) is replaced, its cwd and exported environment restored
-  from the last completed action, and the observation says so;
+* a shell that persists as *state*, not as a process: each action runs in a fresh
+  bash started here, and its variables (exported or not), functions and cwd are handed
+  to the next action as data (see PREAMBLE). Background processes keep running (they
+  re-parent to PID 1); shell options, traps, aliases, arrays and the job table do not
+  carry over. This process -- never the agent's bash -- reports the exit status
+  (waitpid) and frames the output, so nothing the agent defines can forge how a later
+  action is delivered or reported;
+* the reward check runs "isolated": a fresh bash in /workspace with the base
+  environment and none of the agent's state, journaled like an action. What the agent
+  can still influence is the file system (the point of the task) and processes it left
+  running; what it cannot is the check's environment, PATH, functions, options or status;
+* per-action timeout: the processes the action started are killed; a bash that is
+  itself stuck (a builtin loop) is killed too, and the next action starts from the
+  state of the action before; the observation says so;
 * stdout/stderr captured through pipes (never files) with a byte cap: the first and
   last cap/2 bytes are kept and a marker names how many bytes were dropped, so 1 GB of
   output costs neither memory nor disk;

@@ -23,6 +23,8 @@ from belayer.storage.store import ObjectStore
 
 KEY = bytes(range(32))
 SECRET = b"belayer-secret-in-memory-7f3a"
+# The background sleeper survived the restore (each action is a new shell: no job table).
+SLEEPERS = "pgrep -c -x sleep"
 
 
 @pytest.fixture
@@ -149,7 +151,7 @@ def test_encrypted_checkpoint_restores_and_a_tampered_one_is_refused(sandboxes):
     stored = inner.get_bytes(meta.archive_key)
     assert stored.startswith(MAGIC) and SECRET not in stored
     restored, _ = host.restore(ref, handle.generation + 1)
-    obs = host.exec(restored, Action(trajectory="t-enc", step=2, command="echo $HELD; jobs | wc -l"))
+    obs = host.exec(restored, Action(trajectory="t-enc", step=2, command="echo $HELD; " + SLEEPERS))
     assert obs.stdout.split() == [secret, "1"]
     damaged = bytearray(stored)
     damaged[len(damaged) // 2] ^= 0x01
