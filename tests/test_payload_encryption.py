@@ -33,7 +33,7 @@ with workflow.unsafe.imports_passed_through():
     from belayer.errors import ConfigError
     from belayer.payload_codec import ENCODING, EncryptionCodec, PayloadDecryptError, derive_payload_key
     from belayer.stack.local import LocalStack
-    from belayer.stack.services import TemporalDevServer, port_in_use
+    from belayer.stack.services import TemporalDevServer, port_in_use, venv_binary
     from belayer.temporal_client import connect, data_converter
 
 SECRET = "hunter2-" + uuid.uuid4().hex  # fresh per run: cannot appear by accident
@@ -268,6 +268,14 @@ def call(url: str, *, method: str = "POST", body: dict | None = None, headers: d
         return err.code, dict(err.headers), err.read()
 
 
+def cli_payload_bytes(output: bytes) -> bytes:
+    """`temporal workflow show --output json`, with every payload's base64 data decoded."""
+    import re
+
+    datas = re.findall(rb'"data":\s*"([A-Za-z0-9+/=]+)"', output)
+    return output + b"".join(base64.b64decode(d) for d in datas)
+
+
 def as_json(payloads: list[Payload]) -> dict:
     from google.protobuf import json_format
 
@@ -307,6 +315,13 @@ async def test_codec_server_decodes_real_history_payloads_for_the_web_ui(
     tampered = Payload(metadata=encoded[0].metadata, data=encoded[0].data[:-1] + bytes([encoded[0].data[-1] ^ 1]))
     status, _, body = call(f"{endpoint}/decode", body=as_json([tampered]), headers=ui)
     assert status == 400 and b"fails authentication" in body
+
+    temporal_cli = [str(venv_binary("temporal")), "workflow", "show", "-w", workflow_id, "--output", "json",
+                    "--address", temporal_cfg.address, "--namespace", temporal_cfg.namespace]
+    shown = subprocess.run([*temporal_cli, "--codec-endpoint", endpoint], capture_output=True, timeout=60)
+    assert shown.returncode == 0 and SECRET.encode() in cli_payload_bytes(shown.stdout), shown.stderr
+    hidden = subprocess.run(temporal_cli, capture_output=True, timeout=60)
+    assert hidden.returncode == 0 and SECRET.encode() not in cli_payload_bytes(hidden.stdout), hidden.stderr
 
     assert call(f"{endpoint}/decode", method="OPTIONS", headers={"Origin": "http://evil.example"})[0] == 403
     assert call(f"{endpoint}/decode", body=as_json(encoded), headers={**ui, "X-Namespace": "other"})[0] == 403
