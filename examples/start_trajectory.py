@@ -67,4 +67,4 @@ async def main() -> None:
 
 if __name__ == "__main__":
     asyncio.run(main())
-    os._exit(0)  # the SDK can abort at interpreter exit in short scripts (DESIGN.md s7)
+    os._exit(0)  # the SDK can abort at interpreter exit in short scripts (docs/design.md §7)

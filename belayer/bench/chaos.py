@@ -87,7 +87,7 @@ def chaos(ctx: click.Context, workloads: tuple[Path, ...], rounds: int, repeats:
         _print(summary)
     bad = summary["lost"] or summary["mismatched"] or summary["failed_infra"] or any(summary["leaked"].values())
     sys.stdout.flush()
-    os._exit(1 if bad else 0)  # the Temporal SDK can abort at interpreter exit (DESIGN.md s7)
+    os._exit(1 if bad else 0)  # the Temporal SDK can abort at interpreter exit (docs/design.md §7)
 
 
 def _print(summary: dict) -> None:

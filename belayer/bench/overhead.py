@@ -453,7 +453,7 @@ def overhead(ctx: click.Context, workload: Path, task_id: str | None, rounds: in
     else:
         print_report(report)
     sys.stdout.flush()
-    # Exit without interpreter teardown: the Temporal SDK can abort at exit (DESIGN.md s7).
+    # Exit without interpreter teardown: the Temporal SDK can abort at exit (docs/design.md §7).
     os._exit(0)
 
 

@@ -58,7 +58,7 @@ def run(ctx: click.Context, workload: Path, repeats: int, concurrency: int, seed
     _report(results, wall, as_json, runner.faults if plan else None)
     failed_infra = any(r.status == "failed_infra" for r in results)
     sys.stdout.flush()
-    # Exit without interpreter teardown: the Temporal SDK can abort at exit (DESIGN.md s7).
+    # Exit without interpreter teardown: the Temporal SDK can abort at exit (docs/design.md §7).
     os._exit(1 if failed_infra else 0)
 
 

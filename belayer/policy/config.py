@@ -1,4 +1,4 @@
-"""Checkpoint policy settings (DESIGN.md section 5)."""
+"""Checkpoint policy settings (docs/design.md §5)."""
 
 from typing import Literal
 

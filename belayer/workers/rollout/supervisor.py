@@ -3,7 +3,7 @@
 It forwards requests to the leader (which batches them continuously), keeps the in-flight
 log (prompt ids, tokens streamed so far, sampling parameters with seed) that every
 recovery replays from, and watches its children: a dead leader is seen at once (process
-sentinel), a hung one by missed heartbeats. Recovery follows DESIGN.md section 3: fence,
+sentinel), a hung one by missed heartbeats. Recovery follows docs/design.md §3: fence,
 owner check, device check, lease epoch + 1 on the shadow, re-prefill every in-flight
 request, new shadow in the background; a failed owner or device check means a cold start,
 recorded as such. All child I/O happens on one pump thread; callers only submit and wait.

@@ -265,7 +265,7 @@ def sample_at_position(row: torch.Tensor, extra: dict, position: int) -> int:
 
 
 def engine_environment(threads: int) -> dict[str, str]:
-    """Environment an engine process needs before vLLM is imported (DESIGN.md s7)."""
+    """Environment an engine process needs before vLLM is imported (docs/design.md §7)."""
     env = {
         "VLLM_ENABLE_V1_MULTIPROCESSING": "0",  # in-process engine: ~7 s cold start, one pid to fence
         "HF_HUB_OFFLINE": "1",
