@@ -431,13 +431,17 @@ class Reaper:
     def __init__(self):
         self.lock = threading.Condition()
         self.statuses: dict[int, int] = {}
+        # Set when a child is started: with no child, waitpid fails at once and the loop
+        # sleeps; a new action's bash must not wait out that sleep.
+        self.child_started = threading.Event()
 
     def run_forever(self) -> None:
         while True:
             try:
                 pid, status = os.waitpid(-1, 0)
             except ChildProcessError:
-                time.sleep(0.2)
+                self.child_started.wait(0.2)
+                self.child_started.clear()
                 continue
             except InterruptedError:
                 continue
@@ -700,6 +704,7 @@ class Supervisor:
         t0 = time.monotonic()
         try:
             pid, dump_fd = spawn_action(command, state, self.streams)
+            self.reaper.child_started.set()
         except OSError as exc:
             self.streams.attach(None, None)
             return self._failed_observation(f"the action's shell could not start: {exc}")
