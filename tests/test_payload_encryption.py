@@ -326,3 +326,30 @@ async def test_codec_server_decodes_real_history_payloads_for_the_web_ui(
     assert call(f"{endpoint}/decode", method="OPTIONS", headers={"Origin": "http://evil.example"})[0] == 403
     assert call(f"{endpoint}/decode", body=as_json(encoded), headers={**ui, "X-Namespace": "other"})[0] == 403
     assert call(f"{endpoint}/decode", body=as_json(encoded), headers={"Host": "evil.example"})[0] == 421
+
+
+@pytest.mark.stack
+def test_belayer_up_serves_the_codec_to_the_web_ui(tmp_path):
+    """`up` with encryption on: a healthy codec server, and a web UI that names it."""
+    from tests.conftest import isolated_config
+
+    base = isolated_config(tmp_path / "state")
+    port = next(p for p in range(38200, 38300) if not port_in_use("127.0.0.1", p))
+    config = base.model_copy(update={
+        "temporal": base.temporal.model_copy(update={"encrypt_payloads": True, "codec_port": port}),
+        "storage": base.storage.model_copy(update={"encryption_key": SecretStr(new_key())}),
+    })
+    stack = LocalStack(config)
+    stack.select(["temporal", "codec-server"])
+    try:
+        stack.up(wait=True)
+        rows = {row.name: row for row in stack.status()}
+        assert rows["codec-server"].healthy, rows["codec-server"].detail
+        ui = f"http://127.0.0.1:{config.temporal.ui_port}/api/v1/settings"
+        with urllib.request.urlopen(ui, timeout=10) as response:
+            settings = json.loads(response.read())
+        assert settings["Codec"]["Endpoint"] == f"http://127.0.0.1:{port}", settings.get("Codec")
+    finally:
+        stack.down()
+        leaked = [s.name for s in stack.services if stack.process(s).running() is not None]
+        assert not leaked, f"left running: {leaked}"
