@@ -58,6 +58,7 @@ class TemporalConfig(Section):
 
 
 def missing_key_error() -> ConfigError:
+    """Payload encryption switched on without the key it derives from."""
     return ConfigError(
         "temporal.encrypt_payloads is on but storage.encryption_key is empty: payloads are "
         "encrypted under the archives' key. Set BELAYER_STORAGE__ENCRYPTION_KEY (or "
