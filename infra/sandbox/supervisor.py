@@ -31,7 +31,7 @@ What lives here, and what must not:
 * the channel: a unix socket, /run/belayer/supervisor.sock, in a per-sandbox host
   directory bind-mounted at /run/belayer. One JSON request per connection, one JSON
   reply, then close: nothing is open between requests, so a checkpoint taken between
-  actions holds no connection (DESIGN.md s7). Long actions are submit -> poll ("wait"
+  actions holds no connection (docs/design.md §7). Long actions are submit -> poll ("wait"
   long-polls a few seconds). Why a socket and not a FIFO pair: each connection frames
   one request and its answer, so a worker that crashed mid-poll and its retry (or a
   ping during a long action) never read each other's replies, with no reply ids and no
