@@ -31,6 +31,7 @@ from belayer.sandbox.backend import SandboxBackend
 from belayer.sandbox.config import SandboxConfig
 from belayer.sandbox.errors import (
     CheckpointCorrupt,
+    CheckpointInconsistent,
     JournalMismatch,
     RestoreFailed,
     RuntimeUnavailable,
@@ -279,11 +280,21 @@ class SandboxHost:
             raise CheckpointCorrupt(f"checkpoint metadata {ref.meta_key} is not valid: {exc}") from exc
 
     # ------------------------------------------------------------------ restore
-    def restore(self, ref: CheckpointRef, new_generation: int) -> tuple[SandboxHandle, CheckpointMeta]:
-        """Full restore on this host; fences any older container of the lineage first."""
+    def restore(self, ref: CheckpointRef, new_generation: int,
+                log: list[LoggedAction] | None = None) -> tuple[SandboxHandle, CheckpointMeta]:  # fmt: skip
+        """Full restore on this host; fences any older container of the lineage first.
+
+        With the trajectory's `log`, the checkpoint must belong to it: its recorded token
+        prefix must be the context the log has after that step (`_check_prefix`, before any
+        download), and the restored journal's observations for the steps up to it must be
+        the log's (`_check_journal`); otherwise `CheckpointInconsistent` / `JournalMismatch`,
+        and nothing is left running.
+        """
         meta = self.load_meta(ref)
         if meta.archive_sha256 != ref.archive_sha256:
             raise CheckpointCorrupt(f"{ref.meta_key}: metadata names another archive than the workflow recorded")
+        if log is not None:
+            _check_prefix(ref, meta, log)
         image_id = self.backend.image_id()
         if image_id != meta.image_id:
             raise RuntimeUnavailable(
@@ -313,6 +324,8 @@ class SandboxHost:
                     )
                 channel.call(self._sock(sid),
                              {"op": "set_generation", "expected": info["generation"], "new": new_generation})
+                if log is not None:
+                    self._check_journal(ref, sid, new_generation, meta.step, log)
             except BaseException:
                 self.backend.fence(sid)
                 raise
@@ -327,6 +340,28 @@ class SandboxHost:
             raise CheckpointCorrupt(f"archive {meta.archive_key}: {exc}") from exc
         f.flush()
 
+    def _check_journal(self, ref: CheckpointRef, sid: str, generation: int, head: int,
+                       log: list[LoggedAction]) -> None:  # fmt: skip
+        """The restored journal's observation hashes for steps 1..head equal the log's.
+
+        Re-submitting a logged (trajectory, step) that the journal holds returns the
+        journaled observation and runs nothing; one the journal lacks at or below its head
+        is refused (OutOfOrder), never run. So this costs one local socket round trip per
+        step, needs no new supervisor operation, and compares exactly what a replay would:
+        `Observation.sha256` (a compacted entry keeps its hash).
+        """
+        for action in sorted((a for a in log if a.step <= head), key=lambda a: a.step):
+            try:
+                obs = self._run(sid, action.trajectory, action.step, generation, action.command, None)
+            except SandboxError as exc:
+                raise JournalMismatch(f"{ref.meta_key}: step {action.step} is not in the restored journal: {exc}") \
+                    from exc
+            if not obs.replayed_from_journal or obs.sha256 != action.observation_sha256:
+                raise JournalMismatch(
+                    f"{ref.meta_key}: the restored journal's observation of step {action.step} is not the "
+                    f"trajectory's (a checkpoint of another branch)"
+                )
+
     # ------------------------------------------------------------------ recover
     def recover(
         self,
@@ -336,13 +371,14 @@ class SandboxHost:
         *,
         mode: RecoveryMode = "full",
         spec: SandboxSpec | None = None,
-        allow_replay: bool = True,
     ) -> RecoverOutcome:
         """Bring the sandbox back at the log's last step and check every replayed observation.
 
-        `checkpoints` newest first; a corrupt or missing one falls back to the previous
-        one, then (if allowed) to a fresh sandbox replaying from the start. `actions` is
-        the log from step 1 (or at least from the oldest checkpoint's step + 1).
+        `checkpoints` newest first; a corrupt or missing one, or (mode "full") one that
+        does not belong to the log (`restore`'s checks), falls back to the previous one,
+        then to a fresh sandbox replaying from the start; each skip is in the outcome's
+        notes. `actions` is the log from step 1 (or at least from the oldest checkpoint's
+        step + 1). A failure past that carries the notes in its message.
         """
         spec = spec or SandboxSpec()
         new_gen = handle.generation + 1
@@ -365,10 +401,10 @@ class SandboxHost:
         if mode == "full":
             for ref in checkpoints:
                 try:
-                    new_handle, meta = self.restore(ref, new_gen)
+                    new_handle, meta = self.restore(ref, new_gen, log=actions)
                     start_step, source = meta.step, f"checkpoint@{meta.step}"
                     break
-                except (CheckpointCorrupt, JournalMismatch, RestoreFailed) as exc:
+                except (CheckpointCorrupt, CheckpointInconsistent, JournalMismatch, RestoreFailed) as exc:
                     notes.append(f"checkpoint {ref.meta_key} (step {ref.step}) unusable: {exc}")
         elif mode == "fs-only":
             for ref in checkpoints:
@@ -378,16 +414,19 @@ class SandboxHost:
                     break
                 except CheckpointCorrupt as exc:
                     notes.append(f"file-system snapshot of {ref.meta_key} unusable: {exc}")
-        if new_handle is None:
-            if mode == "full" and not allow_replay:
-                raise RestoreFailed("no checkpoint could be restored and replay is not allowed: " + "; ".join(notes))
-            if mode != "replay":
-                notes.append("falling back to replay from the start in a fresh sandbox")
-            with self._lock(handle.sandbox_id):
-                self.backend.fence(handle.sandbox_id)
-            new_handle = self.create(spec, sandbox_id=handle.sandbox_id, generation=new_gen)
-        restore_s = time.monotonic() - t0
-        return self._replay_and_compare(new_handle, actions, start_step, mode, source, notes, restore_s)
+        try:
+            if new_handle is None:
+                if mode != "replay":
+                    notes.append("falling back to replay from the start in a fresh sandbox")
+                with self._lock(handle.sandbox_id):
+                    self.backend.fence(handle.sandbox_id)
+                new_handle = self.create(spec, sandbox_id=handle.sandbox_id, generation=new_gen)
+            restore_s = time.monotonic() - t0
+            return self._replay_and_compare(new_handle, actions, start_step, mode, source, notes, restore_s)
+        except SandboxError as exc:
+            if notes:
+                exc.args = (f"{exc} (recovery notes: {'; '.join(notes)})", *exc.args[1:])
+            raise
 
     def _restore_fs_only(self, handle: SandboxHandle, ref: CheckpointRef, new_gen: int,
                          spec: SandboxSpec) -> tuple[SandboxHandle, int]:  # fmt: skip
@@ -489,6 +528,20 @@ class SandboxHost:
                         ", ".join(names), sandbox_id, self.host_queue, rec.generation, rec.host_queue,
                         rec.container)  # fmt: skip
         return names
+
+
+def _check_prefix(ref: CheckpointRef, meta: CheckpointMeta, log: list[LoggedAction]) -> None:
+    """The checkpoint's recorded token prefix is the context the log has after its step,
+    hence a prefix of the trajectory's current context; else it is from a discarded branch."""
+    at = next((a for a in log if a.step == meta.step), None)
+    if at is None or at.token_prefix_len is None:
+        return  # a log that records no contexts (the benchmarks) or starts later: nothing to compare
+    if (meta.token_prefix_len, meta.token_prefix_sha256) != (at.token_prefix_len, at.token_prefix_sha256):
+        raise CheckpointInconsistent(
+            f"{ref.meta_key} (step {meta.step}) recorded a context of {meta.token_prefix_len} tokens "
+            f"(sha256 {str(meta.token_prefix_sha256)[:12]}), the trajectory has {at.token_prefix_len} "
+            f"(sha256 {at.token_prefix_sha256[:12]}) there: a checkpoint of a discarded branch"
+        )
 
 
 def _damage(f) -> None:
