@@ -486,11 +486,12 @@ class SandboxHost:
         container left on a host that lost contact (its worker died, the lineage was
         restored on another host) still carries the old generation and would run the
         action. So every action and checkpoint first lists the lineage's records: one
-        LIST request, ~N ms against an action's ~M ms through the supervisor (`belayer
-        bench`-style timing in tests/sandbox/test_lineage_fencing.py's note), cheap
-        enough to pay on every call. A per-sandbox cache would miss exactly the case
-        that matters: a host that never restarted, whose cached generation equals the
-        stale handle's. A store error propagates (fail closed): the translator makes a
+        LIST request. Measured on the 2-core dev machine against local SeaweedFS
+        (200 calls): 4.4 ms median, 8 ms p90, while the cheapest action (`true`) takes
+        160-230 ms median through the supervisor -- 2-3 %, paid on every call. A
+        per-sandbox cache would miss exactly the case that matters: a host that never
+        restarted (cut off, not dead), whose cached generation equals the stale
+        handle's. A store error propagates (fail closed): the translator makes a
         transient one retryable.
         """
         newest = lineage.newest_generation(self.store, self.cfg.checkpoint_prefix, handle.sandbox_id)
