@@ -3,10 +3,12 @@
 Input is a reference to the context (token log key, length, sha256) and sampling
 parameters; output is the reference of the context with the generated tokens appended
 (the new segment is `[segment_start, prefix.length)`), the decoded text, the finish reason
-and the engine's timing. Token ids never cross Temporal except in heartbeats, where the
-tokens produced so far let a retry on another node resume mid-turn instead of starting
-over: with temperature > 0 each position draws from (seed, absolute position), so the
-resumed attempt produces exactly the tokens the failed one would have.
+and the engine's timing. Token ids never cross Temporal, heartbeats included: the tokens
+produced so far are written to the object store beside the token log, and the heartbeat
+carries their count, key and hash (`PartialTokens`), which lets a retry on another node
+resume mid-turn instead of starting over: with temperature > 0 each position draws from
+(seed, absolute position), so the resumed attempt produces exactly the tokens the failed
+one would have.
 
 Served by a rollout node worker (`python -m belayer.workers.rollout`) on the node's own
 task queue and on the shared rollout queue. No workflow code imports this module's
@@ -76,6 +78,14 @@ class GenerateResult(_Model):
     )
 
 
+class PartialTokens(_Model):
+    """What a generate heartbeat carries: where the tokens so far are stored, not the tokens."""
+
+    tokens: int = Field(ge=0, description="How many tokens the stored object holds.")
+    key: str | None = Field(None, description="Object key of the tokens so far (None: nothing stored yet).")
+    sha256: str | None = Field(None, description="sha256 of that object, checked on resume.")
+
+
 class RolloutActivities:
     """`generate` bound to one rollout node and one object store."""
 
@@ -107,7 +117,7 @@ class RolloutActivities:
         context = await asyncio.to_thread(read_prefix, self.store, args.prefix)  # verifies the sha256
         # A cut context is forked by the workflow's next append (`fork_to`), never here.
         log = TokenLog(self.store, args.prefix.key, prefix=encode_tokens(context))
-        resumed = _heartbeated_tokens()[: args.sampling.max_tokens]
+        resumed = (await asyncio.to_thread(self._resumed_tokens))[: args.sampling.max_tokens]
         sampling = args.sampling
         spec = SamplingSpec(
             max_tokens=sampling.max_tokens - len(resumed),
@@ -119,18 +129,22 @@ class RolloutActivities:
             ignore_eos=sampling.ignore_eos,
         )
         produced = list(resumed)
+        stored = bool(resumed) or activity.info().attempt > 1  # an earlier attempt may have stored some
         finish_reason, prefill_s, per_token_s, recoveries = "length", 0.0, 0.0, []
         if spec.max_tokens > 0:
             handle = await asyncio.to_thread(self.node.submit, context + resumed, spec, _attempt_id())
             try:
-                completion = await self._await_with_heartbeats(handle, resumed)
+                completion, stored_now = await self._await_with_heartbeats(handle, resumed, _partial_key(args.prefix))
             except asyncio.CancelledError:
                 self.node.cancel(handle.request_id, "activity cancelled")
                 raise
             produced += completion.token_ids
+            stored = stored or stored_now
             finish_reason, prefill_s = completion.finish_reason, completion.prefill_s
             per_token_s, recoveries = completion.decode_s_per_token, list(completion.recoveries)
         head = await asyncio.to_thread(log.append, produced)
+        if stored:
+            await asyncio.to_thread(self.store.delete, _partial_key(args.prefix))
         text = self.tokenizer.decode(produced, skip_special_tokens=True)
         for stop in sampling.stop:
             if stop in text:
@@ -153,28 +167,63 @@ class RolloutActivities:
             engine_recoveries=recoveries,
         )
 
-    async def _await_with_heartbeats(self, handle, resumed: list[int]):
-        """Heartbeat the tokens so far until the request is done.
+    async def _await_with_heartbeats(self, handle, resumed: list[int], partial_key: str):
+        """Heartbeat until the request is done, storing the tokens so far as they grow;
+        returns the completion and whether anything was stored.
 
         Reading them takes the node's lock, which a takeover or cold start holds for as
-        long as it runs (seconds). That read happens on a thread, so the event loop keeps
-        heartbeating the last tokens it saw and Temporal never mistakes a node that is
-        recovering for a dead worker.
+        long as it runs (seconds), and storing them is a network call: both happen on
+        threads, so the event loop keeps heartbeating the last *stored* state and
+        Temporal never mistakes a node that is recovering for a dead worker.
         """
         every = _heartbeat_every()
-        seen: list[int] = []
+        stored = PartialTokens(tokens=0)
         reading: asyncio.Future | None = None
+        storing: asyncio.Future | None = None
         while not handle.done():
             if reading is None:
                 reading = asyncio.ensure_future(asyncio.to_thread(handle.tokens_so_far))
             if reading.done():
-                seen = reading.result()
+                seen = resumed + reading.result()
                 reading = None
-            activity.heartbeat(resumed + seen)
+                if storing is None and len(seen) > stored.tokens:
+                    storing = asyncio.ensure_future(asyncio.to_thread(self._store_partial, partial_key, seen))
+            if storing is not None and storing.done():
+                stored = storing.result() if storing.exception() is None else stored
+                storing = None
+            activity.heartbeat(stored.model_dump())
             await asyncio.sleep(every)
-        if reading is not None:
-            await reading
-        return await asyncio.to_thread(handle.result, 0)
+        for pending in (reading, storing):
+            if pending is not None:
+                await asyncio.gather(pending, return_exceptions=True)
+        return await asyncio.to_thread(handle.result, 0), stored.key is not None
+
+    def _store_partial(self, key: str, tokens: list[int]) -> PartialTokens:
+        from belayer.storage.tokenlog import encode_tokens
+
+        ref = self.store.put_bytes(key, encode_tokens(tokens))
+        return PartialTokens(tokens=len(tokens), key=key, sha256=ref.sha256)
+
+    def _resumed_tokens(self) -> list[int]:
+        """The tokens a previous attempt stored and heartbeated; none when it stored nothing
+        or the object does not verify (the turn then starts over: same tokens, more time)."""
+        from belayer.storage.errors import StorageError
+        from belayer.storage.tokenlog import decode_tokens
+
+        details = activity.info().heartbeat_details
+        if not details:
+            return []
+        try:
+            partial = PartialTokens.model_validate(details[-1])
+        except ValueError:
+            return []
+        if partial.key is None or partial.tokens == 0:
+            return []
+        try:
+            tokens = decode_tokens(self.store.get_bytes(partial.key, expected_sha256=partial.sha256))
+        except (StorageError, ValueError):
+            return []
+        return tokens[: partial.tokens]
 
 
 def _heartbeat_every() -> float:
@@ -189,12 +238,11 @@ def _attempt_id() -> str:
     return f"{info.workflow_id}/{info.activity_id}/{info.attempt}"
 
 
-def _heartbeated_tokens() -> list[int]:
-    details = activity.info().heartbeat_details
-    if not details:
-        return []
-    tokens = details[-1]
-    return [int(t) for t in tokens] if isinstance(tokens, list) else []
+def _partial_key(prefix: PrefixRef) -> str:
+    """Where one turn's tokens so far live: beside the token log, one object per activity
+    (every attempt of it overwrites the same object)."""
+    info = activity.info()
+    return f"{prefix.key}.partial/{info.activity_id}-{prefix.length}"
 
 
 def translate_error(exc: BaseException) -> ApplicationError:

@@ -39,7 +39,9 @@ CHUNK = 1 << 20
 TAG_BYTES = 16
 _LEN = struct.Struct(">I")
 KEY_BYTES = 32
-ENCRYPTED_SUFFIXES = ("archive", "fs.tar")
+# Names (last key component) of what holds agent data: checkpoint archives and file-system
+# snapshots, observations and the step records of the trajectory log.
+ENCRYPTED_SUFFIXES = ("archive", "fs.tar", "observation", "record")
 
 
 def parse_key(text: str) -> bytes:

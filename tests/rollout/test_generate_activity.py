@@ -4,14 +4,15 @@ segment refs out, heartbeats that let a retry resume, non-retryable bad input.""
 from __future__ import annotations
 
 import dataclasses
+from datetime import timedelta
 
 import pytest
 from temporalio.exceptions import ApplicationError
 from temporalio.testing import ActivityEnvironment
 
-from belayer.activities.generate import GenerateArgs, RolloutActivities, SamplingParams
+from belayer.activities.generate import GenerateArgs, PartialTokens, RolloutActivities, SamplingParams
 from belayer.storage.store import ObjectStore
-from belayer.storage.tokenlog import PrefixRef, TokenLog, read_prefix
+from belayer.storage.tokenlog import PrefixRef, TokenLog, encode_tokens, read_prefix
 from belayer.workers.rollout.protocol import SamplingSpec
 from tests.rollout.conftest import NodeUnderTest, node_config
 
@@ -65,14 +66,47 @@ async def test_generate_appends_the_turn_to_the_token_log(activity_node, store):
     assert result.timing.total_s >= result.timing.prefill_s >= 0
 
 
+async def test_heartbeats_carry_a_count_and_a_stored_object_never_token_ids(activity_node, store):
+    ref = _context(store, "traj/h")
+    acts = RolloutActivities(activity_node, store, "rollout-test-node")
+    env = ActivityEnvironment()
+    env.info = dataclasses.replace(env.info, heartbeat_timeout=timedelta(seconds=0.1))
+    beats: list[PartialTokens] = []
+    env.on_heartbeat = lambda *details: beats.append(PartialTokens.model_validate(details[-1]))
+    sampling = SAMPLING.model_copy(update={"max_tokens": 400})
+    result = await env.run(acts.generate, GenerateArgs(prefix=ref, sampling=sampling))
+    produced = read_prefix(store, result.prefix)[len(PROMPT) :]
+    stored = [b for b in beats if b.key is not None]
+    assert stored, f"no heartbeat named stored tokens ({len(beats)} heartbeats)"
+    # Each named object held exactly the tokens so far when it was heartbeated; after the
+    # turn the object is gone (the token log holds the turn).
+    assert [b.tokens for b in stored] == sorted(b.tokens for b in stored) and stored[-1].tokens <= len(produced)
+    assert not store.exists(stored[-1].key)
+
+
 async def test_retry_resumes_from_heartbeated_tokens(activity_node, store):
     expected = _expected(activity_node)
     ref = _context(store, "traj/b")
     acts = RolloutActivities(activity_node, store, "rollout-test-node")
+    partial = store.put_bytes("traj/b.partial/earlier-attempt", encode_tokens(expected[:20] + [7, 7]))
     env = ActivityEnvironment()
-    env.info = dataclasses.replace(env.info, heartbeat_details=[expected[:20]], attempt=2)
+    details = PartialTokens(tokens=20, key=partial.key, sha256=partial.sha256).model_dump()
+    env.info = dataclasses.replace(env.info, heartbeat_details=[details], attempt=2)
     result = await env.run(acts.generate, GenerateArgs(prefix=ref, sampling=SAMPLING))
     assert result.resumed_tokens == 20
+    assert read_prefix(store, result.prefix)[len(PROMPT) :] == expected
+
+
+async def test_a_stored_partial_that_does_not_verify_starts_the_turn_over(activity_node, store):
+    expected = _expected(activity_node)
+    ref = _context(store, "traj/e")
+    acts = RolloutActivities(activity_node, store, "rollout-test-node")
+    partial = store.put_bytes("traj/e.partial/earlier-attempt", encode_tokens([5] * 20))
+    env = ActivityEnvironment()
+    forged = PartialTokens(tokens=20, key=partial.key, sha256="0" * 64).model_dump()
+    env.info = dataclasses.replace(env.info, heartbeat_details=[forged], attempt=2)
+    result = await env.run(acts.generate, GenerateArgs(prefix=ref, sampling=SAMPLING))
+    assert result.resumed_tokens == 0
     assert read_prefix(store, result.prefix)[len(PROMPT) :] == expected
 
 
@@ -97,8 +131,6 @@ async def test_token_outside_vocabulary_is_non_retryable(activity_node, store):
 
 
 # ------------------------------------------------------------------ through Temporal
-
-from datetime import timedelta  # noqa: E402
 
 from temporalio import workflow  # noqa: E402
 from temporalio.common import RetryPolicy  # noqa: E402
