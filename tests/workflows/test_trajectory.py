@@ -79,18 +79,21 @@ async def test_sandbox_killed_mid_trajectory_recovers_identically(stack):
     assert (result.token_sha256, result.env_sha256) == (reference.token_sha256, reference.env_sha256)
 
 
+CLOCK_TRACE = STATEFUL_TRACE.model_copy(update={
+    "id": "clock",
+    "turns": [
+        TraceTurn(think_tokens=8, bash="mkdir -p /workspace/w && cd /workspace/w"),
+        TraceTurn(think_tokens=8, bash="date +%s%N | tee /workspace/w/stamp"),
+        TraceTurn(think_tokens=8, bash="sleep 0.5; echo three"),
+        TraceTurn(think_tokens=8, bash="sleep 0.5; echo four"),
+        TraceTurn(think_tokens=8, bash="sleep 0.5; echo five"),
+    ],
+    "check": "test -s /workspace/w/stamp",
+})
+
+
 async def test_nondeterministic_action_after_restore_cuts_the_context(stack):
-    task = STATEFUL_TRACE.model_copy(update={
-        "id": "clock",
-        "turns": [
-            TraceTurn(think_tokens=8, bash="mkdir -p /workspace/w && cd /workspace/w"),
-            TraceTurn(think_tokens=8, bash="date +%s%N | tee stamp"),
-            TraceTurn(think_tokens=8, bash="echo three"),
-            TraceTurn(think_tokens=8, bash="echo four"),
-            TraceTurn(think_tokens=8, bash="echo five"),
-        ],
-        "check": "test -s /workspace/w/stamp",
-    })
+    task = CLOCK_TRACE
     # No checkpoints: the restore replays from the start, so `date` runs again and differs.
     handle = await start(stack, task, policy="none")
     progress = await wait_for_step(handle, 4)
@@ -116,18 +119,47 @@ async def test_long_trajectory_continues_as_new(stack):
     assert runs >= 3
 
 
-async def test_record_history_for_replay(stack, request):
-    """Refreshes tests/workflows/histories/ when BELAYER_RECORD_HISTORIES=1; else skipped."""
+async def test_record_history_for_replay(stack, monkeypatch):
+    """Refreshes tests/workflows/histories/ when BELAYER_RECORD_HISTORIES=1; else skipped.
+
+    Together the histories cover the workflow's paths: checkpoints every step and a
+    restore; adaptive decisions, a context cut and continue-as-new (every run of it); a
+    recovery that fails and ends the trajectory as failed_infra.
+    """
     import os
     from pathlib import Path
 
+    from belayer.sandbox import faults
+
     if os.environ.get("BELAYER_RECORD_HISTORIES") != "1":
         pytest.skip("set BELAYER_RECORD_HISTORIES=1 to re-record the checked-in histories")
+    out = Path(__file__).parent / "histories"
+    out.mkdir(exist_ok=True)
+
+    async def save(handle, name: str) -> None:
+        found = [(w.start_time, w.run_id) async for w in stack.client.list_workflows(f'WorkflowId = "{handle.id}"')]
+        runs = [run_id for _, run_id in sorted(found)]
+        for i, run_id in enumerate(runs, start=1):
+            history = await stack.client.get_workflow_handle(handle.id, run_id=run_id).fetch_history()
+            suffix = f"-run{i}" if len(runs) > 1 else ""
+            (out / f"{name}{suffix}.json").write_text(history.to_json())
+
     handle = await start(stack, STATEFUL_TRACE)
     progress = await wait_for_step(handle, 4)
     stack.sandboxes.backend.podman("kill", progress.sandbox.container, check=False)
-    await handle.result()
-    history = await handle.fetch_history()
-    out = Path(__file__).parent / "histories" / "stateful-with-sandbox-recovery.json"
-    out.parent.mkdir(exist_ok=True)
-    out.write_text(history.to_json())
+    assert (await handle.result()).status == "completed"
+    await save(handle, "stateful-with-sandbox-recovery")
+
+    handle = await start(stack, CLOCK_TRACE, policy="adaptive", continue_as_new_every=2)
+    progress = await wait_for_step(handle, 4)
+    stack.sandboxes.backend.podman("kill", progress.sandbox.container, check=False)
+    result = await handle.result()
+    assert result.status == "completed" and any(r.cut_after_step for r in result.recoveries), result
+    await save(handle, "adaptive-cut-continue-as-new")
+
+    handle = await start(stack, STATEFUL_TRACE, policy="none", max_recoveries=1)
+    await wait_for_step(handle, 3)
+    monkeypatch.setenv(faults.ENV, "sandbox_kill_during_exec")
+    result = await handle.result()
+    assert result.status == "failed_infra" and result.recoveries[-1].failed, result
+    await save(handle, "failed-recovery")
