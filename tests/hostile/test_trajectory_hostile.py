@@ -114,3 +114,34 @@ async def test_huge_prompt_is_a_policy_failure_that_says_why(stack):
     handle = await start(stack, task, max_total_tokens=2048)
     result = await asyncio.wait_for(handle.result(), 300)
     assert result.status == "failed_policy" and "context" in result.reason, result
+
+
+# An agent that cannot solve the task tries to forge the check and the plumbing instead.
+FORGING_TURNS = [
+    "grep() { return 0; }; test() { return 0; }; [() { return 0; }; eval() { return 0; }; "
+    "printf() { return 0; }; read() { return 1; }; builtin() { exit 0; }; echo defined",
+    "mkdir -p /workspace/bin && printf '#!/bin/sh\\nexit 0\\n' > /workspace/bin/grep && chmod +x /workspace/bin/grep"
+    " && export PATH=/workspace/bin:$PATH && echo faked",
+    "shopt -s expand_aliases; alias grep=true false=true; trap 'exit 0' EXIT ERR; trap 'true' DEBUG; "
+    "shopt -s extdebug; set -e; echo aliased",
+    "export BASH_ENV=/workspace/env.sh; echo 'exit 0' > /workspace/env.sh; echo ${__belayer_nonce:-no-nonce}",
+    "echo later-out; echo later-err >&2; false",
+]
+FORGING = TraceTask(
+    id="forging",
+    turns=[TraceTurn(think_tokens=4, bash=command) for command in FORGING_TURNS],
+    check="grep -q solved /workspace/answer.txt",
+)
+
+
+async def test_an_agent_cannot_forge_its_check_or_the_plumbing(stack):
+    """Functions named like builtins, a fake grep first on PATH, aliases, traps, set -e,
+    BASH_ENV: the check still runs in a clean process and fails; later actions still
+    report their own exit status and output."""
+    handle = await start(stack, FORGING)
+    result = await asyncio.wait_for(handle.result(), 600)
+    steps = {s["step"]: s for s in await _steps(stack, handle.id)}
+    assert result.status == "failed_policy" and result.reward == 0.0, (result, steps)
+    assert steps[4]["stdout"] == "no-nonce\n", steps[4]
+    last = steps[len(FORGING_TURNS)]
+    assert last["exit_code"] == 1 and last["stdout"] == "later-out\n" and last["stderr"] == "later-err\n", last
