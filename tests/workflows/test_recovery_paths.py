@@ -68,9 +68,10 @@ async def test_recover_whose_replay_kills_the_new_sandbox_ends_failed_infra(stac
     assert all("SandboxUnreachable" in r.notes[0] for r in result.recoveries), result.recoveries
 
 
-async def test_corrupt_checkpoints_and_a_fallback_create_that_times_out_end_failed_infra(stack):
+async def test_corrupt_checkpoints_and_a_fallback_create_that_times_out_end_failed_infra(stack, monkeypatch):
     """Every checkpoint archive is garbage and the fresh sandbox's supervisor does not come
-    up in time: the recover fails; its record names the skipped checkpoints."""
+    up in time: the recover fails; its record names the skipped checkpoints. (A checkpoint
+    still in flight when the archives are overwritten is damaged by the host's fault point.)"""
     handle = await start(stack, SLOW_TRACE, policy="every-step", max_recoveries=2)
     progress = await wait_for_recorded_steps(handle, 3)
     host = stack.sandboxes.host
@@ -79,6 +80,7 @@ async def test_corrupt_checkpoints_and_a_fallback_create_that_times_out_end_fail
     assert archives, "no checkpoint was taken"
     for key in archives:
         stack.store.put_bytes(key, b"garbage, not a checkpoint")
+    monkeypatch.setenv(faults.ENV, "sandbox_restore_damaged_archive")
     host.cfg = host.cfg.model_copy(update={"start_timeout_s": 1e-9})
     stack.sandboxes.backend.podman("kill", progress.sandbox.container, check=False)
     result = await result_within(handle)
