@@ -55,7 +55,7 @@ class ScriptedRollout:
                       for i in range(args.sampling.max_tokens)]
         if self.per_token_s:
             await asyncio.sleep(self.per_token_s * len(tokens))
-        activity.heartbeat(tokens)
+        activity.heartbeat({"tokens": len(tokens)})  # a count, as the real activity's
         head = await asyncio.to_thread(log.append, tokens)
         total = time.monotonic() - started
         return GenerateResult(

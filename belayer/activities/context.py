@@ -1,8 +1,13 @@
-"""Context activities: turn text (the task prompt, an observation) into token-log appends.
+"""Context activities: turn text (the task prompt, an observation) into token-log appends,
+and keep the trajectory's log (steps, decisions, recoveries) in the object store.
 
-The workflow never holds token ids. It asks these activities to start a trajectory's
-token log from its prompt, and to append an observation (its text, capped by the sandbox)
-before the next generation. They run on any worker that has the model's tokenizer.
+The workflow never holds token ids or observation texts. It asks these activities to
+start a trajectory's token log from its prompt, and after every action to append the
+stored observation (its text, capped by the sandbox) before the next generation -- the
+same call records the step and any completed decisions and recoveries in the
+trajectory's log, so a step costs no extra activity. They run on any worker that has the
+model's tokenizer and the object store (wrapped for archive encryption when configured,
+since observations and log records are encrypted at rest).
 """
 
 from __future__ import annotations
@@ -14,7 +19,10 @@ from pathlib import Path
 from pydantic import BaseModel, Field
 from temporalio import activity
 
+from belayer import trajectory_log
+from belayer.storage.recordlog import RecordLogRef
 from belayer.storage.tokenlog import PrefixRef
+from belayer.trajectory_log import LogEntries, StepRecord
 
 OBSERVATION_TEMPLATE = "\n<observation>\n{body}\n</observation>\n"
 PROMPT_TEMPLATE = (
@@ -24,22 +32,36 @@ PROMPT_TEMPLATE = (
 
 
 class StartContextArgs(BaseModel):
-    """A new token log at `log_key` holding the rendered prompt."""
+    """A new token log at `log_key` holding the rendered prompt, and an empty step log."""
 
     log_key: str = Field(min_length=1)
+    steps_key: str = Field(min_length=1, description="Key of the trajectory's first step-log branch.")
     instruction: str
 
 
 class AppendObservationArgs(BaseModel):
-    """Append an observation's text (already capped by the sandbox) after `prefix`.
+    """Append the observation of `step` (already capped by the sandbox) after `prefix`, and
+    record `step` in the step-log branch `steps_key`.
 
-    When `fork_to` is set the append goes to a new log forked from `prefix` (a context
-    cut after a restore): the old log keeps its history, untouched.
+    When `fork_to` is set the append goes to a new token log forked from `prefix` (a
+    context cut after a restore), and `steps_fork_from` starts the new step-log branch
+    from the steps the cut keeps: the old logs keep their history, untouched.
     """
 
+    trajectory_id: str
     prefix: PrefixRef
-    text: str
+    step: StepRecord
+    steps_key: str
     fork_to: str | None = None
+    steps_fork_from: RecordLogRef | None = None
+    entries: LogEntries = LogEntries()
+
+
+class FlushLogArgs(BaseModel):
+    """Decisions and recoveries the trajectory's last step left unwritten."""
+
+    trajectory_id: str
+    entries: LogEntries
 
 
 class ContextResult(BaseModel):
@@ -71,19 +93,42 @@ class ContextActivities:
     async def append_observation(self, args: AppendObservationArgs) -> ContextResult:
         return await asyncio.to_thread(self._append_observation, args)
 
+    @activity.defn(name="flush_log")
+    async def flush_log(self, args: FlushLogArgs) -> None:
+        await asyncio.to_thread(trajectory_log.write_entries, self.store, args.trajectory_id, args.entries)
+
+    def all(self) -> list:
+        return [self.start_context, self.append_observation, self.flush_log]
+
     def _start_context(self, args: StartContextArgs) -> ContextResult:
         from belayer.storage.tokenlog import TokenLog
 
         tokens = self.encode(PROMPT_TEMPLATE.format(instruction=args.instruction))
         log = TokenLog.create(self.store, args.log_key)
+        trajectory_log.start_steps(self.store, args.steps_key)
         return ContextResult(prefix=log.append(tokens), appended_tokens=len(tokens))
 
     def _append_observation(self, args: AppendObservationArgs) -> ContextResult:
+        from belayer.sandbox.observations import load_observation
         from belayer.storage.tokenlog import TokenLog
 
-        tokens = self.encode(OBSERVATION_TEMPLATE.format(body=args.text))
+        observation = load_observation(self.store, args.step.observation)
+        tokens = self.encode(OBSERVATION_TEMPLATE.format(body=observation_text(observation)))
         if args.fork_to:
             log = TokenLog.fork(self.store, args.prefix, args.fork_to)
         else:
             log = TokenLog.resume(self.store, args.prefix)
+        if args.steps_fork_from is not None:
+            trajectory_log.start_steps(self.store, args.steps_key, fork_from=args.steps_fork_from)
+        trajectory_log.write_step(self.store, args.steps_key, args.step)
+        trajectory_log.write_entries(self.store, args.trajectory_id, args.entries)
         return ContextResult(prefix=log.append(tokens), appended_tokens=len(tokens))
+
+
+def observation_text(observation) -> str:
+    """What the model reads of an observation: stdout, stderr, the exit status."""
+    parts = [observation.stdout]
+    if observation.stderr:
+        parts.append(observation.stderr)
+    parts.append(f"[exit {observation.exit_code}]")
+    return "\n".join(p for p in parts if p)

@@ -28,11 +28,14 @@ from belayer.sandbox.models import (
     Action,
     CheckpointRef,
     LoggedAction,
-    Observation,
+    ObservationRef,
     RecoverOutcome,
     SandboxHandle,
     SandboxSpec,
 )
+from belayer.sandbox.observations import store_observation
+from belayer.storage.recordlog import RecordLogRef
+from belayer.trajectory_log import StepRecord, read_steps
 
 SHARED_QUEUE = "belayer-sandbox"
 HEARTBEAT_EVERY_S = 5.0
@@ -66,7 +69,7 @@ class ExecArgs(_Model):
 
 
 class ExecResult(_Model):
-    observation: Observation
+    observation: ObservationRef = Field(description="The observation, stored; its text never enters a payload.")
 
 
 class CheckpointArgs(_Model):
@@ -82,16 +85,20 @@ class CheckpointResult(_Model):
 
 class RecoverArgs(_Model):
     handle: SandboxHandle
+    trajectory_id: str
     checkpoints: list[CheckpointRef] = Field(default_factory=list, description="Newest first.")
-    actions: list[LoggedAction] = Field(
-        default_factory=list, description="Logged actions, step order, with the context after each: a "
-        "checkpoint whose recorded prefix or journal disagrees with them is skipped as unusable.",
+    steps: RecordLogRef = Field(
+        description="The trajectory's step log (read here, never sent inline): the actions to replay, their "
+        "observation hashes, and the context after each -- a checkpoint whose recorded prefix or journal "
+        "disagrees with them is skipped as unusable.",
     )
     spec: SandboxSpec = Field(default_factory=SandboxSpec, description="For a replay from the start.")
 
 
 class RecoverResult(_Model):
-    outcome: RecoverOutcome
+    outcome: RecoverOutcome = Field(description="Without the mismatching observation's text (see below).")
+    mismatch_observation: ObservationRef | None = Field(None, description="The new observation, stored.")
+    mismatch_step: StepRecord | None = Field(None, description="The logged step that no longer matches.")
 
 
 class DestroyArgs(_Model):
@@ -166,7 +173,9 @@ class SandboxActivities:
     @_translated
     async def exec(self, args: ExecArgs) -> ExecResult:
         observation = await _blocking(self.host.exec, args.handle, args.action, isolated=args.isolated)
-        return ExecResult(observation=observation)
+        ref = await _blocking(store_observation, self.host.store, args.action.trajectory, args.action.step,
+                              args.handle.generation, observation)  # fmt: skip
+        return ExecResult(observation=ref)
 
     @activity.defn(name="sandbox.checkpoint")
     @_translated
@@ -180,8 +189,24 @@ class SandboxActivities:
     @activity.defn(name="sandbox.recover")
     @_translated
     async def recover(self, args: RecoverArgs) -> RecoverResult:
-        outcome = await _blocking(self.host.recover, args.handle, args.checkpoints, args.actions, spec=args.spec)
-        return RecoverResult(outcome=outcome)
+        return await _blocking(self._recover, args)
+
+    def _recover(self, args: RecoverArgs) -> RecoverResult:
+        steps = read_steps(self.host.store, args.steps)
+        logged = [
+            LoggedAction(trajectory=args.trajectory_id, step=s.step, command=s.command,
+                         observation_sha256=s.observation.sha256, token_prefix_len=s.context_after_action.length,
+                         token_prefix_sha256=s.context_after_action.sha256)
+            for s in steps
+        ]  # fmt: skip
+        outcome = self.host.recover(args.handle, args.checkpoints, logged, spec=args.spec)
+        if outcome.mismatch_observation is None:
+            return RecoverResult(outcome=outcome)
+        ref = store_observation(self.host.store, args.trajectory_id, outcome.mismatch_step,
+                                outcome.handle.generation, outcome.mismatch_observation)  # fmt: skip
+        step = next(s for s in steps if s.step == outcome.mismatch_step)
+        return RecoverResult(outcome=outcome.model_copy(update={"mismatch_observation": None}),
+                             mismatch_observation=ref, mismatch_step=step)  # fmt: skip
 
     @activity.defn(name="sandbox.destroy")
     @_translated

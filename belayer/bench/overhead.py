@@ -29,13 +29,15 @@ import uuid
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import click
 from pydantic import BaseModel
 
-from belayer.policy.adaptive import CheckpointPolicy, DecisionRecord
+from belayer.policy.adaptive import DecisionRecord, predictor_error
 from belayer.policy.config import PolicyConfig
 from belayer.policy.simulate import TraceStep, simulate
+from belayer.trajectory_log import open_store, read_decisions
 from belayer.workflows.models import RecoveryRecord, TrajectoryInput, TrajectoryProgress, TrajectoryResult
 from belayer.workloads.models import TraceTask
 
@@ -73,6 +75,7 @@ class Target:
     start: Callable[[TrajectoryInput], Awaitable]  # -> temporalio WorkflowHandle
     make_input: Callable[[TraceTask, PolicyConfig, str], TrajectoryInput]
     kill_sandbox: Callable[[str], str]  # container name -> what was done
+    store: Any  # the object store the trajectories log their decisions to
 
 
 # ---------------------------------------------------------------- schedule
@@ -109,9 +112,10 @@ async def run_trial(target: Target, task: TraceTask, policy: PolicyConfig, trial
         fault_step, fault_detail = await _kill_at_step(handle, target, fail_at)
     result: TrajectoryResult = await handle.result()
     wall = time.monotonic() - started
+    decisions = await asyncio.to_thread(read_decisions, target.store, result.log) if result.log else []
     return TrialResult(
         **trial.model_dump(), trajectory_id=trajectory_id, status=result.status, reason=result.reason,
-        wall_s=round(wall, 3), checkpoints=result.checkpoints, decisions=result.decisions,
+        wall_s=round(wall, 3), checkpoints=result.checkpoints, decisions=decisions,
         recoveries=result.recoveries, fault_step=fault_step, fault_detail=fault_detail,
     )
 
@@ -232,7 +236,7 @@ def _phases(task: TraceTask, trials: list[TrialResult], baseline: list[TrialResu
     checkpoints = [d for d in decisions if d.actual_checkpoint_s is not None]
     waits = [d.wait_s for d in checkpoints if d.wait_s is not None]
     actions = [s for t in trials for s in action_durations(t.decisions).values()]
-    errors = [CheckpointPolicy(decisions=t.decisions).predictor_error() for t in trials]
+    errors = [predictor_error(t.decisions) for t in trials]
     n = len(trials) or None
     return {
         "trajectories": len(trials),
@@ -410,7 +414,7 @@ def _stack_target(config, client) -> Target:
         return report.detail
 
     return Target(start=lambda input: start_trajectory(client, config, input), make_input=make_input,
-                  kill_sandbox=kill)
+                  kill_sandbox=kill, store=open_store(config.storage))
 
 
 @click.command("overhead")

@@ -172,6 +172,7 @@ def _register_optional_commands() -> None:
         (bench, "belayer.bench.worker_recovery", "worker_recovery"),
         (bench, "belayer.bench.overhead", "overhead"),
         (bench, "belayer.bench.chaos", "chaos"),
+        (bench, "belayer.bench.history", "long_trajectory"),
         (main, "belayer.model.cli", "model"),
     ]
     import importlib

@@ -318,17 +318,22 @@ async def _inspect(config, workflow_id: str) -> dict:
     except RPCError as exc:
         raise BelayerError(f"no trajectory {workflow_id!r} in namespace {config.temporal.namespace} ({exc}); "
                            "list them with the web UI or `temporal workflow list`") from None
-    steps, checkpoints, summary = await _walk_history(handle, client.data_converter)
+    from belayer.trajectory_log import open_store
+
+    steps, checkpoints, summary = await _walk_history(handle, client.data_converter, open_store(config.storage))
     return {"id": workflow_id, "status": description.status.name if description.status else "?",
             "ui": ui_link(config, workflow_id), "steps": steps, "checkpoints": checkpoints, **summary}
 
 
-async def _walk_history(handle, converter):
+async def _walk_history(handle, converter, store):
     """Actions and observations as the history recorded them (works for closed runs too);
-    `converter` is the client's, so encrypted payloads are decoded too."""
+    `converter` is the client's, so encrypted payloads are decoded too; observations and
+    the decision log are read from `store`, where the workers wrote them."""
     from temporalio.api.enums.v1 import EventType
 
     from belayer.activities.sandbox import CheckpointResult, ExecArgs, ExecResult
+    from belayer.sandbox.observations import load_observation
+    from belayer.trajectory_log import read_decisions
     from belayer.workflows.models import TrajectoryResult
 
     scheduled: dict[int, tuple[str, object]] = {}
@@ -347,7 +352,8 @@ async def _walk_history(handle, converter):
             attrs = event.activity_task_completed_event_attributes
             name, arg = scheduled.get(attrs.scheduled_event_id, ("?", None))
             if name == "sandbox.exec":
-                obs = (await converter.decode(attrs.result.payloads, [ExecResult]))[0].observation
+                ref = (await converter.decode(attrs.result.payloads, [ExecResult]))[0].observation
+                obs = await asyncio.to_thread(load_observation, store, ref)
                 steps.append({"step": arg.action.step, "command": arg.action.command,
                               "exit_code": obs.exit_code, "stdout": obs.stdout[:300],
                               "stderr": obs.stderr[:300], "duration_s": round(obs.duration_s, 3),
@@ -359,8 +365,8 @@ async def _walk_history(handle, converter):
             payloads = event.workflow_execution_completed_event_attributes.result.payloads
             if payloads:
                 result = (await converter.decode(payloads, [TrajectoryResult]))[0]
-                summary = {"result": {k: v for k, v in result.model_dump().items() if k != "decisions"},
-                           "decisions": [d.model_dump() for d in result.decisions]}
+                decisions = await asyncio.to_thread(read_decisions, store, result.log) if result.log else []
+                summary = {"result": result.model_dump(), "decisions": [d.model_dump() for d in decisions]}
     waits = sum(d.get("wait_s") or 0.0 for d in summary.get("decisions", []))
     summary["timing"] = clock.summary(turns=len(steps), checkpoint_wait_s=waits)
     return steps, checkpoints, summary
@@ -450,7 +456,7 @@ def _print_inspection(report: dict) -> None:
             out.print(f"  recovery at step {rec['step']}: {rec['reason'][:80]} → {rec['source']}, "
                       f"replayed {rec['replayed_steps']}, consistent={rec['consistent']}")
     if report.get("decisions"):
-        from belayer.policy.adaptive import CheckpointPolicy, DecisionRecord
+        from belayer.policy.adaptive import DecisionRecord, predictor_error
 
         def secs(value) -> str:
             return "-" if value is None else f"{value:.2f}"
@@ -463,6 +469,6 @@ def _print_inspection(report: dict) -> None:
                           secs(d.estimated_checkpoint_s), secs(d.actual_checkpoint_s), secs(d.wait_s),
                           str(d.unprotected_steps), d.reason[:60])
         out.print(table)
-        error = CheckpointPolicy(decisions=decisions).predictor_error()
+        error = predictor_error(decisions)
         out.print(f"predictor error (mean relative): generation {secs(error['generation_mean_rel_error'])}, "
                   f"checkpoint {secs(error['checkpoint_mean_rel_error'])}")

@@ -54,8 +54,38 @@ class DecisionRecord(BaseModel):
         return self.verdict != "skip"
 
 
+class PredictorError(BaseModel):
+    """Running sums of both predictors' relative errors, so the decisions themselves need
+    not be kept to report them (a trajectory's decisions live in its log)."""
+
+    generation_sum: float = 0.0
+    generation_n: int = 0
+    checkpoint_sum: float = 0.0
+    checkpoint_n: int = 0
+
+    def add_generation(self, predicted: float, actual: float) -> None:
+        if actual:
+            self.generation_sum += abs(predicted - actual) / actual
+            self.generation_n += 1
+
+    def add_checkpoint(self, estimated: float, actual: float) -> None:
+        if actual:
+            self.checkpoint_sum += abs(estimated - actual) / actual
+            self.checkpoint_n += 1
+
+    def means(self) -> dict[str, float | None]:
+        return {
+            "generation_mean_rel_error": self.generation_sum / self.generation_n if self.generation_n else None,
+            "checkpoint_mean_rel_error": self.checkpoint_sum / self.checkpoint_n if self.checkpoint_n else None,
+        }
+
+
 class CheckpointPolicy(BaseModel):
-    """Predictors, unprotected-work accounting and the decision log of one trajectory."""
+    """Predictors, unprotected-work accounting and the latest decisions of one trajectory.
+
+    `decisions` holds the recent ones only: the workflow moves completed decisions to the
+    trajectory's log and drops them here (`forget_decisions`), so the state stays bounded.
+    """
 
     config: PolicyConfig = PolicyConfig()
     generations: list[GenerationSample] = []
@@ -63,6 +93,9 @@ class CheckpointPolicy(BaseModel):
     unprotected_steps: int = 0
     unprotected_replay_s: float = 0.0
     decisions: list[DecisionRecord] = []
+    decided: int = Field(0, description="Decisions made so far; the last of them is decisions[-1].")
+    checkpointed: int = Field(0, description="Decisions so far that took a checkpoint.")
+    error: PredictorError = PredictorError()
 
     # -- measurements the workflow reports -------------------------------------------
 
@@ -70,6 +103,7 @@ class CheckpointPolicy(BaseModel):
         self.generations = [*self.generations, sample][-self.config.history :]
         if self.decisions and self.decisions[-1].actual_generation_s is None:
             self.decisions[-1].actual_generation_s = sample.total_s
+            self.error.add_generation(self.decisions[-1].predicted_generation_s, sample.total_s)
 
     def observe_action(self, duration_s: float) -> None:
         """An action ran: it is unprotected until the next checkpoint covers it."""
@@ -83,6 +117,7 @@ class CheckpointPolicy(BaseModel):
             self.decisions[-1].actual_checkpoint_s = sample.duration_s
             self.decisions[-1].actual_checkpoint_mb = sample.size_mb
             self.decisions[-1].wait_s = wait_s
+            self.error.add_checkpoint(self.decisions[-1].estimated_checkpoint_s, sample.duration_s)
 
     def observe_checkpoint_failed(self) -> None:
         """The checkpoint decided last failed: its actions are unprotected again."""
@@ -143,9 +178,17 @@ class CheckpointPolicy(BaseModel):
             unprotected_replay_s=round(self.unprotected_replay_s, 6),
         )
         self.decisions = [*self.decisions, record]
+        self.decided += 1
         if record.checkpointed:
+            self.checkpointed += 1
             self.mark_protected()
         return record
+
+    def forget_decisions(self, upto: int) -> None:
+        """Drop decisions 1..upto (logged elsewhere); the latest one always stays."""
+        first_kept = self.decided - len(self.decisions) + 1
+        drop = min(max(upto - first_kept + 1, 0), len(self.decisions) - 1)
+        self.decisions = self.decisions[drop:]
 
     def _verdict(self, predicted: float, estimated: float) -> tuple[Verdict, str]:
         cfg = self.config
@@ -170,21 +213,19 @@ class CheckpointPolicy(BaseModel):
     # -- reporting -------------------------------------------------------------------
 
     def predictor_error(self) -> dict[str, float | None]:
-        """Mean absolute relative error of both predictors over completed decisions."""
-        gen = [
-            abs(d.predicted_generation_s - d.actual_generation_s) / d.actual_generation_s
-            for d in self.decisions
-            if d.actual_generation_s
-        ]
-        ckpt = [
-            abs(d.estimated_checkpoint_s - d.actual_checkpoint_s) / d.actual_checkpoint_s
-            for d in self.decisions
-            if d.actual_checkpoint_s
-        ]
-        return {
-            "generation_mean_rel_error": _mean(gen) if gen else None,
-            "checkpoint_mean_rel_error": _mean(ckpt) if ckpt else None,
-        }
+        """Mean absolute relative error of both predictors over every completed decision."""
+        return self.error.means()
+
+
+def predictor_error(decisions: list[DecisionRecord]) -> dict[str, float | None]:
+    """The same means computed from a list of decisions (a trajectory's log)."""
+    error = PredictorError()
+    for d in decisions:
+        if d.actual_generation_s:
+            error.add_generation(d.predicted_generation_s, d.actual_generation_s)
+        if d.actual_checkpoint_s:
+            error.add_checkpoint(d.estimated_checkpoint_s, d.actual_checkpoint_s)
+    return error.means()
 
 
 def _mean(values: list[float] | list[int]) -> float:

@@ -14,7 +14,6 @@ KINDS = {
     "sandbox.exec": "action",
     "sandbox.checkpoint": "checkpoint",
     "sandbox.recover": "recover",
-    "sandbox.restore": "recover",
     "sandbox.create": "setup",
     "start_context": "context",
     "append_observation": "context",

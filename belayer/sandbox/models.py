@@ -61,7 +61,10 @@ class Observation(_Model):
     binary: bool = Field(description="The output was not valid UTF-8.")
     duration_s: float = Field(ge=0, description="Wall time of the action inside the sandbox.")
     timed_out: bool = Field(description="The action hit its timeout and was killed.")
-    shell_respawned: bool = Field(description="The shell was replaced; `note` says what was kept.")
+    shell_respawned: bool = Field(
+        description="The action's shell ended without handing on its state (killed on timeout, replaced by "
+        "exec): the next action starts from the state of the action before; `note` says so."
+    )
     note: str = Field("", description="What the supervisor did beyond running the command.")
     replayed_from_journal: bool = Field(
         False, description="A repeated action id: this is the journaled observation, nothing ran."
@@ -102,6 +105,20 @@ class Observation(_Model):
             replayed_from_journal=replayed,
             sha256=sha,
         )
+
+
+class ObservationRef(_Model):
+    """What crosses Temporal of an observation: where it is stored, its hashes, and the few
+    facts the workflow decides on. The text itself stays in the object store."""
+
+    key: str = Field(description="Object key of the stored Observation (JSON).")
+    object_sha256: str = Field(description="sha256 of the stored object, checked on every read.")
+    sha256: str = Field(description="Observation.sha256: what replay-verify compares.")
+    exit_code: int
+    duration_s: float = Field(ge=0)
+    timed_out: bool
+    truncated: bool
+    replayed_from_journal: bool
 
 
 def observation_hash(exit_code: int, stdout: bytes, stderr: bytes, timed_out: bool) -> str:

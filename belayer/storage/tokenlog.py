@@ -30,9 +30,12 @@ import hashlib
 import json
 import re
 import sys
+import threading
 from array import array
+from collections import OrderedDict
 from collections.abc import Iterable
 from concurrent.futures import ThreadPoolExecutor
+from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -102,6 +105,12 @@ class TokenLog:
         self._hasher = hashlib.sha256(prefix)
 
     @classmethod
+    def _at(cls, store: ObjectStore, key: str, length: int, hasher) -> TokenLog:
+        log = cls(store, key)
+        log._length, log._hasher = length, hasher
+        return log
+
+    @classmethod
     def create(cls, store: ObjectStore, key: str) -> TokenLog:
         """A new, empty log at `key` (idempotent: an existing log of the same kind is reopened empty,
         and replayed appends of the same tokens then succeed)."""
@@ -117,7 +126,15 @@ class TokenLog:
 
     @classmethod
     def resume(cls, store: ObjectStore, ref: PrefixRef) -> TokenLog:
-        """Continue appending to `ref.key` after `ref` (the prefix is read and verified)."""
+        """Continue appending to `ref.key` after `ref` (the prefix is read and verified).
+
+        When this process made `ref` itself (its last append), the hash state is taken
+        from memory instead: segments are write-once, so what this process appended is
+        still there, and a trajectory's turns cost O(1) reads instead of O(turns).
+        """
+        hasher = _HEADS.recall(store, ref)
+        if hasher is not None:
+            return cls._at(store, ref.key, ref.length, hasher)
         return cls(store, ref.key, prefix=_read_verified(store, ref))
 
     @property
@@ -145,10 +162,41 @@ class TokenLog:
             ) from None
         self._hasher.update(data)
         self._length += len(data) // 4
-        return self.head
+        head = self.head
+        _HEADS.remember(self.store, head, self._hasher)
+        return head
 
     def read_prefix(self, ref: PrefixRef) -> list[int]:
         return read_prefix(self.store, ref)
+
+
+class _RecentHeads:
+    """Hash states of the refs this process appended last, by (store, key, length, sha256)."""
+
+    def __init__(self, kept: int = 4096):
+        self.kept = kept
+        self.lock = threading.Lock()
+        self.states: OrderedDict[tuple, Any] = OrderedDict()
+
+    @staticmethod
+    def _where(store: ObjectStore, ref: PrefixRef) -> tuple:
+        cfg = getattr(store, "cfg", None)
+        place = (cfg.endpoint, cfg.bucket, cfg.key_prefix) if cfg is not None else id(store)
+        return (place, ref.key.rstrip("/"), ref.length, ref.sha256)
+
+    def remember(self, store: ObjectStore, ref: PrefixRef, hasher) -> None:
+        with self.lock:
+            self.states[self._where(store, ref)] = hasher.copy()
+            while len(self.states) > self.kept:
+                self.states.popitem(last=False)
+
+    def recall(self, store: ObjectStore, ref: PrefixRef):
+        with self.lock:
+            hasher = self.states.get(self._where(store, ref))
+            return hasher.copy() if hasher is not None else None
+
+
+_HEADS = _RecentHeads()
 
 
 def read_prefix(store: ObjectStore, ref: PrefixRef) -> list[int]:

@@ -14,6 +14,7 @@ from belayer.policy.adaptive import CheckpointPolicy, DecisionRecord
 from belayer.policy.config import PolicyConfig
 from belayer.sandbox.models import CheckpointRef, SandboxHandle
 from belayer.storage.tokenlog import PrefixRef
+from belayer.trajectory_log import RecoveryRecord, StepRecord, TrajectoryLogRef  # noqa: F401 (re-exported)
 from belayer.workloads.models import Task
 
 TrajectoryStatus = Literal["running", "completed", "failed_policy", "failed_infra"]
@@ -47,38 +48,11 @@ class TrajectoryInput(_Model):
     policy: PolicyConfig = PolicyConfig()
     queues: TaskQueues = TaskQueues()
     max_total_tokens: int = Field(32768, ge=1, description="Token budget of the whole context.")
-    max_recoveries: int = Field(8, ge=0, description="Sandbox recoveries before giving up as failed_infra.")
+    max_recoveries: int = Field(8, ge=0, le=64, description="Sandbox recoveries before giving up as failed_infra.")
     continue_as_new_every: int = Field(
         100, ge=1, description="Steps per workflow run; history restarts after that many."
     )
     carried: TrajectoryState | None = Field(None, description="Set by continue-as-new only.")
-
-
-class StepRecord(_Model):
-    """One executed step, as the context saw it."""
-
-    step: int = Field(ge=1)
-    command: str
-    observation_sha256: str
-    exit_code: int
-    context_after_action: PrefixRef = Field(description="Context up to and including this action.")
-
-
-class RecoveryRecord(_Model):
-    """One recovery: what failed, how it came back, what it cost."""
-
-    kind: Literal["sandbox"]
-    step: int = Field(description="Step whose action was in flight when the failure surfaced.")
-    reason: str
-    source: str = Field(description="Checkpoint step restored, replay from the start, or 'failed'.")
-    failed: bool = Field(False, description="The recover itself failed (its new sandbox was lost too, or "
-                         "nothing could be restored); `notes` says why.")
-    replayed_steps: int
-    consistent: bool
-    notes: list[str] = Field([], description="Checkpoints skipped as unusable and fallbacks taken, and why.")
-    cut_after_step: int | None = Field(None, description="Context cut after this action (mismatch).")
-    tokens_discarded: int = 0
-    time_lost_s: float
 
 
 class TrajectoryState(_Model):
@@ -88,10 +62,12 @@ class TrajectoryState(_Model):
     context: PrefixRef | None = None
     node_queue: str | None = Field(None, description="Rollout node that served the last turn.")
     sandbox: SandboxHandle | None = None
-    steps: list[StepRecord] = []
+    log: TrajectoryLogRef | None = Field(None, description="Steps, decisions and recoveries in the object store.")
     checkpoints: list[CheckpointRef] = Field([], description="Newest first, a few kept.")
     policy: CheckpointPolicy = CheckpointPolicy()
-    recoveries: list[RecoveryRecord] = []
+    recoveries: list[RecoveryRecord] = Field(
+        [], description="Every recovery so far (also in the log): at most max_recoveries of them."
+    )
     generations: int = 0
     stopped: bool = False
     log_generation: int = Field(0, description="Bumped on each context cut (a forked token log).")
@@ -109,7 +85,8 @@ class TrajectoryProgress(_Model):
     checkpoints_taken: int
     latest_checkpoint_step: int | None
     recoveries: list[RecoveryRecord]
-    recent_decisions: list[DecisionRecord]
+    decisions: int = Field(0, description="Checkpoint decisions so far (one after each action).")
+    recent_decisions: list[DecisionRecord] = Field(description="The latest ones; all are in the log.")
     predictor_error: dict[str, float | None]
     sandbox: SandboxHandle | None
 
@@ -128,7 +105,10 @@ class TrajectoryResult(_Model):
     env_sha256: str | None
     recoveries: list[RecoveryRecord]
     checkpoints: int
-    decisions: list[DecisionRecord]
+    log: TrajectoryLogRef | None = Field(
+        None, description="Steps, every checkpoint decision and recovery, in the object store "
+        "(belayer.trajectory_log.read_steps / read_decisions / read_recoveries)."
+    )
 
 
 TrajectoryInput.model_rebuild()

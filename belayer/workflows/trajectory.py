@@ -26,6 +26,7 @@ with workflow.unsafe.imports_passed_through():
     from belayer.activities.context import (
         AppendObservationArgs,
         ContextResult,
+        FlushLogArgs,
         StartContextArgs,
     )
     from belayer.activities.generate import GenerateArgs, GenerateResult, SamplingParams
@@ -43,7 +44,9 @@ with workflow.unsafe.imports_passed_through():
         WorkspaceHashResult,
     )
     from belayer.policy.adaptive import CheckpointSample, GenerationSample
-    from belayer.sandbox.models import Action, LoggedAction, Observation, SandboxSpec
+    from belayer.sandbox.models import Action, ObservationRef, SandboxSpec
+    from belayer.storage.recordlog import RecordLogRef
+    from belayer.trajectory_log import LogEntries, TrajectoryLogRef, steps_key
     from belayer.workflows.actions import malformed_observation, parse_action
     from belayer.workflows.models import (
         RecoveryRecord,
@@ -85,13 +88,12 @@ class InfraFailure(Exception):
 
 class ContextCut(Exception):
     """A recovery found that the sandbox now answers step `record.step` differently: the
-    state is cut back to that action; the turn loop records the new observation and
-    generates again from there."""
+    state is cut back to that action; the turn loop records the new observation (in
+    `record`) and generates again from there."""
 
-    def __init__(self, record: StepRecord, observation: Observation):
+    def __init__(self, record: StepRecord):
         super().__init__(f"context cut after step {record.step}")
         self.record = record
-        self.observation = observation
 
 
 @workflow.defn(name="TrajectoryWorkflow")
@@ -115,10 +117,11 @@ class TrajectoryWorkflow:
             status=self.status,
             step=state.step,
             tokens=state.context.length if state.context else 0,
-            checkpoints_taken=sum(1 for d in state.policy.decisions if d.checkpointed),
+            checkpoints_taken=state.policy.checkpointed,
             latest_checkpoint_step=state.checkpoints[0].step if state.checkpoints else None,
             recoveries=state.recoveries,
-            recent_decisions=state.policy.decisions[-20:],
+            decisions=state.policy.decided,
+            recent_decisions=state.policy.decisions,
             predictor_error=state.policy.predictor_error(),
             sandbox=state.sandbox,
         )
@@ -135,7 +138,7 @@ class TrajectoryWorkflow:
                 try:
                     return await self._turns_then_finish()
                 except ContextCut as cut:
-                    await self._record_step(cut.record, cut.observation)
+                    await self._record_step(cut.record)
         except (InfraFailure, SandboxLost) as failure:
             return await self._fail_infra(str(failure))
 
@@ -164,10 +167,13 @@ class TrajectoryWorkflow:
         except SandboxLost as lost:
             raise InfraFailure(f"sandbox.create failed: {lost.reason}") from None
         self.state.sandbox = created.handle
+        self.state.log = TrajectoryLogRef(
+            trajectory_id=self.input.trajectory_id, steps=RecordLogRef(key=self._steps_key(), length=0),
+        )
         instruction = task.instruction if isinstance(task, ModelTask) else f"replay trace {task.id}"
         started = await self._context_activity(
             "start_context",
-            StartContextArgs(log_key=self._log_key(), instruction=instruction),
+            StartContextArgs(log_key=self._log_key(), steps_key=self._steps_key(), instruction=instruction),
             summary="tokenize the prompt into a new token log",
         )
         self.state.context = started.prefix
@@ -195,18 +201,16 @@ class TrajectoryWorkflow:
             "sandbox.exec", lambda handle: ExecArgs(handle=handle, action=action), ExecResult,
             summary=f"step {action.step}: {_first_line(command)}",
         )
-        observation = executed.observation
         await self._record_step(StepRecord(
-            step=action.step, command=command, observation_sha256=observation.sha256,
-            exit_code=observation.exit_code, context_after_action=generation.prefix,
-        ), observation)
+            step=action.step, command=command, observation=executed.observation,
+            context_after_action=generation.prefix,
+        ))
 
-    async def _record_step(self, record: StepRecord, observation: Observation) -> None:
+    async def _record_step(self, record: StepRecord) -> None:
         """Log an executed step (or the step a cut rewrote) and append its observation."""
-        self.state.steps.append(record)
-        self.state.policy.observe_action(observation.duration_s)
+        self.state.policy.observe_action(record.observation.duration_s)
         self._maybe_checkpoint(record.context_after_action)
-        await self._append_observation(observation)
+        await self._append_observation(record)
 
     def _action_from(self, generation: GenerateResult) -> str | None:
         task = self.input.task
@@ -302,10 +306,10 @@ class TrajectoryWorkflow:
                 raise InfraFailure(f"sandbox lost again after {self.input.max_recoveries} recoveries: {reason}")
             started = workflow.now()
             try:
-                outcome = (await self._sandbox_activity(
+                result = await self._sandbox_activity(
                     "sandbox.recover", self._recover_args(), RecoverResult, queue=self.input.queues.sandbox,
                     summary=f"recover sandbox at step {self.state.step}: {reason[:80]}",
-                )).outcome
+                )
             except (SandboxLost, InfraFailure) as failed:
                 self.state.recoveries.append(RecoveryRecord(
                     kind="sandbox", step=self.state.step, reason=reason, source="failed", failed=True,
@@ -317,6 +321,7 @@ class TrajectoryWorkflow:
                 reason = f"recovery failed: {failed}"
                 continue
             break
+        outcome = result.outcome
         self.state.sandbox = outcome.handle
         record = RecoveryRecord(
             kind="sandbox", step=self.state.step, reason=reason, source=outcome.source,
@@ -324,39 +329,28 @@ class TrajectoryWorkflow:
             time_lost_s=(workflow.now() - started).total_seconds(),
         )
         self.state.recoveries.append(record)
-        if not outcome.consistent and outcome.mismatch_step is not None:
-            raise ContextCut(*self._cut_context(outcome.mismatch_step, outcome.mismatch_observation, record))
+        if result.mismatch_step is not None and result.mismatch_observation is not None:
+            raise ContextCut(self._cut_context(result.mismatch_step, result.mismatch_observation, record))
 
     def _recover_args(self) -> RecoverArgs:
-        """The log as the host replays and verifies it: each step's command, observation hash
-        and the context after its action (what a checkpoint after that step recorded)."""
-        logged = [
-            LoggedAction(trajectory=self.input.trajectory_id, step=s.step, command=s.command,
-                         observation_sha256=s.observation_sha256,
-                         token_prefix_len=s.context_after_action.length,
-                         token_prefix_sha256=s.context_after_action.sha256)
-            for s in self.state.steps
-        ]
-        return RecoverArgs(handle=self.state.sandbox, checkpoints=self.state.checkpoints, actions=logged,
+        """The host reads the step log itself (commands, observation hashes, the context
+        after each action) and replays and verifies from it."""
+        return RecoverArgs(handle=self.state.sandbox, trajectory_id=self.input.trajectory_id,
+                           checkpoints=self.state.checkpoints, steps=self.state.log.steps,
                            spec=SandboxSpec(setup_commands=self.input.task.setup))
 
-    def _cut_context(self, step: int, observation: Observation, record: RecoveryRecord):
-        """Cut after action `step`: its new observation replaces the logged one, later steps go."""
-        kept = [s for s in self.state.steps if s.step < step]
-        at = next(s for s in self.state.steps if s.step == step)
-        record.cut_after_step = step
+    def _cut_context(self, at: StepRecord, observation: ObservationRef, record: RecoveryRecord) -> StepRecord:
+        """Cut after action `at.step`: its new observation replaces the logged one, later
+        steps go (the next append starts a new branch of the token and step logs)."""
+        record.cut_after_step = at.step
         record.tokens_discarded = self.state.context.length - at.context_after_action.length
-        self.state.steps = kept
-        # Checkpoints from step `step` on hold the future the cut discards.
-        self.state.checkpoints = [c for c in self.state.checkpoints if c.step < step]
-        self.state.step = step
+        # Checkpoints from step `at.step` on hold the future the cut discards.
+        self.state.checkpoints = [c for c in self.state.checkpoints if c.step < at.step]
+        self.state.step = at.step
         self.state.stopped = False  # the model has not seen the new observation: it goes on
         self.state.context = at.context_after_action
         self.state.log_generation += 1
-        new_record = at.model_copy(update={
-            "observation_sha256": observation.sha256, "exit_code": observation.exit_code,
-        })
-        return new_record, observation
+        return at.model_copy(update={"observation": observation})
 
     # ---------------------------------------------------------------- checkpoints
 
@@ -407,20 +401,63 @@ class TrajectoryWorkflow:
 
     # ---------------------------------------------------------------- context
 
-    async def _append_observation(self, observation: Observation) -> None:
-        fork_to = None
+    async def _append_observation(self, record: StepRecord) -> None:
+        """Append the step's stored observation to the context and record the step, the
+        completed decisions and any new recoveries in the trajectory's log (one activity).
+        After a cut, both logs start a new branch from what the cut keeps."""
+        log = self.state.log
+        fork_to, steps_fork_from = None, None
         if self.state.log_generation and not self.state.context.key.endswith(f"/v{self.state.log_generation}"):
             fork_to = self._log_key()
+        if log.steps.key != self._steps_key():
+            steps_fork_from = RecordLogRef(key=log.steps.key, length=record.step - 1)
+        entries = self._unwritten_entries(keep_latest_decision=True)
         result = await self._context_activity(
             "append_observation",
-            AppendObservationArgs(prefix=self.state.context, text=_observation_text(observation),
-                                  fork_to=fork_to),
-            summary=f"step {self.state.step}: append observation (exit {observation.exit_code})",
+            AppendObservationArgs(trajectory_id=self.input.trajectory_id, prefix=self.state.context, step=record,
+                                  steps_key=self._steps_key(), fork_to=fork_to, steps_fork_from=steps_fork_from,
+                                  entries=entries),
+            summary=f"step {record.step}: append observation (exit {record.observation.exit_code})",
         )
         self.state.context = result.prefix
+        self._entries_written(entries, steps=RecordLogRef(key=self._steps_key(), length=record.step))
+
+    def _unwritten_entries(self, *, keep_latest_decision: bool) -> LogEntries:
+        """Decisions and recoveries not in the log yet. The latest decision is complete only
+        once the next generation and its checkpoint are over: it waits unless the end came."""
+        log, policy = self.state.log, self.state.policy
+        first_held = policy.decided - len(policy.decisions) + 1
+        done = policy.decided - 1 if keep_latest_decision else policy.decided
+        decisions = [d for n, d in enumerate(policy.decisions, first_held) if log.decisions < n <= done]
+        return LogEntries(decisions_from=log.decisions + 1, decisions=decisions,
+                          recoveries_from=log.recoveries + 1, recoveries=self.state.recoveries[log.recoveries:])
+
+    def _entries_written(self, entries: LogEntries, *, steps: RecordLogRef | None = None) -> None:
+        log = self.state.log
+        self.state.log = log.model_copy(update={
+            "steps": steps or log.steps,
+            "decisions": log.decisions + len(entries.decisions),
+            "recoveries": log.recoveries + len(entries.recoveries),
+        })
+        self.state.policy.forget_decisions(self.state.log.decisions)
+
+    async def _flush_log(self) -> None:
+        """The end: whatever the last step left unwritten goes to the log."""
+        if self.state.log is None:
+            return
+        entries = self._unwritten_entries(keep_latest_decision=False)
+        if entries.decisions or entries.recoveries:
+            await self._context_activity(
+                "flush_log", FlushLogArgs(trajectory_id=self.input.trajectory_id, entries=entries),
+                summary="write the last decisions and recoveries to the trajectory's log", result_type=None,
+            )
+            self._entries_written(entries)
 
     def _log_key(self) -> str:
         return f"trajectories/{self.input.trajectory_id}/tokens/v{self.state.log_generation}"
+
+    def _steps_key(self) -> str:
+        return steps_key(self.input.trajectory_id, self.state.log_generation)
 
     # ---------------------------------------------------------------- the end
 
@@ -429,6 +466,7 @@ class TrajectoryWorkflow:
         reward = 0.0 if exhausted else await self._reward()
         env_hash = await self._workspace_hash()
         await self._destroy()
+        await self._flush_log()
         status: TrajectoryStatus = "completed" if reward == 1.0 else "failed_policy"
         self._set_status(status)
         return self._result(status, reward=reward, env_sha256=env_hash, reason=exhausted or "")
@@ -479,6 +517,10 @@ class TrajectoryWorkflow:
         if self.pending_checkpoint is not None:
             self.pending_checkpoint.cancel()
         await self._destroy()
+        try:
+            await self._flush_log()
+        except InfraFailure:
+            pass  # the result below still carries the recoveries; the log misses the last few
         self._set_status("failed_infra")
         return self._result("failed_infra", reason=reason, reward=None, env_sha256=None)
 
@@ -489,8 +531,7 @@ class TrajectoryWorkflow:
             reason=reason, turns=state.step, tokens=state.context.length if state.context else 0,
             reward=reward, token_sha256=state.context.sha256 if state.context else None,
             env_sha256=env_sha256, recoveries=state.recoveries,
-            checkpoints=sum(1 for d in state.policy.decisions if d.checkpointed),
-            decisions=state.policy.decisions,
+            checkpoints=state.policy.checkpointed, log=state.log,
         )
 
     # ---------------------------------------------------------------- plumbing
@@ -525,10 +566,10 @@ class TrajectoryWorkflow:
                 raise SandboxLost(f"{kind or 'host timeout'}: {_cause(err)}") from None
             raise InfraFailure(f"{name} failed: {_cause(err)}") from None
 
-    async def _context_activity(self, name, args, *, summary) -> ContextResult:
+    async def _context_activity(self, name, args, *, summary, result_type=ContextResult):
         try:
             return await workflow.execute_activity(
-                name, args, result_type=ContextResult, task_queue=self.input.queues.context,
+                name, args, result_type=result_type, task_queue=self.input.queues.context,
                 start_to_close_timeout=timedelta(seconds=30), retry_policy=STORAGE_RETRY, summary=summary,
             )
         except ActivityError as err:
@@ -566,11 +607,3 @@ def _first_line(text: str, limit: int = 60) -> str:
 
 def _shell_quote(text: str) -> str:
     return "'" + text.replace("'", "'\\''") + "'"
-
-
-def _observation_text(observation: Observation) -> str:
-    parts = [observation.stdout]
-    if observation.stderr:
-        parts.append(observation.stderr)
-    parts.append(f"[exit {observation.exit_code}]")
-    return "\n".join(p for p in parts if p)

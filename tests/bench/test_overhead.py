@@ -129,7 +129,7 @@ async def test_interleaved_run_with_one_killed_sandbox_per_mode(stack):
         return "podman kill"
 
     policy = PolicyConfig(mode="adaptive", max_unprotected_steps=2)
-    report = await run_bench(Target(start=start, make_input=make_input, kill_sandbox=kill), TASK, policy,
+    report = await run_bench(Target(start=start, make_input=make_input, kill_sandbox=kill, store=stack.store), TASK, policy,
                              rounds=1, inject=True, fail_at=2)
     json.dumps(report)
     assert TOP_KEYS <= set(report) and "incomplete" not in report

@@ -105,7 +105,8 @@ async def _steps(stack, workflow_id: str):
     """The executed steps, from the history (what `belayer inspect` shows)."""
     from belayer.cli.run import _walk_history
 
-    steps, _, _ = await _walk_history(stack.client.get_workflow_handle(workflow_id), stack.client.data_converter)
+    steps, _, _ = await _walk_history(stack.client.get_workflow_handle(workflow_id), stack.client.data_converter,
+                                      stack.store)
     return steps
 
 

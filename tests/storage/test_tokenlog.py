@@ -152,3 +152,32 @@ def test_manifest_stays_small_with_many_turns(store, storage_config):
         log.append(turn)
     manifest = RawBucket(storage_config).head("traj/m/manifest.json")
     assert manifest["ContentLength"] < 200
+
+
+class CountingStore:
+    """The store, counting the reads a resume makes."""
+
+    def __init__(self, inner):
+        self.inner, self.reads = inner, 0
+
+    def __getattr__(self, name):
+        return getattr(self.inner, name)
+
+    def get_bytes(self, *args, **kwargs):
+        self.reads += 1
+        return self.inner.get_bytes(*args, **kwargs)
+
+
+def test_resuming_the_last_append_of_this_process_reads_nothing(store):
+    log = TokenLog.create(store, "traj/long")
+    for turn in range(40):
+        head = log.append([turn, turn + 1])
+    counting = CountingStore(store)
+    resumed = TokenLog.resume(counting, head)
+    assert counting.reads == 0 and resumed.head == head
+    after = resumed.append([7])
+    assert after == prefix_ref("traj/long", read_prefix(store, head) + [7])
+    # A ref this process never appended is read and verified as before.
+    older = prefix_ref("traj/long", read_prefix(store, head)[:21])  # not an append boundary
+    TokenLog.resume(counting, older)
+    assert counting.reads > 0

@@ -77,7 +77,7 @@ async def trajectory_stack(stack_config, storage_config, tokenizer_path, *, repl
     sandbox_activities = SandboxActivities(boxes.host)
     workers = {
         "workflow": Worker(client, task_queue=queues.context, workflows=[TrajectoryWorkflow],
-                           activities=[context.start_context, context.append_observation]),
+                           activities=context.all()),
         "rollout": Worker(client, task_queue=queues.rollout, activities=[rollout.generate]),
         "sandbox-shared": Worker(client, task_queue=queues.sandbox, activities=sandbox_activities.all()),
         "sandbox-host": Worker(client, task_queue=boxes.host.host_queue, activities=sandbox_activities.all()),

@@ -48,7 +48,7 @@ async def wait_for_recorded_steps(handle: WorkflowHandle, steps: int) -> Traject
     """Until `steps` steps are logged (a decision is recorded after each action's observation)."""
     for _ in range(1200):
         progress = await handle.query("progress", result_type=TrajectoryProgress)
-        if len(progress.recent_decisions) >= steps:
+        if progress.decisions >= steps:
             return progress
         await asyncio.sleep(0.05)
     raise AssertionError(f"trajectory never logged {steps} steps")

@@ -16,19 +16,19 @@ from belayer.config import BelayerConfig, load_config
 async def serve(config: BelayerConfig) -> None:
     from belayer.activities.context import ContextActivities
     from belayer.model.build import model_path
-    from belayer.storage.store import ObjectStore
+    from belayer.trajectory_log import open_store
     from belayer.workers.runner import run_worker
     from belayer.workflows.trajectory import TrajectoryWorkflow
 
     tokenizer = model_path(config.rollout.model, config.cache_dir) / "tokenizer.json"
-    context = ContextActivities(ObjectStore(config.storage), tokenizer)
+    context = ContextActivities(open_store(config.storage), tokenizer)
     await run_worker(
         config.temporal,
         encryption_key=config.storage.encryption_key,
         role="trajectory",
         task_queues=[config.temporal.workflow_task_queue],
         workflows=[TrajectoryWorkflow],
-        activities=[context.start_context, context.append_observation],
+        activities=context.all(),
     )
 
 
