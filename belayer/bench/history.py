@@ -7,8 +7,11 @@ live in the trajectory's log in the object store, observations travel as pointer
 runs one trace trajectory of many turns on the running stack (`belayer up`) and
 reports, over every run of its continue-as-new chain, the largest history, the largest
 single payload, and how the carried state grows from the first run to the last.
-Simulated: the turns are a trace (each action prints a line), so the engine's time is
-the trace's few tokens per turn.
+Simulated: the engine. The turns are a trace (each action prints a line, a few "think"
+tokens a turn), served by `belayer.testing.ScriptedRollout` on a queue of the bench's
+own: thousands of turns outgrow any small model's context, and what is measured --
+histories and payloads -- does not depend on who drew the tokens. The sandbox host, the
+workflow worker, Temporal and the object store are the running stack's.
 """
 
 from __future__ import annotations
@@ -85,10 +88,12 @@ def _carried_state_bytes(history) -> int:
 def long_trace(turns: int, output_bytes: int):
     from belayer.workloads.models import TraceTask, TraceTurn
 
-    line = "x" * max(0, output_bytes - 12)
+    # The output comes from the sandbox, not from the command's text: the task (which every
+    # run's input carries) stays small.
+    output = f"; head -c {output_bytes} /dev/zero | tr '\\0' x; echo" if output_bytes else ""
     return TraceTask(
         id=f"long-{turns}",
-        turns=[TraceTurn(think_tokens=2, bash=f"echo turn-{i} {line}") for i in range(1, turns + 1)],
+        turns=[TraceTurn(think_tokens=2, bash=f"echo turn-{i}{output}") for i in range(1, turns + 1)],
         check="test -d /workspace",
     )
 
@@ -115,25 +120,38 @@ def long_trajectory(ctx: click.Context, turns: int, every: int, output_bytes: in
     err = Console(stderr=True)
 
     async def main() -> dict:
+        from temporalio.worker import Worker
+
+        from belayer.model.build import model_path
+        from belayer.storage.store import ObjectStore
+        from belayer.testing import ScriptedRollout
+
         client = await connect(config.temporal, config.storage.encryption_key)
         task = long_trace(turns, output_bytes)
         trajectory_id = f"long-{turns}-{int(time.time())}"
+        engine_queue = f"belayer-bench-scripted-{trajectory_id}"
+        tokenizer = model_path(config.rollout.model, config.cache_dir) / "tokenizer.json"
+        engine = ScriptedRollout(ObjectStore(config.storage), tokenizer, node_queue=engine_queue)
+        input = trajectory_input(config, task)
         # A context budget that the trace cannot exhaust: this measures histories, not budgets.
-        input = trajectory_input(config, task).model_copy(update={
-            "trajectory_id": trajectory_id, "continue_as_new_every": every, "max_total_tokens": 10_000_000,
+        input = input.model_copy(update={
+            "trajectory_id": trajectory_id, "continue_as_new_every": every, "max_total_tokens": 100_000_000,
             "policy": PolicyConfig(mode="adaptive"),
+            "queues": input.queues.model_copy(update={"rollout": engine_queue}),
         })
         started = time.monotonic()
-        handle = await start_trajectory(client, config, input)
-        waiter = asyncio.ensure_future(handle.result())
-        while not waiter.done():
-            await asyncio.wait({waiter}, timeout=30)
-            progress = await _progress(client, trajectory_id)
-            err.print(f"{time.monotonic() - started:7.0f}s  step {progress}/{turns}", highlight=False)
-        result = waiter.result()
+        async with Worker(client, task_queue=engine_queue, activities=[engine.generate]):
+            handle = await start_trajectory(client, config, input)
+            waiter = asyncio.ensure_future(handle.result())
+            while not waiter.done():
+                await asyncio.wait({waiter}, timeout=30)
+                progress = await _progress(client, trajectory_id)
+                err.print(f"{time.monotonic() - started:7.0f}s  step {progress}/{turns}", highlight=False)
+            result = waiter.result()
         sizes = await history_sizes(client, trajectory_id)
         return {"trajectory_id": trajectory_id, "turns": turns, "continue_as_new_every": every,
-                "status": result.status, "wall_s": round(time.monotonic() - started, 1),
+                "status": result.status, "reason": result.reason, "tokens": result.tokens,
+                "wall_s": round(time.monotonic() - started, 1),
                 "payload_limit_bytes": TEMPORAL_PAYLOAD_LIMIT, "history_limit_bytes": TEMPORAL_HISTORY_LIMIT,
                 **{k: v for k, v in sizes.items() if k != "per_run"}}
 

@@ -128,14 +128,26 @@ class TokenLog:
     def resume(cls, store: ObjectStore, ref: PrefixRef) -> TokenLog:
         """Continue appending to `ref.key` after `ref` (the prefix is read and verified).
 
-        When this process made `ref` itself (its last append), the hash state is taken
-        from memory instead: segments are write-once, so what this process appended is
-        still there, and a trajectory's turns cost O(1) reads instead of O(turns).
+        When this process has seen a shorter prefix of the same log (it appended or read
+        it), only the segments after it are read, hashed on from the remembered state and
+        checked against `ref.sha256`: segments are write-once, so a trajectory's turns
+        cost O(1) reads instead of O(turns) even when two processes (the engine and the
+        context worker) take turns appending.
         """
-        hasher = _HEADS.recall(store, ref)
-        if hasher is not None:
-            return cls._at(store, ref.key, ref.length, hasher)
-        return cls(store, ref.key, prefix=_read_verified(store, ref))
+        key = ref.key.rstrip("/")
+        seen = _HEADS.latest(store, key)
+        if seen is not None and seen[0] <= ref.length:
+            length, hasher = seen
+            tail = _read_forward(store, key, length, ref.length)
+            if tail is not None:
+                hasher.update(tail)
+                if hasher.hexdigest() == ref.sha256:
+                    log = cls._at(store, key, ref.length, hasher)
+                    _HEADS.remember(store, key, ref.length, hasher)
+                    return log
+        log = cls(store, key, prefix=_read_verified(store, ref))
+        _HEADS.remember(store, key, ref.length, log._hasher)
+        return log
 
     @property
     def head(self) -> PrefixRef:
@@ -162,38 +174,59 @@ class TokenLog:
             ) from None
         self._hasher.update(data)
         self._length += len(data) // 4
-        head = self.head
-        _HEADS.remember(self.store, head, self._hasher)
-        return head
+        _HEADS.remember(self.store, self.key, self._length, self._hasher)
+        return self.head
 
     def read_prefix(self, ref: PrefixRef) -> list[int]:
         return read_prefix(self.store, ref)
 
 
 class _RecentHeads:
-    """Hash states of the refs this process appended last, by (store, key, length, sha256)."""
+    """Per log (in one bucket and key prefix): the longest prefix this process has seen,
+    as (length, hash state); the least recently used logs are forgotten."""
 
     def __init__(self, kept: int = 4096):
         self.kept = kept
         self.lock = threading.Lock()
-        self.states: OrderedDict[tuple, Any] = OrderedDict()
+        self.states: OrderedDict[tuple, tuple[int, Any]] = OrderedDict()
 
     @staticmethod
-    def _where(store: ObjectStore, ref: PrefixRef) -> tuple:
+    def _where(store: ObjectStore, key: str) -> tuple:
         cfg = getattr(store, "cfg", None)
         place = (cfg.endpoint, cfg.bucket, cfg.key_prefix) if cfg is not None else id(store)
-        return (place, ref.key.rstrip("/"), ref.length, ref.sha256)
+        return (place, key)
 
-    def remember(self, store: ObjectStore, ref: PrefixRef, hasher) -> None:
+    def remember(self, store: ObjectStore, key: str, length: int, hasher) -> None:
+        where = self._where(store, key)
         with self.lock:
-            self.states[self._where(store, ref)] = hasher.copy()
+            known = self.states.get(where)
+            if known is None or known[0] <= length:
+                self.states[where] = (length, hasher.copy())
+            self.states.move_to_end(where)
             while len(self.states) > self.kept:
                 self.states.popitem(last=False)
 
-    def recall(self, store: ObjectStore, ref: PrefixRef):
+    def latest(self, store: ObjectStore, key: str) -> tuple[int, Any] | None:
         with self.lock:
-            hasher = self.states.get(self._where(store, ref))
-            return hasher.copy() if hasher is not None else None
+            known = self.states.get(self._where(store, key))
+            return (known[0], known[1].copy()) if known is not None else None
+
+
+def _read_forward(store: ObjectStore, key: str, start: int, length: int) -> bytes | None:
+    """Tokens [start, length) of the log's own segments, read by their known keys (each
+    segment starts where the last ended); None when they do not line up with `length`."""
+    out = bytearray()
+    position = start
+    while position < length:
+        try:
+            blob = store.get_bytes(_segment_key(key, position))
+        except ObjectNotFound:
+            return None
+        if not blob or len(blob) % 4:
+            return None
+        out += blob
+        position += len(blob) // 4
+    return bytes(out) if position == length else None
 
 
 _HEADS = _RecentHeads()

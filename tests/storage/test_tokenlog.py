@@ -181,3 +181,22 @@ def test_resuming_the_last_append_of_this_process_reads_nothing(store):
     older = prefix_ref("traj/long", read_prefix(store, head)[:21])  # not an append boundary
     TokenLog.resume(counting, older)
     assert counting.reads > 0
+
+
+def test_resuming_after_another_process_appended_reads_only_the_new_segments(store):
+    from belayer.storage.tokenlog import _segment_key
+
+    log = TokenLog.create(store, "traj/shared")
+    for turn in range(10):
+        log.append([turn, turn])
+    tokens = read_prefix(store, log.head)
+    for turn in range(3):  # another process (the engine) appends three turns
+        store.put_bytes(_segment_key("traj/shared", len(tokens)), encode_tokens([9, turn]), if_absent=True)
+        tokens += [9, turn]
+    counting = CountingStore(store)
+    resumed = TokenLog.resume(counting, prefix_ref("traj/shared", tokens))
+    assert counting.reads == 3
+    # A ref whose hash does not match what the segments say is refused, not trusted.
+    with pytest.raises(CorruptObject):
+        TokenLog.resume(counting, PrefixRef(key="traj/shared", length=len(tokens), sha256="0" * 64))
+    assert resumed.append([1]).length == len(tokens) + 1
