@@ -11,7 +11,7 @@ from __future__ import annotations
 import hashlib
 import os
 import shutil
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import BinaryIO
 
@@ -89,6 +89,15 @@ class LocalDirStore:
     def delete(self, key: str) -> None:
         for p in (self._path(key), self._path(key).with_name(self._path(key).name + ".sha256")):
             p.unlink(missing_ok=True)
+
+    def list(self, prefix: str = "") -> Iterator[str]:
+        """Keys under `prefix`, in key order (as S3 lists them)."""
+        keys = (
+            p.relative_to(self.root).as_posix()
+            for p in self.root.rglob("*")
+            if p.is_file() and not p.name.endswith((".sha256", ".tmp"))
+        )
+        yield from sorted(k for k in keys if k.startswith(prefix))
 
     def delete_prefix(self, prefix: str) -> int:
         base = self._path(prefix.rstrip("/")) if prefix.strip("/") else self.root
