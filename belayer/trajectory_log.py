@@ -96,6 +96,13 @@ def recoveries_key(trajectory_id: str) -> str:
     return f"trajectories/{trajectory_id}/recoveries"
 
 
+def start_log(store: Any, trajectory_id: str, steps: str) -> None:
+    """A trajectory's log, empty: its first step-log branch, its decisions and recoveries.
+    Created once, so the writes of every later step need no manifest."""
+    for key in (steps, decisions_key(trajectory_id), recoveries_key(trajectory_id)):
+        RecordLog.create(store, key)
+
+
 def start_steps(store: Any, key: str, *, fork_from: RecordLogRef | None = None) -> None:
     """A new branch of the step log: empty, or inheriting `fork_from`'s steps (a context cut)."""
     if fork_from is None:
@@ -114,7 +121,7 @@ def write_entries(store: Any, trajectory_id: str, entries: LogEntries) -> None:
         (recoveries_key(trajectory_id), entries.recoveries_from, entries.recoveries),
     ):
         if records:
-            log = RecordLog.create(store, key)
+            log = RecordLog(store, key)
             for offset, record in enumerate(records):
                 log.put(first + offset, record.model_dump(mode="json"))
 

@@ -32,9 +32,11 @@ PROMPT_TEMPLATE = (
 
 
 class StartContextArgs(BaseModel):
-    """A new token log at `log_key` holding the rendered prompt, and an empty step log."""
+    """A new token log at `log_key` holding the rendered prompt, and the trajectory's empty
+    log (steps at `steps_key`, decisions, recoveries)."""
 
     log_key: str = Field(min_length=1)
+    trajectory_id: str
     steps_key: str = Field(min_length=1, description="Key of the trajectory's first step-log branch.")
     instruction: str
 
@@ -105,7 +107,7 @@ class ContextActivities:
 
         tokens = self.encode(PROMPT_TEMPLATE.format(instruction=args.instruction))
         log = TokenLog.create(self.store, args.log_key)
-        trajectory_log.start_steps(self.store, args.steps_key)
+        trajectory_log.start_log(self.store, args.trajectory_id, args.steps_key)
         return ContextResult(prefix=log.append(tokens), appended_tokens=len(tokens))
 
     def _append_observation(self, args: AppendObservationArgs) -> ContextResult:

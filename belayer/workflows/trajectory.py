@@ -167,16 +167,17 @@ class TrajectoryWorkflow:
         except SandboxLost as lost:
             raise InfraFailure(f"sandbox.create failed: {lost.reason}") from None
         self.state.sandbox = created.handle
-        self.state.log = TrajectoryLogRef(
-            trajectory_id=self.input.trajectory_id, steps=RecordLogRef(key=self._steps_key(), length=0),
-        )
         instruction = task.instruction if isinstance(task, ModelTask) else f"replay trace {task.id}"
         started = await self._context_activity(
             "start_context",
-            StartContextArgs(log_key=self._log_key(), steps_key=self._steps_key(), instruction=instruction),
+            StartContextArgs(log_key=self._log_key(), trajectory_id=self.input.trajectory_id,
+                             steps_key=self._steps_key(), instruction=instruction),
             summary="tokenize the prompt into a new token log",
         )
         self.state.context = started.prefix
+        self.state.log = TrajectoryLogRef(
+            trajectory_id=self.input.trajectory_id, steps=RecordLogRef(key=self._steps_key(), length=0),
+        )
 
     def _finished(self) -> bool:
         task, state = self.input.task, self.state

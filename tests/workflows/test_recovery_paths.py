@@ -20,7 +20,7 @@ from belayer.sandbox import faults
 from belayer.workflows.models import TrajectoryProgress, TrajectoryResult
 from belayer.workloads.models import ModelTask, TraceTask, TraceTurn
 from tests.workflows.conftest import trajectory_stack
-from tests.workflows.test_trajectory import start, wait_for_step
+from tests.workflows.test_trajectory import start, wait_for_progress, wait_for_step
 
 pytestmark = [pytest.mark.stack, pytest.mark.sandbox]
 
@@ -46,12 +46,7 @@ async def result_within(handle: WorkflowHandle) -> TrajectoryResult:
 
 async def wait_for_recorded_steps(handle: WorkflowHandle, steps: int) -> TrajectoryProgress:
     """Until `steps` steps are logged (a decision is recorded after each action's observation)."""
-    for _ in range(1200):
-        progress = await handle.query("progress", result_type=TrajectoryProgress)
-        if progress.decisions >= steps:
-            return progress
-        await asyncio.sleep(0.05)
-    raise AssertionError(f"trajectory never logged {steps} steps")
+    return await wait_for_progress(handle, lambda p: p.decisions >= steps, f"logged {steps} steps", tries=1200)
 
 
 async def test_recover_whose_replay_kills_the_new_sandbox_ends_failed_infra(stack, monkeypatch):

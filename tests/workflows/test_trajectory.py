@@ -38,13 +38,18 @@ async def start(stack, task, policy="every-step", **kwargs):
     )
 
 
-async def wait_for_step(handle, step: int) -> TrajectoryProgress:
-    for _ in range(600):
+async def wait_for_progress(handle, done, what: str, tries: int = 600) -> TrajectoryProgress:
+    """Query `progress` until `done(progress)`; fail saying `what` never happened."""
+    for _ in range(tries):
         progress = await handle.query("progress", result_type=TrajectoryProgress)
-        if progress.step >= step:
+        if done(progress):
             return progress
         await asyncio.sleep(0.05)
-    raise AssertionError(f"trajectory never reached step {step}")
+    raise AssertionError(f"trajectory never {what}")
+
+
+async def wait_for_step(handle, step: int) -> TrajectoryProgress:
+    return await wait_for_progress(handle, lambda p: p.step >= step, f"reached step {step}")
 
 
 async def test_trace_completes_and_repeats_identically(stack):
