@@ -118,7 +118,7 @@ def _caught_up_s(run: _Run, event) -> float:
 def measure_recovery(
     config: RolloutConfig, model_dir, requests: int, prompt_tokens: int, max_tokens: int, kill_after: int, say
 ) -> dict:
-    from belayer.workers.rollout.supervisor import RolloutNode
+    from belayer.workers.rollout.node import RolloutNode
 
     node = RolloutNode(config, model_dir)
     say(f"starting node ({config.model}, {config.dtype}, weights {config.weight_mode})")
@@ -190,7 +190,7 @@ def measure_weight_mode(
     config: RolloutConfig, model_dir, requests: int, prompt_tokens: int, max_tokens: int, say
 ) -> dict:
     """Memory per engine and decode throughput of one weight mode (no fault)."""
-    from belayer.workers.rollout.supervisor import RolloutNode
+    from belayer.workers.rollout.node import RolloutNode
 
     node = RolloutNode(config, model_dir)
     say(f"weight mode {config.weight_mode}: starting node")

@@ -58,6 +58,18 @@ class RolloutConfig(Section):
         le=86400,
         description="Background re-check of weight checksums by the owner; 0 disables it.",
     )
+    publish_policy: Literal["finish_on_old", "continue_on_new"] = Field(
+        "continue_on_new",
+        description=(
+            "What requests in flight during a weights publish do: continue_on_new pauses them and "
+            "continues on the new version (KV rebuilt by re-prefill; the fresher policy, the default); "
+            "finish_on_old lets them finish on the old version while new requests wait. Every token "
+            "carries the version that produced it either way."
+        ),
+    )
+    publish_timeout_s: float = Field(
+        600.0, gt=0, le=86400, description="How long a publish (stage, seal, both engines switched) may take."
+    )
     shadow: bool = Field(True, description="Keep a pre-initialized shadow engine for takeover.")
     engine_threads: int = Field(
         0, ge=0, le=1024, description="Torch threads per engine process; 0 lets vLLM decide."

@@ -1,7 +1,8 @@
 """An engine worker process: one in-process vLLM engine serving the node's leader role.
 
 Its loop is small: take control messages, step the engine when it holds the lease and has
-work, stream token deltas, heartbeat. It writes the KV arena only while it holds the lease
+work, stream token deltas (with each token's logprob and the weights version of the step),
+heartbeat. A weights switch happens between two steps, so a step never mixes versions. It writes the KV arena only while it holds the lease
 (its mapping is read-only before) and checks the lease epoch before every step, so a
 fenced engine that was somehow still running stops instead of writing.
 """
@@ -27,10 +28,15 @@ from belayer.workers.rollout.protocol import (
     MemoryReport,
     QueryMemory,
     Rejected,
+    SketchResult,
     StepOutput,
     Stop,
+    SwitchFailed,
+    SwitchWeights,
     TakeLease,
     TokenDelta,
+    VerifySketch,
+    WeightsSwitched,
 )
 
 
@@ -47,7 +53,9 @@ def engine_main(spec: EngineSpec, conn: Connection) -> None:
         conn.send(Failed(f"engine ({spec.role}) failed to start: {type(exc).__name__}: {exc}"))
         return
     rss, private, _shared = memory_of(os.getpid())
-    conn.send(EngineReady(os.getpid(), time.perf_counter() - t0, loop.digest, rss, private))
+    conn.send(
+        EngineReady(os.getpid(), time.perf_counter() - t0, loop.digest, rss, private, loop.weights_version)
+    )
     loop.run()
 
 
@@ -62,6 +70,9 @@ class EngineLoop:
         self.engine = vllm_hooks.build_engine(spec)
         self.faults = faults.active()
         self.digest = vllm_hooks.device_digest()
+        self.weights_version = spec.weights_version
+        self.sketch = vllm_hooks.weights_sketch(self.engine)  # of weights the owner just verified
+        self.next_position: dict[str, int] = {}  # engine request id -> position of its next token
         self.tokens_streamed = 0
         self.last_sent = time.monotonic()
         self.running = True
@@ -86,6 +97,13 @@ class EngineLoop:
             self.add(msg)
         elif isinstance(msg, AbortRequest):
             self.engine.abort_request([msg.engine_request_id])
+            self._forget(msg.engine_request_id)
+        elif isinstance(msg, SwitchWeights):
+            self.switch(msg)
+        elif isinstance(msg, VerifySketch):
+            t0 = time.perf_counter()
+            ok = self.hooks.weights_sketch(self.engine) == self.sketch
+            self.send(SketchResult(ok, time.perf_counter() - t0))
         elif isinstance(msg, TakeLease):
             self.take_lease()
         elif isinstance(msg, HealthCheck):
@@ -104,11 +122,34 @@ class EngineLoop:
             self.send(Rejected(msg.engine_request_id, "engine does not hold the arena lease"))
             return
         self._fault("engine_crash_before_decode", lambda f: True)
-        params = self.hooks.sampling_params(msg.spec, msg.max_tokens, len(msg.prompt_ids))
+        params = self.hooks.sampling_params(
+            msg.spec, msg.max_tokens, len(msg.prompt_ids), msg.engine_request_id
+        )
         try:
             self.engine.add_request(msg.engine_request_id, {"prompt_token_ids": list(msg.prompt_ids)}, params)
         except Exception as exc:  # vLLM's own validation: a non-retryable answer for this request
             self.send(Rejected(msg.engine_request_id, f"{type(exc).__name__}: {exc}"))
+            return
+        self.next_position[msg.engine_request_id] = len(msg.prompt_ids)
+
+    def switch(self, msg: SwitchWeights) -> None:
+        """Compute with a newly sealed version from the next step on. The supervisor aborts or
+        drains this engine's requests first, so nothing is scheduled across the switch."""
+        t0 = time.perf_counter()
+        if self.engine.has_unfinished_requests():
+            self.send(SwitchFailed(msg.version, "requests still scheduled; abort or drain them first"))
+            return
+        if "publish_switch_fail" in self.faults and self.spec.role == "shadow":
+            self.send(SwitchFailed(msg.version, "injected fault publish_switch_fail"))
+            return
+        try:
+            self.hooks.switch_weights(self.engine, msg.weights_path, self.spec.weight_mode)
+            self.sketch = self.hooks.weights_sketch(self.engine)
+        except Exception as exc:
+            self.send(SwitchFailed(msg.version, f"{type(exc).__name__}: {exc}"))
+            return
+        self.weights_version = msg.version
+        self.send(WeightsSwitched(msg.version, time.perf_counter() - t0))
 
     def take_lease(self) -> None:
         t0 = time.perf_counter()
@@ -126,18 +167,27 @@ class EngineLoop:
             os._exit(3)
         t0 = time.perf_counter()
         outputs = self.engine.step()
-        deltas = []
-        for out in outputs:
-            completion = out.outputs[0]
-            deltas.append(
-                TokenDelta(out.request_id, list(completion.token_ids), out.finished, completion.finish_reason)
-            )
-            self.tokens_streamed += len(completion.token_ids)
+        deltas = [self._delta(out) for out in outputs]
         if deltas:
-            self.send(StepOutput(deltas, time.perf_counter() - t0))
+            self.send(StepOutput(deltas, time.perf_counter() - t0, self.weights_version))
         self._fault("engine_crash_during_decode", lambda f: self.tokens_streamed >= f.number("after", 32))
         if self._armed("engine_hang", lambda f: self.tokens_streamed >= f.number("after", 32)):
             faults.hang_forever()
+
+    def _delta(self, out) -> TokenDelta:
+        completion = out.outputs[0]
+        tokens = list(completion.token_ids)
+        position = self.next_position.get(out.request_id, 0)
+        logprobs = self.hooks.take_logprobs(out.request_id, position, len(tokens))
+        self.next_position[out.request_id] = position + len(tokens)
+        if out.finished:
+            self._forget(out.request_id)
+        self.tokens_streamed += len(tokens)
+        return TokenDelta(out.request_id, tokens, out.finished, completion.finish_reason, logprobs)
+
+    def _forget(self, engine_request_id: str) -> None:
+        self.next_position.pop(engine_request_id, None)
+        self.hooks.forget_logprobs(engine_request_id)
 
     def send(self, msg) -> None:
         self.conn.send(msg)

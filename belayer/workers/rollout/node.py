@@ -1,134 +1,92 @@
-"""The node supervisor: one rollout node's memory owner, leader engine and shadow engine.
+"""The rollout node: one node's memory owner, leader engine and shadow engine.
 
-It forwards requests to the leader (which batches them continuously), keeps the in-flight
-log (prompt ids, tokens streamed so far, sampling parameters with seed) that every
-recovery replays from, and watches its children: a dead leader is seen at once (process
-sentinel), a hung one by missed heartbeats. Recovery follows docs/design.md §3: fence,
-owner check, device check, lease epoch + 1 on the shadow, re-prefill every in-flight
-request, new shadow in the background; a failed owner or device check means a cold start,
-recorded as such. All child I/O happens on one pump thread; callers only submit and wait.
+`RolloutNode` is the API other threads use (submit, cancel, publish, status). A single
+loop thread owns the children: it alone talks to their pipes, forwards logged requests to
+the leader (which batches them continuously), collects token deltas and watches for
+failures: a dead leader is seen at once (process sentinel), a hung one by missed
+heartbeats. The protocols live in their own modules: the in-flight log (`inflight`),
+takeover and cold start (`recovery`), publishing weights in place (`publish`), the
+children (`children`). The node lock guards only shared records and is never held through
+a cold start or a publish, so submits, heartbeats and status go on meanwhile.
 """
 
 from __future__ import annotations
 
-import itertools
+import json
 import logging
-import multiprocessing as mp
 import threading
 import time
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from concurrent.futures import Future
-from dataclasses import dataclass, field
-from multiprocessing.connection import Connection, wait
+from concurrent.futures import TimeoutError as FutureTimeout
+from multiprocessing.connection import wait
 from pathlib import Path
 from typing import Any
 
-from belayer.workers.rollout import shm
+from belayer.workers.rollout import children, recovery, shm
+from belayer.workers.rollout.children import Child
 from belayer.workers.rollout.config import RolloutConfig
-from belayer.workers.rollout.engine import engine_main
-from belayer.workers.rollout.errors import (
-    BadRequestError,
-    EngineStartError,
-    NodeClosedError,
-    RolloutError,
-)
-from belayer.workers.rollout.owner import owner_main
+from belayer.workers.rollout.errors import BadRequestError, NodeClosedError, RolloutError
+from belayer.workers.rollout.inflight import Completion, InFlight, InFlightLog, completion, new_record
 from belayer.workers.rollout.procutil import memory_of
 from belayer.workers.rollout.protocol import (
     AbortRequest,
-    AddRequest,
+    DropWeights,
     EngineReady,
-    EngineSpec,
     Failed,
-    HealthCheck,
-    HealthResult,
     LeaseTaken,
     OwnerReady,
-    OwnerSpec,
     Rejected,
     SamplingSpec,
+    Sealed,
+    SealRefused,
+    SealWeights,
+    Staged,
+    StageWeights,
     StepOutput,
-    Stop,
+    SwitchFailed,
+    SwitchWeights,
     TakeLease,
     VerifyWeights,
+    WeightsSwitched,
     WeightsVerified,
 )
+from belayer.workers.rollout.publish import (
+    Publish,
+    PublishRefusedError,
+    PublishReport,
+    check_policy,
+    write_staged,
+)
+from belayer.workers.rollout.recovery import RecoveryEvent
+
+__all__ = ["Completion", "PublishReport", "RecoveryEvent", "RequestHandle", "RolloutNode"]
 
 log = logging.getLogger("belayer.rollout")
-_MP = mp.get_context("spawn")  # never fork a process that may hold vLLM / OpenMP state
-
-
-# ----------------------------------------------------------------------------- records
-
-
-@dataclass(frozen=True)
-class Completion:
-    """What a request produced, and what the node went through to produce it."""
-
-    request_id: str
-    prompt_len: int
-    token_ids: list[int]
-    text: str
-    finish_reason: str
-    prefill_s: float
-    decode_s_per_token: float
-    recoveries: tuple[str, ...]
-
-
-@dataclass(frozen=True)
-class RecoveryEvent:
-    """One takeover or cold start, with the time of each phase (seconds)."""
-
-    kind: str  # "takeover" | "cold_start"
-    reason: str
-    fallback_reason: str | None
-    failed_pid: int | None
-    epoch: int
-    ready_s: float  # failure detected → leader accepting work again (requests re-sent)
-    phases: dict[str, float]
-    replayed_requests: int
-    replayed_tokens: int
-    detected_at: float  # time.monotonic()
-    ready_at: float
-
-
-@dataclass
-class _InFlight:
-    request_id: str
-    prompt_ids: list[int]
-    spec: SamplingSpec
-    submitted_at: float
-    tokens: list[int] = field(default_factory=list)
-    engine_request_id: str | None = None
-    first_token_at: float | None = None
-    last_token_at: float | None = None
-    finish_reason: str | None = None
-    error: RolloutError | None = None
-    recoveries: list[str] = field(default_factory=list)
-    done: threading.Event = field(default_factory=threading.Event)
-    on_progress: Callable[[int], None] | None = None
-
-    @property
-    def remaining(self) -> int:
-        return self.spec.max_tokens - len(self.tokens)
 
 
 class RequestHandle:
     """A submitted request: wait for its `Completion`, or look at its progress."""
 
-    def __init__(self, node: RolloutNode, record: _InFlight):
+    def __init__(self, node: RolloutNode, record: InFlight):
         self._node, self._record = node, record
 
     @property
     def request_id(self) -> str:
         return self._record.request_id
 
+    # Lock-free on purpose: heartbeats must never wait for the node. The lists only grow
+    # (loop thread, logprobs and versions before tokens) and copying one is atomic under
+    # the GIL, so each is a consistent prefix of the request's output.
     def tokens_so_far(self) -> list[int]:
-        # Lock-free on purpose: a cold start holds the node lock for seconds, and heartbeats
-        # must not wait for it. The list only grows (pump thread) and copying it is atomic
-        # under the GIL, so this is a consistent prefix of the request's tokens.
         return list(self._record.tokens)
+
+    def logprobs_so_far(self) -> list[float]:
+        return list(self._record.logprobs)
+
+    def versions_so_far(self) -> list[int]:
+        return list(self._record.versions)
 
     def done(self) -> bool:
         return self._record.done.is_set()
@@ -138,52 +96,37 @@ class RequestHandle:
             raise TimeoutError(f"request {self.request_id} not finished after {timeout} s")
         if self._record.error is not None:
             raise self._record.error
-        return self._node._completion(self._record)
-
-
-@dataclass
-class _Child:
-    role: str
-    process: Any
-    conn: Connection
-    ready: Any = None  # EngineReady | OwnerReady once up
-    last_heard: float = field(default_factory=time.monotonic)
-    spec: Any = None
-
-    @property
-    def pid(self) -> int | None:
-        return self.process.pid
-
-
-# ----------------------------------------------------------------------------- node
+        return completion(self._record, self._node._decode)
 
 
 class RolloutNode:
-    """Owner + leader + shadow of one node. `start()`, `submit()`, `close()`."""
+    """Owner + leader + shadow of one node. `start()`, `submit()`, `publish()`, `close()`."""
 
     def __init__(self, config: RolloutConfig, model_dir: Path):
         self.config = config
         self.model_dir = Path(model_dir)
         self._lock = threading.RLock()
-        self._ids = itertools.count()
-        self._inflight: dict[str, _InFlight] = {}
-        self._by_engine_id: dict[str, _InFlight] = {}
+        self.inflight = InFlightLog()
         self.recoveries: list[RecoveryEvent] = []
-        self.owner: _Child | None = None
-        self.leader: _Child | None = None
-        self.shadow: _Child | None = None
+        self.owner: Child | None = None
+        self.leader: Child | None = None
+        self.shadow: Child | None = None
         self.generation = 0
         self.epoch = 0
         self.reference_digest: str | None = None
         self.owner_failure: str | None = None
+        self.owner_versions: dict[int, Path] = {}
+        self.target_version = 1  # what the engines compute with once any publish settles
+        self.publishing: Publish | None = None
+        self._owner_reply: Future | None = None
         self._pending: list[tuple[Callable[[], Any], Future]] = []
         self._forced_fallback: str | None = None
         self._listeners: list[Callable[[str, int], None]] = []
         self._state_listeners: list[Callable[[dict], None]] = []
         self.broken: str | None = None  # set when no engine could be started: the node refuses work
-        self._wake_r, self._wake_w = _MP.Pipe(duplex=False)
+        self._wake_r, self._wake_w = children.MP.Pipe(duplex=False)
         self._closed = threading.Event()
-        self._pump: threading.Thread | None = None
+        self._loop: threading.Thread | None = None
         self._tokenizer = None
         self.vocab_size = _vocab_size(self.model_dir)
 
@@ -195,37 +138,43 @@ class RolloutNode:
         if stale:
             log.warning("removed stale shared memory of node %s: %s", self.config.node_id, stale)
         try:
-            self._start_owner()
-            self.leader = self._start_engine("primary")
-            self._await_ready(self.leader)
-            self.reference_digest = self.leader.ready.device_digest
-            self._take_lease(self.leader)
+            self._replace_owner(wait=True)
+            self.target_version = self.owner.ready.current_version
+            leader = self._spawn_engine("primary")
+            self._await_engine(leader)
+            self.reference_digest = leader.ready.device_digest
+            self._take_lease(leader)
+            self._set_role("leader", leader)
             if self.config.shadow:
-                self.shadow = self._start_engine("shadow")
+                self._set_role("shadow", self._spawn_engine("shadow"))
                 if wait_shadow:
-                    self._await_ready(self.shadow)
+                    self._await_engine(self.shadow)
         except BaseException:
             self.close()
             raise
-        self._pump = threading.Thread(
-            target=self._pump_loop, name=f"belayer-{self.config.node_id}-pump", daemon=True
+        self._loop = threading.Thread(
+            target=self._run_loop, name=f"belayer-{self.config.node_id}-loop", daemon=True
         )
-        self._pump.start()
+        self._loop.start()
         return self
 
     def close(self) -> None:
         """Stop every child, unlink the node's shared memory; fail requests still in flight."""
         self._closed.set()
         self._wake()
-        if self._pump is not None and self._pump is not threading.current_thread():
-            self._pump.join(timeout=10)
+        if self._loop is not None and self._loop is not threading.current_thread():
+            self._loop.join(timeout=10)
         with self._lock:
             for child in (self.shadow, self.leader, self.owner):
                 if child is not None:
-                    _stop_child(child)
+                    children.stop(child)
             self.shadow = self.leader = self.owner = None
-            for record in list(self._inflight.values()):
-                self._fail(record, NodeClosedError(f"rollout node {self.config.node_id} closed"))
+            for record in self.inflight.open():
+                self.inflight.fail(record, NodeClosedError(f"rollout node {self.config.node_id} closed"))
+            if self.publishing is not None and not self.publishing.done.done():
+                self.publishing.done.set_exception(
+                    NodeClosedError(f"rollout node {self.config.node_id} closed")
+                )
         shm.unlink_segments(self.config.node_id)
 
     def __enter__(self) -> RolloutNode:
@@ -243,10 +192,12 @@ class RolloutNode:
             }
 
     def wait_shadow_ready(self, timeout: float | None = None) -> bool:
+        """True once a shadow is ready on the version the node serves."""
         deadline = time.monotonic() + (timeout or self.config.engine_start_timeout_s)
         while time.monotonic() < deadline:
             with self._lock:
-                if self.shadow is not None and self.shadow.ready is not None:
+                shadow = self.shadow
+                if shadow is not None and shadow.ready is not None and shadow.version == self.target_version:
                     return True
             time.sleep(0.02)
         return False
@@ -260,7 +211,7 @@ class RolloutNode:
         request_id: str | None = None,
         on_progress: Callable[[int], None] | None = None,
     ) -> RequestHandle:
-        """Validate, log and forward one request to the leader. Bad input raises
+        """Validate and log one request; the loop sends it to the leader. Bad input raises
         `BadRequestError` (non-retryable) and leaves the node serving."""
         self._validate(prompt_ids, spec)
         if self._closed.is_set():
@@ -269,37 +220,113 @@ class RolloutNode:
             raise RolloutError(
                 f"rollout node {self.config.node_id} cannot serve ({self.broken}); retry elsewhere"
             )
-        record = _InFlight(
-            request_id or uuid.uuid4().hex, list(prompt_ids), spec, time.monotonic(), on_progress=on_progress
-        )
+        record = new_record(prompt_ids, spec, request_id or uuid.uuid4().hex, on_progress)
         with self._lock:
-            if record.request_id in self._inflight:
+            if self.inflight.get(record.request_id) is not None:
                 raise BadRequestError(f"request id {record.request_id} is already in flight")
-            self._inflight[record.request_id] = record
+            self.inflight.add(record)
             log.debug("request %s: %d prompt tokens, %s", record.request_id, len(record.prompt_ids), spec)
-            if self.leader is not None and self.leader.ready is not None:
-                self._send_to_leader(record)
+        self._wake()
         return RequestHandle(self, record)
 
     def cancel(self, request_id: str, why: str = "cancelled by the caller") -> None:
         """Drop a request (e.g. its activity was cancelled): the leader stops decoding it."""
         with self._lock:
-            record = self._inflight.get(request_id)
+            record = self.inflight.get(request_id)
             if record is None:
                 return
-            if record.engine_request_id is not None:
-                self._send_leader(AbortRequest(record.engine_request_id))
-            self._fail(record, NodeClosedError(f"request {request_id}: {why}"))
+            engine_id = record.engine_request_id
+            self.inflight.fail(record, NodeClosedError(f"request {request_id}: {why}"))
+        if engine_id is not None:
+            self._in_loop(lambda: children.send(self.leader, AbortRequest(engine_id)))
 
     def generate(self, prompt_ids: list[int], spec: SamplingSpec, timeout: float | None = None) -> Completion:
         return self.submit(prompt_ids, spec).result(timeout)
 
+    # -- publishing ---------------------------------------------------------------------
+
+    def publish(
+        self,
+        version: int,
+        tensors: Mapping[str, Any],
+        policy: str | None = None,
+        timeout: float | None = None,
+    ) -> PublishReport:
+        """Make `version` (the model's full state dict, HF or vLLM names) what both engines
+        compute with, in place; returns once both serve it. See `publish` for the steps and
+        the in-flight policies (default `rollout.publish_policy`)."""
+        policy = check_policy(policy or self.config.publish_policy)
+        timeout = timeout or self.config.publish_timeout_s
+        pub = self._begin_publish(version, policy)
+        try:
+            staged = self._owner_request(StageWeights(version), timeout)
+            pub.mark("staged")
+            expected = write_staged(staged.path, tensors, self.config.dtype)
+            pub.mark("written")
+            sealed = self._owner_request(SealWeights(version, expected), timeout)
+            pub.mark("sealed")
+            self._in_loop(lambda: self._switch_to(pub, sealed.version, staged.path)).result(timeout)
+            pub.done.result(timeout)
+            return pub.report()
+        except FutureTimeout:
+            raise RolloutError(
+                f"publish of weights version {version} not done after {timeout} s (rollout.publish_timeout_s)"
+            ) from None
+        finally:
+            with self._lock:
+                if self.publishing is pub:
+                    self.publishing = None
+
+    def release_weights(self, version: int) -> None:
+        """The trainer no longer needs `version`: the owner drops it unless an engine or an
+        in-flight request still uses it (then it goes with the next publish)."""
+        self._in_loop(lambda: self._drop_unused(keep=set(self.owner_versions) - {version})).result(
+            self.config.control_timeout_s
+        )
+
+    def _begin_publish(self, version: int, policy: str) -> Publish:
+        with self._lock:
+            if self.broken is not None:
+                raise RolloutError(f"rollout node {self.config.node_id} cannot serve ({self.broken})")
+            if self.publishing is not None:
+                raise BadRequestError(
+                    f"weights version {self.publishing.version} is still being published; publish one at a time"
+                )
+            newest = max([self.target_version, *self.owner_versions])
+            if version <= newest:
+                raise BadRequestError(
+                    f"weights version {version} is not newer than {newest}; versions only grow"
+                )
+            self.publishing = Publish(version, self.target_version, policy, time.perf_counter())
+            return self.publishing
+
+    def _owner_request(self, msg, timeout: float):
+        """Send `msg` to the owner from the loop; its reply (Staged / Sealed) resolves the
+        future in `_dispatch`, so the loop never blocks while the owner hashes."""
+        reply: Future = Future()
+
+        def send() -> None:
+            if self.owner is None or self.owner.ready is None or self.owner_failure is not None:
+                reply.set_exception(RolloutError("the memory owner is being replaced; publish again shortly"))
+                return
+            self._owner_reply = reply
+            children.send(self.owner, msg)
+
+        self._in_loop(send)
+        result = reply.result(timeout)
+        if isinstance(result, SealRefused):
+            error = PublishRefusedError if isinstance(msg, SealWeights) else BadRequestError
+            raise error(result.message)
+        return result
+
+    # -- status ---------------------------------------------------------------------------
+
     def verify_weights(self) -> WeightsVerified:
         """Ask the owner to re-hash every tensor now; a mismatch triggers a cold start."""
-        return self._in_pump(self._verify_weights).result(self.config.control_timeout_s + 60)
+        return self._in_loop(self._verify_weights).result(self.config.control_timeout_s + 60)
 
     def add_progress_listener(self, listener: Callable[[str, int], None]) -> None:
-        """Call `listener(request_id, tokens_so_far)` on the pump thread after every delta
+        """Call `listener(request_id, tokens_so_far)` on the loop thread after every delta
         (benchmarks and fault injection: act at an exact point of progress)."""
         with self._lock:
             self._listeners.append(listener)
@@ -309,8 +336,8 @@ class RolloutNode:
             self._listeners.remove(listener)
 
     def add_state_listener(self, listener: Callable[[dict], None]) -> None:
-        """Call `listener(self.roles())` now and whenever a role, the epoch or the recovery
-        count changes (the node worker publishes it for `belayer chaos`)."""
+        """Call `listener(self.roles())` now and whenever a role, the epoch, a weights
+        version or the recovery count changes (the node worker publishes it for `belayer chaos`)."""
         with self._lock:
             self._state_listeners.append(listener)
             listener(self.roles())
@@ -320,7 +347,7 @@ class RolloutNode:
             self._state_listeners.remove(listener)
 
     def roles(self) -> dict:
-        """Pids by role, lease epoch, owner generation, recoveries so far and the last one."""
+        """Pids by role, lease epoch, weights versions, recoveries so far and the last one."""
         with self._lock:
             state: dict[str, Any] = {
                 "node_id": self.config.node_id,
@@ -331,6 +358,11 @@ class RolloutNode:
                 "epoch": self.epoch,
                 "generation": self.generation,
                 "weight_mode": self.config.weight_mode,
+                "weights_version": self.target_version,
+                "leader_version": self.leader.version if self.leader else None,
+                "shadow_version": self.shadow.version if self.shadow and self.shadow.ready else None,
+                "weights_versions_held": sorted(self.owner_versions),
+                "publishing": self.publishing.version if self.publishing else None,
                 "recoveries": len(self.recoveries),
                 "broken": self.broken,
             }
@@ -341,25 +373,15 @@ class RolloutNode:
                     "reason": last.reason,
                     "fallback_reason": last.fallback_reason,
                     "ready_s": round(last.ready_s, 4),
+                    "waited_for_shadow_s": round(last.waited_for_shadow_s, 4),
                     "replayed_requests": last.replayed_requests,
                     "replayed_tokens": last.replayed_tokens,
                     "phases": {k: round(v, 4) for k, v in last.phases.items()},
                 }
             return state
 
-    def _notify_state(self) -> None:
-        if not self._state_listeners:
-            return
-        state = self.roles()
-        for listener in list(self._state_listeners):
-            try:
-                listener(state)
-            except Exception:  # a publisher must never break the node
-                log.exception("rollout node %s: state listener failed", self.config.node_id)
-
     def force_full_cold_start_next(self, why: str) -> None:
-        """Make the next recovery a full cold start (new owner loading weights from disk, new
-        engine): the comparison point of `belayer bench worker-recovery`."""
+        """Make the next recovery a full cold start (new owner, new engine)."""
         with self._lock:
             self._forced_fallback = f"full cold start requested: {why}"
 
@@ -392,420 +414,344 @@ class RolloutNode:
         if spec.temperature < 0 or not 0 < spec.top_p <= 1 or spec.top_k < 0:
             raise BadRequestError(f"invalid sampling parameters: {spec}")
 
-    # -- pump thread ----------------------------------------------------------------------
+    # -- the loop -------------------------------------------------------------------------
 
-    def _pump_loop(self) -> None:
+    def _run_loop(self) -> None:
         while not self._closed.is_set():
             try:
-                self._pump_once()
-            except Exception:  # the pump must outlive any single bad message
-                log.exception("rollout node %s: pump error", self.config.node_id)
+                self._loop_once()
+            except Exception:  # the loop must outlive any single bad message
+                log.exception("rollout node %s: loop error", self.config.node_id)
                 time.sleep(0.05)
 
-    def _pump_once(self) -> None:
-        with self._lock:
-            children = [c for c in (self.leader, self.shadow) if c is not None]
-            if self.owner is not None and self.owner_failure is None:
-                children.append(self.owner)  # a dead owner's pipe and sentinel stay readable forever
+    def _loop_once(self) -> None:
+        watched = [c for c in (self.leader, self.shadow) if c is not None]
+        if self.owner is not None and self.owner_failure is None:
+            watched.append(self.owner)  # a dead owner's pipe and sentinel stay readable forever
         waitables: list[Any] = [self._wake_r]
-        for c in children:
+        for c in watched:
             waitables += [c.conn, c.process.sentinel]
         ready = wait(waitables, timeout=min(self.config.heartbeat_interval_s, 0.1))
+        if self._wake_r in ready:
+            while self._wake_r.poll(0):
+                self._wake_r.recv()
+        self._run_pending()
         with self._lock:
-            if self._wake_r in ready:
-                while self._wake_r.poll(0):
-                    self._wake_r.recv()
-            self._run_pending()
-            for child in children:
+            for child in watched:
                 if child.conn in ready:
-                    self._drain(child)
-            if self._closed.is_set():
-                return
-            if self.owner is not None and self.owner.process.sentinel in ready and self.owner_failure is None:
-                self.owner_failure = (
-                    f"memory owner (pid {self.owner.pid}) exited with {self.owner.process.exitcode}"
-                )
-                log.error(
-                    "rollout node %s: %s; the next recovery will be a cold start",
-                    self.config.node_id,
-                    self.owner_failure,
-                )
-                self._notify_state()
-            if self.shadow is not None and self.shadow.process.sentinel in ready:
-                log.error(
-                    "rollout node %s: shadow (pid %s) died; starting another",
-                    self.config.node_id,
-                    self.shadow.pid,
-                )
-                _stop_child(self.shadow)
-                self.shadow = self._start_engine("shadow") if self.config.shadow else None
-                self._notify_state()
-            leader = self.leader
-            if leader is None:
-                return
-            if leader.process.sentinel in ready:
-                leader.process.join()  # already dead: reap it so the exit code is known
-                self._recover(f"leader (pid {leader.pid}) died with exit code {leader.process.exitcode}")
-            elif time.monotonic() - leader.last_heard > self.config.heartbeat_timeout_s:
-                self._recover(
-                    f"leader (pid {leader.pid}) missed heartbeats for {self.config.heartbeat_timeout_s} s"
-                )
+                    children.drain(child, self._dispatch)
+        if self._closed.is_set():
+            return
+        if self.owner is not None and self.owner.process.sentinel in ready and self.owner_failure is None:
+            self._on_owner_death()
+        if self.shadow is not None and self.shadow.process.sentinel in ready:
+            log.error(
+                "rollout node %s: shadow (pid %s) died; starting another",
+                self.config.node_id,
+                self.shadow.pid,
+            )
+            children.stop(self.shadow)
+            self._set_role("shadow", self._spawn_engine("shadow") if self.config.shadow else None)
+        failure = self._leader_failure(ready)
+        if failure is not None:
+            recovery.recover(self, failure)
+        self._advance_publish()
+        self._send_unsent()
 
-    def _drain(self, child: _Child) -> None:
-        try:
-            while child.conn.poll(0):
-                self._dispatch(child, child.conn.recv())
-        except (EOFError, OSError):
-            pass  # its death is handled through the sentinel
+    def _leader_failure(self, ready: list) -> str | None:
+        leader = self.leader
+        if leader is None:
+            return None
+        if leader.process.sentinel in ready:
+            leader.process.join()  # already dead: reap it so the exit code is known
+            return f"leader (pid {leader.pid}) died with exit code {leader.process.exitcode}"
+        # A weights switch is a pause like an engine start: it does not heartbeat meanwhile.
+        limit = self.config.heartbeat_timeout_s
+        if leader.switching_to is not None:
+            limit = max(limit, self.config.engine_start_timeout_s)
+        if time.monotonic() - leader.last_heard > limit:
+            return f"leader (pid {leader.pid}) missed heartbeats for {limit} s"
+        return None
 
-    def _dispatch(self, child: _Child, msg: Any) -> None:
+    def _dispatch(self, child: Child, msg: Any) -> None:
         child.last_heard = time.monotonic()
         if isinstance(msg, StepOutput):
-            for delta in msg.deltas:
-                self._on_delta(delta)
+            if child is self.leader:
+                self._on_step(msg)
         elif isinstance(msg, Rejected):
-            record = self._by_engine_id.pop(msg.engine_request_id, None)
+            record = self.inflight.on_engine(msg.engine_request_id)
             if record is not None:
-                self._fail(
+                self.inflight.fail(
                     record, BadRequestError(f"engine rejected request {record.request_id}: {msg.message}")
                 )
-        elif isinstance(msg, EngineReady):
-            child.ready = msg
-            log.info(
-                "rollout node %s: %s engine (pid %s) ready in %.2f s",
-                self.config.node_id,
-                child.role,
-                msg.pid,
-                msg.init_s,
-            )
+        elif isinstance(msg, (EngineReady, OwnerReady)):
+            children.on_ready(child, msg)
+            if isinstance(msg, OwnerReady):
+                self._owner_ready(msg)
+            else:
+                log.info(
+                    "rollout node %s: %s engine (pid %s) ready in %.2f s",
+                    self.config.node_id,
+                    child.role,
+                    msg.pid,
+                    msg.init_s,
+                )
             self._notify_state()
+        elif isinstance(msg, (WeightsSwitched, SwitchFailed)):
+            self._on_switched(child, msg)
+        elif isinstance(msg, (Staged, Sealed, SealRefused)) and child is self.owner:
+            if isinstance(msg, Sealed):
+                self.owner_versions[msg.version] = shm.weights_path(
+                    self.config.node_id, self.generation, msg.version
+                )
+            reply, self._owner_reply = self._owner_reply, None
+            if reply is not None:
+                reply.set_result(msg)
         elif isinstance(msg, WeightsVerified) and child is self.owner and not msg.ok:
             self.owner_failure = f"weights checksum mismatch in {list(msg.bad_tensors)[:3]}"
             log.error("rollout node %s: %s", self.config.node_id, self.owner_failure)
-            if self.leader is not None:
-                self._recover(self.owner_failure)
+            self._in_loop(lambda: recovery.recover(self, self.owner_failure) if self.leader else None)
         elif isinstance(msg, Failed):
             log.error("rollout node %s: %s reported: %s", self.config.node_id, child.role, msg.message)
 
-    def _on_delta(self, delta) -> None:
-        record = self._by_engine_id.get(delta.engine_request_id)
-        if record is None or record.done.is_set():
-            return  # a stale engine id (replayed elsewhere) or already finished
+    def _on_step(self, msg: StepOutput) -> None:
         now = time.monotonic()
-        if delta.token_ids:
-            record.first_token_at = record.first_token_at or now
-            record.last_token_at = now
-            record.tokens.extend(delta.token_ids)
-            if record.on_progress is not None:
-                record.on_progress(len(record.tokens))
-            for listener in self._listeners:
-                listener(record.request_id, len(record.tokens))
-        if record.spec.stop and self._hit_stop(record):
-            self._send_leader(AbortRequest(delta.engine_request_id))
-            self._finish(record, "stop")
-        elif delta.finished:
-            self._finish(record, delta.finish_reason or "stop")
+        for delta in msg.deltas:
+            record = self.inflight.on_engine(delta.engine_request_id)
+            if record is None or record.done.is_set():
+                continue  # a stale engine id (replayed elsewhere) or already finished
+            if delta.token_ids:
+                record.first_token_at = record.first_token_at or now
+                record.last_token_at = now
+                record.record(delta, msg.weights_version)
+                if record.on_progress is not None:
+                    record.on_progress(len(record.tokens))
+                for listener in self._listeners:
+                    listener(record.request_id, len(record.tokens))
+            if record.spec.stop and self._hit_stop(record):
+                children.send(self.leader, AbortRequest(delta.engine_request_id))
+                self.inflight.finish(record, "stop")
+            elif delta.finished:
+                self.inflight.finish(record, delta.finish_reason or "stop")
 
-    def _hit_stop(self, record: _InFlight) -> bool:
+    def _hit_stop(self, record: InFlight) -> bool:
         text = self._decode(record.tokens)
         return any(s in text for s in record.spec.stop)
 
-    def _finish(self, record: _InFlight, reason: str) -> None:
-        record.finish_reason = reason
-        self._forget(record)
-        record.done.set()
-
-    def _fail(self, record: _InFlight, error: RolloutError) -> None:
-        record.error = error
-        self._forget(record)
-        record.done.set()
-
-    def _forget(self, record: _InFlight) -> None:
-        self._inflight.pop(record.request_id, None)
-        if record.engine_request_id is not None:
-            self._by_engine_id.pop(record.engine_request_id, None)
-
-    def _send_to_leader(self, record: _InFlight) -> None:
-        """(Re)send a logged request: prompt + tokens so far, the rest of its budget."""
-        if record.engine_request_id is not None:
-            self._by_engine_id.pop(record.engine_request_id, None)
-        if record.remaining <= 0:
-            self._finish(record, "length")
+    def _send_unsent(self) -> None:
+        """Send every logged request the leader does not have yet, if it may serve it: the
+        one path for new submissions, replays after a recovery and re-sends after a publish."""
+        leader = self.leader
+        if leader is None or leader.ready is None or leader.switching_to is not None:
             return
-        record.engine_request_id = f"{record.request_id}#{next(self._ids)}"
-        self._by_engine_id[record.engine_request_id] = record
-        prompt = record.prompt_ids + record.tokens
-        if len(prompt) >= self.config.max_model_len:
-            self._finish(record, "length")
-            return
-        self._send_leader(
-            AddRequest(record.engine_request_id, prompt, record.spec, record.remaining, len(prompt))
-        )
+        with self._lock:
+            for record in self.inflight.unsent():
+                if (record.pinned_version or self.target_version) != leader.version:
+                    continue  # waits for the leader to be on its version
+                request = self.inflight.request_for(record, self.config.max_model_len)
+                if request is not None:
+                    children.send(leader, request)
 
-    def _send_leader(self, msg: Any) -> None:
-        try:
-            self.leader.conn.send(msg)
-        except (OSError, AttributeError):
-            pass  # leader gone: the recovery replays everything in flight
+    # -- publishing on the loop ---------------------------------------------------------
 
-    # -- recovery -------------------------------------------------------------------------
-
-    def _recover(self, reason: str) -> None:
-        detected = time.monotonic()
-        old, self.leader = self.leader, None
-        phases: dict[str, float] = {}
-        t = time.perf_counter()
-        _fence(old)
-        self._drain(old)  # tokens it streamed before dying are real: keep them
-        _close_conn(old)
-        phases["fence_s"] = time.perf_counter() - t
-        log.error(
-            "rollout node %s: %s; recovering %d in-flight requests",
-            self.config.node_id,
-            reason,
-            len(self._inflight),
-        )
-
-        fallback, self._forced_fallback = self._forced_fallback, None
-        if fallback is None:
-            fallback = self._owner_check(phases)
-        if fallback is None:
-            fallback = self._device_check(phases)
-        kind = "takeover"
-        if fallback is None:
-            t = time.perf_counter()
-            try:
-                self._take_lease(self.shadow)
-                self.leader, self.shadow = self.shadow, None
-            except RolloutError as exc:
-                fallback = f"shadow could not take the lease: {exc}"
-            phases["lease_s"] = time.perf_counter() - t
-        if fallback is not None:
-            kind = "cold_start"
-            log.error("rollout node %s: falling back to a cold start: %s", self.config.node_id, fallback)
-            owner_bad = self.owner_failure is not None or "owner" in fallback or "full cold start" in fallback
-            try:
-                self._cold_start(phases, owner_bad=owner_bad)
-            except RolloutError as exc:
-                # Nothing left to serve on: tell every request, retryable elsewhere (Temporal
-                # retries the activity on another node, resuming from its heartbeat).
-                log.error("rollout node %s: cold start failed: %s", self.config.node_id, exc)
-                self.broken = f"cold start failed: {exc}"
-                self._notify_state()
-                for record in list(self._inflight.values()):
-                    self._fail(
-                        record, RolloutError(f"rollout node {self.config.node_id} lost its engine: {exc}")
-                    )
-                return
-
-        t = time.perf_counter()
-        records = [r for r in self._inflight.values() if not r.done.is_set()]
-        for record in records:
-            record.recoveries.append(kind)
-            self._send_to_leader(record)
-        phases["replay_send_s"] = time.perf_counter() - t
-        ready_at = time.monotonic()
-        event = RecoveryEvent(
-            kind=kind,
-            reason=reason,
-            fallback_reason=fallback,
-            failed_pid=old.pid if old else None,
-            epoch=self.epoch,
-            ready_s=ready_at - detected,
-            phases=phases,
-            replayed_requests=len(records),
-            replayed_tokens=sum(len(r.prompt_ids) + len(r.tokens) for r in records),
-            detected_at=detected,
-            ready_at=ready_at,
-        )
-        self.recoveries.append(event)
-        log.warning(
-            "rollout node %s: %s done in %.3f s (epoch %d, %d requests re-prefilled)%s",
-            self.config.node_id,
-            kind,
-            event.ready_s,
-            self.epoch,
-            len(records),
-            f"; cold start because {fallback}" if fallback else "",
-        )
-        if self.config.shadow and self.shadow is None:
-            self.shadow = self._start_engine("shadow")  # in the background: the pump sees it ready
+    def _switch_to(self, pub: Publish, version: int, path: Path) -> None:
+        """The owner sealed `version`: from now on the engines must move to it."""
+        with self._lock:
+            self.owner_versions[version] = path
+            if pub.policy == "finish_on_old":
+                for record in self.inflight.on_leader():
+                    record.pinned_version = self.leader.version
+                    pub.drained_requests += 1
+            self.target_version = version
         self._notify_state()
 
-    def _owner_check(self, phases: dict[str, float]) -> str | None:
-        t = time.perf_counter()
-        try:
-            if self.owner_failure is not None:
-                return self.owner_failure
-            if self.owner is None or not self.owner.process.is_alive():
-                return "memory owner is not running"
-            header = shm.read_arena_header(self.owner.ready.arena_path)
-            if header.epoch != self.epoch:
-                return f"arena epoch is {header.epoch}, expected {self.epoch}: someone else wrote the lease"
-            weights = shm.map_readonly(self.owner.ready.weights_path)
-            try:
-                status = shm.read_weights_header(weights).status
-            finally:
-                weights.close()
-            if status != shm.STATUS_OK:
-                return "owner's weights are marked corrupt"
-            return None
-        except shm.SharedMemoryError as exc:
-            return f"owner memory not intact: {exc}"
-        finally:
-            phases["owner_check_s"] = time.perf_counter() - t
+    def _pinned_versions(self) -> set[int]:
+        return {r.pinned_version for r in self.inflight.open() if r.pinned_version is not None}
 
-    def _device_check(self, phases: dict[str, float]) -> str | None:
-        t = time.perf_counter()
-        try:
-            if self.shadow is None:
-                return "no shadow engine configured"
-            if self.shadow.ready is None:
-                log.warning("rollout node %s: shadow still initializing; waiting for it", self.config.node_id)
-                self._await_ready(self.shadow)
-            result = self._call(self.shadow, HealthCheck(self.reference_digest), HealthResult)
-            if not result.ok:
-                return f"device health check failed on the shadow (digest {result.digest[:12]})"
-            return None
-        except RolloutError as exc:
-            return f"shadow unusable: {exc}"
-        finally:
-            phases["device_check_s"] = time.perf_counter() - t
-
-    def _cold_start(self, phases: dict[str, float], owner_bad: bool) -> None:
-        t = time.perf_counter()
-        if self.shadow is not None:
-            _stop_child(self.shadow)
-            self.shadow = None
-        if owner_bad or self.owner is None or not self.owner.process.is_alive():
-            if self.owner is not None:
-                _stop_child(self.owner)
-            shm.unlink_segments(self.config.node_id)
-            self._start_owner()
-            self.owner_failure = None
-        phases["owner_restart_s"] = time.perf_counter() - t
-        t = time.perf_counter()
-        engine = self._start_engine("cold")
-        self._await_ready(engine)
-        self._take_lease(engine)
-        self.leader = engine
-        phases["engine_start_s"] = time.perf_counter() - t
-
-    # -- children -------------------------------------------------------------------------
-
-    def _start_owner(self) -> None:
-        self.generation += 1
-        self.epoch = 0
-        spec = OwnerSpec(
-            node_id=self.config.node_id,
-            generation=self.generation,
-            model_dir=self.model_dir,
-            dtype=self.config.dtype,
-            kv_bytes=self.config.kv_cache_mb << 20,
-            verify_interval_s=self.config.weights_verify_interval_s,
+    def _advance_publish(self) -> None:
+        leader, shadow, target = self.leader, self.shadow, self.target_version
+        if (
+            leader is not None
+            and leader.ready is not None
+            and leader.version != target
+            and leader.switching_to is None
+        ):
+            if not self._pinned_versions() & {leader.version}:
+                self._pause_leader_requests()
+                self._send_switch(leader)
+        leader_moving = leader is not None and (leader.switching_to == target or leader.version == target)
+        if (
+            shadow is not None
+            and shadow.ready is not None
+            and shadow.version != target
+            and shadow.switching_to is None
+        ):
+            # finish_on_old: the shadow stays on the old version while the leader drains, so a
+            # takeover meanwhile can still finish the old requests.
+            if leader_moving or not self._pinned_versions():
+                self._send_switch(shadow)
+        pub = self.publishing
+        settled = (
+            leader is not None and leader.version == target and (shadow is None or shadow.version == target)
         )
-        parent, child = _MP.Pipe()
-        process = _MP.Process(
-            target=owner_main, args=(spec, child), name=f"belayer-{self.config.node_id}-owner", daemon=True
-        )
-        process.start()
-        child.close()
-        self.owner = _Child("owner", process, parent, spec=spec)
-        self._await_ready(self.owner)
+        if pub is not None and pub.version == target and settled and not pub.done.done():
+            pub.mark("switched")
+            self._drop_unused(keep={target, pub.previous_version})
+            pub.done.set_result(None)
+            self._notify_state()
 
-    def _start_engine(self, role: str) -> _Child:
-        ready: OwnerReady = self.owner.ready
-        spec = EngineSpec(
-            node_id=self.config.node_id,
-            role=role,
-            model_dir=self.model_dir,
-            weights_path=ready.weights_path,
-            arena_path=ready.arena_path,
-            dtype=self.config.dtype,
-            weight_mode=self.config.weight_mode,
-            kv_bytes=self.config.kv_cache_mb << 20,
-            max_model_len=self.config.max_model_len,
-            max_num_seqs=self.config.max_num_seqs,
-            heartbeat_interval_s=self.config.heartbeat_interval_s,
-            threads=self.config.engine_threads,
-        )
-        parent, child = _MP.Pipe()
-        process = _MP.Process(
-            target=engine_main, args=(spec, child), name=f"belayer-{self.config.node_id}-{role}", daemon=True
-        )
-        process.start()
-        child.close()
-        return _Child(role, process, parent, spec=spec)
+    def _pause_leader_requests(self) -> None:
+        """continue_on_new: abort what the leader is decoding; the records are re-sent (prompt
+        + tokens so far) once it computes with the new version."""
+        with self._lock:
+            for record in self.inflight.on_leader():
+                children.send(self.leader, AbortRequest(record.engine_request_id))
+                self.inflight.detach(record)
+                if self.publishing is not None:
+                    self.publishing.paused_requests += 1
 
-    def _await_ready(self, child: _Child) -> None:
-        if child.ready is not None:
+    def _send_switch(self, engine: Child) -> None:
+        path = self.owner_versions.get(self.target_version)
+        if path is None:
+            return  # not sealed here (an owner replacement is adopting it): next iteration
+        engine.switching_to = self.target_version
+        children.send(engine, SwitchWeights(self.target_version, path))
+
+    def _on_switched(self, engine: Child, msg) -> None:
+        engine.switching_to = None
+        if isinstance(msg, WeightsSwitched):
+            engine.version = msg.version
+            log.info(
+                "rollout node %s: %s (pid %s) on weights version %d in %.3f s",
+                self.config.node_id,
+                engine.role,
+                engine.pid,
+                msg.version,
+                msg.seconds,
+            )
+            self._notify_state()
             return
-        deadline = time.monotonic() + self.config.engine_start_timeout_s
-        while child.ready is None:
-            left = deadline - time.monotonic()
-            if left <= 0:
-                raise EngineStartError(
-                    f"{child.role} not ready after {self.config.engine_start_timeout_s} s "
-                    "(rollout.engine_start_timeout_s)"
+        log.error(
+            "rollout node %s: %s (pid %s) could not switch to version %d: %s",
+            self.config.node_id,
+            engine.role,
+            engine.pid,
+            msg.version,
+            msg.message,
+        )
+        if engine is self.shadow:  # never keep a shadow behind: replace it by one on the target
+            self._in_loop(self._replace_behind_shadow)
+        elif engine is self.leader:
+            self._in_loop(
+                lambda: recovery.recover(
+                    self, f"leader could not switch to weights version {msg.version}: {msg.message}"
                 )
-            if not child.conn.poll(min(left, 0.5)):
-                if not child.process.is_alive():
-                    raise EngineStartError(
-                        f"{child.role} (pid {child.pid}) exited with {child.process.exitcode} while starting"
-                    )
-                continue
-            msg = child.conn.recv()
-            if isinstance(msg, Failed):
-                raise EngineStartError(msg.message)
-            if isinstance(msg, (EngineReady, OwnerReady)):
-                child.ready = msg
-            else:
-                self._dispatch(child, msg)
+            )
 
-    def _take_lease(self, engine: _Child) -> None:
-        reply = self._call(engine, TakeLease(), LeaseTaken)
+    def _replace_behind_shadow(self) -> None:
+        if self.shadow is not None and self.shadow.version != self.target_version:
+            children.stop(self._set_role("shadow", None))
+            self._set_role("shadow", self._spawn_engine("shadow"))
+
+    def _drop_unused(self, keep: set[int]) -> None:
+        in_use = {c.version for c in (self.leader, self.shadow) if c is not None} | self._pinned_versions()
+        drop = tuple(v for v in self.owner_versions if v not in keep | in_use)
+        if drop and self.owner is not None and self.owner_failure is None:
+            children.send(self.owner, DropWeights(drop))
+            for version in drop:
+                self.owner_versions.pop(version, None)
+
+    # -- owner ----------------------------------------------------------------------------
+
+    def _on_owner_death(self) -> None:
+        self.owner_failure = f"memory owner (pid {self.owner.pid}) exited with {self.owner.process.exitcode}"
+        log.error(
+            "rollout node %s: %s; a replacement adopts its verified segments",
+            self.config.node_id,
+            self.owner_failure,
+        )
+        reply, self._owner_reply = self._owner_reply, None
+        if reply is not None:
+            reply.set_exception(RolloutError(f"{self.owner_failure} during the publish; publish again"))
+        self._replace_owner()  # a staged, unsealed segment is not adopted
+
+    def _replace_owner(self, wait: bool = False) -> None:
+        """Start an owner that adopts the current one's sealed segments and arena (verifying
+        every tensor) or, for a new node, loads the weights from disk."""
+        old = self.owner
+        adopt: dict[str, Any] = {"current_version": self.target_version}
+        if old is not None and old.ready is not None:
+            adopt["adopt_weights"] = dict(self.owner_versions)
+            adopt["adopt_arena"] = old.ready.arena_path
+            children.stop(old)
+        self.generation += 1
+        owner = children.spawn_owner(self.config, self.model_dir, self.generation, **adopt)
+        self._set_role("owner", owner)
+        if wait:
+            children.await_ready(owner, self.config.engine_start_timeout_s, self._dispatch)
+            self._owner_ready(owner.ready)
+
+    def _owner_ready(self, ready: OwnerReady) -> None:
+        self.owner_failure = None
+        self.owner_versions = dict(ready.versions)
+        keep = {*ready.versions.values(), ready.arena_path}
+        mapped = {c.spec.arena_path for c in (self.leader, self.shadow) if c is not None}
+        for path in shm.leftover_segments(self.config.node_id):
+            if path not in keep and path not in mapped:
+                path.unlink(missing_ok=True)  # a predecessor's staged or dropped segment
+
+    # -- children (loop thread) ---------------------------------------------------------
+
+    def _set_role(self, role: str, child: Child | None) -> Child | None:
+        with self._lock:
+            old = getattr(self, role)
+            setattr(self, role, child)
+        self._notify_state()
+        return old
+
+    def _spawn_engine(self, role: str) -> Child:
+        return children.spawn_engine(self.config, self.model_dir, self.owner.ready, role, self.target_version)
+
+    def _await_engine(self, engine: Child) -> None:
+        children.await_ready(engine, self.config.engine_start_timeout_s, self._dispatch)
+        if engine.switching_to is not None:
+            deadline = time.monotonic() + self.config.engine_start_timeout_s
+            while engine.switching_to is not None and time.monotonic() < deadline:
+                if engine.conn.poll(0.05):
+                    children.drain(engine, self._dispatch)
+                elif not engine.process.is_alive():
+                    raise RolloutError(f"{engine.role} (pid {engine.pid}) died while switching weights")
+
+    def _take_lease(self, engine: Child) -> None:
+        reply = children.call(engine, TakeLease(), LeaseTaken, self.config.control_timeout_s, self._dispatch)
         self.epoch = reply.epoch
         engine.last_heard = time.monotonic()  # its silence is measured from becoming leader
 
-    def _call(self, child: _Child, msg: Any, reply_type: type) -> Any:
-        """Send a control message and wait for its reply, dispatching anything else."""
-        child.conn.send(msg)
-        deadline = time.monotonic() + self.config.control_timeout_s
-        while True:
-            left = deadline - time.monotonic()
-            if left <= 0:
-                raise RolloutError(
-                    f"{child.role} did not answer {type(msg).__name__} in {self.config.control_timeout_s} s"
-                )
-            try:
-                if not child.conn.poll(left):
-                    continue
-                reply = child.conn.recv()
-            except (EOFError, OSError):
-                raise RolloutError(
-                    f"{child.role} (pid {child.pid}) died during {type(msg).__name__}"
-                ) from None
-            if isinstance(reply, reply_type):
-                return reply
-            if isinstance(reply, Failed):
-                raise RolloutError(reply.message)
-            self._dispatch(child, reply)
-
     def _verify_weights(self) -> WeightsVerified:
-        result = self._call(self.owner, VerifyWeights(), WeightsVerified)
+        result = children.call(
+            self.owner, VerifyWeights(), WeightsVerified, self.config.control_timeout_s + 60, self._dispatch
+        )
         if not result.ok:
             self._dispatch(self.owner, result)
         return result
 
-    def _in_pump(self, fn: Callable[[], Any]) -> Future:
+    def _in_loop(self, fn: Callable[[], Any]) -> Future:
+        """Run `fn` on the loop thread (the only one that talks to children)."""
         future: Future = Future()
+        if threading.current_thread() is self._loop or self._loop is None:
+            try:
+                future.set_result(fn())
+            except BaseException as exc:
+                future.set_exception(exc)
+            return future
         with self._lock:
             self._pending.append((fn, future))
         self._wake()
         return future
 
     def _run_pending(self) -> None:
-        pending, self._pending = self._pending, []
+        with self._lock:
+            pending, self._pending = self._pending, []
         for fn, future in pending:
             try:
                 future.set_result(fn())
@@ -818,26 +764,15 @@ class RolloutNode:
         except OSError:
             pass
 
-    # -- results --------------------------------------------------------------------------
-
-    def _completion(self, record: _InFlight) -> Completion:
-        text = self._decode(record.tokens)
-        for stop in record.spec.stop:
-            if stop in text:
-                text = text[: text.index(stop)]
-        first = record.first_token_at or record.submitted_at
-        last = record.last_token_at or first
-        n = len(record.tokens)
-        return Completion(
-            request_id=record.request_id,
-            prompt_len=len(record.prompt_ids),
-            token_ids=list(record.tokens),
-            text=text,
-            finish_reason=record.finish_reason or "stop",
-            prefill_s=first - record.submitted_at,
-            decode_s_per_token=(last - first) / (n - 1) if n > 1 else 0.0,
-            recoveries=tuple(record.recoveries),
-        )
+    def _notify_state(self) -> None:
+        if not self._state_listeners:
+            return
+        state = self.roles()
+        for listener in list(self._state_listeners):
+            try:
+                listener(state)
+            except Exception:  # a publisher must never break the node
+                log.exception("rollout node %s: state listener failed", self.config.node_id)
 
     def _decode(self, tokens: list[int]) -> str:
         if self._tokenizer is None:
@@ -847,40 +782,5 @@ class RolloutNode:
         return self._tokenizer.decode(tokens, skip_special_tokens=True)
 
 
-# ----------------------------------------------------------------------------- helpers
-
-
 def _vocab_size(model_dir: Path) -> int:
-    import json
-
     return int(json.loads((model_dir / "config.json").read_text())["vocab_size"])
-
-
-def _fence(child: _Child | None) -> None:
-    """Kill and reap: once this returns the kernel has released the child's lease lock."""
-    if child is None:
-        return
-    if child.process.is_alive():
-        child.process.kill()
-    child.process.join()
-
-
-def _close_conn(child: _Child | None) -> None:
-    if child is not None:
-        try:
-            child.conn.close()
-        except OSError:
-            pass
-
-
-def _stop_child(child: _Child, grace_s: float = 5.0) -> None:
-    try:
-        if child.process.is_alive():
-            child.conn.send(Stop())
-    except (OSError, ValueError):
-        pass
-    child.process.join(grace_s)
-    if child.process.is_alive():
-        child.process.kill()
-        child.process.join()
-    _close_conn(child)

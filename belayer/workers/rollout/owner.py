@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import math
 import os
 import time
 from multiprocessing.connection import Connection
@@ -19,9 +20,15 @@ from pathlib import Path
 from belayer.workers.rollout import faults, shm
 from belayer.workers.rollout.procutil import die_with_parent
 from belayer.workers.rollout.protocol import (
+    DropWeights,
     Failed,
     OwnerReady,
     OwnerSpec,
+    Sealed,
+    SealRefused,
+    SealWeights,
+    Staged,
+    StageWeights,
     Stop,
     VerifyWeights,
     WeightsVerified,
@@ -44,39 +51,59 @@ def owner_main(spec: OwnerSpec, conn: Connection) -> None:
 
 
 class MemoryOwner:
+    """Holds one segment per weights version it keeps, plus the arena; seals published ones."""
+
     def __init__(self, spec: OwnerSpec):
         self.spec = spec
-        self.weights_path = shm.weights_path(spec.node_id, spec.generation)
-        self.arena_path = shm.arena_path(spec.node_id, spec.generation)
-        self.mm = None
-        self.entries: list[shm.TensorEntry] = []
-        self.data_offset = 0
+        self.arena_path = spec.adopt_arena or shm.arena_path(spec.node_id, spec.generation)
+        self.segments: dict[int, WeightsSegment] = {}
+        self.staged: dict[int, WeightsSegment] = {}
+        self.current = spec.current_version
+        self.params = 0
 
     def load(self) -> OwnerReady:
         t0 = time.perf_counter()
-        check_model_files(self.spec.model_dir)
-        tensors = vllm_layout(self.spec.model_dir, self.spec.dtype)
-        self.entries = plan_entries(tensors)
-        self.mm = shm.create_weights_segment(self.weights_path, self.entries, version=1)
-        header = shm.read_weights_header(self.mm)
-        self.data_offset = header.data_offset
-        entries = []
-        for entry, tensor in zip(self.entries, tensors.values(), strict=True):
-            self._write(entry, tensor)
-            entries.append(shm.TensorEntry(**{**entry.__dict__, "sha256": self._digest(entry)}))
-        self.entries = entries
-        self._rewrite_manifest()
-        shm.set_weights_status(self.mm, shm.STATUS_OK)
-        shm.create_arena(self.arena_path, self.spec.kv_bytes)
-        params = sum(t.numel() for t in tensors.values())
+        for version, path in sorted(self.spec.adopt_weights.items()):
+            segment = WeightsSegment.adopt(path)
+            if segment is not None:
+                self.segments[version] = segment
+        if self.current not in self.segments:
+            if self.current != 1:
+                raise shm.SharedMemoryError(
+                    f"weights version {self.current} was lost with the previous owner (its segment is "
+                    "missing or fails its checksums) and exists only with the trainer: publish it again"
+                )
+            self.segments[1] = self._load_from_disk()
+        if self.spec.adopt_arena is None or not self._arena_intact():
+            self.arena_path = shm.arena_path(self.spec.node_id, self.spec.generation)
+            shm.create_arena(self.arena_path, self.spec.kv_bytes, self.current)
+        current = self.segments[self.current]
         return OwnerReady(
             pid=os.getpid(),
-            weights_path=self.weights_path,
+            versions={v: seg.path for v, seg in self.segments.items()},
+            current_version=self.current,
             arena_path=self.arena_path,
             load_s=time.perf_counter() - t0,
-            params=params,
-            weight_bytes=sum(e.nbytes for e in self.entries),
+            params=sum(math.prod(e.shape) for e in current.entries),
+            weight_bytes=sum(e.nbytes for e in current.entries),
         )
+
+    def _load_from_disk(self) -> WeightsSegment:
+        check_model_files(self.spec.model_dir)
+        tensors = vllm_layout(self.spec.model_dir, self.spec.dtype)
+        path = shm.weights_path(self.spec.node_id, self.spec.generation, 1)
+        segment = WeightsSegment.create(path, plan_entries(tensors), version=1)
+        for entry, tensor in zip(segment.entries, tensors.values(), strict=True):
+            segment.write(entry, tensor)
+        segment.seal({e.name: segment.digest(e) for e in segment.entries})
+        return segment
+
+    def _arena_intact(self) -> bool:
+        try:
+            header = shm.read_arena_header(self.spec.adopt_arena)
+        except shm.SharedMemoryError:
+            return False
+        return header.data_size == self.spec.kv_bytes
 
     def serve(self, conn: Connection) -> None:
         selected = faults.active()
@@ -96,8 +123,9 @@ class MemoryOwner:
                     break
                 if isinstance(msg, Stop):
                     break
-                if isinstance(msg, VerifyWeights):
-                    conn.send(self.verify())
+                reply = self.handle(msg)
+                if reply is not None:
+                    conn.send(reply)
             now = time.monotonic()
             if crash_at is not None and now >= crash_at:
                 faults.die_now()
@@ -108,36 +136,123 @@ class MemoryOwner:
                 next_verify = now + interval
         self.close()
 
+    def handle(self, msg):
+        if isinstance(msg, VerifyWeights):
+            return self.verify()
+        if isinstance(msg, StageWeights):
+            return self.stage(msg.version)
+        if isinstance(msg, SealWeights):
+            return self.seal(msg)
+        if isinstance(msg, DropWeights):
+            self.drop(msg.versions)
+        return None
+
+    def stage(self, version: int):
+        if version in self.segments or version in self.staged:
+            return SealRefused(version, f"weights version {version} already exists on this node")
+        layout = self.segments[self.current].entries
+        entries = [shm.TensorEntry(**{**e.__dict__, "sha256": "0" * 64}) for e in layout]
+        path = shm.weights_path(self.spec.node_id, self.spec.generation, version)
+        path.unlink(missing_ok=True)  # a torn stage of an earlier attempt
+        self.staged[version] = WeightsSegment.create(path, entries, version)
+        return Staged(version, path)
+
+    def seal(self, msg: SealWeights):
+        t0 = time.perf_counter()
+        segment = self.staged.pop(msg.version, None)
+        if segment is None:
+            return SealRefused(msg.version, f"weights version {msg.version} was not staged on this owner")
+        if "publish_corrupt" in faults.active():  # a torn write: one byte differs from what was sent
+            segment.mm[segment.data_offset] ^= 0xFF
+        problem = segment.mismatch(msg.sha256)
+        if problem is not None:
+            segment.discard()
+            return SealRefused(msg.version, f"weights version {msg.version} refused: {problem}")
+        segment.seal(msg.sha256)
+        self.segments[msg.version] = segment
+        shm.set_current_version(self.arena_path, msg.version)  # the flip
+        self.current = msg.version
+        return Sealed(msg.version, time.perf_counter() - t0)
+
+    def drop(self, versions) -> None:
+        for version in versions:
+            if version != self.current and version in self.segments:
+                self.segments.pop(version).discard()
+
     def verify(self) -> WeightsVerified:
         t0 = time.perf_counter()
-        bad = tuple(e.name for e in self.entries if self._digest(e) != e.sha256)
-        shm.set_weights_status(self.mm, shm.STATUS_CORRUPT if bad else shm.STATUS_OK)
+        segment = self.segments[self.current]
+        bad = segment.bad_tensors()
+        shm.set_weights_status(segment.mm, shm.STATUS_CORRUPT if bad else shm.STATUS_OK)
         return WeightsVerified(ok=not bad, bad_tensors=bad, seconds=time.perf_counter() - t0)
 
     def close(self) -> None:
-        for path in (self.weights_path, self.arena_path):
-            try:
-                path.unlink()
-            except FileNotFoundError:
-                pass
+        for segment in [*self.segments.values(), *self.staged.values()]:
+            segment.discard()
+        self.arena_path.unlink(missing_ok=True)
 
-    def _write(self, entry: shm.TensorEntry, tensor) -> None:
+
+class WeightsSegment:
+    """One version's weights in shared memory, with the manifest that checksums them."""
+
+    def __init__(self, path: Path, mm):
+        self.path, self.mm = path, mm
+        header, self.entries = shm.read_manifest(mm)
+        self.data_offset = header.data_offset
+
+    @classmethod
+    def create(cls, path: Path, entries: list[shm.TensorEntry], version: int) -> WeightsSegment:
+        return cls(path, shm.create_weights_segment(path, entries, version))
+
+    @classmethod
+    def adopt(cls, path: Path) -> WeightsSegment | None:
+        """A predecessor's segment, kept only if it is sealed and every tensor still verifies."""
+        try:
+            segment = cls(path, shm.map_readwrite(path))
+        except (shm.SharedMemoryError, ValueError, OSError):
+            return None
+        header = shm.read_weights_header(segment.mm)
+        if header.status != shm.STATUS_OK or segment.bad_tensors():
+            segment.discard()
+            return None
+        return segment
+
+    def write(self, entry: shm.TensorEntry, tensor) -> None:
         import torch
 
         start = self.data_offset + entry.offset
         view = torch.frombuffer(self.mm, dtype=tensor.dtype, count=tensor.numel(), offset=start)
         view.copy_(tensor.reshape(-1))
 
-    def _digest(self, entry: shm.TensorEntry) -> str:
+    def digest(self, entry: shm.TensorEntry) -> str:
         start = self.data_offset + entry.offset
         with memoryview(self.mm) as mv:
             return hashlib.sha256(mv[start : start + entry.nbytes]).hexdigest()
 
-    def _rewrite_manifest(self) -> None:
+    def mismatch(self, expected: dict[str, str]) -> str | None:
+        names = {e.name for e in self.entries}
+        if set(expected) != names:
+            return f"tensors {sorted(names ^ set(expected))[:3]} missing or unknown"
+        bad = [e.name for e in self.entries if self.digest(e) != expected[e.name]]
+        return f"checksum mismatch in {bad[:3]} (torn or corrupt write)" if bad else None
+
+    def bad_tensors(self) -> tuple[str, ...]:
+        return tuple(e.name for e in self.entries if self.digest(e) != e.sha256)
+
+    def seal(self, sha256: dict[str, str]) -> None:
+        self.entries = [shm.TensorEntry(**{**e.__dict__, "sha256": sha256[e.name]}) for e in self.entries]
         manifest = json.dumps([e.__dict__ for e in self.entries]).encode()
         header = shm.read_weights_header(self.mm)
         assert len(manifest) == header.manifest_len, "sha256 strings are fixed-length"
         self.mm[shm.PAGE : shm.PAGE + len(manifest)] = manifest
+        shm.set_weights_status(self.mm, shm.STATUS_OK)
+
+    def discard(self) -> None:
+        self.path.unlink(missing_ok=True)
+        try:
+            self.mm.close()
+        except BufferError:  # a tensor view still exports it; the pages go with the process
+            pass
 
 
 def check_model_files(model_dir: Path) -> None:
@@ -156,13 +271,20 @@ def check_model_files(model_dir: Path) -> None:
 
 
 def vllm_layout(model_dir: Path, dtype: str) -> dict:
-    """HF Llama tensors → vLLM's Llama parameter names (qkv and gate_up fused), in `dtype`."""
-    import torch
+    """The model's weights file in vLLM's layout (see `to_vllm_layout`)."""
     from safetensors import safe_open
 
-    target = {"float32": torch.float32, "bfloat16": torch.bfloat16}[dtype]
     with safe_open(str(model_dir / "model.safetensors"), framework="pt") as f:
         hf = {name: f.get_tensor(name) for name in f.keys()}
+    return to_vllm_layout(hf, dtype)
+
+
+def to_vllm_layout(hf: dict, dtype: str) -> dict:
+    """HF Llama tensors → vLLM's Llama parameter names (qkv and gate_up fused), in `dtype`,
+    sorted by name. Names already in vLLM's layout pass through (a trainer may send either)."""
+    import torch
+
+    target = {"float32": torch.float32, "bfloat16": torch.bfloat16}[dtype]
     out: dict[str, object] = {}
     for name in sorted(hf):
         if name.endswith(("self_attn.k_proj.weight", "self_attn.v_proj.weight", "mlp.up_proj.weight")):
@@ -180,7 +302,7 @@ def vllm_layout(model_dir: Path, dtype: str) -> dict:
             )
         else:
             out[name] = hf[name]
-    return {name: t.to(target).contiguous() for name, t in out.items()}
+    return {name: out[name].detach().to("cpu", target).contiguous() for name in sorted(out)}
 
 
 def plan_entries(tensors: dict) -> list[shm.TensorEntry]:

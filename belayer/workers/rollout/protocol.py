@@ -35,16 +35,67 @@ class OwnerSpec:
     dtype: str
     kv_bytes: int
     verify_interval_s: float
+    # A replacement owner adopts its predecessor's segments (version -> path) and arena
+    # when they verify, instead of reloading from disk: published versions exist nowhere else.
+    adopt_weights: dict[int, Path] = field(default_factory=dict)
+    adopt_arena: Path | None = None
+    current_version: int = 1
 
 
 @dataclass(frozen=True)
 class OwnerReady:
     pid: int
-    weights_path: Path
+    versions: dict[int, Path]  # every sealed version the owner holds
+    current_version: int
     arena_path: Path
     load_s: float
     params: int
     weight_bytes: int
+
+    @property
+    def weights_path(self) -> Path:
+        return self.versions[self.current_version]
+
+
+@dataclass(frozen=True)
+class StageWeights:
+    """Create an empty segment for `version` in the current layout (the publisher fills it)."""
+
+    version: int
+
+
+@dataclass(frozen=True)
+class Staged:
+    version: int
+    path: Path
+
+
+@dataclass(frozen=True)
+class SealWeights:
+    """Checksum the staged segment against what the publisher wrote; if it matches, mark it
+    OK and flip the node's current version to it."""
+
+    version: int
+    sha256: dict[str, str]
+
+
+@dataclass(frozen=True)
+class Sealed:
+    version: int
+    seconds: float
+
+
+@dataclass(frozen=True)
+class SealRefused:
+    version: int
+    message: str
+
+
+@dataclass(frozen=True)
+class DropWeights:
+    """Unlink these versions' segments (engines that still map one keep their pages)."""
+
+    versions: tuple[int, ...]
 
 
 @dataclass(frozen=True)
@@ -88,6 +139,7 @@ class EngineSpec:
     max_num_seqs: int
     heartbeat_interval_s: float
     threads: int
+    weights_version: int = 1
 
 
 @dataclass(frozen=True)
@@ -97,6 +149,38 @@ class EngineReady:
     device_digest: str
     rss_bytes: int
     private_bytes: int
+    weights_version: int = 1
+
+
+@dataclass(frozen=True)
+class SwitchWeights:
+    """At the next step boundary (no request scheduled): compute with `weights_path` from now."""
+
+    version: int
+    weights_path: Path
+
+
+@dataclass(frozen=True)
+class WeightsSwitched:
+    version: int
+    seconds: float
+
+
+@dataclass(frozen=True)
+class SwitchFailed:
+    version: int
+    message: str
+
+
+@dataclass(frozen=True)
+class VerifySketch:
+    """Does the engine still compute with the weights it verified at load / switch?"""
+
+
+@dataclass(frozen=True)
+class SketchResult:
+    ok: bool
+    seconds: float
 
 
 @dataclass(frozen=True)
@@ -105,7 +189,6 @@ class AddRequest:
     prompt_ids: list[int]
     spec: SamplingSpec
     max_tokens: int  # what is left of spec.max_tokens after a replay
-    base_position: int = field(default=0)  # unused by the engine; kept for logs
 
 
 @dataclass(frozen=True)
@@ -147,12 +230,14 @@ class TokenDelta:
     token_ids: list[int]
     finished: bool
     finish_reason: str | None
+    logprobs: list[float] = field(default_factory=list)  # one per token, under its sampling distribution
 
 
 @dataclass(frozen=True)
 class StepOutput:
     deltas: list[TokenDelta]
     step_s: float
+    weights_version: int = 1  # every token of a step comes from one version
 
 
 @dataclass(frozen=True)

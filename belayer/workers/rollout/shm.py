@@ -3,9 +3,11 @@
 - weights: `[header page | manifest JSON | tensor bytes]`. The header carries a magic, the
   total size, a weights version and a status word the owner sets after each checksum pass;
   the manifest lists every tensor (vLLM parameter name, dtype, shape, offset, sha256).
-  A trainer can publish a new version by writing a new segment and bumping the version.
-- KV arena: `[header page | raw KV bytes]`. The header carries magic, data size and the
-  lease epoch. The lease is `flock` on the arena file (released by the kernel when the
+  One segment per weights version: a publish stages the next version in a new segment,
+  the owner checksums it and only then marks it OK, so no engine can map torn weights.
+- KV arena: `[header page | raw KV bytes]`. The header carries magic, data size, the
+  lease epoch and the node's current weights version (flipped with one 8-byte write when
+  a published version is sealed: the single word a replacement owner or engine reads). The lease is `flock` on the arena file (released by the kernel when the
   holder dies) plus the epoch, which the new holder bumps so a stale holder can tell.
 
 Nothing here imports vLLM; engines and owner both use these helpers.
@@ -31,19 +33,20 @@ WEIGHTS_MAGIC = b"BLYRWT01"
 ARENA_MAGIC = b"BLYRKV01"
 # weights header: magic, total size, manifest length, data offset, version, status
 _WEIGHTS_HDR = struct.Struct("<8sQQQQQ")
-# arena header: magic, data size, epoch
-_ARENA_HDR = struct.Struct("<8sQQ")
+# arena header: magic, data size, epoch, current weights version
+_ARENA_HDR = struct.Struct("<8sQQQ")
 STATUS_LOADING, STATUS_OK, STATUS_CORRUPT = 0, 1, 2
 _STATUS_OFFSET = 8 + 8 * 4
 _EPOCH_OFFSET = 8 + 8
+_VERSION_OFFSET = 8 + 8 + 8
 
 
 def segment_prefix(node_id: str) -> str:
     return f"belayer-{node_id}-"
 
 
-def weights_path(node_id: str, generation: int) -> Path:
-    return SHM_DIR / f"{segment_prefix(node_id)}weights-g{generation}"
+def weights_path(node_id: str, generation: int, version: int) -> Path:
+    return SHM_DIR / f"{segment_prefix(node_id)}weights-g{generation}-v{version}"
 
 
 def arena_path(node_id: str, generation: int) -> Path:
@@ -76,7 +79,7 @@ def orphan_segments(prefix: str = "belayer-", min_age_s: float = 60.0) -> list[P
 
     by_node: dict[str, list[Path]] = {}
     for path in SHM_DIR.glob(prefix + "*"):
-        node_part = path.name.rsplit("-", 2)[0]  # belayer-<node>-weights-g<N> -> belayer-<node>
+        node_part = path.name.split("-weights-")[0].split("-kv-")[0]  # belayer-<node>-weights-g1-v1
         by_node.setdefault(node_part + "-", []).append(path)
     now = time.time()
     candidates = {
@@ -156,6 +159,18 @@ def read_manifest(mm) -> tuple[WeightsHeader, list[TensorEntry]]:
     return header, [TensorEntry(**{**e, "shape": tuple(e["shape"])}) for e in raw]
 
 
+def map_readwrite(path: Path) -> mmap.mmap:
+    """Map a staged segment for writing (the publisher fills it before the owner seals it)."""
+    try:
+        fd = os.open(path, os.O_RDWR)
+    except FileNotFoundError:
+        raise SharedMemoryError(f"staged weights segment {path} is missing (memory owner gone?)") from None
+    try:
+        return mmap.mmap(fd, 0, mmap.MAP_SHARED, mmap.PROT_READ | mmap.PROT_WRITE)
+    finally:
+        os.close(fd)
+
+
 def map_readonly(path: Path) -> mmap.mmap:
     """Map a segment read-only: a stray write from this process faults instead of corrupting it."""
     try:
@@ -171,12 +186,21 @@ def map_readonly(path: Path) -> mmap.mmap:
 # ---------------------------------------------------------------- KV arena
 
 
-def create_arena(path: Path, data_size: int) -> None:
+def create_arena(path: Path, data_size: int, weights_version: int) -> None:
     """Create the arena: header page plus `data_size` raw bytes (sparse until touched)."""
     fd = os.open(path, os.O_CREAT | os.O_EXCL | os.O_RDWR, 0o600)
     try:
         os.ftruncate(fd, PAGE + data_size)
-        os.pwrite(fd, _ARENA_HDR.pack(ARENA_MAGIC, data_size, 0), 0)
+        os.pwrite(fd, _ARENA_HDR.pack(ARENA_MAGIC, data_size, 0, weights_version), 0)
+    finally:
+        os.close(fd)
+
+
+def set_current_version(path: Path, version: int) -> None:
+    """The atomic flip: one aligned 8-byte write makes `version` the node's current one."""
+    fd = os.open(path, os.O_RDWR)
+    try:
+        os.pwrite(fd, struct.pack("<Q", version), _VERSION_OFFSET)
     finally:
         os.close(fd)
 
@@ -185,6 +209,7 @@ def create_arena(path: Path, data_size: int) -> None:
 class ArenaHeader:
     data_size: int
     epoch: int
+    weights_version: int
 
 
 def read_arena_header(path: Path) -> ArenaHeader:
@@ -197,12 +222,12 @@ def read_arena_header(path: Path) -> ArenaHeader:
         size = os.fstat(fd).st_size
     finally:
         os.close(fd)
-    magic, data_size, epoch = _ARENA_HDR.unpack(raw)
+    magic, data_size, epoch, version = _ARENA_HDR.unpack(raw)
     if magic != ARENA_MAGIC:
         raise SharedMemoryError(f"KV arena {path} has bad magic {magic!r}")
     if size != PAGE + data_size:
         raise SharedMemoryError(f"KV arena {path} is {size} bytes, header says {PAGE + data_size}")
-    return ArenaHeader(data_size, epoch)
+    return ArenaHeader(data_size, epoch, version)
 
 
 _libc = ctypes.CDLL(None, use_errno=True)

@@ -13,7 +13,14 @@ Hooks:
    so both engines' KV tensors are views of the same shared memory.
 3. `PositionSeededSampler` — a custom v1 logits processor (`logits_processors=`) that draws
    each sampled token from a generator seeded by (seed, absolute position); vLLM's own
-   per-request generator is a stream that restarts on replay, this one does not.
+   per-request generator is a stream that restarts on replay, this one does not. It also
+   records the log-probability of every token it decides (`take_logprobs`): vLLM's own
+   logprobs would describe the one-hot logits it is handed, not the sampling distribution.
+4. `switch_weights` / `weights_sketch` — in-place publishing: `shared` rebinds parameters to
+   the new version's mapping; `private` goes through vLLM's own in-place reload
+   (`model_runner.reload_weights`), which restores the layers, copies and re-runs the
+   oneDNN repacking. The sketch lets an engine prove its private weights are still the
+   ones it verified at load, without a readable copy of the packed weights.
 """
 
 from __future__ import annotations
@@ -190,8 +197,28 @@ class ArenaCPUWorker(CPUWorker):
 # ----------------------------------------------------------------- 3. replayable sampling
 
 
+# Log-probabilities decided by the sampler, by engine request id and absolute position.
+# Keyed by position so a row vLLM computes and then discards (a partial prefill) is simply
+# overwritten by the real draw at the same position.
+_LOGPROBS: dict[str, dict[int, float]] = {}
+
+
+def take_logprobs(request_id: str, first_position: int, count: int) -> list[float]:
+    """The logprobs of the `count` tokens a step emitted for `request_id`, forgetting them."""
+    recorded = _LOGPROBS.get(request_id, {})
+    out = [recorded.pop(p, math.nan) for p in range(first_position, first_position + count)]
+    for stale in [p for p in recorded if p < first_position]:
+        del recorded[stale]
+    return out
+
+
+def forget_logprobs(request_id: str) -> None:
+    _LOGPROBS.pop(request_id, None)
+
+
 class PositionSeededSampler(LogitsProcessor):
-    """Samples temperature>0 requests from noise seeded by (seed, absolute position).
+    """Decides every token: temperature>0 requests draw from noise seeded by (seed, absolute
+    position), greedy ones take the argmax; the token's logprob is recorded either way.
 
     vLLM itself then runs the request greedily (temperature 0) on logits where only the
     chosen token is finite. A request resumed from prompt + tokens so far therefore draws
@@ -215,7 +242,7 @@ class PositionSeededSampler(LogitsProcessor):
             self.requests.pop(index, None)
         for index, params, _prompt, output_ids in batch_update.added:
             extra = (params.extra_args or {}).get(EXTRA_KEY) if params is not None else None
-            if extra and extra["temperature"] > 0:
+            if extra:
                 self.requests[index] = (extra, output_ids)
             else:
                 self.requests.pop(index, None)
@@ -231,7 +258,8 @@ class PositionSeededSampler(LogitsProcessor):
             if index >= logits.shape[0]:
                 continue
             position = extra["base"] + len(output_ids)
-            token = sample_at_position(logits[index], extra, position)
+            token, logprob = sample_at_position(logits[index], extra, position)
+            _LOGPROBS.setdefault(extra["rid"], {})[position] = logprob
             logits[index].fill_(float("-inf"))
             logits[index, token] = 0.0
         return logits
@@ -242,8 +270,14 @@ def position_seed(seed: int, position: int) -> int:
     return int.from_bytes(digest, "little") & ((1 << 63) - 1)
 
 
-def sample_at_position(row: torch.Tensor, extra: dict, position: int) -> int:
-    """Gumbel-max over temperature-scaled, top-k/top-p filtered logits."""
+def sample_at_position(row: torch.Tensor, extra: dict, position: int) -> tuple[int, float]:
+    """(token, its logprob). Temperature 0: the argmax, with its logprob under the unscaled
+    distribution. Otherwise Gumbel-max over temperature-scaled, top-k/top-p filtered logits,
+    with the logprob under that same filtered distribution (what the policy sampled from)."""
+    if extra["temperature"] <= 0:
+        logprobs = torch.log_softmax(row.double(), dim=-1)
+        token = int(torch.argmax(row).item())
+        return token, float(logprobs[token])
     logits = row.float() / extra["temperature"]
     top_k = extra.get("top_k", 0)
     if 0 < top_k < logits.numel():
@@ -258,7 +292,8 @@ def sample_at_position(row: torch.Tensor, extra: dict, position: int) -> int:
     gen = torch.Generator().manual_seed(position_seed(extra["seed"], position))
     uniform = torch.rand(logits.numel(), generator=gen, dtype=torch.float64).clamp_(1e-300, 1.0)
     gumbel = -torch.log(-torch.log(uniform))
-    return int(torch.argmax(logits.double() + gumbel).item())
+    token = int(torch.argmax(logits.double() + gumbel).item())
+    return token, float(torch.log_softmax(logits.double(), dim=-1)[token])
 
 
 # ----------------------------------------------------------------- engine construction
@@ -301,9 +336,12 @@ def build_engine(spec: EngineSpec) -> LLMEngine:
     return LLMEngine.from_engine_args(args)
 
 
-def sampling_params(spec: SamplingSpec, max_tokens: int, base_position: int) -> SamplingParams:
-    """vLLM runs every request greedily; temperature>0 is done by PositionSeededSampler."""
+def sampling_params(
+    spec: SamplingSpec, max_tokens: int, base_position: int, request_id: str
+) -> SamplingParams:
+    """vLLM runs every request greedily; PositionSeededSampler decides each token."""
     extra = {
+        "rid": request_id,
         "temperature": float(spec.temperature),
         "top_p": float(spec.top_p),
         "top_k": int(spec.top_k),
@@ -341,3 +379,86 @@ def private_memory(pid: int | None = None) -> tuple[int, int, int]:
     from belayer.workers.rollout.procutil import memory_of
 
     return memory_of(pid or os.getpid())
+
+
+# ----------------------------------------------------------------- 4. publishing in place
+
+
+def switch_weights(engine: LLMEngine, weights_path: Path, mode: str) -> None:
+    """Make the engine compute with the weights in `weights_path` (a sealed owner segment).
+
+    Called between steps with no request scheduled, so no step sees a mix of versions.
+    """
+    mm = shm.map_readonly(weights_path)
+    header, entries = shm.read_manifest(mm)
+    if header.status != shm.STATUS_OK:
+        mm.close()
+        raise shm.SharedMemoryError(
+            f"weights version {header.version} is not sealed (status {header.status})"
+        )
+    views = [(e.name, _tensor_view(mm, header.data_offset, e)) for e in entries]
+    if mode == "shared":
+        engine.apply_model(lambda model: _rebind(model, dict(views)))
+    else:
+        # vLLM's in-place reload restores each layer's unpacked parameters, copies, and
+        # re-runs its weight processing (oneDNN repacking); the names are already vLLM's.
+        engine.collective_rpc(
+            lambda worker: worker.model_runner.reload_weights(
+                weights_iterator=iter(views), is_checkpoint_format=True
+            )
+        )
+        mm.close()
+    engine.reset_prefix_cache()
+
+
+def _rebind(model: torch.nn.Module, views: dict[str, torch.Tensor]) -> None:
+    params = dict(model.named_parameters())
+    missing = set(params) - set(views)
+    if missing:
+        raise shm.SharedMemoryError(f"new weights lack parameters {sorted(missing)[:3]}")
+    for name, param in params.items():
+        if tuple(param.shape) != tuple(views[name].shape):
+            raise shm.SharedMemoryError(
+                f"{name}: engine has {tuple(param.shape)}, new weights {tuple(views[name].shape)}"
+            )
+        param.data = views[name]
+
+
+def weights_sketch(engine: LLMEngine) -> str:
+    """A digest of what the engine computes with: every linear layer applied to a fixed
+    random probe (packed weights cannot be read back), every other parameter hashed.
+
+    Deterministic within one engine process, so a sketch taken right after the weights were
+    loaded from verified owner memory and one taken later agree iff nothing changed.
+    """
+    return engine.apply_model(_sketch)[0]
+
+
+@torch.inference_mode()
+def _sketch(model: torch.nn.Module) -> str:
+    digest = hashlib.sha256()
+    probed: set[int] = set()
+    for name, module in model.named_modules():
+        linear = getattr(module, "cpu_linear", None)
+        weight = getattr(module, "weight", None)
+        if linear is None or weight is None:
+            continue
+        in_features = _in_features(module)
+        gen = torch.Generator().manual_seed(in_features)
+        probe = torch.randn(1, in_features, generator=gen).to(weight.dtype)
+        digest.update(name.encode())
+        digest.update(linear(probe, weight, getattr(module, "bias", None)).float().numpy().tobytes())
+        probed.update(id(p) for p in module.parameters(recurse=False))
+    for name, param in model.named_parameters():
+        if id(param) not in probed and param.numel():
+            digest.update(name.encode())
+            digest.update(param.detach().float().contiguous().numpy().tobytes())
+    return digest.hexdigest()
+
+
+def _in_features(module: torch.nn.Module) -> int:
+    for attr in ("input_size_per_partition", "input_size", "embedding_dim"):
+        value = getattr(module, attr, None)
+        if isinstance(value, int):
+            return value
+    return int(module.weight.shape[-1])

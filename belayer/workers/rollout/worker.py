@@ -26,7 +26,7 @@ async def serve(config: BelayerConfig) -> None:
     from belayer.activities.generate import RolloutActivities
     from belayer.model.build import model_path
     from belayer.storage.store import ObjectStore
-    from belayer.workers.rollout.supervisor import RolloutNode
+    from belayer.workers.rollout.node import RolloutNode
     from belayer.workers.runner import run_worker
 
     model_dir = model_path(config.rollout.model, config.cache_dir)

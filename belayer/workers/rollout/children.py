@@ -1,0 +1,184 @@
+"""The node's child processes (memory owner, engines): spawning, readiness, control calls,
+fencing and stopping. Only the node's loop thread touches a child's pipe."""
+
+from __future__ import annotations
+
+import multiprocessing as mp
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from multiprocessing.connection import Connection
+from pathlib import Path
+from typing import Any
+
+from belayer.workers.rollout.config import RolloutConfig
+from belayer.workers.rollout.engine import engine_main
+from belayer.workers.rollout.errors import EngineStartError, RolloutError
+from belayer.workers.rollout.owner import owner_main
+from belayer.workers.rollout.protocol import (
+    EngineReady,
+    EngineSpec,
+    Failed,
+    OwnerReady,
+    OwnerSpec,
+    Stop,
+)
+
+MP = mp.get_context("spawn")  # never fork a process that may hold vLLM / OpenMP state
+
+Dispatch = Callable[["Child", Any], None]
+
+
+@dataclass
+class Child:
+    role: str
+    process: Any
+    conn: Connection
+    ready: Any = None  # EngineReady | OwnerReady once up
+    last_heard: float = field(default_factory=time.monotonic)
+    spec: Any = None
+    version: int = 0  # engines: the weights version it computes with (confirmed by the engine)
+    switching_to: int | None = None  # engines: a SwitchWeights sent, not answered yet
+
+    @property
+    def pid(self) -> int | None:
+        return self.process.pid
+
+
+def spawn_owner(config: RolloutConfig, model_dir: Path, generation: int, **adopt) -> Child:
+    spec = OwnerSpec(
+        node_id=config.node_id,
+        generation=generation,
+        model_dir=model_dir,
+        dtype=config.dtype,
+        kv_bytes=config.kv_cache_mb << 20,
+        verify_interval_s=config.weights_verify_interval_s,
+        **adopt,
+    )
+    return _spawn("owner", owner_main, spec, config.node_id)
+
+
+def spawn_engine(config: RolloutConfig, model_dir: Path, owner: OwnerReady, role: str, version: int) -> Child:
+    spec = EngineSpec(
+        node_id=config.node_id,
+        role=role,
+        model_dir=model_dir,
+        weights_path=owner.versions[version],
+        arena_path=owner.arena_path,
+        dtype=config.dtype,
+        weight_mode=config.weight_mode,
+        kv_bytes=config.kv_cache_mb << 20,
+        max_model_len=config.max_model_len,
+        max_num_seqs=config.max_num_seqs,
+        heartbeat_interval_s=config.heartbeat_interval_s,
+        threads=config.engine_threads,
+        weights_version=version,
+    )
+    return _spawn(role, engine_main, spec, config.node_id)
+
+
+def _spawn(role: str, target, spec, node_id: str) -> Child:
+    parent, child = MP.Pipe()
+    process = MP.Process(target=target, args=(spec, child), name=f"belayer-{node_id}-{role}", daemon=True)
+    process.start()
+    child.close()
+    return Child(role, process, parent, spec=spec)
+
+
+def on_ready(child: Child, msg: Any) -> bool:
+    """Record a readiness message; True if `msg` was one."""
+    if isinstance(msg, EngineReady):
+        child.ready, child.version = msg, msg.weights_version
+        return True
+    if isinstance(msg, OwnerReady):
+        child.ready = msg
+        return True
+    return False
+
+
+def await_ready(child: Child, timeout_s: float, dispatch: Dispatch) -> None:
+    """Block until `child` is ready, handing anything else it says to `dispatch`."""
+    if child.ready is not None:
+        return
+    deadline = time.monotonic() + timeout_s
+    while child.ready is None:
+        left = deadline - time.monotonic()
+        if left <= 0:
+            raise EngineStartError(
+                f"{child.role} not ready after {timeout_s} s (rollout.engine_start_timeout_s)"
+            )
+        if not child.conn.poll(min(left, 0.5)):
+            if not child.process.is_alive():
+                raise EngineStartError(
+                    f"{child.role} (pid {child.pid}) exited with {child.process.exitcode} while starting"
+                )
+            continue
+        msg = child.conn.recv()
+        if isinstance(msg, Failed):
+            raise EngineStartError(msg.message)
+        if not on_ready(child, msg):
+            dispatch(child, msg)
+
+
+def call(child: Child, msg: Any, reply_types: type | tuple, timeout_s: float, dispatch: Dispatch) -> Any:
+    """Send a control message and wait for its reply, dispatching anything else."""
+    child.conn.send(msg)
+    deadline = time.monotonic() + timeout_s
+    while True:
+        left = deadline - time.monotonic()
+        if left <= 0:
+            raise RolloutError(f"{child.role} did not answer {type(msg).__name__} in {timeout_s} s")
+        try:
+            if not child.conn.poll(left):
+                continue
+            reply = child.conn.recv()
+        except (EOFError, OSError):
+            raise RolloutError(f"{child.role} (pid {child.pid}) died during {type(msg).__name__}") from None
+        if isinstance(reply, reply_types):
+            return reply
+        if isinstance(reply, Failed):
+            raise RolloutError(reply.message)
+        dispatch(child, reply)
+
+
+def send(child: Child | None, msg: Any) -> bool:
+    """Best effort: a dead child's pipe is noticed through its sentinel, not here."""
+    try:
+        child.conn.send(msg)
+        return True
+    except (OSError, AttributeError, ValueError):
+        return False
+
+
+def drain(child: Child, dispatch: Dispatch) -> None:
+    try:
+        while child.conn.poll(0):
+            dispatch(child, child.conn.recv())
+    except (EOFError, OSError):
+        pass  # its death is handled through the sentinel
+
+
+def fence(child: Child | None) -> None:
+    """Kill and reap: once this returns the kernel has released the child's lease lock."""
+    if child is None:
+        return
+    if child.process.is_alive():
+        child.process.kill()
+    child.process.join()
+
+
+def close_conn(child: Child | None) -> None:
+    if child is not None:
+        try:
+            child.conn.close()
+        except OSError:
+            pass
+
+
+def stop(child: Child, grace_s: float = 5.0) -> None:
+    send(child, Stop())
+    child.process.join(grace_s)
+    if child.process.is_alive():
+        child.process.kill()
+        child.process.join()
+    close_conn(child)

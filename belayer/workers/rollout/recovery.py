@@ -1,0 +1,236 @@
+"""Takeover and cold start (docs/design.md §3): fence the failed leader, check the owner
+and the shadow, move the lease, re-send everything in flight; a cold start when the shadow
+cannot serve, recorded as such and with the reason.
+
+Runs on the node's loop thread without the node lock: submits, heartbeats and status go
+on during a cold start; the loop itself is the only thread that touches children.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+from belayer.workers.rollout import children, shm
+from belayer.workers.rollout.errors import RolloutError
+from belayer.workers.rollout.protocol import HealthCheck, HealthResult, SketchResult, VerifySketch
+
+if TYPE_CHECKING:
+    from belayer.workers.rollout.node import RolloutNode
+
+log = logging.getLogger("belayer.rollout")
+
+
+@dataclass(frozen=True)
+class RecoveryEvent:
+    """One takeover or cold start, with the time of each phase (seconds)."""
+
+    kind: str  # "takeover" | "takeover_after_wait" | "cold_start"
+    reason: str
+    fallback_reason: str | None
+    failed_pid: int | None
+    epoch: int
+    ready_s: float  # failure detected → leader accepting work again (requests re-sent)
+    phases: dict[str, float]
+    replayed_requests: int
+    replayed_tokens: int
+    detected_at: float  # time.monotonic()
+    ready_at: float
+    waited_for_shadow_s: float = 0.0  # > 0: the shadow was not ready (or mid-switch) yet
+    weights_version: int = 1  # what the new leader computes with
+
+
+def recover(node: RolloutNode, reason: str) -> None:
+    detected = time.monotonic()
+    phases: dict[str, float] = {}
+    old = node._set_role("leader", None)
+    t = time.perf_counter()
+    children.fence(old)
+    if old is not None:
+        with node._lock:
+            children.drain(old, node._dispatch)  # tokens it streamed before dying are real
+    children.close_conn(old)
+    with node._lock:
+        node.inflight.detach_all()
+    phases["fence_s"] = time.perf_counter() - t
+    log.error(
+        "rollout node %s: %s; recovering %d in-flight requests",
+        node.config.node_id,
+        reason,
+        len(node.inflight),
+    )
+
+    waited = 0.0
+    fallback, node._forced_fallback = node._forced_fallback, None
+    if fallback is None:
+        fallback = _owner_check(node, phases)
+    if fallback is None:
+        fallback, waited = _shadow_check(node, phases)
+    kind = "takeover_after_wait" if waited > 0 else "takeover"
+    if fallback is None:
+        t = time.perf_counter()
+        try:
+            node._take_lease(node.shadow)
+            node._set_role("leader", node.shadow)
+            node._set_role("shadow", None)
+        except RolloutError as exc:
+            fallback = f"shadow could not take the lease: {exc}"
+        phases["lease_s"] = time.perf_counter() - t
+    if fallback is not None:
+        kind = "cold_start"
+        log.error("rollout node %s: falling back to a cold start: %s", node.config.node_id, fallback)
+        try:
+            _cold_start(node, phases, owner_bad=_owner_bad(node, fallback))
+        except RolloutError as exc:
+            _give_up(node, exc)
+            return
+    if node.owner_failure is not None and node.owner is not None and kind != "cold_start":
+        node._replace_owner()  # in the background: the new owner adopts the verified segments
+
+    with node._lock:
+        records = node.inflight.open()
+        for record in records:
+            record.recoveries.append(kind)
+            if record.pinned_version is not None and record.pinned_version != node.leader.version:
+                record.pinned_version = None  # its version cannot be served any more: say so per token
+    node._send_unsent()
+    ready_at = time.monotonic()
+    event = RecoveryEvent(
+        kind=kind,
+        reason=reason,
+        fallback_reason=fallback,
+        failed_pid=old.pid if old else None,
+        epoch=node.epoch,
+        ready_s=ready_at - detected,
+        phases=phases,
+        replayed_requests=len(records),
+        replayed_tokens=sum(len(r.prompt_ids) + len(r.tokens) for r in records),
+        detected_at=detected,
+        ready_at=ready_at,
+        waited_for_shadow_s=waited,
+        weights_version=node.leader.version,
+    )
+    with node._lock:
+        node.recoveries.append(event)
+    log.warning(
+        "rollout node %s: %s done in %.3f s (epoch %d, version %d, %d requests re-prefilled)%s",
+        node.config.node_id,
+        kind,
+        event.ready_s,
+        node.epoch,
+        event.weights_version,
+        len(records),
+        f"; cold start because {fallback}" if fallback else "",
+    )
+    if node.config.shadow and node.shadow is None:
+        node._set_role("shadow", node._spawn_engine("shadow"))  # the loop sees it ready
+    node._notify_state()
+
+
+def _give_up(node: RolloutNode, exc: RolloutError) -> None:
+    """Nothing left to serve on: tell every request, retryable elsewhere (Temporal retries
+    the activity on another node, resuming from its heartbeat)."""
+    log.error("rollout node %s: cold start failed: %s", node.config.node_id, exc)
+    with node._lock:
+        node.broken = f"cold start failed: {exc}"
+        for record in node.inflight.open():
+            node.inflight.fail(
+                record, RolloutError(f"rollout node {node.config.node_id} lost its engine: {exc}")
+            )
+    node._notify_state()
+
+
+def _owner_bad(node: RolloutNode, fallback: str) -> bool:
+    return node.owner_failure is not None or "owner" in fallback or "full cold start" in fallback
+
+
+def _owner_check(node: RolloutNode, phases: dict[str, float]) -> str | None:
+    """None when the owner's memory can back a takeover. A dead owner whose segments are
+    still there does not force a cold start: the shadow's own weights are checked instead."""
+    t = time.perf_counter()
+    try:
+        if node.owner_failure is not None and "checksum" in node.owner_failure:
+            return node.owner_failure
+        if node.owner is None:
+            return "memory owner is not running"
+        arena = node.owner.ready.arena_path
+        header = shm.read_arena_header(arena)
+        if header.epoch != node.epoch:
+            return f"arena epoch is {header.epoch}, expected {node.epoch}: someone else wrote the lease"
+        if node.owner_failure is None:
+            weights = shm.map_readonly(node.owner.ready.versions[node.target_version])
+            try:
+                if shm.read_weights_header(weights).status != shm.STATUS_OK:
+                    return "owner's weights are marked corrupt"
+            finally:
+                weights.close()
+        return None
+    except (shm.SharedMemoryError, KeyError) as exc:
+        return f"owner memory not intact: {exc}"
+    finally:
+        phases["owner_check_s"] = time.perf_counter() - t
+
+
+def _shadow_check(node: RolloutNode, phases: dict[str, float]) -> tuple[str | None, float]:
+    """(why the shadow cannot take over, seconds spent waiting for it to be ready)."""
+    t = time.perf_counter()
+    waited = 0.0
+    shadow = node.shadow
+    try:
+        if shadow is None:
+            return "no shadow engine configured", 0.0
+        if shadow.ready is None or shadow.switching_to is not None:
+            log.warning(
+                "rollout node %s: shadow not ready yet (starting or switching); waiting", node.config.node_id
+            )
+            w = time.perf_counter()
+            node._await_engine(shadow)
+            waited = time.perf_counter() - w
+        behind = _behind(node, shadow)
+        if behind is not None:
+            return behind, waited
+        timeout = node.config.control_timeout_s
+        health = children.call(
+            shadow, HealthCheck(node.reference_digest), HealthResult, timeout, node._dispatch
+        )
+        if not health.ok:
+            return f"device health check failed on the shadow (digest {health.digest[:12]})", waited
+        if node.owner_failure is not None:
+            sketch = children.call(shadow, VerifySketch(), SketchResult, timeout, node._dispatch)
+            if not sketch.ok:
+                return f"{node.owner_failure}, and the shadow's own weights no longer verify", waited
+        return None, waited
+    except RolloutError as exc:
+        return f"shadow unusable: {exc}", waited
+    finally:
+        phases["shadow_check_s"] = time.perf_counter() - t
+
+
+def _behind(node: RolloutNode, shadow: children.Child) -> str | None:
+    """A shadow serves only the version the node serves, or the one in-flight requests are
+    pinned to while a finish-on-old publish drains: never a mix."""
+    allowed = {node.target_version} | node._pinned_versions()
+    if shadow.version not in allowed:
+        return f"shadow computes with weights version {shadow.version}, the node serves {sorted(allowed)}"
+    return None
+
+
+def _cold_start(node: RolloutNode, phases: dict[str, float], owner_bad: bool) -> None:
+    t = time.perf_counter()
+    if node.shadow is not None:
+        children.stop(node._set_role("shadow", None))
+    if owner_bad or node.owner is None or not node.owner.process.is_alive():
+        node._replace_owner(wait=True)
+    phases["owner_restart_s"] = time.perf_counter() - t
+    t = time.perf_counter()
+    engine = node._spawn_engine("cold")
+    try:
+        node._await_engine(engine)
+        node._take_lease(engine)
+    except RolloutError:
+        children.fence(engine)
+        raise
+    node._set_role("leader", engine)
+    phases["engine_start_s"] = time.perf_counter() - t
