@@ -11,7 +11,7 @@ import asyncio
 import logging
 import signal
 import socket
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from datetime import timedelta
 
 from temporalio.worker import Worker
@@ -37,9 +37,11 @@ async def run_worker(
     task_queues: Sequence[str],
     workflows: Sequence[type] = (),
     activities: Sequence[Callable] = (),
+    queue_activities: Mapping[str, Sequence[Callable]] | None = None,
     max_concurrent_activities: int = 16,
 ) -> None:
-    """Serve `task_queues` with the given workflows and activities until a stop signal.
+    """Serve `task_queues` with the given workflows and activities until a stop signal;
+    `queue_activities` adds activities served on one queue only.
 
     `encryption_key` is `storage.encryption_key`, needed when payloads are encrypted.
     """
@@ -50,7 +52,7 @@ async def run_worker(
             client,
             task_queue=queue,
             workflows=list(workflows),
-            activities=list(activities),
+            activities=[*activities, *(queue_activities or {}).get(queue, ())],
             identity=identity,
             max_concurrent_activities=max_concurrent_activities,
             graceful_shutdown_timeout=timedelta(seconds=5),

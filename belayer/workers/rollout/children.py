@@ -39,6 +39,7 @@ class Child:
     spec: Any = None
     version: int = 0  # engines: the weights version it computes with (confirmed by the engine)
     switching_to: int | None = None  # engines: a SwitchWeights sent, not answered yet
+    owner_generation: int = 0  # engines: the owner whose verified memory it loaded from
 
     @property
     def pid(self) -> int | None:
@@ -58,7 +59,9 @@ def spawn_owner(config: RolloutConfig, model_dir: Path, generation: int, **adopt
     return _spawn("owner", owner_main, spec, config.node_id)
 
 
-def spawn_engine(config: RolloutConfig, model_dir: Path, owner: OwnerReady, role: str, version: int) -> Child:
+def spawn_engine(
+    config: RolloutConfig, model_dir: Path, owner: OwnerReady, generation: int, role: str, version: int
+) -> Child:
     spec = EngineSpec(
         node_id=config.node_id,
         role=role,
@@ -74,7 +77,9 @@ def spawn_engine(config: RolloutConfig, model_dir: Path, owner: OwnerReady, role
         threads=config.engine_threads,
         weights_version=version,
     )
-    return _spawn(role, engine_main, spec, config.node_id)
+    child = _spawn(role, engine_main, spec, config.node_id)
+    child.owner_generation = generation
+    return child
 
 
 def _spawn(role: str, target, spec, node_id: str) -> Child:

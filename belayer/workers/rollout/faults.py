@@ -12,6 +12,7 @@ over does not fault again. The value is read once per process, here and nowhere 
 | engine_hang | leader engine | stops its loop (no heartbeats) after `after` tokens |
 | owner_crash | memory owner | SIGKILL itself `after_s` seconds after it is ready |
 | device_check_fail | any engine | the device health check reports a wrong result |
+| publish_switch_fail | shadow engine | refuses every weights switch (a shadow left behind) |
 """
 
 from __future__ import annotations
@@ -28,6 +29,7 @@ KNOWN = {
     "engine_hang",
     "owner_crash",
     "device_check_fail",
+    "publish_switch_fail",
 }
 
 

@@ -425,9 +425,7 @@ class RolloutNode:
                 time.sleep(0.05)
 
     def _loop_once(self) -> None:
-        watched = [c for c in (self.leader, self.shadow) if c is not None]
-        if self.owner is not None and self.owner_failure is None:
-            watched.append(self.owner)  # a dead owner's pipe and sentinel stay readable forever
+        watched = [c for c in (self.leader, self.shadow, self.owner) if c is not None]
         waitables: list[Any] = [self._wake_r]
         for c in watched:
             waitables += [c.conn, c.process.sentinel]
@@ -442,7 +440,7 @@ class RolloutNode:
                     children.drain(child, self._dispatch)
         if self._closed.is_set():
             return
-        if self.owner is not None and self.owner.process.sentinel in ready and self.owner_failure is None:
+        if self.owner is not None and self.owner.process.sentinel in ready:
             self._on_owner_death()
         if self.shadow is not None and self.shadow.process.sentinel in ready:
             log.error(
@@ -475,9 +473,8 @@ class RolloutNode:
 
     def _dispatch(self, child: Child, msg: Any) -> None:
         child.last_heard = time.monotonic()
-        if isinstance(msg, StepOutput):
-            if child is self.leader:
-                self._on_step(msg)
+        if isinstance(msg, StepOutput):  # only a leader steps; a fenced one's last tokens are real
+            self._on_step(msg)
         elif isinstance(msg, Rejected):
             record = self.inflight.on_engine(msg.engine_request_id)
             if record is not None:
@@ -683,13 +680,18 @@ class RolloutNode:
         if old is not None and old.ready is not None:
             adopt["adopt_weights"] = dict(self.owner_versions)
             adopt["adopt_arena"] = old.ready.arena_path
-            children.stop(old)
+            children.fence(old)  # not Stop: a stopping owner unlinks the segments being adopted
+            children.close_conn(old)
         self.generation += 1
         owner = children.spawn_owner(self.config, self.model_dir, self.generation, **adopt)
         self._set_role("owner", owner)
         if wait:
-            children.await_ready(owner, self.config.engine_start_timeout_s, self._dispatch)
-            self._owner_ready(owner.ready)
+            self._await_owner()
+
+    def _await_owner(self) -> None:
+        if self.owner.ready is None:
+            children.await_ready(self.owner, self.config.engine_start_timeout_s, self._dispatch)
+            self._owner_ready(self.owner.ready)
 
     def _owner_ready(self, ready: OwnerReady) -> None:
         self.owner_failure = None
@@ -710,7 +712,9 @@ class RolloutNode:
         return old
 
     def _spawn_engine(self, role: str) -> Child:
-        return children.spawn_engine(self.config, self.model_dir, self.owner.ready, role, self.target_version)
+        return children.spawn_engine(
+            self.config, self.model_dir, self.owner.ready, self.generation, role, self.target_version
+        )
 
     def _await_engine(self, engine: Child) -> None:
         children.await_ready(engine, self.config.engine_start_timeout_s, self._dispatch)
@@ -736,9 +740,10 @@ class RolloutNode:
         return result
 
     def _in_loop(self, fn: Callable[[], Any]) -> Future:
-        """Run `fn` on the loop thread (the only one that talks to children)."""
+        """Run `fn` on the loop thread (the only one that talks to children), outside the
+        node lock; from the loop itself it runs at the start of the next iteration."""
         future: Future = Future()
-        if threading.current_thread() is self._loop or self._loop is None:
+        if self._loop is None:  # not started yet (or never): nothing else touches children
             try:
                 future.set_result(fn())
             except BaseException as exc:

@@ -155,6 +155,7 @@ def _owner_check(node: RolloutNode, phases: dict[str, float]) -> str | None:
             return node.owner_failure
         if node.owner is None:
             return "memory owner is not running"
+        node._await_owner()  # a replacement adopting the segments is nearly done
         arena = node.owner.ready.arena_path
         header = shm.read_arena_header(arena)
         if header.epoch != node.epoch:
@@ -167,7 +168,7 @@ def _owner_check(node: RolloutNode, phases: dict[str, float]) -> str | None:
             finally:
                 weights.close()
         return None
-    except (shm.SharedMemoryError, KeyError) as exc:
+    except (shm.SharedMemoryError, KeyError, RolloutError) as exc:
         return f"owner memory not intact: {exc}"
     finally:
         phases["owner_check_s"] = time.perf_counter() - t
@@ -197,10 +198,12 @@ def _shadow_check(node: RolloutNode, phases: dict[str, float]) -> tuple[str | No
         )
         if not health.ok:
             return f"device health check failed on the shadow (digest {health.digest[:12]})", waited
-        if node.owner_failure is not None:
+        if shadow.owner_generation != node.generation or node.owner_failure is not None:
+            # The owner it loaded from died since: its own weights must prove themselves.
             sketch = children.call(shadow, VerifySketch(), SketchResult, timeout, node._dispatch)
+            phases["shadow_sketch_s"] = sketch.seconds
             if not sketch.ok:
-                return f"{node.owner_failure}, and the shadow's own weights no longer verify", waited
+                return "the memory owner was lost and the shadow's own weights no longer verify", waited
         return None, waited
     except RolloutError as exc:
         return f"shadow unusable: {exc}", waited

@@ -2,7 +2,8 @@
 
 It listens on the node's own task queue (turn affinity: the next turn of a trajectory
 comes back here and reuses the prefix cache) and on the shared rollout queue (any node
-may take a turn whose node is gone).
+may take a turn whose node is gone). `rollout.publish_weights` is served on the node's
+own queue only: a trainer publishes to each node by name.
 """
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ def node_task_queue(config: BelayerConfig) -> str:
 
 async def serve(config: BelayerConfig) -> None:
     from belayer.activities.generate import RolloutActivities
+    from belayer.activities.publish import PublishActivities
     from belayer.model.build import model_path
     from belayer.storage.store import ObjectStore
     from belayer.workers.rollout.node import RolloutNode
@@ -35,13 +37,15 @@ async def serve(config: BelayerConfig) -> None:
     node.add_state_listener(functools.partial(publish_roles, roles_file(config)))
     try:
         own_queue = node_task_queue(config)
-        activities = RolloutActivities(node, ObjectStore(config.storage), own_queue)
+        store = ObjectStore(config.storage)
+        activities = RolloutActivities(node, store, own_queue)
         await run_worker(
             config.temporal,
             encryption_key=config.storage.encryption_key,
             role=f"rollout-{config.rollout.node_id}",
             task_queues=[own_queue, config.temporal.rollout_task_queue],
             activities=[activities.generate],
+            queue_activities={own_queue: [PublishActivities(node, store).publish_weights]},
             max_concurrent_activities=max(1, config.rollout.max_num_seqs),
         )
     finally:

@@ -1,0 +1,133 @@
+"""`rollout.publish_weights`: publish a new weights version into one rollout node.
+
+Served on the node's own task queue only (never the shared one): a training workflow
+publishes to every node by calling it once per node queue. The weights travel as a
+pointer (an object-store key and its sha256) to a safetensors file a trainer wrote with
+`store_weights`; the activity streams it into the node's owner, which checksums it and
+flips the version. Retrying a publish that already took effect returns its result.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+from temporalio import activity
+from temporalio.exceptions import ApplicationError
+
+from belayer.storage.store import ObjectRef
+
+HEARTBEAT_EVERY_S = 1.0
+
+
+class _Model(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+class PublishWeightsArgs(_Model):
+    version: int = Field(ge=2, description="The new version; versions only grow (1 is the built model).")
+    weights: ObjectRef = Field(
+        description="A safetensors file of the model's full state dict (`store_weights`)."
+    )
+    policy: Literal["finish_on_old", "continue_on_new"] | None = Field(
+        None, description="In-flight requests during the switch; None uses the node's rollout.publish_policy."
+    )
+
+
+class PublishWeightsResult(_Model):
+    node_id: str
+    version: int
+    previous_version: int
+    policy: str
+    fetch_s: float = Field(description="Reading the weights from the object store.")
+    staged_s: float
+    written_s: float
+    sealed_s: float
+    switched_s: float = Field(description="Seconds from the hand-over until both engines serve the version.")
+    paused_requests: int
+    drained_requests: int
+    already_published: bool = False
+
+
+def store_weights(store, key: str, tensors) -> ObjectRef:
+    """Write a state dict as one safetensors object (what `PublishWeightsArgs.weights` points to)."""
+    from safetensors.torch import save
+
+    return store.put_bytes(key, save({k: v.detach().cpu().contiguous() for k, v in tensors.items()}))
+
+
+def load_weights(store, ref: ObjectRef) -> dict:
+    from safetensors.torch import load
+
+    return load(store.get_bytes(ref.key, expected_sha256=ref.sha256))
+
+
+class PublishActivities:
+    def __init__(self, node, store):
+        self.node, self.store = node, store
+
+    @activity.defn(name="rollout.publish_weights")
+    async def publish_weights(self, args: PublishWeightsArgs) -> PublishWeightsResult:
+        if self._took_effect(args.version):
+            return await self._settled(args.version)
+        started = time.perf_counter()
+        try:
+            tensors = await asyncio.to_thread(load_weights, self.store, args.weights)
+            fetch_s = time.perf_counter() - started
+            report = await _with_heartbeats(
+                asyncio.to_thread(self.node.publish, args.version, tensors, args.policy), args.version
+            )
+        except Exception as exc:
+            raise _translate(exc) from exc
+        return PublishWeightsResult(node_id=self.node.config.node_id, fetch_s=fetch_s, **report.__dict__)
+
+    def _took_effect(self, version: int) -> bool:
+        """Has an earlier attempt (whose reply was lost) sealed this version already?"""
+        roles = self.node.roles()
+        if version < roles["weights_version"]:
+            raise ApplicationError(
+                f"node {roles['node_id']} already serves weights version {roles['weights_version']}; "
+                "versions only grow",
+                type="StaleWeightsVersion",
+                non_retryable=True,
+            )
+        return version == roles["weights_version"] and version > 1
+
+    async def _settled(self, version: int) -> PublishWeightsResult:
+        """Wait for the earlier attempt's switch to finish, then report it as done."""
+        while self.node.roles()["publishing"] == version or self.node.roles()["leader_version"] != version:
+            activity.heartbeat({"version": version, "waiting_for": "an earlier attempt"})
+            await asyncio.sleep(HEARTBEAT_EVERY_S / 4)
+        roles = self.node.roles()
+        zero = dict.fromkeys(("fetch_s", "staged_s", "written_s", "sealed_s", "switched_s"), 0.0)
+        return PublishWeightsResult(
+            node_id=roles["node_id"],
+            version=version,
+            previous_version=version,
+            policy="",
+            paused_requests=0,
+            drained_requests=0,
+            already_published=True,
+            **zero,
+        )
+
+
+async def _with_heartbeats(work, version: int):
+    task = asyncio.ensure_future(work)
+    while not task.done():
+        activity.heartbeat({"version": version})
+        await asyncio.wait({task}, timeout=HEARTBEAT_EVERY_S)
+    return task.result()
+
+
+def _translate(exc: BaseException) -> ApplicationError:
+    from belayer.activities.generate import translate_error
+    from belayer.storage.errors import CorruptObject
+
+    if isinstance(exc, CorruptObject):
+        return ApplicationError(
+            f"weights object does not verify: {exc}", type="CorruptWeights", non_retryable=True
+        )
+    return translate_error(exc)

@@ -1,0 +1,67 @@
+"""`rollout.publish_weights` against a real node and a real S3 (SeaweedFS): weights travel
+as an object pointer with its sha256, a retry after success is answered without a second
+publish, a stale version and an object that does not verify are final errors."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from temporalio.exceptions import ApplicationError
+from temporalio.testing import ActivityEnvironment
+
+from belayer.activities.publish import PublishActivities, PublishWeightsArgs, store_weights
+from belayer.storage.store import ObjectRef, ObjectStore
+from belayer.workers.rollout.protocol import SamplingSpec
+from tests.rollout.conftest import NodeUnderTest, node_config
+
+pytestmark = [pytest.mark.engine, pytest.mark.stack]
+
+
+@pytest.fixture(scope="module")
+def lone_node(tiny_model):
+    nut = NodeUnderTest(node_config(shadow=False), tiny_model)
+    try:
+        yield nut.start()
+    finally:
+        left = nut.close()
+    assert not left, f"node leaked: {left}"
+
+
+@pytest.fixture
+def store(storage_config):
+    with ObjectStore(storage_config) as s:
+        yield s
+
+
+def _perturbed(model_dir, seed: int) -> dict[str, torch.Tensor]:
+    from safetensors.torch import load_file
+
+    gen = torch.Generator().manual_seed(seed)
+    base = load_file(str(model_dir / "model.safetensors"))
+    return {k: v + 0.05 * torch.randn(v.shape, generator=gen) for k, v in sorted(base.items())}
+
+
+async def test_publish_weights_from_the_object_store_and_retries(lone_node, store, tiny_model):
+    acts = PublishActivities(lone_node, store)
+    env = ActivityEnvironment()
+    ref = store_weights(store, "weights/v2.safetensors", _perturbed(tiny_model, 1))
+    args = PublishWeightsArgs(version=2, weights=ref, policy="continue_on_new")
+    result = await env.run(acts.publish_weights, args)
+    assert (result.version, result.previous_version, result.already_published) == (2, 1, False)
+    assert 0 < result.sealed_s <= result.switched_s
+    assert lone_node.roles()["leader_version"] == 2
+    done = lone_node.generate([5, 6, 7], SamplingSpec(max_tokens=8, ignore_eos=True), timeout=300)
+    assert set(done.versions) == {2}
+
+    again = await env.run(acts.publish_weights, args)  # the first reply was lost: same answer
+    assert again.already_published and again.version == 2
+
+    with pytest.raises(ApplicationError) as stale:
+        await env.run(acts.publish_weights, PublishWeightsArgs(version=1, weights=ref))
+    assert stale.value.type == "StaleWeightsVersion" and stale.value.non_retryable
+
+    forged = ObjectRef(key=ref.key, size=ref.size, sha256="0" * 64)
+    with pytest.raises(ApplicationError) as corrupt:
+        await env.run(acts.publish_weights, PublishWeightsArgs(version=3, weights=forged))
+    assert corrupt.value.type == "CorruptWeights" and corrupt.value.non_retryable
+    assert lone_node.roles()["weights_version"] == 2
