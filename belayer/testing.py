@@ -56,7 +56,7 @@ class ScriptedRollout:
         if self.per_token_s:
             await asyncio.sleep(self.per_token_s * len(tokens))
         activity.heartbeat({"tokens": len(tokens)})  # a count, as the real activity's
-        head = await asyncio.to_thread(log.append, tokens)
+        head = await asyncio.to_thread(log.append, tokens, source="model")
         total = time.monotonic() - started
         return GenerateResult(
             prefix=head, text=self.tokenizer.decode(tokens, skip_special_tokens=True),

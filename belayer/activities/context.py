@@ -3,7 +3,8 @@ and keep the trajectory's log (steps, decisions, recoveries) in the object store
 
 The workflow never holds token ids or observation texts. It asks these activities to
 start a trajectory's token log from its prompt, and after every action to append the
-stored observation (its text, capped by the sandbox) before the next generation -- the
+stored observation (its text, capped by the sandbox) before the next generation -- both
+marked "env" in the log, so a trainer's loss mask leaves them out -- the
 same call records the step and any completed decisions and recoveries in the
 trajectory's log, so a step costs no extra activity. They run on any worker that has the
 model's tokenizer and the object store (wrapped for archive encryption when configured,
@@ -108,7 +109,7 @@ class ContextActivities:
         tokens = self.encode(PROMPT_TEMPLATE.format(instruction=args.instruction))
         log = TokenLog.create(self.store, args.log_key)
         trajectory_log.start_log(self.store, args.trajectory_id, args.steps_key)
-        return ContextResult(prefix=log.append(tokens), appended_tokens=len(tokens))
+        return ContextResult(prefix=log.append(tokens, source="env"), appended_tokens=len(tokens))
 
     def _append_observation(self, args: AppendObservationArgs) -> ContextResult:
         from belayer.sandbox.observations import load_observation
@@ -124,7 +125,7 @@ class ContextActivities:
             trajectory_log.start_steps(self.store, args.steps_key, fork_from=args.steps_fork_from)
         trajectory_log.write_step(self.store, args.steps_key, args.step)
         trajectory_log.write_entries(self.store, args.trajectory_id, args.entries)
-        return ContextResult(prefix=log.append(tokens), appended_tokens=len(tokens))
+        return ContextResult(prefix=log.append(tokens, source="env"), appended_tokens=len(tokens))
 
 
 def observation_text(observation) -> str:

@@ -2,13 +2,15 @@
 
 Input is a reference to the context (token log key, length, sha256) and sampling
 parameters; output is the reference of the context with the generated tokens appended
-(the new segment is `[segment_start, prefix.length)`), the decoded text, the finish reason
-and the engine's timing. Token ids never cross Temporal, heartbeats included: the tokens
-produced so far are written to the object store beside the token log, and the heartbeat
-carries their count, key and hash (`PartialTokens`), which lets a retry on another node
-resume mid-turn instead of starting over: with temperature > 0 each position draws from
-(seed, absolute position), so the resumed attempt produces exactly the tokens the failed
-one would have.
+(the new segment is `[segment_start, prefix.length)`, marked "model" in the log), the
+decoded text, the finish reason, the engine's timing, and a `GenerationRef` to the turn's
+logprobs and weights versions, stored beside the token log (`belayer.storage.generation`).
+Token ids never cross Temporal, heartbeats included: the tokens produced so far, with
+their logprobs and versions, are written to the object store beside the token log, and
+the heartbeat carries their count, key and hash (`PartialTokens`), which lets a retry on
+another node resume mid-turn instead of starting over: with temperature > 0 each
+position draws from (seed, absolute position), so the resumed attempt produces exactly
+the tokens the failed one would have, and the turn's record covers all of its tokens.
 
 Served by a rollout node worker (`python -m belayer.workers.rollout`) on the node's own
 task queue and on the shared rollout queue. No workflow code imports this module's
@@ -25,6 +27,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from temporalio import activity
 from temporalio.exceptions import ApplicationError
 
+from belayer.storage.generation import GenerationRef, SampledTokens
 from belayer.storage.tokenlog import PrefixRef
 
 MAX_HEARTBEAT_EVERY_S = 1.0
@@ -76,13 +79,27 @@ class GenerateResult(_Model):
     engine_recoveries: list[str] = Field(
         default_factory=list, description="Takeovers / cold starts during this turn."
     )
+    generation: GenerationRef | None = Field(
+        None,
+        description="Where this turn's logprobs and weights versions are stored, one per token "
+        "(None when the turn produced no tokens, and in results recorded before they were kept).",
+    )
+    weights_versions: list[int] = Field(
+        default_factory=list,
+        description="The weights versions that produced this turn's tokens, in order (one unless "
+        "a publish landed during the turn).",
+    )
 
 
 class PartialTokens(_Model):
     """What a generate heartbeat carries: where the tokens so far are stored, not the tokens."""
 
     tokens: int = Field(ge=0, description="How many tokens the stored object holds.")
-    key: str | None = Field(None, description="Object key of the tokens so far (None: nothing stored yet).")
+    key: str | None = Field(
+        None,
+        description="Object key of the tokens so far, with their logprobs and versions "
+        "(`belayer.storage.generation.encode_sampled`; None: nothing stored yet).",
+    )
     sha256: str | None = Field(None, description="sha256 of that object, checked on resume.")
 
 
@@ -110,6 +127,7 @@ class RolloutActivities:
             raise translate_error(exc) from exc
 
     async def _generate(self, args: GenerateArgs) -> GenerateResult:
+        from belayer.storage.generation import write_generation
         from belayer.storage.tokenlog import TokenLog, encode_tokens, read_prefix
         from belayer.workers.rollout.protocol import SamplingSpec
 
@@ -117,7 +135,7 @@ class RolloutActivities:
         context = await asyncio.to_thread(read_prefix, self.store, args.prefix)  # verifies the sha256
         # A cut context is forked by the workflow's next append (`fork_to`), never here.
         log = TokenLog(self.store, args.prefix.key, prefix=encode_tokens(context))
-        resumed = (await asyncio.to_thread(self._resumed_tokens))[: args.sampling.max_tokens]
+        resumed = (await asyncio.to_thread(self._resumed)).first(args.sampling.max_tokens)
         sampling = args.sampling
         spec = SamplingSpec(
             max_tokens=sampling.max_tokens - len(resumed),
@@ -128,24 +146,29 @@ class RolloutActivities:
             stop=tuple(sampling.stop),
             ignore_eos=sampling.ignore_eos,
         )
-        produced = list(resumed)
+        produced = resumed
         stored = bool(resumed) or activity.info().attempt > 1  # an earlier attempt may have stored some
         finish_reason, prefill_s, per_token_s, recoveries = "length", 0.0, 0.0, []
         if spec.max_tokens > 0:
-            handle = await asyncio.to_thread(self.node.submit, context + resumed, spec, _attempt_id())
+            handle = await asyncio.to_thread(self.node.submit, context + resumed.tokens, spec, _attempt_id())
             try:
                 completion, stored_now = await self._await_with_heartbeats(handle, resumed, _partial_key(args.prefix))
             except asyncio.CancelledError:
                 self.node.cancel(handle.request_id, "activity cancelled")
                 raise
-            produced += completion.token_ids
+            produced += _sampled(completion)
             stored = stored or stored_now
             finish_reason, prefill_s = completion.finish_reason, completion.prefill_s
             per_token_s, recoveries = completion.decode_s_per_token, list(completion.recoveries)
-        head = await asyncio.to_thread(log.append, produced)
+        head = await asyncio.to_thread(log.append, produced.tokens, source="model")
+        generation, versions = None, []
+        if produced:  # after the segment: an object at this position then always describes these tokens
+            generation, versions = await asyncio.to_thread(
+                write_generation, self.store, log.key, args.prefix.length, produced
+            )
         if stored:
             await asyncio.to_thread(self.store.delete, _partial_key(args.prefix))
-        text = self.tokenizer.decode(produced, skip_special_tokens=True)
+        text = self.tokenizer.decode(produced.tokens, skip_special_tokens=True)
         for stop in sampling.stop:
             if stop in text:
                 text = text[: text.index(stop)]
@@ -165,11 +188,14 @@ class RolloutActivities:
             node_queue=self.node_queue,
             resumed_tokens=len(resumed),
             engine_recoveries=recoveries,
+            generation=generation,
+            weights_versions=versions,
         )
 
-    async def _await_with_heartbeats(self, handle, resumed: list[int], partial_key: str):
-        """Heartbeat until the request is done, storing the tokens so far as they grow;
-        returns the completion and whether anything was stored.
+    async def _await_with_heartbeats(self, handle, resumed: SampledTokens, partial_key: str):
+        """Heartbeat until the request is done, storing the tokens so far (with their
+        logprobs and versions) as they grow; returns the completion and whether anything
+        was stored.
 
         Reading them takes the node's lock, which a takeover or cold start holds for as
         long as it runs (seconds), and storing them is a network call: both happen on
@@ -182,7 +208,7 @@ class RolloutActivities:
         storing: asyncio.Future | None = None
         while not handle.done():
             if reading is None:
-                reading = asyncio.ensure_future(asyncio.to_thread(handle.tokens_so_far))
+                reading = asyncio.ensure_future(asyncio.to_thread(_sampled_so_far, handle))
             if reading.done():
                 seen = resumed + reading.result()
                 reading = None
@@ -198,32 +224,46 @@ class RolloutActivities:
                 await asyncio.gather(pending, return_exceptions=True)
         return await asyncio.to_thread(handle.result, 0), stored.key is not None
 
-    def _store_partial(self, key: str, tokens: list[int]) -> PartialTokens:
-        from belayer.storage.tokenlog import encode_tokens
+    def _store_partial(self, key: str, sampled: SampledTokens) -> PartialTokens:
+        from belayer.storage.generation import encode_sampled
 
-        ref = self.store.put_bytes(key, encode_tokens(tokens))
-        return PartialTokens(tokens=len(tokens), key=key, sha256=ref.sha256)
+        ref = self.store.put_bytes(key, encode_sampled(sampled))
+        return PartialTokens(tokens=len(sampled), key=key, sha256=ref.sha256)
 
-    def _resumed_tokens(self) -> list[int]:
-        """The tokens a previous attempt stored and heartbeated; none when it stored nothing
-        or the object does not verify (the turn then starts over: same tokens, more time)."""
+    def _resumed(self) -> SampledTokens:
+        """The tokens (with logprobs and versions) a previous attempt stored and
+        heartbeated; none when it stored nothing or the object does not verify or decode
+        (the turn then starts over: same tokens, more time)."""
         from belayer.storage.errors import StorageError
-        from belayer.storage.tokenlog import decode_tokens
+        from belayer.storage.generation import decode_sampled
 
         details = activity.info().heartbeat_details
         if not details:
-            return []
+            return SampledTokens()
         try:
             partial = PartialTokens.model_validate(details[-1])
         except ValueError:
-            return []
+            return SampledTokens()
         if partial.key is None or partial.tokens == 0:
-            return []
+            return SampledTokens()
         try:
-            tokens = decode_tokens(self.store.get_bytes(partial.key, expected_sha256=partial.sha256))
+            sampled = decode_sampled(self.store.get_bytes(partial.key, expected_sha256=partial.sha256))
         except (StorageError, ValueError):
-            return []
-        return tokens[: partial.tokens]
+            return SampledTokens()
+        return sampled.first(partial.tokens)
+
+
+def _sampled(completion) -> SampledTokens:
+    return SampledTokens(completion.token_ids, completion.logprobs, completion.versions)
+
+
+def _sampled_so_far(handle) -> SampledTokens:
+    """The request's tokens so far with their logprobs and versions. The tokens are read
+    first: the lists read after them are at least as long, so cutting them to the tokens'
+    length gives equal, consistent prefixes."""
+    tokens = handle.tokens_so_far()
+    count = len(tokens)
+    return SampledTokens(tokens, handle.logprobs_so_far()[:count], handle.versions_so_far()[:count])
 
 
 def _heartbeat_every() -> float:

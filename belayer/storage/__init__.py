@@ -1,4 +1,5 @@
-"""S3-compatible object storage: verified object I/O (`ObjectStore`) and token logs.
+"""S3-compatible object storage: verified object I/O (`ObjectStore`), token logs with
+their model/environment marks, and each generated turn's logprobs and weights versions.
 
 Everything that talks to S3 lives in this package; nothing else imports boto3.
 """
@@ -12,21 +13,27 @@ from belayer.storage.errors import (
     StorageError,
     TransientStorageError,
 )
+from belayer.storage.generation import GenerationRef, read_generation
 from belayer.storage.store import ObjectRef, ObjectStore
-from belayer.storage.tokenlog import PrefixRef, TokenLog, prefix_ref, read_prefix
+from belayer.storage.tokenlog import PrefixRef, Span, TokenLog, loss_mask, prefix_ref, read_marks, read_prefix
 
 __all__ = [
     "CorruptObject",
+    "GenerationRef",
     "ObjectConflict",
     "ObjectNotFound",
     "ObjectRef",
     "ObjectStore",
     "PermanentStorageError",
     "PrefixRef",
+    "Span",
     "StorageConfig",
     "StorageError",
     "TokenLog",
     "TransientStorageError",
+    "loss_mask",
     "prefix_ref",
+    "read_generation",
+    "read_marks",
     "read_prefix",
 ]

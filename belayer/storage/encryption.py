@@ -201,10 +201,13 @@ class EncryptedArchiveStore:
     def encrypts(key: str) -> bool:
         return key.rsplit("/", 1)[-1] in ENCRYPTED_SUFFIXES
 
-    def put_bytes(self, key: str, data: bytes, *, if_absent: bool = False):
+    def put_bytes(self, key: str, data: bytes, *, if_absent: bool = False, metadata=None):
+        """Metadata is stored as given, in the clear (token-log marks, never secrets)."""
         if not self.encrypts(key):
-            return self.inner.put_bytes(key, data, if_absent=if_absent)
-        return self.inner.put_bytes(key, b"".join(self.cipher.encrypt(key, [bytes(data)])), if_absent=if_absent)
+            return self.inner.put_bytes(key, data, if_absent=if_absent, metadata=metadata)
+        return self.inner.put_bytes(
+            key, b"".join(self.cipher.encrypt(key, [bytes(data)])), if_absent=if_absent, metadata=metadata
+        )
 
     def get_bytes(self, key: str, *, expected_sha256: str | None = None) -> bytes:
         stored = self.inner.get_bytes(key, expected_sha256=expected_sha256)

@@ -31,7 +31,7 @@ import json
 import logging
 import re
 import uuid
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from concurrent.futures import Future, ThreadPoolExecutor
 from datetime import UTC, datetime
 from typing import Any, BinaryIO, TypeVar
@@ -62,6 +62,8 @@ MAX_PARTS = 10_000
 DOWNLOAD_CHUNK = 1 << 20
 Progress = Callable[[int], None]
 _SHA256_HEX = re.compile(r"^[0-9a-f]{64}$")
+_METADATA_NAME = re.compile(r"^[a-z0-9][a-z0-9-]{0,63}$")
+_RESERVED_METADATA = frozenset({META_SHA256, META_SIZE, META_RECORD})
 
 
 class ObjectRef(BaseModel):
@@ -109,22 +111,31 @@ class ObjectStore:
 
     # ---- small objects ---------------------------------------------------------------
 
-    def put_bytes(self, key: str, data: bytes, *, if_absent: bool = False) -> ObjectRef:
-        """Write `data` at `key` in one request; with `if_absent`, never replace another object."""
+    def put_bytes(
+        self, key: str, data: bytes, *, if_absent: bool = False, metadata: Mapping[str, str] | None = None
+    ) -> ObjectRef:
+        """Write `data` at `key` in one request; with `if_absent`, never replace another object.
+
+        `metadata` (lowercase names, short ASCII values) is stored with the object in the
+        same request, so it can never be seen without the bytes or the bytes without it;
+        `head_metadata` reads it back. A create-if-absent write counts as the caller's own
+        earlier write only when both the bytes and the metadata match.
+        """
         data = bytes(data)
+        caller = _caller_metadata(key, metadata)
         ref = ObjectRef(key=key, size=len(data), sha256=hashlib.sha256(data).hexdigest())
         args: dict[str, Any] = dict(
             Bucket=self.cfg.bucket,
             Key=self._full(key),
             Body=data,
-            Metadata={META_SHA256: ref.sha256, META_SIZE: str(ref.size)},
+            Metadata={**caller, META_SHA256: ref.sha256, META_SIZE: str(ref.size)},
         )
         if if_absent:
             args["IfNoneMatch"] = "*"
         try:
             self._call("put", key, lambda: self.client.put_object(**args))
         except ObjectConflict:
-            return self._settle_conflict(ref)
+            return self._settle_conflict(ref, caller)
         return ref
 
     def get_bytes(self, key: str, *, expected_sha256: str | None = None) -> bytes:
@@ -242,6 +253,11 @@ class ObjectStore:
 
     def head(self, key: str) -> ObjectRef:
         """Size and recorded sha256 without reading the bytes; `CorruptObject` if unrecorded."""
+        return self.head_metadata(key)[0]
+
+    def head_metadata(self, key: str) -> tuple[ObjectRef, dict[str, str]]:
+        """`head`, and the metadata the object was written with (`put_bytes(metadata=...)`;
+        empty when none), in the same single request."""
         resp = self._call(
             "head", key, lambda: self.client.head_object(Bucket=self.cfg.bucket, Key=self._full(key))
         )
@@ -250,7 +266,8 @@ class ObjectStore:
             raise CorruptObject(
                 f"{key!r} has no recorded sha256: it was not written through Belayer's ObjectStore"
             )
-        return ObjectRef(key=key, size=recorded[0], sha256=recorded[1])
+        caller = {k: v for k, v in resp.get("Metadata", {}).items() if k not in _RESERVED_METADATA}
+        return ObjectRef(key=key, size=recorded[0], sha256=recorded[1]), caller
 
     def exists(self, key: str) -> bool:
         try:
@@ -358,7 +375,7 @@ class ObjectStore:
             raise
         if outcome == "conflict":
             self._delete_record(key, nonce, quiet=True)
-            return self._settle_conflict(ref)
+            return self._settle_conflict(ref, {})
         if replaced and replaced != nonce:
             self._delete_record(key, replaced, quiet=True)
         return ref
@@ -545,19 +562,20 @@ class ObjectStore:
             )
         return recorded
 
-    def _settle_conflict(self, ref: ObjectRef) -> ObjectRef:
-        """A create-if-absent write lost: fine if the winner has our bytes, else ObjectConflict."""
+    def _settle_conflict(self, ref: ObjectRef, metadata: dict[str, str]) -> ObjectRef:
+        """A create-if-absent write lost: fine if the winner has our bytes and metadata, else
+        ObjectConflict."""
         try:
-            existing = self.head(ref.key)
+            existing, existing_metadata = self.head_metadata(ref.key)
         except (ObjectNotFound, CorruptObject) as exc:
             raise ObjectConflict(
                 f"{ref.key!r}: create-if-absent lost, and the existing object is unusable: {exc}"
             ) from None
-        if existing.sha256 == ref.sha256 and existing.size == ref.size:
+        if existing.sha256 == ref.sha256 and existing.size == ref.size and existing_metadata == metadata:
             return ref
         raise ObjectConflict(
-            f"{ref.key!r} already holds a different object (sha256 {existing.sha256}, {existing.size} bytes); "
-            f"not replaced by sha256 {ref.sha256}"
+            f"{ref.key!r} already holds a different object (sha256 {existing.sha256}, {existing.size} bytes, "
+            f"metadata {existing_metadata}); not replaced by sha256 {ref.sha256}, metadata {metadata}"
         )
 
     # ---- plumbing ----------------------------------------------------------------------
@@ -643,6 +661,21 @@ class ObjectStore:
         return self.retry.call(
             fn, translate=lambda exc: self._translate(exc, operation, key), what=f"{operation} {key}"
         )
+
+
+def _caller_metadata(key: str, metadata: Mapping[str, str] | None) -> dict[str, str]:
+    """`metadata` as S3 stores it, refused when S3 would alter it or it would shadow the
+    names this module records hashes under."""
+    caller = dict(metadata or {})
+    for name, value in caller.items():
+        if not _METADATA_NAME.match(name) or name in _RESERVED_METADATA:
+            raise ValueError(
+                f"{key!r}: metadata name {name!r} must be lowercase letters, digits and '-', "
+                f"and not one of {sorted(_RESERVED_METADATA)}"
+            )
+        if not isinstance(value, str) or not value.isascii() or len(value) > 256:
+            raise ValueError(f"{key!r}: metadata {name!r} must be an ASCII string of at most 256 characters")
+    return caller
 
 
 def _verify(key: str, got_size: int, got_sha: str, size: int, sha: str) -> None:

@@ -22,6 +22,15 @@ A context that must diverge from its log (prefix consistency after a restore, or
 retried turn that sampled different tokens) forks: `TokenLog.fork(store, ref, new_key)`
 starts a new log whose first `ref.length` tokens are `ref`'s prefix, read through the
 base log, so nothing is copied.
+
+Source marks: every segment records whether the model generated its tokens ("model") or
+the environment supplied them ("env": the prompt, observations), in the segment object's
+own metadata (`x-amz-meta-source`), written by the same PUT as the tokens: a segment is
+never visible without its mark, and a retried append that names another source conflicts
+like different tokens would. `read_marks` turns a prefix into spans and `loss_mask` into
+the trainer's per-token mask; a fork inside a segment keeps that segment's mark for the
+tokens it keeps. Segments written before marks existed carry none and read as "env"
+(nothing in them is trained on).
 """
 
 from __future__ import annotations
@@ -35,7 +44,7 @@ from array import array
 from collections import OrderedDict
 from collections.abc import Iterable
 from concurrent.futures import ThreadPoolExecutor
-from typing import Any
+from typing import Any, Literal, NamedTuple
 
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -47,6 +56,19 @@ ENCODING = "u32le"
 MAX_TOKEN_ID = 2**32 - 1
 _SEGMENT = re.compile(r"^(\d{12})\.u32$")
 _READ_THREADS = 8
+
+Source = Literal["model", "env"]
+SOURCES: tuple[Source, ...] = ("model", "env")
+UNMARKED_SOURCE: Source = "env"
+_SOURCE_METADATA = "source"
+
+
+class Span(NamedTuple):
+    """Tokens [start, end) of a prefix, all from one source."""
+
+    start: int
+    end: int
+    source: Source
 
 
 class PrefixRef(BaseModel):
@@ -154,23 +176,28 @@ class TokenLog:
         """The ref of everything appended so far."""
         return PrefixRef(key=self.key, length=self._length, sha256=self._hasher.hexdigest())
 
-    def append(self, tokens: Iterable[int]) -> PrefixRef:
-        """Append one segment (e.g. a turn's tokens); returns the ref of the whole log so far.
+    def append(self, tokens: Iterable[int], *, source: Source) -> PrefixRef:
+        """Append one segment (e.g. a turn's tokens) that came from `source` ("model" for
+        sampled tokens, "env" for the prompt and observations); returns the ref of the
+        whole log so far.
 
-        Retrying the same append is harmless; a different append where one already
-        exists raises `ObjectConflict` (fork from the last good ref instead).
+        Retrying the same append is harmless; a different append (other tokens or another
+        source) where one already exists raises `ObjectConflict` (fork from the last good
+        ref instead).
         """
+        if source not in SOURCES:
+            raise ValueError(f"token source must be one of {SOURCES}, not {source!r}")
         data = encode_tokens(tokens)
         if not data:
             return self.head
         segment_key = _segment_key(self.key, self._length)
         try:
-            self.store.put_bytes(segment_key, data, if_absent=True)
+            self.store.put_bytes(segment_key, data, if_absent=True, metadata={_SOURCE_METADATA: source})
         except ObjectConflict as exc:
             raise ObjectConflict(
-                f"token log {self.key!r} already holds different tokens at position {self._length} "
-                f"(another writer appended, or this context diverged); fork the log from your last "
-                f"PrefixRef with TokenLog.fork: {exc}"
+                f"token log {self.key!r} already holds different tokens (or another source) at position "
+                f"{self._length} (another writer appended, or this context diverged); fork the log from "
+                f"your last PrefixRef with TokenLog.fork: {exc}"
             ) from None
         self._hasher.update(data)
         self._length += len(data) // 4
@@ -241,6 +268,83 @@ def read_prefix(store: ObjectStore, ref: PrefixRef) -> list[int]:
     return decode_tokens(_read_verified(store, ref))
 
 
+def read_marks(store: ObjectStore, ref: PrefixRef) -> list[Span]:
+    """Where the first `ref.length` tokens of `ref.key` came from: the maximal runs of one
+    source, in order, covering exactly [0, ref.length).
+
+    Reads the manifests and one HEAD per segment (in parallel), not the tokens: it checks
+    that the segments line up and reach `ref.length`, not `ref.sha256` (`read_prefix`
+    does). Segments written before marks existed read as "env". Raises `CorruptObject`
+    when the log holds fewer tokens or a segment is missing or carries an unknown mark.
+    """
+    spans = _marks(store, ref.key, ref.length)
+    covered = spans[-1].end if spans else 0
+    if covered < ref.length:
+        raise CorruptObject(
+            f"token log {ref.key!r} holds only {covered} tokens; the ref asks for {ref.length}"
+        )
+    return _merged(spans)
+
+
+def loss_mask(spans: Iterable[Span]) -> list[int]:
+    """One 0/1 per token of the spans: 1 where the model generated the token (a trainer's
+    policy-gradient loss counts those), 0 for the prompt and observations."""
+    mask: list[int] = []
+    for span in spans:
+        mask += [1 if span.source == "model" else 0] * (span.end - span.start)
+    return mask
+
+
+def _marks(store: ObjectStore, key: str, length: int) -> list[Span]:
+    """Per-segment spans of the first `length` tokens of the log at `key` (fewer if it is
+    shorter), a fork's base first, cut at the fork point."""
+    key = key.rstrip("/")
+    manifest = _read_manifest(store, key)
+    spans: list[Span] = []
+    own_start = 0
+    if manifest["base"] is not None:
+        base = PrefixRef.model_validate(manifest["base"])
+        spans = _marks(store, base.key, min(length, base.length))
+        if (spans[-1].end if spans else 0) < min(length, base.length):
+            return spans
+        own_start = base.length
+    if length > own_start:
+        spans += _segment_marks(store, key, own_start, length)
+    return spans
+
+
+def _segment_marks(store: ObjectStore, key: str, start: int, length: int) -> list[Span]:
+    starts = _segment_starts(store, key, start, length)
+    with ThreadPoolExecutor(max_workers=_READ_THREADS, thread_name_prefix="belayer-tokenlog") as pool:
+        heads = list(pool.map(lambda s: store.head_metadata(_segment_key(key, s)), starts))
+    spans = []
+    position = start
+    for seg_start, (ref, metadata) in zip(starts, heads, strict=True):
+        _check_lines_up(key, seg_start, position, ref.size)
+        position += ref.size // 4
+        spans.append(Span(seg_start, min(position, length), _source_of(key, seg_start, metadata)))
+    return spans
+
+
+def _source_of(key: str, start: int, metadata: dict[str, str]) -> Source:
+    source = metadata.get(_SOURCE_METADATA, UNMARKED_SOURCE)
+    if source not in SOURCES:
+        raise CorruptObject(f"token log {key!r}: segment at {start} has an unknown source mark {source!r}")
+    return source
+
+
+def _merged(spans: list[Span]) -> list[Span]:
+    """Adjacent spans of one source as one span (segment boundaries are not meaningful to
+    a trainer, and a fork adds one)."""
+    out: list[Span] = []
+    for span in spans:
+        if out and out[-1].source == span.source and out[-1].end == span.start:
+            out[-1] = Span(out[-1].start, span.end, span.source)
+        else:
+            out.append(span)
+    return out
+
+
 def _read_verified(store: ObjectStore, ref: PrefixRef) -> bytes:
     data = _collect(store, ref.key, ref.length)
     if len(data) < ref.length * 4:
@@ -274,27 +378,38 @@ def _collect(store: ObjectStore, key: str, length: int) -> bytes:
 
 
 def _collect_segments(store: ObjectStore, key: str, start: int, length: int) -> bytes:
+    starts = _segment_starts(store, key, start, length)
+    with ThreadPoolExecutor(max_workers=_READ_THREADS, thread_name_prefix="belayer-tokenlog") as pool:
+        blobs = list(pool.map(lambda s: store.get_bytes(_segment_key(key, s)), starts))
+    out = bytearray()
+    position = start
+    for seg_start, blob in zip(starts, blobs, strict=True):
+        _check_lines_up(key, seg_start, position, len(blob))
+        out += blob
+        position += len(blob) // 4
+    return bytes(out)
+
+
+def _segment_starts(store: ObjectStore, key: str, start: int, length: int) -> list[int]:
+    """Positions of the log's own segments that start in [start, length) (one LIST call
+    per 1000 segments; listing order is position order)."""
     starts = []
     seg_dir = f"{key}/seg/"
     for seg_key in store.list(seg_dir):
         match = _SEGMENT.match(seg_key[len(seg_dir) :])
         if match and start <= int(match.group(1)) < length:
             starts.append(int(match.group(1)))
-    with ThreadPoolExecutor(max_workers=_READ_THREADS, thread_name_prefix="belayer-tokenlog") as pool:
-        blobs = list(pool.map(lambda s: store.get_bytes(_segment_key(key, s)), starts))
-    out = bytearray()
-    position = start
-    for seg_start, blob in zip(starts, blobs, strict=True):
-        if seg_start != position:
-            raise CorruptObject(
-                f"token log {key!r}: segment at position {seg_start} follows tokens ending at {position} "
-                "(a segment is missing or overlaps)"
-            )
-        if len(blob) % 4:
-            raise CorruptObject(f"token log {key!r}: segment at {seg_start} is not whole uint32 ids")
-        out += blob
-        position += len(blob) // 4
-    return bytes(out)
+    return starts
+
+
+def _check_lines_up(key: str, seg_start: int, position: int, size: int) -> None:
+    if seg_start != position:
+        raise CorruptObject(
+            f"token log {key!r}: segment at position {seg_start} follows tokens ending at {position} "
+            "(a segment is missing or overlaps)"
+        )
+    if size % 4:
+        raise CorruptObject(f"token log {key!r}: segment at {seg_start} is not whole uint32 ids")
 
 
 def _segment_key(key: str, start: int) -> str:

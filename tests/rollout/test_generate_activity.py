@@ -1,5 +1,6 @@
 """The `generate` activity against a real node and a real S3 (SeaweedFS): prefix refs in,
-segment refs out, heartbeats that let a retry resume, non-retryable bad input."""
+segment refs out, one logprob and one weights version per token beside the log,
+heartbeats that let a retry resume, non-retryable bad input."""
 
 from __future__ import annotations
 
@@ -11,8 +12,9 @@ from temporalio.exceptions import ApplicationError
 from temporalio.testing import ActivityEnvironment
 
 from belayer.activities.generate import GenerateArgs, PartialTokens, RolloutActivities, SamplingParams
+from belayer.storage.generation import SampledTokens, encode_sampled, read_generation
 from belayer.storage.store import ObjectStore
-from belayer.storage.tokenlog import PrefixRef, TokenLog, encode_tokens, read_prefix
+from belayer.storage.tokenlog import PrefixRef, Span, TokenLog, encode_tokens, read_marks, read_prefix
 from belayer.workers.rollout.protocol import SamplingSpec
 from tests.rollout.conftest import NodeUnderTest, node_config
 
@@ -40,14 +42,27 @@ def store(storage_config):
 
 def _context(store, key: str) -> PrefixRef:
     log = TokenLog.create(store, key)
-    return log.append(PROMPT)
+    return log.append(PROMPT, source="env")
 
 
-def _expected(node) -> list[int]:
+def _expected_completion(node):
     spec = SamplingSpec(
         max_tokens=SAMPLING.max_tokens, temperature=SAMPLING.temperature, seed=SAMPLING.seed, ignore_eos=True
     )
-    return node.generate(PROMPT, spec, timeout=300).token_ids
+    return node.generate(PROMPT, spec, timeout=300)
+
+
+def _expected(node) -> list[int]:
+    return _expected_completion(node).token_ids
+
+
+def _assert_one_logprob_and_version_per_token(store, result) -> tuple[list[float], list[int]]:
+    logprobs, versions = read_generation(store, result.generation)
+    assert result.generation.start == result.segment_start
+    assert len(logprobs) == len(versions) == result.output_tokens == result.generation.count
+    assert all(lp <= 0 for lp in logprobs), "a logprob above 0"
+    assert result.weights_versions == list(dict.fromkeys(versions))
+    return logprobs, versions
 
 
 async def test_generate_appends_the_turn_to_the_token_log(activity_node, store):
@@ -60,10 +75,17 @@ async def test_generate_appends_the_turn_to_the_token_log(activity_node, store):
     assert result.prefix.length == len(PROMPT) + SAMPLING.max_tokens == result.prefix.length
     assert result.segment_start == len(PROMPT) and result.output_tokens == SAMPLING.max_tokens
     tokens = read_prefix(store, result.prefix)
+    fresh = _expected_completion(activity_node)
     assert tokens[: len(PROMPT)] == PROMPT
-    assert tokens[len(PROMPT) :] == _expected(activity_node)
+    assert tokens[len(PROMPT) :] == fresh.token_ids
     assert result.finish_reason == "length" and result.node_queue == "rollout-test-node"
     assert result.timing.total_s >= result.timing.prefill_s >= 0
+    logprobs, versions = _assert_one_logprob_and_version_per_token(store, result)
+    assert logprobs == pytest.approx(fresh.logprobs, rel=1e-5, abs=1e-6) and versions == fresh.versions
+    assert read_marks(store, result.prefix) == [
+        Span(0, len(PROMPT), "env"),
+        Span(len(PROMPT), result.prefix.length, "model"),
+    ]
 
 
 async def test_heartbeats_carry_a_count_and_a_stored_object_never_token_ids(activity_node, store):
@@ -80,21 +102,30 @@ async def test_heartbeats_carry_a_count_and_a_stored_object_never_token_ids(acti
     assert stored, f"no heartbeat named stored tokens ({len(beats)} heartbeats)"
     # Each named object held exactly the tokens so far when it was heartbeated; after the
     # turn the object is gone (the token log holds the turn).
-    assert [b.tokens for b in stored] == sorted(b.tokens for b in stored) and stored[-1].tokens <= len(produced)
+    assert [b.tokens for b in stored] == sorted(b.tokens for b in stored) and stored[-1].tokens <= len(
+        produced
+    )
     assert not store.exists(stored[-1].key)
 
 
 async def test_retry_resumes_from_heartbeated_tokens(activity_node, store):
-    expected = _expected(activity_node)
+    fresh = _expected_completion(activity_node)
+    expected = fresh.token_ids
     ref = _context(store, "traj/b")
     acts = RolloutActivities(activity_node, store, "rollout-test-node")
-    partial = store.put_bytes("traj/b.partial/earlier-attempt", encode_tokens(expected[:20] + [7, 7]))
+    earlier = SampledTokens(expected[:20] + [7, 7], fresh.logprobs[:20] + [-1.0, -1.0], fresh.versions[:22])
+    partial = store.put_bytes("traj/b.partial/earlier-attempt", encode_sampled(earlier))
     env = ActivityEnvironment()
     details = PartialTokens(tokens=20, key=partial.key, sha256=partial.sha256).model_dump()
     env.info = dataclasses.replace(env.info, heartbeat_details=[details], attempt=2)
     result = await env.run(acts.generate, GenerateArgs(prefix=ref, sampling=SAMPLING))
     assert result.resumed_tokens == 20
     assert read_prefix(store, result.prefix)[len(PROMPT) :] == expected
+    # The turn's record covers the resumed tokens too: theirs from the stored partial, the
+    # rest from the engine.
+    logprobs, versions = _assert_one_logprob_and_version_per_token(store, result)
+    assert logprobs[:20] == pytest.approx(fresh.logprobs[:20], rel=1e-6)
+    assert logprobs == pytest.approx(fresh.logprobs, rel=1e-5, abs=1e-6) and versions == fresh.versions
 
 
 async def test_a_stored_partial_that_does_not_verify_starts_the_turn_over(activity_node, store):
@@ -121,7 +152,7 @@ async def test_prefix_hash_mismatch_is_non_retryable(activity_node, store):
 
 async def test_token_outside_vocabulary_is_non_retryable(activity_node, store):
     log = TokenLog.create(store, "traj/d")
-    ref = log.append([1, 2, activity_node.vocab_size + 5])
+    ref = log.append([1, 2, activity_node.vocab_size + 5], source="env")
     acts = RolloutActivities(activity_node, store, "rollout-test-node")
     with pytest.raises(ApplicationError) as err:
         await ActivityEnvironment().run(acts.generate, GenerateArgs(prefix=ref, sampling=SAMPLING))
@@ -237,4 +268,7 @@ async def test_generate_through_temporal_survives_a_leader_kill(
     )
     assert second.prefix.length == first.prefix.length + second.output_tokens
     assert second.segment_start == first.prefix.length
+    # The turn that survived the takeover mid-way has a logprob and a version for each of its 300 tokens.
+    _assert_one_logprob_and_version_per_token(store, first)
+    _assert_one_logprob_and_version_per_token(store, second)
     assert out["bad"] == {"type": "CorruptPrefix", "non_retryable": True}

@@ -147,6 +147,22 @@ def test_create_if_absent_put(store):
     assert store.get_bytes("once") == b"second"
 
 
+def test_metadata_is_written_with_the_object_and_part_of_its_identity(store):
+    ref = store.put_bytes("marked", b"tokens", if_absent=True, metadata={"source": "model"})
+    assert store.head_metadata("marked") == (ref, {"source": "model"})
+    assert store.put_bytes("marked", b"tokens", if_absent=True, metadata={"source": "model"}) == ref  # retry
+    with pytest.raises(ObjectConflict, match="different object"):
+        store.put_bytes("marked", b"tokens", if_absent=True, metadata={"source": "env"})
+    with pytest.raises(ObjectConflict, match="different object"):
+        store.put_bytes("marked", b"tokens", if_absent=True)
+    store.put_bytes("plain", b"x")
+    assert store.head_metadata("plain")[1] == {}
+    for bad in ({"sha256": "0" * 64}, {"Source": "env"}, {"source": "é"}):
+        with pytest.raises(ValueError, match="metadata"):
+            store.put_bytes("refused", b"x", metadata=bad)
+    assert not store.exists("refused")
+
+
 def test_create_if_absent_multipart(store, raw):
     data = payload(11 * MiB, seed=4)
     ref = store.upload_stream("once", chunks(data, MiB), if_absent=True)

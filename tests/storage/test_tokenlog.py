@@ -11,11 +11,15 @@ import pytest
 from belayer.storage import CorruptObject, ObjectConflict, ObjectNotFound, ObjectStore
 from belayer.storage.tokenlog import (
     PrefixRef,
+    Span,
     TokenLog,
+    _segment_key,
     decode_tokens,
     encode_tokens,
+    loss_mask,
     prefix_ref,
     prefix_sha256,
+    read_marks,
     read_prefix,
 )
 
@@ -35,6 +39,12 @@ def test_canonical_encoding_is_little_endian_uint32():
 def test_out_of_range_token_ids_are_refused(bad):
     with pytest.raises(ValueError):
         encode_tokens(bad)
+
+
+def test_loss_mask_counts_only_model_tokens():
+    spans = [Span(0, 3, "env"), Span(3, 5, "model"), Span(5, 6, "env")]
+    assert loss_mask(spans) == [0, 0, 0, 1, 1, 0]
+    assert loss_mask([]) == []
 
 
 def test_prefix_ref_is_small_and_serialisable():
@@ -64,7 +74,7 @@ def test_many_appends_read_back_as_exact_prefixes(store):
     everything: list[int] = []
     refs = []
     for turn in turns(150):
-        ref = log.append(turn)
+        ref = log.append(turn, source="env")
         everything += turn
         assert ref == PrefixRef(key="traj/42", length=len(everything), sha256=prefix_sha256(everything))
         refs.append(ref)
@@ -73,14 +83,14 @@ def test_many_appends_read_back_as_exact_prefixes(store):
         assert read_prefix(store, ref) == everything[: ref.length]
     for length in (0, 1, 7, refs[10].length + 3, len(everything) - 1):  # cuts inside a segment
         assert log.read_prefix(prefix_ref("traj/42", everything[:length])) == everything[:length]
-    assert log.append([]) == refs[-1]
+    assert log.append([], source="env") == refs[-1]
 
 
 @pytest.mark.stack
 def test_wrong_hash_or_length_is_refused(store):
     log = TokenLog.create(store, "traj/h")
-    log.append([1, 2, 3])
-    ref = log.append([4, 5])
+    log.append([1, 2, 3], source="env")
+    ref = log.append([4, 5], source="env")
     with pytest.raises(CorruptObject, match="hash to"):
         read_prefix(store, ref.model_copy(update={"sha256": prefix_sha256([1, 2, 3, 4, 6])}))
     with pytest.raises(CorruptObject, match="hash to"):
@@ -94,35 +104,35 @@ def test_wrong_hash_or_length_is_refused(store):
 @pytest.mark.stack
 def test_retried_append_is_idempotent_and_divergence_conflicts(store):
     first = TokenLog.create(store, "traj/r")
-    ref1 = first.append([10, 11])
-    ref2 = first.append([12])
+    ref1 = first.append([10, 11], source="env")
+    ref2 = first.append([12], source="env")
     # A retried activity replays from the last ref it knew: same tokens succeed...
     retried = TokenLog.resume(store, ref1)
-    assert retried.append([12]) == ref2
+    assert retried.append([12], source="env") == ref2
     # ...different tokens at a taken position are refused, never written over.
     other = TokenLog.resume(store, ref1)
     with pytest.raises(ObjectConflict, match="fork"):
-        other.append([99])
+        other.append([99], source="env")
     assert read_prefix(store, ref2) == [10, 11, 12]
     # Re-creating the same log is harmless, and so is replaying it from the start.
     again = TokenLog.create(store, "traj/r")
-    assert again.append([10, 11]) == ref1
+    assert again.append([10, 11], source="env") == ref1
 
 
 @pytest.mark.stack
 def test_fork_diverges_without_copying(store, storage_config):
     log = TokenLog.create(store, "traj/f/b0")
-    log.append([1, 2, 3])
-    cut = log.append([4, 5, 6])
-    log.append([7, 8])
+    log.append([1, 2, 3], source="env")
+    cut = log.append([4, 5, 6], source="env")
+    log.append([7, 8], source="env")
     branch = TokenLog.fork(store, prefix_ref("traj/f/b0", [1, 2, 3, 4]), "traj/f/b1")
     assert branch.head.length == 4
-    ref = branch.append([40, 41])
+    ref = branch.append([40, 41], source="env")
     assert read_prefix(store, ref) == [1, 2, 3, 4, 40, 41]
     assert read_prefix(store, prefix_ref("traj/f/b1", [1, 2])) == [1, 2]
     assert read_prefix(store, cut) == [1, 2, 3, 4, 5, 6]  # the base is untouched
     fork_of_fork = TokenLog.fork(store, ref, "traj/f/b2")
-    assert read_prefix(store, fork_of_fork.append([9])) == [1, 2, 3, 4, 40, 41, 9]
+    assert read_prefix(store, fork_of_fork.append([9], source="env")) == [1, 2, 3, 4, 40, 41, 9]
     with pytest.raises(ObjectConflict, match="different token log"):
         TokenLog.fork(store, cut, "traj/f/b1")
     segments = [k for k in RawBucket(storage_config).all_keys() if k.startswith("traj/f/b1/seg/")]
@@ -133,9 +143,9 @@ def test_fork_diverges_without_copying(store, storage_config):
 def test_damaged_or_missing_segments_are_detected(store, storage_config):
     raw = RawBucket(storage_config)
     log = TokenLog.create(store, "traj/d")
-    log.append([1, 2, 3])
-    log.append([4, 5])
-    ref = log.append([6])
+    log.append([1, 2, 3], source="env")
+    log.append([4, 5], source="env")
+    ref = log.append([6], source="env")
     raw.overwrite("traj/d/seg/000000000003.u32", encode_tokens([4, 9]))  # keeps the old sha256
     with pytest.raises(CorruptObject, match="corrupt"):
         read_prefix(store, ref)
@@ -149,7 +159,7 @@ def test_damaged_or_missing_segments_are_detected(store, storage_config):
 def test_manifest_stays_small_with_many_turns(store, storage_config):
     log = TokenLog.create(store, "traj/m")
     for turn in turns(40, seed=3):
-        log.append(turn)
+        log.append(turn, source="env")
     manifest = RawBucket(storage_config).head("traj/m/manifest.json")
     assert manifest["ContentLength"] < 200
 
@@ -171,11 +181,11 @@ class CountingStore:
 def test_resuming_the_last_append_of_this_process_reads_nothing(store):
     log = TokenLog.create(store, "traj/long")
     for turn in range(40):
-        head = log.append([turn, turn + 1])
+        head = log.append([turn, turn + 1], source="env")
     counting = CountingStore(store)
     resumed = TokenLog.resume(counting, head)
     assert counting.reads == 0 and resumed.head == head
-    after = resumed.append([7])
+    after = resumed.append([7], source="env")
     assert after == prefix_ref("traj/long", read_prefix(store, head) + [7])
     # A ref this process never appended is read and verified as before.
     older = prefix_ref("traj/long", read_prefix(store, head)[:21])  # not an append boundary
@@ -184,11 +194,9 @@ def test_resuming_the_last_append_of_this_process_reads_nothing(store):
 
 
 def test_resuming_after_another_process_appended_reads_only_the_new_segments(store):
-    from belayer.storage.tokenlog import _segment_key
-
     log = TokenLog.create(store, "traj/shared")
     for turn in range(10):
-        log.append([turn, turn])
+        log.append([turn, turn], source="env")
     tokens = read_prefix(store, log.head)
     for turn in range(3):  # another process (the engine) appends three turns
         store.put_bytes(_segment_key("traj/shared", len(tokens)), encode_tokens([9, turn]), if_absent=True)
@@ -199,4 +207,102 @@ def test_resuming_after_another_process_appended_reads_only_the_new_segments(sto
     # A ref whose hash does not match what the segments say is refused, not trusted.
     with pytest.raises(CorruptObject):
         TokenLog.resume(counting, PrefixRef(key="traj/shared", length=len(tokens), sha256="0" * 64))
-    assert resumed.append([1]).length == len(tokens) + 1
+    assert resumed.append([1], source="env").length == len(tokens) + 1
+
+
+# ---- source marks ------------------------------------------------------------------------
+
+
+def a_turn_log(store, key: str) -> list[PrefixRef]:
+    """prompt (env) | turn (model) | observation (env) | turn (model); the ref after each."""
+    log = TokenLog.create(store, key)
+    return [
+        log.append([1, 2, 3], source="env"),
+        log.append([4, 5, 6, 7], source="model"),
+        log.append([8, 9], source="env"),
+        log.append([10, 11, 12], source="model"),
+    ]
+
+
+@pytest.mark.stack
+def test_marks_say_which_tokens_the_model_generated(store):
+    refs = a_turn_log(store, "traj/marks")
+    spans = read_marks(store, refs[-1])
+    assert spans == [Span(0, 3, "env"), Span(3, 7, "model"), Span(7, 9, "env"), Span(9, 12, "model")]
+    assert loss_mask(spans) == [0, 0, 0, 1, 1, 1, 1, 0, 0, 1, 1, 1]
+    assert len(loss_mask(spans)) == refs[-1].length
+    # A shorter prefix, ending inside a segment, keeps the part of the span it holds.
+    five = prefix_ref("traj/marks", [1, 2, 3, 4, 5])
+    assert read_marks(store, five) == [Span(0, 3, "env"), Span(3, 5, "model")]
+    assert read_marks(store, prefix_ref("traj/marks", [])) == []
+
+
+@pytest.mark.stack
+def test_a_context_cut_keeps_the_marks_of_what_it_keeps(store):
+    """The trajectory's cut: a new log forked at the end of a turn, continued with an
+    observation and the next turns."""
+    refs = a_turn_log(store, "traj/cut/v0")
+    branch = TokenLog.fork(store, refs[1], "traj/cut/v1")
+    branch.append([20, 21], source="env")
+    head = branch.append([22], source="model")
+    assert read_marks(store, head) == [
+        Span(0, 3, "env"),
+        Span(3, 7, "model"),
+        Span(7, 9, "env"),
+        Span(9, 10, "model"),
+    ]
+    assert read_marks(store, refs[-1])[-1] == Span(9, 12, "model")  # the old branch is untouched
+
+
+@pytest.mark.stack
+def test_a_fork_inside_a_segment_keeps_the_truncated_span(store):
+    a_turn_log(store, "traj/fk/b0")
+    inside_model_turn = prefix_ref("traj/fk/b0", [1, 2, 3, 4, 5])
+    branch = TokenLog.fork(store, inside_model_turn, "traj/fk/b1")
+    head = branch.append([30, 31], source="model")  # the same source: one span across the fork
+    assert read_marks(store, head) == [Span(0, 3, "env"), Span(3, 7, "model")]
+    twice = TokenLog.fork(store, prefix_ref("traj/fk/b1", [1, 2, 3, 4, 5, 30]), "traj/fk/b2")
+    head = twice.append([40], source="env")
+    assert read_marks(store, head) == [Span(0, 3, "env"), Span(3, 6, "model"), Span(6, 7, "env")]
+    assert loss_mask(read_marks(store, head)) == [0, 0, 0, 1, 1, 1, 0]
+
+
+@pytest.mark.stack
+def test_segments_written_before_marks_existed_read_as_env(store):
+    """A log written by the old code (segments without a mark), continued by the new."""
+    TokenLog.create(store, "traj/old")
+    store.put_bytes(_segment_key("traj/old", 0), encode_tokens([1, 2]), if_absent=True)
+    store.put_bytes(_segment_key("traj/old", 2), encode_tokens([3, 4, 5]), if_absent=True)
+    old = prefix_ref("traj/old", [1, 2, 3, 4, 5])
+    assert read_marks(store, old) == [Span(0, 5, "env")]
+    head = TokenLog.resume(store, old).append([6], source="model")
+    assert read_marks(store, head) == [Span(0, 5, "env"), Span(5, 6, "model")]
+
+
+@pytest.mark.stack
+def test_a_retry_that_names_another_source_conflicts(store):
+    log = TokenLog.create(store, "traj/src")
+    first = log.append([1, 2], source="env")
+    log.append([3, 4], source="model")
+    assert TokenLog.resume(store, first).append([3, 4], source="model").length == 4  # the same retry
+    with pytest.raises(ObjectConflict, match="another source"):
+        TokenLog.resume(store, first).append([3, 4], source="env")
+    with pytest.raises(ValueError, match="source"):
+        log.append([5], source="observation")
+
+
+@pytest.mark.stack
+def test_marks_of_a_short_log_or_an_unknown_mark_are_refused(store):
+    refs = a_turn_log(store, "traj/bad")
+    with pytest.raises(CorruptObject, match="holds only 12 tokens"):
+        read_marks(store, prefix_ref("traj/bad", list(range(13))))
+    store.put_bytes(_segment_key("traj/bad", 12), encode_tokens([0]), metadata={"source": "tool"})
+    with pytest.raises(CorruptObject, match="unknown source mark 'tool'"):
+        read_marks(store, prefix_ref("traj/bad", read_prefix(store, refs[-1]) + [0]))
+
+
+def test_reading_marks_costs_no_token_reads(store):
+    refs = a_turn_log(store, "traj/cheap")
+    counting = CountingStore(store)
+    read_marks(counting, refs[-1])
+    assert counting.reads == 1  # the manifest; each segment's mark comes with a HEAD
