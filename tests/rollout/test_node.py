@@ -10,11 +10,12 @@ from __future__ import annotations
 import fcntl
 import os
 import signal
+import threading
 import time
 
 import pytest
 
-from belayer.workers.rollout import shm
+from belayer.workers.rollout import recovery, shm
 from belayer.workers.rollout.errors import BadRequestError
 from belayer.workers.rollout.protocol import SamplingSpec
 from tests.rollout.conftest import PROMPTS, SPECS
@@ -176,3 +177,30 @@ def _arena_perms(pid: int, arena) -> str:
             if line.rstrip().endswith(str(arena)):
                 return line.split()[1]
     raise AssertionError(f"process {pid} does not map {arena}")
+
+
+def test_submits_and_status_go_on_during_a_cold_start(node, monkeypatch):
+    """The loop runs a cold start without the node lock: a caller is answered meanwhile.
+    The cold start is held at a gate until the caller has its answers, so the order is
+    fixed; a node lock held through recovery would leave the gate to time out."""
+    if node.config.weight_mode != "private":
+        pytest.skip("the locking does not depend on the weight mode; run once, in private mode")
+    expected = baseline(node)
+    gate, timed_out = threading.Event(), []
+    original = recovery._cold_start
+
+    def gated(*args, **kwargs):
+        timed_out.append(not gate.wait(120))
+        return original(*args, **kwargs)
+
+    monkeypatch.setattr(recovery, "_cold_start", gated)
+    before = len(node.recoveries)
+    node.force_full_cold_start_next("test: status and submits during a cold start")
+    os.kill(node.leader.pid, signal.SIGKILL)
+    wait_for(lambda: node.roles()["leader"] is None, "the recovery to begin")
+    state = node.roles()
+    handle = node.submit(PROMPTS[0], SPECS[0])
+    gate.set()
+    assert handle.result(300).token_ids == expected[0]
+    assert timed_out == [False], "status and submit waited for the cold start"
+    assert state["leader"] is None and node.recoveries[before].kind == "cold_start"

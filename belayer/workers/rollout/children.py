@@ -39,6 +39,7 @@ class Child:
     spec: Any = None
     version: int = 0  # engines: the weights version it computes with (confirmed by the engine)
     switching_to: int | None = None  # engines: a SwitchWeights sent, not answered yet
+    switch_failed: bool = False  # engines: refused a switch; replaced, never asked again
     owner_generation: int = 0  # engines: the owner whose verified memory it loaded from
 
     @property
@@ -60,14 +61,21 @@ def spawn_owner(config: RolloutConfig, model_dir: Path, generation: int, **adopt
 
 
 def spawn_engine(
-    config: RolloutConfig, model_dir: Path, owner: OwnerReady, generation: int, role: str, version: int
+    config: RolloutConfig,
+    model_dir: Path,
+    weights: tuple[int, Path],
+    arena_path: Path,
+    owner_generation: int,
+    role: str,
 ) -> Child:
+    """An engine loading weights version `weights[0]` from the owner's segment `weights[1]`."""
+    version, weights_path = weights
     spec = EngineSpec(
         node_id=config.node_id,
         role=role,
         model_dir=model_dir,
-        weights_path=owner.versions[version],
-        arena_path=owner.arena_path,
+        weights_path=weights_path,
+        arena_path=arena_path,
         dtype=config.dtype,
         weight_mode=config.weight_mode,
         kv_bytes=config.kv_cache_mb << 20,
@@ -78,7 +86,7 @@ def spawn_engine(
         weights_version=version,
     )
     child = _spawn(role, engine_main, spec, config.node_id)
-    child.owner_generation = generation
+    child.owner_generation = owner_generation
     return child
 
 

@@ -636,8 +636,9 @@ class RolloutNode:
             msg.version,
             msg.message,
         )
+        engine.switch_failed = True
         if engine is self.shadow:  # never keep a shadow behind: replace it by one on the target
-            self._in_loop(self._replace_behind_shadow)
+            self._in_loop(lambda: self._replace_behind_shadow(engine))
         elif engine is self.leader:
             self._in_loop(
                 lambda: recovery.recover(
@@ -645,8 +646,8 @@ class RolloutNode:
                 )
             )
 
-    def _replace_behind_shadow(self) -> None:
-        if self.shadow is not None and self.shadow.version != self.target_version:
+    def _replace_behind_shadow(self, behind: Child) -> None:
+        if self.shadow is behind:
             children.stop(self._set_role("shadow", None))
             self._set_role("shadow", self._spawn_engine("shadow"))
 
@@ -712,8 +713,9 @@ class RolloutNode:
         return old
 
     def _spawn_engine(self, role: str) -> Child:
+        weights = (self.target_version, self.owner_versions[self.target_version])
         return children.spawn_engine(
-            self.config, self.model_dir, self.owner.ready, self.generation, role, self.target_version
+            self.config, self.model_dir, weights, self.owner.ready.arena_path, self.generation, role
         )
 
     def _await_engine(self, engine: Child) -> None:

@@ -161,7 +161,7 @@ def _owner_check(node: RolloutNode, phases: dict[str, float]) -> str | None:
         if header.epoch != node.epoch:
             return f"arena epoch is {header.epoch}, expected {node.epoch}: someone else wrote the lease"
         if node.owner_failure is None:
-            weights = shm.map_readonly(node.owner.ready.versions[node.target_version])
+            weights = shm.map_readonly(node.owner_versions[node.target_version])
             try:
                 if shm.read_weights_header(weights).status != shm.STATUS_OK:
                     return "owner's weights are marked corrupt"
