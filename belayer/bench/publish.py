@@ -439,7 +439,11 @@ QUICK = {"model": "tiny", "prompt_tokens": 64, "max_tokens": 48, "publish_after"
     help="Tokens of request 0 before the publish. Default: 16.",
 )
 @click.option(
-    "--repetitions", type=click.IntRange(1, 100), default=3, show_default=True, help="Versions published."
+    "--repetitions",
+    type=click.IntRange(1, 100),
+    default=3,
+    show_default=True,
+    help="Each publishes two versions: idle, then with requests in flight.",
 )
 def publish(
     as_json,
