@@ -130,3 +130,12 @@ SPECS = [
     SamplingSpec(max_tokens=220, temperature=1.2, top_k=50, seed=7, ignore_eos=True),
     SamplingSpec(max_tokens=160, ignore_eos=True),
 ]
+
+
+@pytest.fixture
+def store(storage_config):
+    """The real object store of the test stack (SeaweedFS)."""
+    from belayer.storage.store import ObjectStore
+
+    with ObjectStore(storage_config) as s:
+        yield s

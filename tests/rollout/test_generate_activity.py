@@ -13,7 +13,6 @@ from temporalio.testing import ActivityEnvironment
 
 from belayer.activities.generate import GenerateArgs, PartialTokens, RolloutActivities, SamplingParams
 from belayer.storage.generation import SampledTokens, encode_sampled, read_generation
-from belayer.storage.store import ObjectStore
 from belayer.storage.tokenlog import PrefixRef, Span, TokenLog, encode_tokens, read_marks, read_prefix
 from belayer.workers.rollout.protocol import SamplingSpec
 from tests.rollout.conftest import NodeUnderTest, node_config
@@ -32,12 +31,6 @@ def activity_node(tiny_model):
     finally:
         left = nut.close()
     assert not left, f"node leaked: {left}"
-
-
-@pytest.fixture
-def store(storage_config):
-    with ObjectStore(storage_config) as s:
-        yield s
 
 
 def _context(store, key: str) -> PrefixRef:

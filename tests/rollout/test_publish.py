@@ -208,27 +208,35 @@ def test_finish_on_old_finishes_in_flight_on_the_old_version_and_new_requests_wa
     assert_same_run(second, expected.token_ids, expected.logprobs)
 
 
-def test_primary_killed_during_a_publish_ends_on_the_new_version(published, references):
+def publish_killing_the_leader_once_sealed(published, policy: str, prompt, spec):
+    """Publish while `prompt` decodes; SIGKILL the leader right after the owner sealed the
+    new version, before the leader computes with it. Returns (result, report, what was seen)."""
     node = published.node
-    new = published.next_content()
     killed: dict = {}
 
     def kill_once_sealed(state: dict) -> None:
         if not killed and state["publishing"] and state["weights_version"] != state["leader_version"]:
-            killed["pid"] = state["leader"]
+            killed["pid"], killed["shadow_version"] = state["leader"], state["shadow_version"]
             os.kill(state["leader"], signal.SIGKILL)
 
-    before = len(node.recoveries)
     node.add_state_listener(kill_once_sealed)
     try:
-        trigger = publish_when(node, 30, lambda: published.publish("continue_on_new"))
-        result = node.submit(PROMPTS[2], SAMPLED, on_progress=trigger).result(300)
+        trigger = publish_when(node, 30, lambda: published.publish(policy))
+        result = node.submit(prompt, spec, on_progress=trigger).result(300)
         report = finish_publish(trigger)
     finally:
         node.remove_state_listener(kill_once_sealed)
     assert killed, "the leader was never killed during the publish"
-    event = node.recoveries[before]
-    assert event.weights_version == report.version
+    return result, report, killed
+
+
+def test_primary_killed_during_a_publish_ends_on_the_new_version(published, references):
+    node, new = published.node, published.next_content()
+    before = len(node.recoveries)
+    result, report, _ = publish_killing_the_leader_once_sealed(
+        published, "continue_on_new", PROMPTS[2], SAMPLED
+    )
+    assert node.recoveries[before].weights_version == report.version
     runs = split_by_version(result)
     assert runs[-1][0] == report.version and len(runs) <= 2, runs
     switched_at = sum(n for v, n in runs if v != report.version)
@@ -242,22 +250,11 @@ def test_takeover_while_finish_on_old_drains_finishes_on_the_old_version(publish
     if node.config.weight_mode != "private":
         pytest.skip("the drain path does not depend on the weight mode; run once, in private mode")
     old = published.current()
-    killed: dict = {}
-
-    def kill_while_draining(state: dict) -> None:
-        if not killed and state["publishing"] and state["weights_version"] != state["leader_version"]:
-            killed["pid"], killed["shadow_version"] = state["leader"], state["shadow_version"]
-            os.kill(state["leader"], signal.SIGKILL)
-
     before = len(node.recoveries)
-    node.add_state_listener(kill_while_draining)
-    try:
-        trigger = publish_when(node, 30, lambda: published.publish("finish_on_old"))
-        result = node.submit(PROMPTS[0], LONG, on_progress=trigger).result(300)
-        report = finish_publish(trigger)
-    finally:
-        node.remove_state_listener(kill_while_draining)
-    assert killed and killed["shadow_version"] == report.previous_version
+    result, report, killed = publish_killing_the_leader_once_sealed(
+        published, "finish_on_old", PROMPTS[0], LONG
+    )
+    assert killed["shadow_version"] == report.previous_version
     event = node.recoveries[before]
     assert event.kind == "takeover" and event.weights_version == report.previous_version
     expected = references[old].generate(PROMPTS[0], LONG, timeout=300)

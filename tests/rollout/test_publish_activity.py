@@ -10,27 +10,18 @@ from temporalio.exceptions import ApplicationError
 from temporalio.testing import ActivityEnvironment
 
 from belayer.activities.publish import PublishActivities, PublishWeightsArgs, store_weights
-from belayer.storage.store import ObjectRef, ObjectStore
+from belayer.storage.store import ObjectRef
 from belayer.workers.rollout.protocol import SamplingSpec
-from tests.rollout.conftest import NodeUnderTest, node_config
+from tests.rollout.conftest import node_config, started_node
 
 pytestmark = [pytest.mark.engine, pytest.mark.stack]
 
 
 @pytest.fixture(scope="module")
 def lone_node(tiny_model):
-    nut = NodeUnderTest(node_config(shadow=False), tiny_model)
-    try:
-        yield nut.start()
-    finally:
-        left = nut.close()
-    assert not left, f"node leaked: {left}"
-
-
-@pytest.fixture
-def store(storage_config):
-    with ObjectStore(storage_config) as s:
-        yield s
+    nodes = started_node(node_config(shadow=False), tiny_model)
+    yield next(nodes).node
+    next(nodes, None)  # closes it and fails on anything it leaked
 
 
 def _perturbed(model_dir, seed: int) -> dict[str, torch.Tensor]:
@@ -56,12 +47,14 @@ async def test_publish_weights_from_the_object_store_and_retries(lone_node, stor
     again = await env.run(acts.publish_weights, args)  # the first reply was lost: same answer
     assert again.already_published and again.version == 2
 
-    with pytest.raises(ApplicationError) as stale:
-        await env.run(acts.publish_weights, PublishWeightsArgs(version=1, weights=ref))
+    ref3 = store_weights(store, "weights/v3.safetensors", _perturbed(tiny_model, 2))
+    assert (await env.run(acts.publish_weights, PublishWeightsArgs(version=3, weights=ref3))).version == 3
+    with pytest.raises(ApplicationError) as stale:  # a late retry of version 2
+        await env.run(acts.publish_weights, args)
     assert stale.value.type == "StaleWeightsVersion" and stale.value.non_retryable
 
     forged = ObjectRef(key=ref.key, size=ref.size, sha256="0" * 64)
     with pytest.raises(ApplicationError) as corrupt:
-        await env.run(acts.publish_weights, PublishWeightsArgs(version=3, weights=forged))
+        await env.run(acts.publish_weights, PublishWeightsArgs(version=4, weights=forged))
     assert corrupt.value.type == "CorruptWeights" and corrupt.value.non_retryable
-    assert lone_node.roles()["weights_version"] == 2
+    assert lone_node.roles()["weights_version"] == 3

@@ -161,24 +161,21 @@ def read_manifest(mm) -> tuple[WeightsHeader, list[TensorEntry]]:
 
 def map_readwrite(path: Path) -> mmap.mmap:
     """Map a staged segment for writing (the publisher fills it before the owner seals it)."""
-    try:
-        fd = os.open(path, os.O_RDWR)
-    except FileNotFoundError:
-        raise SharedMemoryError(f"staged weights segment {path} is missing (memory owner gone?)") from None
-    try:
-        return mmap.mmap(fd, 0, mmap.MAP_SHARED, mmap.PROT_READ | mmap.PROT_WRITE)
-    finally:
-        os.close(fd)
+    return _map(path, os.O_RDWR, mmap.PROT_READ | mmap.PROT_WRITE)
 
 
 def map_readonly(path: Path) -> mmap.mmap:
     """Map a segment read-only: a stray write from this process faults instead of corrupting it."""
+    return _map(path, os.O_RDONLY, mmap.PROT_READ)
+
+
+def _map(path: Path, flags: int, prot: int) -> mmap.mmap:
     try:
-        fd = os.open(path, os.O_RDONLY)
+        fd = os.open(path, flags)
     except FileNotFoundError:
         raise SharedMemoryError(f"shared-memory segment {path} is missing (memory owner gone?)") from None
     try:
-        return mmap.mmap(fd, 0, mmap.MAP_SHARED, mmap.PROT_READ)
+        return mmap.mmap(fd, 0, mmap.MAP_SHARED, prot)
     finally:
         os.close(fd)
 
