@@ -14,6 +14,7 @@ import json
 import math
 import os
 import time
+from concurrent.futures import ThreadPoolExecutor
 from multiprocessing.connection import Connection
 from pathlib import Path
 
@@ -95,7 +96,7 @@ class MemoryOwner:
         segment = WeightsSegment.create(path, plan_entries(tensors), version=1)
         for entry, tensor in zip(segment.entries, tensors.values(), strict=True):
             segment.write(entry, tensor)
-        segment.seal({e.name: segment.digest(e) for e in segment.entries})
+        segment.seal(segment.digests())
         return segment
 
     def _arena_intact(self) -> bool:
@@ -227,15 +228,22 @@ class WeightsSegment:
         with memoryview(self.mm) as mv:
             return hashlib.sha256(mv[start : start + entry.nbytes]).hexdigest()
 
+    def digests(self) -> dict[str, str]:
+        """Every tensor's sha256, two at a time (hashlib releases the GIL)."""
+        with ThreadPoolExecutor(max_workers=2) as pool:
+            return dict(zip((e.name for e in self.entries), pool.map(self.digest, self.entries), strict=True))
+
     def mismatch(self, expected: dict[str, str]) -> str | None:
         names = {e.name for e in self.entries}
         if set(expected) != names:
             return f"tensors {sorted(names ^ set(expected))[:3]} missing or unknown"
-        bad = [e.name for e in self.entries if self.digest(e) != expected[e.name]]
+        actual = self.digests()
+        bad = [name for name in sorted(names) if actual[name] != expected[name]]
         return f"checksum mismatch in {bad[:3]} (torn or corrupt write)" if bad else None
 
     def bad_tensors(self) -> tuple[str, ...]:
-        return tuple(e.name for e in self.entries if self.digest(e) != e.sha256)
+        actual = self.digests()
+        return tuple(e.name for e in self.entries if actual[e.name] != e.sha256)
 
     def seal(self, sha256: dict[str, str]) -> None:
         self.entries = [shm.TensorEntry(**{**e.__dict__, "sha256": sha256[e.name]}) for e in self.entries]

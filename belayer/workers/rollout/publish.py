@@ -23,7 +23,7 @@ from __future__ import annotations
 import hashlib
 import time
 from collections.abc import Mapping
-from concurrent.futures import Future
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Literal
 
@@ -90,7 +90,10 @@ def check_policy(policy: str) -> str:
 
 def write_staged(path, tensors: Mapping[str, object], dtype: str) -> dict[str, str]:
     """Copy the trainer's tensors into the staged segment; return the sha256 of each tensor
-    as the publisher meant it (the owner compares against the segment's bytes)."""
+    as the publisher meant it (the owner compares against the segment's bytes).
+
+    One copy per tensor (a multi-threaded torch copy straight into the mapping) and a hash
+    of the source's own buffer: no intermediate bytes objects."""
     import torch
 
     converted = to_vllm_layout(dict(tensors), dtype)
@@ -98,15 +101,19 @@ def write_staged(path, tensors: Mapping[str, object], dtype: str) -> dict[str, s
     try:
         header, entries = shm.read_manifest(mm)
         _check_layout(entries, converted)
-        expected = {}
-        for entry in entries:
-            tensor = converted[entry.name]
-            raw = tensor.reshape(-1).view(torch.uint8).numpy()
-            mm[header.data_offset + entry.offset : header.data_offset + entry.offset + entry.nbytes] = (
-                raw.tobytes()
-            )
-            expected[entry.name] = hashlib.sha256(raw).hexdigest()
-        return expected
+
+        def copy_and_hash(entry: shm.TensorEntry) -> str:
+            source = converted[entry.name].reshape(-1).view(torch.uint8)
+            start = header.data_offset + entry.offset
+            target = torch.frombuffer(mm, dtype=torch.uint8, count=entry.nbytes, offset=start)
+            target.copy_(source)
+            del target  # the mapping cannot close while a tensor exports it
+            return hashlib.sha256(source.numpy()).hexdigest()
+
+        # torch's copy and hashlib both release the GIL: hash one tensor while copying another
+        with ThreadPoolExecutor(max_workers=2) as pool:
+            digests = list(pool.map(copy_and_hash, entries))
+        return {entry.name: digest for entry, digest in zip(entries, digests, strict=True)}
     finally:
         mm.close()
 
