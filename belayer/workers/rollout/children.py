@@ -4,6 +4,7 @@ fencing and stopping. Only the node's loop thread touches a child's pipe."""
 from __future__ import annotations
 
 import multiprocessing as mp
+import os
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -84,6 +85,7 @@ def spawn_engine(
         heartbeat_interval_s=config.heartbeat_interval_s,
         threads=config.engine_threads,
         weights_version=version,
+        niceness=os.getpriority(os.PRIO_PROCESS, 0),
     )
     child = _spawn(role, engine_main, spec, config.node_id)
     child.owner_generation = owner_generation

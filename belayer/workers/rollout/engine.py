@@ -14,7 +14,7 @@ import time
 from multiprocessing.connection import Connection
 
 from belayer.workers.rollout import faults
-from belayer.workers.rollout.procutil import die_with_parent, memory_of
+from belayer.workers.rollout.procutil import die_with_parent, memory_of, run_in_background, run_in_foreground
 from belayer.workers.rollout.protocol import (
     AbortRequest,
     AddRequest,
@@ -43,6 +43,8 @@ from belayer.workers.rollout.protocol import (
 def engine_main(spec: EngineSpec, conn: Connection) -> None:
     """Entry point of an engine process (multiprocessing spawn target)."""
     die_with_parent()
+    if spec.role == "shadow":
+        run_in_background()  # before torch starts its threads: they inherit the niceness
     from belayer.workers.rollout.vllm_hooks import engine_environment
 
     os.environ.update(engine_environment(spec.threads))
@@ -156,6 +158,8 @@ class EngineLoop:
         try:
             epoch = self.arena.try_take_lease()
             self.hooks.reset_worker_state(self.engine)
+            if self.spec.role == "shadow":
+                run_in_foreground(self.spec.niceness)
         except Exception as exc:
             self.send(Failed(f"lease not taken: {type(exc).__name__}: {exc}"))
             return

@@ -32,3 +32,26 @@ def memory_of(pid: int) -> tuple[int, int, int]:
     private = fields.get("Private_Clean", 0) + fields.get("Private_Dirty", 0)
     shared = fields.get("Shared_Clean", 0) + fields.get("Shared_Dirty", 0)
     return fields.get("Rss", 0), private, shared
+
+
+BACKGROUND_NICENESS = 19
+
+
+def run_in_background() -> None:
+    """Lowest CPU priority for this process and every thread it creates later: a shadow
+    initializing (or idling) must never slow the leader that re-prefills after a takeover."""
+    os.setpriority(os.PRIO_PROCESS, 0, BACKGROUND_NICENESS)
+
+
+def run_in_foreground(niceness: int) -> bool:
+    """Back to the node's priority, for every thread (Linux keeps a niceness per thread).
+    Lowering niceness needs CAP_SYS_NICE; without it the engine stays in the background,
+    which matters only while another process competes for the cores. False then."""
+    try:
+        for tid in os.listdir("/proc/self/task"):
+            os.setpriority(os.PRIO_PROCESS, int(tid), niceness)
+    except PermissionError:
+        return False
+    except ProcessLookupError:  # a thread that just exited
+        pass
+    return True

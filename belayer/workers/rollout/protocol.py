@@ -140,6 +140,7 @@ class EngineSpec:
     heartbeat_interval_s: float
     threads: int
     weights_version: int = 1
+    niceness: int = 0  # the node's: a shadow runs at the lowest priority until it leads
 
 
 @dataclass(frozen=True)
