@@ -19,7 +19,7 @@ pytestmark = pytest.mark.engine
 
 @pytest.fixture(scope="module")
 def result() -> dict:
-    return run_cli("publish", "--quick", "--repetitions", "2")
+    return run_cli("publish", "--quick", "--repetitions", "1")
 
 
 def test_headline_fields(result):
@@ -33,7 +33,7 @@ def test_headline_fields(result):
     )
     for key in headline:
         assert isinstance(result[key], float) and result[key] > 0, key
-    assert result["repetitions"] == 2
+    assert result["repetitions"] == 1
     assert result["simulated"]
 
 
