@@ -2,9 +2,10 @@
 
 Its loop is small: take control messages, step the engine when it holds the lease and has
 work, stream token deltas (with each token's logprob and the weights version of the step),
-heartbeat. A weights switch happens between two steps, so a step never mixes versions. It writes the KV arena only while it holds the lease
-(its mapping is read-only before) and checks the lease epoch before every step, so a
-fenced engine that was somehow still running stops instead of writing.
+heartbeat. A weights switch happens between two steps, so a step never mixes versions. It
+writes the KV arena only while it holds the lease (its mapping is read-only before) and
+checks the lease epoch before every step, so a fenced engine that was somehow still
+running stops instead of writing.
 """
 
 from __future__ import annotations

@@ -290,7 +290,8 @@ class RolloutNode:
                 raise RolloutError(f"rollout node {self.config.node_id} cannot serve ({self.broken})")
             if self.publishing is not None:
                 raise BadRequestError(
-                    f"weights version {self.publishing.version} is still being published; publish one at a time"
+                    f"weights version {self.publishing.version} is still being published; "
+                    "publish one at a time"
                 )
             newest = max([self.target_version, *self.owner_versions])
             if version <= newest:

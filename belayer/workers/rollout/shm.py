@@ -7,8 +7,9 @@
   the owner checksums it and only then marks it OK, so no engine can map torn weights.
 - KV arena: `[header page | raw KV bytes]`. The header carries magic, data size, the
   lease epoch and the node's current weights version (flipped with one 8-byte write when
-  a published version is sealed: the single word a replacement owner or engine reads). The lease is `flock` on the arena file (released by the kernel when the
-  holder dies) plus the epoch, which the new holder bumps so a stale holder can tell.
+  a published version is sealed: the single word a replacement owner or engine reads).
+  The lease is `flock` on the arena file (released by the kernel when the holder dies)
+  plus the epoch, which the new holder bumps so a stale holder can tell.
 
 Nothing here imports vLLM; engines and owner both use these helpers.
 """
