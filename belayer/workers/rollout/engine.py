@@ -15,7 +15,13 @@ import time
 from multiprocessing.connection import Connection
 
 from belayer.workers.rollout import faults
-from belayer.workers.rollout.procutil import die_with_parent, memory_of, run_in_background, run_in_foreground
+from belayer.workers.rollout.procutil import (
+    BACKGROUND_NICENESS,
+    die_with_parent,
+    memory_of,
+    run_in_background,
+    set_niceness,
+)
 from belayer.workers.rollout.protocol import (
     AbortRequest,
     AddRequest,
@@ -145,12 +151,18 @@ class EngineLoop:
         if "publish_switch_fail" in self.faults and self.spec.role == "shadow":
             self.send(SwitchFailed(msg.version, "injected fault publish_switch_fail"))
             return
+        background = self.spec.role == "shadow" and not self.arena.writable
+        if background:  # a publish waits for the shadow too: switch at the node's priority
+            set_niceness(self.spec.niceness)
         try:
             self.hooks.switch_weights(self.engine, msg.weights_path, self.spec.weight_mode)
             self.sketch = self.hooks.weights_sketch(self.engine)
         except Exception as exc:
             self.send(SwitchFailed(msg.version, f"{type(exc).__name__}: {exc}"))
             return
+        finally:
+            if background:
+                set_niceness(BACKGROUND_NICENESS)
         self.weights_version = msg.version
         self.send(WeightsSwitched(msg.version, time.perf_counter() - t0))
 
@@ -160,7 +172,7 @@ class EngineLoop:
             epoch = self.arena.try_take_lease()
             self.hooks.reset_worker_state(self.engine)
             if self.spec.role == "shadow":
-                run_in_foreground(self.spec.niceness)
+                set_niceness(self.spec.niceness)
         except Exception as exc:
             self.send(Failed(f"lease not taken: {type(exc).__name__}: {exc}"))
             return

@@ -43,15 +43,16 @@ def run_in_background() -> None:
     os.setpriority(os.PRIO_PROCESS, 0, BACKGROUND_NICENESS)
 
 
-def run_in_foreground(niceness: int) -> bool:
-    """Back to the node's priority, for every thread (Linux keeps a niceness per thread).
-    Lowering niceness needs CAP_SYS_NICE; without it the engine stays in the background,
-    which matters only while another process competes for the cores. False then."""
+def set_niceness(niceness: int) -> bool:
+    """Every thread of this process to `niceness` (Linux keeps one per thread). Lowering it
+    needs CAP_SYS_NICE; without it the engine stays where it is, which matters only while
+    another process competes for the cores. False then."""
     try:
         for tid in os.listdir("/proc/self/task"):
-            os.setpriority(os.PRIO_PROCESS, int(tid), niceness)
+            try:
+                os.setpriority(os.PRIO_PROCESS, int(tid), niceness)
+            except ProcessLookupError:  # a thread that just exited
+                pass
     except PermissionError:
         return False
-    except ProcessLookupError:  # a thread that just exited
-        pass
     return True
