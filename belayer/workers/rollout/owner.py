@@ -285,30 +285,42 @@ def vllm_layout(model_dir: Path, dtype: str) -> dict:
     return to_vllm_layout(hf, dtype)
 
 
-def to_vllm_layout(hf: dict, dtype: str) -> dict:
-    """HF Llama tensors → vLLM's Llama parameter names (qkv and gate_up fused), in `dtype`,
-    sorted by name. Names already in vLLM's layout pass through (a trainer may send either)."""
+# vLLM fuses these HF projections along dim 0 (row-major: the fused bytes are the parts' bytes
+# one after another), in this order.
+FUSED = {
+    "self_attn.qkv_proj.weight": (
+        "self_attn.q_proj.weight",
+        "self_attn.k_proj.weight",
+        "self_attn.v_proj.weight",
+    ),
+    "mlp.gate_up_proj.weight": ("mlp.gate_proj.weight", "mlp.up_proj.weight"),
+}
+
+
+def vllm_parts(hf: dict, dtype: str) -> dict[str, list]:
+    """vLLM parameter name → the HF tensors (in `dtype`, contiguous) whose concatenation it
+    is, sorted by name. Names already in vLLM's layout pass through (a trainer may send
+    either). A publisher writes the parts one after another: no fused copy is ever made."""
     import torch
 
     target = {"float32": torch.float32, "bfloat16": torch.bfloat16}[dtype]
-    out: dict[str, object] = {}
-    for name in sorted(hf):
-        if name.endswith(("self_attn.k_proj.weight", "self_attn.v_proj.weight", "mlp.up_proj.weight")):
-            continue  # folded into the fused tensor below
-        if name.endswith("self_attn.q_proj.weight"):
-            base = name.removesuffix("q_proj.weight")
-            fused = torch.cat(
-                [hf[base + "q_proj.weight"], hf[base + "k_proj.weight"], hf[base + "v_proj.weight"]]
-            )
-            out[base + "qkv_proj.weight"] = fused
-        elif name.endswith("mlp.gate_proj.weight"):
-            base = name.removesuffix("gate_proj.weight")
-            out[base + "gate_up_proj.weight"] = torch.cat(
-                [hf[base + "gate_proj.weight"], hf[base + "up_proj.weight"]]
-            )
-        else:
-            out[name] = hf[name]
-    return {name: out[name].detach().to("cpu", target).contiguous() for name in sorted(out)}
+    parts: dict[str, list] = {}
+    folded = {name for name in hf for suffixes in FUSED.values() if name.endswith(suffixes)}
+    for name in hf:
+        for fused, suffixes in FUSED.items():
+            if name.endswith(suffixes[0]):
+                base = name.removesuffix(suffixes[0])
+                parts[base + fused] = [hf[base + suffix] for suffix in suffixes]
+        if name not in folded:
+            parts[name] = [hf[name]]
+    return {name: [t.detach().to("cpu", target).contiguous() for t in parts[name]] for name in sorted(parts)}
+
+
+def to_vllm_layout(hf: dict, dtype: str) -> dict:
+    """HF Llama tensors → vLLM's Llama parameters (qkv and gate_up fused), in `dtype`."""
+    import torch
+
+    return {name: p[0] if len(p) == 1 else torch.cat(p) for name, p in vllm_parts(hf, dtype).items()}
 
 
 def plan_entries(tensors: dict) -> list[shm.TensorEntry]:

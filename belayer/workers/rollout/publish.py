@@ -29,7 +29,7 @@ from typing import Literal
 
 from belayer.workers.rollout import shm
 from belayer.workers.rollout.errors import BadRequestError, RolloutError
-from belayer.workers.rollout.owner import to_vllm_layout
+from belayer.workers.rollout.owner import vllm_parts
 
 Policy = Literal["finish_on_old", "continue_on_new"]
 POLICIES = ("finish_on_old", "continue_on_new")
@@ -92,25 +92,28 @@ def write_staged(path, tensors: Mapping[str, object], dtype: str) -> dict[str, s
     """Copy the trainer's tensors into the staged segment; return the sha256 of each tensor
     as the publisher meant it (the owner compares against the segment's bytes).
 
-    One copy per tensor (a multi-threaded torch copy straight into the mapping) and a hash
-    of the source's own buffer: no intermediate bytes objects."""
+    One copy per tensor, straight into the mapping (a fused vLLM parameter is written part
+    after part), hashing the source's own buffers, two tensors at a time (torch's copy and
+    hashlib release the GIL)."""
     import torch
 
-    converted = to_vllm_layout(dict(tensors), dtype)
+    parts = vllm_parts(dict(tensors), dtype)
     mm = shm.map_readwrite(path)
     try:
         header, entries = shm.read_manifest(mm)
-        _check_layout(entries, converted)
+        _check_layout(entries, parts)
 
         def copy_and_hash(entry: shm.TensorEntry) -> str:
-            source = converted[entry.name].reshape(-1).view(torch.uint8)
-            start = header.data_offset + entry.offset
-            target = torch.frombuffer(mm, dtype=torch.uint8, count=entry.nbytes, offset=start)
-            target.copy_(source)
-            del target  # the mapping cannot close while a tensor exports it
-            return hashlib.sha256(source.numpy()).hexdigest()
+            digest, start = hashlib.sha256(), header.data_offset + entry.offset
+            for part in parts[entry.name]:
+                source = part.reshape(-1).view(torch.uint8)
+                target = torch.frombuffer(mm, dtype=torch.uint8, count=source.numel(), offset=start)
+                target.copy_(source)
+                del target  # the mapping cannot close while a tensor exports it
+                digest.update(source.numpy())
+                start += source.numel()
+            return digest.hexdigest()
 
-        # torch's copy and hashlib both release the GIL: hash one tensor while copying another
         with ThreadPoolExecutor(max_workers=2) as pool:
             digests = list(pool.map(copy_and_hash, entries))
         return {entry.name: digest for entry, digest in zip(entries, digests, strict=True)}
@@ -118,17 +121,16 @@ def write_staged(path, tensors: Mapping[str, object], dtype: str) -> dict[str, s
         mm.close()
 
 
-def _check_layout(entries: list[shm.TensorEntry], tensors: dict) -> None:
+def _check_layout(entries: list[shm.TensorEntry], parts: dict[str, list]) -> None:
     names = {e.name for e in entries}
-    missing, unknown = names - set(tensors), set(tensors) - names
+    missing, unknown = names - set(parts), set(parts) - names
     if missing or unknown:
         raise BadRequestError(
             f"published tensors do not match the served model: missing {sorted(missing)[:3]}, "
             f"unknown {sorted(unknown)[:3]} (send the model's full state dict, HF or vLLM names)"
         )
     for entry in entries:
-        tensor = tensors[entry.name]
-        if tuple(tensor.shape) != entry.shape:
-            raise BadRequestError(
-                f"{entry.name}: published shape {tuple(tensor.shape)}, served {entry.shape}"
-            )
+        shapes = [tuple(p.shape) for p in parts[entry.name]]
+        rows = sum(shape[0] for shape in shapes)
+        if any(shape[1:] != entry.shape[1:] for shape in shapes) or rows != entry.shape[0]:
+            raise BadRequestError(f"{entry.name}: published shapes {shapes}, served {entry.shape}")
