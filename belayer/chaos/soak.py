@@ -28,7 +28,6 @@ import uuid
 from collections.abc import Callable
 from pathlib import Path
 
-import psutil
 from pydantic import BaseModel, Field
 
 from belayer.chaos.faults import FAULT_KINDS, Chaos, ChaosError
@@ -314,9 +313,8 @@ class Soak:
         if record.kind.startswith(("engine", "owner")):
             if roles_after.get("recoveries", 0) > roles_before.get("recoveries", 0):
                 return str(roles_after.get("last_recovery", {}).get("kind", "takeover"))
-            owner = roles_after.get("owner")
-            if record.kind == "owner-crash" and owner and not _alive(owner):
-                return "none yet: the leader kept serving; the node's next engine failure is a cold start"
+            if record.kind == "owner-crash" and roles_after.get("generation", 0) > roles_before.get("generation", 0):
+                return "owner replaced: it adopted the verified segments; the leader kept serving"
             return "no node recovery seen"
         now = self.progress.get(record.target)
         if record.kind in ("sandbox-crash", "sandbox-host-crash"):
@@ -386,14 +384,6 @@ class Soak:
                 "leaks": found.model_dump(),
             },
         }
-
-
-def _alive(pid: int) -> bool:
-    """A killed child the node has not reaped yet is a zombie: dead."""
-    try:
-        return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
-    except psutil.Error:
-        return False
 
 
 def percentile(values: list[float], q: float) -> float | None:
