@@ -473,44 +473,47 @@ class RolloutNode:
         return None
 
     def _dispatch(self, child: Child, msg: Any) -> None:
-        child.last_heard = time.monotonic()
-        if isinstance(msg, StepOutput):  # only a leader steps; a fenced one's last tokens are real
-            self._on_step(msg)
-        elif isinstance(msg, Rejected):
-            record = self.inflight.on_engine(msg.engine_request_id)
-            if record is not None:
-                self.inflight.fail(
-                    record, BadRequestError(f"engine rejected request {record.request_id}: {msg.message}")
-                )
-        elif isinstance(msg, (EngineReady, OwnerReady)):
-            children.on_ready(child, msg)
-            if isinstance(msg, OwnerReady):
-                self._owner_ready(msg)
-            else:
-                log.info(
-                    "rollout node %s: %s engine (pid %s) ready in %.2f s",
-                    self.config.node_id,
-                    child.role,
-                    msg.pid,
-                    msg.init_s,
-                )
-            self._notify_state()
-        elif isinstance(msg, (WeightsSwitched, SwitchFailed)):
-            self._on_switched(child, msg)
-        elif isinstance(msg, (Staged, Sealed, SealRefused)) and child is self.owner:
-            if isinstance(msg, Sealed):
-                self.owner_versions[msg.version] = shm.weights_path(
-                    self.config.node_id, self.generation, msg.version
-                )
-            reply, self._owner_reply = self._owner_reply, None
-            if reply is not None:
-                reply.set_result(msg)
-        elif isinstance(msg, WeightsVerified) and child is self.owner and not msg.ok:
-            self.owner_failure = f"weights checksum mismatch in {list(msg.bad_tensors)[:3]}"
-            log.error("rollout node %s: %s", self.config.node_id, self.owner_failure)
-            self._in_loop(lambda: recovery.recover(self, self.owner_failure) if self.leader else None)
-        elif isinstance(msg, Failed):
-            log.error("rollout node %s: %s reported: %s", self.config.node_id, child.role, msg.message)
+        """Handle one message from a child (under the node lock: it may touch the records,
+        and control calls during a recovery dispatch from the loop without holding it)."""
+        with self._lock:
+            child.last_heard = time.monotonic()
+            if isinstance(msg, StepOutput):  # only a leader steps; a fenced one's last tokens are real
+                self._on_step(msg)
+            elif isinstance(msg, Rejected):
+                record = self.inflight.on_engine(msg.engine_request_id)
+                if record is not None:
+                    self.inflight.fail(
+                        record, BadRequestError(f"engine rejected request {record.request_id}: {msg.message}")
+                    )
+            elif isinstance(msg, (EngineReady, OwnerReady)):
+                children.on_ready(child, msg)
+                if isinstance(msg, OwnerReady):
+                    self._owner_ready(msg)
+                else:
+                    log.info(
+                        "rollout node %s: %s engine (pid %s) ready in %.2f s",
+                        self.config.node_id,
+                        child.role,
+                        msg.pid,
+                        msg.init_s,
+                    )
+                self._notify_state()
+            elif isinstance(msg, (WeightsSwitched, SwitchFailed)):
+                self._on_switched(child, msg)
+            elif isinstance(msg, (Staged, Sealed, SealRefused)) and child is self.owner:
+                if isinstance(msg, Sealed):
+                    self.owner_versions[msg.version] = shm.weights_path(
+                        self.config.node_id, self.generation, msg.version
+                    )
+                reply, self._owner_reply = self._owner_reply, None
+                if reply is not None:
+                    reply.set_result(msg)
+            elif isinstance(msg, WeightsVerified) and child is self.owner and not msg.ok:
+                self.owner_failure = f"weights checksum mismatch in {list(msg.bad_tensors)[:3]}"
+                log.error("rollout node %s: %s", self.config.node_id, self.owner_failure)
+                self._in_loop(lambda: recovery.recover(self, self.owner_failure) if self.leader else None)
+            elif isinstance(msg, Failed):
+                log.error("rollout node %s: %s reported: %s", self.config.node_id, child.role, msg.message)
 
     def _on_step(self, msg: StepOutput) -> None:
         now = time.monotonic()
@@ -564,7 +567,8 @@ class RolloutNode:
         self._notify_state()
 
     def _pinned_versions(self) -> set[int]:
-        return {r.pinned_version for r in self.inflight.open() if r.pinned_version is not None}
+        with self._lock:  # submits add records from other threads
+            return {r.pinned_version for r in self.inflight.open() if r.pinned_version is not None}
 
     def _advance_publish(self) -> None:
         leader, shadow, target = self.leader, self.shadow, self.target_version
