@@ -156,13 +156,12 @@ def call(child: Child, msg: Any, reply_types: type | tuple, timeout_s: float, di
         dispatch(child, reply)
 
 
-def send(child: Child | None, msg: Any) -> bool:
+def send(child: Child | None, msg: Any) -> None:
     """Best effort: a dead child's pipe is noticed through its sentinel, not here."""
     try:
         child.conn.send(msg)
-        return True
     except (OSError, AttributeError, ValueError):
-        return False
+        pass
 
 
 def drain(child: Child, dispatch: Dispatch) -> None:

@@ -435,10 +435,9 @@ class RolloutNode:
             while self._wake_r.poll(0):
                 self._wake_r.recv()
         self._run_pending()
-        with self._lock:
-            for child in watched:
-                if child.conn in ready:
-                    children.drain(child, self._dispatch)
+        for child in watched:
+            if child.conn in ready:
+                children.drain(child, self._dispatch)  # _dispatch takes the node lock itself
         if self._closed.is_set():
             return
         if self.owner is not None and self.owner.process.sentinel in ready:

@@ -49,8 +49,7 @@ def recover(node: RolloutNode, reason: str) -> None:
     t = time.perf_counter()
     children.fence(old)
     if old is not None:
-        with node._lock:
-            children.drain(old, node._dispatch)  # tokens it streamed before dying are real
+        children.drain(old, node._dispatch)  # tokens it streamed before dying are real
     children.close_conn(old)
     with node._lock:
         node.inflight.detach_all()
