@@ -28,8 +28,9 @@ class _Model(BaseModel):
 
 class PublishWeightsArgs(_Model):
     version: int = Field(ge=2, description="The new version; versions only grow (1 is the built model).")
-    weights: ObjectRef = Field(
-        description="A safetensors file of the model's full state dict (`store_weights`)."
+    weights: ObjectRef | None = Field(
+        description="A safetensors file of the model's full state dict (`store_weights`); None: the "
+        "model the node was built from (how a training run puts every node back on its start)."
     )
     policy: Literal["finish_on_old", "continue_on_new"] | None = Field(
         None, description="In-flight requests during the switch; None uses the node's rollout.publish_policy."
@@ -74,7 +75,7 @@ class PublishActivities:
             return await self._settled(args.version)
         started = time.perf_counter()
         try:
-            tensors = await asyncio.to_thread(load_weights, self.store, args.weights)
+            tensors = await asyncio.to_thread(self._tensors, args.weights)
             fetch_s = time.perf_counter() - started
             report = await _with_heartbeats(
                 asyncio.to_thread(self.node.publish, args.version, tensors, args.policy), args.version
@@ -82,6 +83,21 @@ class PublishActivities:
         except Exception as exc:
             raise _translate(exc) from exc
         return PublishWeightsResult(node_id=self.node.config.node_id, fetch_s=fetch_s, **report.__dict__)
+
+    @activity.defn(name="rollout.weights_version")
+    async def weights_version(self) -> int:
+        """The version the node serves now (1: the model it was built from)."""
+        return self.node.roles()["weights_version"]
+
+    def all(self) -> list:
+        return [self.publish_weights, self.weights_version]
+
+    def _tensors(self, ref: ObjectRef | None) -> dict:
+        if ref is None:
+            from safetensors.torch import load_file
+
+            return load_file(str(self.node.model_dir / "model.safetensors"))
+        return load_weights(self.store, ref)
 
     def _took_effect(self, version: int) -> bool:
         """Has an earlier attempt (whose reply was lost) sealed this version already?"""

@@ -77,9 +77,11 @@ class TemporalDevServer:
     """`temporal server start-dev` with its history in an sqlite file (survives down/up)."""
 
     name = "temporal"
-    # Search attributes the trajectory workflow sets, registered at start-up so the
-    # web UI can filter trajectories by task and status.
-    search_attributes = {"BelayerTask": "Keyword", "BelayerStatus": "Keyword"}
+    # Search attributes the workflows set, registered at start-up so the web UI can filter
+    # trajectories by task and status, and a training run's trajectories by run and iteration.
+    search_attributes = {
+        "BelayerTask": "Keyword", "BelayerStatus": "Keyword", "BelayerRun": "Keyword", "BelayerIteration": "Int",
+    }
 
     def __init__(self, cfg: TemporalConfig, state_dir: Path):
         self.cfg = cfg

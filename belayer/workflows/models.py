@@ -102,6 +102,9 @@ class TrajectoryResult(_Model):
     tokens: int
     reward: float | None = Field(description="1 or 0 from the task's check; None when failed_infra.")
     token_sha256: str | None
+    context: PrefixRef | None = Field(
+        None, description="The whole token log (tokens, model/env marks, logprobs): what a trainer reads."
+    )
     env_sha256: str | None
     recoveries: list[RecoveryRecord]
     checkpoints: int

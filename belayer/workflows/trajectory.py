@@ -530,7 +530,7 @@ class TrajectoryWorkflow:
         return TrajectoryResult(
             trajectory_id=self.input.trajectory_id, task=self.input.task.id, status=status,
             reason=reason, turns=state.step, tokens=state.context.length if state.context else 0,
-            reward=reward, token_sha256=state.context.sha256 if state.context else None,
+            reward=reward, token_sha256=state.context.sha256 if state.context else None, context=state.context,
             env_sha256=env_sha256, recoveries=state.recoveries,
             checkpoints=state.policy.checkpointed, log=state.log,
         )

@@ -45,7 +45,7 @@ async def serve(config: BelayerConfig) -> None:
             role=f"rollout-{config.rollout.node_id}",
             task_queues=[own_queue, config.temporal.rollout_task_queue],
             activities=[activities.generate],
-            queue_activities={own_queue: [PublishActivities(node, store).publish_weights]},
+            queue_activities={own_queue: PublishActivities(node, store).all()},
             max_concurrent_activities=max(1, config.rollout.max_num_seqs),
         )
     finally:

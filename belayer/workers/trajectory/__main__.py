@@ -1,7 +1,7 @@
 """`python -m belayer.workers.trajectory`: the workflow worker.
 
-Serves `TrajectoryWorkflow` and the context (tokenizer) activities on the workflow task
-queue. Deterministic workflow code only runs here; every side effect is an activity.
+Serves `TrajectoryWorkflow`, `TrainingWorkflow`, the context (tokenizer) activities and
+the training runs' iteration log on the workflow task queue. Deterministic workflow code only runs here; every side effect is an activity.
 """
 
 from __future__ import annotations
@@ -15,20 +15,23 @@ from belayer.config import BelayerConfig, load_config
 
 async def serve(config: BelayerConfig) -> None:
     from belayer.activities.context import ContextActivities
+    from belayer.activities.training_log import TrainingLogActivities
     from belayer.model.build import model_path
     from belayer.trajectory_log import open_store
     from belayer.workers.runner import run_worker
+    from belayer.workflows.training import TrainingWorkflow
     from belayer.workflows.trajectory import TrajectoryWorkflow
 
     tokenizer = model_path(config.rollout.model, config.cache_dir) / "tokenizer.json"
-    context = ContextActivities(open_store(config.storage), tokenizer)
+    store = open_store(config.storage)
+    context = ContextActivities(store, tokenizer)
     await run_worker(
         config.temporal,
         encryption_key=config.storage.encryption_key,
         role="trajectory",
         task_queues=[config.temporal.workflow_task_queue],
-        workflows=[TrajectoryWorkflow],
-        activities=context.all(),
+        workflows=[TrajectoryWorkflow, TrainingWorkflow],
+        activities=[*context.all(), *TrainingLogActivities(store).all()],
     )
 
 

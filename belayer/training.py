@@ -1,0 +1,85 @@
+"""Starting and following training runs from Python: what `belayer train` uses.
+
+`TrainingInput` / `TrainingResult` (belayer.workflows.training_models) are the public
+API; this module fills the defaults from the effective configuration (queues, nodes,
+model, policy, token budget), gives runs readable ids, and reads a run's iteration log.
+"""
+
+from __future__ import annotations
+
+import uuid
+
+from temporalio.client import Client, WorkflowHandle
+from temporalio.common import SearchAttributePair, TypedSearchAttributes
+
+from belayer.client import task_queues
+from belayer.config import BelayerConfig
+from belayer.trainer.models import TrainerSettings
+from belayer.workflows.training import RUN_KEY
+from belayer.workflows.training_models import (
+    IterationRecord,
+    TrainingInput,
+    TrainingProgress,
+    TrainingQueues,
+    TrainingResult,
+)
+from belayer.workloads.models import Task
+
+
+def training_queues(config: BelayerConfig) -> TrainingQueues:
+    from belayer.workers.rollout.worker import node_task_queue
+
+    return TrainingQueues(
+        trajectories=task_queues(config),
+        workflows=config.temporal.workflow_task_queue,
+        trainer=config.trainer.task_queue,
+        nodes=[node_task_queue(config)],
+    )
+
+
+def training_input(
+    config: BelayerConfig, tasks: list[Task], *, iterations: int, group_size: int, tasks_per_iteration: int,
+    seed: int = 0, heldout: list[Task] | None = None, settings: TrainerSettings | None = None,
+    run_id: str | None = None, **overrides,
+) -> TrainingInput:
+    """The input of a run over `tasks` with the stack's queues, model and policy."""
+    settings = settings or TrainerSettings()
+    return TrainingInput(
+        run_id=run_id or f"train-{uuid.uuid4().hex[:8]}",
+        tasks=tasks, heldout=heldout or [], model=config.rollout.model, iterations=iterations,
+        group_size=group_size, tasks_per_iteration=tasks_per_iteration, seed=seed,
+        trainer=settings.model_copy(update={"threads": config.trainer.threads}),
+        policy=config.policy, max_total_tokens=config.rollout.max_model_len,
+        queues=training_queues(config), **overrides,
+    )
+
+
+async def start_training(client: Client, config: BelayerConfig, input: TrainingInput) -> WorkflowHandle:
+    """Start `TrainingWorkflow`; its id is the run id (the web UI finds it, and its
+    trajectories by BelayerRun)."""
+    return await client.start_workflow(
+        "TrainingWorkflow", input, id=input.run_id, task_queue=config.temporal.workflow_task_queue,
+        result_type=TrainingResult,
+        search_attributes=TypedSearchAttributes([SearchAttributePair(RUN_KEY, input.run_id)]),
+        static_summary=f"GRPO: {input.iterations} iterations, {input.tasks_per_iteration} tasks x "
+                       f"{input.group_size} trajectories",
+    )
+
+
+async def run_progress(client: Client, run_id: str) -> TrainingProgress:
+    return await client.get_workflow_handle(run_id).query("progress", result_type=TrainingProgress)
+
+
+def read_iterations(config: BelayerConfig, result_or_progress) -> list[IterationRecord]:
+    """Every iteration the run recorded so far, from its log in the object store."""
+    from belayer.activities.training_log import read_iterations as read_records
+    from belayer.trajectory_log import open_store
+
+    log = result_or_progress.log
+    if log is None or log.length == 0:
+        return []
+    store = open_store(config.storage)
+    try:
+        return [IterationRecord.model_validate(r) for r in read_records(store, log)]
+    finally:
+        store.close()

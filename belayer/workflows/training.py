@@ -1,0 +1,340 @@
+"""`TrainingWorkflow`: the durable GRPO loop of one training run.
+
+Each iteration: pick tasks (seeded) → a group of `group_size` child `TrajectoryWorkflow`s
+per task (search attributes BelayerRun and BelayerIteration; `concurrency` at once) →
+group-normalised advantages → one `trainer.train_step` on the trainer's queue, which
+checkpoints the trainer state write-once before it returns → the new weights published
+to every rollout node → the iteration's record in the run's record log.
+
+Infrastructure failures never become rewards: a member that ends `failed_infra` (or
+whose child workflow fails) is run again as a fresh trajectory with the same seed, up
+to `max_infra_retries` times; a group still incomplete after that is dropped whole from
+the batch, so no group's baseline is computed from part of it, and the record says why.
+`failed_policy` is a real reward. Everything a member's outcome depends on (its task,
+seed and the weights version) is fixed by the iteration, so with a deterministic
+workload the run's rewards and weights do not depend on what failed on the way.
+
+Workflow code only: no I/O, clocks or randomness outside Temporal's APIs; the task pick
+and the seeds are hashes of (seed, iteration, task, member).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+from datetime import timedelta
+
+from temporalio import workflow
+from temporalio.common import RetryPolicy, SearchAttributeKey, SearchAttributePair, TypedSearchAttributes
+from temporalio.exceptions import ActivityError, ApplicationError, ChildWorkflowError
+
+with workflow.unsafe.imports_passed_through():
+    from belayer.activities.publish import PublishWeightsArgs, PublishWeightsResult
+    from belayer.activities.training_log import RecordIterationArgs, StartRunLogArgs
+    from belayer.storage.recordlog import RecordLogRef
+    from belayer.trainer.models import SkippedGroup, TrainSample, TrainStepArgs, TrainStepResult
+    from belayer.workflows.models import Sampling, TrajectoryInput, TrajectoryResult
+    from belayer.workflows.training_models import (
+        RECENT_RECORDS,
+        IterationRecord,
+        MemberOutcome,
+        Phase,
+        TrainingInput,
+        TrainingProgress,
+        TrainingResult,
+        TrainingState,
+        TrainingStatus,
+    )
+    from belayer.workflows.trajectory import STATUS_KEY, TASK_KEY
+    from belayer.workloads.models import Task
+
+RUN_KEY = SearchAttributeKey.for_keyword("BelayerRun")
+ITERATION_KEY = SearchAttributeKey.for_int("BelayerIteration")
+
+TRAINER_RETRY = RetryPolicy(
+    initial_interval=timedelta(seconds=1), backoff_coefficient=2, maximum_interval=timedelta(seconds=30),
+    maximum_attempts=20, non_retryable_error_types=["CorruptSample", "BadTrainRequest"],
+)
+PUBLISH_RETRY = RetryPolicy(
+    initial_interval=timedelta(seconds=1), backoff_coefficient=2, maximum_interval=timedelta(seconds=30),
+    maximum_attempts=10, non_retryable_error_types=["StaleWeightsVersion", "CorruptWeights"],
+)
+STORAGE_RETRY = RetryPolicy(initial_interval=timedelta(seconds=1), maximum_attempts=10)
+# A queue nobody polls this long has no worker: the run ends failed_infra and says which.
+NO_WORKER_AFTER = timedelta(minutes=10)
+ADVANTAGE_EPS = 1e-6
+
+
+class RunFailure(Exception):
+    """The run cannot go on for an infrastructure reason."""
+
+
+@workflow.defn(name="TrainingWorkflow")
+class TrainingWorkflow:
+    @workflow.init
+    def __init__(self, input: TrainingInput) -> None:
+        self.input = input
+        self.state = input.carried or TrainingState()
+        self.status: TrainingStatus = "running"
+        self.phase: Phase = "starting"
+        self.members_done = 0
+        self.members_total = 0
+        self.first_iteration_of_run = self.state.iteration
+        self.limit = asyncio.Semaphore(input.concurrency)
+
+    @workflow.query(name="progress")
+    def progress(self) -> TrainingProgress:
+        return TrainingProgress(
+            run_id=self.input.run_id, status=self.status, iteration=self.state.iteration,
+            iterations=self.input.iterations, phase=self.phase, members_done=self.members_done,
+            members_total=self.members_total, serving_version=self.state.serving_version,
+            recent=self.state.recent, log=self.state.log,
+        )
+
+    @workflow.run
+    async def run(self, input: TrainingInput) -> TrainingResult:
+        try:
+            if self.state.log is None:
+                await self._start()
+            while self.state.iteration < input.iterations:
+                if self._should_continue_as_new():
+                    workflow.continue_as_new(input.model_copy(update={
+                        "carried": self.state.model_copy(update={"runs": self.state.runs + 1}),
+                    }))
+                await self._iteration(self.state.iteration)
+        except RunFailure as failure:
+            self.status = "failed_infra"
+            return self._result(reason=str(failure))
+        self.status, self.phase = "completed", "done"
+        return self._result()
+
+    # ---------------------------------------------------------------- start
+
+    async def _start(self) -> None:
+        """Open the run's record log and make every node serve the model the trainer starts
+        from: a node that served another run's weights gets the built model back as a new
+        version (versions only grow), so the first iteration samples the built model."""
+        log = await self._record_activity(
+            "training.start_log", StartRunLogArgs(run_id=self.input.run_id), RecordLogRef,
+            summary="create the run's iteration log",
+        )
+        versions = await asyncio.gather(*(self._node_version(queue) for queue in self.input.queues.nodes))
+        serving = max(versions)
+        if serving > 1 or len(set(versions)) > 1:
+            serving = max(versions) + 1
+            await self._publish(serving, weights=None, summary="the built model")
+        self.state = self.state.model_copy(update={"log": log, "serving_version": serving})
+
+    async def _node_version(self, queue: str) -> int:
+        try:
+            return await workflow.execute_activity(
+                "rollout.weights_version", result_type=int, task_queue=queue,
+                schedule_to_start_timeout=NO_WORKER_AFTER, start_to_close_timeout=timedelta(seconds=30),
+                retry_policy=STORAGE_RETRY, summary=f"weights version served by {queue}",
+            )
+        except ActivityError as err:
+            raise RunFailure(f"rollout node queue {queue} does not answer: {_cause(err)}") from None
+
+    # ---------------------------------------------------------------- one iteration
+
+    async def _iteration(self, iteration: int) -> None:
+        began = workflow.now()
+        tasks = self._pick_tasks(iteration)
+        self.phase, self.members_done = "rollout", 0
+        self.members_total = len(tasks) * self.input.group_size + len(self.input.heldout)
+        groups, heldout = await asyncio.gather(
+            asyncio.gather(*(self._group(iteration, task) for task in tasks)),
+            self._heldout(iteration),
+        )
+        rolled_out = workflow.now()
+        samples, dropped = self._batch(tasks, groups)
+        self.phase = "train"
+        step = await self._train(iteration, samples)
+        trained = workflow.now()
+        self.phase = "publish"
+        version = step.checkpoint.weights_version
+        await self._publish(version, weights=step.checkpoint.weights, summary=f"iteration {iteration}")
+        published = workflow.now()
+        record = self._record(iteration, tasks, groups, heldout, dropped + step.skipped, step, times=(
+            (rolled_out - began).total_seconds(), (trained - rolled_out).total_seconds(),
+            (published - trained).total_seconds(),
+        ))
+        await self._record_activity(
+            "training.record_iteration",
+            RecordIterationArgs(log=self.state.log, position=iteration + 1, record=record.model_dump(mode="json")),
+            None, summary=f"record iteration {iteration}",
+        )
+        self.state = self.state.model_copy(update={
+            "iteration": iteration + 1, "checkpoint": step.checkpoint, "serving_version": version,
+            "log": RecordLogRef(key=self.state.log.key, length=iteration + 1),
+            "recent": [*self.state.recent, record][-RECENT_RECORDS:],
+        })
+
+    def _pick_tasks(self, iteration: int) -> list[Task]:
+        """`tasks_per_iteration` distinct tasks, ranked by a hash of (seed, iteration, id)."""
+        ranked = sorted(self.input.tasks, key=lambda task: _digest(self.input.seed, iteration, task.id))
+        return ranked[: self.input.tasks_per_iteration]
+
+    async def _group(self, iteration: int, task: Task) -> list[MemberOutcome]:
+        return list(await asyncio.gather(*(
+            self._member(iteration, task, member, prefix="") for member in range(self.input.group_size)
+        )))
+
+    async def _heldout(self, iteration: int) -> list[MemberOutcome]:
+        return list(await asyncio.gather(*(
+            self._member(iteration, task, 0, prefix="heldout-") for task in self.input.heldout
+        )))
+
+    async def _member(self, iteration: int, task: Task, member: int, *, prefix: str) -> MemberOutcome:
+        """One trajectory of the group, run again (same seed) while it ends failed_infra."""
+        seed = _digest(self.input.seed, iteration, prefix + task.id, member) % 2**31
+        outcome = None
+        for attempt in range(self.input.max_infra_retries + 1):
+            trajectory_id = f"{self.input.run_id}-i{iteration:05d}-{prefix}{task.id}-m{member}-a{attempt}"
+            async with self.limit:
+                result = await self._trajectory(iteration, task, trajectory_id, seed)
+            outcome = MemberOutcome(
+                trajectory_id=trajectory_id, status=result.status, reward=result.reward,
+                attempts=attempt + 1, reason=result.reason, context=result.context,
+            )
+            if result.status != "failed_infra":
+                break
+        self.members_done += 1
+        return outcome
+
+    async def _trajectory(self, iteration: int, task: Task, trajectory_id: str, seed: int) -> TrajectoryResult:
+        """The child trajectory's result; a child that fails outright counts as failed_infra."""
+        input = TrajectoryInput(
+            trajectory_id=trajectory_id, task=task,
+            sampling=Sampling(temperature=self.input.temperature, seed=seed),
+            policy=self.input.policy, queues=self.input.queues.trajectories,
+            max_total_tokens=self.input.max_total_tokens,
+        )
+        try:
+            return await workflow.execute_child_workflow(
+                "TrajectoryWorkflow", input, id=trajectory_id, task_queue=self.input.queues.workflows,
+                result_type=TrajectoryResult, static_summary=f"iteration {iteration}: {task.id}",
+                search_attributes=TypedSearchAttributes([
+                    SearchAttributePair(TASK_KEY, task.id), SearchAttributePair(STATUS_KEY, "running"),
+                    SearchAttributePair(RUN_KEY, self.input.run_id), SearchAttributePair(ITERATION_KEY, iteration),
+                ]),
+            )
+        except ChildWorkflowError as err:
+            return TrajectoryResult(
+                trajectory_id=trajectory_id, task=task.id, status="failed_infra",
+                reason=f"trajectory workflow failed: {_cause(err)}", turns=0, tokens=0, reward=None,
+                token_sha256=None, env_sha256=None, recoveries=[], checkpoints=0,
+            )
+
+    def _batch(self, tasks: list[Task], groups: list[list[MemberOutcome]]) -> tuple[list[TrainSample], list[SkippedGroup]]:
+        """Complete groups with their advantages; an incomplete group is dropped whole."""
+        samples, dropped = [], []
+        for task, members in zip(tasks, groups, strict=True):
+            lost = [m for m in members if m.status == "failed_infra"]
+            if lost:
+                dropped.append(SkippedGroup(group=task.id, reason=(
+                    f"{len(lost)} of {len(members)} members failed_infra after "
+                    f"{self.input.max_infra_retries} retries: {lost[0].reason[:200]}"
+                )))
+                continue
+            for member, advantage in zip(members, _advantages([m.reward for m in members]), strict=True):
+                samples.append(TrainSample(
+                    trajectory_id=member.trajectory_id, group=task.id, context=member.context, advantage=advantage,
+                ))
+        return samples, dropped
+
+    async def _train(self, iteration: int, samples: list[TrainSample]) -> TrainStepResult:
+        args = TrainStepArgs(
+            run_id=self.input.run_id, iteration=iteration, model=self.input.model, base=self.state.checkpoint,
+            samples=samples, settings=self.input.trainer,
+            sampled_version=self.state.serving_version, weights_version=self.state.serving_version + 1,
+        )
+        try:
+            return await workflow.execute_activity(
+                "trainer.train_step", args, result_type=TrainStepResult, task_queue=self.input.queues.trainer,
+                schedule_to_start_timeout=NO_WORKER_AFTER, start_to_close_timeout=timedelta(hours=2),
+                heartbeat_timeout=timedelta(seconds=60), retry_policy=TRAINER_RETRY,
+                summary=f"iteration {iteration}: GRPO step on {len(samples)} trajectories",
+            )
+        except ActivityError as err:
+            raise RunFailure(f"train step of iteration {iteration} failed: {_cause(err)}") from None
+
+    async def _publish(self, version: int, *, weights, summary: str) -> None:
+        """Publish `version` to every node; all of them serve it before the run goes on."""
+        await asyncio.gather(*(self._publish_to(queue, version, weights, summary) for queue in self.input.queues.nodes))
+
+    async def _publish_to(self, queue: str, version: int, weights, summary: str) -> PublishWeightsResult:
+        try:
+            return await workflow.execute_activity(
+                "rollout.publish_weights", PublishWeightsArgs(version=version, weights=weights),
+                result_type=PublishWeightsResult, task_queue=queue,
+                schedule_to_start_timeout=NO_WORKER_AFTER, start_to_close_timeout=timedelta(minutes=10),
+                heartbeat_timeout=timedelta(seconds=30), retry_policy=PUBLISH_RETRY,
+                summary=f"publish weights v{version} ({summary}) to {queue}",
+            )
+        except ActivityError as err:
+            raise RunFailure(f"publishing weights v{version} to {queue} failed: {_cause(err)}") from None
+
+    def _record(self, iteration, tasks, groups, heldout, dropped, step: TrainStepResult, *, times) -> IterationRecord:
+        dropped_names = {d.group for d in dropped}
+        kept = [m.reward for task, members in zip(tasks, groups, strict=True) if task.id not in dropped_names
+                for m in members]
+        evaluated = [m.reward for m in heldout if m.reward is not None]
+        rollout_s, train_s, publish_s = times
+        return IterationRecord(
+            iteration=iteration, tasks=[t.id for t in tasks],
+            rewards=[[m.reward for m in members] for members in groups],
+            mean_reward=sum(kept) / len(kept) if kept else None,
+            heldout_reward=sum(evaluated) / len(evaluated) if evaluated else None,
+            groups_kept=len(tasks) - len(dropped_names & {t.id for t in tasks}),
+            groups_dropped=len(dropped_names & {t.id for t in tasks}), dropped=dropped,
+            infra_retries=sum(m.attempts - 1 for members in [*groups, heldout] for m in members),
+            weights_version=step.checkpoint.weights_version, weights_sha256=step.weights_sha256,
+            checkpoint=step.checkpoint, loss=step.loss, kl=step.kl, clip_fraction=step.clip_fraction,
+            trained_tokens=step.trained_tokens, trainer_resumed_from=step.resumed_from,
+            rollout_s=rollout_s, train_s=train_s, publish_s=publish_s,
+        )
+
+    # ---------------------------------------------------------------- plumbing
+
+    def _should_continue_as_new(self) -> bool:
+        done_this_run = self.state.iteration - self.first_iteration_of_run
+        return done_this_run >= self.input.continue_as_new_every or workflow.info().is_continue_as_new_suggested()
+
+    async def _record_activity(self, name, args, result_type, *, summary):
+        try:
+            return await workflow.execute_activity(
+                name, args, result_type=result_type, task_queue=self.input.queues.workflows,
+                start_to_close_timeout=timedelta(seconds=60), retry_policy=STORAGE_RETRY, summary=summary,
+            )
+        except ActivityError as err:
+            raise RunFailure(f"{name} failed: {_cause(err)}") from None
+
+    def _result(self, reason: str = "") -> TrainingResult:
+        checkpoint = self.state.checkpoint
+        return TrainingResult(
+            run_id=self.input.run_id, status=self.status, reason=reason, iterations_done=self.state.iteration,
+            final_weights_sha256=checkpoint.weights.sha256 if checkpoint else None, checkpoint=checkpoint,
+            log=self.state.log,
+        )
+
+
+def _advantages(rewards: list[float]) -> list[float]:
+    """GRPO: each reward against its group's mean, in units of the group's spread (zero
+    when every member scored the same: such a group teaches nothing)."""
+    mean = sum(rewards) / len(rewards)
+    std = (sum((r - mean) ** 2 for r in rewards) / len(rewards)) ** 0.5
+    return [(r - mean) / (std + ADVANTAGE_EPS) for r in rewards]
+
+
+def _digest(*parts) -> int:
+    return int.from_bytes(hashlib.sha256(":".join(map(str, parts)).encode()).digest()[:8], "big")
+
+
+def _cause(err: Exception) -> str:
+    cause = err.cause
+    while isinstance(cause, (ActivityError, ChildWorkflowError)) and cause.cause is not None:
+        cause = cause.cause
+    if isinstance(cause, ApplicationError):
+        return f"{cause.type}: {cause.message}"
+    return f"{type(cause).__name__}: {cause}" if cause else str(err)

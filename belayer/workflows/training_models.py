@@ -1,0 +1,150 @@
+"""Input, state, progress and result of a training run: the public API of `TrainingWorkflow`.
+
+Small and serialisable like the trajectory's models: tasks, pointers and hashes. Every
+iteration's record goes to a record log in the object store (`runs/<run>/iterations`);
+the workflow keeps only the latest few, so its state stays the same size over
+thousands of iterations.
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+from belayer.policy.config import PolicyConfig
+from belayer.storage.recordlog import RecordLogRef
+from belayer.storage.tokenlog import PrefixRef
+from belayer.trainer.models import SkippedGroup, TrainerCheckpointRef, TrainerSettings
+from belayer.workflows.models import TaskQueues
+from belayer.workloads.models import Task
+
+TrainingStatus = Literal["running", "completed", "failed_infra"]
+Phase = Literal["starting", "rollout", "train", "publish", "done"]
+RECENT_RECORDS = 5
+
+
+class _Model(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+class TrainingQueues(_Model):
+    """Where the run sends its work besides the trajectories' own queues."""
+
+    trajectories: TaskQueues = TaskQueues()
+    workflows: str = Field("belayer-workflows", description="Queue of the child trajectory workflows.")
+    trainer: str = Field("belayer-trainer", description="Queue of the trainer worker.")
+    nodes: list[str] = Field(
+        min_length=1, description="Every rollout node's own queue: each new weights version is published to all."
+    )
+
+
+class TrainingInput(_Model):
+    """What a client passes to `TrainingWorkflow` (`belayer.training.training_input` fills it)."""
+
+    run_id: str = Field(min_length=1, max_length=80, pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]*$")
+    tasks: list[Task] = Field(min_length=1, description="The tasks iterations draw from.")
+    heldout: list[Task] = Field(
+        default_factory=list, description="Evaluated once per iteration (one trajectory each, never trained on)."
+    )
+    model: str = Field(description="The project-built model the engines serve and the trainer starts from.")
+    iterations: int = Field(ge=1, le=1_000_000)
+    group_size: int = Field(ge=2, le=256, description="Trajectories per task per iteration (a GRPO group).")
+    tasks_per_iteration: int = Field(ge=1, le=4096)
+    seed: int = Field(0, ge=0, lt=2**31)
+    temperature: float = Field(1.0, gt=0, le=5, description="Sampling temperature of the rollouts.")
+    trainer: TrainerSettings = TrainerSettings()
+    policy: PolicyConfig = PolicyConfig()
+    max_total_tokens: int = Field(2048, ge=1)
+    max_infra_retries: int = Field(
+        2, ge=0, le=16, description="Fresh trajectories (same seed) after a member ends failed_infra; "
+        "a group still incomplete after them is dropped whole."
+    )
+    concurrency: int = Field(8, ge=1, le=4096, description="Trajectories running at once.")
+    queues: TrainingQueues
+    continue_as_new_every: int = Field(10, ge=1, description="Iterations per workflow run.")
+    carried: TrainingState | None = Field(None, description="Set by continue-as-new only.")
+
+    @model_validator(mode="after")
+    def _enough_tasks(self) -> TrainingInput:
+        if self.tasks_per_iteration > len(self.tasks):
+            raise ValueError(
+                f"tasks_per_iteration is {self.tasks_per_iteration} but the workload has {len(self.tasks)} "
+                "tasks; lower it or add tasks"
+            )
+        return self
+
+
+class MemberOutcome(_Model):
+    """One member of a group after its retries."""
+
+    trajectory_id: str = Field(description="The attempt whose result counts (the last one).")
+    status: str
+    reward: float | None
+    attempts: int
+    reason: str = ""
+    context: PrefixRef | None = Field(None, description="The trajectory's token log (None when failed_infra).")
+
+
+class IterationRecord(_Model):
+    """What one iteration did; one record per iteration in the run's record log."""
+
+    iteration: int
+    tasks: list[str]
+    rewards: list[list[float | None]] = Field(description="Per group (task order), per member: the rewards.")
+    mean_reward: float | None = Field(description="Over the kept groups' members.")
+    heldout_reward: float | None = None
+    groups_kept: int
+    groups_dropped: int
+    dropped: list[SkippedGroup] = Field(default_factory=list, description="Why each dropped group went.")
+    infra_retries: int
+    weights_version: int
+    weights_sha256: str
+    checkpoint: TrainerCheckpointRef
+    loss: float
+    kl: float
+    clip_fraction: float
+    trained_tokens: int
+    trainer_resumed_from: str
+    rollout_s: float
+    train_s: float
+    publish_s: float
+
+
+class TrainingState(_Model):
+    """The run's whole memory; carried across continue-as-new."""
+
+    iteration: int = Field(0, description="The next iteration to run.")
+    checkpoint: TrainerCheckpointRef | None = Field(None, description="The latest trainer state (None: built model).")
+    serving_version: int = Field(1, description="The weights version every node serves now.")
+    log: RecordLogRef | None = None
+    recent: list[IterationRecord] = Field(default_factory=list, description=f"The last {RECENT_RECORDS} records.")
+    runs: int = 1
+
+
+class TrainingProgress(_Model):
+    """What the `progress` query answers."""
+
+    run_id: str
+    status: TrainingStatus
+    iteration: int
+    iterations: int
+    phase: Phase
+    members_done: int
+    members_total: int
+    serving_version: int
+    recent: list[IterationRecord]
+    log: RecordLogRef | None
+
+
+class TrainingResult(_Model):
+    run_id: str
+    status: TrainingStatus
+    reason: str = ""
+    iterations_done: int
+    final_weights_sha256: str | None
+    checkpoint: TrainerCheckpointRef | None
+    log: RecordLogRef | None = Field(description="Every iteration's record (`belayer.training.read_iterations`).")
+
+
+TrainingInput.model_rebuild()

@@ -1,0 +1,202 @@
+"""`TrainingWorkflow`'s own logic on the real Temporal server and object store, with
+stand-ins for what it drives (child trajectories, trainer, nodes), so group handling,
+retries, drops, versions and continue-as-new are tested in seconds. The real loop (vLLM,
+sandboxes, torch) is in test_training_loop.py."""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import uuid
+from dataclasses import dataclass, field
+
+import pytest
+from temporalio import activity, workflow
+from temporalio.worker import Worker
+
+from belayer.activities.publish import PublishWeightsArgs, PublishWeightsResult
+from belayer.activities.training_log import TrainingLogActivities, read_iterations
+from belayer.storage.store import ObjectRef, ObjectStore
+from belayer.storage.tokenlog import PrefixRef
+from belayer.temporal_client import connect
+from belayer.trainer.models import TrainerCheckpointRef, TrainStepArgs, TrainStepResult
+from belayer.workflows.models import TaskQueues, TrajectoryInput, TrajectoryResult
+from belayer.workflows.training import TrainingWorkflow, _advantages
+from belayer.workflows.training_models import IterationRecord, TrainingInput, TrainingQueues, TrainingResult
+from belayer.workloads.models import TraceTask, TraceTurn
+
+pytestmark = pytest.mark.stack
+
+TASKS = [TraceTask(id=f"task{i}", turns=[TraceTurn(think_tokens=1, bash="true")]) for i in range(4)]
+
+
+def reward_of(seed: int) -> float:
+    """A stand-in reward that depends only on the member's sampling seed, as a
+    deterministic environment's would."""
+    return float(hashlib.sha256(str(seed).encode()).digest()[0] % 2)
+
+
+@workflow.defn(name="TrajectoryWorkflow", sandboxed=False)  # a stand-in: nothing to guard
+class StandInTrajectory:
+    """Ends as `TrajectoryInput.task.id` says: 'infra-always' tasks fail every attempt,
+    'infra-once' tasks fail their first attempt only; the rest score `reward_of`."""
+
+    @workflow.run
+    async def run(self, input: TrajectoryInput) -> TrajectoryResult:
+        attempt = int(input.trajectory_id.rsplit("-a", 1)[1])
+        infra = input.task.id.startswith("infra-always") or (input.task.id.startswith("infra-once") and attempt == 0)
+        reward = None if infra else reward_of(input.sampling.seed)
+        context = None if infra else PrefixRef(key=f"t/{input.trajectory_id}", length=3, sha256="0" * 64)
+        return TrajectoryResult(
+            trajectory_id=input.trajectory_id, task=input.task.id,
+            status="failed_infra" if infra else ("completed" if reward else "failed_policy"),
+            reason="sandbox host gone" if infra else "", turns=1, tokens=3, reward=reward,
+            token_sha256=None, env_sha256=None, recoveries=[], checkpoints=0, context=context,
+        )
+
+
+@dataclass
+class StandIns:
+    """A trainer and a node that record what they were asked."""
+
+    steps: list[TrainStepArgs] = field(default_factory=list)
+    published: list[int] = field(default_factory=list)
+    node_version: int = 1
+    fail_publish_once: bool = False
+
+    @activity.defn(name="trainer.train_step")
+    async def train_step(self, args: TrainStepArgs) -> TrainStepResult:
+        self.steps.append(args)
+        sha = hashlib.sha256(f"{args.iteration}".encode()).hexdigest()
+        checkpoint = TrainerCheckpointRef(
+            iteration=args.iteration, key=f"ck/{args.iteration}", sha256=sha,
+            weights=ObjectRef(key=f"w/{args.weights_version}", size=1, sha256=sha),
+            weights_version=args.weights_version,
+        )
+        return TrainStepResult(checkpoint=checkpoint, weights_sha256=sha, loss=0.0, kl=0.0, clip_fraction=0.0,
+                               trained_tokens=len(args.samples), samples=len(args.samples),
+                               resumed_from="memory", train_s=0.0)
+
+    @activity.defn(name="rollout.publish_weights")
+    async def publish_weights(self, args: PublishWeightsArgs) -> PublishWeightsResult:
+        if self.fail_publish_once:
+            self.fail_publish_once = False
+            raise RuntimeError("node busy")  # retryable: the workflow's retry policy takes it
+        self.published.append(args.version)
+        previous, self.node_version = self.node_version, args.version
+        return PublishWeightsResult(node_id="n", version=args.version, previous_version=previous, policy="",
+                                    fetch_s=0, staged_s=0, written_s=0, sealed_s=0, switched_s=0,
+                                    paused_requests=0, drained_requests=0)
+
+    @activity.defn(name="rollout.weights_version")
+    async def weights_version(self) -> int:
+        return self.node_version
+
+
+@pytest.fixture
+async def harness(temporal_server, seaweedfs, stack_config, storage_config):
+    token = uuid.uuid4().hex[:8]
+    queues = TrainingQueues(trajectories=TaskQueues(), workflows=f"wf-{token}", trainer=f"trainer-{token}",
+                            nodes=[f"node-{token}"])
+    client = await connect(stack_config.temporal)
+    store = ObjectStore(storage_config)
+    fakes = StandIns()
+    workers = [
+        Worker(client, task_queue=queues.workflows, workflows=[TrainingWorkflow, StandInTrajectory],
+               activities=TrainingLogActivities(store).all()),
+        Worker(client, task_queue=queues.trainer, activities=[fakes.train_step]),
+        Worker(client, task_queue=queues.nodes[0], activities=[fakes.publish_weights, fakes.weights_version]),
+    ]
+    runs = [asyncio.create_task(w.run()) for w in workers]
+
+    async def train(tasks=TASKS, **overrides) -> tuple[TrainingResult, list[IterationRecord]]:
+        values = dict(run_id=f"run-{uuid.uuid4().hex[:8]}", tasks=tasks, model="tiny", iterations=2,
+                      group_size=3, tasks_per_iteration=2, seed=7, queues=queues) | overrides
+        result = await client.execute_workflow(
+            "TrainingWorkflow", TrainingInput(**values), id=values["run_id"], task_queue=queues.workflows,
+            result_type=TrainingResult,
+        )
+        records = [IterationRecord.model_validate(r) for r in read_iterations(store, result.log)] if result.log else []
+        return result, records
+
+    yield fakes, train
+    await asyncio.gather(*(w.shutdown() for w in workers))
+    await asyncio.gather(*runs, return_exceptions=True)
+    store.close()
+
+
+async def test_iterations_train_on_group_advantages_and_publish_each_version(harness):
+    fakes, train = harness
+    result, records = await train(iterations=3)
+    assert result.status == "completed" and result.iterations_done == 3
+    assert [r.iteration for r in records] == [0, 1, 2]
+    assert fakes.published == [2, 3, 4], "each iteration's weights go to the node as the next version"
+    assert [s.sampled_version for s in fakes.steps] == [1, 2, 3]
+    assert result.final_weights_sha256 == records[-1].weights_sha256
+    for step, record in zip(fakes.steps, records, strict=True):
+        assert len(step.samples) == 2 * 3
+        assert {s.group for s in step.samples} == set(record.tasks)
+        for group in record.tasks:
+            members = [s for s in step.samples if s.group == group]
+            rewards = record.rewards[record.tasks.index(group)]
+            assert [s.advantage for s in members] == pytest.approx(_advantages(rewards))
+            assert abs(sum(s.advantage for s in members)) < 1e-6
+    assert records[0].mean_reward == pytest.approx(
+        sum(r for group in records[0].rewards for r in group) / 6)
+
+
+async def test_the_same_seed_picks_the_same_tasks_and_seeds(harness):
+    fakes, train = harness
+    _, first = await train(seed=11, run_id="same-a")
+    _, second = await train(seed=11, run_id="same-b")
+    _, other = await train(seed=12, run_id="other")
+    assert [(r.tasks, r.rewards) for r in first] == [(r.tasks, r.rewards) for r in second]
+    assert [(r.tasks, r.rewards) for r in first] != [(r.tasks, r.rewards) for r in other]
+
+
+async def test_an_infra_failure_is_retried_and_never_a_reward(harness):
+    fakes, train = harness
+    tasks = [TraceTask(id="infra-once", turns=[TraceTurn(think_tokens=1, bash="true")]), *TASKS[:1]]
+    result, records = await train(tasks=tasks, iterations=1, tasks_per_iteration=2)
+    assert result.status == "completed"
+    (record,) = records
+    assert record.infra_retries == 3, "each of the 3 members of infra-once ran twice"
+    assert record.groups_dropped == 0 and record.groups_kept == 2
+    assert all(r is not None for group in record.rewards for r in group)
+    samples = fakes.steps[-1].samples
+    assert {s.trajectory_id.rsplit("-a", 1)[1] for s in samples if s.group == "infra-once"} == {"1"}
+
+
+async def test_a_group_still_incomplete_after_its_retries_is_dropped_whole(harness):
+    fakes, train = harness
+    tasks = [TraceTask(id="infra-always", turns=[TraceTurn(think_tokens=1, bash="true")]), *TASKS[:1]]
+    result, records = await train(tasks=tasks, iterations=1, tasks_per_iteration=2, max_infra_retries=1)
+    (record,) = records
+    assert record.groups_dropped == 1 and record.groups_kept == 1
+    assert record.dropped[0].group == "infra-always" and "sandbox host gone" in record.dropped[0].reason
+    assert record.infra_retries == 3
+    assert {s.group for s in fakes.steps[-1].samples} == {TASKS[0].id}, "no member of the dropped group is trained on"
+    assert record.mean_reward == pytest.approx(sum(record.rewards[record.tasks.index(TASKS[0].id)]) / 3)
+
+
+async def test_nodes_serving_another_runs_weights_get_the_built_model_back_first(harness):
+    fakes, train = harness
+    fakes.node_version = 5
+    result, _ = await train(iterations=1)
+    assert fakes.published == [6, 7], "the built model as v6, then iteration 0's weights as v7"
+    assert fakes.steps[0].sampled_version == 6 and fakes.steps[0].base is None
+
+
+async def test_a_failed_publish_is_retried(harness):
+    fakes, train = harness
+    fakes.fail_publish_once = True
+    result, _ = await train(iterations=1)
+    assert result.status == "completed" and fakes.published == [2]
+
+
+async def test_continue_as_new_carries_the_run(harness):
+    fakes, train = harness
+    result, records = await train(iterations=5, continue_as_new_every=2)
+    assert result.iterations_done == 5 and [r.iteration for r in records] == list(range(5))
+    assert [s.base.iteration if s.base else None for s in fakes.steps] == [None, 0, 1, 2, 3]
+    assert fakes.published == [2, 3, 4, 5, 6]
