@@ -28,12 +28,20 @@ import struct
 import sys
 from array import array
 from collections.abc import Sequence
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 
 from pydantic import BaseModel, ConfigDict, Field
 
 from belayer.storage.errors import CorruptObject, ObjectConflict
-from belayer.storage.tokenlog import decode_tokens, encode_tokens
+from belayer.storage.tokenlog import (
+    PrefixRef,
+    _read_manifest,
+    decode_tokens,
+    encode_tokens,
+    loss_mask,
+    read_marks,
+)
 
 MAGIC = b"BLGN"
 _HEADER = struct.Struct("<4sII")
@@ -194,3 +202,71 @@ def _parse(data: bytes) -> tuple[list[float], list[int], int]:
     if sys.byteorder == "big":  # pragma: no cover
         logprobs.byteswap()
     return logprobs.tolist(), versions, end
+
+
+def read_generations(store, ref: PrefixRef) -> tuple[list[int | None], list[float | None]]:
+    """Per position of the prefix `ref`: (weights version, logprob) of every model token,
+    None for the prompt and observations; what a trainer needs beside the tokens.
+
+    Follows a fork's manifest to its base, whose generation objects describe the turns
+    before the fork (each cut at the fork point); only objects that start inside the
+    prefix count. Every model span of the log must be covered by generation records
+    exactly (no gap, no overlap, nothing over environment tokens), else `CorruptObject`:
+    a trainer must never guess which policy sampled a token.
+    """
+    versions: list[int | None] = [None] * ref.length
+    logprobs: list[float | None] = [None] * ref.length
+    for key, start, turn_logprobs, turn_versions, end in _generations_of(store, ref.key, 0, ref.length):
+        for position in range(start, end):
+            if versions[position] is not None:
+                raise CorruptObject(
+                    f"token log {ref.key!r}: two generation records describe position {position} "
+                    f"(the second is {key!r})"
+                )
+            versions[position] = turn_versions[position - start]
+            logprobs[position] = turn_logprobs[position - start]
+    _check_covers(ref.key, loss_mask(read_marks(store, ref)), versions)
+    return versions, logprobs
+
+
+def _generations_of(store, log_key: str, start: int, end: int):
+    """(object key, start, logprobs, versions, end) of the generation objects of the log
+    at `log_key` (and its fork bases) that describe positions in [start, end), each cut
+    at `end`."""
+    log_key = log_key.rstrip("/")
+    manifest = _read_manifest(store, log_key)
+    own_start = 0
+    if manifest["base"] is not None:
+        base = PrefixRef.model_validate(manifest["base"])
+        yield from _generations_of(store, base.key, start, min(end, base.length))
+        own_start = base.length
+    starts = [s for s in _generation_starts(store, log_key) if max(start, own_start) <= s < end]
+    with ThreadPoolExecutor(max_workers=8, thread_name_prefix="belayer-generation") as pool:
+        blobs = list(pool.map(lambda s: store.get_bytes(generation_key(log_key, s)), starts))
+    for turn_start, data in zip(starts, blobs, strict=True):
+        key = generation_key(log_key, turn_start)
+        try:
+            turn_logprobs, turn_versions = decode_generation(data)
+        except ValueError as exc:
+            raise CorruptObject(f"{key!r} is not an encoded generation: {exc}") from None
+        yield key, turn_start, turn_logprobs, turn_versions, min(end, turn_start + len(turn_versions))
+
+
+def _generation_starts(store, log_key: str) -> list[int]:
+    folder = f"{log_key}.gen/"
+    return [int(k[len(folder) :]) for k in store.list(folder) if k[len(folder) :].isdigit()]
+
+
+def _check_covers(log_key: str, mask: list[int], versions: list[int | None]) -> None:
+    """Generation records must cover exactly the model-generated positions."""
+    for position, (model, version) in enumerate(zip(mask, versions, strict=True)):
+        if model and version is None:
+            raise CorruptObject(
+                f"token log {log_key!r}: model token at position {position} has no generation record "
+                "(its turn's logprobs and weights version are missing)"
+            )
+        if not model and version is not None:
+            raise CorruptObject(
+                f"token log {log_key!r}: a generation record describes position {position}, which the "
+                "log marks as environment tokens"
+            )

@@ -17,8 +17,10 @@ from belayer.storage.generation import (
     encode_sampled,
     generation_key,
     read_generation,
+    read_generations,
     write_generation,
 )
+from belayer.storage.tokenlog import TokenLog, prefix_sha256
 
 from .helpers import RawBucket
 
@@ -104,3 +106,60 @@ def test_the_first_record_of_a_position_stands(store):
     newer = SampledTokens(SAMPLED.tokens, [-0.25] * 5, [5] * 5)
     assert write_generation(store, "traj/gr", 7, newer) == (first, [3, 4])
     assert read_generation(store, first) == (SAMPLED.logprobs, SAMPLED.versions)
+
+
+def _turn(log: TokenLog, tokens: list[int], version: int, logprob: float = -0.5):
+    """Append one model turn and its generation record, as the engine does."""
+    start = log.head.length
+    log.append(tokens, source="model")
+    write_generation(log.store, log.key, start, SampledTokens(tokens, [logprob] * len(tokens),
+                                                              [version] * len(tokens)))
+    return log.head
+
+
+@pytest.mark.stack
+def test_per_position_versions_and_logprobs_of_a_prefix(store):
+    log = TokenLog.create(store, "traj/rg")
+    log.append([1, 2, 3], source="env")
+    _turn(log, [4, 5], 2, -0.25)
+    log.append([6], source="env")
+    head = _turn(log, [7, 8, 9], 3, -1.5)
+    versions, logprobs = read_generations(store, head)
+    assert versions == [None, None, None, 2, 2, None, 3, 3, 3]
+    assert logprobs == [None, None, None, -0.25, -0.25, None, -1.5, -1.5, -1.5]
+    # A shorter prefix ends inside the last turn: that turn is cut, later ones ignored.
+    cut = log.head.model_copy(update={"length": 7, "sha256": prefix_sha256([1, 2, 3, 4, 5, 6, 7])})
+    assert read_generations(store, cut) == ([None] * 3 + [2, 2, None, 3], [None] * 3 + [-0.25] * 2 + [None, -1.5])
+
+
+@pytest.mark.stack
+def test_a_fork_reads_the_earlier_turns_from_its_base(store):
+    base = TokenLog.create(store, "traj/rb")
+    base.append([1, 2], source="env")
+    _turn(base, [3, 4, 5, 6], 2, -0.5)
+    _turn(base, [7], 2, -0.5)  # after the fork point: not part of the fork
+    fork_point = base.head.model_copy(update={"length": 4, "sha256": prefix_sha256([1, 2, 3, 4])})
+    fork = TokenLog.fork(store, fork_point, "traj/rb-fork")
+    _turn(fork, [9, 10], 3, -2.0)
+    fork.append([11], source="env")
+    versions, logprobs = read_generations(store, fork.head)
+    assert versions == [None, None, 2, 2, 3, 3, None]
+    assert logprobs == [None, None, -0.5, -0.5, -2.0, -2.0, None]
+
+
+@pytest.mark.stack
+def test_a_model_turn_without_its_record_is_refused(store):
+    log = TokenLog.create(store, "traj/rm")
+    log.append([1, 2], source="env")
+    log.append([3, 4], source="model")
+    with pytest.raises(CorruptObject, match="position 2 has no generation record"):
+        read_generations(store, log.head)
+
+
+@pytest.mark.stack
+def test_a_record_over_environment_tokens_is_refused(store):
+    log = TokenLog.create(store, "traj/re")
+    log.append([1, 2], source="env")
+    write_generation(store, log.key, 0, SampledTokens([1, 2], [-1.0, -1.0], [2, 2]))
+    with pytest.raises(CorruptObject, match="marks as environment tokens"):
+        read_generations(store, log.head)
