@@ -165,6 +165,7 @@ def _register_optional_commands() -> None:
     optional = [
         (main, "belayer.cli.run", "run"),
         (main, "belayer.cli.run", "inspect"),
+        (main, "belayer.cli.train", "train"),
         (main, "belayer.chaos.cli", "chaos"),
         (main, "belayer.report.cli", "report"),
         (bench, "belayer.bench.storage", "storage"),

@@ -1,0 +1,226 @@
+"""`belayer train WORKLOAD` and `belayer train status RUN`: start a durable GRPO run and
+follow it, or look at one later."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import sys
+import time
+from pathlib import Path
+
+import click
+from rich.console import Console
+
+console = Console(stderr=True)
+POLL_S = 1.0
+
+
+class _TrainGroup(click.Group):
+    """`belayer train WORKLOAD ...` starts a run; `belayer train status RUN` shows one."""
+
+    def parse_args(self, ctx: click.Context, args: list[str]) -> list[str]:
+        if args and args[0] not in self.commands and args[0] not in ("-h", "--help"):
+            args = ["start", *args]
+        return super().parse_args(ctx, args)
+
+
+@click.group(cls=_TrainGroup)
+def train() -> None:
+    """Train the served model with GRPO on a workload's tasks, durably (Temporal).
+
+    \b
+    belayer train WORKLOAD [options]   start a run and follow it (see `belayer train start --help`)
+    belayer train status RUN           a run's iterations so far
+    """
+
+
+@train.command("start")
+@click.argument("workload", type=click.Path(path_type=Path))
+@click.option("--iterations", default=10, show_default=True, type=click.IntRange(1, 1_000_000),
+              help="Optimizer steps; each one rolls out a batch first.")
+@click.option("--group-size", default=4, show_default=True, type=click.IntRange(2, 256),
+              help="Trajectories per task per iteration (a GRPO group).")
+@click.option("--tasks-per-iteration", default=4, show_default=True, type=click.IntRange(1, 4096),
+              help="Tasks drawn (seeded) for each iteration.")
+@click.option("--seed", default=0, show_default=True, type=click.IntRange(0, 2**31 - 1),
+              help="Fixes the task draws and every sampling seed.")
+@click.option("--lr", default=1e-5, show_default=True, type=click.FloatRange(0), help="AdamW learning rate.")
+@click.option("--temperature", default=1.0, show_default=True, type=click.FloatRange(0, 5, min_open=True),
+              help="Sampling temperature of the rollouts (and of the trainer's logprobs).")
+@click.option("--heldout", type=click.Path(path_type=Path), default=None,
+              help="A workload evaluated once per iteration, never trained on.")
+@click.option("--run-id", default=None, help="Name of the run (default train-<random>).")
+@click.option("--json", "as_json", is_flag=True, help="Print one JSON object when the run ends.")
+@click.pass_context
+def start(ctx: click.Context, workload: Path, iterations: int, group_size: int, tasks_per_iteration: int,
+          seed: int, lr: float, temperature: float, heldout: Path | None, run_id: str | None,
+          as_json: bool) -> None:
+    """Start a training run on WORKLOAD (.yaml or .jsonl) and follow it to its end.
+
+    Exit status 1 when the run failed for an infrastructure reason. Ctrl-C leaves the run
+    going; follow it with `belayer train status RUN` or in the Temporal web UI.
+    """
+    from belayer.cli.main import config_from
+    from belayer.trainer.models import TrainerSettings
+    from belayer.training import training_input
+    from belayer.workloads.loader import WorkloadError, load_workload
+
+    config = config_from(ctx.find_root())
+    tasks = load_workload(workload).tasks
+    if tasks_per_iteration > len(tasks):
+        raise WorkloadError(f"{workload} has {len(tasks)} tasks, fewer than --tasks-per-iteration "
+                            f"{tasks_per_iteration}; lower it or add tasks")
+    settings = TrainerSettings(lr=lr, temperature=temperature)
+    input = training_input(
+        config, tasks, iterations=iterations, group_size=group_size, tasks_per_iteration=tasks_per_iteration,
+        seed=seed, heldout=load_workload(heldout).tasks if heldout else None, settings=settings,
+        run_id=run_id, temperature=temperature,
+    )
+    started = time.monotonic()
+    try:
+        result, records = asyncio.run(_run(config, input, quiet=as_json))
+    except KeyboardInterrupt:
+        console.print(f"\n[yellow]interrupted[/]: run {input.run_id} goes on. Follow it with\n"
+                      f"  belayer train status {input.run_id}\nor in the web UI: {_ui(config, input.run_id)}")
+        os._exit(130)
+    report = run_report(result, records)
+    if as_json:
+        click.echo(json.dumps(report, indent=2))
+    else:
+        _print_end(report, time.monotonic() - started)
+    sys.stdout.flush()
+    # Exit without interpreter teardown: the Temporal SDK can abort at exit (docs/design.md §7).
+    os._exit(1 if result.status == "failed_infra" else 0)
+
+
+@train.command("status")
+@click.argument("run_id")
+@click.option("--json", "as_json", is_flag=True, help="Print one JSON object.")
+@click.pass_context
+def status(ctx: click.Context, run_id: str, as_json: bool) -> None:
+    """Show run RUN_ID: its state and every iteration recorded so far."""
+    from belayer.cli.main import config_from
+
+    config = config_from(ctx.find_root())
+    progress, records = asyncio.run(_status(config, run_id))
+    if as_json:
+        click.echo(json.dumps({"run_id": run_id, "status": progress.status, "phase": progress.phase,
+                               **run_report(progress, records)}, indent=2))
+        return
+    console.print(f"run {run_id}: {progress.status}, iteration {progress.iteration}/{progress.iterations} "
+                  f"({progress.phase}), weights v{progress.serving_version}")
+    for record in records:
+        console.print("  " + iteration_line(record), highlight=False)
+    console.print(f"web UI: {_ui(config, run_id)}")
+
+
+async def _run(config, input, *, quiet: bool):
+    from belayer.temporal_client import connect
+    from belayer.training import read_iterations, start_training
+
+    client = await connect(config.temporal, config.storage.encryption_key)
+    handle = await start_training(client, config, input)
+    follower = _Follower(client, input.run_id)
+    if not quiet:
+        console.print(f"run {input.run_id}: {input.iterations} iterations of {input.tasks_per_iteration} tasks x "
+                      f"{input.group_size} trajectories; web UI {_ui(config, input.run_id)}")
+    following = None if quiet else asyncio.ensure_future(follower.follow())
+    try:
+        result = await handle.result()
+    finally:
+        if following is not None:
+            following.cancel()
+    records = await asyncio.to_thread(read_iterations, config, result)
+    if not quiet:
+        follower.print_new(records)
+    return result, records
+
+
+class _Follower:
+    """One line per finished iteration, and a status line for the one in progress."""
+
+    def __init__(self, client, run_id: str):
+        self.client, self.run_id = client, run_id
+        self.printed = 0
+
+    async def follow(self) -> None:
+        from belayer.training import run_progress
+
+        with console.status("starting") as spinner:
+            while True:
+                try:
+                    progress = await run_progress(self.client, self.run_id)
+                except Exception:  # the workflow worker may be restarting: keep asking
+                    await asyncio.sleep(POLL_S)
+                    continue
+                self.print_new(progress.recent)
+                spinner.update(f"iteration {progress.iteration}/{progress.iterations}: {progress.phase} "
+                               f"({progress.members_done}/{progress.members_total} trajectories), "
+                               f"weights v{progress.serving_version}")
+                await asyncio.sleep(POLL_S)
+
+    def print_new(self, records) -> None:
+        for record in records:
+            if record.iteration >= self.printed:
+                console.print(iteration_line(record), highlight=False)
+                self.printed = record.iteration + 1
+
+
+def iteration_line(record) -> str:
+    heldout = f" held-out {record.heldout_reward:.3f}" if record.heldout_reward is not None else ""
+    reward = f"{record.mean_reward:.3f}" if record.mean_reward is not None else "-"
+    dropped = f", {record.groups_dropped} dropped" if record.groups_dropped else ""
+    return (f"iteration {record.iteration}: reward {reward}{heldout}; groups {record.groups_kept} kept{dropped}; "
+            f"{record.infra_retries} infra retries; loss {record.loss:.4f}; weights v{record.weights_version} "
+            f"{record.weights_sha256[:12]}; rollout {record.rollout_s:.1f}s train {record.train_s:.1f}s "
+            f"publish {record.publish_s:.1f}s")
+
+
+def run_report(result, records) -> dict:
+    """The `--json` object: the run, one entry per iteration, the final weights."""
+    return {
+        "run_id": result.run_id,
+        "status": result.status,
+        **({"reason": result.reason} if getattr(result, "reason", "") else {}),
+        "iterations": [{
+            "iteration": r.iteration, "mean_reward": r.mean_reward, "heldout_reward": r.heldout_reward,
+            "groups_kept": r.groups_kept, "groups_dropped": r.groups_dropped, "infra_retries": r.infra_retries,
+            "weights_version": r.weights_version, "weights_sha256": r.weights_sha256,
+            "rollout_s": r.rollout_s, "train_s": r.train_s, "publish_s": r.publish_s,
+            "rewards": r.rewards, "dropped": [d.model_dump() for d in r.dropped], "loss": r.loss,
+        } for r in records],
+        "final_weights_sha256": records[-1].weights_sha256 if records else None,
+    }
+
+
+def _print_end(report: dict, wall: float) -> None:
+    status = report["status"]
+    colour = "green" if status == "completed" else "red"
+    console.print(f"[{colour}]{status}[/]: {len(report['iterations'])} iterations in {wall:.1f}s; "
+                  f"final weights sha256 {report['final_weights_sha256']}")
+    if report.get("reason"):
+        console.print(f"  reason: {report['reason']}")
+
+
+async def _status(config, run_id: str):
+    from temporalio.service import RPCError
+
+    from belayer.errors import BelayerError
+    from belayer.temporal_client import connect
+    from belayer.training import read_iterations, run_progress
+
+    client = await connect(config.temporal, config.storage.encryption_key)
+    try:
+        progress = await run_progress(client, run_id)
+    except RPCError as exc:
+        raise BelayerError(f"no training run {run_id!r} on {config.temporal.address}: {exc}; "
+                           "list runs in the web UI (filter BelayerRun)") from None
+    return progress, await asyncio.to_thread(read_iterations, config, progress)
+
+
+def _ui(config, run_id: str) -> str:
+    from belayer.client import ui_link
+
+    return ui_link(config, run_id)
