@@ -10,7 +10,9 @@ flips the version. Retrying a publish that already took effect returns its resul
 from __future__ import annotations
 
 import asyncio
+import os
 import time
+from pathlib import Path
 from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field
@@ -65,14 +67,46 @@ def load_weights(store, ref: ObjectRef) -> dict:
     return load(store.get_bytes(ref.key, expected_sha256=ref.sha256))
 
 
+class PublishedWeights(_Model):
+    """What a node serves, recorded after each publish so that a restarted node worker
+    comes back on it instead of on the model it was built from: its shared memory died
+    with it, and a training run's next rollouts must not sample older weights."""
+
+    version: int
+    weights: ObjectRef | None
+
+
 class PublishActivities:
-    def __init__(self, node, store):
-        self.node, self.store = node, store
+    """Publishing into one node; `remember` (a file) keeps the latest version across restarts."""
+
+    def __init__(self, node, store, remember: Path | None = None):
+        self.node, self.store, self.remember = node, store, remember
+
+    def restore(self) -> PublishedWeights | None:
+        """Publish the remembered version into the freshly started node (before it serves);
+        None when there is nothing to restore."""
+        if self.remember is None or not self.remember.is_file():
+            return None
+        published = PublishedWeights.model_validate_json(self.remember.read_text())
+        if published.version <= self.node.roles()["weights_version"]:
+            return None
+        self.node.publish(published.version, self._tensors(published.weights))
+        return published
+
+    def _remember(self, version: int, weights: ObjectRef | None) -> None:
+        if self.remember is None:
+            return
+        self.remember.parent.mkdir(parents=True, exist_ok=True)
+        tmp = self.remember.with_suffix(".tmp")
+        tmp.write_text(PublishedWeights(version=version, weights=weights).model_dump_json())
+        os.replace(tmp, self.remember)
 
     @activity.defn(name="rollout.publish_weights")
     async def publish_weights(self, args: PublishWeightsArgs) -> PublishWeightsResult:
         if self._took_effect(args.version):
-            return await self._settled(args.version)
+            settled = await self._settled(args.version)
+            self._remember(args.version, args.weights)  # the first attempt may have died before it did
+            return settled
         started = time.perf_counter()
         try:
             tensors = await asyncio.to_thread(self._tensors, args.weights)
@@ -82,6 +116,7 @@ class PublishActivities:
             )
         except Exception as exc:
             raise _translate(exc) from exc
+        self._remember(args.version, args.weights)
         return PublishWeightsResult(node_id=self.node.config.node_id, fetch_s=fetch_s, **report.__dict__)
 
     @activity.defn(name="rollout.weights_version")

@@ -58,3 +58,35 @@ async def test_publish_weights_from_the_object_store_and_retries(lone_node, stor
         await env.run(acts.publish_weights, PublishWeightsArgs(version=4, weights=forged))
     assert corrupt.value.type == "CorruptWeights" and corrupt.value.non_retryable
     assert lone_node.roles()["weights_version"] == 3
+
+
+async def test_a_restarted_node_comes_back_on_the_version_it_served(store, tiny_model, tmp_path):
+    """The node worker remembers each publish; a new node (its shared memory gone with the
+    old one) publishes that version into itself before serving, and samples what the old
+    one would have; the built model is version 1 and can be published back as a new version."""
+    remember = tmp_path / "published.json"
+    spec = SamplingSpec(max_tokens=12, temperature=1.0, seed=3, ignore_eos=True)
+    ref = store_weights(store, "weights/restart-v2.safetensors", _perturbed(tiny_model, 7))
+    with_two = started_node(node_config(shadow=False), tiny_model)
+    first = next(with_two).node
+    await ActivityEnvironment().run(PublishActivities(first, store, remember).publish_weights,
+                                    PublishWeightsArgs(version=2, weights=ref))
+    before = first.generate([5, 6, 7], spec, timeout=300)
+    next(with_two, None)  # the node is gone, its segments with it
+
+    restarted = started_node(node_config(shadow=False), tiny_model)
+    second = next(restarted).node
+    try:
+        acts = PublishActivities(second, store, remember)
+        assert second.roles()["weights_version"] == 1
+        assert acts.restore().version == 2
+        assert await ActivityEnvironment().run(acts.weights_version) == 2
+        after = second.generate([5, 6, 7], spec, timeout=300)
+        assert (after.token_ids, set(after.versions)) == (before.token_ids, {2})
+        assert acts.restore() is None, "nothing to do once the node serves it"
+        built = await ActivityEnvironment().run(acts.publish_weights, PublishWeightsArgs(version=3, weights=None))
+        assert built.version == 3
+        reference = second.generate([5, 6, 7], spec, timeout=300)
+        assert reference.token_ids != before.token_ids, "version 3 is the built model again, not version 2"
+    finally:
+        next(restarted, None)

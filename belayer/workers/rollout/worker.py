@@ -2,8 +2,10 @@
 
 It listens on the node's own task queue (turn affinity: the next turn of a trajectory
 comes back here and reuses the prefix cache) and on the shared rollout queue (any node
-may take a turn whose node is gone). `rollout.publish_weights` is served on the node's
-own queue only: a trainer publishes to each node by name.
+may take a turn whose node is gone). `rollout.publish_weights` and
+`rollout.weights_version` are served on the node's own queue only: a trainer publishes
+to each node by name. A restarted worker publishes the version it last served into its
+new engines before it polls (`PublishActivities.restore`).
 """
 
 from __future__ import annotations
@@ -39,18 +41,31 @@ async def serve(config: BelayerConfig) -> None:
         own_queue = node_task_queue(config)
         store = ObjectStore(config.storage)
         activities = RolloutActivities(node, store, own_queue)
+        publishing = PublishActivities(node, store, remember=published_file(config))
+        try:
+            restored = publishing.restore()
+        except Exception as exc:  # serve the built model; a trainer's version check catches the rest
+            log.warning("could not restore the weights published before this worker restarted: %s", exc)
+        else:
+            if restored is not None:
+                log.info("restored weights version %d (published before this worker restarted)", restored.version)
         await run_worker(
             config.temporal,
             encryption_key=config.storage.encryption_key,
             role=f"rollout-{config.rollout.node_id}",
             task_queues=[own_queue, config.temporal.rollout_task_queue],
             activities=[activities.generate],
-            queue_activities={own_queue: PublishActivities(node, store).all()},
+            queue_activities={own_queue: publishing.all()},
             max_concurrent_activities=max(1, config.rollout.max_num_seqs),
         )
     finally:
         node.close()
         roles_file(config).unlink(missing_ok=True)
+
+
+def published_file(config: BelayerConfig) -> Path:
+    """The weights version last published into this node (`PublishActivities.restore`)."""
+    return config.state_dir / "run" / f"rollout-{config.rollout.node_id}.published.json"
 
 
 def roles_file(config: BelayerConfig) -> Path:
