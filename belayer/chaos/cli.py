@@ -7,11 +7,11 @@ import json
 
 import click
 
-from belayer.chaos.faults import FAULT_KINDS
+from belayer.chaos.faults import TRAINING_FAULT_KINDS
 
 
 @click.command()
-@click.argument("fault", type=click.Choice(FAULT_KINDS))
+@click.argument("fault", type=click.Choice(TRAINING_FAULT_KINDS))
 @click.option("--trajectory", default=None, help="For sandbox-crash: the trajectory whose sandbox dies.")
 @click.option("--duration", default=5.0, show_default=True, type=click.FloatRange(0, 3600),
               help="For s3-outage: seconds the object store stays down.")
@@ -20,7 +20,8 @@ def chaos(ctx: click.Context, fault: str, trajectory: str | None, duration: floa
     """Inject FAULT now: processes are SIGKILLed, servers stopped, containers killed.
 
     Supervised workers that a kill takes down are restarted afterwards, as a cluster
-    supervisor would. Use `belayer run --chaos PLAN` to inject faults at chosen steps.
+    supervisor would. Use `belayer run --chaos PLAN` to inject faults at chosen steps, and
+    `belayer train --chaos PLAN` at chosen iterations.
     """
     from belayer.chaos.faults import Chaos, ChaosError
     from belayer.cli.main import config_from

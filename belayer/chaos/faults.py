@@ -26,6 +26,8 @@ FaultKind = Literal[
     "sandbox-host-crash", "temporal-worker-crash", "temporal-restart", "s3-outage",
 ]
 FAULT_KINDS: tuple[str, ...] = FaultKind.__args__
+# A training run also has a trainer to lose (`belayer train --chaos`).
+TRAINING_FAULT_KINDS: tuple[str, ...] = (*FAULT_KINDS, "trainer-crash")
 
 
 class ChaosError(BelayerError):
@@ -59,9 +61,10 @@ class Chaos:
             "temporal-worker-crash": lambda: self._crash_service("trajectory-worker"),
             "temporal-restart": lambda: self._outage("temporal", 1.0),
             "s3-outage": lambda: self._outage("seaweedfs", duration_s),
+            "trainer-crash": lambda: self._crash_service("trainer-worker"),
         }
         if kind not in handlers:
-            raise ChaosError(f"unknown fault {kind!r}; choose one of {', '.join(FAULT_KINDS)}")
+            raise ChaosError(f"unknown fault {kind!r}; choose one of {', '.join(TRAINING_FAULT_KINDS)}")
         at = time.time()
         target, detail = handlers[kind]()
         return FaultReport(kind=kind, target=target, at=at, detail=detail)

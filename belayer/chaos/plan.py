@@ -2,7 +2,9 @@
 
 Inline: `engine-crash@step=2,sandbox-crash@step=4` or `s3-outage@t=10`. A file (.yaml):
 `faults: [{fault: engine-crash, step: 2, target: TRAJECTORY_ID}]`. Without a target a
-fault hits the first trajectory the run started. `--chaos-rate R --chaos-seed S` draws a
+fault hits the first trajectory the run started. A training run (`belayer train`) takes
+`FAULT@iteration=K` too: the fault hits during iteration K (or the first one after it
+where it can: a trajectory in flight, or the train step for `trainer-crash`). `--chaos-rate R --chaos-seed S` draws a
 seeded schedule over every fault kind instead.
 """
 
@@ -15,23 +17,26 @@ from pathlib import Path
 import yaml
 from pydantic import BaseModel, Field, ValidationError, model_validator
 
-from belayer.chaos.faults import FAULT_KINDS, ChaosError
+from belayer.chaos.faults import FAULT_KINDS, TRAINING_FAULT_KINDS, ChaosError
 
-_INLINE = re.compile(r"^(?P<fault>[a-z0-9-]+)@(?P<key>step|t)=(?P<value>\d+(\.\d+)?)(:(?P<target>\S+))?$")
+_INLINE = re.compile(
+    r"^(?P<fault>[a-z0-9-]+)@(?P<key>step|t|iteration)=(?P<value>\d+(\.\d+)?)(:(?P<target>\S+))?$"
+)
 
 
 class PlannedFault(BaseModel):
     fault: str
     step: int | None = Field(None, ge=1, description="Inject once the target reaches this step.")
     t: float | None = Field(None, ge=0, description="Inject this many seconds after the run starts.")
+    iteration: int | None = Field(None, ge=0, description="Training runs: inject during this iteration.")
     target: str | None = Field(None, description="Trajectory id; default the first one started.")
 
     @model_validator(mode="after")
     def _one_trigger(self) -> PlannedFault:
-        if self.fault not in FAULT_KINDS:
-            raise ValueError(f"unknown fault {self.fault!r}; choose one of {', '.join(FAULT_KINDS)}")
-        if (self.step is None) == (self.t is None):
-            raise ValueError(f"fault {self.fault}: give exactly one of step or t")
+        if self.fault not in TRAINING_FAULT_KINDS:
+            raise ValueError(f"unknown fault {self.fault!r}; choose one of {', '.join(TRAINING_FAULT_KINDS)}")
+        if [self.step, self.t, self.iteration].count(None) != 2:
+            raise ValueError(f"fault {self.fault}: give exactly one of step, t or iteration")
         return self
 
 
@@ -50,10 +55,19 @@ def parse_plan(text: str) -> list[PlannedFault]:
 def _parse_inline(part: str) -> PlannedFault:
     match = _INLINE.match(part)
     if not match:
-        raise ChaosError(f"chaos plan entry {part!r} is not FAULT@step=N or FAULT@t=SECONDS[:TARGET]")
+        raise ChaosError(
+            f"chaos plan entry {part!r} is not FAULT@step=N, FAULT@iteration=K or FAULT@t=SECONDS[:TARGET]"
+        )
     value = match["value"]
-    trigger = {"step": int(float(value))} if match["key"] == "step" else {"t": float(value)}
+    trigger = {match["key"]: float(value) if match["key"] == "t" else int(float(value))}
     return PlannedFault(fault=match["fault"], target=match["target"], **trigger)
+
+
+def random_training_plan(rate: float, seed: int, iterations: int) -> list[PlannedFault]:
+    """`random_plan` over a training run: about `rate` faults per iteration, the trainer's
+    crash among the kinds."""
+    return [PlannedFault(fault=p.fault, iteration=p.step - 1)
+            for p in random_plan(rate, seed, iterations, TRAINING_FAULT_KINDS)]
 
 
 def random_plan(rate: float, seed: int, steps: int, kinds: tuple[str, ...] = FAULT_KINDS) -> list[PlannedFault]:

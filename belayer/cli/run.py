@@ -68,7 +68,12 @@ def _chaos_plan(plan: str | None, rate: float | None, seed: int, tasks) -> list:
     if plan and rate is not None:
         raise click.UsageError("give --chaos or --chaos-rate, not both")
     if plan:
-        return parse_plan(plan)
+        parsed = parse_plan(plan)
+        training_only = [p.fault for p in parsed if p.iteration is not None or p.fault == "trainer-crash"]
+        if training_only:
+            raise click.UsageError(f"{training_only[0]}: iteration triggers and trainer-crash are for "
+                                   "`belayer train --chaos`; trajectories take FAULT@step=N or FAULT@t=SECONDS")
+        return parsed
     if rate is not None:
         steps = max(len(t.turns) if hasattr(t, "turns") else t.max_turns for t in tasks)
         return random_plan(rate, seed, steps)

@@ -52,11 +52,15 @@ def train() -> None:
 @click.option("--heldout", type=click.Path(path_type=Path), default=None,
               help="A workload evaluated once per iteration, never trained on.")
 @click.option("--run-id", default=None, help="Name of the run (default train-<random>).")
+@click.option("--chaos", "chaos_plan", default=None, metavar="PLAN",
+              help="Inject real faults: a .yaml plan or e.g. 'engine-crash@iteration=0,trainer-crash@iteration=1'.")
+@click.option("--chaos-rate", type=float, default=None, help="Seeded random faults per iteration (0-1].")
+@click.option("--chaos-seed", type=int, default=0, show_default=True, help="Seed of --chaos-rate.")
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object when the run ends.")
 @click.pass_context
 def start(ctx: click.Context, workload: Path, iterations: int, group_size: int, tasks_per_iteration: int,
           seed: int, lr: float, temperature: float, heldout: Path | None, run_id: str | None,
-          as_json: bool) -> None:
+          chaos_plan: str | None, chaos_rate: float | None, chaos_seed: int, as_json: bool) -> None:
     """Start a training run on WORKLOAD (.yaml or .jsonl) and follow it to its end.
 
     Exit status 1 when the run failed for an infrastructure reason. Ctrl-C leaves the run
@@ -78,14 +82,15 @@ def start(ctx: click.Context, workload: Path, iterations: int, group_size: int, 
         seed=seed, heldout=load_workload(heldout).tasks if heldout else None, settings=settings,
         run_id=run_id, temperature=temperature,
     )
+    plan = _chaos_plan(chaos_plan, chaos_rate, chaos_seed, iterations)
     started = time.monotonic()
     try:
-        result, records = asyncio.run(_run(config, input, quiet=as_json))
+        result, records, faults = asyncio.run(_run(config, input, plan, quiet=as_json))
     except KeyboardInterrupt:
         console.print(f"\n[yellow]interrupted[/]: run {input.run_id} goes on. Follow it with\n"
                       f"  belayer train status {input.run_id}\nor in the web UI: {_ui(config, input.run_id)}")
         os._exit(130)
-    report = run_report(result, records)
+    report = run_report(result, records) | ({"faults": faults} if plan else {})
     if as_json:
         click.echo(json.dumps(report, indent=2))
     else:
@@ -116,7 +121,22 @@ def status(ctx: click.Context, run_id: str, as_json: bool) -> None:
     console.print(f"web UI: {_ui(config, run_id)}")
 
 
-async def _run(config, input, *, quiet: bool):
+def _chaos_plan(plan: str | None, rate: float | None, seed: int, iterations: int) -> list:
+    from belayer.chaos.plan import parse_plan, random_training_plan
+
+    if plan and rate is not None:
+        raise click.UsageError("give --chaos or --chaos-rate, not both")
+    if plan:
+        parsed = parse_plan(plan)
+        stepped = [p.fault for p in parsed if p.step is not None]
+        if stepped:
+            raise click.UsageError(f"{stepped[0]}@step: a training run's faults take @iteration=K or @t=SECONDS")
+        return parsed
+    return random_training_plan(rate, seed, iterations) if rate is not None else []
+
+
+async def _run(config, input, plan, *, quiet: bool):
+    from belayer.chaos.training import TrainingChaos
     from belayer.temporal_client import connect
     from belayer.training import read_iterations, start_training
 
@@ -127,15 +147,36 @@ async def _run(config, input, *, quiet: bool):
         console.print(f"run {input.run_id}: {input.iterations} iterations of {input.tasks_per_iteration} tasks x "
                       f"{input.group_size} trajectories; web UI {_ui(config, input.run_id)}")
     following = None if quiet else asyncio.ensure_future(follower.follow())
+    chaos = TrainingChaos(config, client, input.run_id, plan)
+    injecting = asyncio.ensure_future(chaos.run()) if plan else None
     try:
-        result = await handle.result()
+        result = await _result_through_restarts(handle)
     finally:
-        if following is not None:
-            following.cancel()
+        for task in (following, injecting):
+            if task is not None:
+                task.cancel()
     records = await asyncio.to_thread(read_iterations, config, result)
     if not quiet:
         follower.print_new(records)
-    return result, records
+        for fault in chaos.faults:
+            took = f" in {fault['recovery_s']:.2f}s" if fault.get("recovery_s") is not None else ""
+            console.print(f"fault {fault['kind']} in iteration {fault['at']} on {fault['target']}: "
+                          f"recovered by {fault['recovered_by']}{took}", highlight=False)
+    return result, records, chaos.settle()
+
+
+async def _result_through_restarts(handle):
+    """The run's result; a restarted Temporal server (chaos: temporal-restart) drops the
+    long poll, which is asked again."""
+    from temporalio.service import RPCError, RPCStatusCode
+
+    while True:
+        try:
+            return await handle.result()
+        except RPCError as exc:
+            if exc.status not in (RPCStatusCode.UNAVAILABLE, RPCStatusCode.DEADLINE_EXCEEDED):
+                raise
+            await asyncio.sleep(1)
 
 
 class _Follower:

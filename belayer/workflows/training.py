@@ -79,6 +79,7 @@ class TrainingWorkflow:
         self.phase: Phase = "starting"
         self.members_done = 0
         self.members_total = 0
+        self.running: set[str] = set()
         self.first_iteration_of_run = self.state.iteration
         self.limit = asyncio.Semaphore(input.concurrency)
 
@@ -87,7 +88,7 @@ class TrainingWorkflow:
         return TrainingProgress(
             run_id=self.input.run_id, status=self.status, iteration=self.state.iteration,
             iterations=self.input.iterations, phase=self.phase, members_done=self.members_done,
-            members_total=self.members_total, serving_version=self.state.serving_version,
+            members_total=self.members_total, running=sorted(self.running), serving_version=self.state.serving_version,
             recent=self.state.recent, log=self.state.log,
         )
 
@@ -192,7 +193,11 @@ class TrainingWorkflow:
         for attempt in range(self.input.max_infra_retries + 1):
             trajectory_id = f"{self.input.run_id}-i{iteration:05d}-{prefix}{task.id}-m{member}-a{attempt}"
             async with self.limit:
-                result = await self._trajectory(iteration, task, trajectory_id, seed)
+                self.running.add(trajectory_id)
+                try:
+                    result = await self._trajectory(iteration, task, trajectory_id, seed)
+                finally:
+                    self.running.discard(trajectory_id)
             outcome = MemberOutcome(
                 trajectory_id=trajectory_id, status=result.status, reward=result.reward,
                 attempts=attempt + 1, reason=result.reason, context=result.context,

@@ -132,6 +132,7 @@ class TrainingProgress(_Model):
     phase: Phase
     members_done: int
     members_total: int
+    running: list[str] = Field(default_factory=list, description="Trajectories in flight now.")
     serving_version: int
     recent: list[IterationRecord]
     log: RecordLogRef | None

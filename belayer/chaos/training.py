@@ -1,0 +1,165 @@
+"""Real faults against a running training run (`belayer train --chaos`).
+
+A planned fault (`FAULT@iteration=K`) fires during iteration K, or the first iteration
+after it where it can: a rollout-side fault (engine, owner, node, sandbox, sandbox host,
+workflow worker, Temporal, S3) once a trajectory of the iteration has run an action (its
+sandbox is the target of `sandbox-crash`), `trainer-crash` once the iteration's train
+step has started. Faults go one at a time; each is measured until what it hit moves on
+(the trajectory runs its next step or ends; the run leaves the train step), which is its
+`recovery_s`. Time triggers (`FAULT@t=SECONDS`) fire on the clock and hit whatever is
+running then.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+
+from belayer.chaos.faults import Chaos, ChaosError
+from belayer.chaos.plan import PlannedFault
+
+POLL_S = 0.25
+RECOVERED_BY = {
+    "engine-crash": "takeover",
+    "engine-hang": "takeover",
+    "owner-crash": "a new owner adopting the weights",
+    "node-crash": "temporal retry on the restarted node (same weights version)",
+    "sandbox-crash": "restore+replay",
+    "sandbox-host-crash": "restore+replay",
+    "temporal-worker-crash": "workflow replay on a restarted worker",
+    "temporal-restart": "Temporal persistence",
+    "s3-outage": "retries with backoff",
+    "trainer-crash": "train step retried on the restarted trainer from its last checkpoint",
+}
+
+
+class TrainingChaos:
+    """Injects `plan` into run `run_id` while it runs; `faults` holds one record per fault."""
+
+    def __init__(self, config, client, run_id: str, plan: list[PlannedFault]):
+        self.config, self.client, self.run_id = config, client, run_id
+        self.pending = list(plan)
+        self.faults: list[dict] = []
+        self.chaos = Chaos(config)
+        self.started = time.monotonic()
+
+    async def run(self) -> None:
+        """Until every planned fault is injected; cancelled when the run ends (what is
+        still pending is then recorded as not injected, by `settle`)."""
+        while self.pending:
+            progress = await self._progress()
+            fired = None
+            for planned in self.pending:
+                target = await self._target(planned, progress) if progress else None
+                if target is not None:
+                    fired = planned, target
+                    break
+            if fired is None:
+                await asyncio.sleep(POLL_S)
+                continue
+            self.pending.remove(fired[0])
+            await self._inject(*fired)
+
+    def settle(self) -> list[dict]:
+        for planned in self.pending:
+            self.faults.append({"kind": planned.fault, "at": None, "target": None, "recovery_s": None,
+                                "recovered_by": "not injected: the run finished first"})
+        self.pending = []
+        return self.faults
+
+    async def _progress(self):
+        from belayer.training import run_progress
+
+        try:
+            return await run_progress(self.client, self.run_id)
+        except Exception:  # the run's worker is restarting, or Temporal is: ask again
+            return None
+
+    async def _target(self, planned: PlannedFault, progress) -> tuple[str, object] | None:
+        """What the fault hits now: ("trainer", None) or (trajectory id, its progress)."""
+        if planned.t is not None:
+            if time.monotonic() - self.started < planned.t:
+                return None
+        elif planned.iteration is None or progress.iteration < planned.iteration:
+            return None
+        if planned.fault == "trainer-crash":
+            return ("trainer", None) if progress.phase == "train" else None
+        for trajectory_id in progress.running:
+            seen = await self._trajectory_progress(trajectory_id)
+            if seen is not None and seen.status == "running" and seen.step >= (planned.step or 1) and seen.sandbox:
+                return trajectory_id, seen
+        return None
+
+    async def _trajectory_progress(self, trajectory_id: str):
+        from belayer.workflows.models import TrajectoryProgress
+
+        try:
+            return await self.client.get_workflow_handle(trajectory_id).query(
+                "progress", result_type=TrajectoryProgress)
+        except Exception:  # it is ending, or its worker is restarting
+            return None
+
+    async def _inject(self, planned: PlannedFault, target: tuple[str, object]) -> None:
+        trajectory_id, seen = target
+        progress = await self._progress()
+        record = {"kind": planned.fault, "at": progress.iteration if progress else None,
+                  "target": trajectory_id, "recovered_by": None, "recovery_s": None}
+        self.faults.append(record)
+        recoveries_before = _recoveries(self.chaos)
+        container = seen.sandbox.container if seen is not None and seen.sandbox else None
+        try:
+            report = await asyncio.to_thread(self.chaos.inject, planned.fault, sandbox_container=container)
+        except ChaosError as exc:
+            record["recovered_by"] = f"not injected: {exc}"
+            return
+        record.update(target=report.target if seen is None else f"{trajectory_id} ({report.target})",
+                      detail=report.detail)
+        if seen is None:
+            await self._until_trained(record["at"])
+        else:
+            await self._until_moves_on(trajectory_id, seen.step)
+        record["recovery_s"] = round(time.time() - report.at, 3)
+        record["recovered_by"] = self._recovered_by(planned.fault, recoveries_before)
+
+    async def _until_moves_on(self, trajectory_id: str, step: int) -> None:
+        while True:
+            seen = await self._trajectory_progress(trajectory_id)
+            if seen is not None and (seen.step > step or seen.status != "running"):
+                return
+            if seen is None and await self._closed(trajectory_id):
+                return
+            await asyncio.sleep(POLL_S)
+
+    async def _until_trained(self, iteration: int | None) -> None:
+        while True:
+            progress = await self._progress()
+            if progress is not None and (progress.phase != "train" or progress.iteration != iteration):
+                return
+            await asyncio.sleep(POLL_S)
+
+    async def _closed(self, workflow_id: str) -> bool:
+        from temporalio.client import WorkflowExecutionStatus
+
+        try:
+            described = await self.client.get_workflow_handle(workflow_id).describe()
+        except Exception:
+            return False
+        return described.status != WorkflowExecutionStatus.RUNNING
+
+    def _recovered_by(self, kind: str, recoveries_before: int) -> str:
+        if kind.startswith(("engine", "owner")):
+            roles = _roles(self.chaos)
+            if roles.get("recoveries", 0) > recoveries_before:
+                return roles.get("last_recovery", {}).get("kind", "takeover")
+        return RECOVERED_BY[kind]
+
+
+def _roles(chaos: Chaos) -> dict:
+    try:
+        return chaos.roles()
+    except ChaosError:  # no rollout node roles file: nothing to compare
+        return {}
+
+
+def _recoveries(chaos: Chaos) -> int:
+    return _roles(chaos).get("recoveries", 0)
