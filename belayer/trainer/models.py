@@ -1,0 +1,102 @@
+"""What crosses Temporal between the training workflow and the trainer: settings,
+pointers to the trajectories to learn from, and pointers to the checkpoint a step wrote.
+
+Never token arrays, logprobs or tensors: a sample is a token-log `PrefixRef` (the trainer
+reads tokens, loss mask, versions and engine logprobs from the object store itself) and
+a checkpoint is an object key with its sha256.
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from belayer.storage.store import ObjectRef
+from belayer.storage.tokenlog import PrefixRef
+
+
+class _Model(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+class TrainerSettings(_Model):
+    """The GRPO objective and its optimizer; fixed for a run (a checkpoint records them)."""
+
+    lr: float = Field(1e-5, ge=0, description="AdamW learning rate; 0 leaves the weights as they are.")
+    clip_eps: float = Field(0.2, gt=0, le=10, description="PPO clip range of the importance ratio.")
+    kl_coef: float = Field(0.0, ge=0, description="Weight of the KL to the initial weights (k3 estimator); 0 is off.")
+    weight_decay: float = Field(0.0, ge=0, description="AdamW's decoupled weight decay.")
+    max_grad_norm: float = Field(1.0, gt=0, description="Gradients are clipped to this global norm.")
+    minibatches: int = Field(
+        1, ge=1, le=64, description="Optimizer steps per iteration, each on a slice of the batch; "
+        "after the first, the importance ratio against the sampling policy is not 1 and clipping acts."
+    )
+    temperature: float = Field(
+        1.0, gt=0, le=5, description="The sampling temperature: logprobs are taken under logits / T."
+    )
+    threads: int = Field(
+        2, ge=1, le=256, description="torch CPU threads; fixed, because the summation order (and so the "
+        "last bits of every result) depends on it."
+    )
+
+
+class TrainSample(_Model):
+    """One trajectory to learn from: its final context and the advantage of its group."""
+
+    trajectory_id: str
+    group: str = Field(description="Members of one group share it (GRPO normalises within a group).")
+    context: PrefixRef = Field(description="The trajectory's whole token log (tokens, marks, generations).")
+    advantage: float = Field(description="Group-normalised reward, applied to every model token.")
+
+
+class TrainerCheckpointRef(_Model):
+    """A trainer state written once: weights, AdamW state, RNG, iteration."""
+
+    iteration: int = Field(ge=0, description="The iteration whose optimizer step produced this state.")
+    key: str
+    sha256: str = Field(pattern=r"^[0-9a-f]{64}$")
+    weights: ObjectRef = Field(description="The weights alone (HF names), what rollout.publish_weights takes.")
+    weights_version: int = Field(ge=2, description="The version these weights are published as.")
+
+
+class TrainStepArgs(_Model):
+    run_id: str = Field(min_length=1, max_length=120)
+    iteration: int = Field(ge=0)
+    model: str = Field(description="The project-built model the run starts from (rollout.model).")
+    base: TrainerCheckpointRef | None = Field(
+        None, description="The state to step from; None: the built model (weights version 1)."
+    )
+    samples: list[TrainSample]
+    settings: TrainerSettings = TrainerSettings()
+    sampled_version: int = Field(
+        1, ge=1, description="The weights version the nodes served while the samples were generated: the "
+        "version of `base` as published (the run may have started above 1)."
+    )
+    weights_version: int | None = Field(
+        None, ge=2, description="The version the new weights are published as (default sampled_version + 1)."
+    )
+
+
+class SkippedGroup(_Model):
+    group: str
+    reason: str
+
+
+class TrainStepResult(_Model):
+    checkpoint: TrainerCheckpointRef
+    weights_sha256: str = Field(description="sha256 of the published weights object.")
+    loss: float
+    kl: float
+    clip_fraction: float = Field(description="Share of model tokens whose ratio was clipped.")
+    trained_tokens: int = Field(description="Model-generated tokens the loss covered.")
+    samples: int
+    skipped: list[SkippedGroup] = Field(
+        default_factory=list, description="Groups left out whole (e.g. sampled by another weights version)."
+    )
+    engine_logprob_drift: float | None = Field(
+        None, description="Largest |engine logprob - trainer logprob| over the sampled tokens: how far "
+        "the engines' numerics are from the trainer's (reported, not used by the loss)."
+    )
+    resumed_from: Literal["memory", "checkpoint", "built model", "already done"]
+    train_s: float = Field(description="Seconds of this attempt (0 when already done).")
