@@ -141,6 +141,7 @@ class TrainingWorkflow:
     async def _iteration(self, iteration: int) -> None:
         began = workflow.now()
         tasks = self._pick_tasks(iteration)
+        workflow.upsert_search_attributes([ITERATION_KEY.value_set(iteration)])
         self.phase, self.members_done = "rollout", 0
         self.members_total = len(tasks) * self.input.group_size + len(self.input.heldout)
         groups, heldout = await asyncio.gather(
@@ -165,6 +166,7 @@ class TrainingWorkflow:
             RecordIterationArgs(log=self.state.log, position=iteration + 1, record=record.model_dump(mode="json")),
             None, summary=f"record iteration {iteration}",
         )
+        workflow.set_current_details(_details(record))
         self.state = self.state.model_copy(update={
             "iteration": iteration + 1, "checkpoint": step.checkpoint, "serving_version": version,
             "log": RecordLogRef(key=self.state.log.key, length=iteration + 1),
@@ -322,6 +324,14 @@ class TrainingWorkflow:
             final_weights_sha256=checkpoint.weights.sha256 if checkpoint else None, checkpoint=checkpoint,
             log=self.state.log,
         )
+
+
+def _details(record: IterationRecord) -> str:
+    """What the web UI shows as the run's current details: the latest iteration."""
+    reward = "-" if record.mean_reward is None else f"{record.mean_reward:.3f}"
+    heldout = "" if record.heldout_reward is None else f", held-out {record.heldout_reward:.3f}"
+    return (f"iteration {record.iteration} done: reward {reward}{heldout}, groups {record.groups_kept} kept / "
+            f"{record.groups_dropped} dropped, weights v{record.weights_version} {record.weights_sha256[:12]}")
 
 
 def _advantages(rewards: list[float]) -> list[float]:
