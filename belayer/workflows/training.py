@@ -215,7 +215,7 @@ class TrainingWorkflow:
             trajectory_id=trajectory_id, task=task,
             sampling=Sampling(temperature=self.input.temperature, seed=seed),
             policy=self.input.policy, queues=self.input.queues.trajectories,
-            max_total_tokens=self.input.max_total_tokens,
+            max_total_tokens=self.input.max_total_tokens, max_recoveries=self.input.max_recoveries,
         )
         try:
             return await workflow.execute_child_workflow(

@@ -56,6 +56,10 @@ class TrainingInput(_Model):
     trainer: TrainerSettings = TrainerSettings()
     policy: PolicyConfig = PolicyConfig()
     max_total_tokens: int = Field(2048, ge=1)
+    max_recoveries: int = Field(
+        8, ge=0, le=64, description="Sandbox recoveries per trajectory (0: a lost sandbox ends it failed_infra, "
+        "and the member restarts from its first turn: what a loop without environment fault tolerance does)."
+    )
     max_infra_retries: int = Field(
         2, ge=0, le=16, description="Fresh trajectories (same seed) after a member ends failed_infra; "
         "a group still incomplete after them is dropped whole."
