@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 from pydantic import BaseModel, Field, SecretStr, ValidationError
 from pydantic_settings import (
@@ -81,6 +81,20 @@ class StackConfig(Section):
     seaweedfs_admin_port: int = Field(23646, ge=1, le=55535, description="SeaweedFS admin port.")
 
 
+class TrainerConfig(Section):
+    """The trainer worker (`python -m belayer.workers.trainer`)."""
+
+    task_queue: str = Field("belayer-trainer", description="Queue `trainer.train_step` is served on.")
+    threads: int = Field(
+        2, ge=1, le=256, description="torch CPU threads of the worker outside a step (loading, hashing); "
+        "a step runs on its run's `TrainerSettings.threads`, since its numbers depend on them."
+    )
+    device: Literal["cpu", "cuda", "auto"] = Field(
+        "auto", description="Where the model trains; auto is CUDA when torch sees a GPU. Keep it fixed "
+        "for a run: CPU and GPU results differ in the last bits."
+    )
+
+
 class BelayerConfig(BaseSettings):
     """The whole effective configuration."""
 
@@ -104,6 +118,7 @@ class BelayerConfig(BaseSettings):
     sandbox: SandboxConfig = SandboxConfig()
     rollout: RolloutConfig = RolloutConfig()
     policy: PolicyConfig = PolicyConfig()
+    trainer: TrainerConfig = TrainerConfig()
 
     def model_post_init(self, __context: Any) -> None:
         self.state_dir = self.state_dir.expanduser()

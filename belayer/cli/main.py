@@ -54,7 +54,8 @@ def config_from(ctx: click.Context) -> BelayerConfig:
               help="Wait until every component answers.")
 @click.option("--only", default=None, metavar="NAME,...",
               help="Start only these components (temporal, codec-server, seaweedfs, sandbox-worker, "
-                   "rollout-node, trajectory-worker; codec-server only with temporal.encrypt_payloads).")
+                   "rollout-node, trajectory-worker, trainer-worker; codec-server only with "
+                   "temporal.encrypt_payloads).")
 @click.pass_context
 def up(ctx: click.Context, wait: bool, only: str | None) -> None:
     """Start the local stack in the background: Temporal dev server and web UI, SeaweedFS,

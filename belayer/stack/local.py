@@ -184,7 +184,7 @@ class LocalStack:
 
 
 def belayer_workers(config: BelayerConfig) -> list[WorkerService]:
-    """Belayer's own workers: sandbox host (root only: CRIU), rollout node, trajectories."""
+    """Belayer's own workers: sandbox host (root only: CRIU), rollout node, trajectories, trainer."""
     from belayer.sandbox.host import default_host_queue
     from belayer.workers.rollout.worker import node_task_queue
 
@@ -200,6 +200,9 @@ def belayer_workers(config: BelayerConfig) -> list[WorkerService]:
     workers.append(WorkerService(
         "trajectory-worker", "belayer.workers.trajectory", config.temporal.workflow_task_queue, "workflow",
         config,
+    ))
+    workers.append(WorkerService(
+        "trainer-worker", "belayer.workers.trainer", config.trainer.task_queue, "activity", config,
     ))
     return workers
 

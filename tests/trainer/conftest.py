@@ -11,7 +11,7 @@ import pytest
 from belayer.storage.generation import SampledTokens, write_generation
 from belayer.storage.store import ObjectStore
 from belayer.storage.tokenlog import TokenLog
-from belayer.trainer.models import TrainSample, TrainStepArgs, TrainerSettings
+from belayer.trainer.models import TrainerSettings, TrainSample, TrainStepArgs
 
 VOCAB = 1900  # below the tiny model's vocabulary (1984)
 

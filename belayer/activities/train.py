@@ -1,0 +1,105 @@
+"""`trainer.train_step`: one GRPO iteration, served on the trainer's own queue.
+
+The work runs in a thread while the activity heartbeats every second, so a trainer that
+dies is noticed within the heartbeat timeout and the step is retried on the restarted
+worker: it resumes from the base checkpoint (or answers "already done" when the dead
+attempt had written its checkpoint), and gives the same bytes as an uninterrupted step.
+
+Errors: a sample (or checkpoint) that does not verify is `CorruptSample`, arguments the
+trainer cannot serve are `BadTrainRequest`, both non-retryable; anything else (storage
+unreachable, out of memory) is retried.
+
+Fault points for tests, `BELAYER_TRAINER_FAULT=name[:key=value[;key=value]]`, read once
+per process:
+
+| name | what happens |
+|---|---|
+| crash_before_checkpoint | SIGKILL after the optimizer step, before the checkpoint is written |
+| crash_after_checkpoint | SIGKILL after the checkpoint is written, before the step returns |
+
+`iteration=K` restricts it to iteration K. A fault fires once per run: it first creates
+`<dir>/belayer-trainer-fault-<name>-<run_id>` exclusively (`dir` defaults to the system
+temp folder) and fires only if that marker was not there. A marker outlives the process
+and does not depend on Temporal's attempt numbering (a retry after a lost heartbeat,
+or a second iteration, would otherwise fire again), so a restarted worker with the
+same environment goes on without faulting.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import functools
+import os
+import tempfile
+from pathlib import Path
+
+from pydantic import ValidationError
+from temporalio import activity
+from temporalio.exceptions import ApplicationError
+
+from belayer.storage.errors import CorruptObject
+from belayer.trainer.models import TrainStepArgs, TrainStepResult
+from belayer.trainer.step import Trainer, TrainRequestError
+from belayer.workers.rollout.faults import Fault, die_now
+
+FAULT_ENV = "BELAYER_TRAINER_FAULT"
+FAULT_EVENTS = {"crash_before_checkpoint": "stepped", "crash_after_checkpoint": "checkpointed"}
+HEARTBEAT_EVERY_S = 1.0
+
+
+class TrainerActivities:
+    def __init__(self, trainer: Trainer, store):
+        self.trainer, self.store = trainer, store
+
+    @activity.defn(name="trainer.train_step")
+    async def train_step(self, args: TrainStepArgs) -> TrainStepResult:
+        events = fault_hook(active_fault(), args.run_id, args.iteration)
+        work = asyncio.ensure_future(asyncio.to_thread(self.trainer.step, self.store, args, events))
+        while not work.done():
+            activity.heartbeat({"iteration": args.iteration})
+            await asyncio.wait({work}, timeout=HEARTBEAT_EVERY_S)
+        try:
+            return work.result()
+        except CorruptObject as exc:
+            raise ApplicationError(f"a sample does not verify: {exc}", type="CorruptSample",
+                                   non_retryable=True) from exc
+        except (TrainRequestError, ValidationError) as exc:
+            raise ApplicationError(str(exc), type="BadTrainRequest", non_retryable=True) from exc
+
+    def all(self) -> list:
+        return [self.train_step]
+
+
+@functools.cache
+def active_fault() -> Fault | None:
+    """The fault `BELAYER_TRAINER_FAULT` selects for this process, read once."""
+    spec = os.environ.get(FAULT_ENV, "").strip()
+    if not spec:
+        return None
+    name, _, rest = spec.partition(":")
+    if name not in FAULT_EVENTS:
+        raise ValueError(f"unknown trainer fault point {name!r} in {FAULT_ENV}; known: {sorted(FAULT_EVENTS)}")
+    return Fault(name, dict(kv.split("=", 1) for kv in rest.split(";") if kv))
+
+
+def fault_hook(fault: Fault | None, run_id: str, iteration: int):
+    """The step's event callback: SIGKILL at the fault's event, once per run."""
+    if fault is None or int(fault.number("iteration", iteration)) != iteration:
+        return None
+
+    def on_event(event: str) -> None:
+        if event == FAULT_EVENTS[fault.name] and _claim(fault, run_id):
+            die_now()
+
+    return on_event
+
+
+def _claim(fault: Fault, run_id: str) -> bool:
+    """True for the first claim of this fault in this run, on this machine."""
+    folder = Path(fault.params.get("dir") or tempfile.gettempdir())
+    folder.mkdir(parents=True, exist_ok=True)
+    try:
+        os.close(os.open(folder / f"belayer-trainer-fault-{fault.name}-{run_id}", os.O_CREAT | os.O_EXCL))
+    except FileExistsError:
+        return False
+    return True
