@@ -86,8 +86,10 @@ class SkippedGroup(_Model):
 class TrainStepResult(_Model):
     checkpoint: TrainerCheckpointRef
     weights_sha256: str = Field(description="sha256 of the published weights object.")
-    loss: float
-    kl: float
+    loss: float = Field(description="Mean over the minibatches that stepped of their GRPO loss (0: none did).")
+    kl: float = Field(
+        description="Mean k3 estimate of the KL to the initial weights per trained token; 0 when kl_coef is 0."
+    )
     clip_fraction: float = Field(description="Share of model tokens whose ratio was clipped.")
     trained_tokens: int = Field(description="Model-generated tokens the loss covered.")
     samples: int
