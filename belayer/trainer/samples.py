@@ -24,10 +24,6 @@ class LoadedSample:
     versions: list[int | None]  # weights version of each model token
     engine_logprobs: list[float | None]  # the engine's logprob of each model token
 
-    @property
-    def model_tokens(self) -> int:
-        return sum(self.mask)
-
     def sampled_versions(self) -> set[int]:
         return {v for v in self.versions if v is not None}
 
