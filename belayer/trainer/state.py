@@ -13,7 +13,9 @@ Every tensor round-trips exactly, so a state loaded from a checkpoint steps to t
 bytes as the state that stayed in memory. The step draws nothing random today; the RNG
 state is kept so that a future random draw would resume exactly too.
 
-Weights version of iteration k is k + 2 (1 is the built model, the run's start).
+Versions are the ones the nodes serve: the workflow names the version the samples were
+drawn with and the one the new weights are published as (`TrainStepArgs`); a run that
+starts on nodes at version 1 publishes iteration k as version k + 2.
 """
 
 from __future__ import annotations
@@ -32,7 +34,6 @@ from belayer.trainer.models import SkippedGroup, TrainerCheckpointRef, TrainerSe
 from belayer.trainer.policy import load_policy
 
 FORMAT = "belayer-trainer-checkpoint/1"
-BUILT_MODEL_VERSION = 1
 _OPTIM = "optim/"
 _RNG = "rng/torch"
 _ADAM_FIELDS = ("exp_avg", "exp_avg_sq", "step")
@@ -44,10 +45,6 @@ def checkpoint_key(run_id: str, iteration: int) -> str:
 
 def weights_key(run_id: str, version: int) -> str:
     return f"runs/{run_id}/weights/v{version}.safetensors"
-
-
-def weights_version(iteration: int) -> int:
-    return iteration + 2
 
 
 @dataclass
@@ -95,8 +92,8 @@ def weights_of(model: torch.nn.Module) -> dict[str, torch.Tensor]:
     return {k: v.detach().cpu().contiguous() for k, v in model.state_dict().items()}
 
 
-def encode_checkpoint(state: TrainerState, iteration: int, base_sha256: str, settings: TrainerSettings,
-                      stats: StepStats, weights: ObjectRef) -> bytes:
+def encode_checkpoint(state: TrainerState, iteration: int, version: int, base_sha256: str,
+                      settings: TrainerSettings, stats: StepStats, weights: ObjectRef) -> bytes:
     from safetensors.torch import save
 
     tensors = weights_of(state.model)
@@ -107,7 +104,7 @@ def encode_checkpoint(state: TrainerState, iteration: int, base_sha256: str, set
         "run_id": state.run_id,
         "model": state.model_name,
         "iteration": str(iteration),
-        "weights_version": str(weights_version(iteration)),
+        "weights_version": str(version),
         "base_sha256": base_sha256,
         "settings": settings.model_dump_json(),
         "result": json.dumps(_stats_dict(stats), sort_keys=True),
@@ -157,10 +154,10 @@ def restore(checkpoint: Checkpoint, model_dir: Path, device: torch.device,
 
 
 def built_state(run_id: str, model_name: str, model_dir: Path, device: torch.device,
-                settings: TrainerSettings) -> TrainerState:
-    """The run's start: the built model (weights version 1), a fresh AdamW."""
+                settings: TrainerSettings, version: int) -> TrainerState:
+    """The run's start: the built model (published as `version`), a fresh AdamW."""
     model = load_policy(model_dir, device)
-    return TrainerState(run_id, model_name, model, new_optimizer(model, settings), BUILT_MODEL_VERSION, None)
+    return TrainerState(run_id, model_name, model, new_optimizer(model, settings), version, None)
 
 
 def _optimizer_tensors(model: torch.nn.Module, optimizer: torch.optim.AdamW) -> dict[str, torch.Tensor]:

@@ -41,7 +41,6 @@ from belayer.trainer.state import (
     encode_checkpoint,
     restore,
     weights_key,
-    weights_version,
 )
 
 Events = Callable[[str], None]  # "stepped" (before the checkpoint), "checkpointed" (after)
@@ -71,6 +70,7 @@ class Trainer:
             if done is not None:
                 return done
             state, resumed_from = self._state_for(store, args)
+            _check_version(args, state)
             self._state = None  # half-stepped until its checkpoint is written
             samples = [load_sample(store, s) for s in args.samples]
             configure(state.optimizer, args.settings)
@@ -88,7 +88,7 @@ class Trainer:
             return held, "memory"
         if args.base is None:
             return built_state(args.run_id, args.model, self._model_dir(args), self.device,
-                               args.settings), "built model"
+                               args.settings, args.sampled_version), "built model"
         data = store.get_bytes(args.base.key, expected_sha256=args.base.sha256)
         checkpoint = decode_checkpoint(args.base.key, data)
         _check_base(args, checkpoint)
@@ -98,10 +98,10 @@ class Trainer:
                stats: StepStats) -> tuple[TrainerCheckpointRef, StepStats]:
         """Weights, then the checkpoint (create-if-absent); an earlier attempt's checkpoint
         wins, and its weights are put back in case they differ from ours."""
-        version = weights_version(args.iteration)
+        version = new_version(args)
         weights = store_weights(store, weights_key(args.run_id, version), state.model.state_dict())
         base_sha = args.base.sha256 if args.base else ""
-        data = encode_checkpoint(state, args.iteration, base_sha, args.settings, stats, weights)
+        data = encode_checkpoint(state, args.iteration, version, base_sha, args.settings, stats, weights)
         key = checkpoint_key(args.run_id, args.iteration)
         try:
             stored = store.put_bytes(key, data, if_absent=True)
@@ -153,6 +153,22 @@ def _check(args: TrainStepArgs) -> None:
     if args.base is not None and args.base.iteration != args.iteration - 1:
         raise TrainRequestError(f"iteration {args.iteration} must step from iteration "
                                 f"{args.iteration - 1}'s checkpoint, not iteration {args.base.iteration}'s")
+
+
+def new_version(args: TrainStepArgs) -> int:
+    """The version the step's weights are published as."""
+    return args.weights_version or args.sampled_version + 1
+
+
+def _check_version(args: TrainStepArgs, state: TrainerState) -> None:
+    """The samples must have been drawn by the weights the trainer steps from (the loop
+    publishes `base` before it rolls out), and versions only grow."""
+    if state.weights_version != args.sampled_version:
+        raise TrainRequestError(f"the samples were drawn with weights version {args.sampled_version}, but "
+                                f"the trainer's state for iteration {args.iteration} is version {state.weights_version}")
+    if new_version(args) <= args.sampled_version:
+        raise TrainRequestError(f"weights_version {args.weights_version} must be above sampled_version "
+                                f"{args.sampled_version}: versions only grow")
 
 
 def _check_base(args: TrainStepArgs, checkpoint: Checkpoint) -> None:

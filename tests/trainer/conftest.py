@@ -58,4 +58,5 @@ def batch(store, *, version: int = 1) -> list[TrainSample]:
 def step_args(run_id: str, samples, *, iteration=0, base=None, **settings) -> TrainStepArgs:
     settings = {"lr": 1e-3, **settings}
     return TrainStepArgs(run_id=run_id, iteration=iteration, model="tiny", base=base, samples=samples,
-                         settings=TrainerSettings(**settings))
+                         settings=TrainerSettings(**settings),
+                         sampled_version=base.weights_version if base else 1)

@@ -122,3 +122,18 @@ def test_only_model_tokens_carry_gradient(trainer, store):
     nothing = trainer.step(store, step_args(run(), silent, weight_decay=0.1))
     assert (nothing.trained_tokens, nothing.samples, nothing.checkpoint.weights_version) == (0, 2, 2)
     assert same_tensors(load_weights(store, nothing.checkpoint.weights), built_weights())
+
+
+def test_a_run_started_above_version_one_steps_the_versions_it_is_given(trainer, store):
+    """Nodes that served another run get the built model back as a new version (6 here):
+    the samples carry 6, the step publishes 7, and a state/sample mismatch is refused."""
+    from belayer.trainer.step import TrainRequestError
+
+    samples = batch(store, version=6)
+    args = step_args(run(), samples).model_copy(update={"sampled_version": 6})
+    result = trainer.step(store, args)
+    assert (result.checkpoint.weights_version, result.skipped, result.samples) == (7, [], 5)
+    later = step_args(args.run_id, group(store, "g2", [0.0, 1.0], version=7), iteration=1, base=result.checkpoint)
+    assert trainer.step(store, later).checkpoint.weights_version == 8
+    with pytest.raises(TrainRequestError, match="drawn with weights version 5, but the trainer's state"):
+        trainer.step(store, later.model_copy(update={"run_id": run(), "sampled_version": 5}))
