@@ -142,7 +142,23 @@ class TemporalDevServer:
         return self.health().ok
 
     def after_ready(self) -> None:
-        """Nothing to do: the namespace and search attributes come from the command line."""
+        """Register the search attributes a history file from an older Belayer lacks: the
+        command line registers them only when it creates the file."""
+        run_coroutine(self._add_missing_search_attributes, timeout_s=30)
+
+    async def _add_missing_search_attributes(self) -> None:
+        from temporalio.api.enums.v1 import IndexedValueType
+        from temporalio.api.operatorservice.v1 import AddSearchAttributesRequest, ListSearchAttributesRequest
+        from temporalio.client import Client
+
+        client = await Client.connect(self.cfg.address, namespace=self.cfg.namespace)
+        listed = await client.operator_service.list_search_attributes(
+            ListSearchAttributesRequest(namespace=self.cfg.namespace))
+        missing = {key: IndexedValueType.Value(f"INDEXED_VALUE_TYPE_{kind.upper()}")
+                   for key, kind in self.search_attributes.items() if key not in listed.custom_attributes}
+        if missing:
+            await client.operator_service.add_search_attributes(
+                AddSearchAttributesRequest(namespace=self.cfg.namespace, search_attributes=missing))
 
 
 class SeaweedFS:
