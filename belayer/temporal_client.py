@@ -10,6 +10,8 @@ in the clear once encryption is switched on.
 from __future__ import annotations
 
 import dataclasses
+import functools
+import logging
 
 from temporalio.client import Client
 from temporalio.contrib.pydantic import pydantic_data_converter
@@ -17,6 +19,25 @@ from temporalio.converter import DataConverter, DefaultFailureConverterWithEncod
 
 from belayer.config import TemporalConfig, missing_key_error
 from belayer.errors import BelayerError
+
+
+@functools.cache
+def _log_through_python() -> None:
+    """The SDK's core logs (e.g. retries while a server restarts) go through Python's
+    logging, to stderr, not to stdout, where `--json` output must stay parseable."""
+    from temporalio.runtime import (
+        LogForwardingConfig,
+        LoggingConfig,
+        Runtime,
+        TelemetryConfig,
+        TelemetryFilter,
+    )
+
+    logging_config = LoggingConfig(
+        filter=TelemetryFilter(core_level="WARN", other_level="ERROR"),
+        forwarding=LogForwardingConfig(logger=logging.getLogger("temporalio.core")),
+    )
+    Runtime.set_default(Runtime(telemetry=TelemetryConfig(logging=logging_config)), error_if_already_set=False)
 
 
 class TemporalUnreachable(BelayerError):
@@ -52,6 +73,7 @@ async def connect(cfg: TemporalConfig, encryption_key=None) -> Client:
     `cfg.encrypt_payloads` is on (a `ConfigError` otherwise, before any connection).
     """
     converter = data_converter(cfg, encryption_key)
+    _log_through_python()
     try:
         return await Client.connect(cfg.address, namespace=cfg.namespace, data_converter=converter)
     except Exception as exc:  # the SDK raises plain RuntimeError for connection failures

@@ -59,6 +59,8 @@ PUBLISH_RETRY = RetryPolicy(
     initial_interval=timedelta(seconds=1), backoff_coefficient=2, maximum_interval=timedelta(seconds=30),
     maximum_attempts=10, non_retryable_error_types=["StaleWeightsVersion", "CorruptWeights"],
 )
+# The trainer heartbeats every second while it steps: a dead one is noticed within this.
+TRAINER_HEARTBEAT = timedelta(seconds=20)
 STORAGE_RETRY = RetryPolicy(initial_interval=timedelta(seconds=1), maximum_attempts=10)
 # A queue nobody polls this long has no worker: the run ends failed_infra and says which.
 NO_WORKER_AFTER = timedelta(minutes=10)
@@ -260,7 +262,7 @@ class TrainingWorkflow:
             return await workflow.execute_activity(
                 "trainer.train_step", args, result_type=TrainStepResult, task_queue=self.input.queues.trainer,
                 schedule_to_start_timeout=NO_WORKER_AFTER, start_to_close_timeout=timedelta(hours=2),
-                heartbeat_timeout=timedelta(seconds=60), retry_policy=TRAINER_RETRY,
+                heartbeat_timeout=TRAINER_HEARTBEAT, retry_policy=TRAINER_RETRY,
                 summary=f"iteration {iteration}: GRPO step on {len(samples)} trajectories",
             )
         except ActivityError as err:
