@@ -200,3 +200,23 @@ async def test_continue_as_new_carries_the_run(harness):
     assert result.iterations_done == 5 and [r.iteration for r in records] == list(range(5))
     assert [s.base.iteration if s.base else None for s in fakes.steps] == [None, 0, 1, 2, 3]
     assert fakes.published == [2, 3, 4, 5, 6]
+
+
+async def test_a_runs_history_replays_without_nondeterminism(harness, stack_config):
+    """The workflow code makes the same decisions when replayed (what a restarted worker
+    does): a run with a retry, a drop and a continue-as-new, each of its histories."""
+    from temporalio.worker import Replayer
+
+    from belayer.temporal_client import data_converter
+
+    fakes, train = harness
+    tasks = [TraceTask(id="infra-once", turns=[TraceTurn(think_tokens=1, bash="true")]), *TASKS[:2]]
+    result, _ = await train(tasks=tasks, iterations=3, tasks_per_iteration=3, continue_as_new_every=2)
+    client = await connect(stack_config.temporal)
+    last = await client.get_workflow_handle(result.run_id).fetch_history()
+    previous = last.events[0].workflow_execution_started_event_attributes.continued_execution_run_id
+    assert previous, "continue-as-new after two iterations"
+    histories = [await client.get_workflow_handle(result.run_id, run_id=previous).fetch_history(), last]
+    replayer = Replayer(workflows=[TrainingWorkflow], data_converter=data_converter(stack_config.temporal))
+    for history in histories:
+        await replayer.replay_workflow(history)
