@@ -4,8 +4,10 @@ A byte-level BPE tokenizer is trained with `tokenizers` on text kept in this pac
 (`corpus/`), and a Llama-architecture model gets random weights drawn from a fixed seed,
 one generator per tensor (seeded from the tensor's name), so that the same recipe gives
 the same bytes. Sizes: `tiny` for tests and demos, `bench` (>= 100M parameters) for
-benchmarks that need realistic weight-load and cold-start times. Weights are written to
-a cache directory, never committed. Nothing here imports vLLM.
+benchmarks that need realistic weight-load and cold-start times, and `tiny-warm`: the tiny
+model after a deterministic supervised warm start (`belayer.model.warmstart`), the one
+that makes tool calls RL can improve on. Weights are written to a cache directory, never
+committed. Nothing here imports vLLM.
 """
 
 from __future__ import annotations
@@ -30,7 +32,7 @@ CORPUS_DIR = Path(__file__).parent / "corpus"
 BOS, EOS, PAD = "<|bos|>", "<|endoftext|>", "<|pad|>"
 MANIFEST = "belayer-model.json"
 
-ModelSize = Literal["tiny", "bench"]
+ModelSize = Literal["tiny", "bench", "tiny-warm"]
 
 
 class ModelBuildError(BelayerError):
@@ -53,6 +55,9 @@ SHAPES: dict[str, ModelShape] = {
     "tiny": ModelShape(hidden=256, intermediate=768, layers=4, heads=4, kv_heads=4, max_positions=4096),
     "bench": ModelShape(hidden=768, intermediate=3072, layers=12, heads=12, kv_heads=12, max_positions=4096),
 }
+# Fine-tuned models: name -> the size they start from (same tokenizer and config).
+WARM_STARTS: dict[str, str] = {"tiny-warm": "tiny"}
+MODEL_NAMES = (*SHAPES, *WARM_STARTS)
 TOKENIZER_VOCAB = 2048
 VOCAB_MULTIPLE = 64
 
@@ -60,6 +65,11 @@ Progress = Callable[[str], None]
 
 
 def model_dir_name(size: str) -> str:
+    """Cache folder name: a recipe change (base or fine-tuning) never reuses an old build."""
+    if size in WARM_STARTS:
+        from belayer.model.warmstart import RECIPE
+
+        return f"{size}-r{RECIPE_VERSION}.{RECIPE.version}"
     return f"{size}-r{RECIPE_VERSION}"
 
 
@@ -84,19 +94,24 @@ def build_model(
     force: bool = False,
     progress: Progress | None = None,
 ) -> Path:
-    """Build the model of `size` into the cache (atomically) and return its folder."""
-    if size not in SHAPES:
-        raise ModelBuildError(f"unknown model size {size!r}; choose one of {sorted(SHAPES)}")
+    """Build the model of `size` into the cache (atomically) and return its folder; a
+    fine-tuned size builds (or reuses) its base first."""
+    if size not in MODEL_NAMES:
+        raise ModelBuildError(f"unknown model size {size!r}; choose one of {sorted(MODEL_NAMES)}")
     say = progress or (lambda _msg: None)
     root = _models_root(cache_dir)
     target = root / model_dir_name(size)
     if (target / MANIFEST).is_file() and not force:
         say(f"already built: {target}")
         return target
+    base = model_path(WARM_STARTS[size], cache_dir, progress) if size in WARM_STARTS else None
     root.mkdir(parents=True, exist_ok=True)
     staging = Path(tempfile.mkdtemp(prefix=f".{target.name}-", dir=root))
     try:
-        write_model(size, staging, say)
+        if base is None:
+            write_model(size, staging, say)
+        else:
+            write_warm_model(size, base, staging, say)
         if target.exists():
             shutil.rmtree(target)
         os.replace(staging, target)
@@ -123,15 +138,35 @@ def write_model(size: ModelSize, out: Path, say: Progress) -> None:
     from safetensors.torch import save_file
 
     save_file(state, str(out / "model.safetensors"), metadata={"format": "pt"})
+    write_manifest(out, size=size, recipe=RECIPE_VERSION, seed=SEED, params=params, vocab=vocab)
+
+
+def write_warm_model(size: str, base: Path, out: Path, say: Progress) -> None:
+    """Write `size` into `out`: the base's tokenizer and config, fine-tuned weights, and a
+    manifest naming the fine-tuning recipe and the base build (its manifest's sha256)."""
+    from dataclasses import asdict
+
+    from safetensors.torch import save_file
+
+    from belayer.model.warmstart import RECIPE, warm_state
+
+    for item in sorted(base.iterdir()):
+        if item.is_file() and item.name not in ("model.safetensors", MANIFEST):
+            shutil.copyfile(item, out / item.name)
+    say(f"fine-tuning {base.name} on generated transcripts ({RECIPE.steps} steps)")
+    state = warm_state(base, RECIPE, say)
+    save_file(state, str(out / "model.safetensors"), metadata={"format": "pt"})
+    base_manifest = json.loads((base / MANIFEST).read_text())
+    origin = {"size": base_manifest["size"], "manifest_sha256": file_sha256(base / MANIFEST)}
+    write_manifest(out, size=size, recipe=RECIPE_VERSION, sft=asdict(RECIPE), base=origin,
+                   params=base_manifest["params"], vocab=base_manifest["vocab"])
+
+
+def write_manifest(out: Path, **fields) -> None:
+    """The manifest: `fields` and the sha256 of every file in `out`. Written last: its
+    presence marks a complete build."""
     files = {p.name: file_sha256(p) for p in sorted(out.iterdir()) if p.is_file()}
-    manifest = {
-        "size": size,
-        "recipe": RECIPE_VERSION,
-        "seed": SEED,
-        "params": params,
-        "vocab": vocab,
-        "files": files,
-    }
+    manifest = {**fields, "files": files}
     (out / MANIFEST).write_text(json.dumps(manifest, indent=2, sort_keys=True) + "\n")
 
 

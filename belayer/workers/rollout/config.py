@@ -15,7 +15,9 @@ class RolloutConfig(Section):
         pattern=r"^[A-Za-z0-9_.-]{1,40}$",
         description="Names the node's task queue and its shared-memory segments (/dev/shm/belayer-<node_id>-*).",
     )
-    model: Literal["tiny", "bench"] = Field("tiny", description="Which project-built model to serve.")
+    model: Literal["tiny", "bench", "tiny-warm"] = Field(
+        "tiny", description="Which project-built model to serve (tiny-warm: tiny after the warm start)."
+    )
     dtype: Literal["float32", "bfloat16"] = Field(
         "float32", description="Engine dtype; fp32 keeps takeover replay token-identical."
     )
