@@ -36,8 +36,9 @@ RECOVERED_BY = {
 class TrainingChaos:
     """Injects `plan` into run `run_id` while it runs; `faults` holds one record per fault."""
 
-    def __init__(self, config, client, run_id: str, plan: list[PlannedFault]):
+    def __init__(self, config, client, run_id: str, plan: list[PlannedFault], say=None):
         self.config, self.client, self.run_id = config, client, run_id
+        self.say = say or (lambda _line: None)
         self.pending = list(plan)
         self.faults: list[dict] = []
         self.chaos = Chaos(config)
@@ -111,6 +112,7 @@ class TrainingChaos:
             report = await asyncio.to_thread(self.chaos.inject, planned.fault, sandbox_container=container)
         except ChaosError as exc:
             record["recovered_by"] = f"not injected: {exc}"
+            self.say(f"fault {record['kind']}: {record['recovered_by']}")
             return
         record.update(target=report.target if seen is None else f"{trajectory_id} ({report.target})",
                       detail=report.detail)
@@ -120,6 +122,8 @@ class TrainingChaos:
             await self._until_moves_on(trajectory_id, seen.step)
         record["recovery_s"] = round(time.time() - report.at, 3)
         record["recovered_by"] = self._recovered_by(planned.fault, recoveries_before)
+        self.say(f"fault {record['kind']} in iteration {record['at']} on {record['target']}: "
+                 f"recovered by {record['recovered_by']} in {record['recovery_s']:.2f}s")
 
     async def _until_moves_on(self, trajectory_id: str, step: int) -> None:
         while True:

@@ -51,6 +51,8 @@ def train() -> None:
               help="Sampling temperature of the rollouts (and of the trainer's logprobs).")
 @click.option("--heldout", type=click.Path(path_type=Path), default=None,
               help="A workload evaluated once per iteration, never trained on.")
+@click.option("--max-infra-retries", default=2, show_default=True, type=click.IntRange(0, 16),
+              help="Fresh runs (same seed) of a trajectory that ended failed_infra; then its group is dropped.")
 @click.option("--run-id", default=None, help="Name of the run (default train-<random>).")
 @click.option("--chaos", "chaos_plan", default=None, metavar="PLAN",
               help="Inject real faults: a .yaml plan or e.g. 'engine-crash@iteration=0,trainer-crash@iteration=1'.")
@@ -59,8 +61,8 @@ def train() -> None:
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object when the run ends.")
 @click.pass_context
 def start(ctx: click.Context, workload: Path, iterations: int, group_size: int, tasks_per_iteration: int,
-          seed: int, lr: float, temperature: float, heldout: Path | None, run_id: str | None,
-          chaos_plan: str | None, chaos_rate: float | None, chaos_seed: int, as_json: bool) -> None:
+          seed: int, lr: float, temperature: float, heldout: Path | None, max_infra_retries: int,
+          run_id: str | None, chaos_plan: str | None, chaos_rate: float | None, chaos_seed: int, as_json: bool) -> None:
     """Start a training run on WORKLOAD (.yaml or .jsonl) and follow it to its end.
 
     Exit status 1 when the run failed for an infrastructure reason. Ctrl-C leaves the run
@@ -80,7 +82,7 @@ def start(ctx: click.Context, workload: Path, iterations: int, group_size: int, 
     input = training_input(
         config, tasks, iterations=iterations, group_size=group_size, tasks_per_iteration=tasks_per_iteration,
         seed=seed, heldout=load_workload(heldout).tasks if heldout else None, settings=settings,
-        run_id=run_id, temperature=temperature,
+        run_id=run_id, temperature=temperature, max_infra_retries=max_infra_retries,
     )
     plan = _chaos_plan(chaos_plan, chaos_rate, chaos_seed, iterations)
     started = time.monotonic()
@@ -147,7 +149,8 @@ async def _run(config, input, plan, *, quiet: bool):
         console.print(f"run {input.run_id}: {input.iterations} iterations of {input.tasks_per_iteration} tasks x "
                       f"{input.group_size} trajectories; web UI {_ui(config, input.run_id)}")
     following = None if quiet else asyncio.ensure_future(follower.follow())
-    chaos = TrainingChaos(config, client, input.run_id, plan)
+    chaos = TrainingChaos(config, client, input.run_id, plan,
+                          say=None if quiet else lambda line: console.print(line, highlight=False))
     injecting = asyncio.ensure_future(chaos.run()) if plan else None
     try:
         result = await _result_through_restarts(handle)
@@ -158,10 +161,6 @@ async def _run(config, input, plan, *, quiet: bool):
     records = await asyncio.to_thread(read_iterations, config, result)
     if not quiet:
         follower.print_new(records)
-        for fault in chaos.faults:
-            took = f" in {fault['recovery_s']:.2f}s" if fault.get("recovery_s") is not None else ""
-            console.print(f"fault {fault['kind']} in iteration {fault['at']} on {fault['target']}: "
-                          f"recovered by {fault['recovered_by']}{took}", highlight=False)
     return result, records, chaos.settle()
 
 
@@ -230,7 +229,7 @@ def run_report(result, records) -> dict:
             "groups_kept": r.groups_kept, "groups_dropped": r.groups_dropped, "infra_retries": r.infra_retries,
             "weights_version": r.weights_version, "weights_sha256": r.weights_sha256,
             "rollout_s": r.rollout_s, "train_s": r.train_s, "publish_s": r.publish_s,
-            "rewards": r.rewards, "dropped": [d.model_dump() for d in r.dropped], "loss": r.loss,
+            "tasks": r.tasks, "rewards": r.rewards, "dropped": [d.model_dump() for d in r.dropped], "loss": r.loss,
         } for r in records],
         "final_weights_sha256": records[-1].weights_sha256 if records else None,
     }
