@@ -1,0 +1,170 @@
+"""`belayer train` end to end on a private `belayer up` stack: Temporal, SeaweedFS, podman
+sandboxes, a real vLLM rollout node, the real torch trainer worker, all as a user runs them.
+
+The acceptance property of the training loop: with fixed seeds, a run with a real fault of
+every kind injected (`--chaos`) has exactly the per-iteration rewards and weights hashes,
+and the final weights, of the same run without faults.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import shutil
+import subprocess
+import tempfile
+import uuid
+from pathlib import Path
+
+import psutil
+import pytest
+import yaml
+
+from belayer.sandbox.runtime import run_podman
+from tests.conftest import isolated_config
+from tests.test_stack import BELAYER, belayer, cli_env, live_pids_under
+
+pytestmark = [pytest.mark.stack, pytest.mark.sandbox, pytest.mark.engine]
+ROOT = Path(__file__).parents[2]
+
+MODEL = "tiny-warm"
+# Every fault the chaos suite knows, plus the trainer's death, over three iterations.
+EVERY_FAULT = ",".join([
+    "engine-crash@iteration=0", "sandbox-crash@iteration=0", "trainer-crash@iteration=0",
+    "owner-crash@iteration=1", "engine-hang@iteration=1", "s3-outage@iteration=1", "temporal-restart@iteration=1",
+    "node-crash@iteration=2", "sandbox-host-crash@iteration=2", "temporal-worker-crash@iteration=2",
+])
+TRAIN_ARGS = ["--iterations", "3", "--group-size", "2", "--tasks-per-iteration", "4", "--seed", "5",
+              "--lr", "1e-4"]
+
+
+@pytest.fixture(scope="module")
+def stack():
+    """A whole private stack. Its state directory is short: podman refuses a run root
+    path over 50 characters; the base image is imported into its podman storage from
+    the install cache, as `make install` does."""
+    state_dir = Path(tempfile.mkdtemp(prefix="blt-", dir="/tmp"))
+    config = isolated_config(state_dir)
+    env = cli_env(config) | {"BELAYER_ROLLOUT__MODEL": MODEL,
+                             "BELAYER_ROLLOUT__NODE_ID": f"t{uuid.uuid4().hex[:6]}"}
+    try:
+        for step in (["bash", "infra/install/base-image.sh"], [*BELAYER, "up"]):
+            done = subprocess.run(step, env=env, capture_output=True, text=True, stdin=subprocess.DEVNULL,
+                                  timeout=900, cwd=ROOT)
+            assert done.returncode == 0, f"{' '.join(step)} failed:\n{done.stdout}\n{done.stderr}"
+        yield config, env
+    finally:
+        belayer(env, "down", check=False)
+        leaked = live_pids_under(config.state_dir)
+        for pid in leaked:
+            psutil.Process(pid).kill()
+        run_podman("rmi", "--all", "--force", state_dir=state_dir)
+        shutil.rmtree(state_dir, ignore_errors=True)
+        assert not leaked, f"processes left running under {config.state_dir}: {leaked}"
+
+
+# Trace tasks run long enough for a fault to find a trajectory mid-way; their groups
+# all score the same. The learn tasks give the gradient: the warm-started model solves
+# them some of the time, so their groups' rewards differ.
+TRACE_TASKS = [
+    {"id": f"trace-{name}", "setup": ["mkdir -p /workspace/t"], "check": check,
+     "turns": [{"think_tokens": 24, "bash": f"echo {i} >> /workspace/t/log && wc -l < /workspace/t/log"}
+               for i in range(4)]}
+    for name, check in (("pass", "test $(wc -l < /workspace/t/log) = 4"), ("fail", "test -f /workspace/none"))
+]
+
+
+@pytest.fixture(scope="module")
+def workload(tmp_path_factory):
+    learn = yaml.safe_load((ROOT / "examples/workloads/learn.yaml").read_text())["tasks"]
+    path = tmp_path_factory.mktemp("workload") / "mixed.yaml"
+    path.write_text(yaml.safe_dump({"tasks": TRACE_TASKS + learn[:2]}))
+    return path
+
+
+def train(env, *args) -> dict:
+    done = subprocess.run([*BELAYER, "train", *args, "--json"], env=env, capture_output=True, text=True,
+                          stdin=subprocess.DEVNULL, timeout=1500)
+    assert done.returncode == 0, f"belayer train failed:\n{done.stdout}\n{done.stderr}"
+    return json.loads(done.stdout)
+
+
+@pytest.fixture(scope="module")
+def calm(stack, workload) -> dict:
+    """The run without faults, which the other tests look at."""
+    return train(stack[1], str(workload), *TRAIN_ARGS)
+
+
+def test_a_run_trains_publishes_and_is_followed(stack, calm):
+    config, env = stack
+    iterations = calm["iterations"]
+    assert [i["iteration"] for i in iterations] == [0, 1, 2]
+    assert all(i["groups_kept"] == 4 and i["groups_dropped"] == 0 and i["infra_retries"] == 0 for i in iterations)
+    assert all(r in (0.0, 1.0) for i in iterations for group in i["rewards"] for r in group)
+    versions = [i["weights_version"] for i in iterations]
+    assert versions == list(range(versions[0], versions[0] + 3))
+    assert calm["final_weights_sha256"] == iterations[-1]["weights_sha256"]
+    learned = [any(len(set(group)) > 1 for group in i["rewards"]) for i in iterations]
+    assert any(learned), "no group with differing rewards: pick another --seed for this test"
+    previous = [built_weights_sha256(), *(i["weights_sha256"] for i in iterations)]
+    for n, taught in enumerate(learned):
+        if taught:
+            assert previous[n + 1] != previous[n], f"iteration {n} had a group to learn from"
+
+    status = belayer(env, "train", "status", calm["run_id"], "--json")
+    assert json.loads(status.stdout)["iterations"] == iterations
+    roles = json.loads((config.state_dir / "run" / f"rollout-{env['BELAYER_ROLLOUT__NODE_ID']}.roles.json")
+                       .read_text())
+    assert roles["weights_version"] == versions[-1], "the node serves the last published version"
+    assert asyncio.run(_children(config, calm["run_id"])) == 3 * 4 * 2
+
+
+def test_faults_of_every_kind_change_nothing_in_the_result(stack, workload, calm):
+    stormy = train(stack[1], str(workload), *TRAIN_ARGS, "--chaos", EVERY_FAULT)
+    injected = {f["kind"] for f in stormy["faults"] if not str(f["recovered_by"]).startswith("not injected")}
+    assert injected == {p.split("@")[0] for p in EVERY_FAULT.split(",")}, stormy["faults"]
+
+    def outcome(report):
+        return [(i["rewards"], i["weights_sha256"]) for i in report["iterations"]], report["final_weights_sha256"]
+
+    assert outcome(stormy) == outcome(calm)
+
+
+def built_weights_sha256() -> str:
+    """The sha256 of the built model's weights as the trainer stores them."""
+    import hashlib
+
+    from safetensors.torch import load_file, save
+
+    from belayer.model.build import model_path
+
+    built = load_file(str(model_path(MODEL) / "model.safetensors"))
+    return hashlib.sha256(save({k: v.contiguous() for k, v in built.items()})).hexdigest()
+
+
+async def _children(config, run_id: str) -> int:
+    from belayer.temporal_client import connect
+
+    client = await connect(config.temporal)
+    found = [w async for w in client.list_workflows(f"BelayerRun = '{run_id}' AND WorkflowType = 'TrajectoryWorkflow'")]
+    return len(found)
+
+
+def test_an_infrastructure_failure_is_retried_then_its_group_dropped_never_scored(stack, tmp_path):
+    """A task whose sandbox cannot be created ends every attempt failed_infra: its members
+    are run again fresh, then the group goes whole, with the reason; it never scores 0."""
+    learn = yaml.safe_load((ROOT / "examples/workloads/learn.yaml").read_text())["tasks"]
+    broken = {"id": "setup-fails", "setup": ["echo cannot prepare >&2; exit 3"], "instruction": "anything",
+              "max_turns": 1, "check": "true"}
+    path = tmp_path / "broken.yaml"
+    path.write_text(yaml.safe_dump({"tasks": [broken, learn[0]]}))
+    report = train(stack[1], str(path), "--iterations", "1", "--group-size", "2", "--tasks-per-iteration", "2",
+                   "--max-infra-retries", "1")
+    (iteration,) = report["iterations"]
+    assert (iteration["groups_kept"], iteration["groups_dropped"], iteration["infra_retries"]) == (1, 1, 2)
+    (dropped,) = iteration["dropped"]
+    assert dropped["group"] == "setup-fails" and "cannot prepare" in dropped["reason"]
+    rewards = dict(zip(iteration["tasks"], iteration["rewards"], strict=True))
+    assert rewards["setup-fails"] == [None, None], "an infrastructure failure is no reward, not a zero"
+    kept = rewards[learn[0]["id"]]
+    assert None not in kept and iteration["mean_reward"] == sum(kept) / len(kept)
