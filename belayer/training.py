@@ -66,6 +66,22 @@ async def start_training(client: Client, config: BelayerConfig, input: TrainingI
     )
 
 
+async def result_through_restarts(handle: WorkflowHandle) -> TrainingResult:
+    """The run's result; a restarted Temporal server drops the long poll, which is asked
+    again (the run itself goes on)."""
+    import asyncio
+
+    from temporalio.service import RPCError, RPCStatusCode
+
+    while True:
+        try:
+            return await handle.result()
+        except RPCError as exc:
+            if exc.status not in (RPCStatusCode.UNAVAILABLE, RPCStatusCode.DEADLINE_EXCEEDED):
+                raise
+            await asyncio.sleep(1)
+
+
 async def run_progress(client: Client, run_id: str) -> TrainingProgress:
     return await client.get_workflow_handle(run_id).query("progress", result_type=TrainingProgress)
 

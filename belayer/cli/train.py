@@ -140,7 +140,7 @@ def _chaos_plan(plan: str | None, rate: float | None, seed: int, iterations: int
 async def _run(config, input, plan, *, quiet: bool):
     from belayer.chaos.training import TrainingChaos
     from belayer.temporal_client import connect
-    from belayer.training import read_iterations, start_training
+    from belayer.training import read_iterations, result_through_restarts, start_training
 
     client = await connect(config.temporal, config.storage.encryption_key)
     handle = await start_training(client, config, input)
@@ -153,7 +153,7 @@ async def _run(config, input, plan, *, quiet: bool):
                           say=None if quiet else lambda line: console.print(line, highlight=False))
     injecting = asyncio.ensure_future(chaos.run()) if plan else None
     try:
-        result = await _result_through_restarts(handle)
+        result = await result_through_restarts(handle)
     finally:
         for task in (following, injecting):
             if task is not None:
@@ -162,20 +162,6 @@ async def _run(config, input, plan, *, quiet: bool):
     if not quiet:
         follower.print_new(records)
     return result, records, chaos.settle()
-
-
-async def _result_through_restarts(handle):
-    """The run's result; a restarted Temporal server (chaos: temporal-restart) drops the
-    long poll, which is asked again."""
-    from temporalio.service import RPCError, RPCStatusCode
-
-    while True:
-        try:
-            return await handle.result()
-        except RPCError as exc:
-            if exc.status not in (RPCStatusCode.UNAVAILABLE, RPCStatusCode.DEADLINE_EXCEEDED):
-                raise
-            await asyncio.sleep(1)
 
 
 class _Follower:
