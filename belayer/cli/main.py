@@ -176,6 +176,7 @@ def _register_optional_commands() -> None:
         (bench, "belayer.bench.overhead", "overhead"),
         (bench, "belayer.bench.chaos", "chaos"),
         (bench, "belayer.bench.history", "long_trajectory"),
+        (bench, "belayer.bench.training", "training"),
         (main, "belayer.model.cli", "model"),
     ]
     import importlib
