@@ -81,3 +81,13 @@ async def connect(cfg: TemporalConfig, encryption_key=None) -> Client:
             f"cannot reach Temporal at {cfg.address} ({exc}); start the local stack with "
             "`belayer up`, or point BELAYER_TEMPORAL__ADDRESS at your Temporal cluster"
         ) from None
+
+
+def server_went_away(exc: BaseException) -> bool:
+    """Is `exc` a call cut by the server going away (a restart), worth asking again? A
+    restart surfaces as UNAVAILABLE, a deadline, or UNKNOWN "transport error"."""
+    from temporalio.service import RPCError, RPCStatusCode
+
+    return isinstance(exc, RPCError) and exc.status in (
+        RPCStatusCode.UNAVAILABLE, RPCStatusCode.DEADLINE_EXCEEDED, RPCStatusCode.UNKNOWN)
+

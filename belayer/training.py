@@ -71,13 +71,13 @@ async def result_through_restarts(handle: WorkflowHandle) -> TrainingResult:
     again (the run itself goes on)."""
     import asyncio
 
-    from temporalio.service import RPCError, RPCStatusCode
+    from belayer.temporal_client import server_went_away
 
     while True:
         try:
             return await handle.result()
-        except RPCError as exc:
-            if exc.status not in (RPCStatusCode.UNAVAILABLE, RPCStatusCode.DEADLINE_EXCEEDED):
+        except Exception as exc:
+            if not server_went_away(exc):
                 raise
             await asyncio.sleep(1)
 

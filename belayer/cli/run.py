@@ -243,10 +243,9 @@ class _Runner:
 
 
 def _server_went_away(task: asyncio.Future) -> bool:
-    from temporalio.service import RPCError, RPCStatusCode
+    from belayer.temporal_client import server_went_away
 
-    exc = task.exception()
-    return isinstance(exc, RPCError) and exc.status in (RPCStatusCode.UNAVAILABLE, RPCStatusCode.DEADLINE_EXCEEDED)
+    return server_went_away(task.exception())
 
 
 def _roles(chaos) -> dict:

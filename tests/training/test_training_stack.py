@@ -58,7 +58,7 @@ def stack():
         leaked = live_pids_under(config.state_dir)
         for pid in leaked:
             psutil.Process(pid).kill()
-        run_podman("rmi", "--all", "--force", state_dir=state_dir)
+        run_podman("rmi", "--all", "--force", state_dir=state_dir, timeout=600)
         shutil.rmtree(state_dir, ignore_errors=True)
         assert not leaked, f"processes left running under {config.state_dir}: {leaked}"
 
