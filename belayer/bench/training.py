@@ -38,6 +38,8 @@ from pathlib import Path
 
 import click
 
+from belayer.chaos.faults import node_roles
+
 MODES = ("protected", "unprotected", "belayer_faulted", "baseline_faulted")
 SHADOW = {"protected": True, "belayer_faulted": True, "unprotected": False, "baseline_faulted": False}
 FAULTED = {"belayer_faulted": True, "baseline_faulted": True, "protected": False, "unprotected": False}
@@ -289,15 +291,6 @@ def _with_shadow(config, shadow: bool):
     return config.model_copy(update={"rollout": config.rollout.model_copy(update={"shadow": shadow})})
 
 
-def _roles(config) -> dict:
-    from belayer.workers.rollout.worker import roles_file
-
-    try:
-        return json.loads(roles_file(config).read_text())
-    except (OSError, ValueError):
-        return {}
-
-
 def restart_node(config, say: Callable[[str], None]) -> None:
     """Restart the "rollout-node" service of `config`'s stack with `config` (the way a
     supervisor restarts it: chaos' `_crash_service`), here stopped gracefully first."""
@@ -324,7 +317,7 @@ def wait_ready(config, shadow: bool, say: Callable[[str], None]) -> None:
     said = False
     while time.monotonic() < deadline:
         rows = [r for r in stack.status() if r.name != "codec-server"]
-        roles = _roles(config)
+        roles = node_roles(config)
         ok = all(r.healthy for r in rows)
         if ok and shadow:
             ok = bool(roles.get("shadow_ready")) and roles.get("shadow_version") == roles.get("weights_version")
@@ -337,7 +330,7 @@ def wait_ready(config, shadow: bool, say: Callable[[str], None]) -> None:
             said = True
         time.sleep(1)
     bad = [f"{r.name}: {r.detail}" for r in LocalStack(config).status() if not r.healthy]
-    raise click.ClickException(f"the stack did not become ready within {READY_TIMEOUT_S}s: {bad or _roles(config)}")
+    raise click.ClickException(f"the stack did not become ready within {READY_TIMEOUT_S}s: {bad or node_roles(config)}")
 
 
 # ----------------------------------------------------------------------------- one run
@@ -360,7 +353,7 @@ class BenchRun:
 
         client = await connect(self.config.temporal, self.config.storage.encryption_key)
         runs: list[dict] = []
-        shadow_now = _roles(self.config).get("shadow") is not None
+        shadow_now = node_roles(self.config).get("shadow") is not None
         try:
             for rep, mode in schedule(repetitions):
                 want = SHADOW[mode]

@@ -72,13 +72,10 @@ class Chaos:
     # -- rollout node -------------------------------------------------------------------
 
     def roles(self) -> dict:
-        from belayer.workers.rollout.worker import roles_file
-
-        path = roles_file(self.config)
-        try:
-            return json.loads(path.read_text())
-        except (OSError, ValueError):
-            raise ChaosError(f"no rollout node roles at {path}: is the rollout node up (`belayer up`)?") from None
+        roles = node_roles(self.config)
+        if not roles:
+            raise ChaosError("no rollout node roles: is the rollout node up (`belayer up`)?")
+        return roles
 
     def _signal_role(self, role: str, sig: int) -> tuple[str, str]:
         pid = self.roles().get(role)
@@ -153,6 +150,17 @@ class Chaos:
             return f"{len(containers)} containers killed"
 
         return self._crash_service("sandbox-worker", while_down=kill_containers)
+
+
+def node_roles(config: BelayerConfig) -> dict:
+    """The rollout node's roles as its worker last wrote them (`RolloutNode.roles()`); {}
+    when there is no node to ask, so a before/after comparison finds nothing."""
+    from belayer.workers.rollout.worker import roles_file
+
+    try:
+        return json.loads(roles_file(config).read_text())
+    except (OSError, ValueError):
+        return {}
 
 
 def _kill(proc: psutil.Process) -> None:

@@ -30,7 +30,7 @@ from pathlib import Path
 
 from pydantic import BaseModel, Field
 
-from belayer.chaos.faults import FAULT_KINDS, Chaos, ChaosError
+from belayer.chaos.faults import FAULT_KINDS, Chaos, ChaosError, node_roles
 from belayer.config import BelayerConfig
 
 Reporter = Callable[[str], None]
@@ -277,7 +277,7 @@ class Soak:
         return None
 
     async def _inject(self, record: FaultRecord, seen) -> None:
-        roles_before = self._roles()
+        roles_before = node_roles(self.chaos.config)
         recoveries_before = len(seen.recoveries)
         try:
             report = await asyncio.to_thread(
@@ -304,12 +304,12 @@ class Soak:
     async def _await_node_recovery(self, roles_before: dict, timeout_s: float = 120.0) -> None:
         deadline = time.monotonic() + timeout_s
         while time.monotonic() < deadline:
-            if self._roles().get("recoveries", 0) > roles_before.get("recoveries", 0):
+            if node_roles(self.chaos.config).get("recoveries", 0) > roles_before.get("recoveries", 0):
                 return
             await asyncio.sleep(0.2)
 
     def _recovered_by(self, record: FaultRecord, roles_before: dict, recoveries_before: int) -> str:
-        roles_after = self._roles()
+        roles_after = node_roles(self.chaos.config)
         if record.kind.startswith(("engine", "owner")):
             if roles_after.get("recoveries", 0) > roles_before.get("recoveries", 0):
                 return str(roles_after.get("last_recovery", {}).get("kind", "takeover"))
@@ -328,12 +328,6 @@ class Soak:
             "temporal-restart": "Temporal persistence",
             "s3-outage": "retries with backoff",
         }.get(record.kind, "retry")
-
-    def _roles(self) -> dict:
-        try:
-            return self.chaos.roles()
-        except ChaosError:
-            return {}
 
     async def _wait_healthy(self, timeout_s: float = 240.0) -> None:
         """Between rounds every component must be back; one that is not is reported, not hidden."""

@@ -15,7 +15,7 @@ from __future__ import annotations
 import asyncio
 import time
 
-from belayer.chaos.faults import Chaos, ChaosError
+from belayer.chaos.faults import Chaos, ChaosError, node_roles
 from belayer.chaos.plan import PlannedFault
 
 POLL_S = 0.25
@@ -106,7 +106,7 @@ class TrainingChaos:
         record = {"kind": planned.fault, "at": progress.iteration if progress else None,
                   "target": trajectory_id, "recovered_by": None, "recovery_s": None}
         self.faults.append(record)
-        recoveries_before = _recoveries(self.chaos)
+        recoveries_before = node_roles(self.config).get("recoveries", 0)
         container = seen.sandbox.container if seen is not None and seen.sandbox else None
         try:
             report = await asyncio.to_thread(self.chaos.inject, planned.fault, sandbox_container=container)
@@ -152,18 +152,7 @@ class TrainingChaos:
 
     def _recovered_by(self, kind: str, recoveries_before: int) -> str:
         if kind.startswith(("engine", "owner")):
-            roles = _roles(self.chaos)
+            roles = node_roles(self.config)
             if roles.get("recoveries", 0) > recoveries_before:
                 return roles.get("last_recovery", {}).get("kind", "takeover")
         return RECOVERED_BY[kind]
-
-
-def _roles(chaos: Chaos) -> dict:
-    try:
-        return chaos.roles()
-    except ChaosError:  # no rollout node roles file: nothing to compare
-        return {}
-
-
-def _recoveries(chaos: Chaos) -> int:
-    return _roles(chaos).get("recoveries", 0)

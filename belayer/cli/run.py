@@ -15,6 +15,8 @@ from rich.console import Console
 from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
+from belayer.chaos.faults import node_roles
+
 console = Console(stderr=True)
 
 
@@ -166,7 +168,7 @@ class _Runner:
         if target in self.finished or seen is None:
             record["recovered_by"] = "not injected: the target finished first"
             return
-        roles_before = _roles(chaos)
+        roles_before = node_roles(self.config)
         container = seen.sandbox.container if seen.sandbox else None
         try:
             report = await asyncio.to_thread(chaos.inject, planned.fault, sandbox_container=container)
@@ -184,7 +186,7 @@ class _Runner:
                 break
             await asyncio.sleep(0.1)
         record["recovery_s"] = round(time.time() - injected_at, 3)
-        roles_after = _roles(chaos)
+        roles_after = node_roles(self.config)
         if record["kind"].startswith(("engine", "owner")) and roles_after.get("recoveries", 0) > roles_before.get(
                 "recoveries", 0):
             event = roles_after.get("last_recovery", {})
@@ -246,13 +248,6 @@ def _server_went_away(task: asyncio.Future) -> bool:
     from belayer.temporal_client import server_went_away
 
     return server_went_away(task.exception())
-
-
-def _roles(chaos) -> dict:
-    try:
-        return chaos.roles()
-    except Exception:  # no rollout node: nothing to compare
-        return {}
 
 
 def _report(results, wall: float, as_json: bool, faults: list[dict] | None = None) -> None:
