@@ -92,7 +92,7 @@ def start(ctx: click.Context, workload: Path, iterations: int, group_size: int, 
         console.print(f"\n[yellow]interrupted[/]: run {input.run_id} goes on. Follow it with\n"
                       f"  belayer train status {input.run_id}\nor in the web UI: {_ui(config, input.run_id)}")
         os._exit(130)
-    report = run_report(result, records) | ({"faults": faults} if plan else {})
+    report = run_report(result, records, run_settings(input, workload)) | ({"faults": faults} if plan else {})
     if as_json:
         click.echo(json.dumps(report, indent=2))
     else:
@@ -204,17 +204,28 @@ def iteration_line(record) -> str:
             f"publish {record.publish_s:.1f}s")
 
 
-def run_report(result, records) -> dict:
-    """The `--json` object: the run, one entry per iteration, the final weights."""
+def run_settings(input, workload: Path) -> dict:
+    """What decides the run's curve, for the report and for reruns."""
+    return {
+        "workload": str(workload), "model": input.model, "iterations": input.iterations,
+        "group_size": input.group_size, "tasks_per_iteration": input.tasks_per_iteration, "seed": input.seed,
+        "lr": input.trainer.lr, "temperature": input.trainer.temperature, "heldout_tasks": len(input.heldout),
+    }
+
+
+def run_report(result, records, settings: dict | None = None) -> dict:
+    """The `--json` object: the run (and its settings when known), one entry per iteration, the final weights."""
     return {
         "run_id": result.run_id,
         "status": result.status,
+        **({"settings": settings} if settings else {}),
         **({"reason": result.reason} if getattr(result, "reason", "") else {}),
         "iterations": [{
             "iteration": r.iteration, "mean_reward": r.mean_reward, "heldout_reward": r.heldout_reward,
             "groups_kept": r.groups_kept, "groups_dropped": r.groups_dropped, "infra_retries": r.infra_retries,
             "weights_version": r.weights_version, "weights_sha256": r.weights_sha256,
             "rollout_s": r.rollout_s, "train_s": r.train_s, "publish_s": r.publish_s,
+            "recovery_s": r.recovery_s, "elapsed_s": r.elapsed_s,
             "tasks": r.tasks, "rewards": r.rewards, "dropped": [d.model_dump() for d in r.dropped], "loss": r.loss,
         } for r in records],
         "final_weights_sha256": records[-1].weights_sha256 if records else None,

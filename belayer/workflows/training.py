@@ -142,6 +142,8 @@ class TrainingWorkflow:
 
     async def _iteration(self, iteration: int) -> None:
         began = workflow.now()
+        if self.state.started_at is None:
+            self.state = self.state.model_copy(update={"started_at": began})
         tasks = self._pick_tasks(iteration)
         workflow.upsert_search_attributes([ITERATION_KEY.value_set(iteration)])
         self.phase, self.members_done = "rollout", 0
@@ -161,7 +163,7 @@ class TrainingWorkflow:
         published = workflow.now()
         record = self._record(iteration, tasks, groups, heldout, dropped + step.skipped, step, times=(
             (rolled_out - began).total_seconds(), (trained - rolled_out).total_seconds(),
-            (published - trained).total_seconds(),
+            (published - trained).total_seconds(), (published - self.state.started_at).total_seconds(),
         ))
         await self._record_activity(
             "training.record_iteration",
@@ -193,7 +195,7 @@ class TrainingWorkflow:
     async def _member(self, iteration: int, task: Task, member: int, *, prefix: str) -> MemberOutcome:
         """One trajectory of the group, run again (same seed) while it ends failed_infra."""
         seed = _digest(self.input.seed, iteration, prefix + task.id, member) % 2**31
-        outcome = None
+        outcome, recovery_s = None, 0.0
         for attempt in range(self.input.max_infra_retries + 1):
             trajectory_id = f"{self.input.run_id}-i{iteration:05d}-{prefix}{task.id}-m{member}-a{attempt}"
             async with self.limit:
@@ -202,9 +204,10 @@ class TrainingWorkflow:
                     result = await self._trajectory(iteration, task, trajectory_id, seed)
                 finally:
                     self.running.discard(trajectory_id)
+            recovery_s += sum(r.time_lost_s for r in result.recoveries)
             outcome = MemberOutcome(
                 trajectory_id=trajectory_id, status=result.status, reward=result.reward,
-                attempts=attempt + 1, reason=result.reason, context=result.context,
+                attempts=attempt + 1, reason=result.reason, context=result.context, recovery_s=recovery_s,
             )
             if result.status != "failed_infra":
                 break
@@ -289,7 +292,7 @@ class TrainingWorkflow:
         kept = [m.reward for task, members in zip(tasks, groups, strict=True) if task.id not in dropped_names
                 for m in members]
         evaluated = [m.reward for m in heldout if m.reward is not None]
-        rollout_s, train_s, publish_s = times
+        rollout_s, train_s, publish_s, elapsed_s = times
         return IterationRecord(
             iteration=iteration, tasks=[t.id for t in tasks],
             rewards=[[m.reward for m in members] for members in groups],
@@ -300,7 +303,8 @@ class TrainingWorkflow:
             weights_version=step.checkpoint.weights_version, weights_sha256=step.weights_sha256,
             checkpoint=step.checkpoint, loss=step.loss, kl=step.kl, clip_fraction=step.clip_fraction,
             trained_tokens=step.trained_tokens, trainer_resumed_from=step.resumed_from,
-            rollout_s=rollout_s, train_s=train_s, publish_s=publish_s,
+            rollout_s=rollout_s, train_s=train_s, publish_s=publish_s, elapsed_s=elapsed_s,
+            recovery_s=sum(m.recovery_s for members in [*groups, heldout] for m in members),
         )
 
     # ---------------------------------------------------------------- plumbing

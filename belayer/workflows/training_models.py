@@ -8,6 +8,7 @@ thousands of iterations.
 
 from __future__ import annotations
 
+from datetime import datetime
 from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
@@ -88,6 +89,7 @@ class MemberOutcome(_Model):
     attempts: int
     reason: str = ""
     context: PrefixRef | None = Field(None, description="The trajectory's token log (None when failed_infra).")
+    recovery_s: float = Field(0.0, description="Time its recoveries lost, over all attempts.")
 
 
 class IterationRecord(_Model):
@@ -113,6 +115,9 @@ class IterationRecord(_Model):
     rollout_s: float
     train_s: float
     publish_s: float
+    recovery_s: float = Field(0.0, description="Time recoveries lost, summed over the iteration's trajectories "
+                              "(they run side by side, so it can exceed rollout_s).")
+    elapsed_s: float = Field(0.0, description="Seconds from the run's start to this record (the curve's x axis).")
 
 
 class TrainingState(_Model):
@@ -124,6 +129,7 @@ class TrainingState(_Model):
     log: RecordLogRef | None = None
     recent: list[IterationRecord] = Field(default_factory=list, description=f"The last {RECENT_RECORDS} records.")
     runs: int = 1
+    started_at: datetime | None = Field(None, description="When the run's first iteration began (workflow time).")
 
 
 class TrainingProgress(_Model):

@@ -61,6 +61,7 @@ process for tests: no capability changes, and only the shell's session is ever k
 from __future__ import annotations
 
 import base64
+import errno
 import fcntl
 import hashlib
 import json
@@ -271,6 +272,15 @@ def list_processes() -> dict[int, tuple[int, int, int]]:
             if info is not None:
                 out[int(name)] = info
     return out
+
+
+def process_limit_note(what: str, exc: BaseException) -> str:
+    """Why an action did not run when the sandbox is out of pids: the agent's own doing
+    (e.g. a background fork bomb), so it reads as the action's observation, with the fix."""
+    return (
+        f"{what}: {exc}; the sandbox's process limit is exhausted "
+        f"({len(list_processes())} processes): kill some, or recover the sandbox"
+    )
 
 
 def _base_environment() -> dict[str, str]:
@@ -631,10 +641,7 @@ class Supervisor:
                 except RuntimeError as exc:
                     # The sandbox is out of pids (e.g. a background fork bomb): the agent's
                     # own doing, so it is the action's observation, journaled like any other.
-                    obs = self._failed_observation(
-                        f"the action could not start: {exc}; the sandbox's process limit is exhausted "
-                        f"({len(list_processes())} processes): kill some, or recover the sandbox"
-                    )
+                    obs = self._failed_observation(process_limit_note("the action could not start", exc))
                     self.journal.append({"type": "action", "trajectory": key[0], "step": key[1],
                                          "generation": generation, "observation": obs})  # fmt: skip
             wait_s = min(float(req.get("wait_s", 0.0)), MAX_WAIT_S)
@@ -664,10 +671,7 @@ class Supervisor:
         try:
             obs = self._execute(command, timeout, cap, isolated)
         except (RuntimeError, BlockingIOError) as exc:  # no thread / fork: EAGAIN
-            obs = self._failed_observation(
-                f"the action could not run: {exc}; the sandbox's process limit is exhausted "
-                f"({len(list_processes())} processes): kill some, or recover the sandbox"
-            )
+            obs = self._failed_observation(process_limit_note("the action could not run", exc))
         except Exception as exc:  # the journal must still close the action
             obs = self._failed_observation(f"supervisor error: {type(exc).__name__}: {exc}")
         with self.lock:
@@ -707,6 +711,8 @@ class Supervisor:
             self.reaper.child_started.set()
         except OSError as exc:
             self.streams.attach(None, None)
+            if exc.errno == errno.EAGAIN:  # fork refused: the pids limit, not a broken sandbox
+                return self._failed_observation(process_limit_note("the action's shell could not start", exc))
             return self._failed_observation(f"the action's shell could not start: {exc}")
         status, timed_out, notes = self._await_action(pid, before, timeout)
         duration = time.monotonic() - t0
