@@ -40,13 +40,14 @@ def training_queues(config: BelayerConfig) -> TrainingQueues:
 def training_input(
     config: BelayerConfig, tasks: list[Task], *, iterations: int, group_size: int, tasks_per_iteration: int,
     seed: int = 0, heldout: list[Task] | None = None, settings: TrainerSettings | None = None,
-    run_id: str | None = None, **overrides,
+    run_id: str | None = None, model: str | None = None, **overrides,
 ) -> TrainingInput:
-    """The input of a run over `tasks` with the stack's queues, model and policy."""
+    """The input of a run over `tasks` with the stack's queues and policy, starting from
+    `model` (default: the model the stack's engines were built from)."""
     settings = settings or TrainerSettings()
     return TrainingInput(
         run_id=run_id or f"train-{uuid.uuid4().hex[:8]}",
-        tasks=tasks, heldout=heldout or [], model=config.rollout.model, iterations=iterations,
+        tasks=tasks, heldout=heldout or [], model=model or config.rollout.model, iterations=iterations,
         group_size=group_size, tasks_per_iteration=tasks_per_iteration, seed=seed,
         trainer=settings.model_copy(update={"threads": config.trainer.threads}),
         policy=config.policy, max_total_tokens=config.rollout.max_model_len,

@@ -2,7 +2,8 @@
 # `make demo`: bring the local stack up and run the main job on it: the example workload
 # once undisturbed, then again with a real engine crash (the leader vLLM engine SIGKILLed
 # at step 2) and a real sandbox crash (the container killed at step 4), and compare the
-# two runs' token and environment hashes.
+# two runs' token and environment hashes. Then a short training run, undisturbed and with
+# faults, whose final weights must be identical.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 BELAYER=.venv/bin/belayer
@@ -13,9 +14,9 @@ trap 'rm -rf "$out"' EXIT
 $BELAYER up
 $BELAYER status
 echo
-echo "== 1/2: $WORKLOAD, no faults (the reference)"
+echo "== 1/4: $WORKLOAD, no faults (the reference)"
 $BELAYER run "$WORKLOAD" --json > "$out/reference.json"
-echo "== 2/2: $WORKLOAD with an engine crash at step 2 and a sandbox crash at step 4"
+echo "== 2/4: $WORKLOAD with an engine crash at step 2 and a sandbox crash at step 4"
 $BELAYER run "$WORKLOAD" --chaos "engine-crash@step=2:build-and-serve,sandbox-crash@step=4:build-and-serve" \
   --json > "$out/chaos.json"
 .venv/bin/python - "$out/reference.json" "$out/chaos.json" <<'PY'
@@ -43,6 +44,38 @@ for fault in faults:
 print(f"\nwall time: {reference['wall_s']:.1f}s undisturbed, {chaos['wall_s']:.1f}s with faults")
 print("RESULT:", "every trajectory survived both failures with identical hashes" if ok
       else "FAILED: a fault was not injected or a hash differs; see above")
+sys.exit(0 if ok else 1)
+PY
+
+# Training: a few GRPO iterations of the warm-started model on the learn tasks (published
+# into the running engines), undisturbed and then with an engine crash, a sandbox crash
+# and the trainer's death; the two runs must end on the same weights.
+TRAIN_WORKLOAD=examples/workloads/learn.yaml
+TRAIN_ARGS=(--iterations 3 --tasks-per-iteration 4 --group-size 2 --seed 5 --lr 1e-3 --no-heldout --json)
+TRAIN_FAULTS="engine-crash@iteration=0,sandbox-crash@iteration=1,trainer-crash@iteration=1"
+echo
+echo "== 3/4: belayer train $TRAIN_WORKLOAD, 3 iterations, no faults (the reference)"
+$BELAYER train "$TRAIN_WORKLOAD" "${TRAIN_ARGS[@]}" > "$out/train-reference.json"
+echo "== 4/4: the same run with $TRAIN_FAULTS"
+$BELAYER train "$TRAIN_WORKLOAD" "${TRAIN_ARGS[@]}" --chaos "$TRAIN_FAULTS" > "$out/train-chaos.json"
+.venv/bin/python - "$out/train-reference.json" "$out/train-chaos.json" <<'PY'
+import json, sys
+
+reference, chaos = (json.load(open(p)) for p in sys.argv[1:3])
+print(f"\n{'iteration':>9}  {'reward':>6} {'with faults':>11}  weights sha256 (reference / with faults)")
+for ref, hit in zip(reference["iterations"], chaos["iterations"], strict=True):
+    print(f"{ref['iteration']:>9}  {ref['mean_reward']:>6.3f} {hit['mean_reward']:>11.3f}  "
+          f"{ref['weights_sha256'][:12]} / {hit['weights_sha256'][:12]}")
+for fault in chaos.get("faults", []):
+    took = f" after {fault['recovery_s']:.1f}s" if fault.get("recovery_s") is not None else ""
+    print(f"fault {fault['kind']:13} in iteration {fault['at']}: recovered by {fault['recovered_by']}{took}")
+injected = [f for f in chaos.get("faults", []) if not str(f["recovered_by"]).startswith("not injected")]
+same = reference["final_weights_sha256"] == chaos["final_weights_sha256"]
+first, last = reference["iterations"][0]["mean_reward"], reference["iterations"][-1]["mean_reward"]
+ok = same and len(injected) == len(chaos.get("faults", [])) == 3
+print(f"\nTRAINING: final weights {'identical' if same else 'DIFFERENT'} with {len(injected)} faults injected "
+      f"(sha256 {chaos['final_weights_sha256'][:16]}); mean reward moved {first:.3f} -> {last:.3f} "
+      f"({last - first:+.3f}) in {len(reference['iterations'])} iterations")
 sys.exit(0 if ok else 1)
 PY
 echo

@@ -31,8 +31,12 @@ class _Model(BaseModel):
 class PublishWeightsArgs(_Model):
     version: int = Field(ge=2, description="The new version; versions only grow (1 is the built model).")
     weights: ObjectRef | None = Field(
-        description="A safetensors file of the model's full state dict (`store_weights`); None: the "
-        "model the node was built from (how a training run puts every node back on its start)."
+        description="A safetensors file of the model's full state dict (`store_weights`); None: a "
+        "project-built model (how a training run puts every node on the weights it starts from)."
+    )
+    model: str | None = Field(
+        None, description="With weights None: the project-built model to serve (same layout as the node's "
+        "own, built on the node's host); None: the model the node was built from."
     )
     policy: Literal["finish_on_old", "continue_on_new"] | None = Field(
         None, description="In-flight requests during the switch; None uses the node's rollout.publish_policy."
@@ -74,6 +78,7 @@ class PublishedWeights(_Model):
 
     version: int
     weights: ObjectRef | None
+    model: str | None = None
 
 
 class PublishActivities:
@@ -90,33 +95,34 @@ class PublishActivities:
         published = PublishedWeights.model_validate_json(self.remember.read_text())
         if published.version <= self.node.roles()["weights_version"]:
             return None
-        self.node.publish(published.version, self._tensors(published.weights))
+        self.node.publish(published.version, self._tensors(published.weights, published.model))
         return published
 
-    def _remember(self, version: int, weights: ObjectRef | None) -> None:
+    def _remember(self, args: PublishWeightsArgs) -> None:
         if self.remember is None:
             return
         self.remember.parent.mkdir(parents=True, exist_ok=True)
         tmp = self.remember.with_suffix(".tmp")
-        tmp.write_text(PublishedWeights(version=version, weights=weights).model_dump_json())
+        published = PublishedWeights(version=args.version, weights=args.weights, model=args.model)
+        tmp.write_text(published.model_dump_json())
         os.replace(tmp, self.remember)
 
     @activity.defn(name="rollout.publish_weights")
     async def publish_weights(self, args: PublishWeightsArgs) -> PublishWeightsResult:
         if self._took_effect(args.version):
             settled = await self._settled(args.version)
-            self._remember(args.version, args.weights)  # the first attempt may have died before it did
+            self._remember(args)  # the first attempt may have died before it did
             return settled
         started = time.perf_counter()
         try:
-            tensors = await asyncio.to_thread(self._tensors, args.weights)
+            tensors = await asyncio.to_thread(self._tensors, args.weights, args.model)
             fetch_s = time.perf_counter() - started
             report = await _with_heartbeats(
                 asyncio.to_thread(self.node.publish, args.version, tensors, args.policy), args.version
             )
         except Exception as exc:
             raise _translate(exc) from exc
-        self._remember(args.version, args.weights)
+        self._remember(args)
         return PublishWeightsResult(node_id=self.node.config.node_id, fetch_s=fetch_s, **report.__dict__)
 
     @activity.defn(name="rollout.weights_version")
@@ -127,12 +133,27 @@ class PublishActivities:
     def all(self) -> list:
         return [self.publish_weights, self.weights_version]
 
-    def _tensors(self, ref: ObjectRef | None) -> dict:
+    def _tensors(self, ref: ObjectRef | None, model: str | None = None) -> dict:
         if ref is None:
             from safetensors.torch import load_file
 
-            return load_file(str(self.node.model_dir / "model.safetensors"))
+            return load_file(str(self._built_model_dir(model) / "model.safetensors"))
         return load_weights(self.store, ref)
+
+    def _built_model_dir(self, model: str | None) -> Path:
+        """The node's own model, or the named project-built model beside it in the model cache."""
+        from belayer.model.build import MANIFEST, model_dir_name
+
+        if model is None:
+            return self.node.model_dir
+        path = self.node.model_dir.parent / model_dir_name(model)
+        if not (path / MANIFEST).is_file():
+            raise ApplicationError(
+                f"model {model!r} is not built on node {self.node.config.node_id}'s host (no {path}); "
+                f"build it there with `belayer model build --size {model}`",
+                type="ModelNotBuilt", non_retryable=True,
+            )
+        return path
 
     def _took_effect(self, version: int) -> bool:
         """Has an earlier attempt (whose reply was lost) sealed this version already?"""
@@ -177,6 +198,8 @@ def _translate(exc: BaseException) -> ApplicationError:
     from belayer.activities.generate import translate_error
     from belayer.storage.errors import CorruptObject
 
+    if isinstance(exc, ApplicationError):  # already says what is wrong and whether to retry
+        return exc
     if isinstance(exc, CorruptObject):
         return ApplicationError(
             f"weights object does not verify: {exc}", type="CorruptWeights", non_retryable=True

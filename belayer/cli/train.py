@@ -28,7 +28,8 @@ class _TrainGroup(click.Group):
 
 @click.group(cls=_TrainGroup)
 def train() -> None:
-    """Train the served model with GRPO on a workload's tasks, durably (Temporal).
+    """Train with GRPO on a workload's tasks, durably (Temporal), starting from the workload's
+    `model:` (default: the model the engines serve), published into the running engines.
 
     \b
     belayer train WORKLOAD [options]   start a run and follow it (see `belayer train start --help`)
@@ -50,7 +51,8 @@ def train() -> None:
 @click.option("--temperature", default=1.0, show_default=True, type=click.FloatRange(0, 5, min_open=True),
               help="Sampling temperature of the rollouts (and of the trainer's logprobs).")
 @click.option("--heldout", type=click.Path(path_type=Path), default=None,
-              help="A workload evaluated once per iteration, never trained on.")
+              help="A workload evaluated once per iteration, never trained on (default: the workload's `heldout:`).")
+@click.option("--no-heldout", is_flag=True, help="Evaluate no held-out tasks, whatever the workload names.")
 @click.option("--max-infra-retries", default=2, show_default=True, type=click.IntRange(0, 16),
               help="Fresh runs (same seed) of a trajectory that ended failed_infra; then its group is dropped.")
 @click.option("--run-id", default=None, help="Name of the run (default train-<random>).")
@@ -61,7 +63,7 @@ def train() -> None:
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object when the run ends.")
 @click.pass_context
 def start(ctx: click.Context, workload: Path, iterations: int, group_size: int, tasks_per_iteration: int,
-          seed: int, lr: float, temperature: float, heldout: Path | None, max_infra_retries: int,
+          seed: int, lr: float, temperature: float, heldout: Path | None, no_heldout: bool, max_infra_retries: int,
           run_id: str | None, chaos_plan: str | None, chaos_rate: float | None, chaos_seed: int, as_json: bool) -> None:
     """Start a training run on WORKLOAD (.yaml or .jsonl) and follow it to its end.
 
@@ -74,15 +76,20 @@ def start(ctx: click.Context, workload: Path, iterations: int, group_size: int, 
     from belayer.workloads.loader import WorkloadError, load_workload
 
     config = config_from(ctx.find_root())
-    tasks = load_workload(workload).tasks
+    loaded = load_workload(workload)
+    tasks = loaded.tasks
     if tasks_per_iteration > len(tasks):
         raise WorkloadError(f"{workload} has {len(tasks)} tasks, fewer than --tasks-per-iteration "
                             f"{tasks_per_iteration}; lower it or add tasks")
+    if heldout and no_heldout:
+        raise click.UsageError("--heldout and --no-heldout contradict each other; give one")
+    heldout = None if no_heldout else heldout or loaded.heldout
     settings = TrainerSettings(lr=lr, temperature=temperature)
     input = training_input(
         config, tasks, iterations=iterations, group_size=group_size, tasks_per_iteration=tasks_per_iteration,
         seed=seed, heldout=load_workload(heldout).tasks if heldout else None, settings=settings,
         run_id=run_id, temperature=temperature, max_infra_retries=max_infra_retries,
+        model=loaded.model,
     )
     plan = _chaos_plan(chaos_plan, chaos_rate, chaos_seed, iterations)
     started = time.monotonic()

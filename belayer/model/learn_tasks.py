@@ -32,6 +32,7 @@ CONSTANTS = range(2, 30)
 HELDOUT_CONSTANTS = frozenset({7, 13, 18, 24})
 TRAIN_CONSTANTS = tuple(k for k in CONSTANTS if k not in HELDOUT_CONSTANTS)
 MAX_TURNS = 2
+WARM_MODEL = "tiny-warm"
 MAX_TOKENS_PER_TURN = 48
 SPLITS = {"train": ("learn.yaml", 16, 1), "heldout": ("learn-heldout.yaml", 8, 2)}  # file, tasks, seed
 
@@ -100,7 +101,10 @@ def render_workload(split: str) -> str:
         "# Arithmetic on a number only the sandbox holds: the check reads /workspace/output.\n"
         "# tiny-warm solves a quarter to a third of these at temperature 1: RL can sharpen it.\n"
     )
-    return header + yaml.safe_dump({"tasks": tasks}, sort_keys=False, width=1000)
+    # The train split names what `belayer train` needs beside its tasks: the warm-started
+    # model to start from and the held-out split to evaluate every iteration.
+    training = {"model": WARM_MODEL, "heldout": SPLITS["heldout"][0]} if split == "train" else {}
+    return header + yaml.safe_dump({**training, "tasks": tasks}, sort_keys=False, width=1000)
 
 
 def write_workloads(folder: Path) -> list[Path]:

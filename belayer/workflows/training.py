@@ -57,7 +57,7 @@ TRAINER_RETRY = RetryPolicy(
 )
 PUBLISH_RETRY = RetryPolicy(
     initial_interval=timedelta(seconds=1), backoff_coefficient=2, maximum_interval=timedelta(seconds=30),
-    maximum_attempts=10, non_retryable_error_types=["StaleWeightsVersion", "CorruptWeights"],
+    maximum_attempts=10, non_retryable_error_types=["StaleWeightsVersion", "CorruptWeights", "ModelNotBuilt"],
 )
 # The trainer heartbeats every second while it steps: a dead one is noticed within this.
 TRAINER_HEARTBEAT = timedelta(seconds=20)
@@ -115,17 +115,16 @@ class TrainingWorkflow:
 
     async def _start(self) -> None:
         """Open the run's record log and make every node serve the model the trainer starts
-        from: a node that served another run's weights gets the built model back as a new
-        version (versions only grow), so the first iteration samples the built model."""
+        from, as a new version (versions only grow): a node may serve another run's weights,
+        or have been built from another model than the run's (say `tiny`, for a `tiny-warm` run),
+        so the first iteration samples exactly the trainer's start."""
         log = await self._record_activity(
             "training.start_log", StartRunLogArgs(run_id=self.input.run_id), RecordLogRef,
             summary="create the run's iteration log",
         )
         versions = await asyncio.gather(*(self._node_version(queue) for queue in self.input.queues.nodes))
-        serving = max(versions)
-        if serving > 1 or len(set(versions)) > 1:
-            serving = max(versions) + 1
-            await self._publish(serving, weights=None, summary="the built model")
+        serving = max(versions) + 1
+        await self._publish(serving, weights=None, model=self.input.model, summary=f"the built {self.input.model}")
         self.state = self.state.model_copy(update={"log": log, "serving_version": serving})
 
     async def _node_version(self, queue: str) -> int:
@@ -271,14 +270,16 @@ class TrainingWorkflow:
         except ActivityError as err:
             raise RunFailure(f"train step of iteration {iteration} failed: {_cause(err)}") from None
 
-    async def _publish(self, version: int, *, weights, summary: str) -> None:
+    async def _publish(self, version: int, *, weights, summary: str, model: str | None = None) -> None:
         """Publish `version` to every node; all of them serve it before the run goes on."""
-        await asyncio.gather(*(self._publish_to(queue, version, weights, summary) for queue in self.input.queues.nodes))
+        args = PublishWeightsArgs(version=version, weights=weights, model=model)
+        await asyncio.gather(*(self._publish_to(queue, args, summary) for queue in self.input.queues.nodes))
 
-    async def _publish_to(self, queue: str, version: int, weights, summary: str) -> PublishWeightsResult:
+    async def _publish_to(self, queue: str, args: PublishWeightsArgs, summary: str) -> PublishWeightsResult:
+        version = args.version
         try:
             return await workflow.execute_activity(
-                "rollout.publish_weights", PublishWeightsArgs(version=version, weights=weights),
+                "rollout.publish_weights", args,
                 result_type=PublishWeightsResult, task_queue=queue,
                 schedule_to_start_timeout=NO_WORKER_AFTER, start_to_close_timeout=timedelta(minutes=10),
                 heartbeat_timeout=timedelta(seconds=30), retry_policy=PUBLISH_RETRY,

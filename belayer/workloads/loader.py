@@ -4,12 +4,13 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Any
+from typing import Any, get_args
 
 import yaml
 from pydantic import TypeAdapter, ValidationError
 
 from belayer.errors import BelayerError
+from belayer.model.build import ModelSize
 from belayer.workloads.models import Task, Workload
 
 
@@ -18,19 +19,34 @@ class WorkloadError(BelayerError):
 
 
 _task_adapter: TypeAdapter[Task] = TypeAdapter(Task)
+TOP_LEVEL_KEYS = {"tasks", "model", "heldout"}
+MODELS = get_args(ModelSize)
 
 
 def load_workload(path: Path) -> Workload:
     """Parse `path` (.yaml/.yml or .jsonl) into a `Workload`, or raise `WorkloadError`."""
-    raw_tasks = _read_raw_tasks(path)
+    raw_tasks, options = _read_document(path)
     if not raw_tasks:
         raise WorkloadError(f"{path}: the workload has no tasks; add at least one under `tasks:`")
     tasks = [_validate_task(path, index, raw) for index, raw in enumerate(raw_tasks)]
     _refuse_duplicate_ids(path, tasks)
-    return Workload(tasks=tasks)
+    return Workload(tasks=tasks, **_validate_options(path, options))
 
 
-def _read_raw_tasks(path: Path) -> list[Any]:
+def _validate_options(path: Path, options: dict) -> dict:
+    """The training keys beside `tasks:`: the model the tasks were made for, the held-out file."""
+    model = options.get("model")
+    if model is not None and model not in MODELS:
+        raise WorkloadError(f"{path}: `model: {model}` is not a project-built model; use one of {', '.join(MODELS)}")
+    heldout = options.get("heldout")
+    if heldout is not None:
+        heldout = path.parent / str(heldout)
+        if not heldout.is_file():
+            raise WorkloadError(f"{path}: `heldout: {options['heldout']}` names no file (looked for {heldout})")
+    return {"model": model, "heldout": heldout}
+
+
+def _read_document(path: Path) -> tuple[list[Any], dict]:
     if not path.is_file():
         raise WorkloadError(f"workload file {path} does not exist; give the path of a .yaml or .jsonl file")
     try:
@@ -39,7 +55,7 @@ def _read_raw_tasks(path: Path) -> list[Any]:
         raise WorkloadError(f"{path}: not UTF-8 text (byte {exc.start}): save the workload as UTF-8") from None
     if path.suffix == ".jsonl":
         return [_parse_json_line(path, n, line) for n, line in enumerate(text.splitlines(), 1)
-                if line.strip()]
+                if line.strip()], {}
     if path.suffix not in (".yaml", ".yml"):
         raise WorkloadError(f"{path}: unknown workload format {path.suffix!r}; use .yaml, .yml or .jsonl")
     try:
@@ -49,12 +65,13 @@ def _read_raw_tasks(path: Path) -> list[Any]:
     except RecursionError:
         raise WorkloadError(f"{path}: nested too deeply to be a workload; tasks are a flat list") from None
     if document is None:
-        return []
-    if not isinstance(document, dict) or set(document) != {"tasks"}:
-        raise WorkloadError(f"{path}: the top level must be a mapping with one key, `tasks:` (a list)")
+        return [], {}
+    if not isinstance(document, dict) or "tasks" not in document or set(document) - TOP_LEVEL_KEYS:
+        raise WorkloadError(f"{path}: the top level must be a mapping with `tasks:` (a list) and optionally "
+                            "`model:` and `heldout:`")
     if not isinstance(document["tasks"], list):
         raise WorkloadError(f"{path}: `tasks:` must be a list of tasks")
-    return document["tasks"]
+    return document["tasks"], {k: v for k, v in document.items() if k != "tasks"}
 
 
 def _parse_json_line(path: Path, number: int, line: str) -> Any:

@@ -13,9 +13,12 @@ status 0 means reward 1).
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Discriminator, Field, Tag
+
+from belayer.model.build import ModelSize
 
 TASK_ID_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$"
 
@@ -69,3 +72,11 @@ class Workload(_Strict):
     """A validated workload: at least one task, unique ids."""
 
     tasks: list[Task] = Field(min_length=1)
+    model: ModelSize | None = Field(
+        None, description="The project-built model the tasks were made for; `belayer train` starts from it "
+        "(and publishes it into the engines) instead of the stack's served model."
+    )
+    heldout: Path | None = Field(
+        None, description="A workload of held-out tasks `belayer train` evaluates every iteration "
+        "(relative to this file)."
+    )

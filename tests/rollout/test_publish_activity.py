@@ -90,3 +90,25 @@ async def test_a_restarted_node_comes_back_on_the_version_it_served(store, tiny_
         assert reference.token_ids != before.token_ids, "version 3 is the built model again, not version 2"
     finally:
         next(restarted, None)
+
+
+async def test_a_node_serves_another_built_model_of_its_layout_by_name(lone_node, store):
+    """How a `tiny-warm` run starts on a stack built from `tiny`: the node loads the named
+    model from its own model cache; a model not built there is a final error naming the fix."""
+    from belayer.model.build import model_path
+
+    acts = PublishActivities(lone_node, store)
+    env = ActivityEnvironment()
+    version = lone_node.roles()["weights_version"] + 1
+    spec = SamplingSpec(max_tokens=12, temperature=1.0, seed=3, ignore_eos=True)
+    before = lone_node.generate([5, 6, 7], spec, timeout=300)
+    model_path("tiny-warm")  # built by `make install`; builds it otherwise
+    result = await env.run(acts.publish_weights, PublishWeightsArgs(version=version, weights=None, model="tiny-warm"))
+    assert result.version == version and lone_node.roles()["leader_version"] == version
+    assert lone_node.generate([5, 6, 7], spec, timeout=300).token_ids != before.token_ids
+
+    with pytest.raises(ApplicationError) as missing:
+        await env.run(acts.publish_weights, PublishWeightsArgs(version=version + 1, weights=None, model="huge"))
+    assert missing.value.type == "ModelNotBuilt" and missing.value.non_retryable
+    assert "belayer model build --size huge" in str(missing.value)
+    assert lone_node.roles()["weights_version"] == version

@@ -61,6 +61,7 @@ class StandIns:
 
     steps: list[TrainStepArgs] = field(default_factory=list)
     published: list[int] = field(default_factory=list)
+    start_models: list[str | None] = field(default_factory=list)
     node_version: int = 1
     fail_publish_once: bool = False
 
@@ -83,6 +84,7 @@ class StandIns:
             self.fail_publish_once = False
             raise RuntimeError("node busy")  # retryable: the workflow's retry policy takes it
         self.published.append(args.version)
+        self.start_models.append(args.model)
         previous, self.node_version = self.node_version, args.version
         return PublishWeightsResult(node_id="n", version=args.version, previous_version=previous, policy="",
                                     fetch_s=0, staged_s=0, written_s=0, sealed_s=0, switched_s=0,
@@ -130,8 +132,9 @@ async def test_iterations_train_on_group_advantages_and_publish_each_version(har
     result, records = await train(iterations=3)
     assert result.status == "completed" and result.iterations_done == 3
     assert [r.iteration for r in records] == [0, 1, 2]
-    assert fakes.published == [2, 3, 4], "each iteration's weights go to the node as the next version"
-    assert [s.sampled_version for s in fakes.steps] == [1, 2, 3]
+    assert fakes.published == [2, 3, 4, 5], "the start model as v2, then each iteration's weights"
+    assert fakes.start_models == ["tiny", None, None, None]
+    assert [s.sampled_version for s in fakes.steps] == [2, 3, 4]
     assert result.final_weights_sha256 == records[-1].weights_sha256
     for step, record in zip(fakes.steps, records, strict=True):
         assert len(step.samples) == 2 * 3
@@ -179,11 +182,12 @@ async def test_a_group_still_incomplete_after_its_retries_is_dropped_whole(harne
     assert record.mean_reward == pytest.approx(sum(record.rewards[record.tasks.index(TASKS[0].id)]) / 3)
 
 
-async def test_nodes_serving_another_runs_weights_get_the_built_model_back_first(harness):
+async def test_nodes_serving_another_runs_weights_get_the_start_model_back_first(harness):
     fakes, train = harness
     fakes.node_version = 5
-    result, _ = await train(iterations=1)
-    assert fakes.published == [6, 7], "the built model as v6, then iteration 0's weights as v7"
+    result, _ = await train(iterations=1, model="tiny-warm")
+    assert fakes.published == [6, 7], "the start model as v6, then iteration 0's weights as v7"
+    assert fakes.start_models[0] == "tiny-warm" and fakes.steps[0].model == "tiny-warm"
     assert fakes.steps[0].sampled_version == 6 and fakes.steps[0].base is None
 
 
@@ -191,7 +195,7 @@ async def test_a_failed_publish_is_retried(harness):
     fakes, train = harness
     fakes.fail_publish_once = True
     result, _ = await train(iterations=1)
-    assert result.status == "completed" and fakes.published == [2]
+    assert result.status == "completed" and fakes.published == [2, 3]
 
 
 async def test_continue_as_new_carries_the_run(harness):
@@ -199,7 +203,7 @@ async def test_continue_as_new_carries_the_run(harness):
     result, records = await train(iterations=5, continue_as_new_every=2)
     assert result.iterations_done == 5 and [r.iteration for r in records] == list(range(5))
     assert [s.base.iteration if s.base else None for s in fakes.steps] == [None, 0, 1, 2, 3]
-    assert fakes.published == [2, 3, 4, 5, 6]
+    assert fakes.published == [2, 3, 4, 5, 6, 7]
 
 
 async def test_a_runs_history_replays_without_nondeterminism(harness, stack_config):

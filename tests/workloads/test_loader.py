@@ -38,6 +38,14 @@ tasks:
     assert model.max_turns == 8
 
 
+def test_a_training_workload_names_its_model_and_heldout_file(tmp_path):
+    write(tmp_path, "held.yaml", "tasks: [{id: h, instruction: x}]\n")
+    path = write(tmp_path, "w.yaml", "tasks: [{id: a, instruction: x}]\nmodel: tiny-warm\nheldout: held.yaml\n")
+    workload = load_workload(path)
+    assert workload.model == "tiny-warm"
+    assert [t.id for t in load_workload(workload.heldout).tasks] == ["h"]
+
+
 def test_jsonl(tmp_path):
     path = write(tmp_path, "w.jsonl", '{"id": "a", "turns": [{"think_tokens": 1, "bash": "true"}]}\n\n'
                                       '{"id": "b", "instruction": "x"}\n')
@@ -55,7 +63,9 @@ def test_jsonl(tmp_path):
     ("tasks:\n  - id: 'bad id!'\n    instruction: x\n", ["field id", "letters, digits"]),
     ("tasks:\n  - {id: a, instruction: x}\n  - {id: a, instruction: y}\n", ["appears twice"]),
     ("tasks: [\n", ["not valid YAML"]),
-    ("jobs: []\n", ["one key, `tasks:`"]),
+    ("jobs: []\n", ["mapping with `tasks:`"]),
+    ("tasks: [{id: a, instruction: x}]\nmodel: gpt\n", ["`model: gpt`", "tiny-warm"]),
+    ("tasks: [{id: a, instruction: x}]\nheldout: nowhere.yaml\n", ["`heldout: nowhere.yaml` names no file"]),
 ])
 def test_invalid_files_name_task_field_and_fix(tmp_path, text, expected):
     with pytest.raises(WorkloadError) as excinfo:
