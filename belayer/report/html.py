@@ -8,7 +8,7 @@ import html
 import json
 from pathlib import Path
 
-from belayer.report.data import RunData
+from belayer.report.data import RunData, TrainingRun
 
 STYLE = """
 body{font-family:system-ui,sans-serif;margin:24px;color:#222;max-width:1500px}
@@ -18,6 +18,7 @@ td,th{border:1px solid #ddd;padding:3px 7px;text-align:left;vertical-align:top}
 th{background:#f4f4f4}.bad{color:#b00;font-weight:600}.good{color:#070;font-weight:600}
 .side{display:flex;flex-wrap:wrap;gap:18px;align-items:flex-start}.side>div{flex:1 1 420px;overflow-x:auto}
 img{max-width:100%}code{font-size:12px}
+.caption{font-size:13px;color:#555;max-width:1000px}.warn{background:#fff4d6;border:1px solid #e0b84c;padding:6px 10px}
 """
 HEADLINE = ["trajectories", "faults_injected", "lost", "mismatched", "failed_infra", "context_cuts",
             "p50_recovery_s", "p99_recovery_s", "faults_not_injected", "seed", "rounds", "wall_s"]
@@ -26,26 +27,50 @@ ZERO_IS_GOOD = {"lost", "mismatched", "failed_infra"}
 
 def page(run: RunData, figures: list[tuple[str, Path]], benches: list[tuple[str, dict]],
          history_errors: dict[str, str]) -> str:
-    parts = [f"<!doctype html><html><head><meta charset='utf-8'><title>Belayer report</title>"
-             f"<style>{STYLE}</style></head><body>",
-             f"<h1>Belayer report — {html.escape(Path(run.source).name)}</h1>",
-             _summary(run)]
-    for title, path in figures:
-        encoded = base64.b64encode(path.read_bytes()).decode()
-        parts.append(f"<h2>{html.escape(title)}</h2><img alt='{html.escape(title)}' "
-                     f"src='data:image/png;base64,{encoded}'>")
+    parts = [f"<h1>Belayer report — {html.escape(Path(run.source).name)}</h1>", _summary(run)]
+    parts += [_figure(title, path) for title, path in figures]
     parts.append(_faults(run))
     parts.append(_trajectories(run))
-    if benches:
-        parts.append("<h2>Benchmarks, side by side</h2><div class='side'>")
-        for name, document in benches:
-            parts.append(f"<div><h3>{html.escape(name)}</h3>{_bench(document)}</div>")
-        parts.append("</div>")
+    parts.append(_benches(benches))
     if history_errors:
         parts.append("<h2>Histories not read</h2><ul>" + "".join(
             f"<li><code>{html.escape(k)}</code>: {html.escape(v)}</li>" for k, v in history_errors.items()) + "</ul>")
-    parts.append("</body></html>")
-    return "\n".join(parts)
+    return _document("Belayer report", parts)
+
+
+def training_page(run: TrainingRun, control: TrainingRun | None, figures: list[tuple[str, Path, str]],
+                  benches: list[tuple[str, dict]], warnings: list[str]) -> str:
+    parts = [f"<h1>Belayer training report — run <code>{html.escape(run.run_id)}</code></h1>"]
+    parts += [f"<p class='warn'>warning: {html.escape(w)}</p>" for w in warnings]
+    parts.append(_training_summary(run, control))
+    if not run.iterations:
+        parts.append("<p>The run recorded no iteration: nothing to draw.</p>")
+    parts += [_figure(*figure) for figure in figures]
+    parts.append(_training_faults(run))
+    parts.append(_iterations(run))
+    parts.append(_dropped_groups(run))
+    parts.append(_benches(benches))
+    return _document(f"Belayer training report — {run.run_id}", parts)
+
+
+def _document(title: str, parts: list[str]) -> str:
+    head = (f"<!doctype html><html><head><meta charset='utf-8'><title>{html.escape(title)}</title>"
+            f"<style>{STYLE}</style></head><body>")
+    return "\n".join([head, *[p for p in parts if p], "</body></html>"])
+
+
+def _figure(title: str, path: Path, caption: str = "") -> str:
+    encoded = base64.b64encode(path.read_bytes()).decode()
+    text = f"<p class='caption'>{html.escape(caption)}</p>" if caption else ""
+    return (f"<h2>{html.escape(title)}</h2><img alt='{html.escape(title)}' "
+            f"src='data:image/png;base64,{encoded}'>{text}")
+
+
+def _benches(benches: list[tuple[str, dict]]) -> str:
+    if not benches:
+        return ""
+    boxes = "".join(f"<div><h3>{html.escape(name)}</h3>{_bench(document)}</div>" for name, document in benches)
+    return f"<h2>Benchmarks, side by side</h2><div class='side'>{boxes}</div>"
 
 
 def _summary(run: RunData) -> str:
@@ -92,6 +117,75 @@ def _trajectories(run: RunData) -> str:
     return "<h2>Trajectories</h2>" + _table(["id", "task", "status", "verdict", "turns", "recoveries"], rows)
 
 
+def _training_summary(run: TrainingRun, control: TrainingRun | None) -> str:
+    planned = run.settings.get("iterations")
+    rows = [("run id", run.run_id, ""),
+            ("status", run.status, {"completed": "good", "failed_infra": "bad"}.get(run.status, "")),
+            ("reason", run.reason, ""),
+            ("iterations recorded", f"{len(run.iterations)}" + (f" of {planned}" if planned else ""), ""),
+            ("train reward, first → last", _first_to_last(run, "mean_reward"), ""),
+            ("held-out reward, first → last", _first_to_last(run, "heldout_reward"), "")]
+    if control is not None:
+        rows += [("control", f"run {control.run_id} ({control.status}), {control.label}", ""),
+                 ("control train reward, first → last", _first_to_last(control, "mean_reward"), ""),
+                 ("control held-out reward, first → last", _first_to_last(control, "heldout_reward"), "")]
+    if run.iterations and run.iterations[-1].elapsed_s is not None:
+        rows.append(("wall time", _duration(run.iterations[-1].elapsed_s), ""))
+    if run.faults:
+        injected = [f for f in run.faults if f.injected]
+        recovered = sum(f.recovery_s is not None for f in injected)
+        rows.append(("faults", f"{len(injected)} injected of {len(run.faults)} planned, {recovered} recovered", ""))
+    body = "".join(f"<tr><th>{html.escape(key)}</th><td{f' class={css!r}' if css else ''}>"
+                   f"{html.escape(str(value))}</td></tr>" for key, value, css in rows if value != "")
+    body += f"<tr><th>final weights sha256</th><td><code>{html.escape(run.final_weights_sha256 or '-')}</code></td></tr>"
+    settings = _table(["setting", "value"], list(run.settings.items())) if run.settings else \
+        "<p>(no settings recorded)</p>"
+    return (f"<h2>Summary</h2><div class='side'><div><table>{body}</table></div>"
+            f"<div><h3>Settings</h3>{settings}</div></div>")
+
+
+def _first_to_last(run: TrainingRun, field: str) -> str:
+    """First and last recorded values and the change: the curve in one line."""
+    values = [(i.iteration, getattr(i, field)) for i in run.iterations if getattr(i, field) is not None]
+    if not values:
+        return "-"
+    (first_at, first), (last_at, last) = values[0], values[-1]
+    return f"{first:.3f} (iteration {first_at}) → {last:.3f} (iteration {last_at}), {last - first:+.3f}"
+
+
+def _duration(seconds: float) -> str:
+    minutes, rest = divmod(round(seconds), 60)
+    return f"{minutes}m {rest:02d}s" if minutes else f"{rest}s"
+
+
+def _training_faults(run: TrainingRun) -> str:
+    if not run.faults:
+        return ""
+    rows = [[f.kind, f.at, f.target, f.recovered_by, f.recovery_s] for f in run.faults]
+    return "<h2>Faults</h2>" + _table(["kind", "iteration", "target", "recovered by", "recovery s"], rows)
+
+
+def _iterations(run: TrainingRun) -> str:
+    if not run.iterations:
+        return ""
+    rows = [[i.iteration, _reward(i.mean_reward), _reward(i.heldout_reward),
+             _duration(i.elapsed_s) if i.elapsed_s is not None else None, i.groups_kept, i.groups_dropped,
+             i.infra_retries, f"v{i.weights_version} {i.weights_sha256[:12]}"] for i in run.iterations]
+    return "<h2>Iterations</h2>" + _table(
+        ["iteration", "train reward", "held-out reward", "elapsed", "groups kept", "groups dropped",
+         "infra retries", "weights (version, sha256)"], rows)
+
+
+def _reward(value: float | None) -> str | None:
+    """Three decimals always, so a column of rewards lines up."""
+    return None if value is None else f"{value:.3f}"
+
+
+def _dropped_groups(run: TrainingRun) -> str:
+    rows = [[i.iteration, d.get("group"), d.get("reason")] for i in run.iterations for d in i.dropped]
+    return "<h2>Dropped groups</h2>" + _table(["iteration", "group", "why"], rows) if rows else ""
+
+
 def _bench(document: dict) -> str:
     """Top-level scalars as one table; each list of objects as a table of its scalar columns."""
     scalars = [[k, v] for k, v in document.items() if not isinstance(v, (dict, list))]
@@ -116,6 +210,8 @@ def _table(header: list[str], rows: list[list]) -> str:
 def _fmt(value) -> str:
     if value is None:
         return "-"
+    if isinstance(value, float) and value and abs(value) < 1e-3:
+        return f"{value:g}"  # a learning rate: three decimals would print 0
     if isinstance(value, float):
         return f"{value:.3f}".rstrip("0").rstrip(".") if abs(value) < 1e6 else f"{value:.4g}"
     if isinstance(value, (dict, list)):

@@ -4,7 +4,11 @@
   from the Temporal history; each fault a red line, its recovery a red band until the
   trajectory moved on;
 - recovery: recovery time per fault kind (each fault a dot, the median a bar);
-- outcomes: trajectories per verdict / status.
+- outcomes: trajectories per verdict / status;
+- reward_curve (training): mean train and held-out reward per iteration, and against wall
+  minutes; a control run dashed;
+- time_split (training): rollout / train / publish seconds stacked per iteration, recovery
+  time beside them, the faults injected named over their iteration.
 """
 
 from __future__ import annotations
@@ -12,7 +16,7 @@ from __future__ import annotations
 import statistics
 from pathlib import Path
 
-from belayer.report.data import RunData
+from belayer.report.data import RunData, TrainingRun
 from belayer.report.history import History
 
 COLORS = {
@@ -153,3 +157,152 @@ def outcomes(run: RunData, path: Path) -> Path | None:
     fig.savefig(path, dpi=110)
     plt.close(fig)
     return path
+
+
+TRAIN_COLOR, HELDOUT_COLOR = "#4C72B0", "#DD8452"
+PHASE_COLORS = {"rollout": "#4C72B0", "train": "#55A868", "publish": "#DD8452"}
+FAULT_COLOR = "#C44E52"
+# the time figure's text at 8 points, in inches: what decides where fault names fit
+INCHES_PER_CHAR, LINE_INCHES, BAR_LABEL_INCHES, AXES_INCHES = 0.065, 0.16, 0.2, 3.6
+
+
+def reward_curve(run: TrainingRun, control: TrainingRun | None, path: Path) -> Path | None:
+    """Left: reward per iteration. Right (when the runs recorded elapsed time): the same
+    points against wall minutes, where time lost to faults shows as a stretched curve."""
+    if not any(i.mean_reward is not None for i in run.iterations):
+        return None
+    plt = _pyplot()
+    from matplotlib.ticker import MaxNLocator
+
+    runs = [(run, False)] + ([(control, True)] if control is not None else [])
+    timed = has_time_panel(run, control)
+    fig, axes = plt.subplots(1, 2 if timed else 1, figsize=(13 if timed else 8, 4.6), sharey=True,
+                             squeeze=False, layout="constrained")
+    by_iteration, by_time = axes[0][0], axes[0][-1] if timed else None
+    for training, is_control in runs:
+        _reward_lines(by_iteration, training, [i.iteration for i in training.iterations], is_control)
+        if by_time is not None:
+            _reward_lines(by_time, training, [i.elapsed_s / 60 for i in training.iterations], is_control)
+    by_iteration.xaxis.set_major_locator(MaxNLocator(integer=True))
+    by_iteration.set_xlabel("iteration (0: the start weights)")
+    by_iteration.set_ylabel("mean reward")
+    by_iteration.set_title("per iteration")
+    if by_time is not None:
+        by_time.set_xlabel("wall minutes since the run started (at each iteration's end)")
+        by_time.set_title("per wall minute")
+        by_time.set_xlim(left=0)
+    rewards = [value for training, _ in runs for i in training.iterations
+               for value in (i.mean_reward, i.heldout_reward) if value is not None]
+    if min(rewards) >= 0 and max(rewards) <= 1:
+        by_iteration.set_ylim(-0.03, 1.03)  # rewards within [0, 1]: the whole scale shows how far is left
+    for ax in axes[0]:
+        ax.grid(alpha=0.3)
+    fig.suptitle(f"Reward of training run {run.run_id}")
+    handles, labels = by_iteration.get_legend_handles_labels()
+    fig.legend(handles, labels, loc="outside lower center", ncol=min(4 if timed else 2, len(labels)), frameon=False)
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
+
+
+def has_time_panel(run: TrainingRun, control: TrainingRun | None) -> bool:
+    """Whether every run drawn recorded elapsed time (runs from before `elapsed_s` did not)."""
+    return all(i.elapsed_s is not None for r in (run, control) if r is not None for i in r.iterations)
+
+
+def _reward_lines(ax, run: TrainingRun, xs: list[float], is_control: bool) -> None:
+    """Train reward, and held-out reward when the run evaluated one; None (every group
+    dropped) leaves a gap rather than a fake point. The control's open squares sit under
+    the run's dots, so where both start from the same weights both stay visible."""
+    look = (dict(linestyle="--", marker="s", markersize=7, markerfacecolor="white", zorder=2) if is_control
+            else dict(linestyle="-", marker="o", markersize=5, zorder=3))
+    label = f"{run.label} (control)" if is_control else run.label
+    series = [("train", TRAIN_COLOR, [i.mean_reward for i in run.iterations])]
+    if any(i.heldout_reward is not None for i in run.iterations):
+        series.append(("held-out", HELDOUT_COLOR, [i.heldout_reward for i in run.iterations]))
+    for name, color, values in series:
+        ys = [float("nan") if v is None else v for v in values]
+        ax.plot(xs, ys, color=color, label=f"{name} reward, {label}", **look)
+
+
+def time_split(run: TrainingRun, path: Path) -> Path | None:
+    """Where each iteration's wall time went. Recovery time is summed over trajectories that
+    run side by side, so it is not a slice of the bar: it stands beside it as a stem."""
+    if not run.iterations:
+        return None
+    plt = _pyplot()
+    from matplotlib.ticker import MaxNLocator
+
+    span = run.iterations[-1].iteration - run.iterations[0].iteration + 1
+    width = min(14.0, max(9.0, 0.6 * span + 5))
+    inches_per_iteration = (width - 3.2) / span  # less the legend and the y axis
+    labelled = inches_per_iteration >= 0.35  # room for "123s" over each bar
+    fig, ax = plt.subplots(figsize=(width, 4.8), layout="constrained")
+    handles = _phase_bars(ax, run, labelled)
+    handles += _recovery_stems(ax, run, labelled)
+    handles += _fault_names(ax, run, inches_per_iteration)
+    ax.xaxis.set_major_locator(MaxNLocator(integer=True))
+    ax.set_xlabel("iteration")
+    ax.set_ylabel("seconds")
+    ax.set_title(f"Where each iteration's time went — training run {run.run_id}")
+    ax.grid(axis="y", alpha=0.3)
+    fig.legend(handles=handles, loc="outside right upper", frameon=False, fontsize=9)
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
+
+
+def _phase_bars(ax, run: TrainingRun, labelled: bool) -> list:
+    """Rollout, train and publish stacked (they run one after the other), the total on top."""
+    xs = [i.iteration - 0.1 for i in run.iterations]
+    bottoms = [0.0] * len(xs)
+    handles = []
+    for phase, color in PHASE_COLORS.items():
+        seconds = [getattr(i, f"{phase}_s") for i in run.iterations]
+        handles.append(ax.bar(xs, seconds, bottom=bottoms, width=0.55, color=color, label=phase))
+        bottoms = [b + s for b, s in zip(bottoms, seconds, strict=True)]
+    for x, total in zip(xs, bottoms, strict=True):
+        if labelled:
+            ax.annotate(f"{total:.0f}s", (x, total), xytext=(0, 2), textcoords="offset points", ha="center",
+                        va="bottom", fontsize=8)
+    return handles
+
+
+def _recovery_stems(ax, run: TrainingRun, labelled: bool) -> list:
+    """Recovery time as a stem right of each bar that had any; an iteration without
+    recoveries draws nothing, so the eye goes to the ones that had them."""
+    hit = [i for i in run.iterations if i.recovery_s > 0]
+    if not hit:
+        return []
+    xs = [i.iteration + 0.3 for i in hit]
+    for x, record in zip(xs, hit, strict=True):
+        ax.plot([x, x], [0, record.recovery_s], color=FAULT_COLOR, linewidth=2)
+        if labelled:
+            ax.annotate(f"{record.recovery_s:.0f}s", (x, record.recovery_s), xytext=(0, 5),
+                        textcoords="offset points", ha="center", va="bottom", fontsize=8, color=FAULT_COLOR,
+                        bbox=dict(facecolor="white", alpha=0.8, edgecolor="none", pad=0.5))  # legible over a bar
+    return ax.plot(xs, [i.recovery_s for i in hit], linestyle="none", marker="D", color=FAULT_COLOR, markersize=6,
+                   label="recovery, summed\nover trajectories")
+
+
+def _fault_names(ax, run: TrainingRun, inches_per_iteration: float) -> list:
+    """The kinds of fault injected, one per line at the top of their iteration. Where two
+    faulted iterations are too close for the names side by side, the names turn upright.
+    The y axis gets the headroom they need above the tallest bar."""
+    names: dict[int, list[str]] = {}
+    for fault in run.faults:
+        if fault.injected and fault.at is not None:
+            names.setdefault(fault.at, []).append(fault.kind)
+    if not names:
+        return []
+    longest = (max(len(name) for kinds in names.values() for name in kinds) + 2) * INCHES_PER_CHAR
+    faulted = sorted(names)
+    upright = any((b - a) * inches_per_iteration < longest for a, b in zip(faulted, faulted[1:], strict=False))
+    extent = longest if upright else max(len(kinds) for kinds in names.values()) * LINE_INCHES
+    ax.set_ylim(0, ax.get_ylim()[1] / (1 - (extent + BAR_LABEL_INCHES) / AXES_INCHES))
+    for iteration, kinds in names.items():
+        text = "\n".join(kinds if upright else [f"▼ {kind}" for kind in kinds])  # upright, ▼ would point sideways
+        ax.annotate(text, (iteration, 1), xycoords=("data", "axes fraction"), xytext=(0, -4),
+                    textcoords="offset points", ha="center", va="top", fontsize=8, color=FAULT_COLOR,
+                    rotation=90 if upright else 0)
+    return ax.plot([], [], linestyle="none", marker="v", color=FAULT_COLOR, label="fault injected\n(named above)")
