@@ -1,4 +1,5 @@
-"""`belayer model ...`: build the project's own model into the cache.
+"""`belayer model ...`: build the project's own model into the cache, and export a
+training run's weights as a model folder.
 
 The CLI owner registers `model` on the main group (`main.add_command(model)`).
 """
@@ -12,7 +13,7 @@ import click
 
 @click.group("model")
 def model() -> None:
-    """The project-built causal LM (deterministic, no download)."""
+    """The project-built causal LM (deterministic, no download), and trained weights exported from it."""
 
 
 @model.command("build")
@@ -42,3 +43,35 @@ def build(size: str, cache_dir: Path | None, force: bool) -> None:
         size, cache_dir, force=force, progress=lambda msg: click.echo(f"[model] {msg}", err=True)
     )
     click.echo(str(path))
+
+
+@model.command("export")
+@click.argument("run_id", metavar="RUN")
+@click.option("--iteration", type=click.IntRange(0), default=None,
+              help="The iteration whose trained weights to export (default: the last one recorded).")
+@click.option("--out", required=True, type=click.Path(path_type=Path),
+              help="The folder to write; it must not exist or be empty.")
+@click.option("--force", is_flag=True, help="Replace --out, and everything in it, when it is not empty.")
+@click.pass_context
+def export(ctx: click.Context, run_id: str, iteration: int | None, out: Path, force: bool) -> None:
+    """Write training run RUN's weights after an iteration as a safetensors model folder
+    (config.json, tokenizer, model.safetensors in fp32) that vLLM and transformers load;
+    print the folder.
+
+    The weights are read from the iteration's write-once trainer checkpoint and checked
+    against the sha256s its record names: model.safetensors' sha256 is the iteration's
+    weights sha256 (`belayer train status RUN`).
+    """
+    import os
+    import sys
+
+    from belayer.cli.main import config_from
+    from belayer.model.export import export_run
+
+    exported = export_run(config_from(ctx.find_root()), run_id, out, iteration=iteration, force=force,
+                          progress=lambda msg: click.echo(f"[model] {msg}", err=True))
+    click.echo(f"[model] run {run_id} iteration {exported.iteration}: weights v{exported.weights_version} "
+               f"sha256 {exported.weights_sha256} ({exported.model})", err=True)
+    click.echo(str(out))
+    sys.stdout.flush()
+    os._exit(0)  # the Temporal SDK can abort at interpreter exit in short commands (docs/design.md §7)

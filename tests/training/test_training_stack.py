@@ -9,6 +9,7 @@ and the final weights, of the same run without faults.
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import json
 import shutil
 import subprocess
@@ -19,6 +20,7 @@ from pathlib import Path
 import psutil
 import pytest
 import yaml
+from safetensors.torch import load_file
 
 from belayer.sandbox.runtime import run_podman
 from tests.conftest import isolated_config
@@ -95,7 +97,7 @@ def calm(stack, workload) -> dict:
     return train(stack[1], str(workload), *TRAIN_ARGS)
 
 
-def test_a_run_trains_publishes_and_is_followed(stack, calm):
+def test_a_run_trains_publishes_and_is_followed(stack, calm, tmp_path):
     config, env = stack
     iterations = calm["iterations"]
     assert [i["iteration"] for i in iterations] == [0, 1, 2]
@@ -118,6 +120,12 @@ def test_a_run_trains_publishes_and_is_followed(stack, calm):
     assert roles["weights_version"] == versions[-1], "the node serves the last published version"
     assert asyncio.run(_children(config, calm["run_id"])) == 3 * 4 * 2
 
+    exported = tmp_path / "exported"
+    belayer(env, "model", "export", calm["run_id"], "--out", str(exported))
+    weights = exported / "model.safetensors"
+    assert hashlib.sha256(weights.read_bytes()).hexdigest() == iterations[-1]["weights_sha256"]
+    assert same_tensors(load_file(str(weights)), checkpoint_weights(config, calm["run_id"], iteration=2))
+
 
 def test_faults_of_every_kind_change_nothing_in_the_result(stack, workload, calm):
     stormy = train(stack[1], str(workload), *TRAIN_ARGS, "--chaos", EVERY_FAULT)
@@ -130,11 +138,25 @@ def test_faults_of_every_kind_change_nothing_in_the_result(stack, workload, calm
     assert outcome(stormy) == outcome(calm)
 
 
+def checkpoint_weights(config, run_id: str, iteration: int) -> dict:
+    """The weights of the trainer checkpoint written after `iteration`, from the stack's store."""
+    from belayer.storage.store import ObjectStore
+    from belayer.trainer.state import checkpoint_key, decode_checkpoint
+
+    key = checkpoint_key(run_id, iteration)
+    with ObjectStore(config.storage) as store:
+        return decode_checkpoint(key, store.get_bytes(key)).weights_only()
+
+
+def same_tensors(a: dict, b: dict) -> bool:
+    import torch
+
+    return a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+
+
 def built_weights_sha256() -> str:
     """The sha256 of the built model's weights as the trainer stores them."""
-    import hashlib
-
-    from safetensors.torch import load_file, save
+    from safetensors.torch import save
 
     from belayer.model.build import model_path
 
