@@ -13,6 +13,7 @@ import hashlib
 import json
 import shutil
 import subprocess
+import sys
 import tempfile
 import uuid
 from pathlib import Path
@@ -190,3 +191,24 @@ def test_an_infrastructure_failure_is_retried_then_its_group_dropped_never_score
     assert rewards["setup-fails"] == [None, None], "an infrastructure failure is no reward, not a zero"
     kept = rewards[learn[0]["id"]]
     assert None not in kept and iteration["mean_reward"] == sum(kept) / len(kept)
+
+
+def test_the_client_example_starts_and_follows_a_run(stack, tmp_path):
+    """examples/train_with_client.py, as a user runs it: one iteration of one task with one
+    held-out task; a line per iteration, then the result, which `belayer train status` agrees with."""
+    learn = yaml.safe_load((ROOT / "examples/workloads/learn.yaml").read_text())["tasks"]
+    heldout = yaml.safe_load((ROOT / "examples/workloads/learn-heldout.yaml").read_text())["tasks"]
+    (tmp_path / "heldout.yaml").write_text(yaml.safe_dump({"tasks": heldout[:1]}))
+    (tmp_path / "one.yaml").write_text(yaml.safe_dump({"tasks": learn[:1], "heldout": "heldout.yaml"}))
+    run_id = f"example-{uuid.uuid4().hex[:6]}"
+    done = subprocess.run(
+        [sys.executable, "examples/train_with_client.py", str(tmp_path / "one.yaml"), "--iterations", "1",
+         "--group-size", "2", "--tasks-per-iteration", "1", "--run-id", run_id],
+        env=stack[1], cwd=ROOT, capture_output=True, text=True, stdin=subprocess.DEVNULL, timeout=900)
+    assert done.returncode == 0, f"the example failed:\n{done.stdout}\n{done.stderr}"
+    started, iteration, ended = done.stdout.splitlines()
+    assert started.startswith(f"run {run_id}: 1 iterations of 1 tasks x 2 trajectories")
+    (record,) = json.loads(belayer(stack[1], "train", "status", run_id, "--json").stdout)["iterations"]
+    assert iteration == (f"iteration 0: mean reward {record['mean_reward']:.3f}, held-out reward "
+                         f"{record['heldout_reward']:.3f}, weights v{record['weights_version']}")
+    assert ended == f"run {run_id}: completed, 1 iterations, final weights sha256 {record['weights_sha256']}"
