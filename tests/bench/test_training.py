@@ -200,7 +200,9 @@ def test_bench_training_on_a_private_stack(tmp_path):
         assert run["trajectory_attempts"] >= 2 * 2
         assert 0 <= run["wasted_s"] < run["wall_s"]
         assert 0 < run["effective_training_time_ratio"] <= 1
-        assert run["effective_training_time_ratio"] == round((run["wall_s"] - run["wasted_s"]) / run["wall_s"], 4)
+        # the figure is computed before wall_s and wasted_s are rounded for the JSON
+        assert run["effective_training_time_ratio"] == pytest.approx(
+            (run["wall_s"] - run["wasted_s"]) / run["wall_s"], abs=2e-4)
         if not mode.endswith("faulted"):
             assert run["failed_attempts"] == 0 and run["wasted_s"] == 0 and run["faults"] == []
     p, u = runs["protected"], runs["unprotected"]
