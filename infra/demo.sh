@@ -51,7 +51,7 @@ PY
 # into the running engines), undisturbed and then with an engine crash, a sandbox crash
 # and the trainer's death; the two runs must end on the same weights.
 TRAIN_WORKLOAD=examples/workloads/learn.yaml
-TRAIN_ARGS=(--iterations 3 --tasks-per-iteration 4 --group-size 2 --seed 5 --lr 1e-3 --no-heldout --json)
+TRAIN_ARGS=(--iterations 3 --tasks-per-iteration 4 --group-size 2 --seed 5 --no-heldout --json)
 TRAIN_FAULTS="engine-crash@iteration=0,sandbox-crash@iteration=1,trainer-crash@iteration=1"
 echo
 echo "== 3/4: belayer train $TRAIN_WORKLOAD, 3 iterations, no faults (the reference)"

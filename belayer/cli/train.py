@@ -39,15 +39,18 @@ def train() -> None:
 
 @train.command("start")
 @click.argument("workload", type=click.Path(path_type=Path))
-@click.option("--iterations", default=10, show_default=True, type=click.IntRange(1, 1_000_000),
-              help="Optimizer steps; each one rolls out a batch first.")
+@click.option("--iterations", default=24, show_default=True, type=click.IntRange(1, 1_000_000),
+              help="Iterations; each rolls out a batch, then takes --minibatches optimizer steps on it.")
 @click.option("--group-size", default=4, show_default=True, type=click.IntRange(2, 256),
               help="Trajectories per task per iteration (a GRPO group).")
 @click.option("--tasks-per-iteration", default=4, show_default=True, type=click.IntRange(1, 4096),
               help="Tasks drawn (seeded) for each iteration.")
 @click.option("--seed", default=0, show_default=True, type=click.IntRange(0, 2**31 - 1),
               help="Fixes the task draws and every sampling seed.")
-@click.option("--lr", default=1e-5, show_default=True, type=click.FloatRange(0), help="AdamW learning rate.")
+@click.option("--lr", default=1e-4, show_default=True, type=click.FloatRange(0), help="AdamW learning rate.")
+@click.option("--minibatches", default=8, show_default=True, type=click.IntRange(1, 64),
+              help="Optimizer steps per iteration, each on a contiguous slice of the batch (clipping acts "
+              "from the second on).")
 @click.option("--temperature", default=1.0, show_default=True, type=click.FloatRange(0, 5, min_open=True),
               help="Sampling temperature of the rollouts (and of the trainer's logprobs).")
 @click.option("--heldout", type=click.Path(path_type=Path), default=None,
@@ -63,7 +66,7 @@ def train() -> None:
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object when the run ends.")
 @click.pass_context
 def start(ctx: click.Context, workload: Path, iterations: int, group_size: int, tasks_per_iteration: int,
-          seed: int, lr: float, temperature: float, heldout: Path | None, no_heldout: bool, max_infra_retries: int,
+          seed: int, lr: float, minibatches: int, temperature: float, heldout: Path | None, no_heldout: bool, max_infra_retries: int,
           run_id: str | None, chaos_plan: str | None, chaos_rate: float | None, chaos_seed: int, as_json: bool) -> None:
     """Start a training run on WORKLOAD (.yaml or .jsonl) and follow it to its end.
 
@@ -84,7 +87,7 @@ def start(ctx: click.Context, workload: Path, iterations: int, group_size: int, 
     if heldout and no_heldout:
         raise click.UsageError("--heldout and --no-heldout contradict each other; give one")
     heldout = None if no_heldout else heldout or loaded.heldout
-    settings = TrainerSettings(lr=lr, temperature=temperature)
+    settings = TrainerSettings(lr=lr, minibatches=minibatches, temperature=temperature)
     input = training_input(
         config, tasks, iterations=iterations, group_size=group_size, tasks_per_iteration=tasks_per_iteration,
         seed=seed, heldout=load_workload(heldout).tasks if heldout else None, settings=settings,
@@ -216,7 +219,8 @@ def run_settings(input, workload: Path) -> dict:
     return {
         "workload": str(workload), "model": input.model, "iterations": input.iterations,
         "group_size": input.group_size, "tasks_per_iteration": input.tasks_per_iteration, "seed": input.seed,
-        "lr": input.trainer.lr, "temperature": input.trainer.temperature, "heldout_tasks": len(input.heldout),
+        "lr": input.trainer.lr, "minibatches": input.trainer.minibatches, "temperature": input.trainer.temperature,
+        "heldout_tasks": len(input.heldout),
     }
 
 

@@ -5,9 +5,10 @@ Each task's setup writes a number to /workspace/input; the instruction asks for 
 added to, subtracted from or multiplied by a constant and written to /workspace/output;
 the check compares that file with the expected number. The model never sees the number,
 so the reward comes only from what its command did in the sandbox, and the right command
-depends on the task (the operation and the constant). The held-out split uses constants
-that the train split does not, so a gain there after RL on the train split is a gain in
-the skill, not in remembering the trained tasks.
+depends on the task (the operation and the constant). The held-out split pairs each
+operation with constants that the train split uses only with *other* operations: its
+prompts are ones RL never trains on, so a gain there is a gain in reading the instruction
+(which operator, which file, which constant), not in remembering the trained prompts.
 
 `python -m belayer.model.learn_tasks [FOLDER]` rewrites the two workload files
 (default examples/workloads); a test checks that they are up to date.
@@ -25,16 +26,14 @@ import yaml
 INPUT, OUTPUT = "/workspace/input", "/workspace/output"
 # Where a wrong-file command writes: a plausible name the check never looks at.
 WRONG_OUTPUT = "/workspace/result"
-# The family's constants. The warm start covers them all (the tiny model learns a constant
-# it has seen, not yet to copy arbitrary digits); RL trains on the train split only, and the
-# held-out split's constants are ones RL never sees.
+# The family's constants. The warm start covers them all: the tiny model copies a constant
+# well only once RL has rewarded copying that very constant (in any operation), so the
+# held-out split tests new operation-constant pairs, not constants RL never saw.
 CONSTANTS = range(2, 30)
-HELDOUT_CONSTANTS = frozenset({7, 13, 18, 24})
-TRAIN_CONSTANTS = tuple(k for k in CONSTANTS if k not in HELDOUT_CONSTANTS)
 MAX_TURNS = 2
 WARM_MODEL = "tiny-warm"
 MAX_TOKENS_PER_TURN = 48
-SPLITS = {"train": ("learn.yaml", 16, 1), "heldout": ("learn-heldout.yaml", 8, 2)}  # file, tasks, seed
+SPLITS = {"train": ("learn.yaml", 48, 1), "heldout": ("learn-heldout.yaml", 8, 2)}  # file, tasks, seed
 
 # operation: (instruction, shell operator, the operator a wrong command uses instead)
 OPERATIONS = {
@@ -73,12 +72,29 @@ class Problem:
 
 
 def problems(split: str) -> list[Problem]:
-    """The split's tasks: operations in turn, constants and values from the split's seed."""
+    """The split's tasks: operations in turn, values from the split's seed; the train split
+    draws its operation-constant pairs at random, the held-out split draws pairs the train
+    split does not hold, with constants the train split uses."""
     _, count, seed = SPLITS[split]
     rng = random.Random(seed)
-    constants = TRAIN_CONSTANTS if split == "train" else sorted(HELDOUT_CONSTANTS)
+    if split == "train":
+        pairs = _draw_pairs(rng, count, lambda: rng.choice(CONSTANTS), excluded=set())
+    else:
+        train_pairs = {(p.operation, p.constant) for p in problems("train")}
+        seen = sorted({k for _, k in train_pairs})
+        pairs = _draw_pairs(rng, count, lambda: rng.choice(seen), excluded=train_pairs)
+    return [Problem(op, k, rng.randrange(30, 100)) for op, k in pairs]
+
+
+def _draw_pairs(rng: random.Random, count: int, constant, excluded: set) -> list[tuple[str, int]]:
+    """`count` distinct (operation, constant) pairs outside `excluded`, operations in turn."""
     ops = sorted(OPERATIONS)
-    return [Problem(ops[i % len(ops)], rng.choice(constants), rng.randrange(30, 100)) for i in range(count)]
+    pairs: list[tuple[str, int]] = []
+    while len(pairs) < count:
+        pair = (ops[len(pairs) % len(ops)], constant())
+        if pair not in excluded and pair not in pairs:
+            pairs.append(pair)
+    return pairs
 
 
 def task(problem: Problem, index: int) -> dict:

@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 
 from belayer.model import learn_tasks
-from belayer.model.learn_tasks import HELDOUT_CONSTANTS, SPLITS, WRONG_OUTPUT, problems, render_workload
+from belayer.model.learn_tasks import SPLITS, WRONG_OUTPUT, problems, render_workload
 from belayer.workloads.loader import load_workload
 
 WORKLOADS = Path(__file__).resolve().parents[2] / "examples" / "workloads"
@@ -24,11 +24,13 @@ def test_workload_files_are_up_to_date(split):
     assert all(t.max_turns == 2 and t.max_tokens_per_turn <= 48 for t in workload.tasks)
 
 
-def test_heldout_constants_are_not_in_the_train_split():
-    train = {p.constant for p in problems("train")}
-    heldout = {p.constant for p in problems("heldout")}
-    assert heldout <= HELDOUT_CONSTANTS
-    assert not train & HELDOUT_CONSTANTS
+def test_heldout_prompts_are_new_pairs_of_trained_constants():
+    train = {(p.operation, p.constant) for p in problems("train")}
+    heldout = [(p.operation, p.constant) for p in problems("heldout")]
+    assert len(set(heldout)) == len(heldout) and len(train) == SPLITS["train"][1]
+    assert not train & set(heldout), "a held-out prompt is one RL trains on"
+    assert {k for _, k in heldout} <= {k for _, k in train}
+    assert {op for op, _ in heldout} == {op for op, _ in train}
 
 
 def _reward(task: dict, command: str, workspace: Path) -> bool:
