@@ -12,6 +12,7 @@ committed. Nothing here imports vLLM.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import os
@@ -105,19 +106,11 @@ def build_model(
         say(f"already built: {target}")
         return target
     base = model_path(WARM_STARTS[size], cache_dir, progress) if size in WARM_STARTS else None
-    root.mkdir(parents=True, exist_ok=True)
-    staging = Path(tempfile.mkdtemp(prefix=f".{target.name}-", dir=root))
-    try:
+    with staged_folder(target) as staging:
         if base is None:
             write_model(size, staging, say)
         else:
             write_warm_model(size, base, staging, say)
-        if target.exists():
-            shutil.rmtree(target)
-        os.replace(staging, target)
-    except BaseException:
-        shutil.rmtree(staging, ignore_errors=True)
-        raise
     say(f"built: {target}")
     return target
 
@@ -259,6 +252,23 @@ def random_weights(shape: ModelShape, vocab: int) -> dict:
 def _tensor_seed(name: str) -> int:
     digest = hashlib.sha256(f"{SEED}:{name}".encode()).digest()
     return int.from_bytes(digest[:8], "little") & ((1 << 63) - 1)
+
+
+@contextlib.contextmanager
+def staged_folder(target: Path):
+    """A fresh folder beside `target` to write into; when the block succeeds it replaces
+    `target` whole (whatever was there goes), when it fails it is removed. A reader never
+    finds a half-written model where it looks."""
+    target.parent.mkdir(parents=True, exist_ok=True)
+    staging = Path(tempfile.mkdtemp(prefix=f".{target.name}-", dir=target.parent))
+    try:
+        yield staging
+        if target.exists():
+            shutil.rmtree(target)
+        os.replace(staging, target)
+    except BaseException:
+        shutil.rmtree(staging, ignore_errors=True)
+        raise
 
 
 def _models_root(cache_dir: Path | None) -> Path:

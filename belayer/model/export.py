@@ -17,16 +17,14 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import json
-import os
 import shutil
-import tempfile
 from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from belayer.config import BelayerConfig
 from belayer.errors import BelayerError
-from belayer.model.build import MANIFEST, model_path
+from belayer.model.build import MANIFEST, model_path, staged_folder
 from belayer.storage.errors import CorruptObject, ObjectNotFound
 from belayer.trainer.models import TrainerCheckpointRef
 from belayer.trainer.state import Checkpoint, decode_checkpoint
@@ -158,9 +156,7 @@ def serialised_weights(run_id: str, ref: TrainerCheckpointRef, weights: dict) ->
 def write_model_dir(model_dir: Path, weights: bytes, exported: Exported, out: Path, force: bool) -> None:
     """Stage the folder beside `out` and move it into place whole: an interrupted export
     never leaves a half-written model where a loader would find it."""
-    out.parent.mkdir(parents=True, exist_ok=True)
-    staging = Path(tempfile.mkdtemp(prefix=f".{out.name}-", dir=out.parent))
-    try:
+    with staged_folder(out) as staging:
         staging.chmod(0o755)  # mkdtemp's folder is private; an export is for other tools to read
         for item in sorted(model_dir.iterdir()):
             if item.is_file() and item.name not in (WEIGHTS_FILE, MANIFEST):
@@ -168,12 +164,6 @@ def write_model_dir(model_dir: Path, weights: bytes, exported: Exported, out: Pa
         (staging / WEIGHTS_FILE).write_bytes(weights)
         (staging / PROVENANCE_FILE).write_text(json.dumps(asdict(exported), indent=2, sort_keys=True) + "\n")
         check_out(out, force)
-        if out.exists():
-            shutil.rmtree(out)
-        os.replace(staging, out)
-    except BaseException:
-        shutil.rmtree(staging, ignore_errors=True)
-        raise
 
 
 async def _run_records(config: BelayerConfig, run_id: str) -> list[IterationRecord]:
