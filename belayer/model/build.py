@@ -257,8 +257,8 @@ def _tensor_seed(name: str) -> int:
 @contextlib.contextmanager
 def staged_folder(target: Path):
     """A fresh folder beside `target` to write into; when the block succeeds it replaces
-    `target` whole (whatever was there goes), when it fails it is removed. A reader never
-    finds a half-written model where it looks."""
+    `target` whole (whatever was there goes), when it fails it is removed. A loader never
+    finds a half-written folder where it looks."""
     target.parent.mkdir(parents=True, exist_ok=True)
     staging = Path(tempfile.mkdtemp(prefix=f".{target.name}-", dir=target.parent))
     try:

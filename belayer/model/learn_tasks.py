@@ -26,9 +26,9 @@ import yaml
 INPUT, OUTPUT = "/workspace/input", "/workspace/output"
 # Where a wrong-file command writes: a plausible name the check never looks at.
 WRONG_OUTPUT = "/workspace/result"
-# The family's constants. The warm start covers them all: the tiny model copies a constant
-# well only once RL has rewarded copying that very constant (in any operation), so the
-# held-out split tests new operation-constant pairs, not constants RL never saw.
+# The family's constants. The warm start covers them all, but the tiny model copies some
+# of them badly, and RL on one constant sharpens the copy of that constant; so the held-out
+# split tests new operation-constant pairs, not constants RL never saw.
 CONSTANTS = range(2, 30)
 MAX_TURNS = 2
 WARM_MODEL = "tiny-warm"
