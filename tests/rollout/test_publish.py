@@ -30,7 +30,10 @@ pytestmark = pytest.mark.engine
 
 LONG = SamplingSpec(max_tokens=160, ignore_eos=True)
 SAMPLED = SamplingSpec(max_tokens=160, temperature=0.9, top_p=0.95, seed=3, ignore_eos=True)
-LOGPROB_TOL = 1e-4  # prefill and decode kernels sum in different orders (fp32)
+# Tokens must be identical; logprobs only close: prefill and decode kernels, and batches of
+# different make-up, sum in different orders (fp32). CI measured up to 3.6e-4 on a request
+# that finished on the old version beside others.
+LOGPROB_TOL = 1e-3
 
 
 def _load(model_dir: Path) -> dict[str, torch.Tensor]:

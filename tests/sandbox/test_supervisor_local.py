@@ -158,9 +158,10 @@ OVERRIDES = [
 ]
 
 
-def test_agent_definitions_never_reach_the_next_actions_plumbing(sup):
+def test_agent_definitions_never_reach_the_next_actions_plumbing(sup, tmp_path):
+    # the supervisor runs on this host here: the agent's files go to the test's folder, not /tmp
     for step, override in enumerate(OVERRIDES, start=1):
-        sup.run(step, override)
+        sup.run(step, override.replace("/tmp/", f"{tmp_path}/"))
     step = len(OVERRIDES)
     failed = sup.run(step + 1, "echo out; echo err >&2; false")
     assert failed.exit_code == 1 and failed.stdout == "out\n" and failed.stderr == "err\n", failed
@@ -169,7 +170,7 @@ def test_agent_definitions_never_reach_the_next_actions_plumbing(sup):
     # The agent's functions still work for the agent: it is their plumbing use that is cut.
     assert sup.run(step + 3, "printf x").stdout == "forged\n"
     # The sentinel's nonce never entered the sandbox.
-    assert sup.run(step + 4, "cat /tmp/nonce; env | grep -ci nonce").stdout == "\n0\n"
+    assert sup.run(step + 4, f"cat {tmp_path}/nonce; env | grep -ci nonce").stdout == "\n0\n"
 
 
 def test_output_cap_keeps_head_and_tail(sup):
