@@ -51,6 +51,8 @@ def train() -> None:
 @click.option("--minibatches", default=8, show_default=True, type=click.IntRange(1, 64),
               help="Optimizer steps per iteration, each on a contiguous slice of the batch (clipping acts "
               "from the second on).")
+@click.option("--kl-coef", default=0.0, show_default=True, type=click.FloatRange(0),
+              help="Weight of a KL penalty to the start weights (k3 estimator); 0 is off.")
 @click.option("--temperature", default=1.0, show_default=True, type=click.FloatRange(0, 5, min_open=True),
               help="Sampling temperature of the rollouts (and of the trainer's logprobs).")
 @click.option("--heldout", type=click.Path(path_type=Path), default=None,
@@ -66,7 +68,7 @@ def train() -> None:
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object when the run ends.")
 @click.pass_context
 def start(ctx: click.Context, workload: Path, iterations: int, group_size: int, tasks_per_iteration: int,
-          seed: int, lr: float, minibatches: int, temperature: float, heldout: Path | None, no_heldout: bool, max_infra_retries: int,
+          seed: int, lr: float, minibatches: int, kl_coef: float, temperature: float, heldout: Path | None, no_heldout: bool, max_infra_retries: int,
           run_id: str | None, chaos_plan: str | None, chaos_rate: float | None, chaos_seed: int, as_json: bool) -> None:
     """Start a training run on WORKLOAD (.yaml or .jsonl) and follow it to its end.
 
@@ -87,7 +89,7 @@ def start(ctx: click.Context, workload: Path, iterations: int, group_size: int, 
     if heldout and no_heldout:
         raise click.UsageError("--heldout and --no-heldout contradict each other; give one")
     heldout = None if no_heldout else heldout or loaded.heldout
-    settings = TrainerSettings(lr=lr, minibatches=minibatches, temperature=temperature)
+    settings = TrainerSettings(lr=lr, minibatches=minibatches, kl_coef=kl_coef, temperature=temperature)
     input = training_input(
         config, tasks, iterations=iterations, group_size=group_size, tasks_per_iteration=tasks_per_iteration,
         seed=seed, heldout=load_workload(heldout).tasks if heldout else None, settings=settings,
@@ -219,7 +221,8 @@ def run_settings(input, workload: Path) -> dict:
     return {
         "workload": str(workload), "model": input.model, "iterations": input.iterations,
         "group_size": input.group_size, "tasks_per_iteration": input.tasks_per_iteration, "seed": input.seed,
-        "lr": input.trainer.lr, "minibatches": input.trainer.minibatches, "temperature": input.trainer.temperature,
+        "lr": input.trainer.lr, "minibatches": input.trainer.minibatches, "kl_coef": input.trainer.kl_coef,
+        "temperature": input.trainer.temperature,
         "heldout_tasks": len(input.heldout),
     }
 

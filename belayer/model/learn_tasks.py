@@ -5,10 +5,15 @@ Each task's setup writes a number to /workspace/input; the instruction asks for 
 added to, subtracted from or multiplied by a constant and written to /workspace/output;
 the check compares that file with the expected number. The model never sees the number,
 so the reward comes only from what its command did in the sandbox, and the right command
-depends on the task (the operation and the constant). The held-out split pairs each
-operation with constants that the train split uses only with *other* operations: its
-prompts are ones RL never trains on, so a gain there is a gain in reading the instruction
-(which operator, which file, which constant), not in remembering the trained prompts.
+depends on the task (the operation and the constant).
+
+The held-out split holds one operation-constant pair for each of a few constants; the
+train split holds every other pair. So a held-out prompt is one RL never trains on, each
+of its constants is trained with both other operations, and no constant tells the train
+split's operation: a gain on held-out is a gain in reading the instruction (which
+operator, which file, which constant), not in remembering the trained prompts. (A train
+split where a constant came with one operation only taught exactly that shortcut: the
+held-out reward rose, then fell as RL made the model write the trained operator.)
 
 `python -m belayer.model.learn_tasks [FOLDER]` rewrites the two workload files
 (default examples/workloads); a test checks that they are up to date.
@@ -33,7 +38,6 @@ CONSTANTS = range(2, 30)
 MAX_TURNS = 2
 WARM_MODEL = "tiny-warm"
 MAX_TOKENS_PER_TURN = 48
-SPLITS = {"train": ("learn.yaml", 48, 1), "heldout": ("learn-heldout.yaml", 8, 2)}  # file, tasks, seed
 
 # operation: (instruction, shell operator, the operator a wrong command uses instead)
 OPERATIONS = {
@@ -41,6 +45,9 @@ OPERATIONS = {
     "subtract": ("Subtract {k} from the number in {src} and write the result to {dst}.", "-", "+"),
     "multiply": ("Multiply the number in {src} by {k} and write the result to {dst}.", "*", "+"),
 }
+HELDOUT_PAIRS = 8
+SPLITS = {"train": ("learn.yaml", len(OPERATIONS) * len(CONSTANTS) - HELDOUT_PAIRS, 1),
+          "heldout": ("learn-heldout.yaml", HELDOUT_PAIRS, 2)}  # file, tasks, seed
 
 
 @dataclass(frozen=True)
@@ -72,29 +79,25 @@ class Problem:
 
 
 def problems(split: str) -> list[Problem]:
-    """The split's tasks: operations in turn, values from the split's seed; the train split
-    draws its operation-constant pairs at random, the held-out split draws pairs the train
-    split does not hold, with constants the train split uses."""
-    _, count, seed = SPLITS[split]
+    """The split's tasks, values drawn from the split's seed. Held-out: one pair for each of
+    `HELDOUT_PAIRS` distinct constants, operations in turn; train: every other pair, shuffled."""
+    _, _, seed = SPLITS[split]
     rng = random.Random(seed)
-    if split == "train":
-        pairs = _draw_pairs(rng, count, lambda: rng.choice(CONSTANTS), excluded=set())
+    heldout = heldout_pairs()
+    if split == "heldout":
+        pairs = heldout
     else:
-        train_pairs = {(p.operation, p.constant) for p in problems("train")}
-        seen = sorted({k for _, k in train_pairs})
-        pairs = _draw_pairs(rng, count, lambda: rng.choice(seen), excluded=train_pairs)
+        pairs = [(op, k) for op in sorted(OPERATIONS) for k in CONSTANTS if (op, k) not in heldout]
+        rng.shuffle(pairs)
     return [Problem(op, k, rng.randrange(30, 100)) for op, k in pairs]
 
 
-def _draw_pairs(rng: random.Random, count: int, constant, excluded: set) -> list[tuple[str, int]]:
-    """`count` distinct (operation, constant) pairs outside `excluded`, operations in turn."""
+def heldout_pairs() -> list[tuple[str, int]]:
+    """The held-out (operation, constant) pairs: distinct constants, operations in turn."""
+    rng = random.Random(SPLITS["heldout"][2])
+    constants = rng.sample(list(CONSTANTS), HELDOUT_PAIRS)
     ops = sorted(OPERATIONS)
-    pairs: list[tuple[str, int]] = []
-    while len(pairs) < count:
-        pair = (ops[len(pairs) % len(ops)], constant())
-        if pair not in excluded and pair not in pairs:
-            pairs.append(pair)
-    return pairs
+    return [(ops[i % len(ops)], k) for i, k in enumerate(constants)]
 
 
 def task(problem: Problem, index: int) -> dict:
