@@ -8,7 +8,6 @@ supervisor would, after the kill, and says so.
 
 from __future__ import annotations
 
-import json
 import os
 import signal
 import time
@@ -20,6 +19,7 @@ from pydantic import BaseModel
 
 from belayer.config import BelayerConfig
 from belayer.errors import BelayerError
+from belayer.workers.rollout.worker import read_roles as node_roles  # noqa: F401 (the chaos modules' name)
 
 FaultKind = Literal[
     "engine-crash", "engine-hang", "owner-crash", "node-crash", "sandbox-crash",
@@ -150,17 +150,6 @@ class Chaos:
             return f"{len(containers)} containers killed"
 
         return self._crash_service("sandbox-worker", while_down=kill_containers)
-
-
-def node_roles(config: BelayerConfig) -> dict:
-    """The rollout node's roles as its worker last wrote them (`RolloutNode.roles()`); {}
-    when there is no node to ask, so a before/after comparison finds nothing."""
-    from belayer.workers.rollout.worker import roles_file
-
-    try:
-        return json.loads(roles_file(config).read_text())
-    except (OSError, ValueError):
-        return {}
 
 
 def _kill(proc: psutil.Process) -> None:

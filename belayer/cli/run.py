@@ -192,6 +192,10 @@ class _Runner:
             event = roles_after.get("last_recovery", {})
             record["recovered_by"] = event.get("kind", "takeover")
             record["node_ready_s"] = event.get("ready_s")
+        if record["kind"] == "owner-crash":
+            record["protected_again_s"] = await _protected_again_s(self.config, roles_before)
+            record["recovered_by"] = ("a new owner adopted the verified segments (takeover possible again)"
+                                      if record["protected_again_s"] is not None else "not protected again")
         record.setdefault("_trajectory", trajectory)
 
     def _settle_faults(self, results) -> None:
@@ -471,3 +475,15 @@ def _print_inspection(report: dict) -> None:
         error = predictor_error(decisions)
         out.print(f"predictor error (mean relative): generation {secs(error['generation_mean_rel_error'])}, "
                   f"checkpoint {secs(error['checkpoint_mean_rel_error'])}")
+
+
+async def _protected_again_s(config, roles_before: dict, timeout_s: float = 180.0) -> float | None:
+    """Owner death -> the node can take over again, as the node measured it; None if it was
+    not protected again within `timeout_s`."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        after = node_roles(config).get("last_owner_recovery") or {}
+        if after.get("owner_generation", 0) > roles_before.get("generation", 0):
+            return after["protected_again_s"]
+        await asyncio.sleep(0.2)
+    return None

@@ -173,12 +173,17 @@ class LocalStack:
             health = Health(False, "not running (start it with `belayer up`)")
         else:
             health = service.health()
+        detail = health.detail
+        if service.name == "rollout-node" and running is not None:
+            from belayer.workers.rollout.worker import describe_roles, read_roles
+
+            detail += "; " + describe_roles(read_roles(self.config))
         return ComponentStatus(
             name=service.name,
             pid=running.pid if running else None,
             address=service.address,
             healthy=health.ok,
-            detail=health.detail,
+            detail=detail,
             log=str(proc.log_file),
         )
 

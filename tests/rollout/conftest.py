@@ -47,7 +47,8 @@ def node_config(**overrides) -> RolloutConfig:
         kv_cache_mb=64,
         max_model_len=1024,
         heartbeat_interval_s=0.1,
-        heartbeat_timeout_s=5.0,  # generous: other jobs on 2 cores can starve a healthy engine
+        heartbeat_timeout_s=5.0,  # generous bounds: other jobs on 2 cores can starve a healthy engine
+        hang_floor_s=4.0,
         weights_verify_interval_s=0,
     )
     base.update(overrides)

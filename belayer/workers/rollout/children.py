@@ -3,6 +3,7 @@ fencing and stopping. Only the node's loop thread touches a child's pipe."""
 
 from __future__ import annotations
 
+import logging
 import multiprocessing as mp
 import os
 import time
@@ -25,7 +26,10 @@ from belayer.workers.rollout.protocol import (
     Stop,
 )
 
-MP = mp.get_context("spawn")  # never fork a process that may hold vLLM / OpenMP state
+MP = mp.get_context("spawn")
+# How long a SIGKILLed child may take to exit before the wait gives up and says so.
+REAP_TIMEOUT_S = 30.0
+log = logging.getLogger("belayer.rollout")  # never fork a process that may hold vLLM / OpenMP state
 
 Dispatch = Callable[["Child", Any], None]
 
@@ -128,7 +132,13 @@ def await_ready(child: Child, timeout_s: float, dispatch: Dispatch) -> None:
                     f"{child.role} (pid {child.pid}) exited with {child.process.exitcode} while starting"
                 )
             continue
-        msg = child.conn.recv()
+        try:
+            msg = child.conn.recv()
+        except (EOFError, OSError):  # it died: its end of the pipe closed
+            child.process.join(REAP_TIMEOUT_S)
+            raise EngineStartError(
+                f"{child.role} (pid {child.pid}) exited with {child.process.exitcode} while starting"
+            ) from None
         if isinstance(msg, Failed):
             raise EngineStartError(msg.message)
         if not on_ready(child, msg):
@@ -157,42 +167,61 @@ def call(child: Child, msg: Any, reply_types: type | tuple, timeout_s: float, di
 
 
 def send(child: Child | None, msg: Any) -> None:
-    """Best effort: a dead child's pipe is noticed through its sentinel, not here."""
+    """Best effort: a child that is gone (None, or a closed or broken pipe) is not an error
+    here, because its death is handled through its sentinel; it is logged, never hidden."""
+    if child is None:
+        log.debug("no child to send %s to (role vacant, e.g. during a recovery)", type(msg).__name__)
+        return
     try:
         child.conn.send(msg)
-    except (OSError, AttributeError, ValueError):
-        pass
+    except (OSError, ValueError) as exc:
+        log.warning("could not send %s to %s (pid %s): %s; its death is handled through its sentinel",
+                    type(msg).__name__, child.role, child.pid, exc)
 
 
 def drain(child: Child, dispatch: Dispatch) -> None:
     try:
         while child.conn.poll(0):
             dispatch(child, child.conn.recv())
-    except (EOFError, OSError):
-        pass  # its death is handled through the sentinel
+    except (EOFError, OSError) as exc:
+        log.info("%s (pid %s) pipe closed while draining (%s); its death is handled through its sentinel",
+                 child.role, child.pid, type(exc).__name__)
 
 
-def fence(child: Child | None) -> None:
-    """Kill and reap: once this returns the kernel has released the child's lease lock."""
+def fence(child: Child | None, timeout_s: float = REAP_TIMEOUT_S) -> None:
+    """Kill and reap: once this returns the kernel has released the child's lease lock.
+    Raises if the child outlives SIGKILL by `timeout_s` (stuck in the kernel): its lock may
+    still be held, so nothing may take over its arena."""
     if child is None:
         return
     if child.process.is_alive():
         child.process.kill()
-    child.process.join()
+    _reap(child, timeout_s, "SIGKILL")
 
 
 def close_conn(child: Child | None) -> None:
     if child is not None:
         try:
             child.conn.close()
-        except OSError:
-            pass
+        except OSError as exc:
+            log.debug("closing the pipe of %s (pid %s): %s", child.role, child.pid, exc)
 
 
 def stop(child: Child, grace_s: float = 5.0) -> None:
+    """Ask a child to stop; SIGKILL it after `grace_s`; reap it (bounded)."""
     send(child, Stop())
     child.process.join(grace_s)
     if child.process.is_alive():
+        log.warning("%s (pid %s) did not stop within %.0f s; killing it", child.role, child.pid, grace_s)
         child.process.kill()
-        child.process.join()
+        _reap(child, REAP_TIMEOUT_S, "SIGKILL")
     close_conn(child)
+
+
+def _reap(child: Child, timeout_s: float, sent: str) -> None:
+    child.process.join(timeout_s)
+    if child.process.is_alive():
+        raise RolloutError(
+            f"{child.role} (pid {child.pid}) still alive {timeout_s:.0f} s after {sent} (stuck in the kernel, "
+            "e.g. uninterruptible I/O); gave up waiting for it to exit"
+        )

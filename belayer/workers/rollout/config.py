@@ -39,14 +39,21 @@ class RolloutConfig(Section):
         0.25, gt=0, le=60, description="How often an engine reports it is alive from its serving loop."
     )
     heartbeat_timeout_s: float = Field(
-        2.0,
+        60.0,
         gt=0,
         le=600,
         description=(
-            "An engine silent this long is declared hung and replaced. It beats between steps, so this "
-            "must exceed the longest step (a full prefill chunk): 2 s suits the tiny model; the bench "
-            "model on 2 CPU cores needs ~30 s (as `belayer bench worker-recovery` sets)."
+            "Upper bound of the leader's hang deadline. The deadline itself follows the engine's step "
+            "times (4x the slowest recent decode step plus the prefill its pending prompts need, at "
+            "least hang_floor_s), so the tiny model, the bench model and a loaded machine need no setting; "
+            "until steps are seen, it is this."
         ),
+    )
+    hang_floor_s: float = Field(
+        2.0,
+        gt=0,
+        le=600,
+        description="The hang deadline never goes below this (scheduler stalls and GC pauses of a healthy engine).",
     )
     engine_start_timeout_s: float = Field(
         180.0, gt=0, le=3600, description="How long an engine (or the owner) may take to become ready."

@@ -51,6 +51,8 @@ def engine_main(spec: EngineSpec, conn: Connection) -> None:
     """Entry point of an engine process (multiprocessing spawn target)."""
     die_with_parent()
     if spec.role == "shadow":
+        if "shadow_start_fail" in faults.active():
+            faults.die_now()
         run_in_background()  # before torch starts its threads: they inherit the niceness
     from belayer.workers.rollout.vllm_hooks import engine_environment
 
@@ -82,6 +84,7 @@ class EngineLoop:
         self.weights_version = spec.weights_version
         self.sketch = vllm_hooks.weights_sketch(self.engine)  # of weights the owner just verified
         self.next_position: dict[str, int] = {}  # engine request id -> position of its next token
+        self.prompt_len: dict[str, int] = {}  # engine request id -> prompt tokens, until its first token
         self.tokens_streamed = 0
         self.last_sent = time.monotonic()
         self.running = True
@@ -140,6 +143,7 @@ class EngineLoop:
             self.send(Rejected(msg.engine_request_id, f"{type(exc).__name__}: {exc}"))
             return
         self.next_position[msg.engine_request_id] = len(msg.prompt_ids)
+        self.prompt_len[msg.engine_request_id] = len(msg.prompt_ids)
 
     def switch(self, msg: SwitchWeights) -> None:
         """Compute with a newly sealed version from the next step on. The supervisor aborts or
@@ -184,12 +188,19 @@ class EngineLoop:
             os._exit(3)
         t0 = time.perf_counter()
         outputs = self.engine.step()
+        prefilled = sum(self._prefilled(out) for out in outputs)
         deltas = [self._delta(out) for out in outputs]
         if deltas:
-            self.send(StepOutput(deltas, time.perf_counter() - t0, self.weights_version))
+            self.send(StepOutput(deltas, time.perf_counter() - t0, self.weights_version, prefilled))
         self._fault("engine_crash_during_decode", lambda f: self.tokens_streamed >= f.number("after", 32))
         if self._armed("engine_hang", lambda f: self.tokens_streamed >= f.number("after", 32)):
             faults.hang_forever()
+
+    def _prefilled(self, out) -> int:
+        """Prompt tokens computed for `out`'s request, if this step gave its first token."""
+        if out.request_id not in self.prompt_len:
+            return 0
+        return max(0, self.prompt_len.pop(out.request_id) - (out.num_cached_tokens or 0))
 
     def _delta(self, out) -> TokenDelta:
         completion = out.outputs[0]
@@ -204,6 +215,7 @@ class EngineLoop:
 
     def _forget(self, engine_request_id: str) -> None:
         self.next_position.pop(engine_request_id, None)
+        self.prompt_len.pop(engine_request_id, None)
         self.hooks.forget_logprobs(engine_request_id)
 
     def send(self, msg) -> None:

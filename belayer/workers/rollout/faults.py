@@ -13,6 +13,7 @@ over does not fault again. The value is read once per process, here and nowhere 
 | owner_crash | memory owner | SIGKILL itself `after_s` seconds after it is ready |
 | device_check_fail | any engine | the device health check reports a wrong result |
 | publish_switch_fail | shadow engine | refuses every weights switch (a shadow left behind) |
+| shadow_start_fail | shadow engine | SIGKILLs itself while starting, every time (a shadow that cannot start) |
 """
 
 from __future__ import annotations
@@ -30,6 +31,7 @@ KNOWN = {
     "owner_crash",
     "device_check_fail",
     "publish_switch_fail",
+    "shadow_start_fail",
 }
 
 

@@ -20,6 +20,7 @@ import uuid
 from collections.abc import Callable, Mapping
 from concurrent.futures import Future
 from concurrent.futures import TimeoutError as FutureTimeout
+from dataclasses import asdict
 from multiprocessing.connection import wait
 from pathlib import Path
 from typing import Any
@@ -27,7 +28,8 @@ from typing import Any
 from belayer.workers.rollout import children, recovery, shm
 from belayer.workers.rollout.children import Child
 from belayer.workers.rollout.config import RolloutConfig
-from belayer.workers.rollout.errors import BadRequestError, NodeClosedError, RolloutError
+from belayer.workers.rollout.errors import BadRequestError, EngineStartError, NodeClosedError, RolloutError
+from belayer.workers.rollout.hang import Deadlines, HangDeadline
 from belayer.workers.rollout.inflight import Completion, InFlight, InFlightLog, completion, new_record
 from belayer.workers.rollout.procutil import memory_of
 from belayer.workers.rollout.protocol import (
@@ -60,10 +62,13 @@ from belayer.workers.rollout.publish import (
     write_staged,
 )
 from belayer.workers.rollout.recovery import RecoveryEvent
+from belayer.workers.rollout.restarts import Restarts
 
 __all__ = ["Completion", "PublishReport", "RecoveryEvent", "RequestHandle", "RolloutNode"]
 
 log = logging.getLogger("belayer.rollout")
+# How often the roles are published even when no role changed (the hang deadline moves).
+STATE_REFRESH_S = 5.0
 
 
 class RequestHandle:
@@ -108,6 +113,16 @@ class RolloutNode:
         self._lock = threading.RLock()
         self.inflight = InFlightLog()
         self.recoveries: list[RecoveryEvent] = []
+        self.hang = HangDeadline(config.heartbeat_timeout_s, config.heartbeat_interval_s, config.hang_floor_s)
+        self.shadow_restarts = Restarts("shadow", "serving with the leader alone (a leader failure means a cold start)")
+        self.owner_restarts = Restarts(
+            "memory owner", "the engines serve from their own mappings; no takeover or publish until it starts")
+        self._arena_path: Path | None = None  # the last ready owner's arena, for its successor to adopt
+        self._dead_owner: Child | None = None  # its death handled, its replacement not started yet
+        # owner death -> protected again (the next leader failure is a takeover once more)
+        self._owner_lost: tuple[float, str] | None = None
+        self.last_owner_recovery: dict | None = None
+        self._state_published_at = 0.0
         self.owner: Child | None = None
         self.leader: Child | None = None
         self.shadow: Child | None = None
@@ -145,10 +160,9 @@ class RolloutNode:
             self.reference_digest = leader.ready.device_digest
             self._take_lease(leader)
             self._set_role("leader", leader)
-            if self.config.shadow:
-                self._set_role("shadow", self._spawn_engine("shadow"))
-                if wait_shadow:
-                    self._await_engine(self.shadow)
+            self.start_shadow_if_due()
+            if self.shadow is not None and wait_shadow:
+                self._await_start_shadow()
         except BaseException:
             self.close()
             raise
@@ -366,6 +380,14 @@ class RolloutNode:
                 "publishing": self.publishing.version if self.publishing else None,
                 "recoveries": len(self.recoveries),
                 "broken": self.broken,
+                "owner_state": self._owner_state(),
+                "shadow_state": self._shadow_state(),
+                "degraded": "; ".join(r.degraded for r in (self.owner_restarts, self.shadow_restarts)
+                                      if r.degraded) or None,
+                "protected": self._protected(),
+                "hang_deadline": {k: None if v is None else round(v, 4) for k, v in
+                                  asdict(self._hang_deadlines()).items()},
+                "last_owner_recovery": self.last_owner_recovery,
             }
             if self.recoveries:
                 last = self.recoveries[-1]
@@ -380,6 +402,34 @@ class RolloutNode:
                     "phases": {k: round(v, 4) for k, v in last.phases.items()},
                 }
             return state
+
+    def _owner_state(self) -> str:
+        if self.owner is None:
+            return "none"
+        if self.owner_restarts.degraded:
+            return "degraded"
+        if not self.owner.process.is_alive():
+            return "waiting"  # its backoff before the next start
+        return "alive" if self.owner.ready is not None and self.owner_failure is None else "re-adopting"
+
+    def _shadow_state(self) -> str:
+        if not self.config.shadow:
+            return "off"
+        if self.shadow_restarts.degraded:
+            return "degraded"
+        if self.shadow is None:
+            return "waiting"  # its backoff, or a recovery, before the next start
+        return "ready" if self.shadow.ready is not None else "starting"
+
+    def _protected(self) -> bool:
+        """A leader failure now would be a takeover: owner verified and alive, shadow ready
+        on the version the node serves (or no shadow wanted)."""
+        if self.leader is None or self._owner_state() != "alive":
+            return False
+        if not self.config.shadow:
+            return True
+        shadow = self.shadow
+        return shadow is not None and shadow.ready is not None and shadow.version == self.target_version
 
     def force_full_cold_start_next(self, why: str) -> None:
         """Make the next recovery a full cold start (new owner, new engine)."""
@@ -426,7 +476,8 @@ class RolloutNode:
                 time.sleep(0.05)
 
     def _loop_once(self) -> None:
-        watched = [c for c in (self.leader, self.shadow, self.owner) if c is not None]
+        # a dead owner waiting for its backoff is not watched: its sentinel stays ready
+        watched = [c for c in (self.leader, self.shadow, self.owner) if c is not None and c is not self._dead_owner]
         waitables: list[Any] = [self._wake_r]
         for c in watched:
             waitables += [c.conn, c.process.sentinel]
@@ -440,21 +491,33 @@ class RolloutNode:
                 children.drain(child, self._dispatch)  # _dispatch takes the node lock itself
         if self._closed.is_set():
             return
-        if self.owner is not None and self.owner.process.sentinel in ready:
+        if self.owner is not None and self.owner.process.sentinel in ready and self.owner is not self._dead_owner:
+            self._dead_owner = self.owner
             self._on_owner_death()
+        self._replace_dead_owner_if_due()
         if self.shadow is not None and self.shadow.process.sentinel in ready:
-            log.error(
-                "rollout node %s: shadow (pid %s) died; starting another",
-                self.config.node_id,
-                self.shadow.pid,
-            )
-            children.stop(self.shadow)
-            self._set_role("shadow", self._spawn_engine("shadow") if self.config.shadow else None)
+            self._on_shadow_death()
         failure = self._leader_failure(ready)
         if failure is not None:
             recovery.recover(self, failure)
+        self.start_shadow_if_due()
         self._advance_publish()
         self._send_unsent()
+        self._note_protected_again()
+        if time.monotonic() - self._state_published_at > STATE_REFRESH_S:
+            self._notify_state()  # the hang deadline moves with every step
+
+    def _note_protected_again(self) -> None:
+        """Once the node is protected after its owner died, record how long that took."""
+        if self._owner_lost is None or not self._protected():
+            return
+        lost_at, reason = self._owner_lost
+        self._owner_lost = None
+        self.last_owner_recovery = {"reason": reason, "protected_again_s": round(time.monotonic() - lost_at, 3),
+                                    "owner_generation": self.generation}
+        log.warning("rollout node %s: protected again %.2f s after %s", self.config.node_id,
+                    self.last_owner_recovery["protected_again_s"], reason)
+        self._notify_state()
 
     def _leader_failure(self, ready: list) -> str | None:
         leader = self.leader
@@ -464,12 +527,19 @@ class RolloutNode:
             leader.process.join()  # already dead: reap it so the exit code is known
             return f"leader (pid {leader.pid}) died with exit code {leader.process.exitcode}"
         # A weights switch is a pause like an engine start: it does not heartbeat meanwhile.
-        limit = self.config.heartbeat_timeout_s
         if leader.switching_to is not None:
-            limit = max(limit, self.config.engine_start_timeout_s)
+            limit = max(self.config.heartbeat_timeout_s, self.config.engine_start_timeout_s)
+        else:
+            limit = self._hang_deadlines().current_s
         if time.monotonic() - leader.last_heard > limit:
-            return f"leader (pid {leader.pid}) missed heartbeats for {limit} s"
+            return (f"leader (pid {leader.pid}) missed heartbeats: silent for {limit:.1f} s, the hang deadline "
+                    f"derived from its step times (at most rollout.heartbeat_timeout_s = "
+                    f"{self.config.heartbeat_timeout_s} s)")
         return None
+
+    def _hang_deadlines(self) -> Deadlines:
+        with self._lock:  # submits add records from other threads, status reads from any
+            return self.hang.deadlines({r.engine_request_id for r in self.inflight.on_leader()})
 
     def _dispatch(self, child: Child, msg: Any) -> None:
         """Handle one message from a child (under the node lock: it may touch the records,
@@ -477,6 +547,7 @@ class RolloutNode:
         with self._lock:
             child.last_heard = time.monotonic()
             if isinstance(msg, StepOutput):  # only a leader steps; a fenced one's last tokens are real
+                self.hang.stepped(msg.step_s, msg.prefilled_tokens, [d.engine_request_id for d in msg.deltas])
                 self._on_step(msg)
             elif isinstance(msg, Rejected):
                 record = self.inflight.on_engine(msg.engine_request_id)
@@ -489,6 +560,8 @@ class RolloutNode:
                 if isinstance(msg, OwnerReady):
                     self._owner_ready(msg)
                 else:
+                    if child is self.shadow:
+                        self.shadow_restarts.ready()
                     log.info(
                         "rollout node %s: %s engine (pid %s) ready in %.2f s",
                         self.config.node_id,
@@ -550,6 +623,7 @@ class RolloutNode:
                     continue  # waits for the leader to be on its version
                 request = self.inflight.request_for(record, self.config.max_model_len)
                 if request is not None:
+                    self.hang.sent(request.engine_request_id, len(request.prompt_ids))
                     children.send(leader, request)
 
     # -- publishing on the loop ---------------------------------------------------------
@@ -653,7 +727,38 @@ class RolloutNode:
     def _replace_behind_shadow(self, behind: Child) -> None:
         if self.shadow is behind:
             children.stop(self._set_role("shadow", None))
-            self._set_role("shadow", self._spawn_engine("shadow"))
+            self.start_shadow_if_due()
+
+    # -- shadow ---------------------------------------------------------------------------
+
+    def _await_start_shadow(self) -> None:
+        """The first shadow: a node whose shadow cannot start still serves (degraded later)."""
+        try:
+            self._await_engine(self.shadow)
+            self.shadow_restarts.ready()
+        except EngineStartError as exc:
+            self._on_shadow_death(str(exc))
+
+    def _on_shadow_death(self, why: str | None = None) -> None:
+        shadow = self._set_role("shadow", None)
+        children.stop(shadow)
+        why = why or f"pid {shadow.pid} exited with {shadow.process.exitcode}" + (
+            "" if shadow.ready else " while starting")
+        delay = self.shadow_restarts.died(why)
+        log.error("rollout node %s: shadow %s; next shadow start in %.0f s", self.config.node_id, why, delay)
+        if self.shadow_restarts.degraded:
+            log.error("rollout node %s: degraded: %s", self.config.node_id, self.shadow_restarts.degraded)
+        self._notify_state()
+
+    def start_shadow_if_due(self) -> None:
+        """Start a shadow if the node should have one and has none, once its backoff allows
+        (loop thread; a recovery calls it too, so a takeover is followed by a new shadow)."""
+        if (not self.config.shadow or self.shadow is not None or self.leader is None or self.broken
+                or self.owner_failure is not None or self.target_version not in self.owner_versions
+                or not self.shadow_restarts.due()):
+            return
+        self.shadow_restarts.started()
+        self._set_role("shadow", self._spawn_engine("shadow"))
 
     def _drop_unused(self, keep: set[int]) -> None:
         in_use = {c.version for c in (self.leader, self.shadow) if c is not None} | self._pinned_versions()
@@ -666,27 +771,41 @@ class RolloutNode:
     # -- owner ----------------------------------------------------------------------------
 
     def _on_owner_death(self) -> None:
-        self.owner_failure = f"memory owner (pid {self.owner.pid}) exited with {self.owner.process.exitcode}"
+        owner = self.owner
+        self.owner_failure = f"memory owner (pid {owner.pid}) exited with {owner.process.exitcode}" + (
+            "" if owner.ready else " while starting")
+        self._owner_lost = self._owner_lost or (time.monotonic(), self.owner_failure)
+        delay = self.owner_restarts.died(self.owner_failure)
         log.error(
-            "rollout node %s: %s; a replacement adopts its verified segments",
+            "rollout node %s: %s; a replacement adopts its verified segments in %.0f s",
             self.config.node_id,
             self.owner_failure,
+            delay,
         )
+        if self.owner_restarts.degraded:
+            log.error("rollout node %s: degraded: %s", self.config.node_id, self.owner_restarts.degraded)
         reply, self._owner_reply = self._owner_reply, None
         if reply is not None:
             reply.set_exception(RolloutError(f"{self.owner_failure} during the publish; publish again"))
-        self._replace_owner()  # a staged, unsealed segment is not adopted
+        self._notify_state()
+
+    def _replace_dead_owner_if_due(self) -> None:
+        owner = self.owner
+        if owner is not None and not owner.process.is_alive() and self.owner_restarts.due():
+            self._replace_owner()  # a staged, unsealed segment is not adopted
 
     def _replace_owner(self, wait: bool = False) -> None:
         """Start an owner that adopts the current one's sealed segments and arena (verifying
         every tensor) or, for a new node, loads the weights from disk."""
         old = self.owner
         adopt: dict[str, Any] = {"current_version": self.target_version}
-        if old is not None and old.ready is not None:
+        if self.owner_versions:  # the last ready owner's sealed segments and arena
             adopt["adopt_weights"] = dict(self.owner_versions)
-            adopt["adopt_arena"] = old.ready.arena_path
+            adopt["adopt_arena"] = self._arena_path
+        if old is not None:
             children.fence(old)  # not Stop: a stopping owner unlinks the segments being adopted
             children.close_conn(old)
+        self.owner_restarts.started()
         self.generation += 1
         owner = children.spawn_owner(self.config, self.model_dir, self.generation, **adopt)
         self._set_role("owner", owner)
@@ -700,12 +819,29 @@ class RolloutNode:
 
     def _owner_ready(self, ready: OwnerReady) -> None:
         self.owner_failure = None
+        self.owner_restarts.ready()
+        self._arena_path = ready.arena_path
         self.owner_versions = dict(ready.versions)
+        self._check_rejected(ready.rejected)
         keep = {*ready.versions.values(), ready.arena_path}
         mapped = {c.spec.arena_path for c in (self.leader, self.shadow) if c is not None}
         for path in shm.leftover_segments(self.config.node_id):
             if path not in keep and path not in mapped:
                 path.unlink(missing_ok=True)  # a predecessor's staged or dropped segment
+
+    def _check_rejected(self, rejected: tuple[int, ...]) -> None:
+        """A segment the new owner would not adopt failed its checksums: engines that read
+        it in place (shared) compute with bad bytes, so the leader is replaced now (the shadow
+        must prove its own weights by sketch, or it is a cold start from the rebuilt segment).
+        Private engines computed from their own copies, made when the segment verified."""
+        if not rejected:
+            return
+        log.error("rollout node %s: the new owner rejected weights version(s) %s (failed verification)",
+                  self.config.node_id, list(rejected))
+        in_use = {c.version for c in (self.leader, self.shadow) if c is not None}
+        if self.config.weight_mode == "shared" and in_use & set(rejected) and self.leader is not None:
+            why = f"weights version(s) {sorted(in_use & set(rejected))} the engines read failed verification"
+            self._in_loop(lambda: recovery.recover(self, why) if self.leader else None)
 
     # -- children (loop thread) ---------------------------------------------------------
 
@@ -776,6 +912,7 @@ class RolloutNode:
             pass
 
     def _notify_state(self) -> None:
+        self._state_published_at = time.monotonic()
         if not self._state_listeners:
             return
         state = self.roles()

@@ -64,10 +64,13 @@ class MemoryOwner:
 
     def load(self) -> OwnerReady:
         t0 = time.perf_counter()
+        rejected = []
         for version, path in sorted(self.spec.adopt_weights.items()):
             segment = WeightsSegment.adopt(path)
             if segment is not None:
                 self.segments[version] = segment
+            else:
+                rejected.append(version)
         if self.current not in self.segments:
             if self.current != 1:
                 raise shm.SharedMemoryError(
@@ -87,6 +90,7 @@ class MemoryOwner:
             load_s=time.perf_counter() - t0,
             params=sum(math.prod(e.shape) for e in current.entries),
             weight_bytes=sum(e.nbytes for e in current.entries),
+            rejected=tuple(rejected),
         )
 
     def _load_from_disk(self) -> WeightsSegment:

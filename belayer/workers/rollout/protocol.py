@@ -51,6 +51,9 @@ class OwnerReady:
     load_s: float
     params: int
     weight_bytes: int
+    # versions of the predecessor's that failed verification (missing, unsealed or a
+    # checksum mismatch) and were not adopted; version 1 is then rebuilt from the model files
+    rejected: tuple[int, ...] = ()
 
     @property
     def weights_path(self) -> Path:
@@ -239,6 +242,9 @@ class StepOutput:
     deltas: list[TokenDelta]
     step_s: float
     weights_version: int = 1  # every token of a step comes from one version
+    # prompt tokens this step computed for requests that got their first token in it
+    # (prefix-cache hits excluded): what the node's hang deadline charges prefill for
+    prefilled_tokens: int = 0
 
 
 @dataclass(frozen=True)

@@ -47,7 +47,11 @@ def recover(node: RolloutNode, reason: str) -> None:
     phases: dict[str, float] = {}
     old = node._set_role("leader", None)
     t = time.perf_counter()
-    children.fence(old)
+    try:
+        children.fence(old)
+    except RolloutError as exc:  # its lease may still be held: no other engine may lead
+        _give_up(node, f"the failed leader could not be fenced: {exc}")
+        return
     if old is not None:
         children.drain(old, node._dispatch)  # tokens it streamed before dying are real
     children.close_conn(old)
@@ -83,7 +87,7 @@ def recover(node: RolloutNode, reason: str) -> None:
         try:
             _cold_start(node, phases, owner_bad=_owner_bad(node, fallback))
         except RolloutError as exc:
-            _give_up(node, exc)
+            _give_up(node, f"cold start failed: {exc}")
             return
     if node.owner_failure is not None and node.owner is not None and kind != "cold_start":
         node._replace_owner()  # in the background: the new owner adopts the verified segments
@@ -123,20 +127,19 @@ def recover(node: RolloutNode, reason: str) -> None:
         len(records),
         f"; cold start because {fallback}" if fallback else "",
     )
-    if node.config.shadow and node.shadow is None:
-        node._set_role("shadow", node._spawn_engine("shadow"))  # the loop sees it ready
+    node.start_shadow_if_due()  # the loop sees it ready
     node._notify_state()
 
 
-def _give_up(node: RolloutNode, exc: RolloutError) -> None:
+def _give_up(node: RolloutNode, why: str) -> None:
     """Nothing left to serve on: tell every request, retryable elsewhere (Temporal retries
     the activity on another node, resuming from its heartbeat)."""
-    log.error("rollout node %s: cold start failed: %s", node.config.node_id, exc)
+    log.error("rollout node %s: %s", node.config.node_id, why)
     with node._lock:
-        node.broken = f"cold start failed: {exc}"
+        node.broken = why
         for record in node.inflight.open():
             node.inflight.fail(
-                record, RolloutError(f"rollout node {node.config.node_id} lost its engine: {exc}")
+                record, RolloutError(f"rollout node {node.config.node_id} lost its engine: {why}")
             )
     node._notify_state()
 

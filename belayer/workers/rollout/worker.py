@@ -73,6 +73,15 @@ def roles_file(config: BelayerConfig) -> Path:
     return config.state_dir / "run" / f"rollout-{config.rollout.node_id}.roles.json"
 
 
+def read_roles(config: BelayerConfig) -> dict:
+    """The node's roles as its worker last wrote them (`RolloutNode.roles()`); {} when there
+    is no node to ask, so a before/after comparison finds nothing."""
+    try:
+        return json.loads(roles_file(config).read_text())
+    except (OSError, ValueError):
+        return {}
+
+
 def publish_roles(path: Path, state: dict) -> None:
     """Write `RolloutNode.roles()` atomically (a reader never sees half a file). Called by the
     node on its pump thread whenever a role, the epoch or the recovery count changes, so
@@ -81,6 +90,28 @@ def publish_roles(path: Path, state: dict) -> None:
     tmp = path.with_suffix(".tmp")
     tmp.write_text(json.dumps(state, sort_keys=True))
     os.replace(tmp, path)
+
+
+def describe_roles(state: dict) -> str:
+    """One line for `belayer status`: who leads, whether a takeover is possible, the last
+    recovery; `state` is what the node last published (`RolloutNode.roles()`)."""
+    if not state:
+        return "no roles published yet"
+    if state.get("broken"):
+        return f"BROKEN: {state['broken']}"
+    parts = [f"leader pid {state.get('leader')}", f"shadow {state.get('shadow_state')}",
+             f"owner {state.get('owner_state')}", f"weights v{state.get('weights_version')}"]
+    deadline = state.get("hang_deadline") or {}
+    if deadline.get("current_s") is not None:
+        parts.append(f"hang deadline {deadline['current_s']:.1f} s")
+    last = state.get("last_recovery")
+    if last:
+        parts.append(f"last recovery {last['kind']} in {last['ready_s']:.2f} s")
+    owner = state.get("last_owner_recovery")
+    if owner:
+        parts.append(f"protected again {owner['protected_again_s']:.1f} s after the owner died")
+    line = "; ".join(parts)
+    return f"DEGRADED: {state['degraded']}; {line}" if state.get("degraded") else line
 
 
 def cleanup_node(node_id: str) -> list[str]:

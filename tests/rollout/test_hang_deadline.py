@@ -1,0 +1,38 @@
+"""The leader's hang deadline follows its step times: decode steps and prefill per token."""
+
+import pytest
+
+from belayer.workers.rollout.hang import FLOOR_S, MULTIPLE, HangDeadline
+
+CEILING, BEAT = 60.0, 0.25
+
+
+def test_unseen_steps_get_the_ceiling_then_the_derived_deadline():
+    hang = HangDeadline(CEILING, BEAT)
+    assert hang.deadlines(set()).current_s == CEILING
+    hang.stepped(0.02, 0, ["a"])
+    assert hang.deadlines(set()).current_s == FLOOR_S  # a fast engine: the floor, not 60 s
+    for _ in range(10):
+        hang.stepped(1.5, 0, ["a"])  # a big model, or a loaded machine
+    assert hang.deadlines(set()).current_s == pytest.approx(MULTIPLE * 1.5 + BEAT)
+
+
+def test_pending_prompts_add_their_prefill_at_the_slowest_cost_per_token():
+    hang = HangDeadline(CEILING, BEAT)
+    hang.stepped(0.1, 0, ["a"])
+    hang.sent("b", 1000)
+    assert hang.deadlines({"b"}).current_s == CEILING  # prefill never seen: no estimate yet
+    hang.stepped(0.5, 100, ["b"])  # its first token: 100 uncached prompt tokens took 0.5 s
+    hang.sent("c", 2000)
+    expected = MULTIPLE * (0.1 + 2000 * 0.005) + BEAT
+    assert hang.deadlines({"c"}).pending_prefill_tokens == 2000
+    assert hang.deadlines({"c"}).current_s == pytest.approx(expected)
+    # c aborted (or re-sent under a new id after a recovery): no longer pending
+    assert hang.deadlines(set()).current_s == FLOOR_S
+
+
+def test_the_setting_bounds_the_deadline():
+    hang = HangDeadline(5.0, BEAT)
+    hang.stepped(10.0, 0, ["a"])
+    assert hang.deadlines(set()).current_s == 5.0
+    assert HangDeadline(1.0, BEAT).floor_s == 1.0  # a ceiling below the floor wins
