@@ -48,6 +48,8 @@ def train() -> None:
 @click.option("--seed", default=0, show_default=True, type=click.IntRange(0, 2**31 - 1),
               help="Fixes the task draws and every sampling seed.")
 @click.option("--lr", default=1e-4, show_default=True, type=click.FloatRange(0), help="AdamW learning rate.")
+@click.option("--lr-decay", type=click.Choice(["constant", "linear"]), default="constant", show_default=True,
+              help="linear: the learning rate falls linearly from --lr to 0 over the run's iterations.")
 @click.option("--minibatches", default=8, show_default=True, type=click.IntRange(1, 64),
               help="Optimizer steps per iteration, each on a contiguous slice of the batch (clipping acts "
               "from the second on).")
@@ -68,7 +70,7 @@ def train() -> None:
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object when the run ends.")
 @click.pass_context
 def start(ctx: click.Context, workload: Path, iterations: int, group_size: int, tasks_per_iteration: int,
-          seed: int, lr: float, minibatches: int, kl_coef: float, temperature: float, heldout: Path | None, no_heldout: bool, max_infra_retries: int,
+          seed: int, lr: float, lr_decay: str, minibatches: int, kl_coef: float, temperature: float, heldout: Path | None, no_heldout: bool, max_infra_retries: int,
           run_id: str | None, chaos_plan: str | None, chaos_rate: float | None, chaos_seed: int, as_json: bool) -> None:
     """Start a training run on WORKLOAD (.yaml or .jsonl) and follow it to its end.
 
@@ -89,7 +91,8 @@ def start(ctx: click.Context, workload: Path, iterations: int, group_size: int, 
     if heldout and no_heldout:
         raise click.UsageError("--heldout and --no-heldout contradict each other; give one")
     heldout = None if no_heldout else heldout or loaded.heldout
-    settings = TrainerSettings(lr=lr, minibatches=minibatches, kl_coef=kl_coef, temperature=temperature)
+    settings = TrainerSettings(lr=lr, lr_decay_iterations=iterations if lr_decay == "linear" else 0,
+                               minibatches=minibatches, kl_coef=kl_coef, temperature=temperature)
     input = training_input(
         config, tasks, iterations=iterations, group_size=group_size, tasks_per_iteration=tasks_per_iteration,
         seed=seed, heldout=load_workload(heldout).tasks if heldout else None, settings=settings,
@@ -221,7 +224,8 @@ def run_settings(input, workload: Path) -> dict:
     return {
         "workload": str(workload), "model": input.model, "iterations": input.iterations,
         "group_size": input.group_size, "tasks_per_iteration": input.tasks_per_iteration, "seed": input.seed,
-        "lr": input.trainer.lr, "minibatches": input.trainer.minibatches, "kl_coef": input.trainer.kl_coef,
+        "lr": input.trainer.lr, "lr_decay_iterations": input.trainer.lr_decay_iterations,
+        "minibatches": input.trainer.minibatches, "kl_coef": input.trainer.kl_coef,
         "temperature": input.trainer.temperature,
         "heldout_tasks": len(input.heldout),
     }

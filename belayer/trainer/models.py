@@ -24,6 +24,10 @@ class TrainerSettings(_Model):
     """The GRPO objective and its optimizer; fixed for a run (a checkpoint records them)."""
 
     lr: float = Field(1e-5, ge=0, description="AdamW learning rate; 0 leaves the weights as they are.")
+    lr_decay_iterations: int = Field(
+        0, ge=0, description="Decay the learning rate linearly to 0 over this many iterations (iteration k "
+        "steps with lr * (1 - k / this)); 0 keeps it constant."
+    )
     clip_eps: float = Field(0.2, gt=0, le=10, description="PPO clip range of the importance ratio.")
     kl_coef: float = Field(0.0, ge=0, description="Weight of the KL to the initial weights (k3 estimator); 0 is off.")
     weight_decay: float = Field(0.0, ge=0, description="AdamW's decoupled weight decay.")

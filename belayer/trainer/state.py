@@ -81,10 +81,18 @@ def new_optimizer(model: torch.nn.Module, settings: TrainerSettings) -> torch.op
     return torch.optim.AdamW(model.parameters(), lr=settings.lr, weight_decay=settings.weight_decay)
 
 
-def configure(optimizer: torch.optim.AdamW, settings: TrainerSettings) -> None:
-    """Apply this step's settings (the same numbers whether the optimizer is new or kept)."""
+def configure(optimizer: torch.optim.AdamW, settings: TrainerSettings, iteration: int) -> None:
+    """Apply iteration `iteration`'s settings (the same numbers whether the optimizer is new,
+    kept or restored: the learning rate is a function of the iteration alone)."""
     for group in optimizer.param_groups:
-        group["lr"], group["weight_decay"] = settings.lr, settings.weight_decay
+        group["lr"], group["weight_decay"] = step_lr(settings, iteration), settings.weight_decay
+
+
+def step_lr(settings: TrainerSettings, iteration: int) -> float:
+    """The learning rate of `iteration`: constant, or decaying linearly to 0."""
+    if settings.lr_decay_iterations == 0:
+        return settings.lr
+    return settings.lr * max(0.0, 1.0 - iteration / settings.lr_decay_iterations)
 
 
 def weights_of(model: torch.nn.Module) -> dict[str, torch.Tensor]:

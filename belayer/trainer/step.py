@@ -73,7 +73,7 @@ class Trainer:
             _check_version(args, state)
             self._state = None  # half-stepped until its checkpoint is written
             samples = [load_sample(store, s) for s in args.samples]
-            configure(state.optimizer, args.settings)
+            configure(state.optimizer, args.settings, args.iteration)
             stats = grpo_step(state.model, state.optimizer, self._reference_for(args),
                               state.weights_version, samples, args.settings)
             events("stepped")
