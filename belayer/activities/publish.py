@@ -98,6 +98,16 @@ class PublishActivities:
         self.node.publish(published.version, self._tensors(published.weights, published.model))
         return published
 
+    def tensors_of(self, version: int) -> dict | None:
+        """The tensors of `version` if it is the one last published here (the node's weight
+        source when a new memory owner could not adopt its segment); None otherwise."""
+        if self.remember is None or not self.remember.is_file():
+            return None
+        published = PublishedWeights.model_validate_json(self.remember.read_text())
+        if published.version != version:
+            return None
+        return self._tensors(published.weights, published.model)
+
     def _remember(self, args: PublishWeightsArgs) -> None:
         if self.remember is None:
             return

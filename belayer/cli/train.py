@@ -48,7 +48,7 @@ def train() -> None:
 @click.option("--seed", default=0, show_default=True, type=click.IntRange(0, 2**31 - 1),
               help="Fixes the task draws and every sampling seed.")
 @click.option("--lr", default=1e-4, show_default=True, type=click.FloatRange(0), help="AdamW learning rate.")
-@click.option("--lr-decay", type=click.Choice(["constant", "linear"]), default="constant", show_default=True,
+@click.option("--lr-decay", type=click.Choice(["constant", "linear"]), default="linear", show_default=True,
               help="linear: the learning rate falls linearly from --lr to 0 over the run's iterations.")
 @click.option("--minibatches", default=8, show_default=True, type=click.IntRange(1, 64),
               help="Optimizer steps per iteration, each on a contiguous slice of the batch (clipping acts "

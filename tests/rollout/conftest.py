@@ -55,6 +55,16 @@ def node_config(**overrides) -> RolloutConfig:
     return RolloutConfig(**base)
 
 
+def flip_a_weight_byte(weights: Path) -> None:
+    """Damage a weights segment: one byte inside its first tensor's data."""
+    with open(weights, "r+b") as f:
+        header = shm.read_weights_header(shm.map_readonly(weights))
+        f.seek(header.data_offset + 128)
+        byte = f.read(1)
+        f.seek(header.data_offset + 128)
+        f.write(bytes([byte[0] ^ 0xFF]))
+
+
 def leftovers(node_id: str, pids: list[int]) -> list[str]:
     """What a closed node left behind: live child processes and shm segments."""
     found = [f"shm {p}" for p in shm.leftover_segments(node_id)]

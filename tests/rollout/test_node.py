@@ -19,7 +19,7 @@ import pytest
 from belayer.workers.rollout import recovery, shm
 from belayer.workers.rollout.errors import BadRequestError
 from belayer.workers.rollout.protocol import SamplingSpec
-from tests.rollout.conftest import PROMPTS, SPECS
+from tests.rollout.conftest import PROMPTS, SPECS, flip_a_weight_byte
 
 pytestmark = pytest.mark.engine
 
@@ -161,22 +161,13 @@ def test_owner_killed_is_replaced_and_a_takeover_needs_no_cold_start(node):
     assert "shadow_sketch_s" in event.phases, "the shadow's own weights were not verified"
 
 
-def _flip_a_weight_byte(weights) -> None:
-    with open(weights, "r+b") as f:  # one byte inside the first tensor's data
-        header = shm.read_weights_header(shm.map_readonly(weights))
-        f.seek(header.data_offset + 128)
-        byte = f.read(1)
-        f.seek(header.data_offset + 128)
-        f.write(bytes([byte[0] ^ 0xFF]))
-
-
 def test_owner_killed_with_a_corrupted_segment_is_rebuilt_and_nothing_wrong_is_served(node):
     """Its successor rejects the segment (checksums) and rebuilds version 1 from the model
     files; shared engines, which may read the bad bytes in place, are replaced at once."""
     expected = baseline(node)
     owner, generation, before = node.owner, node.generation, len(node.recoveries)
     os.kill(owner.pid, signal.SIGSTOP)  # frozen while its segment is damaged
-    _flip_a_weight_byte(owner.ready.weights_path)
+    flip_a_weight_byte(owner.ready.weights_path)
     os.kill(owner.pid, signal.SIGKILL)
     wait_for(lambda: node.generation > generation and node.owner_failure is None, "the replacement owner")
     shared = node.config.weight_mode == "shared"
@@ -196,7 +187,7 @@ def test_corrupted_weights_mean_cold_start_never_a_wrong_answer(node):
     if node.config.weight_mode != "shared":
         pytest.skip("run where engines read the owner's bytes directly (shared), the harder case")
     expected = baseline(node)
-    _flip_a_weight_byte(node.owner.ready.weights_path)
+    flip_a_weight_byte(node.owner.ready.weights_path)
     before = len(node.recoveries)
     verdict = node.verify_weights()
     assert not verdict.ok and verdict.bad_tensors

@@ -24,7 +24,7 @@ from belayer.workers.rollout import shm
 from belayer.workers.rollout.errors import RolloutError
 from belayer.workers.rollout.protocol import SamplingSpec
 from belayer.workers.rollout.publish import PublishRefusedError
-from tests.rollout.conftest import PROMPTS, node_config, started_node
+from tests.rollout.conftest import PROMPTS, flip_a_weight_byte, node_config, started_node
 
 pytestmark = pytest.mark.engine
 
@@ -315,6 +315,34 @@ def test_owner_crash_during_a_publish_fails_it_and_the_node_keeps_serving(publis
     report = published.publish()  # the replacement owner adopted the segments and publishes
     result = node.generate(PROMPTS[1], SAMPLED, timeout=300)
     assert set(result.versions) == {report.version}
+
+
+def test_a_published_version_its_new_owner_cannot_adopt_is_restored_from_its_source(published, references):
+    """The owner dies and its segment of the served version is damaged: the next owner
+    rejects it (checksums) and the node stages that version again from the weight source
+    (the trainer's object store in a worker); the node serves it and is protected again."""
+    node = published.node
+    if node.target_version == 1:
+        published.publish()
+    serving, version = published.current(), node.target_version
+    asked = []
+
+    def source(v):
+        asked.append(v)
+        return published.contents[published.content_of[v]] if v in published.content_of else None
+
+    node.weight_source = source
+    owner, generation = node.owner, node.generation
+    os.kill(owner.pid, signal.SIGSTOP)  # frozen while its segment is damaged
+    flip_a_weight_byte(node.owner_versions[version])
+    os.kill(owner.pid, signal.SIGKILL)
+    _wait(lambda: node.generation > generation and node.roles()["protected"], "the node protected again", 180)
+    assert asked == [version] and node.roles()["owner_state"] == "alive"
+    result = node.generate(PROMPTS[1], SAMPLED, timeout=300)
+    expected = references[serving].generate(PROMPTS[1], SAMPLED, timeout=300)
+    assert_same_run(result, expected.token_ids, expected.logprobs)
+    assert set(result.versions) == {version}
+    assert published.publish().version == version + 1  # and publishing goes on
 
 
 def test_a_shadow_behind_the_served_version_never_leads(tiny_model, contents, references, monkeypatch):

@@ -107,9 +107,16 @@ class RequestHandle:
 class RolloutNode:
     """Owner + leader + shadow of one node. `start()`, `submit()`, `publish()`, `close()`."""
 
-    def __init__(self, config: RolloutConfig, model_dir: Path):
+    def __init__(self, config: RolloutConfig, model_dir: Path,
+                 weight_source: Callable[[int], Mapping[str, Any] | None] | None = None):
+        """`weight_source(version)` gives a published version's tensors from where its
+        publisher keeps them (None if it does not hold it): what a new owner cannot adopt
+        because it failed verification is staged again from there."""
         self.config = config
         self.model_dir = Path(model_dir)
+        self.weight_source = weight_source
+        self.restoring: int | None = None  # a lost version being staged again from the source
+        self.restore_failure: str | None = None
         self._lock = threading.RLock()
         self.inflight = InFlightLog()
         self.recoveries: list[RecoveryEvent] = []
@@ -181,7 +188,10 @@ class RolloutNode:
         with self._lock:
             for child in (self.shadow, self.leader, self.owner):
                 if child is not None:
-                    children.stop(child)
+                    try:
+                        children.stop(child)
+                    except RolloutError as exc:  # stop the others all the same
+                        log.error("rollout node %s: closing: %s", self.config.node_id, exc)
             self.shadow = self.leader = self.owner = None
             for record in self.inflight.open():
                 self.inflight.fail(record, NodeClosedError(f"rollout node {self.config.node_id} closed"))
@@ -302,6 +312,9 @@ class RolloutNode:
         with self._lock:
             if self.broken is not None:
                 raise RolloutError(f"rollout node {self.config.node_id} cannot serve ({self.broken})")
+            if self.restoring is not None:
+                raise RolloutError(f"weights version {self.restoring} is being restored after the memory owner "
+                                   "was replaced; publish again shortly")
             if self.publishing is not None:
                 raise BadRequestError(
                     f"weights version {self.publishing.version} is still being published; "
@@ -382,8 +395,8 @@ class RolloutNode:
                 "broken": self.broken,
                 "owner_state": self._owner_state(),
                 "shadow_state": self._shadow_state(),
-                "degraded": "; ".join(r.degraded for r in (self.owner_restarts, self.shadow_restarts)
-                                      if r.degraded) or None,
+                "degraded": "; ".join([r.degraded for r in (self.owner_restarts, self.shadow_restarts) if r.degraded]
+                                      + ([self.restore_failure] if self.restore_failure else [])) or None,
                 "protected": self._protected(),
                 "hang_deadline": {k: None if v is None else round(v, 4) for k, v in
                                   asdict(self._hang_deadlines()).items()},
@@ -410,7 +423,11 @@ class RolloutNode:
             return "degraded"
         if not self.owner.process.is_alive():
             return "waiting"  # its backoff before the next start
-        return "alive" if self.owner.ready is not None and self.owner_failure is None else "re-adopting"
+        if self.owner.ready is None or self.owner_failure is not None:
+            return "re-adopting"
+        if self.target_version not in self.owner_versions:
+            return "restoring" if self.restoring is not None else "missing the served version"
+        return "alive"
 
     def _shadow_state(self) -> str:
         if not self.config.shadow:
@@ -830,18 +847,48 @@ class RolloutNode:
                 path.unlink(missing_ok=True)  # a predecessor's staged or dropped segment
 
     def _check_rejected(self, rejected: tuple[int, ...]) -> None:
-        """A segment the new owner would not adopt failed its checksums: engines that read
-        it in place (shared) compute with bad bytes, so the leader is replaced now (the shadow
-        must prove its own weights by sketch, or it is a cold start from the rebuilt segment).
-        Private engines computed from their own copies, made when the segment verified."""
+        """A segment the new owner would not adopt failed verification. Version 1 it rebuilt
+        from the model files; a published version is staged again from the weight source.
+        Engines that read it in place (shared) computed with bad bytes, so the leader is
+        replaced (the shadow must prove its own weights by sketch, or it is a cold start)
+        once the owner holds the version again. Private engines computed from their own
+        copies, made when the segment still verified."""
         if not rejected:
             return
         log.error("rollout node %s: the new owner rejected weights version(s) %s (failed verification)",
                   self.config.node_id, list(rejected))
-        in_use = {c.version for c in (self.leader, self.shadow) if c is not None}
-        if self.config.weight_mode == "shared" and in_use & set(rejected) and self.leader is not None:
-            why = f"weights version(s) {sorted(in_use & set(rejected))} the engines read failed verification"
-            self._in_loop(lambda: recovery.recover(self, why) if self.leader else None)
+        in_use = {c.version for c in (self.leader, self.shadow) if c is not None} & set(rejected)
+        why = f"weights version(s) {sorted(in_use)} the engines read failed verification"
+        replace_leader = self.config.weight_mode == "shared" and bool(in_use) and self.leader is not None
+        if self.target_version in self.owner_versions:
+            if replace_leader:
+                self._in_loop(lambda: recovery.recover(self, why) if self.leader else None)
+            return
+        self.restoring, self.restore_failure = self.target_version, None
+        threading.Thread(target=self._restore_lost_version, args=(self.target_version, why if replace_leader else None),
+                         name=f"belayer-{self.config.node_id}-restore", daemon=True).start()
+
+    def _restore_lost_version(self, version: int, then_recover: str | None) -> None:
+        """Stage, write and seal `version` again from the weight source (off the loop)."""
+        timeout = self.config.publish_timeout_s
+        try:
+            tensors = self.weight_source(version) if self.weight_source is not None else None
+            if tensors is None:
+                raise RolloutError(f"weights version {version} was lost with the memory owner and no weight "
+                                   "source holds it; publish it again")
+            staged = self._owner_request(StageWeights(version), timeout)
+            expected = write_staged(staged.path, tensors, self.config.dtype)
+            self._owner_request(SealWeights(version, expected), timeout)
+            log.warning("rollout node %s: weights version %d staged again from its source",
+                        self.config.node_id, version)
+            if then_recover:
+                self._in_loop(lambda: recovery.recover(self, then_recover) if self.leader else None)
+        except Exception as exc:  # the node goes on serving from the engines' own memory
+            self.restore_failure = f"could not restore weights version {version}: {exc}"
+            log.error("rollout node %s: %s", self.config.node_id, self.restore_failure)
+        finally:
+            self.restoring = None
+            self._wake()
 
     # -- children (loop thread) ---------------------------------------------------------
 
@@ -853,6 +900,9 @@ class RolloutNode:
         return old
 
     def _spawn_engine(self, role: str) -> Child:
+        if self.target_version not in self.owner_versions:
+            raise RolloutError(f"the memory owner does not hold weights version {self.target_version} "
+                               f"({self.restore_failure or 'it is being restored'}); no engine can load it")
         weights = (self.target_version, self.owner_versions[self.target_version])
         return children.spawn_engine(
             self.config, self.model_dir, weights, self.owner.ready.arena_path, self.generation, role

@@ -72,12 +72,12 @@ class MemoryOwner:
             else:
                 rejected.append(version)
         if self.current not in self.segments:
+            # A published version that did not verify exists only with its publisher: hold the
+            # built weights (and their layout) so that the node can stage it again from there.
+            if 1 not in self.segments:
+                self.segments[1] = self._load_from_disk()
             if self.current != 1:
-                raise shm.SharedMemoryError(
-                    f"weights version {self.current} was lost with the previous owner (its segment is "
-                    "missing or fails its checksums) and exists only with the trainer: publish it again"
-                )
-            self.segments[1] = self._load_from_disk()
+                self.current = 1
         if self.spec.adopt_arena is None or not self._arena_intact():
             self.arena_path = shm.arena_path(self.spec.node_id, self.spec.generation)
             shm.create_arena(self.arena_path, self.spec.kv_bytes, self.current)

@@ -52,7 +52,8 @@ class OwnerReady:
     params: int
     weight_bytes: int
     # versions of the predecessor's that failed verification (missing, unsealed or a
-    # checksum mismatch) and were not adopted; version 1 is then rebuilt from the model files
+    # checksum mismatch) and were not adopted: version 1 is rebuilt from the model files, a
+    # published one is staged again by the node from its weight source
     rejected: tuple[int, ...] = ()
 
     @property

@@ -42,6 +42,7 @@ async def serve(config: BelayerConfig) -> None:
         store = ObjectStore(config.storage)
         activities = RolloutActivities(node, store, own_queue)
         publishing = PublishActivities(node, store, remember=published_file(config))
+        node.weight_source = publishing.tensors_of  # a version a new owner could not adopt
         try:
             restored = publishing.restore()
         except Exception as exc:  # serve the built model; a trainer's version check catches the rest
