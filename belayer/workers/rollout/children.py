@@ -26,10 +26,10 @@ from belayer.workers.rollout.protocol import (
     Stop,
 )
 
-MP = mp.get_context("spawn")
+MP = mp.get_context("spawn")  # never fork a process that may hold vLLM / OpenMP state
 # How long a SIGKILLed child may take to exit before the wait gives up and says so.
 REAP_TIMEOUT_S = 30.0
-log = logging.getLogger("belayer.rollout")  # never fork a process that may hold vLLM / OpenMP state
+log = logging.getLogger("belayer.rollout")
 
 Dispatch = Callable[["Child", Any], None]
 

@@ -76,8 +76,7 @@ class MemoryOwner:
             # built weights (and their layout) so that the node can stage it again from there.
             if 1 not in self.segments:
                 self.segments[1] = self._load_from_disk()
-            if self.current != 1:
-                self.current = 1
+            self.current = 1
         if self.spec.adopt_arena is None or not self._arena_intact():
             self.arena_path = shm.arena_path(self.spec.node_id, self.spec.generation)
             shm.create_arena(self.arena_path, self.spec.kv_bytes, self.current)
