@@ -8,8 +8,8 @@ or declares a busy large one hung. `HangDeadline` derives the deadline from the 
 the node has seen, separately for decode steps and for the prompt tokens a step prefills:
 
     deadline = clamp(MULTIPLE * (slowest recent decode step
-                                 + pending prompt tokens * slowest recent prefill cost per token),
-                     floor, ceiling)
+                                 + pending prompt tokens * slowest recent prefill cost per token)
+                     + heartbeat interval, floor, ceiling)
 
 The history belongs to the node (same model, same machine), not to one engine, so a leader
 that took over inherits it. Until both kinds are observed the deadline is the ceiling
@@ -21,8 +21,9 @@ from __future__ import annotations
 from collections import deque
 from dataclasses import dataclass
 
-# A step this many times slower than the slowest recent one is a hang, not load: load that
-# appears at once (a CPU hog per core) stretched the bench model's steps by well under this.
+# A silence this many times the slowest recent step is a hang, not load. Load that appears
+# at once (a busy-loop process per core) stretched the bench model's decode steps up to ~6x
+# (0.12 s -> 0.67 s), which the floor absorbs; the window then follows the new step times.
 MULTIPLE = 4.0
 # Never below this, whatever the steps (`rollout.hang_floor_s`): scheduler stalls and GC
 # pauses of a healthy engine.
