@@ -65,6 +65,13 @@ def flip_a_weight_byte(weights: Path) -> None:
         f.write(bytes([byte[0] ^ 0xFF]))
 
 
+def owner_recovery_after(node: RolloutNode, generation: int) -> dict | None:
+    """The node's record of being protected again after an owner death, once an owner
+    newer than `generation` has brought it there (the loop writes it after `protected`)."""
+    record = node.roles()["last_owner_recovery"]
+    return record if record and record["owner_generation"] > generation else None
+
+
 def leftovers(node_id: str, pids: list[int]) -> list[str]:
     """What a closed node left behind: live child processes and shm segments."""
     found = [f"shm {p}" for p in shm.leftover_segments(node_id)]

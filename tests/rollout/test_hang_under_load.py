@@ -15,7 +15,7 @@ import pytest
 
 from belayer.model.build import model_path
 from belayer.workers.rollout.protocol import SamplingSpec
-from tests.rollout.conftest import node_config, started_node
+from tests.rollout.conftest import node_config, owner_recovery_after, started_node
 
 pytestmark = pytest.mark.engine
 
@@ -90,7 +90,7 @@ def test_after_its_owner_dies_the_node_is_protected_again(loaded_node):
     generation = node.generation
     os.kill(node.owner.pid, signal.SIGKILL)
     deadline = time.monotonic() + 300
-    while not (node.generation > generation and node.roles()["protected"]):
+    while not owner_recovery_after(node, generation):
         assert time.monotonic() < deadline, f"not protected again: {node.roles()}"
         time.sleep(0.05)
     again = node.roles()["last_owner_recovery"]

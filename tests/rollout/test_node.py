@@ -19,7 +19,7 @@ import pytest
 from belayer.workers.rollout import recovery, shm
 from belayer.workers.rollout.errors import BadRequestError
 from belayer.workers.rollout.protocol import SamplingSpec
-from tests.rollout.conftest import PROMPTS, SPECS, flip_a_weight_byte
+from tests.rollout.conftest import PROMPTS, SPECS, flip_a_weight_byte, owner_recovery_after
 
 pytestmark = pytest.mark.engine
 
@@ -147,9 +147,9 @@ def test_owner_killed_is_replaced_and_a_takeover_needs_no_cold_start(node):
     generation = node.generation
     os.kill(node.owner.pid, signal.SIGKILL)
     wait_for(lambda: node.generation > generation and node.owner_failure is None, "the replacement owner")
-    wait_for(lambda: node.roles()["protected"], "the node to be protected again")
+    wait_for(lambda: owner_recovery_after(node, generation), "the node to be protected again")
     roles = node.roles()
-    assert roles["owner_state"] == "alive" and roles["shadow_state"] == "ready"
+    assert roles["owner_state"] == "alive" and roles["shadow_state"] == "ready" and roles["protected"]
     assert roles["last_owner_recovery"]["owner_generation"] == node.generation
     assert 0 < roles["last_owner_recovery"]["protected_again_s"] < 60
     assert "exited with -9" in roles["last_owner_recovery"]["reason"]
