@@ -789,6 +789,7 @@ class RolloutNode:
 
     def _on_owner_death(self) -> None:
         owner = self.owner
+        owner.process.join(children.REAP_TIMEOUT_S)  # dead (its sentinel fired): reap it for its exit code
         self.owner_failure = f"memory owner (pid {owner.pid}) exited with {owner.process.exitcode}" + (
             "" if owner.ready else " while starting")
         self._owner_lost = self._owner_lost or (time.monotonic(), self.owner_failure)
