@@ -55,6 +55,3 @@ class Restarts:
 
     def due(self) -> bool:
         return self._clock() >= self.next_start_at
-
-    def wait_s(self) -> float:
-        return max(0.0, self.next_start_at - self._clock())
