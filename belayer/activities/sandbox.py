@@ -199,7 +199,8 @@ class SandboxActivities:
                          token_prefix_sha256=s.context_after_action.sha256)
             for s in steps
         ]  # fmt: skip
-        outcome = self.host.recover(args.handle, args.checkpoints, logged, spec=args.spec)
+        outcome = self.host.recover(args.handle, args.checkpoints, logged, spec=args.spec,
+                                    trajectory=args.trajectory_id)
         if outcome.mismatch_observation is None:
             return RecoverResult(outcome=outcome)
         ref = store_observation(self.host.store, args.trajectory_id, outcome.mismatch_step,

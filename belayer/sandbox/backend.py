@@ -47,6 +47,9 @@ class SandboxBackend(Protocol):
     def restore(self, archive: Path, sandbox_id: str, generation: int) -> str:
         """Start a container from an archive file; return its name."""
 
+    def fork(self, plain_archive: Path, parent_id: str, sandbox_id: str, generation: int) -> str:
+        """Start another lineage's checkpoint (an uncompressed archive) as `sandbox_id`; its name."""
+
     def run_as_agent(self, container: str, argv: list[str], stdin: bytes | None = None) -> bytes:
         """Run a short Belayer helper (hash, tar) in the container (never checkpointed); its stdout."""
 

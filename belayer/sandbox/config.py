@@ -52,6 +52,9 @@ class SandboxConfig(Section):
     checkpoint_compression: Literal["zstd", "gzip", "none"] = Field(
         "zstd", description="Compression of `podman container checkpoint --export` archives."
     )
+    fork_concurrency: int = Field(
+        4, ge=1, le=256, description="Forks of one checkpoint restored at once on a host (podman + CRIU each)."
+    )
     start_timeout_s: float = Field(
         30.0, gt=0, le=600, description="How long create/restore wait for the supervisor to answer."
     )

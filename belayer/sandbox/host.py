@@ -14,6 +14,7 @@ host coming back after a recovery elsewhere fence its superseded container.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import logging
 import os
@@ -26,7 +27,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Protocol
 
-from belayer.sandbox import channel, faults, lineage
+from belayer.sandbox import channel, faults, fork_archive, lineage
 from belayer.sandbox.backend import SandboxBackend
 from belayer.sandbox.config import SandboxConfig
 from belayer.sandbox.errors import (
@@ -44,6 +45,8 @@ from belayer.sandbox.models import (
     Action,
     CheckpointMeta,
     CheckpointRef,
+    ForkOutcome,
+    ForkTarget,
     LoggedAction,
     Observation,
     RecoverOutcome,
@@ -280,8 +283,9 @@ class SandboxHost:
             raise CheckpointCorrupt(f"checkpoint metadata {ref.meta_key} is not valid: {exc}") from exc
 
     # ------------------------------------------------------------------ restore
-    def restore(self, ref: CheckpointRef, new_generation: int,
-                log: list[LoggedAction] | None = None) -> tuple[SandboxHandle, CheckpointMeta]:  # fmt: skip
+    def restore(self, ref: CheckpointRef, new_generation: int, log: list[LoggedAction] | None = None, *,
+                sandbox_id: str | None = None, trajectory: str | None = None,
+                ) -> tuple[SandboxHandle, CheckpointMeta]:  # fmt: skip
         """Full restore on this host; fences any older container of the lineage first.
 
         With the trajectory's `log`, the checkpoint must belong to it: its recorded token
@@ -289,18 +293,19 @@ class SandboxHost:
         download), and the restored journal's observations for the steps up to it must be
         the log's (`_check_journal`); otherwise `CheckpointInconsistent` / `JournalMismatch`,
         and nothing is left running.
+
+        A checkpoint of another lineage than `sandbox_id` (a group's set-up sandbox, the
+        trajectory a branch starts from) is started as a fork serving `trajectory`.
         """
-        meta = self.load_meta(ref)
-        if meta.archive_sha256 != ref.archive_sha256:
-            raise CheckpointCorrupt(f"{ref.meta_key}: metadata names another archive than the workflow recorded")
-        if log is not None:
-            _check_prefix(ref, meta, log)
-        image_id = self.backend.image_id()
-        if image_id != meta.image_id:
-            raise RuntimeUnavailable(
-                f"checkpoint {ref.meta_key} needs base image id {meta.image_id}, this host has {image_id} for "
-                f"{self.cfg.image}: run infra/install/base-image.sh from the same revision"
-            )
+        meta = self._restorable_meta(ref, log)
+        if sandbox_id is not None and sandbox_id != meta.sandbox_id:
+            trajectory = trajectory or next((a.trajectory for a in log or []), None)
+            if not trajectory:
+                raise SandboxError(f"restoring {ref.meta_key} as fork {sandbox_id} needs the trajectory it serves")
+            with self._unpacked(meta) as plain:
+                handle = self._fork_one(ref, meta, plain, ForkTarget(sandbox_id=sandbox_id, trajectory=trajectory),
+                                        new_generation, log)  # fmt: skip
+            return handle, meta
         sid = meta.sandbox_id
         with self._lock(sid):
             self.backend.fence(sid)
@@ -330,6 +335,85 @@ class SandboxHost:
                 self.backend.fence(sid)
                 raise
         return self._handle(sid, new_generation, container), meta
+
+    def _restorable_meta(self, ref: CheckpointRef, log: list[LoggedAction] | None) -> CheckpointMeta:
+        meta = self.load_meta(ref)
+        if meta.archive_sha256 != ref.archive_sha256:
+            raise CheckpointCorrupt(f"{ref.meta_key}: metadata names another archive than the workflow recorded")
+        if log is not None:
+            _check_prefix(ref, meta, log)
+        image_id = self.backend.image_id()
+        if image_id != meta.image_id:
+            raise RuntimeUnavailable(
+                f"checkpoint {ref.meta_key} needs base image id {meta.image_id}, this host has {image_id} for "
+                f"{self.cfg.image}: run infra/install/base-image.sh from the same revision"
+            )
+        return meta
+
+    # ------------------------------------------------------------------ fork
+    def fork(self, ref: CheckpointRef, targets: list[ForkTarget], *, generation: int = 1,
+             log: list[LoggedAction] | None = None) -> list[ForkOutcome]:  # fmt: skip
+        """Start one sandbox per target from `ref`, each its own lineage at `generation`.
+
+        The archive is downloaded, checked and unpacked once; the forks restore from it
+        `sandbox.fork_concurrency` at a time. They start identical (file system and
+        processes) and share nothing writable (belayer/sandbox/fork_archive.py). A target
+        that fails is an outcome with its error and leaves nothing behind; a checkpoint
+        that cannot be used at all (corrupt, another base image) raises.
+        """
+        from concurrent.futures import ThreadPoolExecutor
+
+        meta = self._restorable_meta(ref, log)
+        t0 = time.monotonic()
+
+        def one(target: ForkTarget) -> ForkOutcome:
+            try:
+                handle = self._fork_one(ref, meta, plain, target, generation, log)
+            except SandboxError as exc:
+                return ForkOutcome(sandbox_id=target.sandbox_id, error=f"{type(exc).__name__}: {exc}",
+                                   ready_s=time.monotonic() - t0)  # fmt: skip
+            return ForkOutcome(sandbox_id=target.sandbox_id, handle=handle, ready_s=time.monotonic() - t0)
+
+        with self._unpacked(meta) as plain:
+            with ThreadPoolExecutor(max_workers=max(1, min(len(targets), self.cfg.fork_concurrency))) as pool:
+                return list(pool.map(one, targets))
+
+    def _fork_one(self, ref: CheckpointRef, meta: CheckpointMeta, plain: Path, target: ForkTarget,
+                  generation: int, log: list[LoggedAction] | None) -> SandboxHandle:  # fmt: skip
+        sid = target.sandbox_id
+        with self._lock(sid):
+            self.backend.fence(sid)
+            try:
+                container = self.backend.fork(plain, meta.sandbox_id, sid, generation)
+                self._record_lineage(sid, generation, container)
+                info = channel.wait_ready(self._sock(sid), self.cfg.start_timeout_s)
+                if info["head"] != meta.step:
+                    raise JournalMismatch(
+                        f"fork {sid} of {ref.meta_key} has journal head {info['head']}, its checkpoint says {meta.step}"
+                    )
+                channel.call(self._sock(sid), {"op": "fork", "expected": info["generation"], "new": generation,
+                                               "trajectory": target.trajectory})  # fmt: skip
+                if log is not None:
+                    self._check_journal(ref, sid, generation, meta.step, log)
+            except BaseException:
+                self.backend.destroy(sid)  # a fork owns its netns and channel: nothing of it stays
+                raise
+        return self._handle(sid, generation, container)
+
+    @contextlib.contextmanager
+    def _unpacked(self, meta: CheckpointMeta) -> Iterator[Path]:
+        """The checkpoint's archive, downloaded (sha256-checked) and uncompressed, in a
+        private directory removed afterwards."""
+        tmp_root = self.state_dir / "tmp"
+        tmp_root.mkdir(parents=True, exist_ok=True)
+        with tempfile.TemporaryDirectory(dir=tmp_root, prefix=f"fork-{meta.sandbox_id}-") as d:
+            archive = Path(d) / "archive"
+            with open(archive, "wb") as f:
+                self._download_archive(meta, f)
+            if faults.active("sandbox_restore_damaged_archive"):
+                with open(archive, "rb+") as f:
+                    _damage(f)
+            yield fork_archive.unpack(archive, meta.compression, Path(d) / "plain.tar")
 
     def _download_archive(self, meta: CheckpointMeta, f) -> None:
         from belayer.storage.errors import CorruptObject, ObjectNotFound
@@ -371,6 +455,7 @@ class SandboxHost:
         *,
         mode: RecoveryMode = "full",
         spec: SandboxSpec | None = None,
+        trajectory: str | None = None,
     ) -> RecoverOutcome:
         """Bring the sandbox back at the log's last step and check every replayed observation.
 
@@ -379,6 +464,9 @@ class SandboxHost:
         then to a fresh sandbox replaying from the start; each skip is in the outcome's
         notes. `actions` is the log from step 1 (or at least from the oldest checkpoint's
         step + 1). A failure past that carries the notes in its message.
+
+        A checkpoint of another lineage (a fork's origin: its group's set-up sandbox, the
+        trajectory it branched from) is restored as a fork serving `trajectory`.
         """
         spec = spec or SandboxSpec()
         new_gen = handle.generation + 1
@@ -401,7 +489,8 @@ class SandboxHost:
         if mode == "full":
             for ref in checkpoints:
                 try:
-                    new_handle, meta = self.restore(ref, new_gen, log=actions)
+                    new_handle, meta = self.restore(ref, new_gen, log=actions, sandbox_id=handle.sandbox_id,
+                                                    trajectory=trajectory)  # fmt: skip
                     start_step, source = meta.step, f"checkpoint@{meta.step}"
                     break
                 except (CheckpointCorrupt, CheckpointInconsistent, JournalMismatch, RestoreFailed) as exc:

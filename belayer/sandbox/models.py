@@ -170,6 +170,23 @@ class CheckpointRef(_Model):
     archive_bytes: int = Field(ge=0)
 
 
+class ForkTarget(_Model):
+    """One sandbox to start from another lineage's checkpoint: its id and the trajectory it
+    serves (its journal answers that trajectory's inherited steps and refuses the parent's)."""
+
+    sandbox_id: str = Field(pattern=r"^sbx-[0-9a-z-]{4,40}$", description="The fork's own lineage id.")
+    trajectory: str = Field(min_length=1, max_length=200, description="Trajectory the fork serves.")
+
+
+class ForkOutcome(_Model):
+    """What became of one fork: a handle, or why it could not start (nothing left running)."""
+
+    sandbox_id: str
+    handle: SandboxHandle | None = None
+    error: str | None = Field(None, description="The failure, typed: '<ErrorType>: message'.")
+    ready_s: float = Field(0.0, ge=0, description="From the start of the fork call until this one was ready.")
+
+
 class RecoverOutcome(_Model):
     """Result of recover(): the new handle, where the sandbox came from, and consistency."""
 

@@ -37,7 +37,7 @@ import subprocess
 from collections.abc import Iterator
 from pathlib import Path
 
-from belayer.sandbox import runtime
+from belayer.sandbox import fork_archive, runtime
 from belayer.sandbox.config import SandboxConfig
 from belayer.sandbox.errors import (
     CheckpointFailed,
@@ -251,6 +251,34 @@ class PodmanBackend:
         if self.podman("rename", restored, name, check=False).returncode != 0:
             return self._name_of(restored)
         return name
+
+    def fork(self, plain_archive: Path, parent_id: str, sandbox_id: str, generation: int) -> str:
+        """Start another lineage's checkpoint as `sandbox_id` (belayer/sandbox/fork_archive.py):
+        its own network namespace, channel, container id, labels and hostname."""
+        self.ensure_host_side(sandbox_id)
+        name = self.container_name(sandbox_id, generation)
+        identity = fork_archive.ForkIdentity(
+            parent_netns=f"/run/netns/{self.netns_name(parent_id)}", parent_channel_dir=str(self.channel_dir(parent_id)),
+            netns=f"/run/netns/{self.netns_name(sandbox_id)}", channel_dir=str(self.channel_dir(sandbox_id)),
+            hostname=sandbox_id, labels={LABEL_SANDBOX: sandbox_id, LABEL_GENERATION: str(generation)},
+        )  # fmt: skip
+        archive = plain_archive.with_name(f"fork-{sandbox_id}.tar")
+        try:
+            fork_archive.write_fork(plain_archive, archive, identity)
+            self.podman("container", "restore", f"--import={archive}", "--name", name)
+        finally:
+            archive.unlink(missing_ok=True)
+        self._set_hostname(name, sandbox_id)
+        return name
+
+    def _set_hostname(self, container: str, hostname: str) -> None:
+        # CRIU restores the parent's UTS namespace content; the spec's hostname only
+        # reaches /etc/hostname. Set the kernel's from outside (the container has no
+        # CAP_SYS_ADMIN, so nothing inside can change it back).
+        pid = self.podman("container", "inspect", "--format", "{{.State.Pid}}", container).stdout.decode().strip()
+        r = subprocess.run(["nsenter", f"--target={pid}", "--uts", "hostname", hostname], capture_output=True)
+        if r.returncode != 0:
+            raise RestoreFailed(f"could not set the hostname of fork {container}: {r.stderr.decode()[-300:]}")
 
     def _name_of(self, container: str) -> str:
         return self.podman("container", "inspect", "--format", "{{.Name}}", container).stdout.decode().strip()

@@ -19,8 +19,9 @@ elapsed() { echo "$(( ($(date +%s%N) - t0) / 1000000 ))ms"; }
 
 # What Belayer needs from the system. conmon and containernetworking-plugins come
 # in as podman's hard dependencies; iproute2 gives `ip netns` (per-sandbox loopback
-# namespaces) and the `ip` CRIU runs when it dumps network state.
-PACKAGES=(podman runc conmon iptables iproute2 debootstrap)
+# namespaces) and the `ip` CRIU runs when it dumps network state; zstd unpacks a
+# checkpoint archive once per host when it is forked into several sandboxes.
+PACKAGES=(podman runc conmon iptables iproute2 debootstrap zstd)
 
 missing=()
 for p in "${PACKAGES[@]}"; do

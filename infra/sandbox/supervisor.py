@@ -515,6 +515,22 @@ class Journal:
             self.heads[key[0]] = max(self.heads.get(key[0], 0), key[1])
             if key[0] != SETUP_TRAJECTORY:
                 self.trajectory = key[0]
+        elif rec.get("type") == "fork":
+            self._take_over(str(rec["trajectory"]))
+            self.generation = int(rec["generation"])
+
+    def _take_over(self, trajectory: str) -> None:
+        """A fork's identity: the steps it inherited become `trajectory`'s own, so the
+        fork answers them from the journal (replay-verify) while the parent's ids, and
+        any other trajectory's, are foreign from now on."""
+        parent = self.trajectory
+        if parent is not None and parent != trajectory:
+            for key in [k for k in self.entries if k[0] == parent]:
+                new_key = (trajectory, key[1])
+                self.entries[new_key] = self.entries.pop(key)
+                self.order[new_key] = self.order.pop(key)
+            self.heads[trajectory] = self.heads.pop(parent, 0)
+        self.trajectory = trajectory
 
     def append(self, rec: dict) -> None:
         line = (json.dumps(rec, separators=(",", ":")) + "\n").encode()
@@ -533,6 +549,9 @@ class Journal:
         fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
         try:
             os.write(fd, (json.dumps({"type": "generation", "generation": self.generation}) + "\n").encode())
+            if self.trajectory is not None:  # a fork's identity, before its steps exist
+                os.write(fd, (json.dumps({"type": "fork", "trajectory": self.trajectory,
+                                          "generation": self.generation}) + "\n").encode())
             for key in sorted(self.entries, key=lambda k: self.order.get(k, 0)):
                 obs = self.entries[key]
                 if key not in latest and not obs.get("compacted"):
@@ -575,6 +594,8 @@ class Supervisor:
             return self.describe()
         if op == "set_generation":
             return self.set_generation(int(req["expected"]), int(req["new"]))
+        if op == "fork":
+            return self.fork(int(req["expected"]), int(req["new"]), str(req["trajectory"]))
         if op in ("submit", "wait"):
             return self.submit_or_wait(req, start=(op == "submit"))
         raise RequestError("BadRequest", f"unknown op {op!r}")
@@ -604,6 +625,24 @@ class Supervisor:
             if self.running is not None:
                 raise RequestError("Busy", f"action {self.running} is running")
             self.journal.append({"type": "generation", "generation": new, "at": time.time()})
+            return self.describe()
+
+    def fork(self, expected: int, new: int, trajectory: str) -> dict:
+        """Become a fork serving `trajectory`: restored from another lineage's checkpoint,
+        it takes the generation its own lineage gives it (any number: a new lineage) and
+        the inherited steps as `trajectory`'s. Only once: a fork of a fork is a restore of
+        the fork's own checkpoint, which carries its identity."""
+        with self.lock:
+            if self.journal.generation != expected:
+                raise RequestError(
+                    "StaleGeneration",
+                    f"generation is {self.journal.generation}, not {expected}: another restore won",
+                )
+            if trajectory == SETUP_TRAJECTORY or not trajectory:
+                raise RequestError("BadRequest", f"a fork serves a trajectory, not {trajectory!r}")
+            if self.running is not None:
+                raise RequestError("Busy", f"action {self.running} is running")
+            self.journal.append({"type": "fork", "trajectory": trajectory, "generation": new, "at": time.time()})
             return self.describe()
 
     def submit_or_wait(self, req: dict, start: bool) -> dict:

@@ -46,6 +46,10 @@ class TrackingBackend(PodmanBackend):
         self.seen.add(sandbox_id)
         return super().restore(archive, sandbox_id, generation)
 
+    def fork(self, plain_archive, parent_id, sandbox_id, generation):
+        self.seen.add(sandbox_id)
+        return super().fork(plain_archive, parent_id, sandbox_id, generation)
+
 
 def sweep_orphans(backend: PodmanBackend) -> list[str]:
     """Destroy test sandboxes whose creating test process is gone; returns their ids."""

@@ -218,3 +218,31 @@ def test_journal_compaction_keeps_hashes(tmp_path, monkeypatch):
         o = Observation.from_supervisor(obs, replayed=True)
         assert o.sha256 == full[key]
         assert bool(obs.get("compacted")) == (key[1] <= 35)
+
+
+def test_a_fork_answers_its_inherited_steps_as_its_own_and_refuses_the_parents(sup):
+    first = sup.run(1, "echo one > f; cat f", trajectory="parent")
+    sup.run(2, "echo two >> f", trajectory="parent")
+    with pytest.raises(SupervisorRefused, match="fork serves a trajectory"):
+        channel.call(sup.sock, {"op": "fork", "expected": 0, "new": 4, "trajectory": "__setup__"})
+    with pytest.raises(StaleGeneration):
+        channel.call(sup.sock, {"op": "fork", "expected": 3, "new": 4, "trajectory": "child"})
+    info = channel.call(sup.sock, {"op": "fork", "expected": 0, "new": 4, "trajectory": "child"})
+    assert (info["generation"], info["trajectory"], info["head"]) == (4, "child", 2)
+    inherited = sup.run(1, "never runs", generation=4, trajectory="child")
+    assert inherited.replayed_from_journal and inherited.sha256 == first.sha256
+    assert sup.run(3, "cat f", generation=4, trajectory="child").stdout == "one\ntwo\n"
+    for step in (1, 4):  # the parent's steps, inherited or new, are foreign now
+        with pytest.raises(SupervisorRefused, match="belongs to trajectory 'child'"):
+            sup.run(step, "true", generation=4, trajectory="parent")
+
+
+def test_a_forks_identity_survives_a_restart_and_compaction(tmp_path, monkeypatch):
+    monkeypatch.setenv("BELAYER_SUPERVISOR_LOCAL", "1")
+    mod = load_supervisor_module()
+    j = mod.Journal(str(tmp_path))
+    j.append({"type": "fork", "trajectory": "child", "generation": 2})  # forked before any step
+    assert (mod.Journal(str(tmp_path)).trajectory, mod.Journal(str(tmp_path)).generation) == ("child", 2)
+    j._compact()
+    again = mod.Journal(str(tmp_path))
+    assert (again.trajectory, again.generation, again.head("child")) == ("child", 2, 0)

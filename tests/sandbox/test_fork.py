@@ -1,0 +1,110 @@
+"""Forks of a live sandbox on real podman + CRIU (belayer/sandbox/fork_archive.py, SandboxHost.fork).
+
+One set-up sandbox (files, a shell state, a running server) is checkpointed and forked:
+the forks start identical, share nothing writable, diverge on their own, refuse their
+parent's steps, recover alone, and leave nothing behind (the `sandboxes` fixture checks).
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from belayer.sandbox.errors import CheckpointCorrupt, SupervisorRefused
+from belayer.sandbox.models import Action, ForkTarget, LoggedAction
+
+pytestmark = pytest.mark.sandbox
+
+SETUP = [
+    "mkdir -p /workspace/repo && cd /workspace/repo && echo 'v1' > VERSION && export BUILD=7",
+    "python3 -m http.server 8124 --bind 127.0.0.1 --directory /workspace/repo >/tmp/http.log 2>&1 &\n"
+    "for i in $(seq 100); do python3 -c \"import urllib.request as u; u.urlopen('http://127.0.0.1:8124/')\" "
+    "2>/dev/null && break; sleep 0.1; done",
+]
+FETCH = "python3 -c \"import urllib.request as u; print(u.urlopen('http://127.0.0.1:8124/VERSION').read().decode())\""
+PROCESSES = "ps -eo pid=,args= | grep -e supervisor -e http.server | grep -v grep"
+
+
+def targets(n: int, token: str) -> list[ForkTarget]:
+    return [ForkTarget(sandbox_id=f"sbx-fork{i}-{token[:8]}", trajectory=f"member-{i}") for i in range(n)]
+
+
+def test_forks_start_identical_and_diverge_alone(sandboxes):
+    host = sandboxes.host
+    parent = sandboxes.create(*SETUP)
+    origin = host.checkpoint(parent)
+    outcomes = host.fork(origin, targets(3, sandboxes.token))
+    assert all(o.handle for o in outcomes), [o.error for o in outcomes]
+    forks = [o.handle for o in outcomes]
+
+    hashes = {host.workspace_hash(h) for h in forks} | {host.workspace_hash(parent)}
+    assert len(hashes) == 1
+    first = [host.exec(h, Action(trajectory=f"member-{i}", step=1, command=f"{PROCESSES}; pwd; echo $BUILD"))
+             for i, h in enumerate(forks)]  # fmt: skip
+    assert len({o.stdout for o in first}) == 1 and "http.server 8124" in first[0].stdout
+    assert first[0].stdout.endswith("/workspace/repo\n7\n")  # the shell state came along
+    names = [host.exec(h, Action(trajectory=f"member-{i}", step=2, command="hostname; cat /etc/hostname"))
+             for i, h in enumerate(forks)]  # fmt: skip
+    assert [o.stdout.split() for o in names] == [[h.sandbox_id, h.sandbox_id] for h in forks]
+
+    # Each fork writes its own file, and its own server serves it: nothing is shared.
+    for i, h in enumerate(forks):
+        host.exec(h, Action(trajectory=f"member-{i}", step=3, command=f"echo v-fork{i} > VERSION"))
+    for i, h in enumerate(forks):
+        assert host.exec(h, Action(trajectory=f"member-{i}", step=4, command=FETCH)).stdout == f"v-fork{i}\n\n"
+    host.exec(forks[0], Action(trajectory="member-0", step=5, command="pkill -f http.server; sleep 0.2"))
+    assert host.exec(forks[1], Action(trajectory="member-1", step=5, command=FETCH)).stdout == "v-fork1\n\n"
+    assert host.exec(parent, Action(trajectory="parent", step=1, command=FETCH)).stdout == "v1\n\n"
+    assert len({host.workspace_hash(h) for h in forks}) == 3
+
+
+def test_a_forks_journal_refuses_its_parents_steps(sandboxes):
+    host = sandboxes.host
+    parent = sandboxes.create()
+    done = host.exec(parent, Action(trajectory="parent", step=1, command="echo a > /workspace/a"))
+    ref = host.checkpoint(parent)
+    log = [LoggedAction(trajectory="child", step=1, command="echo a > /workspace/a", observation_sha256=done.sha256)]
+    [fork] = host.fork(ref, [ForkTarget(sandbox_id=f"sbx-child-{sandboxes.token[:8]}", trajectory="child")], log=log)
+    assert fork.handle is not None, fork.error
+    again = host.exec(fork.handle, Action(trajectory="child", step=1, command="echo ran > /workspace/ran"))
+    assert again.replayed_from_journal and again.sha256 == done.sha256  # inherited, not run twice
+    for step in (1, 2):
+        with pytest.raises(SupervisorRefused, match="belongs to trajectory 'child'"):
+            host.exec(fork.handle, Action(trajectory="parent", step=step, command="true"))
+    assert host.exec(fork.handle, Action(trajectory="child", step=2, command="ls /workspace")).stdout == "a\n"
+
+
+def test_a_killed_fork_recovers_alone_from_its_own_checkpoint_then_its_origin(sandboxes):
+    host = sandboxes.host
+    parent = sandboxes.create(*SETUP)
+    origin = host.checkpoint(parent)
+    host.destroy(parent)
+    a, b = (o.handle for o in host.fork(origin, targets(2, sandboxes.token)))
+    log = []
+    for step, command in enumerate(["echo one > one", "echo two > two"], start=1):
+        obs = host.exec(a, Action(trajectory="member-0", step=step, command=command))
+        log.append(LoggedAction(trajectory="member-0", step=step, command=command, observation_sha256=obs.sha256))
+        if step == 1:
+            own = host.checkpoint(a)
+    host.kill(a)
+
+    outcome = host.recover(a, [own, origin], log, trajectory="member-0")
+    assert outcome.source == "checkpoint@1" and outcome.consistent and outcome.replayed_steps == 1, outcome
+    assert host.exec(b, Action(trajectory="member-1", step=1, command=FETCH)).stdout == "v1\n\n"  # untouched
+
+    host.kill(outcome.handle)
+    host.store.delete(host.load_meta(own).archive_key)
+    again = host.recover(outcome.handle, [own, origin], log, trajectory="member-0")
+    assert again.source == "checkpoint@0" and again.consistent and again.replayed_steps == 2, again
+    probe = host.exec(again.handle, Action(trajectory="member-0", step=3, command=f"hostname; ls; {FETCH}"))
+    assert probe.stdout == f"{a.sandbox_id}\nVERSION\none\ntwo\nv1\n\n"
+
+
+def test_a_corrupt_origin_forks_nothing(sandboxes):
+    host = sandboxes.host
+    parent = sandboxes.create()
+    ref = host.checkpoint(parent)
+    host.store.put_bytes(host.load_meta(ref).archive_key, b"not an archive")
+    with pytest.raises(CheckpointCorrupt):
+        host.fork(ref, targets(2, sandboxes.token))
+    assert set(sandboxes.backend.lineages()) >= {parent.sandbox_id}
+    assert not any(sid.startswith("sbx-fork") and sandboxes.token[:8] in sid for sid in sandboxes.backend.lineages())
