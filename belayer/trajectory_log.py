@@ -43,7 +43,10 @@ class StepRecord(_Model):
 class RecoveryRecord(_Model):
     """One recovery: what failed, how it came back, what it cost."""
 
-    kind: Literal["sandbox"]
+    kind: Literal["sandbox", "fork"] = Field(
+        description="'sandbox': a lost sandbox restored; 'fork': a branch's sandbox started from its parent's "
+        "checkpoint (or by replay) before its first turn."
+    )
     step: int = Field(description="Step whose action was in flight when the failure surfaced.")
     reason: str
     source: str = Field(description="Checkpoint step restored, replay from the start, or 'failed'.")
@@ -96,10 +99,12 @@ def recoveries_key(trajectory_id: str) -> str:
     return f"trajectories/{trajectory_id}/recoveries"
 
 
-def start_log(store: Any, trajectory_id: str, steps: str) -> None:
-    """A trajectory's log, empty: its first step-log branch, its decisions and recoveries.
-    Created once, so the writes of every later step need no manifest."""
-    for key in (steps, decisions_key(trajectory_id), recoveries_key(trajectory_id)):
+def start_log(store: Any, trajectory_id: str, steps: str, *, steps_from: RecordLogRef | None = None) -> None:
+    """A trajectory's log: its first step-log branch (empty, or inheriting `steps_from`'s
+    steps: a branch of another trajectory), its decisions and recoveries. Created once, so
+    the writes of every later step need no manifest."""
+    start_steps(store, steps, fork_from=steps_from)
+    for key in (decisions_key(trajectory_id), recoveries_key(trajectory_id)):
         RecordLog.create(store, key)
 
 

@@ -40,6 +40,21 @@ class StartContextArgs(BaseModel):
     trajectory_id: str
     steps_key: str = Field(min_length=1, description="Key of the trajectory's first step-log branch.")
     instruction: str
+    prompt_only: bool = Field(False, description="Only the prompt's token log (a group's, which its members "
+                              "fork): no trajectory log.")
+
+
+class ForkContextArgs(BaseModel):
+    """A trajectory that continues another context: a token log at `log_key` forked from
+    `prefix` (a group's shared prompt, or the context a branch continues; nothing is
+    copied), and the trajectory's log, its step-log branch inheriting `steps_from` (a
+    branch's earlier steps) or empty."""
+
+    log_key: str = Field(min_length=1)
+    trajectory_id: str
+    steps_key: str = Field(min_length=1)
+    prefix: PrefixRef
+    steps_from: RecordLogRef | None = None
 
 
 class AppendObservationArgs(BaseModel):
@@ -92,6 +107,10 @@ class ContextActivities:
     async def start_context(self, args: StartContextArgs) -> ContextResult:
         return await asyncio.to_thread(self._start_context, args)
 
+    @activity.defn(name="fork_context")
+    async def fork_context(self, args: ForkContextArgs) -> ContextResult:
+        return await asyncio.to_thread(self._fork_context, args)
+
     @activity.defn(name="append_observation")
     async def append_observation(self, args: AppendObservationArgs) -> ContextResult:
         return await asyncio.to_thread(self._append_observation, args)
@@ -101,15 +120,23 @@ class ContextActivities:
         await asyncio.to_thread(trajectory_log.write_entries, self.store, args.trajectory_id, args.entries)
 
     def all(self) -> list:
-        return [self.start_context, self.append_observation, self.flush_log]
+        return [self.start_context, self.fork_context, self.append_observation, self.flush_log]
 
     def _start_context(self, args: StartContextArgs) -> ContextResult:
         from belayer.storage.tokenlog import TokenLog
 
         tokens = self.encode(PROMPT_TEMPLATE.format(instruction=args.instruction))
         log = TokenLog.create(self.store, args.log_key)
-        trajectory_log.start_log(self.store, args.trajectory_id, args.steps_key)
+        if not args.prompt_only:
+            trajectory_log.start_log(self.store, args.trajectory_id, args.steps_key)
         return ContextResult(prefix=log.append(tokens, source="env"), appended_tokens=len(tokens))
+
+    def _fork_context(self, args: ForkContextArgs) -> ContextResult:
+        from belayer.storage.tokenlog import TokenLog
+
+        log = TokenLog.fork(self.store, args.prefix, args.log_key)
+        trajectory_log.start_log(self.store, args.trajectory_id, args.steps_key, steps_from=args.steps_from)
+        return ContextResult(prefix=log.head, appended_tokens=0)
 
     def _append_observation(self, args: AppendObservationArgs) -> ContextResult:
         from belayer.sandbox.observations import load_observation

@@ -27,6 +27,8 @@ from temporalio.exceptions import ApplicationError
 from belayer.sandbox.models import (
     Action,
     CheckpointRef,
+    ForkOutcome,
+    ForkTarget,
     LoggedAction,
     ObservationRef,
     RecoverOutcome,
@@ -81,6 +83,16 @@ class CheckpointArgs(_Model):
 
 class CheckpointResult(_Model):
     checkpoint: CheckpointRef
+
+
+class ForkArgs(_Model):
+    checkpoint: CheckpointRef = Field(description="A checkpoint of the set-up sandbox (any lineage).")
+    targets: list[ForkTarget] = Field(min_length=1, max_length=256, description="One per fork to start.")
+    generation: int = Field(1, ge=1, description="Generation each fork's lineage starts at.")
+
+
+class ForkResult(_Model):
+    forks: list[ForkOutcome] = Field(description="In the order of the targets; a failed one says why.")
 
 
 class RecoverArgs(_Model):
@@ -162,7 +174,7 @@ class SandboxActivities:
         self.host = host
 
     def all(self) -> list[Callable[..., Any]]:
-        return [self.create, self.exec, self.checkpoint, self.recover, self.destroy, self.workspace_hash]
+        return [self.create, self.exec, self.checkpoint, self.fork, self.recover, self.destroy, self.workspace_hash]
 
     @activity.defn(name="sandbox.create")
     @_translated
@@ -185,6 +197,13 @@ class SandboxActivities:
             token_prefix_sha256=args.token_prefix_sha256, fs_snapshot=args.fs_snapshot,
         )  # fmt: skip
         return CheckpointResult(checkpoint=ref)
+
+    @activity.defn(name="sandbox.fork")
+    @_translated
+    async def fork(self, args: ForkArgs) -> ForkResult:
+        """Start the targets from one checkpoint on this host (downloaded once)."""
+        forks = await _blocking(self.host.fork, args.checkpoint, args.targets, generation=args.generation)
+        return ForkResult(forks=forks)
 
     @activity.defn(name="sandbox.recover")
     @_translated

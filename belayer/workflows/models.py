@@ -8,11 +8,12 @@ from __future__ import annotations
 
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from belayer.policy.adaptive import CheckpointPolicy, DecisionRecord
 from belayer.policy.config import PolicyConfig
 from belayer.sandbox.models import CheckpointRef, SandboxHandle
+from belayer.storage.recordlog import RecordLogRef
 from belayer.storage.tokenlog import PrefixRef
 from belayer.trajectory_log import RecoveryRecord, StepRecord, TrajectoryLogRef  # noqa: F401 (re-exported)
 from belayer.workloads.models import Task
@@ -39,6 +40,50 @@ class TaskQueues(_Model):
     context: str = Field("belayer-workflows", description="Queue of the context (tokenizer) activities.")
 
 
+class ForkStart(_Model):
+    """How a forked trajectory starts: a member of a group (its sandbox forked from the
+    group's set-up sandbox, its context the group's prompt) or a branch of another
+    trajectory after its step K (the sandbox restored from the latest checkpoint at or
+    before K plus replay-verify up to K, the context the parent had after step K).
+    Pointers and hashes only; belayer/workflows/groups.py and `belayer fork` fill it."""
+
+    parent: str = Field(min_length=1, description="The group's id, or the trajectory this one branches from.")
+    sandbox: SandboxHandle | None = Field(None, description="A fork started for this trajectory, if one is.")
+    checkpoints: list[CheckpointRef] = Field(
+        [], description="Newest first: restored as a fork of this trajectory when its sandbox is lost (a "
+        "member: its group's set-up checkpoint) or was never started (a branch: the parent's, at or before K).",
+    )
+    prompt: PrefixRef | None = Field(None, description="A member: the group's prompt, whose token log it forks.")
+    at_step: StepRecord | None = Field(None, description="A branch: the parent's step K, the last one it keeps.")
+    steps: RecordLogRef | None = Field(None, description="A branch: the parent's step log (steps 1..K-1 inherited).")
+
+    @model_validator(mode="after")
+    def _member_or_branch(self) -> ForkStart:
+        if (self.prompt is None) == (self.at_step is None):
+            raise ValueError("a fork starts from a group's prompt or from a parent's step (at_step), one of them")
+        if self.at_step is not None and self.steps is None:
+            raise ValueError("a branch needs the parent's step log (steps)")
+        return self
+
+
+class GroupRecord(_Model):
+    """How a group's members got their sandboxes (belayer/workflows/groups.py), and what it took."""
+
+    group: str
+    task: str
+    size: int
+    forked: int = Field(0, description="Members that start from a fork of the set-up sandbox.")
+    fallback: str = Field("", description="Why members create their own sandboxes, when they do.")
+    notes: list[str] = Field([], description="Forks that failed, and why.")
+    setup_s: float = Field(0.0, description="Create and set up the one sandbox.")
+    checkpoint_s: float = Field(0.0, description="Checkpoint it (the origin).")
+    fork_s: float = Field(0.0, description="Start every fork from the origin.")
+    ready_s: float = Field(0.0, description="From the group's start until every member's sandbox was ready "
+                           "(members that fell back create theirs later).")
+    origin: CheckpointRef | None = None
+    setup_sandbox: SandboxHandle | None = None
+
+
 class TrajectoryInput(_Model):
     """What a client passes to `TrajectoryWorkflow`."""
 
@@ -51,6 +96,11 @@ class TrajectoryInput(_Model):
     max_recoveries: int = Field(8, ge=0, le=64, description="Sandbox recoveries before giving up as failed_infra.")
     continue_as_new_every: int = Field(
         100, ge=1, description="Steps per workflow run; history restarts after that many."
+    )
+    start_from: ForkStart | None = Field(None, description="Start as a fork: a group member, or a branch.")
+    keep_checkpoints: bool = Field(
+        False, description="Keep the checkpoint objects when the trajectory ends, to branch from them later "
+        "(`belayer fork`); the bucket's lifecycle rule expires them.",
     )
     carried: TrajectoryState | None = Field(None, description="Set by continue-as-new only.")
 
@@ -72,6 +122,9 @@ class TrajectoryState(_Model):
     stopped: bool = False
     log_generation: int = Field(0, description="Bumped on each context cut (a forked token log).")
     runs: int = Field(1, description="Workflow runs so far (continue-as-new).")
+    sandbox_pending: str | None = Field(
+        None, description="Why the sandbox must be restored before the next turn (a branch's start)."
+    )
 
 
 class TrajectoryProgress(_Model):

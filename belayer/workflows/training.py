@@ -33,7 +33,10 @@ with workflow.unsafe.imports_passed_through():
     from belayer.activities.training_log import RecordIterationArgs, StartRunLogArgs
     from belayer.storage.recordlog import RecordLogRef
     from belayer.trainer.models import SkippedGroup, TrainSample, TrainStepArgs, TrainStepResult
-    from belayer.workflows.models import Sampling, TrajectoryInput, TrajectoryResult
+    from belayer.workflows.groups import GroupRecord, run_member
+    from belayer.workflows.groups import prepare as prepare_group
+    from belayer.workflows.groups import release as release_group
+    from belayer.workflows.models import ForkStart, Sampling, TrajectoryInput, TrajectoryResult
     from belayer.workflows.training_models import (
         RECENT_RECORDS,
         IterationRecord,
@@ -82,6 +85,7 @@ class TrainingWorkflow:
         self.members_done = 0
         self.members_total = 0
         self.running: set[str] = set()
+        self.group_records: list[GroupRecord] = []
         self.first_iteration_of_run = self.state.iteration
         self.limit = asyncio.Semaphore(input.concurrency)
 
@@ -147,6 +151,7 @@ class TrainingWorkflow:
         workflow.upsert_search_attributes([ITERATION_KEY.value_set(iteration)])
         self.phase, self.members_done = "rollout", 0
         self.members_total = len(tasks) * self.input.group_size + len(self.input.heldout)
+        self.group_records = []
         groups, heldout = await asyncio.gather(
             asyncio.gather(*(self._group(iteration, task) for task in tasks)),
             self._heldout(iteration),
@@ -182,25 +187,48 @@ class TrainingWorkflow:
         return ranked[: self.input.tasks_per_iteration]
 
     async def _group(self, iteration: int, task: Task) -> list[MemberOutcome]:
-        return list(await asyncio.gather(*(
-            self._member(iteration, task, member, prefix="") for member in range(self.input.group_size)
-        )))
+        """The group's members, forked from one set-up sandbox (belayer/workflows/groups.py)
+        when `fork_groups`; their retries start alone."""
+        size = self.input.group_size
+        starts: list[ForkStart | None] = [None] * size
+        record = None
+        if self.input.fork_groups:
+            ids = [self._trajectory_id(iteration, task, member, prefix="", attempt=0) for member in range(size)]
+            record, starts = await prepare_group(self._group_id(iteration, task), task, ids,
+                                                 self.input.queues.trajectories)  # fmt: skip
+            self.group_records.append(record)
+        try:
+            return list(await asyncio.gather(*(
+                self._member(iteration, task, member, prefix="", start=starts[member]) for member in range(size)
+            )))
+        finally:
+            if record is not None:
+                await release_group(record, self.input.queues.trajectories)
 
     async def _heldout(self, iteration: int) -> list[MemberOutcome]:
         return list(await asyncio.gather(*(
             self._member(iteration, task, 0, prefix="heldout-") for task in self.input.heldout
         )))
 
-    async def _member(self, iteration: int, task: Task, member: int, *, prefix: str) -> MemberOutcome:
-        """One trajectory of the group, run again (same seed) while it ends failed_infra."""
+    def _trajectory_id(self, iteration: int, task: Task, member: int, *, prefix: str, attempt: int) -> str:
+        return f"{self.input.run_id}-i{iteration:05d}-{prefix}{task.id}-m{member}-a{attempt}"
+
+    def _group_id(self, iteration: int, task: Task) -> str:
+        return f"{self.input.run_id}-i{iteration:05d}-{task.id}"
+
+    async def _member(self, iteration: int, task: Task, member: int, *, prefix: str,
+                      start: ForkStart | None = None) -> MemberOutcome:  # fmt: skip
+        """One trajectory of the group, run again (same seed) while it ends failed_infra;
+        the first attempt starts from `start` (its group's fork), a retry alone."""
         seed = _digest(self.input.seed, iteration, prefix + task.id, member) % 2**31
         outcome, recovery_s = None, 0.0
         for attempt in range(self.input.max_infra_retries + 1):
-            trajectory_id = f"{self.input.run_id}-i{iteration:05d}-{prefix}{task.id}-m{member}-a{attempt}"
+            trajectory_id = self._trajectory_id(iteration, task, member, prefix=prefix, attempt=attempt)
             async with self.limit:
                 self.running.add(trajectory_id)
                 try:
-                    result = await self._trajectory(iteration, task, trajectory_id, seed)
+                    result = await self._trajectory(iteration, task, trajectory_id, seed,
+                                                    start if attempt == 0 else None)  # fmt: skip
                 finally:
                     self.running.discard(trajectory_id)
             recovery_s += sum(r.time_lost_s for r in result.recoveries)
@@ -213,29 +241,23 @@ class TrainingWorkflow:
         self.members_done += 1
         return outcome
 
-    async def _trajectory(self, iteration: int, task: Task, trajectory_id: str, seed: int) -> TrajectoryResult:
+    async def _trajectory(self, iteration: int, task: Task, trajectory_id: str, seed: int,
+                          start: ForkStart | None) -> TrajectoryResult:  # fmt: skip
         """The child trajectory's result; a child that fails outright counts as failed_infra."""
         input = TrajectoryInput(
             trajectory_id=trajectory_id, task=task,
             sampling=Sampling(temperature=self.input.temperature, seed=seed),
             policy=self.input.policy, queues=self.input.queues.trajectories,
             max_total_tokens=self.input.max_total_tokens, max_recoveries=self.input.max_recoveries,
+            start_from=start,
         )
-        try:
-            return await workflow.execute_child_workflow(
-                "TrajectoryWorkflow", input, id=trajectory_id, task_queue=self.input.queues.workflows,
-                result_type=TrajectoryResult, static_summary=f"iteration {iteration}: {task.id}",
-                search_attributes=TypedSearchAttributes([
-                    SearchAttributePair(TASK_KEY, task.id), SearchAttributePair(STATUS_KEY, "running"),
-                    SearchAttributePair(RUN_KEY, self.input.run_id), SearchAttributePair(ITERATION_KEY, iteration),
-                ]),
-            )
-        except ChildWorkflowError as err:
-            return TrajectoryResult(
-                trajectory_id=trajectory_id, task=task.id, status="failed_infra",
-                reason=f"trajectory workflow failed: {_cause(err)}", turns=0, tokens=0, reward=None,
-                token_sha256=None, env_sha256=None, recoveries=[], checkpoints=0,
-            )
+        return await run_member(
+            input, task_queue=self.input.queues.workflows, summary=f"iteration {iteration}: {task.id}",
+            search_attributes=TypedSearchAttributes([
+                SearchAttributePair(TASK_KEY, task.id), SearchAttributePair(STATUS_KEY, "running"),
+                SearchAttributePair(RUN_KEY, self.input.run_id), SearchAttributePair(ITERATION_KEY, iteration),
+            ]),
+        )
 
     def _batch(self, tasks: list[Task], groups: list[list[MemberOutcome]]) -> tuple[list[TrainSample], list[SkippedGroup]]:
         """Complete groups with their advantages; an incomplete group is dropped whole."""
@@ -306,6 +328,7 @@ class TrainingWorkflow:
             trained_tokens=step.trained_tokens, trainer_resumed_from=step.resumed_from,
             rollout_s=rollout_s, train_s=train_s, publish_s=publish_s, elapsed_s=elapsed_s,
             recovery_s=sum(m.recovery_s for members in [*groups, heldout] for m in members),
+            group_sandboxes=sorted(self.group_records, key=lambda r: r.group),
         )
 
     # ---------------------------------------------------------------- plumbing

@@ -17,7 +17,7 @@ from belayer.policy.config import PolicyConfig
 from belayer.storage.recordlog import RecordLogRef
 from belayer.storage.tokenlog import PrefixRef
 from belayer.trainer.models import SkippedGroup, TrainerCheckpointRef, TrainerSettings
-from belayer.workflows.models import TaskQueues
+from belayer.workflows.models import GroupRecord, TaskQueues
 from belayer.workloads.models import Task
 
 TrainingStatus = Literal["running", "completed", "failed_infra"]
@@ -66,6 +66,10 @@ class TrainingInput(_Model):
         "a group still incomplete after them is dropped whole."
     )
     concurrency: int = Field(8, ge=1, le=4096, description="Trajectories running at once.")
+    fork_groups: bool = Field(
+        True, description="Fork each group's sandboxes from one set-up sandbox (belayer/workflows/groups.py); "
+        "off: every member creates and sets up its own.",
+    )
     queues: TrainingQueues
     continue_as_new_every: int = Field(10, ge=1, description="Iterations per workflow run.")
     carried: TrainingState | None = Field(None, description="Set by continue-as-new only.")
@@ -118,6 +122,10 @@ class IterationRecord(_Model):
     recovery_s: float = Field(0.0, description="Time recoveries lost, summed over the iteration's trajectories "
                               "(they run side by side, so it can exceed rollout_s).")
     elapsed_s: float = Field(0.0, description="Seconds from the run's start to this record (the curve's x axis).")
+    group_sandboxes: list[GroupRecord] = Field(
+        default_factory=list, description="How each group's members got their sandboxes (forks of one set-up "
+        "sandbox, or their own) and what it took.",
+    )
 
 
 class TrainingState(_Model):

@@ -27,6 +27,7 @@ with workflow.unsafe.imports_passed_through():
         AppendObservationArgs,
         ContextResult,
         FlushLogArgs,
+        ForkContextArgs,
         StartContextArgs,
     )
     from belayer.activities.generate import GenerateArgs, GenerateResult, SamplingParams
@@ -44,11 +45,12 @@ with workflow.unsafe.imports_passed_through():
         WorkspaceHashResult,
     )
     from belayer.policy.adaptive import CheckpointSample, GenerationSample
-    from belayer.sandbox.models import Action, ObservationRef, SandboxSpec
+    from belayer.sandbox.models import Action, ObservationRef, SandboxHandle, SandboxSpec
     from belayer.storage.recordlog import RecordLogRef
     from belayer.trajectory_log import LogEntries, TrajectoryLogRef, steps_key
     from belayer.workflows.actions import malformed_observation, parse_action
     from belayer.workflows.models import (
+        ForkStart,
         RecoveryRecord,
         StepRecord,
         TrajectoryInput,
@@ -136,6 +138,9 @@ class TrajectoryWorkflow:
                 await self._start()
             while True:
                 try:
+                    if self.state.sandbox_pending:
+                        reason, self.state.sandbox_pending = self.state.sandbox_pending, None
+                        await self._recover(reason, kind="fork")
                     return await self._turns_then_finish()
                 except ContextCut as cut:
                     await self._record_step(cut.record)
@@ -153,6 +158,36 @@ class TrajectoryWorkflow:
         return await self._finish()
 
     async def _start(self) -> None:
+        start = self.input.start_from
+        if start is not None and start.at_step is not None:
+            return await self._start_branch(start)
+        if start is not None and start.sandbox is not None:
+            self.state.sandbox = start.sandbox
+            self.state.checkpoints = list(start.checkpoints)
+        else:
+            self.state.sandbox = await self._create_sandbox()
+        if start is not None:
+            started = await self._context_activity(
+                "fork_context",
+                ForkContextArgs(log_key=self._log_key(), trajectory_id=self.input.trajectory_id,
+                                steps_key=self._steps_key(), prefix=start.prompt),
+                summary=f"fork the token log of group {start.parent}'s prompt",
+            )
+        else:
+            task = self.input.task
+            instruction = task.instruction if isinstance(task, ModelTask) else f"replay trace {task.id}"
+            started = await self._context_activity(
+                "start_context",
+                StartContextArgs(log_key=self._log_key(), trajectory_id=self.input.trajectory_id,
+                                 steps_key=self._steps_key(), instruction=instruction),
+                summary="tokenize the prompt into a new token log",
+            )
+        self.state.context = started.prefix
+        self.state.log = TrajectoryLogRef(
+            trajectory_id=self.input.trajectory_id, steps=RecordLogRef(key=self._steps_key(), length=0),
+        )
+
+    async def _create_sandbox(self):
         task = self.input.task
         # A sandbox id chosen here (deterministically) makes a retried create replace its
         # own earlier attempt instead of leaking a second container.
@@ -166,18 +201,35 @@ class TrajectoryWorkflow:
             )
         except SandboxLost as lost:
             raise InfraFailure(f"sandbox.create failed: {lost.reason}") from None
-        self.state.sandbox = created.handle
-        instruction = task.instruction if isinstance(task, ModelTask) else f"replay trace {task.id}"
-        started = await self._context_activity(
-            "start_context",
-            StartContextArgs(log_key=self._log_key(), trajectory_id=self.input.trajectory_id,
-                             steps_key=self._steps_key(), instruction=instruction),
-            summary="tokenize the prompt into a new token log",
+        return created.handle
+
+    async def _start_branch(self, start: ForkStart) -> None:
+        """Continue `start.parent` after its step K: its context up to the action of step K
+        (a forked token log), step K's logged observation appended as the parent's was, its
+        steps 1..K inherited; the sandbox comes from the parent's latest usable checkpoint
+        at or before K with replay-verify up to K (`sandbox_pending`, before the first turn),
+        and a mismatch cuts the context like any recovery. Sampling seeds continue where
+        the parent's were (one generation per step), so the parent's seed replays its turns."""
+        at = start.at_step
+        forked = await self._context_activity(
+            "fork_context",
+            ForkContextArgs(log_key=self._log_key(), trajectory_id=self.input.trajectory_id,
+                            steps_key=self._steps_key(), prefix=at.context_after_action,
+                            steps_from=RecordLogRef(key=start.steps.key, length=at.step - 1)),
+            summary=f"fork {start.parent}'s token and step logs at step {at.step}",
         )
-        self.state.context = started.prefix
+        self.state.step = self.state.generations = at.step
+        self.state.context = forked.prefix
         self.state.log = TrajectoryLogRef(
-            trajectory_id=self.input.trajectory_id, steps=RecordLogRef(key=self._steps_key(), length=0),
+            trajectory_id=self.input.trajectory_id, steps=RecordLogRef(key=self._steps_key(), length=at.step - 1),
         )
+        self.state.checkpoints = list(start.checkpoints)
+        # Not started yet: `recover` restores a checkpoint of another lineage as a fork with
+        # this id, or creates it and replays from the start.
+        self.state.sandbox = SandboxHandle(sandbox_id=f"sbx-{workflow.uuid4().hex[:12]}",
+                                           host_queue=self.input.queues.sandbox, generation=0, container="")
+        self.state.sandbox_pending = f"branch of {start.parent} after step {at.step}"
+        await self._append_observation(at)
 
     def _finished(self) -> bool:
         task, state = self.input.task, self.state
@@ -297,7 +349,7 @@ class TrajectoryWorkflow:
             except SandboxLost as lost:
                 await self._recover(lost.reason)
 
-    async def _recover(self, reason: str) -> None:
+    async def _recover(self, reason: str, kind: str = "sandbox") -> None:
         """Restore the sandbox and replay-verify; raises `ContextCut` on a mismatch and
         `InfraFailure` when recovery is impossible or `max_recoveries` is spent. A recover
         whose new sandbox is lost too counts as one recovery, and is tried again."""
@@ -313,7 +365,7 @@ class TrajectoryWorkflow:
                 )
             except (SandboxLost, InfraFailure) as failed:
                 self.state.recoveries.append(RecoveryRecord(
-                    kind="sandbox", step=self.state.step, reason=reason, source="failed", failed=True,
+                    kind=kind, step=self.state.step, reason=reason, source="failed", failed=True,
                     replayed_steps=0, consistent=False, notes=[str(failed)],
                     time_lost_s=(workflow.now() - started).total_seconds(),
                 ))
@@ -325,7 +377,7 @@ class TrajectoryWorkflow:
         outcome = result.outcome
         self.state.sandbox = outcome.handle
         record = RecoveryRecord(
-            kind="sandbox", step=self.state.step, reason=reason, source=outcome.source,
+            kind=kind, step=self.state.step, reason=reason, source=outcome.source,
             replayed_steps=outcome.replayed_steps, consistent=outcome.consistent, notes=outcome.notes,
             time_lost_s=(workflow.now() - started).total_seconds(),
         )
@@ -408,7 +460,7 @@ class TrajectoryWorkflow:
         After a cut, both logs start a new branch from what the cut keeps."""
         log = self.state.log
         fork_to, steps_fork_from = None, None
-        if self.state.log_generation and not self.state.context.key.endswith(f"/v{self.state.log_generation}"):
+        if self.state.context.key != self._log_key():
             fork_to = self._log_key()
         if log.steps.key != self._steps_key():
             steps_fork_from = RecordLogRef(key=log.steps.key, length=record.step - 1)
@@ -508,7 +560,8 @@ class TrajectoryWorkflow:
             return
         try:
             await self._sandbox_activity(
-                "sandbox.destroy", DestroyArgs(handle=self.state.sandbox, delete_checkpoints=True),
+                "sandbox.destroy",
+                DestroyArgs(handle=self.state.sandbox, delete_checkpoints=not self.input.keep_checkpoints),
                 None, queue=self.state.sandbox.host_queue, on_host=True, summary="destroy sandbox",
             )
         except (SandboxLost, InfraFailure):

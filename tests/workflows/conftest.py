@@ -23,6 +23,7 @@ from belayer.storage.store import ObjectStore
 from belayer.temporal_client import connect
 from belayer.testing import ScriptedRollout
 from belayer.workflows.models import TaskQueues
+from belayer.workflows.groups import TrajectoryGroupWorkflow
 from belayer.workflows.trajectory import TrajectoryWorkflow
 from tests.sandbox.conftest import make_sandboxes, sandbox_runtime  # noqa: F401  (fixture)
 
@@ -76,7 +77,7 @@ async def trajectory_stack(stack_config, storage_config, tokenizer_path, *, repl
     context = ContextActivities(store, tokenizer_path)
     sandbox_activities = SandboxActivities(boxes.host)
     workers = {
-        "workflow": Worker(client, task_queue=queues.context, workflows=[TrajectoryWorkflow],
+        "workflow": Worker(client, task_queue=queues.context, workflows=[TrajectoryWorkflow, TrajectoryGroupWorkflow],
                            activities=context.all()),
         "rollout": Worker(client, task_queue=queues.rollout, activities=[rollout.generate]),
         "sandbox-shared": Worker(client, task_queue=queues.sandbox, activities=sandbox_activities.all()),

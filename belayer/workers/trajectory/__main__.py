@@ -1,6 +1,6 @@
 """`python -m belayer.workers.trajectory`: the workflow worker.
 
-Serves `TrajectoryWorkflow`, `TrainingWorkflow`, the context (tokenizer) activities and
+Serves `TrajectoryWorkflow`, `TrajectoryGroupWorkflow`, `TrainingWorkflow`, the context (tokenizer) activities and
 the training runs' iteration log on the workflow task queue. Deterministic workflow code only runs here; every side effect is an activity.
 """
 
@@ -19,6 +19,7 @@ async def serve(config: BelayerConfig) -> None:
     from belayer.model.build import model_path
     from belayer.trajectory_log import open_store
     from belayer.workers.runner import run_worker
+    from belayer.workflows.groups import TrajectoryGroupWorkflow
     from belayer.workflows.training import TrainingWorkflow
     from belayer.workflows.trajectory import TrajectoryWorkflow
 
@@ -30,7 +31,7 @@ async def serve(config: BelayerConfig) -> None:
         encryption_key=config.storage.encryption_key,
         role="trajectory",
         task_queues=[config.temporal.workflow_task_queue],
-        workflows=[TrajectoryWorkflow, TrainingWorkflow],
+        workflows=[TrajectoryWorkflow, TrajectoryGroupWorkflow, TrainingWorkflow],
         activities=[*context.all(), *TrainingLogActivities(store).all()],
     )
 

@@ -1,0 +1,216 @@
+"""Trajectory groups: one set-up sandbox forked into every member, one prompt for all.
+
+Every member of a GRPO group starts from the same task, so rather than G sandboxes each
+running the task's setup (a clone, a venv, package installs), the group creates and sets
+up one, checkpoints it (the group's *origin*), and forks the G members' sandboxes from
+that checkpoint on the same host (`sandbox.fork`: one download, G restores). The prompt
+is tokenized once; each member's token log forks it. A member then starts with its
+fork, and keeps the origin as its last-resort recovery source, so a member that loses
+its sandbox before its own first checkpoint comes back from the origin, alone.
+
+A failure on the way is never fatal: members whose fork did not start create their own
+sandbox as before, and the group's record says why (`fallback`, `notes`). `release`
+deletes the origin once every member has ended.
+
+Workflow code (called from TrainingWorkflow and TrajectoryGroupWorkflow): activities
+only, times from `workflow.now()`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from datetime import timedelta
+
+from pydantic import BaseModel, ConfigDict, Field
+from temporalio import workflow
+from temporalio.common import RetryPolicy, SearchAttributePair, TypedSearchAttributes
+from temporalio.exceptions import ActivityError, ChildWorkflowError
+
+with workflow.unsafe.imports_passed_through():
+    from belayer.activities.context import ContextResult, StartContextArgs
+    from belayer.activities.sandbox import (
+        CheckpointArgs,
+        CheckpointResult,
+        CreateSandboxArgs,
+        CreateSandboxResult,
+        DestroyArgs,
+        ForkArgs,
+        ForkResult,
+    )
+    from belayer.sandbox.models import ForkTarget, SandboxHandle, SandboxSpec
+    from belayer.workflows.models import ForkStart, GroupRecord, TaskQueues, TrajectoryInput, TrajectoryResult
+    from belayer.workflows.trajectory import STATUS_KEY, TASK_KEY
+    from belayer.workloads.models import ModelTask, Task
+
+RETRY = RetryPolicy(initial_interval=timedelta(seconds=1), maximum_attempts=3)
+ON_HOST_SCHEDULE_TO_START = timedelta(seconds=30)
+ANY_HOST_SCHEDULE_TO_START = timedelta(minutes=5)
+
+
+def member_inputs(inputs: list[TrajectoryInput], starts: list[ForkStart | None]) -> list[TrajectoryInput]:
+    return [i if s is None else i.model_copy(update={"start_from": s}) for i, s in zip(inputs, starts, strict=True)]
+
+
+async def prepare(group_id: str, task: Task, trajectory_ids: list[str],
+                  queues: TaskQueues) -> tuple[GroupRecord, list[ForkStart | None]]:  # fmt: skip
+    """The members' starts, in order (None: start as a lone trajectory)."""
+    started = workflow.now()
+    record = GroupRecord(group=group_id, task=task.id, size=len(trajectory_ids))
+    try:
+        prompt = await _prompt(group_id, task, queues)
+    except ActivityError as err:
+        record.fallback = f"the group's prompt could not be tokenized: {_cause(err)}"
+        return record, [None] * len(trajectory_ids)
+    starts: list[ForkStart | None] = [ForkStart(parent=group_id, prompt=prompt) for _ in trajectory_ids]
+    if len(trajectory_ids) < 2:
+        record.fallback = "a group of one: nothing to share"
+        return record, starts
+    stage = "create and set up the group's sandbox"
+    try:
+        at = workflow.now()
+        parent = await _activity(
+            "sandbox.create", CreateSandboxArgs(sandbox_id=_sandbox_id(), spec=SandboxSpec(setup_commands=task.setup)),
+            CreateSandboxResult, queue=queues.sandbox, on_host=False,
+            summary=f"group {group_id}: create and set up the sandbox its {len(trajectory_ids)} members fork",
+        )
+        record.setup_sandbox = parent.handle
+        record.setup_s, at, stage = _since(at), workflow.now(), "checkpoint it"
+        checkpoint = await _activity(
+            "sandbox.checkpoint", CheckpointArgs(handle=parent.handle), CheckpointResult,
+            queue=parent.handle.host_queue, summary=f"group {group_id}: checkpoint the set-up sandbox",
+        )
+        record.origin = checkpoint.checkpoint
+        record.checkpoint_s, at, stage = _since(at), workflow.now(), "fork it"
+        targets = [ForkTarget(sandbox_id=_sandbox_id(), trajectory=t) for t in trajectory_ids]
+        forked = await _activity(
+            "sandbox.fork", ForkArgs(checkpoint=record.origin, targets=targets), ForkResult,
+            queue=parent.handle.host_queue, summary=f"group {group_id}: fork {len(targets)} sandboxes",
+        )
+        record.fork_s = _since(at)
+    except ActivityError as err:
+        record.fallback = f"could not {stage}: {_cause(err)}; every member creates its own sandbox"
+        await _discard(record.setup_sandbox, queues, delete_checkpoints=False)
+        return record, starts
+    await _discard(record.setup_sandbox, queues, delete_checkpoints=False)  # the origin stays: members recover from it
+    for n, outcome in enumerate(forked.forks):
+        if outcome.handle is None:
+            record.notes.append(f"member {n} ({trajectory_ids[n]}) creates its own sandbox: {outcome.error}")
+            continue
+        starts[n] = ForkStart(parent=group_id, prompt=prompt, sandbox=outcome.handle, checkpoints=[record.origin])
+        record.forked += 1
+    if record.forked == 0:
+        record.fallback = "no fork started; every member creates its own sandbox"
+    record.ready_s = _since(started)
+    return record, starts
+
+
+async def release(record: GroupRecord, queues: TaskQueues) -> None:
+    """Delete the origin: every member has ended, none will recover from it."""
+    if record.setup_sandbox is not None:
+        await _discard(record.setup_sandbox, queues, delete_checkpoints=True)
+
+
+async def run_member(input: TrajectoryInput, *, task_queue: str, summary: str,
+                     search_attributes) -> TrajectoryResult:  # fmt: skip
+    """A member as a child `TrajectoryWorkflow`; a child that fails outright is failed_infra."""
+    try:
+        return await workflow.execute_child_workflow(
+            "TrajectoryWorkflow", input, id=input.trajectory_id, task_queue=task_queue,
+            result_type=TrajectoryResult, static_summary=summary, search_attributes=search_attributes,
+        )
+    except ChildWorkflowError as err:
+        return TrajectoryResult(
+            trajectory_id=input.trajectory_id, task=input.task.id, status="failed_infra",
+            reason=f"trajectory workflow failed: {_cause(err)}", turns=0, tokens=0, reward=None,
+            token_sha256=None, env_sha256=None, recoveries=[], checkpoints=0,
+        )
+
+
+async def _prompt(group_id: str, task: Task, queues: TaskQueues):
+    instruction = task.instruction if isinstance(task, ModelTask) else f"replay trace {task.id}"
+    result = await workflow.execute_activity(
+        "start_context", StartContextArgs(log_key=f"groups/{group_id}/prompt", trajectory_id=group_id,
+                                          steps_key=f"groups/{group_id}/unused", instruction=instruction,
+                                          prompt_only=True),
+        result_type=ContextResult, task_queue=queues.context, start_to_close_timeout=timedelta(seconds=30),
+        retry_policy=RETRY, summary=f"group {group_id}: tokenize the prompt its members share",
+    )  # fmt: skip
+    return result.prefix
+
+
+async def _activity(name, args, result_type, *, queue, summary, on_host=True):
+    return await workflow.execute_activity(
+        name, args, result_type=result_type, task_queue=queue, start_to_close_timeout=timedelta(minutes=10),
+        schedule_to_start_timeout=ON_HOST_SCHEDULE_TO_START if on_host else ANY_HOST_SCHEDULE_TO_START,
+        heartbeat_timeout=timedelta(seconds=15), retry_policy=RETRY, summary=summary,
+    )
+
+
+async def _discard(handle: SandboxHandle | None, queues: TaskQueues, *, delete_checkpoints: bool) -> None:
+    """Remove the set-up sandbox (any host can delete its objects; its own removes the container)."""
+    if handle is None:
+        return
+    queue = queues.sandbox if delete_checkpoints else handle.host_queue
+    try:
+        await _activity("sandbox.destroy", DestroyArgs(handle=handle, delete_checkpoints=delete_checkpoints), None,
+                        queue=queue, on_host=not delete_checkpoints, summary="destroy the group's set-up sandbox")
+    except ActivityError:
+        pass  # gone with its host; the bucket's lifecycle rule expires what is left
+
+
+def _sandbox_id() -> str:
+    return f"sbx-{workflow.uuid4().hex[:12]}"
+
+
+def _since(start) -> float:
+    return round((workflow.now() - start).total_seconds(), 3)
+
+
+def _cause(err: Exception) -> str:
+    cause = err.cause
+    return f"{type(cause).__name__}: {cause}" if cause else str(err)
+
+
+class GroupInput(BaseModel):
+    """What a client passes to `TrajectoryGroupWorkflow`: the members of one task's group."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    group_id: str = Field(min_length=1, max_length=180)
+    members: list[TrajectoryInput] = Field(min_length=1, max_length=256, description="One task, G trajectories.")
+    fork: bool = Field(True, description="Fork the members' sandboxes from one set-up sandbox (else each "
+                       "creates its own, as lone trajectories do).")
+    workflow_queue: str = Field(description="Task queue of the members' TrajectoryWorkflows.")
+
+
+class GroupResult(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    group: GroupRecord
+    results: list[TrajectoryResult]
+
+
+@workflow.defn(name="TrajectoryGroupWorkflow")
+class TrajectoryGroupWorkflow:
+    """One task's group outside a training run (`belayer run -n G`): its members run as
+    child TrajectoryWorkflows under their own ids, from forks of one set-up sandbox."""
+
+    @workflow.run
+    async def run(self, input: GroupInput) -> GroupResult:
+        task = input.members[0].task
+        ids = [m.trajectory_id for m in input.members]
+        if input.fork:
+            record, starts = await prepare(input.group_id, task, ids, input.members[0].queues)
+        else:
+            record, starts = GroupRecord(group=input.group_id, task=task.id, size=len(ids),
+                                         fallback="forking turned off"), [None] * len(ids)  # fmt: skip
+        try:
+            results = await asyncio.gather(*(
+                run_member(member, task_queue=input.workflow_queue, summary=f"group {input.group_id}: {task.id}",
+                           search_attributes=TypedSearchAttributes([SearchAttributePair(TASK_KEY, task.id),
+                                                                    SearchAttributePair(STATUS_KEY, "running")]))
+                for member in member_inputs(input.members, starts)
+            ))  # fmt: skip
+        finally:
+            await release(record, input.members[0].queues)
+        return GroupResult(group=record, results=list(results))
