@@ -58,6 +58,19 @@ async def start_trajectory(client: Client, config: BelayerConfig, input: Traject
     )
 
 
+async def start_group(client: Client, config: BelayerConfig, group) -> WorkflowHandle:
+    """Start `TrajectoryGroupWorkflow` (belayer/workflows/groups.py): one task's members,
+    forked from one set-up sandbox, each a child TrajectoryWorkflow under its own id."""
+    from belayer.workflows.groups import GroupResult
+
+    return await client.start_workflow(
+        "TrajectoryGroupWorkflow", group, id=group.group_id, task_queue=config.temporal.workflow_task_queue,
+        result_type=GroupResult,
+        search_attributes=TypedSearchAttributes([SearchAttributePair(TASK_KEY, group.members[0].task.id)]),
+        static_summary=f"group of {len(group.members)} trajectories of task {group.members[0].task.id}",
+    )
+
+
 def ui_link(config: BelayerConfig, workflow_id: str) -> str:
     host = config.temporal.address.rpartition(":")[0]
     return f"http://{host}:{config.temporal.ui_port}/namespaces/{config.temporal.namespace}/workflows/{workflow_id}"

@@ -27,18 +27,27 @@ console = Console(stderr=True)
 @click.option("--concurrency", default=4, show_default=True, type=click.IntRange(1, 1000),
               help="Trajectories running at once.")
 @click.option("--seed", default=0, show_default=True, type=click.IntRange(0), help="Sampling seed.")
+@click.option("--fork/--no-fork", "fork", default=True, show_default=True,
+              help="With -n > 1, set up one sandbox per task and fork the task's trajectories from it "
+                   "(else each creates and sets up its own).")
+@click.option("--keep-checkpoints", is_flag=True,
+              help="Keep the checkpoints when trajectories end, to branch from them later (`belayer fork`).")
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object with every trajectory.")
 @click.option("--chaos", "chaos_plan", default=None, metavar="PLAN",
               help="Inject real faults: a .yaml plan or e.g. 'engine-crash@step=2,sandbox-crash@step=4'.")
 @click.option("--chaos-rate", type=float, default=None, help="Seeded random faults per step (0-1).")
 @click.option("--chaos-seed", type=int, default=0, show_default=True, help="Seed of --chaos-rate.")
 @click.pass_context
-def run(ctx: click.Context, workload: Path, repeats: int, concurrency: int, seed: int, as_json: bool,
-        chaos_plan: str | None, chaos_rate: float | None, chaos_seed: int) -> None:
+def run(ctx: click.Context, workload: Path, repeats: int, concurrency: int, seed: int, fork: bool,
+        keep_checkpoints: bool, as_json: bool, chaos_plan: str | None, chaos_rate: float | None,
+        chaos_seed: int) -> None:
     """Run every task of WORKLOAD (.yaml or .jsonl) as durable trajectories.
 
-    Exit status 1 when any trajectory ended failed_infra. Ctrl-C leaves the trajectories
-    running; follow them with `belayer inspect ID` or in the Temporal web UI.
+    With -n G > 1 each task's G trajectories are a group: one sandbox is set up and
+    checkpointed, the G sandboxes are forked from it (a group takes min(G, --concurrency)
+    of the slots at once). Exit status 1 when any trajectory ended failed_infra. Ctrl-C
+    leaves the trajectories running; follow them with `belayer inspect ID` or in the
+    Temporal web UI.
     """
     from belayer.cli.main import config_from
     from belayer.workloads.loader import load_workload
@@ -47,7 +56,8 @@ def run(ctx: click.Context, workload: Path, repeats: int, concurrency: int, seed
     tasks = load_workload(workload).tasks
     plan = _chaos_plan(chaos_plan, chaos_rate, chaos_seed, tasks)
     started_at = time.monotonic()
-    runner = _Runner(config, tasks, repeats, concurrency, seed, plan)
+    runner = _Runner(config, _inputs(config, tasks, repeats, seed, keep_checkpoints), concurrency, plan,
+                     groups=fork and repeats > 1)
     try:
         results = asyncio.run(runner.run(quiet=as_json))
     except KeyboardInterrupt:
@@ -57,11 +67,20 @@ def run(ctx: click.Context, workload: Path, repeats: int, concurrency: int, seed
         console.print(f"or in the web UI: {runner.ui_root()}")
         os._exit(130)
     wall = time.monotonic() - started_at
-    _report(results, wall, as_json, runner.faults if plan else None)
+    _report(results, wall, as_json, runner.faults if plan else None, runner.group_records)
     failed_infra = any(r.status == "failed_infra" for r in results)
     sys.stdout.flush()
     # Exit without interpreter teardown: the Temporal SDK can abort at exit (docs/design.md §7).
     os._exit(1 if failed_infra else 0)
+
+
+def _inputs(config, tasks, repeats: int, seed: int, keep_checkpoints: bool) -> list:
+    from belayer.client import trajectory_input
+
+    run_id = uuid.uuid4().hex[:6]
+    return [trajectory_input(config, task, repeat=repeat, seed=seed, run_id=run_id).model_copy(
+                update={"keep_checkpoints": keep_checkpoints})
+            for task in tasks for repeat in range(repeats)]  # fmt: skip
 
 
 def _chaos_plan(plan: str | None, rate: float | None, seed: int, tasks) -> list:
@@ -83,21 +102,21 @@ def _chaos_plan(plan: str | None, rate: float | None, seed: int, tasks) -> list:
 
 
 class _Runner:
-    def __init__(self, config, tasks, repeats: int, concurrency: int, seed: int, plan: list | None = None):
+    """Starts trajectories (or, with `groups`, one group per task), follows them, injects
+    the chaos plan's faults; `belayer run` and `belayer fork`."""
+
+    def __init__(self, config, inputs: list, concurrency: int, plan: list | None = None, *, groups: bool = False):
         self.config = config
         self.plan = plan or []
         self.progress: dict[str, object] = {}
         self.finished: set[str] = set()
         self.faults: list[dict] = []
-        self.inputs = []
-        run_id = uuid.uuid4().hex[:6]
-        from belayer.client import trajectory_input
-
-        for task in tasks:
-            for repeat in range(repeats):
-                self.inputs.append(trajectory_input(config, task, repeat=repeat, seed=seed, run_id=run_id))
+        self.inputs = inputs
         self.concurrency = concurrency
+        self.groups = groups
+        self.group_records: list = []
         self.started: list[str] = []
+        self._slots_taken = asyncio.Lock()
 
     def ui_root(self) -> str:
         from belayer.client import ui_link
@@ -111,9 +130,17 @@ class _Runner:
         limit = asyncio.Semaphore(self.concurrency)
         with Progress(TextColumn("{task.description}"), BarColumn(), TextColumn("{task.fields[note]}"),
                       TimeElapsedColumn(), console=console, disable=quiet, transient=False) as progress:
-            jobs = [self._one(client, limit, progress, item) for item in self.inputs]
+            if self.groups:
+                by_task: dict[str, list] = {}
+                for item in self.inputs:
+                    by_task.setdefault(item.task.id, []).append(item)
+                jobs = [self._group(client, limit, progress, members) for members in by_task.values()]
+            else:
+                jobs = [self._one(client, limit, progress, item) for item in self.inputs]
             chaos = asyncio.ensure_future(self._chaos()) if self.plan else None
             results = await asyncio.gather(*jobs)
+            if self.groups:
+                results = [r for members in results for r in members]
             if chaos is not None:
                 # every trajectory ended: pending faults settle as not injected, a measuring one
                 # writes its record; only a fault still being injected is waited for
@@ -216,36 +243,72 @@ class _Runner:
                     "engine-hang": "takeover",
                 }.get(record["kind"], "retry")
 
-    async def _one(self, client, limit, progress, input):
-        from belayer.client import start_trajectory
+    async def _group(self, client, limit, progress, members):
+        """One task's group as a TrajectoryGroupWorkflow; its members followed by their ids."""
+        from belayer.client import start_group
+        from belayer.workflows.groups import GroupInput
+
+        rows = {m.trajectory_id: progress.add_task(m.trajectory_id, total=_turns_of(m.task), note="waiting")
+                for m in members}  # fmt: skip
+        slots = min(len(members), self.concurrency)
+        async with self._slots_taken:  # whole groups at a time: two half-served groups would wait forever
+            for _ in range(slots):
+                await limit.acquire()
+        try:
+            group = GroupInput(group_id=f"group-{members[0].trajectory_id}", members=members,
+                               workflow_queue=self.config.temporal.workflow_task_queue)  # fmt: skip
+            handle = await start_group(client, self.config, group)
+            self.started += [m.trajectory_id for m in members]
+            done = await self._follow(client, handle, rows, progress)
+        finally:
+            for _ in range(slots):
+                limit.release()
+        self.group_records.append(done.group)
+        for result in done.results:
+            self.finished.add(result.trajectory_id)
+            progress.update(rows[result.trajectory_id], completed=_turns_of(members[0].task),
+                            note=f"{result.status}, reward {result.reward}")
+        return done.results
+
+    async def _follow(self, client, handle, rows, progress):
+        """Wait for a workflow's result, showing its trajectories' progress meanwhile."""
         from belayer.workflows.models import TrajectoryProgress
 
-        total = len(input.task.turns) if hasattr(input.task, "turns") else input.task.max_turns
+        result_task = asyncio.ensure_future(handle.result())
+        while True:
+            if result_task.done():
+                if not _server_went_away(result_task):
+                    return result_task.result()
+                # a restarted Temporal server (chaos: temporal-restart) drops the long poll
+                await asyncio.sleep(1)
+                result_task = asyncio.ensure_future(handle.result())
+            for trajectory_id, row in rows.items():
+                try:
+                    seen = await client.get_workflow_handle(trajectory_id).query(
+                        "progress", result_type=TrajectoryProgress)
+                except Exception:  # not started yet, or racing its end
+                    continue
+                self.progress[trajectory_id] = seen
+                recoveries = f", {len(seen.recoveries)} recoveries" if seen.recoveries else ""
+                progress.update(row, completed=seen.step, note=f"step {seen.step}, {seen.tokens} tokens{recoveries}")
+            await asyncio.wait({result_task}, timeout=0.5)
+
+    async def _one(self, client, limit, progress, input):
+        from belayer.client import start_trajectory
+
+        total = _turns_of(input.task)
         row = progress.add_task(input.trajectory_id, total=total, note="waiting")
         async with limit:
             handle = await start_trajectory(client, self.config, input)
             self.started.append(input.trajectory_id)
-            result_task = asyncio.ensure_future(handle.result())
-            while True:
-                if result_task.done():
-                    if not _server_went_away(result_task):
-                        break
-                    # a restarted Temporal server (chaos: temporal-restart) drops the long poll
-                    await asyncio.sleep(1)
-                    result_task = asyncio.ensure_future(handle.result())
-                try:
-                    seen = await handle.query("progress", result_type=TrajectoryProgress)
-                    self.progress[input.trajectory_id] = seen
-                    recoveries = f", {len(seen.recoveries)} recoveries" if seen.recoveries else ""
-                    progress.update(row, completed=seen.step,
-                                    note=f"step {seen.step}, {seen.tokens} tokens{recoveries}")
-                except Exception:  # a query can race the workflow's start or end
-                    pass
-                await asyncio.wait({result_task}, timeout=0.5)
-            result = result_task.result()
+            result = await self._follow(client, handle, {input.trajectory_id: row}, progress)
             self.finished.add(input.trajectory_id)
             progress.update(row, completed=total, note=f"{result.status}, reward {result.reward}")
             return result
+
+
+def _turns_of(task) -> int:
+    return len(task.turns) if hasattr(task, "turns") else task.max_turns
 
 
 def _server_went_away(task: asyncio.Future) -> bool:
@@ -254,7 +317,7 @@ def _server_went_away(task: asyncio.Future) -> bool:
     return server_went_away(task.exception())
 
 
-def _report(results, wall: float, as_json: bool, faults: list[dict] | None = None) -> None:
+def _report(results, wall: float, as_json: bool, faults: list[dict] | None = None, groups: list | None = None) -> None:
     rows = [{
         "id": r.trajectory_id, "task": r.task, "status": r.status, "turns": r.turns,
         "tokens": r.tokens, "reward": r.reward, "token_sha256": r.token_sha256,
@@ -265,6 +328,8 @@ def _report(results, wall: float, as_json: bool, faults: list[dict] | None = Non
         report = {"trajectories": rows, "wall_s": round(wall, 3)}
         if faults is not None:
             report["faults"] = faults
+        if groups:
+            report["groups"] = [g.model_dump(mode="json", exclude={"origin", "setup_sandbox"}) for g in groups]
         click.echo(json.dumps(report, indent=2))
         return
     table = Table("trajectory", "status", "turns", "tokens", "reward", "recoveries", "checkpoints",
@@ -282,6 +347,13 @@ def _report(results, wall: float, as_json: bool, faults: list[dict] | None = Non
                           f"{rec.replayed_steps} steps replayed, {rec.time_lost_s:.2f}s lost{cut}")
         if r.reason:
             console.print(f"  {r.trajectory_id}: {r.reason}")
+    for group in groups or []:
+        if group.forked:
+            console.print(f"  group {group.task}: {group.forked} of {group.size} sandboxes forked from one set-up "
+                          f"sandbox, ready {group.ready_s:.2f}s after the group started (setup {group.setup_s:.2f}s, "
+                          f"checkpoint {group.checkpoint_s:.2f}s, forks {group.fork_s:.2f}s)")
+        for line in ([group.fallback] if group.fallback else []) + group.notes:
+            console.print(f"  group {group.task}: {line}")
     for fault in faults or []:
         took = f" in {fault['recovery_s']:.2f}s" if fault.get("recovery_s") is not None else ""
         console.print(f"  fault {fault['kind']} at step {fault['at']} on {fault['target']}: "

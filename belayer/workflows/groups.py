@@ -62,8 +62,10 @@ async def prepare(group_id: str, task: Task, trajectory_ids: list[str],
         record.fallback = f"the group's prompt could not be tokenized: {_cause(err)}"
         return record, [None] * len(trajectory_ids)
     starts: list[ForkStart | None] = [ForkStart(parent=group_id, prompt=prompt) for _ in trajectory_ids]
-    if len(trajectory_ids) < 2:
-        record.fallback = "a group of one: nothing to share"
+    if len(trajectory_ids) < 2 or not task.setup:
+        # Forking a sandbox nothing was set up in costs a checkpoint and saves nothing.
+        record.fallback = ("a group of one" if len(trajectory_ids) < 2 else "the task has no setup") + \
+            ": every member creates its own sandbox"
         return record, starts
     stage = "create and set up the group's sandbox"
     try:

@@ -34,7 +34,7 @@ class RecordingChaos:
 
 @pytest.fixture
 def runner(monkeypatch, tmp_path):
-    from belayer.cli.run import _Runner
+    from belayer.cli.run import _inputs, _Runner
     from belayer.config import load_config
 
     monkeypatch.setenv("BELAYER_STATE_DIR", str(tmp_path))
@@ -42,7 +42,8 @@ def runner(monkeypatch, tmp_path):
     RecordingChaos.injected, RecordingChaos.refuse = [], set()
 
     def make(plan: str):
-        built = _Runner(load_config(None), load_workload(EXAMPLE).tasks, 1, 2, 0, parse_plan(plan))
+        config = load_config(None)
+        built = _Runner(config, _inputs(config, load_workload(EXAMPLE).tasks, 1, 0, False), 2, parse_plan(plan))
         built.started = [i.trajectory_id for i in built.inputs]
         return built
 

@@ -110,6 +110,9 @@ def test_a_run_trains_publishes_and_is_followed(stack, calm, tmp_path):
     versions = [i["weights_version"] for i in iterations]
     assert versions == list(range(versions[0], versions[0] + ITERATIONS))
     assert calm["final_weights_sha256"] == iterations[-1]["weights_sha256"]
+    # trace tasks have a setup to share: each group's two members are forks of one sandbox
+    forked = [(g["task"], g["forked"]) for i in iterations for g in i["group_sandboxes"]]
+    assert forked and all(n == (2 if task.startswith("trace-") else 0) for task, n in forked), forked
     learned = [any(len(set(group)) > 1 for group in i["rewards"]) for i in iterations]
     assert any(learned), "no group with differing rewards: pick another --seed for this test"
     previous = [built_weights_sha256(), *(i["weights_sha256"] for i in iterations)]
@@ -215,3 +218,29 @@ def test_the_client_example_starts_and_follows_a_run(stack, tmp_path):
     assert iteration == (f"iteration 0: mean reward {record['mean_reward']:.3f}, held-out reward "
                          f"{record['heldout_reward']:.3f}, weights v{record['weights_version']}")
     assert ended == f"run {run_id}: completed, 1 iterations, final weights sha256 {record['weights_sha256']}"
+
+
+def test_run_forks_each_tasks_group_and_fork_branches_a_finished_trajectory(stack, tmp_path):
+    """`belayer run -n 3`: one set-up sandbox per task, three forks; `belayer fork` of one of
+    them after step 2, with its seed, replays its last steps exactly."""
+    _, env = stack
+    workload = tmp_path / "traces.yaml"
+    workload.write_text(yaml.safe_dump({"tasks": TRACE_TASKS[:1]}))
+    ran = json.loads(belayer(env, "run", str(workload), "-n", "3", "--keep-checkpoints", "--json").stdout)
+    [group] = ran["groups"]
+    assert (group["forked"], group["size"], group["fallback"]) == (3, 3, ""), group
+    members = ran["trajectories"]
+    assert [m["status"] for m in members] == ["completed"] * 3
+    assert len({(m["token_sha256"], m["env_sha256"]) for m in members}) == 1  # identical starts, same trace
+
+    parent = members[0]
+    branched = json.loads(belayer(env, "fork", parent["id"], "--at-step", "2", "-n", "2", "--seed", "0",
+                                  "--json").stdout)["trajectories"]  # fmt: skip
+    assert [b["status"] for b in branched] == ["completed"] * 2
+    for branch in branched:
+        assert (branch["token_sha256"], branch["env_sha256"], branch["turns"]) == (
+            parent["token_sha256"], parent["env_sha256"], parent["turns"])
+        [start] = branch["recoveries"]  # the sandbox: a kept checkpoint at or before step 2, then replay
+        assert start["kind"] == "fork" and start["consistent"] and start["step"] == 2, start
+    refused = belayer(env, "fork", parent["id"], "--at-step", "9", check=False)
+    assert refused.returncode != 0 and "has steps 1..4" in refused.stderr

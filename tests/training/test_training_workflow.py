@@ -113,7 +113,8 @@ async def harness(temporal_server, seaweedfs, stack_config, storage_config):
 
     async def train(tasks=TASKS, **overrides) -> tuple[TrainingResult, list[IterationRecord]]:
         values = dict(run_id=f"run-{uuid.uuid4().hex[:8]}", tasks=tasks, model="tiny", iterations=2,
-                      group_size=3, tasks_per_iteration=2, seed=7, queues=queues) | overrides
+                      group_size=3, tasks_per_iteration=2, seed=7, queues=queues,
+                      fork_groups=False) | overrides  # stand-in members: no sandboxes to fork
         result = await client.execute_workflow(
             "TrainingWorkflow", TrainingInput(**values), id=values["run_id"], task_queue=queues.workflows,
             result_type=TrainingResult,

@@ -22,8 +22,8 @@ from belayer.model.build import model_path
 from belayer.storage.store import ObjectStore
 from belayer.temporal_client import connect
 from belayer.testing import ScriptedRollout
-from belayer.workflows.models import TaskQueues
 from belayer.workflows.groups import TrajectoryGroupWorkflow
+from belayer.workflows.models import TaskQueues
 from belayer.workflows.trajectory import TrajectoryWorkflow
 from tests.sandbox.conftest import make_sandboxes, sandbox_runtime  # noqa: F401  (fixture)
 
