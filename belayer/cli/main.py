@@ -178,6 +178,7 @@ def _register_optional_commands() -> None:
         (bench, "belayer.bench.chaos", "chaos"),
         (bench, "belayer.bench.history", "long_trajectory"),
         (bench, "belayer.bench.training", "training"),
+        (bench, "belayer.bench.fork", "fork"),
         (main, "belayer.model.cli", "model"),
     ]
     import importlib

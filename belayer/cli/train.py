@@ -62,6 +62,10 @@ def train() -> None:
 @click.option("--no-heldout", is_flag=True, help="Evaluate no held-out tasks, whatever the workload names.")
 @click.option("--max-infra-retries", default=2, show_default=True, type=click.IntRange(0, 16),
               help="Fresh runs (same seed) of a trajectory that ended failed_infra; then its group is dropped.")
+@click.option("--fork/--no-fork", "fork_groups", default=True, show_default=True,
+              help="Fork each group's sandboxes from one set-up sandbox (tasks with setup commands).")
+@click.option("--reuse-setup/--no-reuse-setup", default=True, show_default=True,
+              help="Later iterations fork a task's set-up checkpoint again instead of rerunning its setup.")
 @click.option("--run-id", default=None, help="Name of the run (default train-<random>).")
 @click.option("--chaos", "chaos_plan", default=None, metavar="PLAN",
               help="Inject real faults: a .yaml plan or e.g. 'engine-crash@iteration=0,trainer-crash@iteration=1'.")
@@ -71,7 +75,7 @@ def train() -> None:
 @click.pass_context
 def start(ctx: click.Context, workload: Path, iterations: int, group_size: int, tasks_per_iteration: int,
           seed: int, lr: float, lr_decay: str, minibatches: int, kl_coef: float, temperature: float, heldout: Path | None, no_heldout: bool, max_infra_retries: int,
-          run_id: str | None, chaos_plan: str | None, chaos_rate: float | None, chaos_seed: int, as_json: bool) -> None:
+          fork_groups: bool, reuse_setup: bool, run_id: str | None, chaos_plan: str | None, chaos_rate: float | None, chaos_seed: int, as_json: bool) -> None:
     """Start a training run on WORKLOAD (.yaml or .jsonl) and follow it to its end.
 
     Exit status 1 when the run failed for an infrastructure reason. Ctrl-C leaves the run
@@ -97,7 +101,7 @@ def start(ctx: click.Context, workload: Path, iterations: int, group_size: int, 
         config, tasks, iterations=iterations, group_size=group_size, tasks_per_iteration=tasks_per_iteration,
         seed=seed, heldout=load_workload(heldout).tasks if heldout else None, settings=settings,
         run_id=run_id, temperature=temperature, max_infra_retries=max_infra_retries,
-        model=loaded.model,
+        model=loaded.model, fork_groups=fork_groups, reuse_setup=reuse_setup,
     )
     plan = _chaos_plan(chaos_plan, chaos_rate, chaos_seed, iterations)
     started = time.monotonic()
@@ -227,7 +231,7 @@ def run_settings(input, workload: Path) -> dict:
         "lr": input.trainer.lr, "lr_decay_iterations": input.trainer.lr_decay_iterations,
         "minibatches": input.trainer.minibatches, "kl_coef": input.trainer.kl_coef,
         "temperature": input.trainer.temperature,
-        "heldout_tasks": len(input.heldout),
+        "heldout_tasks": len(input.heldout), "fork_groups": input.fork_groups, "reuse_setup": input.reuse_setup,
     }
 
 

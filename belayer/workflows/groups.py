@@ -51,9 +51,11 @@ def member_inputs(inputs: list[TrajectoryInput], starts: list[ForkStart | None])
     return [i if s is None else i.model_copy(update={"start_from": s}) for i, s in zip(inputs, starts, strict=True)]
 
 
-async def prepare(group_id: str, task: Task, trajectory_ids: list[str],
-                  queues: TaskQueues) -> tuple[GroupRecord, list[ForkStart | None]]:  # fmt: skip
-    """The members' starts, in order (None: start as a lone trajectory)."""
+async def prepare(group_id: str, task: Task, trajectory_ids: list[str], queues: TaskQueues, *,
+                  reuse: GroupRecord | None = None) -> tuple[GroupRecord, list[ForkStart | None]]:  # fmt: skip
+    """The members' starts, in order (None: start as a lone trajectory). With `reuse` (an
+    earlier group of the same task, its origin kept), the members fork that origin and the
+    setup is not run again; if that fails the group sets up a sandbox of its own."""
     started = workflow.now()
     record = GroupRecord(group=group_id, task=task.id, size=len(trajectory_ids))
     try:
@@ -67,6 +69,10 @@ async def prepare(group_id: str, task: Task, trajectory_ids: list[str],
         record.fallback = ("a group of one" if len(trajectory_ids) < 2 else "the task has no setup") + \
             ": every member creates its own sandbox"
         return record, starts
+    if reuse is not None and reuse.origin is not None:
+        reused = await _fork_reused(record, reuse, prompt, trajectory_ids, queues, started)
+        if reused is not None:
+            return record, reused
     stage = "create and set up the group's sandbox"
     try:
         at = workflow.now()
@@ -94,16 +100,45 @@ async def prepare(group_id: str, task: Task, trajectory_ids: list[str],
         await _discard(record.setup_sandbox, queues, delete_checkpoints=False)
         return record, starts
     await _discard(record.setup_sandbox, queues, delete_checkpoints=False)  # the origin stays: members recover from it
+    _take_forks(record, forked, starts, trajectory_ids, prompt, started)
+    return record, starts
+
+
+async def _fork_reused(record: GroupRecord, reuse: GroupRecord, prompt, trajectory_ids: list[str],
+                       queues: TaskQueues, started) -> list[ForkStart | None] | None:  # fmt: skip
+    """The members forked from an earlier group's origin; None when none could be."""
+    targets = [ForkTarget(sandbox_id=_sandbox_id(), trajectory=t) for t in trajectory_ids]
+    try:
+        forked = await _activity(
+            "sandbox.fork", ForkArgs(checkpoint=reuse.origin, targets=targets), ForkResult, queue=queues.sandbox,
+            on_host=False, summary=f"group {record.group}: fork {len(targets)} sandboxes from {reuse.group}'s setup",
+        )
+    except ActivityError as err:
+        record.notes.append(f"the setup of {reuse.group} could not be forked again: {_cause(err)}; set up anew")
+        return None
+    record.fork_s = _since(started)
+    record.reused_from = reuse.group
+    record.origin, record.setup_sandbox = reuse.origin, reuse.setup_sandbox
+    starts: list[ForkStart | None] = [ForkStart(parent=record.group, prompt=prompt) for _ in trajectory_ids]
+    _take_forks(record, forked, starts, trajectory_ids, prompt, started)
+    if record.forked:
+        return starts
+    record.notes.append(f"no fork of {reuse.group}'s setup started; set up anew")
+    record.fallback, record.reused_from, record.origin, record.setup_sandbox = "", None, None, None
+    return None
+
+
+def _take_forks(record: GroupRecord, forked, starts: list, trajectory_ids: list[str], prompt, started) -> None:
     for n, outcome in enumerate(forked.forks):
         if outcome.handle is None:
             record.notes.append(f"member {n} ({trajectory_ids[n]}) creates its own sandbox: {outcome.error}")
             continue
-        starts[n] = ForkStart(parent=group_id, prompt=prompt, sandbox=outcome.handle, checkpoints=[record.origin])
+        starts[n] = ForkStart(parent=record.group, prompt=prompt, sandbox=outcome.handle,
+                              checkpoints=[record.origin])  # fmt: skip
         record.forked += 1
     if record.forked == 0:
         record.fallback = "no fork started; every member creates its own sandbox"
     record.ready_s = _since(started)
-    return record, starts
 
 
 async def release(record: GroupRecord, queues: TaskQueues) -> None:

@@ -80,6 +80,8 @@ class GroupRecord(_Model):
     fork_s: float = Field(0.0, description="Start every fork from the origin.")
     ready_s: float = Field(0.0, description="From the group's start until every member's sandbox was ready "
                            "(members that fell back create theirs later).")
+    reused_from: str | None = Field(None, description="The earlier group whose set-up checkpoint was forked "
+                                    "(the setup did not run again).")
     origin: CheckpointRef | None = None
     setup_sandbox: SandboxHandle | None = None
 

@@ -111,7 +111,9 @@ class TrainingWorkflow:
                 await self._iteration(self.state.iteration)
         except RunFailure as failure:
             self.status = "failed_infra"
+            await self._release_origins()
             return self._result(reason=str(failure))
+        await self._release_origins()
         self.status, self.phase = "completed", "done"
         return self._result()
 
@@ -191,19 +193,36 @@ class TrainingWorkflow:
         when `fork_groups`; their retries start alone."""
         size = self.input.group_size
         starts: list[ForkStart | None] = [None] * size
-        record = None
+        record = replaced = None
         if self.input.fork_groups:
             ids = [self._trajectory_id(iteration, task, member, prefix="", attempt=0) for member in range(size)]
+            kept = self.state.origins.get(task.id) if self.input.reuse_setup else None
             record, starts = await prepare_group(self._group_id(iteration, task), task, ids,
-                                                 self.input.queues.trajectories)  # fmt: skip
+                                                 self.input.queues.trajectories, reuse=kept)  # fmt: skip
             self.group_records.append(record)
+            if self.input.reuse_setup and record.origin is not None and record.reused_from is None:
+                replaced = self._keep_origin(task.id, record)
         try:
             return list(await asyncio.gather(*(
                 self._member(iteration, task, member, prefix="", start=starts[member]) for member in range(size)
             )))
         finally:
-            if record is not None:
-                await release_group(record, self.input.queues.trajectories)
+            for done in [record if not self.input.reuse_setup else None, replaced]:
+                if done is not None:
+                    await release_group(done, self.input.queues.trajectories)
+
+    def _keep_origin(self, task_id: str, record: GroupRecord) -> GroupRecord | None:
+        """Later groups of `task_id` fork this group's setup; returns the one it replaces
+        (its fork failed: no member uses it)."""
+        replaced = self.state.origins.get(task_id)
+        self.state = self.state.model_copy(update={"origins": {**self.state.origins, task_id: record}})
+        return replaced
+
+    async def _release_origins(self) -> None:
+        """Delete every set-up checkpoint the run kept: no member will fork or recover from one."""
+        kept = list(self.state.origins.values())
+        await asyncio.gather(*(release_group(r, self.input.queues.trajectories) for r in kept))
+        self.state = self.state.model_copy(update={"origins": {}})
 
     async def _heldout(self, iteration: int) -> list[MemberOutcome]:
         return list(await asyncio.gather(*(

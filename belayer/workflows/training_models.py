@@ -70,6 +70,10 @@ class TrainingInput(_Model):
         True, description="Fork each group's sandboxes from one set-up sandbox (belayer/workflows/groups.py); "
         "off: every member creates and sets up its own.",
     )
+    reuse_setup: bool = Field(
+        True, description="With fork_groups: later iterations fork a task's set-up checkpoint again instead of "
+        "running its setup anew (its members then start from the very same state every iteration).",
+    )
     queues: TrainingQueues
     continue_as_new_every: int = Field(10, ge=1, description="Iterations per workflow run.")
     carried: TrainingState | None = Field(None, description="Set by continue-as-new only.")
@@ -138,6 +142,10 @@ class TrainingState(_Model):
     recent: list[IterationRecord] = Field(default_factory=list, description=f"The last {RECENT_RECORDS} records.")
     runs: int = 1
     started_at: datetime | None = Field(None, description="When the run's first iteration began (workflow time).")
+    origins: dict[str, GroupRecord] = Field(
+        default_factory=dict, description="Per task, the group whose set-up checkpoint later groups fork "
+        "(`reuse_setup`); deleted when the run ends.",
+    )
 
 
 class TrainingProgress(_Model):

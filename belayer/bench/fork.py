@@ -1,0 +1,272 @@
+"""`belayer bench fork`: G sandboxes ready for a GRPO group, forked vs set up one by one.
+
+The task's setup is the heavy kind every member of a group repeats: a venv with a
+package installed from a local wheel (offline, `--no-index`), a git history of
+generated files, an indexed data set, and a running HTTP server holding state. Per
+repetition, on the same host and store, modes in rotated order:
+
+  fork         -- create and set up one sandbox, checkpoint it, `SandboxHost.fork` G
+                  sandboxes from the checkpoint (a group's first iteration in Belayer);
+  fork_reused  -- a later group of the same task (the next training iteration): the
+                  set-up checkpoint an earlier group made is forked again, no setup;
+  independent  -- G sandboxes each created and set up from scratch, `--concurrency`
+                  at a time (what a user does without forking, with the parallelism
+                  the forks get).
+
+The clock runs from the start until all G sandboxes are ready to take the members'
+first actions (the group's first generation can start). `cpu_ratio`: host CPU seconds
+(every process, the containers' included) of independent over fork. Peak host memory
+in use and peak disk use of Belayer's state directory (podman storage, restore
+scratch), above their level when the mode started, are sampled every 0.1 s.
+`identical_start`: every fork, of every repetition, has the same /workspace hash as
+the sandbox it was forked from (`independent_identical` says the same of the
+independent ones: git's index records file times, so it is false). Nothing is
+simulated; the setup needs no network. Every sandbox and checkpoint is removed.
+"""
+
+from __future__ import annotations
+
+import json
+import statistics
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+
+import click
+
+from belayer.bench.env_recovery import INSTALL, build_wheel, wheel_setup
+
+
+def setup_commands(scale: float) -> list[str]:
+    """The set-up a group's members share (deterministic, offline)."""
+    rows = max(1000, int(100_000 * scale))
+    files = max(4, int(40 * scale))
+    return [
+        *wheel_setup(build_wheel()),
+        "mkdir -p /workspace/repo && cd /workspace/repo && git init -q -b main && "
+        "export GIT_AUTHOR_NAME=setup GIT_AUTHOR_EMAIL=s@b GIT_COMMITTER_NAME=setup GIT_COMMITTER_EMAIL=s@b "
+        "GIT_AUTHOR_DATE=2024-01-01T00:00:00Z GIT_COMMITTER_DATE=2024-01-01T00:00:00Z",
+        *INSTALL,
+        f"for i in $(seq {files}); do python3 -c \"import benchpkg; "
+        f"[print(*r) for r in benchpkg.rows(400, seed=$i)]\" > f$i.txt; git add f$i.txt; "
+        "git commit -qm \"file $i\"; done; git log --oneline | wc -l",
+        f"python3 -m benchpkg.gen {rows} data.csv && python3 -m benchpkg.index data.csv db.sqlite >/dev/null && ls",
+        "python3 -m benchpkg.serve db.sqlite 8500 >/tmp/serve.log 2>&1 &\n"
+        "python3 -m benchpkg.client 8500 /stats",
+    ]
+
+
+class PeakSampler:
+    """Peak host memory in use and peak disk use of one directory, above their start, and
+    the host's busy CPU seconds (every process, the containers' included) meanwhile."""
+
+    def __init__(self, directory):
+        self.directory = directory
+        self._stop = threading.Event()
+
+    def __enter__(self):
+        self.mem0, self.disk0, self.cpu0 = self._mem(), self._disk(), self._busy_cpu_s()
+        self.mem_peak, self.disk_peak = self.mem0, self.disk0
+        self._thread = threading.Thread(target=self._run, daemon=True)
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc):
+        self._stop.set()
+        self._thread.join()
+        self.cpu_s = round(self._busy_cpu_s() - self.cpu0, 2)
+
+    @staticmethod
+    def _busy_cpu_s() -> float:
+        import psutil
+
+        t = psutil.cpu_times()
+        return t.user + t.nice + t.system + getattr(t, "irq", 0.0) + getattr(t, "softirq", 0.0)
+
+    def _run(self):
+        while not self._stop.wait(0.1):
+            self.mem_peak = max(self.mem_peak, self._mem())
+            self.disk_peak = max(self.disk_peak, self._disk())
+
+    @staticmethod
+    def _mem() -> int:
+        import psutil
+
+        vm = psutil.virtual_memory()
+        return vm.total - vm.available
+
+    def _disk(self) -> int:
+        import shutil
+
+        return shutil.disk_usage(self.directory).used
+
+    def peaks_mb(self) -> tuple[float, float]:
+        return round((self.mem_peak - self.mem0) / 2**20, 1), round((self.disk_peak - self.disk0) / 2**20, 1)
+
+
+def run_fork(host, spec, group_size: int, token: str) -> dict:
+    from belayer.sandbox.models import ForkTarget
+
+    t0 = time.monotonic()
+    parent = host.create(spec)
+    setup_s = time.monotonic() - t0
+    origin = host.checkpoint(parent)
+    checkpoint_s = time.monotonic() - t0 - setup_s
+    targets = [ForkTarget(sandbox_id=f"sbx-bf{i}-{token}", trajectory=f"bench-fork-{i}") for i in range(group_size)]
+    outcomes = host.fork(origin, targets)
+    ready_s = time.monotonic() - t0
+    hashes = _hashes_of_forks(host, outcomes) | {host.workspace_hash(parent)}
+    host.backend.destroy(parent.sandbox_id)
+    return {"ready_s": ready_s, "setup_s": setup_s, "checkpoint_s": checkpoint_s,
+            "fork_s": ready_s - setup_s - checkpoint_s, "archive_mb": round(origin.archive_bytes / 2**20, 1),
+            "hashes": hashes, "origin": origin, "origin_sandbox": parent.sandbox_id}  # fmt: skip
+
+
+def make_origin(host, spec):
+    parent = host.create(spec)
+    try:
+        return host.checkpoint(parent), parent.sandbox_id
+    finally:
+        host.backend.destroy(parent.sandbox_id)
+
+
+def run_fork_reused(host, origin, group_size: int, token: str) -> dict:
+    """A later group of the same task: the set-up checkpoint forked again, no setup."""
+    from belayer.sandbox.models import ForkTarget
+
+    t0 = time.monotonic()
+    targets = [ForkTarget(sandbox_id=f"sbx-br{i}-{token}", trajectory=f"bench-fork-{i}") for i in range(group_size)]
+    outcomes = host.fork(origin, targets)
+    return {"ready_s": time.monotonic() - t0, "hashes": _hashes_of_forks(host, outcomes)}
+
+
+def _hashes_of_forks(host, outcomes) -> set[str]:
+    failed = [o.error for o in outcomes if o.handle is None]
+    try:
+        if failed:
+            raise click.ClickException(f"a fork failed: {failed[0]}")
+        return {host.workspace_hash(o.handle) for o in outcomes}
+    finally:
+        for o in outcomes:
+            host.backend.destroy(o.sandbox_id)
+
+
+def run_independent(host, spec, group_size: int, concurrency: int) -> dict:
+    t0 = time.monotonic()
+    with ThreadPoolExecutor(max_workers=concurrency) as pool:
+        handles = list(pool.map(lambda _: host.create(spec), range(group_size)))
+    ready_s = time.monotonic() - t0
+    hashes = {host.workspace_hash(h) for h in handles}
+    for h in handles:
+        host.backend.destroy(h.sandbox_id)
+    return {"ready_s": ready_s, "hashes": hashes}
+
+
+def spread(values: list[float]) -> dict:
+    return {"min": round(min(values), 3), "median": round(statistics.median(values), 3),
+            "max": round(max(values), 3)}  # fmt: skip
+
+
+def run_bench(config, *, group_size: int, repetitions: int, scale: float, concurrency: int | None,
+              log_fn=lambda m: None) -> dict:  # fmt: skip
+    import os
+    import uuid
+
+    from belayer.sandbox.host import make_host
+    from belayer.sandbox.models import SandboxSpec
+
+    concurrency = concurrency or config.sandbox.fork_concurrency
+    host = make_host(config)
+    host.cfg = host.cfg.model_copy(update={"fork_concurrency": concurrency})
+    spec = SandboxSpec(setup_commands=setup_commands(scale), labels={"belayer.bench": "fork"})
+    modes = ["fork", "fork_reused", "independent"]
+    runs: dict[str, list[dict]] = {mode: [] for mode in modes}
+    fork_hashes: set[str] = set()
+    independent_hashes: set[str] = set()
+    for rep in range(repetitions):
+        origins = []  # (checkpoint, its sandbox id): a reused fork takes this repetition's
+        for mode in modes[rep % 3:] + modes[:rep % 3]:
+            if mode == "fork_reused" and not origins:
+                origins.append(make_origin(host, spec))  # the earlier group's setup: not timed
+            with PeakSampler(config.state_dir) as peaks:
+                if mode == "independent":
+                    row = run_independent(host, spec, group_size, concurrency)
+                elif mode == "fork":
+                    row = run_fork(host, spec, group_size, uuid.uuid4().hex[:8])
+                    origins.append((row.pop("origin"), row.pop("origin_sandbox")))
+                else:
+                    row = run_fork_reused(host, origins[0][0], group_size, uuid.uuid4().hex[:8])
+            row["peak_memory_mb"], row["peak_disk_mb"] = peaks.peaks_mb()
+            row["cpu_s"] = peaks.cpu_s
+            (independent_hashes if mode == "independent" else fork_hashes).update(row.pop("hashes"))
+            runs[mode].append(row)
+            log_fn(f"repetition {rep + 1}/{repetitions} {mode:11s}: {group_size} sandboxes ready in "
+                   f"{row['ready_s']:.2f}s, host CPU {row['cpu_s']:.1f}s, peak memory +{row['peak_memory_mb']} MiB, "
+                   f"disk +{row['peak_disk_mb']} MiB")
+        for _, sandbox_id in origins:
+            host.delete_checkpoints(sandbox_id)
+    median = {mode: statistics.median(r["ready_s"] for r in runs[mode]) for mode in modes}
+    cpu = {mode: statistics.median(r["cpu_s"] for r in runs[mode]) for mode in modes}
+    load1, load5, _ = os.getloadavg()
+    return {
+        "group_size": group_size,
+        "repetitions": repetitions,
+        "concurrency": concurrency,
+        "fork_ready_s": round(median["fork"], 3),
+        "independent_ready_s": round(median["independent"], 3),
+        "speedup": round(median["independent"] / median["fork"], 2),
+        "fork_reused_ready_s": round(median["fork_reused"], 3),
+        "speedup_reused": round(median["independent"] / median["fork_reused"], 2),
+        "cpu_ratio": round(cpu["independent"] / cpu["fork"], 2),
+        "identical_start": len(fork_hashes) == 1,
+        "independent_identical": len(independent_hashes) == 1,
+        **{mode: _summary(runs[mode]) for mode in modes},
+        "machine": {"cpus": os.cpu_count(), "load_avg_1m": round(load1, 2), "load_avg_5m": round(load5, 2)},
+        "sandbox": {"cpus": config.sandbox.cpus, "memory_mb": config.sandbox.memory_mb},
+    }  # fmt: skip
+
+
+def _summary(rows: list[dict]) -> dict:
+    keys = [k for k, v in rows[0].items() if isinstance(v, float) and k != "archive_mb"]
+    return {k: spread([r[k] for r in rows]) for k in keys} | (
+        {"archive_mb": rows[0]["archive_mb"]} if "archive_mb" in rows[0] else {})
+
+
+@click.command("fork")
+@click.option("--json", "as_json", is_flag=True, help="Print one JSON object on stdout.")
+@click.option("-g", "--group-size", default=8, show_default=True, type=click.IntRange(2, 64),
+              help="Sandboxes a group needs (G).")
+@click.option("--repetitions", default=3, show_default=True, type=click.IntRange(1, 50),
+              help="Repetitions of each mode (modes interleaved, order rotated).")
+@click.option("--scale", type=click.FloatRange(0.01, 10), default=1.0, show_default=True,
+              help="Scale the setup's data (rows, files).")
+@click.option("--concurrency", type=click.IntRange(1, 64), default=None,
+              help="Sandboxes started at once, in both modes [default: sandbox.fork_concurrency].")
+@click.pass_context
+def fork(ctx: click.Context, as_json: bool, group_size: int, repetitions: int, scale: float,
+         concurrency: int | None) -> None:  # fmt: skip
+    """Sandboxes for a group: fork of one set-up sandbox vs G independent create + setup."""
+    from rich.console import Console
+
+    from belayer.config import load_config
+
+    config = load_config((ctx.obj or {}).get("config_file"))
+    err = Console(stderr=True)
+    result = run_bench(config, group_size=group_size, repetitions=repetitions, scale=scale,
+                       concurrency=concurrency, log_fn=lambda m: err.print(m, highlight=False))  # fmt: skip
+    if as_json:
+        click.echo(json.dumps(result))
+        return
+    from rich.table import Table
+
+    table = Table(title=f"{group_size} sandboxes ready (seconds; min / median / max of {repetitions})")
+    for col in ("mode", "ready", "peak memory MiB", "peak disk MiB"):
+        table.add_column(col)
+    for mode in ("fork", "independent"):
+        row = result[mode]
+        table.add_row(mode, *(f"{row[k]['min']:.2f} / {row[k]['median']:.2f} / {row[k]['max']:.2f}"
+                              for k in ("ready_s", "peak_memory_mb", "peak_disk_mb")))  # fmt: skip
+    Console().print(table)
+    err.print(f"speedup {result['speedup']}x (median); identical start: {result['identical_start']}; "
+              f"fork = setup {result['fork']['setup_s']['median']:.2f}s + checkpoint "
+              f"{result['fork']['checkpoint_s']['median']:.2f}s + forks {result['fork']['fork_s']['median']:.2f}s")
