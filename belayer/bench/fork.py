@@ -18,9 +18,9 @@ first actions (the group's first generation can start). `cpu_ratio`: host CPU se
 (every process, the containers' included) of independent over fork. Peak host memory
 in use and peak disk use of Belayer's state directory (podman storage, restore
 scratch), above their level when the mode started, are sampled every 0.1 s.
-`identical_start`: every fork, of every repetition, has the same /workspace hash as
-the sandbox it was forked from (`independent_identical` says the same of the
-independent ones: git's index records file times, so it is false). Nothing is
+`identical_start`: in every repetition, the forks of one checkpoint all have the
+/workspace hash of the sandbox it was taken of (`independent_identical` asks it of the
+independently set-up ones: git's index records file times, so it is false). Nothing is
 simulated; the setup needs no network. Every sandbox and checkpoint is removed.
 """
 
@@ -167,7 +167,7 @@ def spread(values: list[float]) -> dict:
             "max": round(max(values), 3)}  # fmt: skip
 
 
-def run_bench(config, *, group_size: int, repetitions: int, scale: float, concurrency: int | None,
+def run_bench(config, *, group_size: int, repetitions: int, scale: float, concurrency: int | None, store=None,
               log_fn=lambda m: None) -> dict:  # fmt: skip
     import os
     import uuid
@@ -176,12 +176,11 @@ def run_bench(config, *, group_size: int, repetitions: int, scale: float, concur
     from belayer.sandbox.models import SandboxSpec
 
     concurrency = concurrency or config.sandbox.fork_concurrency
-    host = make_host(config)
+    host = make_host(config, store=store)
     host.cfg = host.cfg.model_copy(update={"fork_concurrency": concurrency})
     spec = SandboxSpec(setup_commands=setup_commands(scale), labels={"belayer.bench": "fork"})
     modes = ["fork", "fork_reused", "independent"]
     runs: dict[str, list[dict]] = {mode: [] for mode in modes}
-    fork_hashes: set[str] = set()
     independent_hashes: set[str] = set()
     for rep in range(repetitions):
         origins = []  # (checkpoint, its sandbox id): a reused fork takes this repetition's
@@ -198,7 +197,11 @@ def run_bench(config, *, group_size: int, repetitions: int, scale: float, concur
                     row = run_fork_reused(host, origins[0][0], group_size, uuid.uuid4().hex[:8])
             row["peak_memory_mb"], row["peak_disk_mb"] = peaks.peaks_mb()
             row["cpu_s"] = peaks.cpu_s
-            (independent_hashes if mode == "independent" else fork_hashes).update(row.pop("hashes"))
+            hashes = row.pop("hashes")
+            if mode == "independent":
+                independent_hashes |= hashes
+            else:
+                row["identical"] = len(hashes) == 1  # the forks of one checkpoint (and its sandbox)
             runs[mode].append(row)
             log_fn(f"repetition {rep + 1}/{repetitions} {mode:11s}: {group_size} sandboxes ready in "
                    f"{row['ready_s']:.2f}s, host CPU {row['cpu_s']:.1f}s, peak memory +{row['peak_memory_mb']} MiB, "
@@ -218,7 +221,7 @@ def run_bench(config, *, group_size: int, repetitions: int, scale: float, concur
         "fork_reused_ready_s": round(median["fork_reused"], 3),
         "speedup_reused": round(median["independent"] / median["fork_reused"], 2),
         "cpu_ratio": round(cpu["independent"] / cpu["fork"], 2),
-        "identical_start": len(fork_hashes) == 1,
+        "identical_start": all(r["identical"] for mode in ("fork", "fork_reused") for r in runs[mode]),
         "independent_identical": len(independent_hashes) == 1,
         **{mode: _summary(runs[mode]) for mode in modes},
         "machine": {"cpus": os.cpu_count(), "load_avg_1m": round(load1, 2), "load_avg_5m": round(load5, 2)},
@@ -242,9 +245,11 @@ def _summary(rows: list[dict]) -> dict:
               help="Scale the setup's data (rows, files).")
 @click.option("--concurrency", type=click.IntRange(1, 64), default=None,
               help="Sandboxes started at once, in both modes [default: sandbox.fork_concurrency].")
+@click.option("--archive-dir", type=click.Path(file_okay=False), default=None,
+              help="Keep checkpoints in this directory instead of the configured object store.")
 @click.pass_context
 def fork(ctx: click.Context, as_json: bool, group_size: int, repetitions: int, scale: float,
-         concurrency: int | None) -> None:  # fmt: skip
+         concurrency: int | None, archive_dir: str | None) -> None:  # fmt: skip
     """Sandboxes for a group: fork of one set-up sandbox vs G independent create + setup."""
     from rich.console import Console
 
@@ -252,8 +257,15 @@ def fork(ctx: click.Context, as_json: bool, group_size: int, repetitions: int, s
 
     config = load_config((ctx.obj or {}).get("config_file"))
     err = Console(stderr=True)
+    store = None
+    if archive_dir:
+        from pathlib import Path
+
+        from belayer.sandbox.localstore import LocalDirStore
+
+        store = LocalDirStore(Path(archive_dir))
     result = run_bench(config, group_size=group_size, repetitions=repetitions, scale=scale,
-                       concurrency=concurrency, log_fn=lambda m: err.print(m, highlight=False))  # fmt: skip
+                       concurrency=concurrency, store=store, log_fn=lambda m: err.print(m, highlight=False))  # fmt: skip
     if as_json:
         click.echo(json.dumps(result))
         return

@@ -1,0 +1,38 @@
+"""`belayer bench fork` at a tiny scale: the JSON shape, identical starts, nothing left behind.
+
+Speed is not asserted (no wall-clock assertions); the figures come from full-scale runs.
+"""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from click.testing import CliRunner
+
+pytestmark = pytest.mark.sandbox
+
+
+def test_fork_bench_json(sandbox_runtime, tmp_path):
+    from belayer.bench.fork import fork
+    from belayer.config import load_config
+    from belayer.sandbox.podman import PodmanBackend
+
+    result = CliRunner().invoke(
+        fork, ["--json", "--group-size", "2", "--repetitions", "1", "--scale", "0.02", "--archive-dir", str(tmp_path)],
+        obj={}, catch_exceptions=False,
+    )  # fmt: skip
+    assert result.exit_code == 0, result.output
+    data = json.loads(result.stdout.strip().splitlines()[-1])
+    for key in ("fork_ready_s", "independent_ready_s", "speedup", "fork_reused_ready_s", "speedup_reused",
+                "cpu_ratio", "group_size", "machine"):  # fmt: skip
+        assert key in data
+    assert data["identical_start"] is True and data["group_size"] == 2
+    for mode in ("fork", "fork_reused", "independent"):
+        assert set(data[mode]["ready_s"]) == {"min", "median", "max"}
+    assert data["fork"]["setup_s"]["median"] > 0 and "setup_s" not in data["fork_reused"]
+    assert not any(tmp_path.rglob("archive")), "checkpoint objects left behind"
+    config = load_config(None)
+    left = PodmanBackend(config.sandbox, config.state_dir).podman(
+        "ps", "-a", "--filter", "label=belayer.bench=fork", "--format", "{{.Names}}").stdout.split()
+    assert left == [], f"bench sandboxes left running: {left}"
