@@ -2,7 +2,9 @@
 
 `branch_inputs` reads what the parent left -- its input and result (the Temporal
 history), its step log (the object store), the checkpoints its sandbox lineage kept
-(`belayer run --keep-checkpoints` / `TrajectoryInput.keep_checkpoints`) -- and returns
+(`belayer run --keep-checkpoints` / `TrajectoryInput.keep_checkpoints`), then those it
+started from itself (its group's set-up sandbox, the checkpoints of the trajectory it
+branched from) -- and returns
 `TrajectoryInput`s whose `start_from` (a `ForkStart`) names the parent's step K: each
 branch restores the latest usable checkpoint at or before K as a sandbox of its own,
 replay-verifies up to K, and continues from the context the parent had after step K.
@@ -37,6 +39,8 @@ async def branch_inputs(client, config, parent_id: str, at_step: int, count: int
     checkpoints = []
     if sandbox_id is not None:  # `store` decrypts what the sandbox hosts encrypted, when a key is set
         checkpoints = checkpoints_at_or_before(store, config.sandbox.checkpoint_prefix, sandbox_id, at_step)
+    if parent.start_from is not None:  # the parent's own origin: its group's setup, or its parent's
+        checkpoints += [c for c in parent.start_from.checkpoints if c.step <= at_step]
     start = ForkStart(parent=parent_id, at_step=steps[at_step - 1], steps=result.log.steps, checkpoints=checkpoints)
     first_seed = parent.sampling.seed + 1 if seed is None else seed
     token = uuid.uuid4().hex[:4]

@@ -31,7 +31,8 @@ console = Console(stderr=True)
               help="With -n > 1, set up one sandbox per task and fork the task's trajectories from it "
                    "(else each creates and sets up its own).")
 @click.option("--keep-checkpoints", is_flag=True,
-              help="Keep the checkpoints when trajectories end, to branch from them later (`belayer fork`).")
+              help="Keep the checkpoints (and each group's set-up checkpoint) when trajectories end, to branch "
+                   "from them later (`belayer fork`); the bucket's lifecycle rule expires them.")
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object with every trajectory.")
 @click.option("--chaos", "chaos_plan", default=None, metavar="PLAN",
               help="Inject real faults: a .yaml plan or e.g. 'engine-crash@step=2,sandbox-crash@step=4'.")

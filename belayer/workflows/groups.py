@@ -249,5 +249,6 @@ class TrajectoryGroupWorkflow:
                 for member in member_inputs(input.members, starts)
             ))  # fmt: skip
         finally:
-            await release(record, input.members[0].queues)
+            if not input.members[0].keep_checkpoints:  # else branches of a member may start from it
+                await release(record, input.members[0].queues)
         return GroupResult(group=record, results=list(results))
