@@ -2,8 +2,9 @@
 # `make demo`: bring the local stack up and run the main job on it: the example workload
 # once undisturbed, then again with a real engine crash (the leader vLLM engine SIGKILLed
 # at step 2) and a real sandbox crash (the container killed at step 4), and compare the
-# two runs' token and environment hashes. Then a short training run, undisturbed and with
-# faults, whose final weights must be identical.
+# two runs' token and environment hashes. Then a group of four trajectories forked from one
+# set-up sandbox, and a branch of one of them from its step 2. Then a short training run,
+# undisturbed and with faults, whose final weights must be identical.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 BELAYER=.venv/bin/belayer
@@ -14,9 +15,9 @@ trap 'rm -rf "$out"' EXIT
 $BELAYER up
 $BELAYER status
 echo
-echo "== 1/4: $WORKLOAD, no faults (the reference)"
+echo "== 1/5: $WORKLOAD, no faults (the reference)"
 $BELAYER run "$WORKLOAD" --json > "$out/reference.json"
-echo "== 2/4: $WORKLOAD with an engine crash at step 2 and a sandbox crash at step 4"
+echo "== 2/5: $WORKLOAD with an engine crash at step 2 and a sandbox crash at step 4"
 $BELAYER run "$WORKLOAD" --chaos "engine-crash@step=2:build-and-serve,sandbox-crash@step=4:build-and-serve" \
   --json > "$out/chaos.json"
 .venv/bin/python - "$out/reference.json" "$out/chaos.json" <<'PY'
@@ -47,6 +48,34 @@ print("RESULT:", "every trajectory survived both failures with identical hashes"
 sys.exit(0 if ok else 1)
 PY
 
+# Groups: one sandbox set up, four forked from it; then one member branched after step 2
+# with its own seed, which must replay its last step exactly.
+GROUP_WORKLOAD=examples/workloads/group-setup.yaml
+echo
+echo "== 3/5: $GROUP_WORKLOAD as a group of 4 forked from one set-up sandbox, then a branch"
+$BELAYER run "$GROUP_WORKLOAD" -n 4 --keep-checkpoints --json > "$out/group.json"
+member=$(.venv/bin/python -c 'import json, sys; print(json.load(open(sys.argv[1]))["trajectories"][1]["id"])' \
+  "$out/group.json")
+$BELAYER fork "$member" --at-step 2 --seed 0 --json > "$out/branch.json"
+.venv/bin/python - "$out/group.json" "$out/branch.json" <<'PY'
+import json, sys
+
+group, branch = (json.load(open(p)) for p in sys.argv[1:3])
+(record,) = group["groups"]
+members = group["trajectories"]
+print(f"\ngroup of {record['size']}: {record['forked']} sandboxes forked, ready {record['ready_s']:.1f}s after the "
+      f"group started (setup {record['setup_s']:.1f}s, checkpoint {record['checkpoint_s']:.1f}s, "
+      f"forks {record['fork_s']:.1f}s); {group['wall_s']:.1f}s for the whole group")
+(b,) = branch["trajectories"]
+(start,) = b["recoveries"]
+same = (b["token_sha256"], b["env_sha256"]) == (members[1]["token_sha256"], members[1]["env_sha256"])
+print(f"branch {b['id']}: sandbox from {start['source']} + {start['replayed_steps']} steps replayed; "
+      f"tokens and files {'identical to' if same else 'DIFFERENT from'} {members[1]['id']}'s")
+ok = record["forked"] == 4 and all(m["status"] == "completed" for m in members) and same
+print("GROUPS:", "forked, completed, and the branch replayed its parent exactly" if ok else "FAILED: see above")
+sys.exit(0 if ok else 1)
+PY
+
 # Training: a few GRPO iterations of the warm-started model on the learn tasks (published
 # into the running engines), undisturbed and then with an engine crash, a sandbox crash
 # and the trainer's death; the two runs must end on the same weights.
@@ -54,9 +83,9 @@ TRAIN_WORKLOAD=examples/workloads/learn.yaml
 TRAIN_ARGS=(--iterations 3 --tasks-per-iteration 4 --group-size 2 --seed 5 --no-heldout --json)
 TRAIN_FAULTS="engine-crash@iteration=0,sandbox-crash@iteration=1,trainer-crash@iteration=1"
 echo
-echo "== 3/4: belayer train $TRAIN_WORKLOAD, 3 iterations, no faults (the reference)"
+echo "== 4/5: belayer train $TRAIN_WORKLOAD, 3 iterations, no faults (the reference)"
 $BELAYER train "$TRAIN_WORKLOAD" "${TRAIN_ARGS[@]}" > "$out/train-reference.json"
-echo "== 4/4: the same run with $TRAIN_FAULTS"
+echo "== 5/5: the same run with $TRAIN_FAULTS"
 $BELAYER train "$TRAIN_WORKLOAD" "${TRAIN_ARGS[@]}" --chaos "$TRAIN_FAULTS" > "$out/train-chaos.json"
 .venv/bin/python - "$out/train-reference.json" "$out/train-chaos.json" <<'PY'
 import json, sys
