@@ -116,16 +116,15 @@ async def _fork_reused(record: GroupRecord, reuse: GroupRecord, prompt, trajecto
     except ActivityError as err:
         record.notes.append(f"the setup of {reuse.group} could not be forked again: {_cause(err)}; set up anew")
         return None
+    if not any(outcome.handle for outcome in forked.forks):
+        record.notes.append(f"no fork of {reuse.group}'s setup started ({forked.forks[0].error}); set up anew")
+        return None
     record.fork_s = _since(started)
     record.reused_from = reuse.group
     record.origin, record.setup_sandbox = reuse.origin, reuse.setup_sandbox
     starts: list[ForkStart | None] = [ForkStart(parent=record.group, prompt=prompt) for _ in trajectory_ids]
     _take_forks(record, forked, starts, trajectory_ids, prompt, started)
-    if record.forked:
-        return starts
-    record.notes.append(f"no fork of {reuse.group}'s setup started; set up anew")
-    record.fallback, record.reused_from, record.origin, record.setup_sandbox = "", None, None, None
-    return None
+    return starts
 
 
 def _take_forks(record: GroupRecord, forked, starts: list, trajectory_ids: list[str], prompt, started) -> None:
