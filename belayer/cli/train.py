@@ -249,6 +249,8 @@ def run_report(result, records, settings: dict | None = None) -> dict:
             "rollout_s": r.rollout_s, "train_s": r.train_s, "publish_s": r.publish_s,
             "recovery_s": r.recovery_s, "elapsed_s": r.elapsed_s,
             "tasks": r.tasks, "rewards": r.rewards, "dropped": [d.model_dump() for d in r.dropped], "loss": r.loss,
+            "group_sandboxes": [g.model_dump(mode="json", exclude={"origin", "setup_sandbox"})
+                                for g in r.group_sandboxes],
         } for r in records],
         "final_weights_sha256": records[-1].weights_sha256 if records else None,
     }
