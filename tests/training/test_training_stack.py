@@ -110,13 +110,11 @@ def test_a_run_trains_publishes_and_is_followed(stack, calm, tmp_path):
     versions = [i["weights_version"] for i in iterations]
     assert versions == list(range(versions[0], versions[0] + ITERATIONS))
     assert calm["final_weights_sha256"] == iterations[-1]["weights_sha256"]
-    # trace tasks have a setup to share: each group's two members are forks of one sandbox
-    forked = [(g["task"], g["forked"]) for i in iterations for g in i["group_sandboxes"]]
-    assert forked and all(n == (2 if task.startswith("trace-") else 0) for task, n in forked), forked
-    # later iterations fork the first iteration's set-up checkpoint again (--reuse-setup)
-    reused = [(g["reused_from"], g["task"]) for i in iterations[1:] for g in i["group_sandboxes"]
-              if g["task"].startswith("trace-")]
-    assert reused and all(str(r).endswith(f"-i00000-{task}") for r, task in reused), reused
+    # every task here has a setup to share: each group's two members are forks of one sandbox,
+    # and later iterations fork the first iteration's set-up checkpoint again (--reuse-setup)
+    groups = [(i["iteration"], g) for i in iterations for g in i["group_sandboxes"]]
+    assert len(groups) == ITERATIONS * 4 and all(g["forked"] == 2 for _, g in groups), groups
+    assert all(str(g["reused_from"]).endswith(f"-i00000-{g['task']}") for n, g in groups if n > 0), groups
     learned = [any(len(set(group)) > 1 for group in i["rewards"]) for i in iterations]
     assert any(learned), "no group with differing rewards: pick another --seed for this test"
     previous = [built_weights_sha256(), *(i["weights_sha256"] for i in iterations)]
