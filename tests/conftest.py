@@ -24,10 +24,13 @@ from belayer.storage.s3client import make_s3_client
 
 
 def free_port_block(count: int, *, with_grpc: bool) -> list[int]:
-    """`count` free loopback ports (and each +10000 for SeaweedFS' gRPC when asked)."""
+    """`count` free loopback ports (and each +10000 for SeaweedFS' gRPC when asked), all
+    below the kernel's ephemeral range (32768 on): a port free now but in that range can be
+    handed to another service's outgoing or internal socket (Temporal's dev server opens
+    some) before ours binds it."""
     rng = random.SystemRandom()
     for _ in range(200):
-        base = rng.randrange(30000, 39000, 10)
+        base = rng.randrange(12000, 22000, 10)
         ports = [base + i for i in range(count)]
         needed = ports + ([p + 10000 for p in ports] if with_grpc else [])
         if not any(port_in_use("127.0.0.1", p) for p in needed):
