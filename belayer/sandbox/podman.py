@@ -116,6 +116,10 @@ class PodmanBackend:
     def netns_name(sandbox_id: str) -> str:
         return f"belayer-{sandbox_id}"
 
+    @classmethod
+    def netns_path(cls, sandbox_id: str) -> str:
+        return f"/run/netns/{cls.netns_name(sandbox_id)}"
+
     @staticmethod
     def container_name(sandbox_id: str, generation: int) -> str:
         return f"{sandbox_id}-g{generation}"
@@ -129,9 +133,9 @@ class PodmanBackend:
     def ensure_host_side(self, sandbox_id: str) -> None:
         """The network namespace (loopback up) and the channel directory of a lineage."""
         ns = self.netns_name(sandbox_id)
-        if not Path("/run/netns", ns).exists():
+        if not Path(self.netns_path(sandbox_id)).exists():
             r = subprocess.run(["ip", "netns", "add", ns], capture_output=True, text=True)
-            if r.returncode != 0 and not Path("/run/netns", ns).exists():
+            if r.returncode != 0 and not Path(self.netns_path(sandbox_id)).exists():
                 raise RuntimeUnavailable(f"`ip netns add {ns}` failed: {r.stderr.strip()} (needs root and iproute2)")
         subprocess.run(["ip", "-n", ns, "link", "set", "lo", "up"], capture_output=True, check=False)
         d = self.channel_dir(sandbox_id)
@@ -149,7 +153,7 @@ class PodmanBackend:
         args = [
             "run", "-d", "--name", name, "--hostname", "sandbox",
             "--label", f"{LABEL_SANDBOX}={sandbox_id}", "--label", f"{LABEL_GENERATION}={generation}",
-            f"--network=ns:/run/netns/{self.netns_name(sandbox_id)}",
+            f"--network=ns:{self.netns_path(sandbox_id)}",
             "--cap-drop=ALL", f"--cap-add={CAPS}", "--security-opt=no-new-privileges", "--read-only",
             f"--memory={c.memory_mb}m", f"--memory-swap={c.memory_mb}m", f"--cpus={c.cpus:g}",
             f"--pids-limit={c.pids_limit}",
@@ -258,8 +262,8 @@ class PodmanBackend:
         self.ensure_host_side(sandbox_id)
         name = self.container_name(sandbox_id, generation)
         identity = fork_archive.ForkIdentity(
-            parent_netns=f"/run/netns/{self.netns_name(parent_id)}", parent_channel_dir=str(self.channel_dir(parent_id)),
-            netns=f"/run/netns/{self.netns_name(sandbox_id)}", channel_dir=str(self.channel_dir(sandbox_id)),
+            parent_netns=self.netns_path(parent_id), parent_channel_dir=str(self.channel_dir(parent_id)),
+            netns=self.netns_path(sandbox_id), channel_dir=str(self.channel_dir(sandbox_id)),
             hostname=sandbox_id, labels={LABEL_SANDBOX: sandbox_id, LABEL_GENERATION: str(generation)},
         )  # fmt: skip
         archive = plain_archive.with_name(f"fork-{sandbox_id}.tar")

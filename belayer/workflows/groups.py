@@ -24,7 +24,7 @@ from datetime import timedelta
 from pydantic import BaseModel, ConfigDict, Field
 from temporalio import workflow
 from temporalio.common import RetryPolicy, SearchAttributePair, TypedSearchAttributes
-from temporalio.exceptions import ActivityError, ChildWorkflowError
+from temporalio.exceptions import ActivityError, ApplicationError, ChildWorkflowError
 
 with workflow.unsafe.imports_passed_through():
     from belayer.activities.context import ContextResult, StartContextArgs
@@ -61,7 +61,7 @@ async def prepare(group_id: str, task: Task, trajectory_ids: list[str], queues: 
     try:
         prompt = await _prompt(group_id, task, queues)
     except ActivityError as err:
-        record.fallback = f"the group's prompt could not be tokenized: {_cause(err)}"
+        record.fallback = f"the group's prompt could not be tokenized: {cause_of(err)}"
         return record, [None] * len(trajectory_ids)
     starts: list[ForkStart | None] = [ForkStart(parent=group_id, prompt=prompt) for _ in trajectory_ids]
     if len(trajectory_ids) < 2 or not task.setup:
@@ -96,7 +96,7 @@ async def prepare(group_id: str, task: Task, trajectory_ids: list[str], queues: 
         )
         record.fork_s = _since(at)
     except ActivityError as err:
-        record.fallback = f"could not {stage}: {_cause(err)}; every member creates its own sandbox"
+        record.fallback = f"could not {stage}: {cause_of(err)}; every member creates its own sandbox"
         await _discard(record.setup_sandbox, queues, delete_checkpoints=False)
         return record, starts
     await _discard(record.setup_sandbox, queues, delete_checkpoints=False)  # the origin stays: members recover from it
@@ -114,7 +114,7 @@ async def _fork_reused(record: GroupRecord, reuse: GroupRecord, prompt, trajecto
             on_host=False, summary=f"group {record.group}: fork {len(targets)} sandboxes from {reuse.group}'s setup",
         )
     except ActivityError as err:
-        record.notes.append(f"the setup of {reuse.group} could not be forked again: {_cause(err)}; set up anew")
+        record.notes.append(f"the setup of {reuse.group} could not be forked again: {cause_of(err)}; set up anew")
         return None
     if not any(outcome.handle for outcome in forked.forks):
         record.notes.append(f"no fork of {reuse.group}'s setup started ({forked.forks[0].error}); set up anew")
@@ -157,7 +157,7 @@ async def run_member(input: TrajectoryInput, *, task_queue: str, summary: str,
     except ChildWorkflowError as err:
         return TrajectoryResult(
             trajectory_id=input.trajectory_id, task=input.task.id, status="failed_infra",
-            reason=f"trajectory workflow failed: {_cause(err)}", turns=0, tokens=0, reward=None,
+            reason=f"trajectory workflow failed: {cause_of(err)}", turns=0, tokens=0, reward=None,
             token_sha256=None, env_sha256=None, recoveries=[], checkpoints=0,
         )
 
@@ -202,8 +202,13 @@ def _since(start) -> float:
     return round((workflow.now() - start).total_seconds(), 3)
 
 
-def _cause(err: Exception) -> str:
+def cause_of(err: Exception) -> str:
+    """What really failed under an activity or child workflow error, as one line."""
     cause = err.cause
+    while isinstance(cause, (ActivityError, ChildWorkflowError)) and cause.cause is not None:
+        cause = cause.cause
+    if isinstance(cause, ApplicationError):
+        return f"{cause.type}: {cause.message}"
     return f"{type(cause).__name__}: {cause}" if cause else str(err)
 
 

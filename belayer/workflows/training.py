@@ -26,14 +26,14 @@ from datetime import timedelta
 
 from temporalio import workflow
 from temporalio.common import RetryPolicy, SearchAttributeKey, SearchAttributePair, TypedSearchAttributes
-from temporalio.exceptions import ActivityError, ApplicationError, ChildWorkflowError
+from temporalio.exceptions import ActivityError
 
 with workflow.unsafe.imports_passed_through():
     from belayer.activities.publish import PublishWeightsArgs, PublishWeightsResult
     from belayer.activities.training_log import RecordIterationArgs, StartRunLogArgs
     from belayer.storage.recordlog import RecordLogRef
     from belayer.trainer.models import SkippedGroup, TrainSample, TrainStepArgs, TrainStepResult
-    from belayer.workflows.groups import GroupRecord, run_member
+    from belayer.workflows.groups import GroupRecord, cause_of, run_member
     from belayer.workflows.groups import prepare as prepare_group
     from belayer.workflows.groups import release as release_group
     from belayer.workflows.models import ForkStart, Sampling, TrajectoryInput, TrajectoryResult
@@ -141,7 +141,7 @@ class TrainingWorkflow:
                 retry_policy=STORAGE_RETRY, summary=f"weights version served by {queue}",
             )
         except ActivityError as err:
-            raise RunFailure(f"rollout node queue {queue} does not answer: {_cause(err)}") from None
+            raise RunFailure(f"rollout node queue {queue} does not answer: {cause_of(err)}") from None
 
     # ---------------------------------------------------------------- one iteration
 
@@ -309,7 +309,7 @@ class TrainingWorkflow:
                 summary=f"iteration {iteration}: GRPO step on {len(samples)} trajectories",
             )
         except ActivityError as err:
-            raise RunFailure(f"train step of iteration {iteration} failed: {_cause(err)}") from None
+            raise RunFailure(f"train step of iteration {iteration} failed: {cause_of(err)}") from None
 
     async def _publish(self, version: int, *, weights, summary: str, model: str | None = None) -> None:
         """Publish `version` to every node; all of them serve it before the run goes on."""
@@ -327,7 +327,7 @@ class TrainingWorkflow:
                 summary=f"publish weights v{version} ({summary}) to {queue}",
             )
         except ActivityError as err:
-            raise RunFailure(f"publishing weights v{version} to {queue} failed: {_cause(err)}") from None
+            raise RunFailure(f"publishing weights v{version} to {queue} failed: {cause_of(err)}") from None
 
     def _record(self, iteration, tasks, groups, heldout, dropped, step: TrainStepResult, *, times) -> IterationRecord:
         dropped_names = {d.group for d in dropped}
@@ -363,7 +363,7 @@ class TrainingWorkflow:
                 start_to_close_timeout=timedelta(seconds=60), retry_policy=STORAGE_RETRY, summary=summary,
             )
         except ActivityError as err:
-            raise RunFailure(f"{name} failed: {_cause(err)}") from None
+            raise RunFailure(f"{name} failed: {cause_of(err)}") from None
 
     def _result(self, reason: str = "") -> TrainingResult:
         checkpoint = self.state.checkpoint
@@ -392,12 +392,3 @@ def _advantages(rewards: list[float]) -> list[float]:
 
 def _digest(*parts) -> int:
     return int.from_bytes(hashlib.sha256(":".join(map(str, parts)).encode()).digest()[:8], "big")
-
-
-def _cause(err: Exception) -> str:
-    cause = err.cause
-    while isinstance(cause, (ActivityError, ChildWorkflowError)) and cause.cause is not None:
-        cause = cause.cause
-    if isinstance(cause, ApplicationError):
-        return f"{cause.type}: {cause.message}"
-    return f"{type(cause).__name__}: {cause}" if cause else str(err)
