@@ -136,6 +136,14 @@ class Chaos:
             raise ChaosError(f"podman kill {container} failed: {result.stderr.strip()}")
         return f"container {container}", "podman kill (SIGKILL to every process in it)"
 
+    def container_gone(self, container: str) -> bool:
+        """Whether `container` no longer runs (its trajectory ended and destroyed it)."""
+        from belayer.sandbox.runtime import run_podman
+
+        result = run_podman("inspect", "--format", "{{.State.Running}}", container,
+                            state_dir=self.config.state_dir, cache_dir=self.config.cache_dir)
+        return result.returncode != 0 or result.stdout.strip() != "true"
+
     def _crash_sandbox_host(self) -> tuple[str, str]:
         """The host's worker and every sandbox container on it die together."""
         from belayer.sandbox.podman import LABEL_SANDBOX

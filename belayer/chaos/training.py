@@ -111,6 +111,12 @@ class TrainingChaos:
         try:
             report = await asyncio.to_thread(self.chaos.inject, planned.fault, sandbox_container=container)
         except ChaosError as exc:
+            if container and await asyncio.to_thread(self.chaos.container_gone, container):
+                # the target ended between the look and the fault and its sandbox went with it:
+                # aim again at whatever runs next, as a plan's "or the first chance after" says
+                self.faults.remove(record)
+                self.pending.insert(0, planned)
+                return
             record["recovered_by"] = f"not injected: {exc}"
             self.say(f"fault {record['kind']}: {record['recovered_by']}")
             return
