@@ -35,6 +35,7 @@ from concurrent.futures import ThreadPoolExecutor
 import click
 
 from belayer.bench.env_recovery import INSTALL, build_wheel, wheel_setup
+from belayer.bench.machine import spread
 
 
 def setup_commands(scale: float) -> list[str]:
@@ -160,11 +161,6 @@ def run_independent(host, spec, group_size: int, concurrency: int) -> dict:
     for h in handles:
         host.backend.destroy(h.sandbox_id)
     return {"ready_s": ready_s, "hashes": hashes}
-
-
-def spread(values: list[float]) -> dict:
-    return {"min": round(min(values), 3), "median": round(statistics.median(values), 3),
-            "max": round(max(values), 3)}  # fmt: skip
 
 
 def run_bench(config, *, group_size: int, repetitions: int, scale: float, concurrency: int | None, store=None,

@@ -29,7 +29,6 @@ import json
 import os
 import random
 import re
-import statistics
 import sys
 import time
 from collections.abc import Callable
@@ -38,6 +37,7 @@ from pathlib import Path
 
 import click
 
+from belayer.bench import machine
 from belayer.chaos.faults import node_roles
 
 MODES = ("protected", "unprotected", "belayer_faulted", "baseline_faulted")
@@ -188,11 +188,7 @@ def account(attempts: list[dict], faults: list[dict], run_start: float, run_end:
 
 
 def spread(values: list[float | None]) -> dict | None:
-    values = [v for v in values if v is not None]
-    if not values:
-        return None
-    return {"min": round(min(values), 4), "median": round(statistics.median(values), 4),
-            "max": round(max(values), 4)}
+    return machine.spread(values, digits=4)
 
 
 def pct(value: float, base: float) -> float | None:

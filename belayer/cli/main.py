@@ -179,6 +179,7 @@ def _register_optional_commands() -> None:
         (bench, "belayer.bench.history", "long_trajectory"),
         (bench, "belayer.bench.training", "training"),
         (bench, "belayer.bench.fork", "fork"),
+        (bench, "belayer.bench.turn_overhead", "turn_overhead"),
         (main, "belayer.model.cli", "model"),
     ]
     import importlib

@@ -1,0 +1,21 @@
+"""What every benchmark records beside its figures: the spread of its repetitions and the
+machine it ran on (cores, load), so a reader can tell a slow run from a busy machine."""
+
+from __future__ import annotations
+
+import os
+import statistics
+
+
+def spread(values, digits: int = 3) -> dict | None:
+    """min / median / max of the values given (None ones dropped); None when there are none."""
+    values = [v for v in values if v is not None]
+    if not values:
+        return None
+    return {"min": round(min(values), digits), "median": round(statistics.median(values), digits),
+            "max": round(max(values), digits)}
+
+
+def machine_load() -> dict:
+    """Cores this process may use and the 1 / 5 / 15-minute load averages now."""
+    return {"cores": len(os.sched_getaffinity(0)), "load_avg": [round(x, 2) for x in os.getloadavg()]}

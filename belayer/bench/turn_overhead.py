@@ -1,0 +1,365 @@
+"""`belayer bench turn-overhead`: what Belayer's turn loop costs beside the work of a turn.
+
+One trace task runs, one trajectory at a time, two ways, `--repetitions` times with the
+order rotated each repetition:
+
+  belayer -- a `TrajectoryWorkflow` on the running stack (Temporal, the rollout node, the
+             sandbox worker, the trajectory worker), checkpoint policy `none`: checkpoints
+             are `belayer bench overhead`'s subject, this bench isolates the loop itself;
+  plain   -- the loop written the obvious way: one asyncio program that drives a plain vLLM
+             engine (the node engines' settings, `plain_engine.py`) and a sandbox of the same
+             kind through `SandboxHost` directly; no Temporal, no token log, no checkpoints.
+             It tokenizes each observation into its context, as any agent loop must.
+
+Both clocks run from the first generation request to the moment the next action could
+start after the last turn (Belayer: the next activity is scheduled; plain: the last
+observation is in the context), so sandbox creation and the final check are outside.
+`orchestration_ms_per_turn` is the difference per turn (medians). Belayer's share is split
+from the workflow's own history:
+
+  dispatch        -- activity scheduled -> picked up by a worker (Temporal matching, polls);
+  workflow_tasks  -- an activity's completion -> the next one scheduled (workflow task
+                     rounds: scheduling, the worker's replay of the event, its decision);
+  in_activities   -- activity time beyond the engine's work and the action's own duration:
+                     object-store reads and writes of token logs, observations and the step
+                     log, tokenizing, the sandbox channel;
+  other           -- the rest of the difference (e.g. the engines' speed differing between
+                     runs; it may be negative).
+
+What is simulated: nothing; the accelerator share assumes a 1-second turn of work.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import statistics
+import sys
+import threading
+import time
+import uuid
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import click
+
+from belayer.bench.machine import machine_load, spread
+from belayer.workloads.models import TraceTask
+
+MODES = ("belayer", "plain")
+DEFAULT_WORKLOAD = Path(__file__).resolve().parents[2] / "examples" / "workloads" / "turn-overhead.yaml"
+ACCELERATOR_TURN_S = 1.0
+RUN_TIMEOUT_S = 600
+
+
+# ---------------------------------------------------------------- Belayer's side
+
+
+@dataclass
+class ActivitySpan:
+    """One activity of a workflow run, from its history (seconds since the epoch)."""
+
+    name: str
+    scheduled: float
+    started: float
+    completed: float
+    work_s: float = 0.0  # the engine's or the action's own time inside it
+
+
+@dataclass
+class LoopSplit:
+    """Belayer's turn loop, from one workflow history: the window and where it went."""
+
+    turns: int
+    loop_s: float
+    dispatch_s: float
+    workflow_tasks_s: float
+    in_activities_s: float
+    work_s: float
+
+
+def split_turn_loop(spans: list[ActivitySpan], turns: int) -> LoopSplit:
+    """The window from the first `generate` scheduled to the first activity scheduled after
+    the `turns`-th `append_observation` completed, and its parts. Activities of the loop run
+    one after another (policy `none`), so consecutive spans tile the window."""
+    spans = sorted(spans, key=lambda s: s.scheduled)
+    first = next(i for i, s in enumerate(spans) if s.name == "generate")
+    appends = [i for i, s in enumerate(spans) if s.name == "append_observation" and i > first]
+    if len(appends) < turns:
+        raise click.ClickException(f"the workflow logged {len(appends)} observations, the trace has {turns} turns")
+    last = appends[turns - 1]
+    if last + 1 >= len(spans):
+        raise click.ClickException("the workflow scheduled nothing after its last turn")
+    loop = spans[first:last + 1]
+    end = spans[last + 1].scheduled
+    return LoopSplit(
+        turns=turns,
+        loop_s=end - loop[0].scheduled,
+        dispatch_s=sum(s.started - s.scheduled for s in loop),
+        workflow_tasks_s=sum(nxt.scheduled - s.completed for s, nxt in zip(loop, spans[first + 1:last + 2], strict=True)),
+        in_activities_s=sum(s.completed - s.started - s.work_s for s in loop),
+        work_s=sum(s.work_s for s in loop),
+    )
+
+
+async def activity_spans(client, handle) -> list[ActivitySpan]:
+    """Every activity's first scheduling, start and completion in the run's history, with
+    the work it reports (the engine's time for `generate`, the action's for `sandbox.exec`)."""
+    from temporalio.api.enums.v1 import EventType
+
+    from belayer.activities.generate import GenerateResult
+    from belayer.activities.sandbox import ExecResult
+
+    history = await handle.fetch_history()
+    scheduled: dict[int, tuple[str, float]] = {}
+    started: dict[int, float] = {}
+    spans = []
+    for event in history.events:
+        at = event.event_time.ToDatetime().timestamp()
+        if event.event_type == EventType.EVENT_TYPE_ACTIVITY_TASK_SCHEDULED:
+            scheduled[event.event_id] = (event.activity_task_scheduled_event_attributes.activity_type.name, at)
+        elif event.event_type == EventType.EVENT_TYPE_ACTIVITY_TASK_STARTED:
+            started[event.activity_task_started_event_attributes.scheduled_event_id] = at
+        elif event.event_type == EventType.EVENT_TYPE_ACTIVITY_TASK_COMPLETED:
+            attrs = event.activity_task_completed_event_attributes
+            name, when = scheduled[attrs.scheduled_event_id]
+            span = ActivitySpan(name, when, started[attrs.scheduled_event_id], at)
+            if name == "generate":
+                (result,) = await client.data_converter.decode(attrs.result.payloads, [GenerateResult])
+                span.work_s = max(result.timing.total_s - result.timing.queue_s, 0.0)
+            elif name == "sandbox.exec":
+                (result,) = await client.data_converter.decode(attrs.result.payloads, [ExecResult])
+                span.work_s = result.observation.duration_s
+            spans.append(span)
+    return spans
+
+
+async def run_belayer(config, client, task: TraceTask) -> LoopSplit:
+    from belayer.client import start_trajectory, trajectory_input
+
+    policy = config.policy.model_copy(update={"mode": "none"})
+    started = trajectory_input(config, task).model_copy(
+        update={"trajectory_id": f"bench-turns-{uuid.uuid4().hex[:8]}", "policy": policy})
+    handle = await start_trajectory(client, config, started)
+    result = await asyncio.wait_for(handle.result(), RUN_TIMEOUT_S)
+    if result.status not in ("completed", "failed_policy"):
+        raise click.ClickException(f"trajectory {result.trajectory_id} ended {result.status}: {result.reason}")
+    return split_turn_loop(await activity_spans(client, handle), len(task.turns))
+
+
+# ---------------------------------------------------------------- the plain loop
+
+
+@dataclass
+class PlainRun:
+    turns: int
+    loop_s: float
+    work_s: float
+
+
+@dataclass
+class _Request:
+    tokens: list[int] = field(default_factory=list)
+    done: threading.Event = field(default_factory=threading.Event)
+
+
+class PlainLoop:
+    """The obvious agent loop: generate, run the command, tokenize the observation, repeat."""
+
+    def __init__(self, config):
+        from tokenizers import Tokenizer
+
+        from belayer.bench.plain_engine import PlainEngine
+        from belayer.bench.worker_recovery import plain_spec
+        from belayer.model.build import model_path
+        from belayer.sandbox.host import make_host
+
+        model_dir = model_path(config.rollout.model)
+        self.tokenizer = Tokenizer.from_file(str(model_dir / "tokenizer.json"))
+        self.host = make_host(config, host_queue="belayer-bench-plain-loop")
+        self.requests: dict[str, _Request] = {}
+        self.engine = PlainEngine(plain_spec(config.rollout, model_dir), self._on_delta).start()
+        self.engine.wait_ready(RUN_TIMEOUT_S)
+
+    def close(self) -> None:
+        self.engine.close()
+
+    def _on_delta(self, request_id: str, token_ids: list[int], finished: bool) -> None:
+        request = self.requests[request_id]
+        request.tokens.extend(token_ids)
+        if finished:
+            request.done.set()
+
+    async def _generate(self, context: list[int], max_tokens: int, seed: int) -> tuple[list[int], float]:
+        from belayer.workers.rollout.protocol import SamplingSpec
+
+        request_id = uuid.uuid4().hex
+        request = self.requests[request_id] = _Request()
+        t0 = time.monotonic()
+        self.engine.add(request_id, context, SamplingSpec(max_tokens=max_tokens, seed=seed, ignore_eos=True),
+                        max_tokens)
+        if not await asyncio.to_thread(request.done.wait, RUN_TIMEOUT_S):
+            raise click.ClickException("the plain engine did not finish a generation")
+        del self.requests[request_id]
+        return request.tokens, time.monotonic() - t0
+
+    async def run(self, task: TraceTask) -> PlainRun:
+        from belayer.activities.context import OBSERVATION_TEMPLATE, PROMPT_TEMPLATE, observation_text
+        from belayer.sandbox.models import Action, SandboxSpec
+
+        def encode(text: str) -> list[int]:
+            return self.tokenizer.encode(text, add_special_tokens=False).ids
+
+        trajectory = f"plain-{uuid.uuid4().hex[:8]}"
+        handle = await asyncio.to_thread(self.host.create, SandboxSpec(setup_commands=task.setup))
+        try:
+            context = encode(PROMPT_TEMPLATE.format(instruction=f"replay trace {task.id}"))
+            work = 0.0
+            t0 = time.monotonic()
+            for step, turn in enumerate(task.turns, start=1):
+                generated, gen_s = await self._generate(context, turn.think_tokens, seed=step)
+                self.tokenizer.decode(generated)
+                context += generated
+                action = Action(trajectory=trajectory, step=step, command=turn.bash)
+                observation = await asyncio.to_thread(self.host.exec, handle, action)
+                context += encode(OBSERVATION_TEMPLATE.format(body=observation_text(observation)))
+                work += gen_s + observation.duration_s
+            return PlainRun(turns=len(task.turns), loop_s=time.monotonic() - t0, work_s=work)
+        finally:
+            await asyncio.to_thread(self.host.destroy, handle)
+
+
+# ---------------------------------------------------------------- the benchmark
+
+
+def schedule(repetitions: int) -> list[tuple[int, str]]:
+    """(repetition, mode), the order rotated each repetition."""
+    return [(rep, MODES[(rep + i) % len(MODES)]) for rep in range(repetitions) for i in range(len(MODES))]
+
+
+def summarize(belayer: list[LoopSplit], plain: list[PlainRun], *, task: TraceTask, load: dict) -> dict:
+    turns = len(task.turns)
+
+    def per_turn_ms(values) -> dict:
+        return spread([v / turns * 1000 for v in values])
+
+    loop_b = per_turn_ms(s.loop_s for s in belayer)
+    loop_p = per_turn_ms(r.loop_s for r in plain)
+    overhead = loop_b["median"] - loop_p["median"]
+    parts = {
+        "dispatch_ms": per_turn_ms(s.dispatch_s for s in belayer),
+        "workflow_tasks_ms": per_turn_ms(s.workflow_tasks_s for s in belayer),
+        "in_activities_ms": per_turn_ms(s.in_activities_s for s in belayer),
+    }
+    other = overhead - sum(p["median"] for p in parts.values())
+    accelerator_ms = ACCELERATOR_TURN_S * 1000
+    return {
+        "bench": "turn-overhead",
+        "task": task.id,
+        "turns": turns,
+        "think_tokens_per_turn": round(statistics.mean(t.think_tokens for t in task.turns), 1),
+        "repetitions": len(belayer),
+        "orchestration_ms_per_turn": round(overhead, 1),
+        "orchestration_pct": round(overhead / loop_p["median"] * 100, 1) if loop_p["median"] else None,
+        "accelerator_turn_pct": round(overhead / (accelerator_ms + overhead) * 100, 1),
+        "belayer_turn_ms": loop_b,
+        "plain_turn_ms": loop_p,
+        "work_turn_ms": {"belayer": per_turn_ms(s.work_s for s in belayer),
+                         "plain": per_turn_ms(r.work_s for r in plain)},
+        "split_ms_per_turn": {**parts, "other_ms": round(other, 1)},
+        "machine": load,
+    }
+
+
+async def run_bench(config, task: TraceTask, repetitions: int, say) -> dict:
+    from belayer.temporal_client import connect
+
+    client = await connect(config.temporal, config.storage.encryption_key)
+    say("starting the plain loop's engine (the rollout node's settings)")
+    plain_loop = await asyncio.to_thread(PlainLoop, config)
+    load = machine_load()
+    belayer: list[LoopSplit] = []
+    plain: list[PlainRun] = []
+    try:
+        await plain_loop.run(task)  # warm the plain engine's compiled paths, as the node's are
+        for rep, mode in schedule(repetitions):
+            if mode == "belayer":
+                split = await run_belayer(config, client, task)
+                belayer.append(split)
+                loop_s = split.loop_s
+            else:
+                run = await plain_loop.run(task)
+                plain.append(run)
+                loop_s = run.loop_s
+            say(f"repetition {rep + 1}/{repetitions} {mode:8s}: {len(task.turns)} turns in {loop_s:.2f}s "
+                f"({loop_s / len(task.turns) * 1000:.0f} ms/turn)")
+    finally:
+        await asyncio.to_thread(plain_loop.close)
+    return summarize(belayer, plain, task=task, load=load | {"after": machine_load()["load_avg"]})
+
+
+def _load_task(workload: Path, task_id: str | None) -> TraceTask:
+    from belayer.bench.overhead import _load_task as load
+
+    return load(workload, task_id)
+
+
+@click.command("turn-overhead")
+@click.option("--workload", type=click.Path(exists=True, dir_okay=False, path_type=Path),
+              default=DEFAULT_WORKLOAD, show_default=True, help="Workload file with the trace task to run.")
+@click.option("--task", "task_id", default=None, help="Trace task of the workload (default: the first).")
+@click.option("--repetitions", default=3, show_default=True, type=click.IntRange(1, 50),
+              help="Runs of each mode, interleaved; figures are min / median / max.")
+@click.option("--json", "as_json", is_flag=True, help="Print one JSON object on stdout.")
+@click.pass_context
+def turn_overhead(ctx: click.Context, workload: Path, task_id: str | None, repetitions: int, as_json: bool) -> None:
+    """Per-turn orchestration cost of Belayer's workflow against a plain asyncio loop.
+
+    Needs the running stack (`belayer up`); the plain loop starts its own engine with the
+    rollout node's model and settings, and its own sandbox on this host.
+    """
+    from rich.console import Console
+
+    from belayer.cli.main import config_from
+
+    config = config_from(ctx.find_root())
+    task = _load_task(workload, task_id)
+    err = Console(stderr=True)
+    report = asyncio.run(run_bench(config, task, repetitions, lambda m: err.print(m, highlight=False)))
+    if as_json:
+        click.echo(json.dumps(report, indent=2))
+    else:
+        print_report(report)
+    sys.stdout.flush()
+    # Exit without interpreter teardown: the Temporal SDK can abort at exit (docs/design.md §7).
+    os._exit(0)
+
+
+def print_report(report: dict) -> None:
+    from rich.console import Console
+    from rich.table import Table
+
+    n = report["repetitions"]
+    table = Table(title=f"turn loop, {report['turns']} turns of ~{report['think_tokens_per_turn']} tokens "
+                        f"(ms per turn; min / median / max of {n})")
+    for column in ("", "min", "median", "max"):
+        table.add_column(column)
+
+    def row(label: str, figures: dict) -> None:
+        table.add_row(label, *(f"{figures[k]:.1f}" for k in ("min", "median", "max")))
+
+    row("belayer", report["belayer_turn_ms"])
+    row("plain loop", report["plain_turn_ms"])
+    for name, figures in report["split_ms_per_turn"].items():
+        if isinstance(figures, dict):
+            row(f"  {name.removesuffix('_ms')}", figures)
+    out = Console()
+    out.print(table)
+    out.print(f"orchestration {report['orchestration_ms_per_turn']} ms per turn "
+              f"({report['orchestration_pct']}% of the plain loop's turn; other "
+              f"{report['split_ms_per_turn']['other_ms']} ms); on an accelerator's 1-second turn it would be "
+              f"{report['accelerator_turn_pct']}%")
+    machine = report["machine"]
+    out.print(f"machine: {machine['cores']} cores, load average {machine['load_avg']} before, "
+              f"{machine['after']} after")
