@@ -20,6 +20,7 @@ dependencies at import time: it only imports pydantic models and temporalio here
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import functools
 import time
 
@@ -206,6 +207,7 @@ class RolloutActivities:
         stored = PartialTokens(tokens=0)
         reading: asyncio.Future | None = None
         storing: asyncio.Future | None = None
+        ended = _ended_event(handle)
         while not handle.done():
             if reading is None:
                 reading = asyncio.ensure_future(asyncio.to_thread(_sampled_so_far, handle))
@@ -218,7 +220,9 @@ class RolloutActivities:
                 stored = storing.result() if storing.exception() is None else stored
                 storing = None
             activity.heartbeat(stored.model_dump())
-            await asyncio.sleep(every)
+            with contextlib.suppress(TimeoutError):
+                # the end wakes this at once: a turn never waits out a heartbeat interval
+                await asyncio.wait_for(ended.wait(), every)
         for pending in (reading, storing):
             if pending is not None:
                 await asyncio.gather(pending, return_exceptions=True)
@@ -251,6 +255,19 @@ class RolloutActivities:
         except (StorageError, ValueError):
             return SampledTokens()
         return sampled.first(partial.tokens)
+
+
+def _ended_event(handle) -> asyncio.Event:
+    """An event of the running loop that the node's thread sets when `handle` ends."""
+    loop = asyncio.get_running_loop()
+    ended = asyncio.Event()
+
+    def wake() -> None:
+        with contextlib.suppress(RuntimeError):  # the loop closed: nobody waits any more
+            loop.call_soon_threadsafe(ended.set)
+
+    handle.when_done(wake)
+    return ended
 
 
 def _sampled(completion) -> SampledTokens:

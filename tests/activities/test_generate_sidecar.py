@@ -4,7 +4,9 @@ tests/rollout/test_generate_activity.py checks the same on a real engine."""
 
 from __future__ import annotations
 
+import asyncio
 import dataclasses
+import threading
 import time
 from datetime import timedelta
 from types import SimpleNamespace
@@ -12,6 +14,7 @@ from types import SimpleNamespace
 import pytest
 from temporalio.testing import ActivityEnvironment
 
+from belayer.activities import generate as generate_activity
 from belayer.activities.generate import GenerateArgs, PartialTokens, RolloutActivities, SamplingParams
 from belayer.model.build import model_path
 from belayer.storage.generation import SampledTokens, decode_sampled, encode_sampled, read_generation
@@ -59,6 +62,10 @@ class ScriptedHandle:
 
     def done(self) -> bool:
         return self._count() == len(self.sampled)
+
+    def when_done(self, callback) -> None:
+        left = self.per_token_s * len(self.sampled) - (time.monotonic() - self.started)
+        threading.Timer(max(left, 0.0) + 0.001, callback).start()
 
     def result(self, timeout=None):
         tokens, logprobs, versions = (list(column) for column in zip(*self.sampled, strict=True))
@@ -111,6 +118,17 @@ async def test_a_turn_stores_one_logprob_and_version_per_token(store):
     assert read_generation(store, result.generation) == (expected(40).logprobs, expected(40).versions)
     assert result.weights_versions == [1, 2]
     assert read_marks(store, result.prefix) == [Span(0, len(PROMPT), "env"), Span(len(PROMPT), 90, "model")]
+
+
+async def test_a_turn_returns_when_its_request_ends_not_at_the_next_heartbeat(store, monkeypatch):
+    """Heartbeats an hour apart: the turn still ends with its request (the node wakes the
+    activity); before, it slept out the interval (a second per turn on the stack)."""
+    monkeypatch.setattr(generate_activity, "MAX_HEARTBEAT_EVERY_S", 3600.0)
+    ref = context(store, "traj/sc/w")
+    acts = RolloutActivities(ScriptedNode(per_token_s=0.005), store, "node-q")
+    turn = ActivityEnvironment().run(acts.generate, GenerateArgs(prefix=ref, sampling=SAMPLING))
+    result = await asyncio.wait_for(turn, timeout=120)  # a liveness bound, far below the interval
+    assert result.output_tokens == 40
 
 
 async def test_heartbeated_tokens_carry_their_logprobs_and_versions(store):

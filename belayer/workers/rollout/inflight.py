@@ -50,6 +50,19 @@ class InFlight:
     recoveries: list[str] = field(default_factory=list)
     done: threading.Event = field(default_factory=threading.Event)
     on_progress: Callable[[int], None] | None = None
+    done_callbacks: list[Callable[[], None]] = field(default_factory=list)
+
+    def when_done(self, callback: Callable[[], None]) -> None:
+        """Call `callback` once the request ends (from the node's thread), or now if it has
+        ended; it may be called twice when the end races the registration."""
+        self.done_callbacks.append(callback)
+        if self.done.is_set():
+            callback()
+
+    def set_done(self) -> None:
+        self.done.set()
+        for callback in list(self.done_callbacks):
+            callback()
 
     @property
     def remaining(self) -> int:
@@ -116,12 +129,12 @@ class InFlightLog:
     def finish(self, record: InFlight, reason: str) -> None:
         record.finish_reason = reason
         self._forget(record)
-        record.done.set()
+        record.set_done()
 
     def fail(self, record: InFlight, error: RolloutError) -> None:
         record.error = error
         self._forget(record)
-        record.done.set()
+        record.set_done()
 
     def _forget(self, record: InFlight) -> None:
         self.records.pop(record.request_id, None)

@@ -96,6 +96,10 @@ class RequestHandle:
     def done(self) -> bool:
         return self._record.done.is_set()
 
+    def when_done(self, callback: Callable[[], None]) -> None:
+        """Call `callback` from the node's thread when the request ends (now if it has)."""
+        self._record.when_done(callback)
+
     def result(self, timeout: float | None = None) -> Completion:
         if not self._record.done.wait(timeout):
             raise TimeoutError(f"request {self.request_id} not finished after {timeout} s")
