@@ -19,10 +19,12 @@ from the workflow's own history:
 
   dispatch        -- activity scheduled -> picked up by a worker (Temporal matching, polls);
   workflow_tasks  -- an activity's completion -> the next one scheduled (workflow task
-                     rounds: scheduling, the worker's replay of the event, its decision);
+                     rounds: scheduling, the worker's replay of the event, its decision,
+                     and the context activity that appends the observation, which runs
+                     locally inside the workflow task after each action);
   in_activities   -- activity time beyond the engine's work and the action's own duration:
-                     object-store reads and writes of token logs, observations and the step
-                     log, tokenizing, the sandbox channel;
+                     object-store reads and writes of the token log and the observation,
+                     the sandbox channel;
   other           -- the rest of the difference (e.g. the engines' speed differing between
                      runs; it may be negative).
 
@@ -81,14 +83,17 @@ class LoopSplit:
 
 def split_turn_loop(spans: list[ActivitySpan], turns: int) -> LoopSplit:
     """The window from the first `generate` scheduled to the first activity scheduled after
-    the `turns`-th `append_observation` completed, and its parts. Activities of the loop run
-    one after another (policy `none`), so consecutive spans tile the window."""
+    the `turns`-th action (and its `append_observation`, when that ran as an activity of its
+    own rather than locally inside a workflow task), and its parts. Activities of the loop
+    run one after another (policy `none`), so consecutive spans tile the window."""
     spans = sorted(spans, key=lambda s: s.scheduled)
     first = next(i for i, s in enumerate(spans) if s.name == "generate")
-    appends = [i for i, s in enumerate(spans) if s.name == "append_observation" and i > first]
-    if len(appends) < turns:
-        raise click.ClickException(f"the workflow logged {len(appends)} observations, the trace has {turns} turns")
-    last = appends[turns - 1]
+    actions = [i for i, s in enumerate(spans) if s.name == "sandbox.exec" and i > first]
+    if len(actions) < turns:
+        raise click.ClickException(f"the workflow ran {len(actions)} actions, the trace has {turns} turns")
+    last = actions[turns - 1]
+    if last + 1 < len(spans) and spans[last + 1].name == "append_observation":
+        last += 1
     if last + 1 >= len(spans):
         raise click.ClickException("the workflow scheduled nothing after its last turn")
     loop = spans[first:last + 1]
@@ -97,7 +102,8 @@ def split_turn_loop(spans: list[ActivitySpan], turns: int) -> LoopSplit:
         turns=turns,
         loop_s=end - loop[0].scheduled,
         dispatch_s=sum(s.started - s.scheduled for s in loop),
-        workflow_tasks_s=sum(nxt.scheduled - s.completed for s, nxt in zip(loop, spans[first + 1:last + 2], strict=True)),
+        workflow_tasks_s=sum(nxt.scheduled - s.completed
+                             for s, nxt in zip(loop, spans[first + 1:last + 2], strict=True)),
         in_activities_s=sum(s.completed - s.started - s.work_s for s in loop),
         work_s=sum(s.work_s for s in loop),
     )

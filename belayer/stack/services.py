@@ -102,6 +102,12 @@ class TemporalDevServer:
             "--ip", self.host, "--port", str(self.port),
             "--ui-port", str(self.cfg.ui_port),
             "--db-filename", str(self.db_file),
+            # Write-ahead log, synced at checkpoints: a commit survives the server's crash
+            # (kill -9, the `temporal-restart` fault), only the machine's own crash could
+            # lose the last ones. The default journal syncs every commit, which several
+            # times per turn is a visible share of a trajectory's turn loop
+            # (`belayer bench turn-overhead`).
+            "--sqlite-pragma", "journal_mode=wal", "--sqlite-pragma", "synchronous=normal",
             "--namespace", self.cfg.namespace,
             "--ui-disable-news-fetch",
             "--log-level", "warn",

@@ -208,11 +208,11 @@ class TokenLog:
         return read_prefix(self.store, ref)
 
 
-class _RecentHeads:
+class _Recent:
     """Per log (in one bucket and key prefix): the longest prefix this process has seen,
-    as (length, hash state); the least recently used logs are forgotten."""
+    as (length, value); the least recently used logs are forgotten."""
 
-    def __init__(self, kept: int = 4096):
+    def __init__(self, kept: int):
         self.kept = kept
         self.lock = threading.Lock()
         self.states: OrderedDict[tuple, tuple[int, Any]] = OrderedDict()
@@ -223,20 +223,30 @@ class _RecentHeads:
         place = (cfg.endpoint, cfg.bucket, cfg.key_prefix) if cfg is not None else id(store)
         return (place, key)
 
-    def remember(self, store: ObjectStore, key: str, length: int, hasher) -> None:
+    def remember(self, store: ObjectStore, key: str, length: int, value) -> None:
         where = self._where(store, key)
         with self.lock:
             known = self.states.get(where)
             if known is None or known[0] <= length:
-                self.states[where] = (length, hasher.copy())
+                self.states[where] = (length, value)
             self.states.move_to_end(where)
             while len(self.states) > self.kept:
                 self.states.popitem(last=False)
 
     def latest(self, store: ObjectStore, key: str) -> tuple[int, Any] | None:
         with self.lock:
-            known = self.states.get(self._where(store, key))
-            return (known[0], known[1].copy()) if known is not None else None
+            return self.states.get(self._where(store, key))
+
+
+class _RecentHeads(_Recent):
+    """Hash states (copied in and out: callers go on hashing), for appenders."""
+
+    def remember(self, store: ObjectStore, key: str, length: int, hasher) -> None:
+        super().remember(store, key, length, hasher.copy())
+
+    def latest(self, store: ObjectStore, key: str) -> tuple[int, Any] | None:
+        known = super().latest(store, key)
+        return (known[0], known[1].copy()) if known is not None else None
 
 
 def _read_forward(store: ObjectStore, key: str, start: int, length: int) -> bytes | None:
@@ -256,7 +266,10 @@ def _read_forward(store: ObjectStore, key: str, start: int, length: int) -> byte
     return bytes(out) if position == length else None
 
 
-_HEADS = _RecentHeads()
+_HEADS = _RecentHeads(kept=4096)
+# The token bytes themselves, for readers that need the ids (the rollout node, turn after
+# turn); fewer kept, as each holds a context (a 32k-token one is 128 KiB).
+_PREFIXES = _Recent(kept=256)
 
 
 def read_prefix(store: ObjectStore, ref: PrefixRef) -> list[int]:
@@ -265,7 +278,26 @@ def read_prefix(store: ObjectStore, ref: PrefixRef) -> list[int]:
     Raises `CorruptObject` when the log holds fewer tokens, a segment is missing or
     damaged, or the prefix's hash is not the ref's.
     """
-    return decode_tokens(_read_verified(store, ref))
+    return decode_tokens(_read_remembered(store, ref))
+
+
+def _read_remembered(store: ObjectStore, ref: PrefixRef) -> bytes:
+    """`_read_verified`, reading only the segments after the longest prefix of the same log
+    this process read before (segments are write-once; the whole is still checked against
+    `ref.sha256`): a node that serves a trajectory's turns reads each turn's new segments,
+    not its whole context."""
+    key = ref.key.rstrip("/")
+    seen = _PREFIXES.latest(store, key)
+    if seen is not None and seen[0] <= ref.length:
+        tail = _read_forward(store, key, seen[0], ref.length)
+        if tail is not None:
+            data = seen[1][: seen[0] * 4] + tail
+            if hashlib.sha256(data).hexdigest() == ref.sha256:
+                _PREFIXES.remember(store, key, ref.length, data)
+                return data
+    data = _read_verified(store, ref)
+    _PREFIXES.remember(store, key, ref.length, data)
+    return data
 
 
 def read_marks(store: ObjectStore, ref: PrefixRef) -> list[Span]:

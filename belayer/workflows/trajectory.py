@@ -82,6 +82,7 @@ AFFINITY_SCHEDULE_TO_START = timedelta(seconds=10)
 # Both sides heartbeat about every second: a dead worker is noticed within these.
 GENERATE_HEARTBEAT = timedelta(seconds=10)
 SANDBOX_HEARTBEAT = timedelta(seconds=15)
+LOCAL_CONTEXT_PATCH = "context-activities-local"
 
 
 class InfraFailure(Exception):
@@ -621,11 +622,16 @@ class TrajectoryWorkflow:
             raise InfraFailure(f"{name} failed: {_cause(err)}") from None
 
     async def _context_activity(self, name, args, *, summary, result_type=ContextResult):
+        """A context activity; local when this workflow's own worker serves the context
+        queue (the default): it then runs inside the workflow task that follows the action
+        and the next generation is scheduled by that same task, a round trip less per turn.
+        Histories from before (no `LOCAL_CONTEXT_PATCH` marker) replay as remote calls."""
+        options = {"result_type": result_type, "start_to_close_timeout": timedelta(seconds=30),
+                   "retry_policy": STORAGE_RETRY, "summary": summary}
         try:
-            return await workflow.execute_activity(
-                name, args, result_type=result_type, task_queue=self.input.queues.context,
-                start_to_close_timeout=timedelta(seconds=30), retry_policy=STORAGE_RETRY, summary=summary,
-            )
+            if self.input.queues.context == workflow.info().task_queue and workflow.patched(LOCAL_CONTEXT_PATCH):
+                return await workflow.execute_local_activity(name, args, **options)
+            return await workflow.execute_activity(name, args, task_queue=self.input.queues.context, **options)
         except ActivityError as err:
             raise InfraFailure(f"{name} failed: {_cause(err)}") from None
 

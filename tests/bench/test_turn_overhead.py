@@ -45,9 +45,20 @@ def test_the_split_tiles_the_turn_loop_window():
     assert parts == pytest.approx(split.loop_s)
 
 
+def test_with_the_observation_appended_locally_its_time_is_in_the_workflow_task_round():
+    """Local context activities leave no activity span: the round after an action then
+    lasts the append's 30 ms longer, and the window still ends at the next scheduling."""
+    remote = turn(0.0) + turn(0.34) + [ActivitySpan("sandbox.exec", 0.68, 0.69, 0.8)]
+    local = [s for s in remote if s.name != "append_observation"]
+    as_activity, inside_tasks = split_turn_loop(remote, turns=2), split_turn_loop(local, turns=2)
+    assert inside_tasks.loop_s == pytest.approx(as_activity.loop_s)
+    assert inside_tasks.workflow_tasks_s == pytest.approx(as_activity.workflow_tasks_s + 2 * (0.01 + 0.03))
+    assert inside_tasks.in_activities_s == pytest.approx(as_activity.in_activities_s - 2 * 0.03)
+
+
 def test_a_history_shorter_than_the_trace_is_an_error_not_a_figure():
-    with pytest.raises(click.ClickException, match="logged 1 observations, the trace has 2 turns"):
-        split_turn_loop(turn(0.0) + [ActivitySpan("sandbox.exec", 1, 1, 1)], turns=2)
+    with pytest.raises(click.ClickException, match="ran 1 actions, the trace has 2 turns"):
+        split_turn_loop(turn(0.0), turns=2)
     with pytest.raises(click.ClickException, match="nothing after its last turn"):
         split_turn_loop(turn(0.0), turns=1)
 

@@ -210,6 +210,23 @@ def test_resuming_after_another_process_appended_reads_only_the_new_segments(sto
     assert resumed.append([1], source="env").length == len(tokens) + 1
 
 
+def test_reading_a_longer_prefix_of_a_log_read_before_reads_only_its_new_segments(store):
+    """The rollout node reads a trajectory's context every turn: after the first read it
+    fetches the turn's new segments (its own tokens, the observation), not the context."""
+    log = TokenLog.create(store, "traj/reader")
+    for turn in range(30):
+        log.append([turn, turn + 1], source="env")
+    tokens = read_prefix(store, log.head)
+    log.append([5, 5, 5], source="model")
+    longer = log.append([6], source="env")
+    counting = CountingStore(store)
+    assert read_prefix(counting, longer) == tokens + [5, 5, 5, 6]
+    assert counting.reads == 2
+    # what the segments say must still hash to the ref: a wrong one is refused, not trusted
+    with pytest.raises(CorruptObject):
+        read_prefix(counting, PrefixRef(key="traj/reader", length=longer.length, sha256="0" * 64))
+
+
 # ---- source marks ------------------------------------------------------------------------
 
 
