@@ -38,28 +38,39 @@ class ScriptedRollout:
 
         return Tokenizer.from_file(str(self.tokenizer_path))
 
+    @functools.cached_property
+    def context(self):
+        from belayer.activities.context import ContextActivities
+
+        return ContextActivities(self.store, self.tokenizer_path)
+
     @activity.defn(name="generate")
     async def generate(self, args: GenerateArgs) -> GenerateResult:
         from belayer.storage.tokenlog import TokenLog
 
         started = time.monotonic()
-        log = await asyncio.to_thread(TokenLog.resume, self.store, args.prefix)
+        prefix = args.prefix
+        if args.observation is not None:  # appended first, as the real node does
+            prefix = (await asyncio.to_thread(self.context.append_observation_tokens, args.observation))[0].prefix
+        log = await asyncio.to_thread(TokenLog.resume, self.store, prefix)
+        max_tokens = args.sampling.max_tokens
+        if args.max_context is not None:
+            max_tokens = max(0, min(max_tokens, args.max_context - prefix.length))
         turn = self.calls
         self.calls += 1
         if turn < len(self.replies):
             tokens = self.tokenizer.encode(self.replies[turn], add_special_tokens=False).ids
-            tokens = tokens[: args.sampling.max_tokens]
+            tokens = tokens[:max_tokens]
         else:
             vocab = self.tokenizer.get_vocab_size()
-            tokens = [_token_at(args.sampling.seed, args.prefix.length + i, vocab)
-                      for i in range(args.sampling.max_tokens)]
+            tokens = [_token_at(args.sampling.seed, prefix.length + i, vocab) for i in range(max_tokens)]
         if self.per_token_s:
             await asyncio.sleep(self.per_token_s * len(tokens))
         activity.heartbeat({"tokens": len(tokens)})  # a count, as the real activity's
         head = await asyncio.to_thread(log.append, tokens, source="model")
         total = time.monotonic() - started
         return GenerateResult(
-            prefix=head, text=self.tokenizer.decode(tokens, skip_special_tokens=True),
+            prefix=head, segment_start=prefix.length, text=self.tokenizer.decode(tokens, skip_special_tokens=True),
             output_tokens=len(tokens), finish_reason="length",
             timing=EngineTiming(prefill_s=0.0, per_token_s=self.per_token_s, queue_s=0.0, total_s=total),
             node_queue=self.node_queue,

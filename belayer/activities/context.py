@@ -6,15 +6,19 @@ start a trajectory's token log from its prompt, and after every action to append
 stored observation (its text, capped by the sandbox) before the next generation -- both
 marked "env" in the log, so a trainer's loss mask leaves them out -- the
 same call records the step and any completed decisions and recoveries in the
-trajectory's log, so a step costs no extra activity. They run on any worker that has the
-model's tokenizer and the object store (wrapped for archive encryption when configured,
-since observations and log records are encrypted at rest).
+trajectory's log, so a step costs no extra activity. Mostly that append runs inside the
+next turn's `generate` on the rollout node (`GenerateArgs.observation`), through
+`append_observation_tokens`; the activity appends an observation nothing generates after.
+They run on any worker that has the model's tokenizer and the object store (wrapped for
+archive encryption when configured, since observations and log records are encrypted at
+rest); the workflow runs them as local activities of its own worker.
 """
 
 from __future__ import annotations
 
 import asyncio
 import functools
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 from pydantic import BaseModel, Field
@@ -93,6 +97,7 @@ class ContextActivities:
     def __init__(self, store, tokenizer_path: Path):
         self.store = store
         self.tokenizer_path = tokenizer_path
+        self._pool = ThreadPoolExecutor(max_workers=8, thread_name_prefix="belayer-context")
 
     @functools.cached_property
     def tokenizer(self):
@@ -139,20 +144,37 @@ class ContextActivities:
         return ContextResult(prefix=log.head, appended_tokens=0)
 
     def _append_observation(self, args: AppendObservationArgs) -> ContextResult:
+        return self.append_observation_tokens(args)[0]
+
+    def append_observation_tokens(self, args: AppendObservationArgs) -> tuple[ContextResult, list[int]]:
+        """The append, and the tokens it appended (for a caller that holds the context).
+
+        Two rounds of object-store calls, each in parallel, where one after another they
+        would be five or more on every turn: read the observation and the context's head,
+        then write the tokens, the step and the entries. Each write is idempotent and the
+        workflow counts a step only once this returns, so their order does not matter."""
         from belayer.sandbox.observations import load_observation
         from belayer.storage.tokenlog import TokenLog
 
-        observation = load_observation(self.store, args.step.observation)
+        def open_log() -> TokenLog:
+            if args.fork_to:
+                return TokenLog.fork(self.store, args.prefix, args.fork_to)
+            return TokenLog.resume(self.store, args.prefix)
+
+        def write_step() -> None:
+            if args.steps_fork_from is not None:
+                trajectory_log.start_steps(self.store, args.steps_key, fork_from=args.steps_fork_from)
+            trajectory_log.write_step(self.store, args.steps_key, args.step)
+
+        reading = [self._pool.submit(load_observation, self.store, args.step.observation), self._pool.submit(open_log)]
+        observation, log = (future.result() for future in reading)
         tokens = self.encode(OBSERVATION_TEMPLATE.format(body=observation_text(observation)))
-        if args.fork_to:
-            log = TokenLog.fork(self.store, args.prefix, args.fork_to)
-        else:
-            log = TokenLog.resume(self.store, args.prefix)
-        if args.steps_fork_from is not None:
-            trajectory_log.start_steps(self.store, args.steps_key, fork_from=args.steps_fork_from)
-        trajectory_log.write_step(self.store, args.steps_key, args.step)
-        trajectory_log.write_entries(self.store, args.trajectory_id, args.entries)
-        return ContextResult(prefix=log.append(tokens, source="env"), appended_tokens=len(tokens))
+        writing = [self._pool.submit(log.append, tokens, source="env"), self._pool.submit(write_step),
+                   self._pool.submit(trajectory_log.write_entries, self.store, args.trajectory_id, args.entries)]
+        head = writing[0].result()
+        for future in writing[1:]:
+            future.result()
+        return ContextResult(prefix=head, appended_tokens=len(tokens)), tokens
 
 
 def observation_text(observation) -> str:

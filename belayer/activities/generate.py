@@ -24,10 +24,11 @@ import contextlib
 import functools
 import time
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 from temporalio import activity
 from temporalio.exceptions import ApplicationError
 
+from belayer.activities.context import AppendObservationArgs
 from belayer.storage.generation import GenerationRef, SampledTokens
 from belayer.storage.tokenlog import PrefixRef
 
@@ -53,6 +54,19 @@ class SamplingParams(_Model):
 class GenerateArgs(_Model):
     prefix: PrefixRef = Field(description="The context so far, verified by its sha256 before use.")
     sampling: SamplingParams
+    observation: AppendObservationArgs | None = Field(
+        None, description="The previous action's observation, appended after `prefix` (and its step recorded "
+        "in the trajectory's log) before generating: a turn is then one activity here, not two. Its own "
+        "`prefix` is this one.")
+    max_context: int | None = Field(
+        None, ge=1, description="The context's token budget: the turn generates at most what is left of it "
+        "after the observation (nothing when nothing is left).")
+
+    @model_validator(mode="after")
+    def _observation_follows_prefix(self) -> GenerateArgs:
+        if self.observation is not None and self.observation.prefix != self.prefix:
+            raise ValueError("the observation must be appended after this turn's prefix")
+        return self
 
 
 class EngineTiming(_Model):
@@ -77,6 +91,7 @@ class GenerateResult(_Model):
     resumed_tokens: int = Field(
         0, ge=0, description="Tokens carried over from a previous attempt's heartbeat."
     )
+    observation_tokens: int = Field(0, ge=0, description="Tokens the observation appended before this turn's.")
     engine_recoveries: list[str] = Field(
         default_factory=list, description="Takeovers / cold starts during this turn."
     )
@@ -118,6 +133,13 @@ class RolloutActivities:
 
         return Tokenizer.from_file(str(self.node.model_dir / "tokenizer.json"))
 
+    @functools.cached_property
+    def context(self):
+        """The context activities' append, run here for a turn that brings its observation."""
+        from belayer.activities.context import ContextActivities
+
+        return ContextActivities(self.store, self.node.model_dir / "tokenizer.json")
+
     @activity.defn(name="generate")
     async def generate(self, args: GenerateArgs) -> GenerateResult:
         try:
@@ -129,17 +151,20 @@ class RolloutActivities:
 
     async def _generate(self, args: GenerateArgs) -> GenerateResult:
         from belayer.storage.generation import write_generation
-        from belayer.storage.tokenlog import TokenLog, encode_tokens, read_prefix
+        from belayer.storage.tokenlog import TokenLog, encode_tokens, remember_tokens
         from belayer.workers.rollout.protocol import SamplingSpec
 
         started = time.monotonic()
-        context = await asyncio.to_thread(read_prefix, self.store, args.prefix)  # verifies the sha256
+        prefix, context, observation_tokens = await asyncio.to_thread(self._context_of, args)
         # A cut context is forked by the workflow's next append (`fork_to`), never here.
-        log = TokenLog(self.store, args.prefix.key, prefix=encode_tokens(context))
-        resumed = (await asyncio.to_thread(self._resumed)).first(args.sampling.max_tokens)
+        log = TokenLog(self.store, prefix.key, prefix=encode_tokens(context))
         sampling = args.sampling
+        max_tokens = sampling.max_tokens
+        if args.max_context is not None:
+            max_tokens = max(0, min(max_tokens, args.max_context - prefix.length))
+        resumed = (await asyncio.to_thread(self._resumed)).first(max_tokens)
         spec = SamplingSpec(
-            max_tokens=sampling.max_tokens - len(resumed),
+            max_tokens=max_tokens - len(resumed),
             temperature=sampling.temperature,
             top_p=sampling.top_p,
             top_k=sampling.top_k,
@@ -153,7 +178,7 @@ class RolloutActivities:
         if spec.max_tokens > 0:
             handle = await asyncio.to_thread(self.node.submit, context + resumed.tokens, spec, _attempt_id())
             try:
-                completion, stored_now = await self._await_with_heartbeats(handle, resumed, _partial_key(args.prefix))
+                completion, stored_now = await self._await_with_heartbeats(handle, resumed, _partial_key(prefix))
             except asyncio.CancelledError:
                 self.node.cancel(handle.request_id, "activity cancelled")
                 raise
@@ -162,13 +187,14 @@ class RolloutActivities:
             finish_reason, prefill_s = completion.finish_reason, completion.prefill_s
             per_token_s, recoveries = completion.decode_s_per_token, list(completion.recoveries)
         head = await asyncio.to_thread(log.append, produced.tokens, source="model")
+        remember_tokens(self.store, head, context + produced.tokens)  # the next turn reads only what follows
         generation, versions = None, []
         if produced:  # after the segment: an object at this position then always describes these tokens
             generation, versions = await asyncio.to_thread(
-                write_generation, self.store, log.key, args.prefix.length, produced
+                write_generation, self.store, log.key, prefix.length, produced
             )
         if stored:
-            await asyncio.to_thread(self.store.delete, _partial_key(args.prefix))
+            await asyncio.to_thread(self.store.delete, _partial_key(prefix))
         text = self.tokenizer.decode(produced.tokens, skip_special_tokens=True)
         for stop in sampling.stop:
             if stop in text:
@@ -176,7 +202,7 @@ class RolloutActivities:
         total = time.monotonic() - started
         return GenerateResult(
             prefix=head,
-            segment_start=args.prefix.length,
+            segment_start=prefix.length,
             text=text,
             output_tokens=len(produced),
             finish_reason=finish_reason,
@@ -188,10 +214,26 @@ class RolloutActivities:
             ),
             node_queue=self.node_queue,
             resumed_tokens=len(resumed),
+            observation_tokens=observation_tokens,
             engine_recoveries=recoveries,
             generation=generation,
             weights_versions=versions,
         )
+
+    def _context_of(self, args: GenerateArgs) -> tuple[PrefixRef, list[int], int]:
+        """The prefix this turn generates after, its tokens (verified by its sha256) and how
+        many of them the observation appended."""
+        from belayer.storage.errors import CorruptObject
+        from belayer.storage.tokenlog import prefix_sha256, read_prefix
+
+        context = read_prefix(self.store, args.prefix)
+        if args.observation is None:
+            return args.prefix, context, 0
+        appended, tokens = self.context.append_observation_tokens(args.observation)
+        context += tokens
+        if prefix_sha256(context) != appended.prefix.sha256:
+            raise CorruptObject(f"token log {appended.prefix.key!r} does not hold the context plus the observation")
+        return appended.prefix, context, len(tokens)
 
     async def _await_with_heartbeats(self, handle, resumed: SampledTokens, partial_key: str):
         """Heartbeat until the request is done, storing the tokens so far (with their

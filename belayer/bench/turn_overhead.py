@@ -8,8 +8,9 @@ order rotated each repetition:
              are `belayer bench overhead`'s subject, this bench isolates the loop itself;
   plain   -- the loop written the obvious way: one asyncio program that drives a plain vLLM
              engine (the node engines' settings, `plain_engine.py`) and a sandbox of the same
-             kind through `SandboxHost` directly; no Temporal, no token log, no checkpoints.
-             It tokenizes each observation into its context, as any agent loop must.
+             kind, created by `SandboxHost` and driven through its channel directly; no
+             Temporal, no token log, no observation store, no checkpoints. It tokenizes each
+             observation into its context, as any agent loop must.
 
 Both clocks run from the first generation request to the moment the next action could
 start after the last turn (Belayer: the next activity is scheduled; plain: the last
@@ -210,9 +211,21 @@ class PlainLoop:
         del self.requests[request_id]
         return request.tokens, time.monotonic() - t0
 
+    def _exec(self, handle, trajectory: str, step: int, command: str):
+        """The command through the sandbox's channel, as `SandboxHost.exec` runs it but
+        without its lineage check (a plain loop has no recoveries to fence)."""
+        from belayer.sandbox import channel
+        from belayer.sandbox.models import Observation
+
+        cfg = self.host.cfg
+        reply = channel.run_action(self.host.backend.channel_path(handle.sandbox_id), trajectory=trajectory,
+                                   step=step, generation=handle.generation, command=command,
+                                   timeout_s=cfg.action_timeout_s, output_cap=cfg.output_cap_bytes)
+        return Observation.from_supervisor(reply["observation"], replayed=False)
+
     async def run(self, task: TraceTask) -> PlainRun:
         from belayer.activities.context import OBSERVATION_TEMPLATE, PROMPT_TEMPLATE, observation_text
-        from belayer.sandbox.models import Action, SandboxSpec
+        from belayer.sandbox.models import SandboxSpec
 
         def encode(text: str) -> list[int]:
             return self.tokenizer.encode(text, add_special_tokens=False).ids
@@ -227,8 +240,7 @@ class PlainLoop:
                 generated, gen_s = await self._generate(context, turn.think_tokens, seed=step)
                 self.tokenizer.decode(generated)
                 context += generated
-                action = Action(trajectory=trajectory, step=step, command=turn.bash)
-                observation = await asyncio.to_thread(self.host.exec, handle, action)
+                observation = await asyncio.to_thread(self._exec, handle, trajectory, step, turn.bash)
                 context += encode(OBSERVATION_TEMPLATE.format(body=observation_text(observation)))
                 work += gen_s + observation.duration_s
             return PlainRun(turns=len(task.turns), loop_s=time.monotonic() - t0, work_s=work)

@@ -281,6 +281,12 @@ def read_prefix(store: ObjectStore, ref: PrefixRef) -> list[int]:
     return decode_tokens(_read_remembered(store, ref))
 
 
+def remember_tokens(store: ObjectStore, ref: PrefixRef, tokens: list[int]) -> None:
+    """Keep what a writer just appended (`tokens` are `ref`'s whole prefix) for the next
+    `read_prefix` of the same log in this process."""
+    _PREFIXES.remember(store, ref.key.rstrip("/"), ref.length, encode_tokens(tokens))
+
+
 def _read_remembered(store: ObjectStore, ref: PrefixRef) -> bytes:
     """`_read_verified`, reading only the segments after the longest prefix of the same log
     this process read before (segments are write-once; the whole is still checked against

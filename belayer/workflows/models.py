@@ -38,6 +38,10 @@ class TaskQueues(_Model):
     rollout: str = Field("belayer-rollout", description="Shared queue of every rollout node.")
     sandbox: str = Field("belayer-sandbox", description="Shared queue of every sandbox host (create, recover).")
     context: str = Field("belayer-workflows", description="Queue of the context (tokenizer) activities.")
+    context_local: bool = Field(
+        True, description="Run the context activities as local activities of the workflow's own worker (it "
+        "must register them, as Belayer's trajectory worker does): a round trip less per turn. False sends "
+        "them to `context`.")
 
 
 class ForkStart(_Model):

@@ -82,7 +82,11 @@ AFFINITY_SCHEDULE_TO_START = timedelta(seconds=10)
 # Both sides heartbeat about every second: a dead worker is noticed within these.
 GENERATE_HEARTBEAT = timedelta(seconds=10)
 SANDBOX_HEARTBEAT = timedelta(seconds=15)
-LOCAL_CONTEXT_PATCH = "context-activities-local"
+# Histories recorded before it carry no marker of this patch and replay as they ran: the
+# observation appended by a context activity (on the context queue) after every action.
+# With it, the observation rides with the next generation (`GenerateArgs.observation`) and
+# the context activities that remain run locally.
+OBSERVATION_WITH_GENERATION_PATCH = "observation-appended-with-generation"
 
 
 class InfraFailure(Exception):
@@ -107,6 +111,9 @@ class TrajectoryWorkflow:
         self.state = input.carried or TrajectoryState(policy={"config": input.policy})
         self.status: TrajectoryStatus = "running"
         self.pending_checkpoint: asyncio.Task | None = None
+        # The last action's observation, appended by the next generate (or flushed on its own
+        # before anything else reads the context: the end, a recovery, continue-as-new).
+        self.pending_observation: AppendObservationArgs | None = None
         self.first_step_of_run = self.state.step
 
     # ---------------------------------------------------------------- queries
@@ -153,6 +160,7 @@ class TrajectoryWorkflow:
         while not self._finished():
             if self._should_continue_as_new():
                 await self._settle_checkpoint()
+                await self._flush_observation()
                 self._continue_as_new()
             await self._turn()
         await self._settle_checkpoint()
@@ -245,6 +253,8 @@ class TrajectoryWorkflow:
     async def _turn(self) -> None:
         generation = await self._generate()
         await self._settle_checkpoint()
+        if generation is None:
+            return  # the observation filled the context: the loop ends without a turn
         command = self._action_from(generation)
         if command is None:
             self.state.stopped = True
@@ -280,15 +290,20 @@ class TrajectoryWorkflow:
 
     # ---------------------------------------------------------------- generation
 
-    async def _generate(self) -> GenerateResult:
+    async def _generate(self) -> GenerateResult | None:
+        """The next turn, after the pending observation (appended by the same activity);
+        None when that observation left no room in the context for a turn."""
         task = self.input.task
         if isinstance(task, TraceTask):
             max_tokens, ignore_eos = task.turns[self.state.step].think_tokens, True
         else:
             max_tokens, ignore_eos = task.max_tokens_per_turn, False
         budget = self.input.max_total_tokens - self.state.context.length
+        observation, self.pending_observation = self.pending_observation, None
         args = GenerateArgs(
             prefix=self.state.context,
+            observation=observation,
+            max_context=self.input.max_total_tokens if observation is not None else None,
             sampling=SamplingParams(
                 max_tokens=max(1, min(max_tokens, budget)),
                 temperature=self.input.sampling.temperature,
@@ -296,9 +311,17 @@ class TrajectoryWorkflow:
                 ignore_eos=ignore_eos,
             ),
         )
-        result = await self._generate_with_affinity(args)
-        self.state.generations += 1
+        try:
+            result = await self._generate_with_affinity(args)
+        except InfraFailure:
+            self.pending_observation = observation  # for the log the failure still writes
+            raise
         self.state.context = result.prefix
+        if observation is not None:
+            self._observation_written(observation)
+            if result.output_tokens == 0 and result.prefix.length >= self.input.max_total_tokens:
+                return None
+        self.state.generations += 1
         self.state.node_queue = result.node_queue
         self.state.policy.observe_generation(
             GenerationSample(
@@ -353,7 +376,9 @@ class TrajectoryWorkflow:
     async def _recover(self, reason: str, kind: str = "sandbox") -> None:
         """Restore the sandbox and replay-verify; raises `ContextCut` on a mismatch and
         `InfraFailure` when recovery is impossible or `max_recoveries` is spent. A recover
-        whose new sandbox is lost too counts as one recovery, and is tried again."""
+        whose new sandbox is lost too counts as one recovery, and is tried again. The
+        pending observation goes to the logs first: replay-verify reads the step log."""
+        await self._flush_observation()
         await self._settle_checkpoint()
         while True:
             if len(self.state.recoveries) >= self.input.max_recoveries:
@@ -456,25 +481,41 @@ class TrajectoryWorkflow:
     # ---------------------------------------------------------------- context
 
     async def _append_observation(self, record: StepRecord) -> None:
-        """Append the step's stored observation to the context and record the step, the
-        completed decisions and any new recoveries in the trajectory's log (one activity).
-        After a cut, both logs start a new branch from what the cut keeps."""
+        """Have the step's stored observation appended to the context and the step, the
+        completed decisions and any new recoveries recorded in the trajectory's log: by the
+        next generate, or by a context activity now in histories from before that. After a
+        cut, both logs start a new branch from what the cut keeps."""
         log = self.state.log
         fork_to, steps_fork_from = None, None
         if self.state.context.key != self._log_key():
             fork_to = self._log_key()
         if log.steps.key != self._steps_key():
             steps_fork_from = RecordLogRef(key=log.steps.key, length=record.step - 1)
-        entries = self._unwritten_entries(keep_latest_decision=True)
+        self.pending_observation = AppendObservationArgs(
+            trajectory_id=self.input.trajectory_id, prefix=self.state.context, step=record,
+            steps_key=self._steps_key(), fork_to=fork_to, steps_fork_from=steps_fork_from,
+            entries=self._unwritten_entries(keep_latest_decision=True),
+        )
+        if not self._observation_with_generation():
+            await self._flush_observation()
+
+    async def _flush_observation(self) -> None:
+        """Append the pending observation on its own (nothing generates after it now)."""
+        if self.pending_observation is None:
+            return
+        args, self.pending_observation = self.pending_observation, None
         result = await self._context_activity(
-            "append_observation",
-            AppendObservationArgs(trajectory_id=self.input.trajectory_id, prefix=self.state.context, step=record,
-                                  steps_key=self._steps_key(), fork_to=fork_to, steps_fork_from=steps_fork_from,
-                                  entries=entries),
-            summary=f"step {record.step}: append observation (exit {record.observation.exit_code})",
+            "append_observation", args,
+            summary=f"step {args.step.step}: append observation (exit {args.step.observation.exit_code})",
         )
         self.state.context = result.prefix
-        self._entries_written(entries, steps=RecordLogRef(key=self._steps_key(), length=record.step))
+        self._observation_written(args)
+
+    def _observation_written(self, args: AppendObservationArgs) -> None:
+        self._entries_written(args.entries, steps=RecordLogRef(key=args.steps_key, length=args.step.step))
+
+    def _observation_with_generation(self) -> bool:
+        return workflow.patched(OBSERVATION_WITH_GENERATION_PATCH)
 
     def _unwritten_entries(self, *, keep_latest_decision: bool) -> LogEntries:
         """Decisions and recoveries not in the log yet. The latest decision is complete only
@@ -516,6 +557,7 @@ class TrajectoryWorkflow:
     # ---------------------------------------------------------------- the end
 
     async def _finish(self) -> TrajectoryResult:
+        await self._flush_observation()
         exhausted = self._budget_exhausted()
         reward = 0.0 if exhausted else await self._reward()
         env_hash = await self._workspace_hash()
@@ -573,6 +615,7 @@ class TrajectoryWorkflow:
             self.pending_checkpoint.cancel()
         await self._destroy()
         try:
+            await self._flush_observation()
             await self._flush_log()
         except InfraFailure:
             pass  # the result below still carries the recoveries; the log misses the last few
@@ -622,14 +665,14 @@ class TrajectoryWorkflow:
             raise InfraFailure(f"{name} failed: {_cause(err)}") from None
 
     async def _context_activity(self, name, args, *, summary, result_type=ContextResult):
-        """A context activity; local when this workflow's own worker serves the context
-        queue (the default): it then runs inside the workflow task that follows the action
-        and the next generation is scheduled by that same task, a round trip less per turn.
-        Histories from before (no `LOCAL_CONTEXT_PATCH` marker) replay as remote calls."""
+        """A context activity (a prompt, a fork, an observation nothing generates after, the
+        last log entries): local unless the input's queues say otherwise, so it costs no
+        round trip of its own. Histories from before `OBSERVATION_WITH_GENERATION_PATCH`
+        replay as activities on the context queue."""
         options = {"result_type": result_type, "start_to_close_timeout": timedelta(seconds=30),
                    "retry_policy": STORAGE_RETRY, "summary": summary}
         try:
-            if self.input.queues.context == workflow.info().task_queue and workflow.patched(LOCAL_CONTEXT_PATCH):
+            if self.input.queues.context_local and self._observation_with_generation():
                 return await workflow.execute_local_activity(name, args, **options)
             return await workflow.execute_activity(name, args, task_queue=self.input.queues.context, **options)
         except ActivityError as err:

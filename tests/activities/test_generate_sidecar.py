@@ -15,11 +15,16 @@ import pytest
 from temporalio.testing import ActivityEnvironment
 
 from belayer.activities import generate as generate_activity
+from belayer.activities.context import AppendObservationArgs
 from belayer.activities.generate import GenerateArgs, PartialTokens, RolloutActivities, SamplingParams
 from belayer.model.build import model_path
+from belayer.sandbox.models import Observation, observation_hash
+from belayer.sandbox.observations import store_observation
 from belayer.storage.generation import SampledTokens, decode_sampled, encode_sampled, read_generation
+from belayer.storage.recordlog import RecordLogRef
 from belayer.storage.store import ObjectStore
-from belayer.storage.tokenlog import Span, TokenLog, encode_tokens, read_marks, read_prefix
+from belayer.storage.tokenlog import Span, TokenLog, encode_tokens, prefix_ref, read_marks, read_prefix
+from belayer.trajectory_log import StepRecord, read_steps, start_log, steps_key
 
 pytestmark = pytest.mark.stack
 
@@ -178,3 +183,52 @@ async def test_a_partial_without_logprobs_starts_the_turn_over(store):
     result = await env.run(acts.generate, GenerateArgs(prefix=ref, sampling=SAMPLING))
     assert result.resumed_tokens == 0 and node.prompts == [PROMPT]
     assert read_generation(store, result.generation)[0] == expected(40).logprobs
+
+
+# ---- a turn that brings the previous action's observation --------------------------------
+
+
+def an_observed_step(store, trajectory: str, prefix) -> AppendObservationArgs:
+    """Step 1 of `trajectory`, its observation stored as the sandbox host stores it, and
+    the append that the workflow hands the next generate."""
+    observation = Observation(exit_code=0, stdout="hello from the sandbox", stderr="", stdout_bytes=22,
+                              stderr_bytes=0, truncated=False, binary=False, duration_s=0.01, timed_out=False,
+                              shell_respawned=False, sha256=observation_hash(0, b"hello from the sandbox", b"", False))
+    ref = store_observation(store, trajectory, 1, 0, observation)
+    steps = steps_key(trajectory, 0)
+    start_log(store, trajectory, steps)
+    step = StepRecord(step=1, command="echo hello", observation=ref, context_after_action=prefix)
+    return AppendObservationArgs(trajectory_id=trajectory, prefix=prefix, step=step, steps_key=steps)
+
+
+async def test_a_turn_appends_the_observation_it_brings_then_generates_after_it(store):
+    ref = context(store, "traj/sc/obs")
+    observed = an_observed_step(store, "traj-obs", ref)
+    node = ScriptedNode()
+    acts = RolloutActivities(node, store, "node-q")
+    result = await ActivityEnvironment().run(
+        acts.generate, GenerateArgs(prefix=ref, observation=observed, sampling=SAMPLING))
+    after_observation = ref.length + result.observation_tokens
+    assert result.observation_tokens > 0 and result.segment_start == after_observation
+    assert node.prompts == [read_prefix(store, result.prefix)[:after_observation]]
+    assert read_marks(store, result.prefix) == [
+        Span(0, after_observation, "env"), Span(after_observation, after_observation + 40, "model")]
+    assert read_steps(store, RecordLogRef(key=observed.steps_key, length=1)) == [observed.step]
+
+
+async def test_an_observation_that_fills_the_context_leaves_no_turn(store):
+    ref = context(store, "traj/sc/full")
+    observed = an_observed_step(store, "traj-full", ref)
+    node = ScriptedNode()
+    acts = RolloutActivities(node, store, "node-q")
+    result = await ActivityEnvironment().run(acts.generate, GenerateArgs(
+        prefix=ref, observation=observed, max_context=ref.length + 3, sampling=SAMPLING))
+    assert result.output_tokens == 0 and node.prompts == []
+    assert result.prefix.length == ref.length + result.observation_tokens > ref.length + 3
+
+
+def test_an_observation_must_follow_the_turns_prefix(store):
+    ref = context(store, "traj/sc/other")
+    observed = an_observed_step(store, "traj-other", ref)
+    with pytest.raises(ValueError, match="appended after this turn's prefix"):
+        GenerateArgs(prefix=prefix_ref("traj/sc/other", PROMPT[:-1]), observation=observed, sampling=SAMPLING)

@@ -30,6 +30,7 @@ async def serve(config: BelayerConfig) -> None:
     from belayer.activities.publish import PublishActivities
     from belayer.model.build import model_path
     from belayer.storage.store import ObjectStore
+    from belayer.trajectory_log import open_store
     from belayer.workers.rollout.node import RolloutNode
     from belayer.workers.runner import run_worker
 
@@ -40,7 +41,9 @@ async def serve(config: BelayerConfig) -> None:
     try:
         own_queue = node_task_queue(config)
         store = ObjectStore(config.storage)
-        activities = RolloutActivities(node, store, own_queue)
+        # a turn's generate appends the observation before it: read through the encryption at
+        # rest of observations and log records, when configured
+        activities = RolloutActivities(node, open_store(config.storage), own_queue)
         publishing = PublishActivities(node, store, remember=published_file(config))
         node.weight_source = publishing.tensors_of  # a version a new owner could not adopt
         try:
