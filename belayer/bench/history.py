@@ -17,12 +17,11 @@ workflow worker, Temporal and the object store are the running stack's.
 from __future__ import annotations
 
 import asyncio
-import json
-import os
-import sys
 import time
 
 import click
+
+from belayer.bench.output import report_and_exit
 
 TEMPORAL_PAYLOAD_LIMIT = 2 * 1024 * 1024
 TEMPORAL_HISTORY_LIMIT = 50 * 1024 * 1024
@@ -155,14 +154,12 @@ def long_trajectory(ctx: click.Context, turns: int, every: int, output_bytes: in
                 "payload_limit_bytes": TEMPORAL_PAYLOAD_LIMIT, "history_limit_bytes": TEMPORAL_HISTORY_LIMIT,
                 **{k: v for k, v in sizes.items() if k != "per_run"}}
 
-    report = asyncio.run(main())
-    if as_json:
-        click.echo(json.dumps(report, indent=2))
-    else:
-        for key, value in report.items():
-            click.echo(f"{key:28} {value}")
-    sys.stdout.flush()
-    os._exit(0)  # the Temporal SDK can abort at interpreter exit (docs/design.md §7)
+    report_and_exit(asyncio.run(main()), as_json=as_json, print_table=_print)
+
+
+def _print(report: dict) -> None:
+    for key, value in report.items():
+        click.echo(f"{key:28} {value}")
 
 
 async def _progress(client, trajectory_id: str) -> int | str:

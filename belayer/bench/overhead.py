@@ -20,10 +20,7 @@ to the stack.
 from __future__ import annotations
 
 import asyncio
-import json
-import os
 import statistics
-import sys
 import time
 import uuid
 from collections.abc import Awaitable, Callable
@@ -34,6 +31,7 @@ from typing import Any
 import click
 from pydantic import BaseModel
 
+from belayer.bench.output import report_and_exit
 from belayer.policy.adaptive import DecisionRecord, predictor_error
 from belayer.policy.config import PolicyConfig
 from belayer.policy.simulate import TraceStep, simulate
@@ -451,14 +449,7 @@ def overhead(ctx: click.Context, workload: Path, task_id: str | None, rounds: in
                                inject=inject_failure, fail_at=fail_at,
                                say=lambda m: err.print(m, highlight=False))
 
-    report = asyncio.run(main())
-    if as_json:
-        click.echo(json.dumps(report, indent=2))
-    else:
-        print_report(report)
-    sys.stdout.flush()
-    # Exit without interpreter teardown: the Temporal SDK can abort at exit (docs/design.md §7).
-    os._exit(0)
+    report_and_exit(asyncio.run(main()), as_json=as_json, print_table=print_report)
 
 
 def print_report(report: dict) -> None:

@@ -38,6 +38,7 @@ from pathlib import Path
 import click
 
 from belayer.bench import machine
+from belayer.bench.output import report_and_exit
 from belayer.chaos.faults import node_roles
 
 MODES = ("protected", "unprotected", "belayer_faulted", "baseline_faulted")
@@ -561,13 +562,7 @@ def training(ctx: click.Context, workload: Path | None, iterations: int, group_s
                 "group_size": group_size, "tasks_per_iteration": tasks_per_iteration, "seed": seed, "lr": lr,
                 "chaos_seed": chaos_seed, "chaos_rate": chaos_rate, "cpu_cores": os.cpu_count(),
                 "load_average_1m_end": os.getloadavg()[0]}
-    report = summarize(runs, settings=settings, plan=plan)
-    if as_json:
-        click.echo(json.dumps(report, indent=2))
-    else:
-        _print(report)
-    sys.stdout.flush()
-    os._exit(0)  # the Temporal SDK can abort at interpreter exit (docs/design.md §7)
+    report_and_exit(summarize(runs, settings=settings, plan=plan), as_json=as_json, print_table=_print)
 
 
 def _print(report: dict) -> None:

@@ -35,10 +35,7 @@ What is simulated: nothing; the accelerator share assumes a 1-second turn of wor
 from __future__ import annotations
 
 import asyncio
-import json
-import os
 import statistics
-import sys
 import threading
 import time
 import uuid
@@ -48,6 +45,7 @@ from pathlib import Path
 import click
 
 from belayer.bench.machine import machine_load, spread
+from belayer.bench.output import report_and_exit
 from belayer.workloads.models import TraceTask
 
 MODES = ("belayer", "plain")
@@ -345,13 +343,7 @@ def turn_overhead(ctx: click.Context, workload: Path, task_id: str | None, repet
     task = _load_task(workload, task_id)
     err = Console(stderr=True)
     report = asyncio.run(run_bench(config, task, repetitions, lambda m: err.print(m, highlight=False)))
-    if as_json:
-        click.echo(json.dumps(report, indent=2))
-    else:
-        print_report(report)
-    sys.stdout.flush()
-    # Exit without interpreter teardown: the Temporal SDK can abort at exit (docs/design.md §7).
-    os._exit(0)
+    report_and_exit(report, as_json=as_json, print_table=print_report)
 
 
 def print_report(report: dict) -> None:

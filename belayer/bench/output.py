@@ -1,0 +1,20 @@
+"""How a benchmark command that talked to Temporal ends: its report on stdout, then an exit
+without interpreter teardown, at which the Temporal SDK can abort (docs/design.md §7)."""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+from collections.abc import Callable
+
+import click
+
+
+def report_and_exit(report: dict, *, as_json: bool, print_table: Callable[[dict], None]) -> None:
+    if as_json:
+        click.echo(json.dumps(report, indent=2))
+    else:
+        print_table(report)
+    sys.stdout.flush()
+    os._exit(0)
