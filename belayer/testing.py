@@ -51,7 +51,7 @@ class ScriptedRollout:
         started = time.monotonic()
         prefix = args.prefix
         if args.observation is not None:  # appended first, as the real node does
-            prefix = (await asyncio.to_thread(self.context.append_observation_tokens, args.observation))[0].prefix
+            prefix = (await asyncio.to_thread(lambda: self.context.start_append(args.observation).wait())).prefix
         log = await asyncio.to_thread(TokenLog.resume, self.store, prefix)
         max_tokens = args.sampling.max_tokens
         if args.max_context is not None:

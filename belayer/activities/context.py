@@ -8,7 +8,8 @@ marked "env" in the log, so a trainer's loss mask leaves them out -- the
 same call records the step and any completed decisions and recoveries in the
 trajectory's log, so a step costs no extra activity. Mostly that append runs inside the
 next turn's `generate` on the rollout node (`GenerateArgs.observation`), through
-`append_observation_tokens`; the activity appends an observation nothing generates after.
+`start_append`, its writes beside the generation; the activity appends an observation
+nothing generates after.
 They run on any worker that has the model's tokenizer and the object store (wrapped for
 archive encryption when configured, since observations and log records are encrypted at
 rest); the workflow runs them as local activities of its own worker.
@@ -18,7 +19,8 @@ from __future__ import annotations
 
 import asyncio
 import functools
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import dataclass
 from pathlib import Path
 
 from pydantic import BaseModel, Field
@@ -144,15 +146,13 @@ class ContextActivities:
         return ContextResult(prefix=log.head, appended_tokens=0)
 
     def _append_observation(self, args: AppendObservationArgs) -> ContextResult:
-        return self.append_observation_tokens(args)[0]
+        return self.start_append(args).wait()
 
-    def append_observation_tokens(self, args: AppendObservationArgs) -> tuple[ContextResult, list[int]]:
-        """The append, and the tokens it appended (for a caller that holds the context).
-
-        Two rounds of object-store calls, each in parallel, where one after another they
-        would be five or more on every turn: read the observation and the context's head,
-        then write the tokens, the step and the entries. Each write is idempotent and the
-        workflow counts a step only once this returns, so their order does not matter."""
+    def start_append(self, args: AppendObservationArgs) -> StartedAppend:
+        """Read the observation and the context's head (in parallel), then start writing the
+        tokens, the step and the entries (in parallel) and return without waiting for them:
+        the rollout node generates meanwhile. Each write is idempotent and the workflow
+        counts a step only once the writes are done, so their order does not matter."""
         from belayer.sandbox.observations import load_observation
         from belayer.storage.tokenlog import TokenLog
 
@@ -169,12 +169,25 @@ class ContextActivities:
         reading = [self._pool.submit(load_observation, self.store, args.step.observation), self._pool.submit(open_log)]
         observation, log = (future.result() for future in reading)
         tokens = self.encode(OBSERVATION_TEMPLATE.format(body=observation_text(observation)))
-        writing = [self._pool.submit(log.append, tokens, source="env"), self._pool.submit(write_step),
-                   self._pool.submit(trajectory_log.write_entries, self.store, args.trajectory_id, args.entries)]
-        head = writing[0].result()
-        for future in writing[1:]:
-            future.result()
-        return ContextResult(prefix=head, appended_tokens=len(tokens)), tokens
+        head = log.head_after(tokens)
+        writes = [self._pool.submit(log.append, tokens, source="env"), self._pool.submit(write_step),
+                  self._pool.submit(trajectory_log.write_entries, self.store, args.trajectory_id, args.entries)]
+        return StartedAppend(ContextResult(prefix=head, appended_tokens=len(tokens)), tokens, writes)
+
+
+@dataclass
+class StartedAppend:
+    """An observation's append whose writes may still be running."""
+
+    result: ContextResult
+    tokens: list[int]
+    writes: list[Future]
+
+    def wait(self) -> ContextResult:
+        """The result, once every write is done (the first failure raises)."""
+        for write in self.writes:
+            write.result()
+        return self.result
 
 
 def observation_text(observation) -> str:

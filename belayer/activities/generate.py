@@ -28,7 +28,7 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 from temporalio import activity
 from temporalio.exceptions import ApplicationError
 
-from belayer.activities.context import AppendObservationArgs
+from belayer.activities.context import AppendObservationArgs, StartedAppend
 from belayer.storage.generation import GenerationRef, SampledTokens
 from belayer.storage.tokenlog import PrefixRef
 
@@ -155,7 +155,7 @@ class RolloutActivities:
         from belayer.workers.rollout.protocol import SamplingSpec
 
         started = time.monotonic()
-        prefix, context, observation_tokens = await asyncio.to_thread(self._context_of, args)
+        prefix, context, observation = await asyncio.to_thread(self._context_of, args)
         # A cut context is forked by the workflow's next append (`fork_to`), never here.
         log = TokenLog(self.store, prefix.key, prefix=encode_tokens(context))
         sampling = args.sampling
@@ -186,6 +186,8 @@ class RolloutActivities:
             stored = stored or stored_now
             finish_reason, prefill_s = completion.finish_reason, completion.prefill_s
             per_token_s, recoveries = completion.decode_s_per_token, list(completion.recoveries)
+        if observation is not None:  # its writes went on beside the generation; they come first
+            await asyncio.to_thread(observation.wait)
         head = await asyncio.to_thread(log.append, produced.tokens, source="model")
         remember_tokens(self.store, head, context + produced.tokens)  # the next turn reads only what follows
         generation, versions = None, []
@@ -214,26 +216,27 @@ class RolloutActivities:
             ),
             node_queue=self.node_queue,
             resumed_tokens=len(resumed),
-            observation_tokens=observation_tokens,
+            observation_tokens=len(observation.tokens) if observation is not None else 0,
             engine_recoveries=recoveries,
             generation=generation,
             weights_versions=versions,
         )
 
-    def _context_of(self, args: GenerateArgs) -> tuple[PrefixRef, list[int], int]:
-        """The prefix this turn generates after, its tokens (verified by its sha256) and how
-        many of them the observation appended."""
+    def _context_of(self, args: GenerateArgs) -> tuple[PrefixRef, list[int], StartedAppend | None]:
+        """The prefix this turn generates after and its tokens (verified by its sha256), and
+        the observation's append when the turn brings one (its writes still running)."""
         from belayer.storage.errors import CorruptObject
         from belayer.storage.tokenlog import prefix_sha256, read_prefix
 
         context = read_prefix(self.store, args.prefix)
         if args.observation is None:
-            return args.prefix, context, 0
-        appended, tokens = self.context.append_observation_tokens(args.observation)
-        context += tokens
-        if prefix_sha256(context) != appended.prefix.sha256:
-            raise CorruptObject(f"token log {appended.prefix.key!r} does not hold the context plus the observation")
-        return appended.prefix, context, len(tokens)
+            return args.prefix, context, None
+        appended = self.context.start_append(args.observation)
+        context += appended.tokens
+        prefix = appended.result.prefix
+        if prefix_sha256(context) != prefix.sha256:
+            raise CorruptObject(f"token log {prefix.key!r} does not hold the context plus the observation")
+        return prefix, context, appended
 
     async def _await_with_heartbeats(self, handle, resumed: SampledTokens, partial_key: str):
         """Heartbeat until the request is done, storing the tokens so far (with their

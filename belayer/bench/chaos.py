@@ -17,6 +17,8 @@ import click
 from rich.console import Console
 from rich.table import Table
 
+from belayer.bench.machine import machine_load
+
 console = Console(stderr=True)
 EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "workloads" / "build-and-serve.yaml"
 
@@ -71,6 +73,7 @@ def chaos(ctx: click.Context, workloads: tuple[Path, ...], rounds: int, repeats:
         sys.stdout.flush()
         os.dup2(real_stdout, 1)
         os.close(real_stdout)
+    summary["machine"] = machine_load()
     text = json.dumps(summary, indent=2)
     if out:
         out.write_text(text)

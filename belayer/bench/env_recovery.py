@@ -31,6 +31,8 @@ from dataclasses import dataclass, field
 
 import click
 
+from belayer.bench.machine import machine_load
+
 # ----------------------------------------------------------------------------- the wheel
 
 PKG_INIT = '''"""benchpkg: a tiny library the benchmark's agent installs from a local wheel."""
@@ -366,6 +368,7 @@ def env_recovery(ctx: click.Context, as_json: bool, names: tuple[str, ...], scal
     err = Console(stderr=True)
     result = run_bench(config, store=store, names=list(names) or None, scale=scale,
                        log_fn=lambda m: err.print(m, highlight=False))  # fmt: skip
+    result["machine"] = machine_load()
     if as_json:
         click.echo(json.dumps(result))
         return

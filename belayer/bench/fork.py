@@ -35,7 +35,7 @@ from concurrent.futures import ThreadPoolExecutor
 import click
 
 from belayer.bench.env_recovery import INSTALL, build_wheel, wheel_setup
-from belayer.bench.machine import spread
+from belayer.bench.machine import machine_load, spread
 
 
 def setup_commands(scale: float) -> list[str]:
@@ -262,6 +262,7 @@ def fork(ctx: click.Context, as_json: bool, group_size: int, repetitions: int, s
         store = LocalDirStore(Path(archive_dir))
     result = run_bench(config, group_size=group_size, repetitions=repetitions, scale=scale,
                        concurrency=concurrency, store=store, log_fn=lambda m: err.print(m, highlight=False))  # fmt: skip
+    result["machine"] = machine_load()
     if as_json:
         click.echo(json.dumps(result))
         return

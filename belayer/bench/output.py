@@ -10,8 +10,11 @@ from collections.abc import Callable
 
 import click
 
+from belayer.bench.machine import machine_load
+
 
 def report_and_exit(report: dict, *, as_json: bool, print_table: Callable[[dict], None]) -> None:
+    report.setdefault("machine", machine_load())
     if as_json:
         click.echo(json.dumps(report, indent=2))
     else:

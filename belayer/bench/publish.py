@@ -38,6 +38,7 @@ from pathlib import Path
 
 import click
 
+from belayer.bench.machine import machine_load
 from belayer.bench.plain_engine import SAFETENSORS, PlainEngine, PlainSpec, parameter_count
 from belayer.bench.worker_recovery import node_config, plain_spec, workload
 from belayer.workers.rollout.protocol import SamplingSpec
@@ -488,7 +489,7 @@ def publish(
         click.echo(f"[bench] {message}", err=True)
 
     logging.getLogger("belayer.rollout").setLevel(logging.WARNING)
-    result = run_bench(settings, say)
+    result = run_bench(settings, say) | {"machine": machine_load()}
     if as_json:
         click.echo(json.dumps(result, indent=2))
         return

@@ -23,6 +23,7 @@ from rich.console import Console
 from rich.progress import BarColumn, DownloadColumn, Progress, TextColumn, TransferSpeedColumn
 from rich.table import Table
 
+from belayer.bench.machine import machine_load
 from belayer.config import load_config
 from belayer.storage.config import StorageConfig
 from belayer.storage.store import ObjectStore
@@ -49,6 +50,7 @@ def storage(ctx: click.Context, as_json: bool, size_mb: int, work_dir: Path | No
     config_file = (ctx.obj or {}).get("config_file")
     cfg = load_config(config_file).storage
     result = run_storage_bench(cfg, size_mb=size_mb, work_dir=work_dir, console=Console(stderr=True))
+    result["machine"] = machine_load()
     if as_json:
         click.echo(json.dumps(result))
     else:

@@ -40,6 +40,7 @@ from pathlib import Path
 
 import click
 
+from belayer.bench.machine import machine_load
 from belayer.bench.plain_engine import PlainEngine, PlainSpec, parameter_count, warm_page_cache
 from belayer.workers.rollout.config import RolloutConfig
 from belayer.workers.rollout.protocol import SamplingSpec
@@ -579,7 +580,7 @@ def worker_recovery(
         click.echo(f"[bench] {message}", err=True)
 
     logging.getLogger("belayer.rollout").setLevel(logging.WARNING)
-    result = run_bench(settings, say)
+    result = run_bench(settings, say) | {"machine": machine_load()}
     if as_json:
         click.echo(json.dumps(result, indent=2))
     else:

@@ -176,6 +176,13 @@ class TokenLog:
         """The ref of everything appended so far."""
         return PrefixRef(key=self.key, length=self._length, sha256=self._hasher.hexdigest())
 
+    def head_after(self, tokens: Iterable[int]) -> PrefixRef:
+        """The ref this log will have once `tokens` are appended (nothing is written)."""
+        data = encode_tokens(tokens)
+        hasher = self._hasher.copy()
+        hasher.update(data)
+        return PrefixRef(key=self.key, length=self._length + len(data) // 4, sha256=hasher.hexdigest())
+
     def append(self, tokens: Iterable[int], *, source: Source) -> PrefixRef:
         """Append one segment (e.g. a turn's tokens) that came from `source` ("model" for
         sampled tokens, "env" for the prompt and observations); returns the ref of the
