@@ -180,6 +180,7 @@ def _register_optional_commands() -> None:
         (bench, "belayer.bench.training", "training"),
         (bench, "belayer.bench.fork", "fork"),
         (bench, "belayer.bench.turn_overhead", "turn_overhead"),
+        (bench, "belayer.bench.suite", "suite"),
         (main, "belayer.model.cli", "model"),
     ]
     import importlib

@@ -1,0 +1,264 @@
+"""`belayer bench all --out DIR`: every benchmark, one after another, as a user runs each.
+
+Each benchmark runs as its own `belayer bench NAME --json` process (its defaults, plus
+`--repetitions` or `--rounds` where it takes them: 3 unless told), its JSON kept as `DIR/NAME.json` and its progress
+lines as `DIR/NAME.log`. Then, from those files alone:
+
+  DIR/summary.json   -- per benchmark: the command, whether it succeeded, its wall time;
+                        and the machine (cores, load average) before and after the suite;
+  DIR/benchmarks.md  -- every figure each benchmark reports as min / median / max (and its
+                        single-valued figures), the commands, the machine: the page
+                        `docs/benchmarks.md` is copied from;
+  DIR/plots.html     -- one page: per benchmark, its min / median / max figures as bars.
+
+A benchmark that fails is recorded with the end of its log and the suite goes on; the
+command exits 1 when any failed. Nothing here judges a figure.
+"""
+
+from __future__ import annotations
+
+import base64
+import io
+import json
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import click
+
+from belayer.bench.machine import machine_load
+
+
+@dataclass(frozen=True)
+class Bench:
+    name: str
+    args: tuple[str, ...] = ()
+    repetitions_option: str | None = "--repetitions"
+    stack: bool = True  # needs `belayer up`
+
+
+# In the order they run: the short ones first, so a broken stack shows early.
+BENCHES = (
+    Bench("storage", repetitions_option=None, stack=False),
+    Bench("turn-overhead"),
+    Bench("fork"),
+    Bench("env-recovery", repetitions_option=None, stack=False),
+    Bench("overhead", repetitions_option="--rounds"),
+    Bench("worker-recovery"),
+    Bench("publish"),
+    Bench("chaos", repetitions_option=None),
+    Bench("long-trajectory", repetitions_option=None),
+    Bench("training"),
+)
+TAIL_LINES = 30
+
+
+@dataclass
+class Outcome:
+    name: str
+    command: list[str]
+    ok: bool
+    wall_s: float
+    error: str = ""
+    report: dict = field(default_factory=dict)
+
+
+def command_of(bench: Bench, repetitions: int | None) -> list[str]:
+    argv = ["belayer", "bench", bench.name, *bench.args, "--json"]
+    if repetitions is not None and bench.repetitions_option:
+        argv += [bench.repetitions_option, str(repetitions)]
+    return argv
+
+
+def run_one(bench: Bench, out_dir: Path, repetitions: int | None) -> Outcome:
+    """`belayer bench NAME --json` in a process of its own; stdout is its JSON."""
+    command = command_of(bench, repetitions)
+    log = out_dir / f"{bench.name}.log"
+    started = time.monotonic()
+    with log.open("w") as stderr:
+        done = subprocess.run([sys.executable, "-m", "belayer.cli", *command[1:]], stdout=subprocess.PIPE,
+                              stderr=stderr, stdin=subprocess.DEVNULL, text=True)
+    wall_s = round(time.monotonic() - started, 1)
+    try:
+        report = json.loads(done.stdout) if done.returncode == 0 else None
+    except json.JSONDecodeError:
+        report = None
+    if not isinstance(report, dict):
+        tail = "\n".join(log.read_text(errors="replace").splitlines()[-TAIL_LINES:])
+        return Outcome(bench.name, command, False, wall_s, error=f"exit {done.returncode}:\n{tail}")
+    (out_dir / f"{bench.name}.json").write_text(json.dumps(report, indent=2))
+    return Outcome(bench.name, command, True, wall_s, report=report)
+
+
+def selected(only: tuple[str, ...], skip: tuple[str, ...]) -> list[Bench]:
+    known = {b.name for b in BENCHES}
+    unknown = sorted((set(only) | set(skip)) - known)
+    if unknown:
+        raise click.UsageError(f"no benchmark named {', '.join(unknown)}; the suite has {', '.join(sorted(known))}")
+    return [b for b in BENCHES if (not only or b.name in only) and b.name not in skip]
+
+
+# ---------------------------------------------------------------- what the files say
+
+
+def is_spread(value) -> bool:
+    return isinstance(value, dict) and {"min", "median", "max"} <= value.keys() and all(
+        isinstance(value[k], (int, float)) for k in ("min", "median", "max"))
+
+
+def figures(report: dict, prefix: str = "", depth: int = 3) -> tuple[list[tuple[str, dict]], list[tuple[str, object]]]:
+    """The report's min / median / max figures and its single numbers, by dotted path
+    (lists of per-run records are left to the JSON file)."""
+    spreads: list[tuple[str, dict]] = []
+    numbers: list[tuple[str, object]] = []
+    for key, value in report.items():
+        path = f"{prefix}{key}"
+        if key == "machine":
+            continue
+        if is_spread(value):
+            spreads.append((path, value))
+        elif isinstance(value, dict) and depth > 1:
+            inner_spreads, inner_numbers = figures(value, f"{path}.", depth - 1)
+            spreads += inner_spreads
+            numbers += inner_numbers
+        elif isinstance(value, (int, float)) and not isinstance(value, bool):
+            numbers.append((path, value))
+    return spreads, numbers
+
+
+def markdown(outcomes: list[Outcome], machine: dict) -> str:
+    lines = [
+        "# Benchmarks",
+        "",
+        f"From one `belayer bench all` run on {machine['cores']} cores; load average (1 / 5 / 15 min) "
+        f"{_loads(machine['before'])} before and {_loads(machine['after'])} after. Each benchmark measures "
+        "Belayer and its baseline side by side; its own section of the README says what it compares and "
+        "what is simulated. Figures of repeated runs are min / median / max.",
+        "",
+    ]
+    for outcome in outcomes:
+        lines += [f"## {outcome.name}", "", f"`{' '.join(outcome.command)}` ({outcome.wall_s:.0f} s)", ""]
+        if not outcome.ok:
+            lines += ["Failed:", "", "```", outcome.error, "```", ""]
+            continue
+        spreads, numbers = figures(outcome.report)
+        if spreads:
+            lines += ["| figure | median | min | max |", "|---|---|---|---|"]
+            lines += [f"| {p} | {_num(s['median'])} | {_num(s['min'])} | {_num(s['max'])} |" for p, s in spreads]
+            lines.append("")
+        if numbers:
+            lines += ["| figure | value |", "|---|---|"]
+            lines += [f"| {p} | {_num(v)} |" for p, v in numbers]
+            lines.append("")
+    return "\n".join(lines)
+
+
+def plots_page(outcomes: list[Outcome], machine: dict) -> str:
+    """One HTML page, a PNG per benchmark (embedded): each figure's median as a bar, its
+    min and max as the whisker."""
+    import html
+
+    parts = ["<!doctype html><meta charset='utf-8'><title>Belayer benchmarks</title>",
+             "<style>body{font-family:sans-serif;max-width:1100px;margin:auto}img{max-width:100%}</style>",
+             f"<h1>Belayer benchmarks</h1><p>{machine['cores']} cores; load average "
+             f"{html.escape(_loads(machine['before']))} before, {html.escape(_loads(machine['after']))} after.</p>"]
+    for outcome in outcomes:
+        parts.append(f"<h2>{html.escape(outcome.name)}</h2><p><code>{html.escape(' '.join(outcome.command))}</code></p>")
+        spreads = figures(outcome.report)[0] if outcome.ok else []
+        if not outcome.ok:
+            parts.append("<p>failed; see its log</p>")
+        elif not spreads:
+            parts.append("<p>no repeated figures (see the JSON)</p>")
+        else:
+            parts.append(f"<img alt='{html.escape(outcome.name)}' src='data:image/png;base64,{_bars(spreads)}'>")
+    return "\n".join(parts)
+
+
+def _bars(spreads: list[tuple[str, dict]]) -> str:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    labels = [p for p, _ in spreads]
+    medians = [s["median"] for _, s in spreads]
+    errors = [[s["median"] - s["min"] for _, s in spreads], [s["max"] - s["median"] for _, s in spreads]]
+    fig, ax = plt.subplots(figsize=(10, 0.35 * len(spreads) + 1))
+    ax.barh(range(len(spreads)), medians, xerr=errors, color="#4C72B0", ecolor="#333333", capsize=3)
+    ax.set_yticks(range(len(spreads)), labels, fontsize=8)
+    ax.invert_yaxis()
+    ax.set_xlabel("median, whiskers min and max (units in each name)")
+    fig.tight_layout()
+    buffer = io.BytesIO()
+    fig.savefig(buffer, format="png", dpi=90)
+    plt.close(fig)
+    return base64.b64encode(buffer.getvalue()).decode()
+
+
+def _num(value) -> str:
+    return f"{value:.4g}" if isinstance(value, float) else str(value)
+
+
+def _loads(loads: list[float]) -> str:
+    return " / ".join(f"{x:.2f}" for x in loads)
+
+
+# ---------------------------------------------------------------- the command
+
+
+def stack_problem(ctx: click.Context) -> str | None:
+    """Why the stack cannot serve the benchmarks that need it, or None."""
+    from belayer.cli.main import config_from
+    from belayer.stack.local import LocalStack
+
+    down = [row.name for row in LocalStack(config_from(ctx)).status() if not row.healthy]
+    return f"not healthy: {', '.join(down)}; start the stack with `belayer up`" if down else None
+
+
+def write_outputs(out_dir: Path, outcomes: list[Outcome], machine: dict) -> None:
+    summary = {"machine": machine, "benchmarks": [
+        {"name": o.name, "command": " ".join(o.command), "ok": o.ok, "wall_s": o.wall_s, "error": o.error or None}
+        for o in outcomes]}
+    (out_dir / "summary.json").write_text(json.dumps(summary, indent=2))
+    (out_dir / "benchmarks.md").write_text(markdown(outcomes, machine))
+    (out_dir / "plots.html").write_text(plots_page(outcomes, machine))
+
+
+@click.command("all")
+@click.option("--out", "out_dir", required=True, type=click.Path(file_okay=False, path_type=Path),
+              help="Directory for each benchmark's JSON and log, summary.json, benchmarks.md and plots.html.")
+@click.option("--only", multiple=True, metavar="NAME", help="Run only this benchmark (repeatable).")
+@click.option("--skip", multiple=True, metavar="NAME", help="Leave this benchmark out (repeatable).")
+@click.option("--repetitions", type=click.IntRange(1, 100), default=3, show_default=True,
+              help="Repetitions (or rounds) of every benchmark that takes them.")
+@click.pass_context
+def suite(ctx: click.Context, out_dir: Path, only: tuple[str, ...], skip: tuple[str, ...],
+          repetitions: int) -> None:
+    """Run every benchmark one after another and write their figures on one page.
+
+    Takes an hour or more on a small machine. All but `storage` and `env-recovery` need the
+    running stack (`belayer up`); it is checked before anything runs.
+    """
+    from rich.console import Console
+
+    benches = selected(only, skip)
+    if any(b.stack for b in benches) and (problem := stack_problem(ctx)):
+        raise click.ClickException(f"the benchmarks need the running stack; {problem}")
+    out_dir.mkdir(parents=True, exist_ok=True)
+    err = Console(stderr=True)
+    machine = {"cores": machine_load()["cores"], "before": machine_load()["load_avg"]}
+    outcomes = []
+    for n, bench in enumerate(benches, start=1):
+        err.print(f"[{n}/{len(benches)}] {' '.join(command_of(bench, repetitions))} "
+                  f"(progress in {out_dir / (bench.name + '.log')})", highlight=False)
+        outcome = run_one(bench, out_dir, repetitions)
+        err.print(f"      {'done' if outcome.ok else 'FAILED'} in {outcome.wall_s:.0f} s", highlight=False)
+        outcomes.append(outcome)
+    machine["after"] = machine_load()["load_avg"]
+    write_outputs(out_dir, outcomes, machine)
+    failed = [o.name for o in outcomes if not o.ok]
+    err.print(f"wrote {out_dir / 'benchmarks.md'} and {out_dir / 'plots.html'}"
+              + (f"; failed: {', '.join(failed)} (see their logs)" if failed else ""), highlight=False)
+    sys.exit(1 if failed else 0)

@@ -1,0 +1,59 @@
+"""`belayer bench all`: every benchmark is in the suite, the figures of their JSON reach the
+page, and one real benchmark process (`storage`, small) runs, fails, and is written up."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from belayer.bench.suite import BENCHES, Bench, Outcome, figures, markdown, plots_page, run_one, write_outputs
+from belayer.cli.main import bench
+
+MACHINE = {"cores": 2, "before": [0.5, 0.4, 0.3], "after": [1.5, 1.0, 0.5]}
+
+
+def test_every_benchmark_command_is_in_the_suite():
+    assert {b.name for b in BENCHES} == set(bench.commands) - {"all"}
+
+
+def test_figures_are_found_at_any_depth_and_lists_of_runs_left_out():
+    report = {"speedup": 2.8, "fork": {"ready_s": {"min": 1.0, "median": 2.0, "max": 3.0}, "group": 8},
+              "runs": [{"ready_s": 1.0}], "identical_start": True, "machine": {"cores": 2}}
+    spreads, numbers = figures(report)
+    assert spreads == [("fork.ready_s", {"min": 1.0, "median": 2.0, "max": 3.0})]
+    assert numbers == [("speedup", 2.8), ("fork.group", 8)]
+
+
+def test_the_page_has_every_benchmark_its_figures_and_its_failure():
+    good = Outcome("fork", ["belayer", "bench", "fork", "--json"], True, 12.0,
+                   report={"speedup": 2.8, "fork_ready_s": {"min": 1.0, "median": 2.0, "max": 3.5}})
+    bad = Outcome("publish", ["belayer", "bench", "publish", "--json"], False, 3.0, error="exit 1:\nno node")
+    page = markdown([good, bad], MACHINE)
+    assert "## fork" in page and "| fork_ready_s | 2 | 1 | 3.5 |" in page and "| speedup | 2.8 |" in page
+    assert "## publish" in page and "no node" in page
+    assert "2 cores" in page and "0.50 / 0.40 / 0.30 before" in page
+    plots = plots_page([good, bad], MACHINE)
+    assert plots.count("data:image/png;base64,") == 1 and "failed; see its log" in plots
+
+
+@pytest.mark.stack
+def test_a_benchmark_process_runs_and_a_failing_one_is_recorded(storage_config, tmp_path, monkeypatch):
+    cfg = storage_config
+    for name, value in {"BELAYER_CONFIG": "", "BELAYER_STORAGE__ENDPOINT": cfg.endpoint,
+                        "BELAYER_STORAGE__BUCKET": cfg.bucket,
+                        "BELAYER_STORAGE__ACCESS_KEY": cfg.access_key.get_secret_value(),
+                        "BELAYER_STORAGE__SECRET_KEY": cfg.secret_key.get_secret_value(),
+                        "BELAYER_STORAGE__KEY_PREFIX": cfg.key_prefix}.items():
+        monkeypatch.setenv(name, value)
+    ran = run_one(Bench("storage", ("--size-mb", "4", "--dir", str(tmp_path)), repetitions_option=None), tmp_path, 3)
+    broken = run_one(Bench("storage", ("--size-mb", "0"), repetitions_option=None), tmp_path, 3)
+    assert ran.ok and ran.command == ["belayer", "bench", "storage", "--size-mb", "4", "--dir", str(tmp_path),
+                                      "--json"]
+    assert json.loads((tmp_path / "storage.json").read_text())["upload_mb_s"] > 0
+    assert not broken.ok and "exit 2" in broken.error and "--size-mb" in broken.error
+    write_outputs(tmp_path, [ran, broken], MACHINE)
+    summary = json.loads((tmp_path / "summary.json").read_text())
+    assert [(b["name"], b["ok"]) for b in summary["benchmarks"]] == [("storage", True), ("storage", False)]
+    assert "| upload_mb_s |" in (tmp_path / "benchmarks.md").read_text()
+    assert "no repeated figures" in (tmp_path / "plots.html").read_text()
