@@ -325,15 +325,34 @@ def run_workload(host, wl: Workload, trajectory: str, log_fn=lambda m: None) -> 
         host.delete_checkpoints(handle.sandbox_id)
 
 
+@dataclass(frozen=True)
+class Realistic:
+    """Settings of the realistic case (env_recovery_realistic.py); None skips it."""
+
+    failures: int = 5
+    seed: int = 0
+    decode_s_per_token: float = 0.02
+    sweep_max: int = 4
+
+
 def run_bench(config, *, store=None, names: list[str] | None = None, scale: float = 1.0,
-              log_fn=lambda m: None) -> dict:  # fmt: skip
+              realistic: Realistic | None = None, log_fn=lambda m: None) -> dict:  # fmt: skip
     from belayer.sandbox.host import make_host
 
     host = make_host(config, store=store)
     selected = [w for w in workloads(scale) if not names or w.name in names]
     rows = [run_workload(host, w, trajectory=f"bench-{w.name}", log_fn=log_fn) for w in selected]
     speedups = [r["speedup_vs_replay"] for r in rows]
-    return {
+    report = {}
+    if realistic is not None:
+        from belayer.bench.env_recovery_realistic import run_realistic
+
+        report["realistic"] = run_realistic(
+            host, selected, config.policy, failures=realistic.failures, seed=realistic.seed,
+            decode_s_per_token=realistic.decode_s_per_token, sweep_max=realistic.sweep_max, log_fn=log_fn)
+        report["realistic_median_speedup_vs_replay"] = report["realistic"]["median_speedup_vs_replay"]
+    return report | {
+        "best_case": "the `workloads` rows: one checkpoint at a late step, the failure after the last action",
         "workloads": rows,
         "speedup_vs_replay_min": min(speedups) if speedups else None,
         "speedup_vs_replay_max": max(speedups) if speedups else None,
@@ -349,10 +368,23 @@ def run_bench(config, *, store=None, names: list[str] | None = None, scale: floa
               help="Scale the data sizes of every workload.")
 @click.option("--archive-dir", type=click.Path(file_okay=False), default=None,
               help="Keep checkpoints in this directory instead of the configured object store.")
+@click.option("--realistic/--best-case-only", default=True, show_default=True,
+              help="Also run the realistic case: the adaptive policy's own checkpoints, failures at random steps.")
+@click.option("--failures", type=click.IntRange(1, 100), default=5, show_default=True,
+              help="Realistic case: random failures per workload.")
+@click.option("--seed", type=click.IntRange(0), default=0, show_default=True,
+              help="Realistic case: seed of the failure steps and the simulated generation lengths.")
+@click.option("--decode-ms-per-token", type=click.FloatRange(0.1, 1000), default=20.0, show_default=True,
+              help="Realistic case: the simulated generations' decode time per token.")
 @click.pass_context
 def env_recovery(ctx: click.Context, as_json: bool, names: tuple[str, ...], scale: float,
-                 archive_dir: str | None) -> None:  # fmt: skip
-    """Environment recovery: Belayer's full restore vs replay vs fs-only, same run."""
+                 archive_dir: str | None, realistic: bool, failures: int, seed: int,
+                 decode_ms_per_token: float) -> None:  # fmt: skip
+    """Environment recovery: Belayer's full restore vs replay vs fs-only, same run.
+
+    The best case places one checkpoint at a late step; the realistic case runs each
+    workload under the adaptive policy (policy.* settings) and fails it at random steps.
+    """
     from pathlib import Path
 
     from rich.console import Console
@@ -366,7 +398,9 @@ def env_recovery(ctx: click.Context, as_json: bool, names: tuple[str, ...], scal
 
         store = LocalDirStore(Path(archive_dir))
     err = Console(stderr=True)
+    settings = Realistic(failures=failures, seed=seed, decode_s_per_token=decode_ms_per_token / 1000)
     result = run_bench(config, store=store, names=list(names) or None, scale=scale,
+                       realistic=settings if realistic else None,
                        log_fn=lambda m: err.print(m, highlight=False))  # fmt: skip
     result["machine"] = machine_load()
     if as_json:
@@ -374,10 +408,21 @@ def env_recovery(ctx: click.Context, as_json: bool, names: tuple[str, ...], scal
         return
     from rich.table import Table
 
-    table = Table(title="environment recovery (seconds)")
+    table = Table(title="environment recovery, best case: checkpoint at a late step, failure at the end (seconds)")
     for col in ("workload", "belayer", "replay", "fs-only", "speedup", "state identical", "fs-only consistent"):
         table.add_column(col)
     for r in result["workloads"]:
         table.add_row(r["name"], f"{r['belayer_s']:.2f}", f"{r['replay_s']:.2f}", f"{r['fs_only_s']:.2f}",
                       f"{r['speedup_vs_replay']:.1f}x", str(r["state_identical"]), str(r["fs_only_consistent"]))
     Console().print(table)
+    real = result.get("realistic")
+    if real:
+        table = Table(title=f"realistic: the adaptive policy's checkpoints, {real['failures']} failures at random "
+                            "steps (seconds, min / median / max)")
+        for col in ("method", "recovery", "consistent"):
+            table.add_column(col)
+        for method, figures in real["recovery_s"].items():
+            table.add_row(method, f"{figures['min']:.2f} / {figures['median']:.2f} / {figures['max']:.2f}",
+                          f"{real['consistent_share'][method]:.0%}")
+        Console().print(table)
+        Console().print(f"median speedup vs replay: {real['median_speedup_vs_replay']}x")

@@ -15,12 +15,14 @@ pytestmark = pytest.mark.sandbox
 
 def test_env_recovery_json(sandbox_runtime, tmp_path, monkeypatch):
     from belayer.bench.env_recovery import build_wheel, env_recovery
+    from belayer.bench.env_recovery_realistic import failure_steps
 
     assert build_wheel() == build_wheel()  # deterministic artefact
     monkeypatch.setenv("BELAYER_SANDBOX__MEMORY_MB", "768")
     result = CliRunner().invoke(
         env_recovery,
-        ["--json", "--scale", "0.02", "--workload", "make-build-and-kv-server", "--archive-dir", str(tmp_path)],
+        ["--json", "--scale", "0.02", "--workload", "make-build-and-kv-server", "--archive-dir", str(tmp_path),
+         "--failures", "2", "--seed", "3"],
         obj={},
         catch_exceptions=False,
     )
@@ -33,4 +35,19 @@ def test_env_recovery_json(sandbox_runtime, tmp_path, monkeypatch):
     assert row["state_identical"] is True
     assert row["fs_only_consistent"] is False  # its HTTP server is gone after a files-only restore
     assert data["speedup_vs_replay_min"] == data["speedup_vs_replay_max"] == row["speedup_vs_replay"]
+    assert "best case" in data["best_case"]
+    # the realistic case: the adaptive policy's own checkpoints, failures at random steps
+    real = data["realistic"]
+    (policy,) = real["policy"]
+    assert policy["checkpoint_steps"] == [s for s, v in enumerate(policy["verdicts"], 1) if v != "skip"]
+    assert [r["failed_at"] for r in real["rows"]] == failure_steps(len(policy["verdicts"]), 2, 3, row["name"])
+    for r in real["rows"]:
+        taken = [s for s in policy["checkpoint_steps"] if s <= r["failed_at"]]
+        assert r["checkpoint_step"] == (taken[-1] if taken else None)
+        assert r["belayer_source"] == (f"checkpoint@{taken[-1]}" if taken else "replay-from-start")
+    assert real["consistent_share"]["belayer"] == 1.0
+    assert data["realistic_median_speedup_vs_replay"] == real["median_speedup_vs_replay"]
+    if policy["checkpoint_steps"]:
+        distances = [r["distance"] for r in real["distance_sweep"]]
+        assert distances == list(range(len(distances))) and distances
     assert not any(tmp_path.rglob("archive")), "checkpoint objects left behind"

@@ -1,0 +1,151 @@
+"""The realistic case of `belayer bench env-recovery`: failures where a user meets them.
+
+The best-case rows place one checkpoint at a late step and fail right after the last
+action. Here each workload runs once under the default adaptive policy, which decides
+after every action whether to checkpoint, as the workflow does. Then failures are drawn
+at uniformly random steps (seeded), and each is recovered three ways on the same host:
+
+  belayer  -- the newest checkpoints the policy took at or before the failure (up to 3,
+              as the workflow keeps them), restore + replay-verify to the failure; with
+              none yet, a fresh sandbox replaying from the start;
+  replay   -- a fresh sandbox with the task's setup, replaying every step;
+  fs-only  -- the files of the same checkpoint, processes lost, replaying the rest.
+
+Plus a sweep of the distance between the policy's first checkpoint and the failure.
+
+What is simulated: the generations between actions. Their lengths are drawn (seeded): a
+long reasoning turn of 200-600 tokens one time in four, else a quick tool call of 10-60
+tokens, at `decode_s_per_token`. The policy sees these as measured generations; actions,
+checkpoints, their sizes and every recovery are real.
+"""
+
+from __future__ import annotations
+
+import random
+import statistics
+import time
+from dataclasses import dataclass
+
+from belayer.bench.machine import spread
+
+METHODS = ("belayer", "replay", "fs_only")
+MODE = {"belayer": "full", "replay": "replay", "fs_only": "fs-only"}
+KEPT = 3  # checkpoints the workflow keeps (trajectory.CHECKPOINTS_KEPT)
+
+
+def think_tokens(turns: int, seed: int, workload: str) -> list[int]:
+    """Generated tokens before each action: long reasoning one time in four, else a quick call."""
+    rng = random.Random(f"{seed}/tokens/{workload}")
+    return [rng.randint(200, 600) if rng.random() < 0.25 else rng.randint(10, 60) for _ in range(turns)]
+
+
+@dataclass
+class PolicyRun:
+    """An unfailed run under the adaptive policy: its log and the checkpoints it took."""
+
+    log: list  # LoggedAction, step order
+    checkpoints: list  # CheckpointRef, step order
+    verdicts: list[str]
+    handle: object
+
+
+def run_under_policy(host, workload, trajectory: str, policy_config, tokens: list[int],
+                     decode_s_per_token: float) -> PolicyRun:  # fmt: skip
+    from belayer.policy.adaptive import CheckpointPolicy, CheckpointSample, GenerationSample
+    from belayer.sandbox.models import Action, LoggedAction, SandboxSpec
+
+    policy = CheckpointPolicy(config=policy_config)
+    handle = host.create(SandboxSpec(setup_commands=workload.setup, labels={"belayer.bench": "env-recovery"}))
+    log, checkpoints, verdicts = [], [], []
+    for step, command in enumerate(workload.actions, start=1):
+        generated = tokens[step - 1]
+        policy.observe_generation(GenerationSample(output_tokens=generated, per_token_s=decode_s_per_token,
+                                                   total_s=generated * decode_s_per_token))
+        obs = host.exec(handle, Action(trajectory=trajectory, step=step, command=command, timeout_s=600))
+        if obs.exit_code != 0:
+            raise RuntimeError(f"workload {workload.name} step {step} failed (exit {obs.exit_code}): "
+                               f"{obs.stderr[-1500:]}")
+        log.append(LoggedAction(trajectory=trajectory, step=step, command=command, timeout_s=600,
+                                observation_sha256=obs.sha256))  # fmt: skip
+        policy.observe_action(obs.duration_s)
+        size_mb = checkpoints[-1].archive_bytes / 2**20 if checkpoints else 0.0
+        following = tokens[step] if step < len(tokens) else 0
+        decision = policy.decide(step, size_mb, following)
+        verdicts.append(decision.verdict)
+        if decision.checkpointed:
+            started = time.monotonic()
+            ref = host.checkpoint(handle, fs_snapshot=True)
+            policy.observe_checkpoint(CheckpointSample(duration_s=time.monotonic() - started,
+                                                       size_mb=ref.archive_bytes / 2**20))
+            checkpoints.append(ref)
+    return PolicyRun(log, checkpoints, verdicts, handle)
+
+
+def failure_steps(steps: int, count: int, seed: int, workload: str) -> list[int]:
+    """Uniformly random steps at which the sandbox is lost (after that step's action)."""
+    rng = random.Random(f"{seed}/failures/{workload}")
+    return [rng.randint(1, steps) for _ in range(count)]
+
+
+def usable(checkpoints: list, failed_at: int) -> list:
+    """What the workflow would hold when step `failed_at` fails: newest first, at most KEPT."""
+    return [c for c in reversed(checkpoints) if c.step <= failed_at][:KEPT]
+
+
+def recover_three_ways(host, run: PolicyRun, spec, failed_at: int, checkpoints: list) -> dict:
+    """Lose the sandbox after step `failed_at`; recover it by each method in turn."""
+    row: dict = {"failed_at": failed_at, "checkpoint_step": checkpoints[0].step if checkpoints else None}
+    for method in METHODS:
+        host.kill(run.handle)
+        started = time.monotonic()
+        outcome = host.recover(run.handle, checkpoints, run.log[:failed_at], mode=MODE[method], spec=spec)
+        row[f"{method}_s"] = round(time.monotonic() - started, 3)
+        row[f"{method}_consistent"] = bool(outcome.consistent)
+        row[f"{method}_source"] = outcome.source
+        run.handle = outcome.handle
+    return row
+
+
+def summarize(failures: list[dict], sweep: list[dict]) -> dict:
+    speedups = [f["replay_s"] / f["belayer_s"] for f in failures if f["belayer_s"] > 0]
+    return {
+        "failures": len(failures),
+        "recovery_s": {m: spread([f[f"{m}_s"] for f in failures]) for m in METHODS},
+        "consistent_share": {m: round(sum(f[f"{m}_consistent"] for f in failures) / len(failures), 3)
+                             for m in METHODS} if failures else {},
+        "median_speedup_vs_replay": round(statistics.median(speedups), 2) if speedups else None,
+        "rows": failures,
+        "distance_sweep": sweep,
+    }
+
+
+def run_realistic(host, workloads: list, policy_config, *, failures: int, seed: int, decode_s_per_token: float,
+                  sweep_max: int, log_fn=lambda m: None) -> dict:  # fmt: skip
+    """Every workload under the policy, `failures` random failures each, and the sweep."""
+    from belayer.sandbox.models import SandboxSpec
+
+    rows, sweep, policies = [], [], []
+    for workload in workloads:
+        spec = SandboxSpec(setup_commands=workload.setup, labels={"belayer.bench": "env-recovery"})
+        tokens = think_tokens(len(workload.actions), seed, workload.name)
+        run = run_under_policy(host, workload, f"bench-real-{workload.name}", policy_config, tokens,
+                               decode_s_per_token)
+        steps = [c.step for c in run.checkpoints]
+        policies.append({"workload": workload.name, "checkpoint_steps": steps, "verdicts": run.verdicts,
+                         "think_tokens": tokens})
+        log_fn(f"{workload.name}: the policy checkpointed after steps {steps} of {len(run.log)}")
+        try:
+            for failed_at in failure_steps(len(run.log), failures, seed, workload.name):
+                row = recover_three_ways(host, run, spec, failed_at, usable(run.checkpoints, failed_at))
+                rows.append({"workload": workload.name, **row})
+                log_fn(f"{workload.name}: failure after step {failed_at}: belayer {row['belayer_s']:.2f}s "
+                       f"({row['belayer_source']}), replay {row['replay_s']:.2f}s, fs-only {row['fs_only_s']:.2f}s")
+            if run.checkpoints:
+                first = run.checkpoints[0]
+                for failed_at in range(first.step, min(len(run.log), first.step + sweep_max) + 1):
+                    row = recover_three_ways(host, run, spec, failed_at, [first])
+                    sweep.append({"workload": workload.name, "distance": failed_at - first.step, **row})
+        finally:
+            host.backend.destroy(run.handle.sandbox_id)
+            host.delete_checkpoints(run.handle.sandbox_id)
+    return summarize(rows, sweep) | {"policy": policies, "decode_s_per_token": decode_s_per_token, "seed": seed}
