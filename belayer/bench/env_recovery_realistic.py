@@ -15,8 +15,9 @@ Plus a sweep of the distance between the policy's first checkpoint and the failu
 
 What is simulated: the generations between actions. Their lengths are drawn (seeded): a
 long reasoning turn of 200-600 tokens one time in four, else a quick tool call of 10-60
-tokens, at `decode_s_per_token`. The policy sees these as measured generations; actions,
-checkpoints, their sizes and every recovery are real.
+tokens, at `decode_s_per_token`. The policy sees these as measured generations and
+predicts each next one from them, as it does for a model task (no trace tells it the
+length); actions, checkpoints, their sizes and every recovery are real.
 """
 
 from __future__ import annotations
@@ -51,11 +52,24 @@ class PolicyRun:
 
 def run_under_policy(host, workload, trajectory: str, policy_config, tokens: list[int],
                      decode_s_per_token: float) -> PolicyRun:  # fmt: skip
-    from belayer.policy.adaptive import CheckpointPolicy, CheckpointSample, GenerationSample
-    from belayer.sandbox.models import Action, LoggedAction, SandboxSpec
+    from belayer.policy.adaptive import CheckpointPolicy
+    from belayer.sandbox.models import SandboxSpec
 
-    policy = CheckpointPolicy(config=policy_config)
     handle = host.create(SandboxSpec(setup_commands=workload.setup, labels={"belayer.bench": "env-recovery"}))
+    try:
+        return _steps_under_policy(host, handle, workload, trajectory, CheckpointPolicy(config=policy_config),
+                                   tokens, decode_s_per_token)
+    except BaseException:
+        host.backend.destroy(handle.sandbox_id)
+        host.delete_checkpoints(handle.sandbox_id)
+        raise
+
+
+def _steps_under_policy(host, handle, workload, trajectory: str, policy, tokens: list[int],
+                        decode_s_per_token: float) -> PolicyRun:  # fmt: skip
+    from belayer.policy.adaptive import CheckpointSample, GenerationSample
+    from belayer.sandbox.models import Action, LoggedAction
+
     log, checkpoints, verdicts = [], [], []
     for step, command in enumerate(workload.actions, start=1):
         generated = tokens[step - 1]
@@ -69,8 +83,7 @@ def run_under_policy(host, workload, trajectory: str, policy_config, tokens: lis
                                 observation_sha256=obs.sha256))  # fmt: skip
         policy.observe_action(obs.duration_s)
         size_mb = checkpoints[-1].archive_bytes / 2**20 if checkpoints else 0.0
-        following = tokens[step] if step < len(tokens) else 0
-        decision = policy.decide(step, size_mb, following)
+        decision = policy.decide(step, size_mb)  # the next generation predicted from the last ones
         verdicts.append(decision.verdict)
         if decision.checkpointed:
             started = time.monotonic()
