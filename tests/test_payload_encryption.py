@@ -35,6 +35,7 @@ with workflow.unsafe.imports_passed_through():
     from belayer.stack.local import LocalStack
     from belayer.stack.services import TemporalDevServer, port_in_use, venv_binary
     from belayer.temporal_client import connect, data_converter
+    from tests.conftest import free_port_block
 
 SECRET = "hunter2-" + uuid.uuid4().hex  # fresh per run: cannot appear by accident
 T = timedelta(seconds=30)
@@ -230,7 +231,7 @@ async def test_without_encryption_the_same_history_shows_the_secret(temporal_ser
 @pytest.fixture
 def codec_server_process(tmp_path):
     """`belayer codec-server` on a free port with a fresh key; stopped after the test."""
-    port = next(p for p in range(38100, 38200) if not port_in_use("127.0.0.1", p))
+    (port,) = free_port_block(1, with_grpc=False)  # below the ephemeral range, where nothing else draws
     key = new_key()
     env = {**os.environ, "BELAYER_STORAGE__ENCRYPTION_KEY": key, "BELAYER_STATE_DIR": str(tmp_path)}
     env = {k: v for k, v in env.items() if not (k.startswith("BELAYER_TEMPORAL__") or k == "BELAYER_CONFIG")}
@@ -334,7 +335,7 @@ def test_belayer_up_serves_the_codec_to_the_web_ui(tmp_path):
     from tests.conftest import isolated_config
 
     base = isolated_config(tmp_path / "state")
-    port = next(p for p in range(38200, 38300) if not port_in_use("127.0.0.1", p))
+    (port,) = free_port_block(1, with_grpc=False)
     config = base.model_copy(update={
         "temporal": base.temporal.model_copy(update={"encrypt_payloads": True, "codec_port": port}),
         "storage": base.storage.model_copy(update={"encryption_key": SecretStr(new_key())}),
