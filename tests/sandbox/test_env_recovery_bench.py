@@ -35,7 +35,7 @@ def test_env_recovery_json(sandbox_runtime, tmp_path, monkeypatch):
     assert row["state_identical"] is True
     assert row["fs_only_consistent"] is False  # its HTTP server is gone after a files-only restore
     assert data["speedup_vs_replay_min"] == data["speedup_vs_replay_max"] == row["speedup_vs_replay"]
-    assert "best case" in data["best_case"]
+    assert "one checkpoint at a late step" in data["best_case"]
     # the realistic case: the adaptive policy's own checkpoints, failures at random steps
     real = data["realistic"]
     (policy,) = real["policy"]
