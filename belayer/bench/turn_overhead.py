@@ -21,10 +21,10 @@ from the workflow's own history:
   dispatch        -- activity scheduled -> picked up by a worker (Temporal matching, polls);
   workflow_tasks  -- an activity's completion -> the next one scheduled (workflow task
                      rounds: scheduling, the worker's replay of the event, its decision,
-                     and the context activity that appends the observation, which runs
-                     locally inside the workflow task after each action);
+                     and any context activity it runs locally);
   in_activities   -- activity time beyond the engine's work and the action's own duration:
-                     object-store reads and writes of the token log and the observation,
+                     the observation's append and the step record (inside `generate`),
+                     object-store reads and writes of tokens, logprobs and the observation,
                      the sandbox channel;
   other           -- the rest of the difference (e.g. the engines' speed differing between
                      runs; it may be negative).
