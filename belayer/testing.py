@@ -53,9 +53,7 @@ class ScriptedRollout:
         if args.observation is not None:  # appended first, as the real node does
             prefix = (await asyncio.to_thread(lambda: self.context.start_append(args.observation).wait())).prefix
         log = await asyncio.to_thread(TokenLog.resume, self.store, prefix)
-        max_tokens = args.sampling.max_tokens
-        if args.max_context is not None:
-            max_tokens = max(0, min(max_tokens, args.max_context - prefix.length))
+        max_tokens = args.max_tokens_after(prefix)
         turn = self.calls
         self.calls += 1
         if turn < len(self.replies):

@@ -62,6 +62,12 @@ class GenerateArgs(_Model):
         None, ge=1, description="The context's token budget: the turn generates at most what is left of it "
         "after the observation (nothing when nothing is left).")
 
+    def max_tokens_after(self, prefix: PrefixRef) -> int:
+        """Tokens this turn may generate after `prefix` (its context, observation appended)."""
+        if self.max_context is None:
+            return self.sampling.max_tokens
+        return max(0, min(self.sampling.max_tokens, self.max_context - prefix.length))
+
     @model_validator(mode="after")
     def _observation_follows_prefix(self) -> GenerateArgs:
         if self.observation is not None and self.observation.prefix != self.prefix:
@@ -159,9 +165,7 @@ class RolloutActivities:
         # A cut context is forked by the workflow's next append (`fork_to`), never here.
         log = TokenLog(self.store, prefix.key, prefix=encode_tokens(context))
         sampling = args.sampling
-        max_tokens = sampling.max_tokens
-        if args.max_context is not None:
-            max_tokens = max(0, min(max_tokens, args.max_context - prefix.length))
+        max_tokens = args.max_tokens_after(prefix)
         resumed = (await asyncio.to_thread(self._resumed)).first(max_tokens)
         spec = SamplingSpec(
             max_tokens=max_tokens - len(resumed),

@@ -248,7 +248,8 @@ def suite(ctx: click.Context, out_dir: Path, only: tuple[str, ...], skip: tuple[
         raise click.ClickException(f"the benchmarks need the running stack; {problem}")
     out_dir.mkdir(parents=True, exist_ok=True)
     err = Console(stderr=True)
-    machine = {"cores": machine_load()["cores"], "before": machine_load()["load_avg"]}
+    now = machine_load()
+    machine = {"cores": now["cores"], "before": now["load_avg"]}
     outcomes = []
     for n, bench in enumerate(benches, start=1):
         err.print(f"[{n}/{len(benches)}] {' '.join(command_of(bench, repetitions))} "

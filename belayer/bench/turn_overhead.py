@@ -36,10 +36,9 @@ from __future__ import annotations
 
 import asyncio
 import statistics
-import threading
 import time
 import uuid
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 
 import click
@@ -163,51 +162,32 @@ class PlainRun:
     work_s: float
 
 
-@dataclass
-class _Request:
-    tokens: list[int] = field(default_factory=list)
-    done: threading.Event = field(default_factory=threading.Event)
-
-
 class PlainLoop:
     """The obvious agent loop: generate, run the command, tokenize the observation, repeat."""
 
     def __init__(self, config):
         from tokenizers import Tokenizer
 
-        from belayer.bench.plain_engine import PlainEngine
-        from belayer.bench.worker_recovery import plain_spec
+        from belayer.bench.worker_recovery import PlainServer, plain_spec
         from belayer.model.build import model_path
         from belayer.sandbox.host import make_host
 
         model_dir = model_path(config.rollout.model)
         self.tokenizer = Tokenizer.from_file(str(model_dir / "tokenizer.json"))
         self.host = make_host(config, host_queue="belayer-bench-plain-loop")
-        self.requests: dict[str, _Request] = {}
-        self.engine = PlainEngine(plain_spec(config.rollout, model_dir), self._on_delta).start()
-        self.engine.wait_ready(RUN_TIMEOUT_S)
+        self.engine = PlainServer(plain_spec(config.rollout, model_dir))
+        self.engine.start()
 
     def close(self) -> None:
         self.engine.close()
 
-    def _on_delta(self, request_id: str, token_ids: list[int], finished: bool) -> None:
-        request = self.requests[request_id]
-        request.tokens.extend(token_ids)
-        if finished:
-            request.done.set()
-
     async def _generate(self, context: list[int], max_tokens: int, seed: int) -> tuple[list[int], float]:
         from belayer.workers.rollout.protocol import SamplingSpec
 
-        request_id = uuid.uuid4().hex
-        request = self.requests[request_id] = _Request()
+        spec = SamplingSpec(max_tokens=max_tokens, seed=seed, ignore_eos=True)
         t0 = time.monotonic()
-        self.engine.add(request_id, context, SamplingSpec(max_tokens=max_tokens, seed=seed, ignore_eos=True),
-                        max_tokens)
-        if not await asyncio.to_thread(request.done.wait, RUN_TIMEOUT_S):
-            raise click.ClickException("the plain engine did not finish a generation")
-        del self.requests[request_id]
-        return request.tokens, time.monotonic() - t0
+        tokens = await asyncio.to_thread(self.engine.generate, uuid.uuid4().hex, context, spec)
+        return tokens, time.monotonic() - t0
 
     def _exec(self, handle, trajectory: str, step: int, command: str):
         """The command through the sandbox's channel, as `SandboxHost.exec` runs it but

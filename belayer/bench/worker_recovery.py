@@ -247,8 +247,18 @@ class PlainServer:
         """Submit the workload with `trace` listening (it may kill the engine)."""
         self.listener = trace.on_progress
         for rid, prompt, spec in work:
-            self.requests[rid], self.tokens[rid], self.done[rid] = (prompt, spec), [], threading.Event()
-            self.engine.add(rid, prompt, spec, spec.max_tokens)
+            self._submit(rid, prompt, spec)
+
+    def generate(self, request_id: str, prompt: list[int], spec: SamplingSpec) -> list[int]:
+        """One request, start to end, nobody listening: its tokens (a plain agent loop's turn)."""
+        self._submit(request_id, prompt, spec)
+        (tokens,) = self.results([(request_id, prompt, spec)])
+        return tokens
+
+    def _submit(self, request_id: str, prompt: list[int], spec: SamplingSpec) -> None:
+        self.requests[request_id], self.tokens[request_id] = (prompt, spec), []
+        self.done[request_id] = threading.Event()
+        self.engine.add(request_id, prompt, spec, spec.max_tokens)
 
     def restart(self) -> tuple[float, float, float]:
         """Wait for the engine's death, start a new one, re-send what is unfinished.

@@ -304,7 +304,7 @@ def _read_remembered(store: ObjectStore, ref: PrefixRef) -> bytes:
     if seen is not None and seen[0] <= ref.length:
         tail = _read_forward(store, key, seen[0], ref.length)
         if tail is not None:
-            data = seen[1][: seen[0] * 4] + tail
+            data = seen[1] + tail
             if hashlib.sha256(data).hexdigest() == ref.sha256:
                 _PREFIXES.remember(store, key, ref.length, data)
                 return data
