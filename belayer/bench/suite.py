@@ -9,7 +9,8 @@ lines as `DIR/NAME.log`. Then, from those files alone:
   DIR/benchmarks.md  -- every figure each benchmark reports as min / median / max (and its
                         single-valued figures), the commands, the machine: the page
                         `docs/benchmarks.md` is copied from;
-  DIR/plots.html     -- one page: per benchmark, its min / median / max figures as bars.
+  DIR/plots.html     -- one page: per benchmark, its min / median / max figures as bars
+                        (also DIR/NAME.png).
 
 A benchmark that fails is recorded with the end of its log and the suite goes on; the
 command exits 1 when any failed. Nothing here judges a figure.
@@ -17,8 +18,6 @@ command exits 1 when any failed. Nothing here judges a figure.
 
 from __future__ import annotations
 
-import base64
-import io
 import json
 import subprocess
 import sys
@@ -155,46 +154,25 @@ def markdown(outcomes: list[Outcome], machine: dict) -> str:
     return "\n".join(lines)
 
 
-def plots_page(outcomes: list[Outcome], machine: dict) -> str:
-    """One HTML page, a PNG per benchmark (embedded): each figure's median as a bar, its
-    min and max as the whisker."""
+def plots_page(outcomes: list[Outcome], machine: dict, out_dir: Path) -> str:
+    """One HTML page (the report's layout), a chart per benchmark of its min / median / max
+    figures, each also kept as `out_dir/NAME.png`."""
     import html
 
-    parts = ["<!doctype html><meta charset='utf-8'><title>Belayer benchmarks</title>",
-             "<style>body{font-family:sans-serif;max-width:1100px;margin:auto}img{max-width:100%}</style>",
-             f"<h1>Belayer benchmarks</h1><p>{machine['cores']} cores; load average "
+    from belayer.report import plots
+    from belayer.report.html import document, figure
+
+    parts = [f"<h1>Belayer benchmarks</h1><p>{machine['cores']} cores; load average "
              f"{html.escape(_loads(machine['before']))} before, {html.escape(_loads(machine['after']))} after.</p>"]
     for outcome in outcomes:
-        parts.append(f"<h2>{html.escape(outcome.name)}</h2><p><code>{html.escape(' '.join(outcome.command))}</code></p>")
         spreads = figures(outcome.report)[0] if outcome.ok else []
-        if not outcome.ok:
-            parts.append("<p>failed; see its log</p>")
-        elif not spreads:
-            parts.append("<p>no repeated figures (see the JSON)</p>")
-        else:
-            parts.append(f"<img alt='{html.escape(outcome.name)}' src='data:image/png;base64,{_bars(spreads)}'>")
-    return "\n".join(parts)
-
-
-def _bars(spreads: list[tuple[str, dict]]) -> str:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    labels = [p for p, _ in spreads]
-    medians = [s["median"] for _, s in spreads]
-    errors = [[s["median"] - s["min"] for _, s in spreads], [s["max"] - s["median"] for _, s in spreads]]
-    fig, ax = plt.subplots(figsize=(10, 0.35 * len(spreads) + 1))
-    ax.barh(range(len(spreads)), medians, xerr=errors, color="#4C72B0", ecolor="#333333", capsize=3)
-    ax.set_yticks(range(len(spreads)), labels, fontsize=8)
-    ax.invert_yaxis()
-    ax.set_xlabel("median, whiskers min and max (units in each name)")
-    fig.tight_layout()
-    buffer = io.BytesIO()
-    fig.savefig(buffer, format="png", dpi=90)
-    plt.close(fig)
-    return base64.b64encode(buffer.getvalue()).decode()
+        command = f"<p><code>{html.escape(' '.join(outcome.command))}</code></p>"
+        if spreads:
+            parts += [figure(outcome.name, plots.spreads(spreads, out_dir / f"{outcome.name}.png")), command]
+            continue
+        why = "failed; see its log" if not outcome.ok else "no repeated figures (see the JSON)"
+        parts += [f"<h2>{html.escape(outcome.name)}</h2>", command, f"<p>{why}</p>"]
+    return document("Belayer benchmarks", parts)
 
 
 def _num(value) -> str:
@@ -223,7 +201,7 @@ def write_outputs(out_dir: Path, outcomes: list[Outcome], machine: dict) -> None
         for o in outcomes]}
     (out_dir / "summary.json").write_text(json.dumps(summary, indent=2))
     (out_dir / "benchmarks.md").write_text(markdown(outcomes, machine))
-    (out_dir / "plots.html").write_text(plots_page(outcomes, machine))
+    (out_dir / "plots.html").write_text(plots_page(outcomes, machine, out_dir))
 
 
 @click.command("all")

@@ -28,14 +28,14 @@ ZERO_IS_GOOD = {"lost", "mismatched", "failed_infra"}
 def page(run: RunData, figures: list[tuple[str, Path]], benches: list[tuple[str, dict]],
          history_errors: dict[str, str]) -> str:
     parts = [f"<h1>Belayer report — {html.escape(Path(run.source).name)}</h1>", _summary(run)]
-    parts += [_figure(title, path) for title, path in figures]
+    parts += [figure(title, path) for title, path in figures]
     parts.append(_faults(run))
     parts.append(_trajectories(run))
     parts.append(_benches(benches))
     if history_errors:
         parts.append("<h2>Histories not read</h2><ul>" + "".join(
             f"<li><code>{html.escape(k)}</code>: {html.escape(v)}</li>" for k, v in history_errors.items()) + "</ul>")
-    return _document("Belayer report", parts)
+    return document("Belayer report", parts)
 
 
 def training_page(run: TrainingRun, control: TrainingRun | None, figures: list[tuple[str, Path, str]],
@@ -45,21 +45,21 @@ def training_page(run: TrainingRun, control: TrainingRun | None, figures: list[t
     parts.append(_training_summary(run, control))
     if not run.iterations:
         parts.append("<p>The run recorded no iteration: nothing to draw.</p>")
-    parts += [_figure(*figure) for figure in figures]
+    parts += [figure(*drawn) for drawn in figures]
     parts.append(_training_faults(run))
     parts.append(_iterations(run))
     parts.append(_dropped_groups(run))
     parts.append(_benches(benches))
-    return _document(f"Belayer training report — {run.run_id}", parts)
+    return document(f"Belayer training report — {run.run_id}", parts)
 
 
-def _document(title: str, parts: list[str]) -> str:
+def document(title: str, parts: list[str]) -> str:
     head = (f"<!doctype html><html><head><meta charset='utf-8'><title>{html.escape(title)}</title>"
             f"<style>{STYLE}</style></head><body>")
     return "\n".join([head, *[p for p in parts if p], "</body></html>"])
 
 
-def _figure(title: str, path: Path, caption: str = "") -> str:
+def figure(title: str, path: Path, caption: str = "") -> str:
     encoded = base64.b64encode(path.read_bytes()).decode()
     text = f"<p class='caption'>{html.escape(caption)}</p>" if caption else ""
     return (f"<h2>{html.escape(title)}</h2><img alt='{html.escape(title)}' "

@@ -42,6 +42,23 @@ def _pyplot():
     return plt
 
 
+def spreads(figures: list[tuple[str, dict]], path: Path) -> Path:
+    """One benchmark's repeated figures (`belayer bench all`): each median a bar, its min and
+    max the whisker; units are in the figures' names."""
+    plt = _pyplot()
+    fig, ax = plt.subplots(figsize=(10, 0.35 * len(figures) + 1))
+    medians = [s["median"] for _, s in figures]
+    errors = [[s["median"] - s["min"] for _, s in figures], [s["max"] - s["median"] for _, s in figures]]
+    ax.barh(range(len(figures)), medians, xerr=errors, color=COLORS["generate"], ecolor="#333333", capsize=3)
+    ax.set_yticks(range(len(figures)), [name for name, _ in figures], fontsize=8)
+    ax.invert_yaxis()
+    ax.set_xlabel("median, whiskers min and max (units in each name)")
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
+
+
 def fault_time(fault, history: History | None) -> float | None:
     """When a fault hit: recorded by the soak, or (from `belayer run`) the end of its step's action."""
     if fault.injected_at is not None:

@@ -25,7 +25,7 @@ def test_figures_are_found_at_any_depth_and_lists_of_runs_left_out():
     assert numbers == [("speedup", 2.8), ("fork.group", 8)]
 
 
-def test_the_page_has_every_benchmark_its_figures_and_its_failure():
+def test_the_page_has_every_benchmark_its_figures_and_its_failure(tmp_path):
     good = Outcome("fork", ["belayer", "bench", "fork", "--json"], True, 12.0,
                    report={"speedup": 2.8, "fork_ready_s": {"min": 1.0, "median": 2.0, "max": 3.5}})
     bad = Outcome("publish", ["belayer", "bench", "publish", "--json"], False, 3.0, error="exit 1:\nno node")
@@ -33,8 +33,9 @@ def test_the_page_has_every_benchmark_its_figures_and_its_failure():
     assert "## fork" in page and "| fork_ready_s | 2 | 1 | 3.5 |" in page and "| speedup | 2.8 |" in page
     assert "## publish" in page and "no node" in page
     assert "2 cores" in page and "0.50 / 0.40 / 0.30 before" in page
-    plots = plots_page([good, bad], MACHINE)
+    plots = plots_page([good, bad], MACHINE, tmp_path)
     assert plots.count("data:image/png;base64,") == 1 and "failed; see its log" in plots
+    assert (tmp_path / "fork.png").is_file() and not (tmp_path / "publish.png").exists()
 
 
 @pytest.mark.stack
