@@ -386,7 +386,20 @@ def _pct(value: float | None, base: float | None) -> float | None:
 # ---------------------------------------------------------------- the command
 
 
-def _load_task(workload: Path, task_id: str | None) -> TraceTask:
+def trace_task_options(default_workload: Path):
+    """`--workload FILE` and `--task ID`: the trace task a benchmark runs (`load_trace_task`)."""
+
+    def add(command):
+        command = click.option("--task", "task_id", default=None,
+                               help="Trace task of the workload (default: the first).")(command)
+        return click.option("--workload", type=click.Path(exists=True, dir_okay=False, path_type=Path),
+                            default=default_workload, show_default=True,
+                            help="Workload file with the trace task to run.")(command)
+
+    return add
+
+
+def load_trace_task(workload: Path, task_id: str | None) -> TraceTask:
     from belayer.workloads.loader import load_workload
 
     traces = [t for t in load_workload(workload).tasks if isinstance(t, TraceTask)]
@@ -416,9 +429,7 @@ def _stack_target(config, client) -> Target:
 
 
 @click.command("overhead")
-@click.option("--workload", type=click.Path(exists=True, dir_okay=False, path_type=Path),
-              default=DEFAULT_WORKLOAD, show_default=True, help="Workload file with the trace task to run.")
-@click.option("--task", "task_id", default=None, help="Trace task of the workload (default: the first).")
+@trace_task_options(DEFAULT_WORKLOAD)
 @click.option("--rounds", default=2, show_default=True, type=click.IntRange(1, 100),
               help="Rounds; each runs every mode once, in a rotated order.")
 @click.option("--inject-failure", is_flag=True,
@@ -440,7 +451,7 @@ def overhead(ctx: click.Context, workload: Path, task_id: str | None, rounds: in
     from belayer.temporal_client import connect
 
     config = config_from(ctx.find_root())
-    task = _load_task(workload, task_id)
+    task = load_trace_task(workload, task_id)
     err = Console(stderr=True)
 
     async def main() -> dict:

@@ -45,6 +45,7 @@ import click
 
 from belayer.bench.machine import machine_load, spread
 from belayer.bench.output import report_and_exit
+from belayer.bench.overhead import load_trace_task, trace_task_options
 from belayer.workloads.models import TraceTask
 
 MODES = ("belayer", "plain")
@@ -295,16 +296,8 @@ async def run_bench(config, task: TraceTask, repetitions: int, say) -> dict:
     return summarize(belayer, plain, task=task, load=load | {"after": machine_load()["load_avg"]})
 
 
-def _load_task(workload: Path, task_id: str | None) -> TraceTask:
-    from belayer.bench.overhead import _load_task as load
-
-    return load(workload, task_id)
-
-
 @click.command("turn-overhead")
-@click.option("--workload", type=click.Path(exists=True, dir_okay=False, path_type=Path),
-              default=DEFAULT_WORKLOAD, show_default=True, help="Workload file with the trace task to run.")
-@click.option("--task", "task_id", default=None, help="Trace task of the workload (default: the first).")
+@trace_task_options(DEFAULT_WORKLOAD)
 @click.option("--repetitions", default=3, show_default=True, type=click.IntRange(1, 50),
               help="Runs of each mode, interleaved; figures are min / median / max.")
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object on stdout.")
@@ -320,7 +313,7 @@ def turn_overhead(ctx: click.Context, workload: Path, task_id: str | None, repet
     from belayer.cli.main import config_from
 
     config = config_from(ctx.find_root())
-    task = _load_task(workload, task_id)
+    task = load_trace_task(workload, task_id)
     err = Console(stderr=True)
     report = asyncio.run(run_bench(config, task, repetitions, lambda m: err.print(m, highlight=False)))
     report_and_exit(report, as_json=as_json, print_table=print_report)
