@@ -2,7 +2,7 @@
 
 | name | where | what happens |
 |---|---|---|
-| sandbox_restore_damaged_archive | restore | the downloaded archive is cut in half *after* its sha256 check, so podman/CRIU itself fails to restore |
+| sandbox_restore_damaged_archive | restore | the downloaded archive is cut in half *after* its sha256 check and decompression, so podman/CRIU itself fails to restore |
 | sandbox_kill_during_exec | exec | the container is SIGKILLed right after the action is submitted |
 
 Read here and nowhere else; read at each fault point, so a test can set it per test.

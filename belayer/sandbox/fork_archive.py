@@ -7,7 +7,7 @@ servers could not both bind a port) and one socket. So each fork gets its own co
 the archive with `config.dump` and `spec.dump` rewritten: its namespace and channel
 paths, its labels, its hostname. Everything else -- CRIU images, tmpfs contents, the
 rootfs diff -- is copied byte for byte with `copy_file_range` from one uncompressed
-copy of the archive made once per host (`unpack`), so a fork costs a file copy in the
+copy of the archive made once per host (`compression.unpack`), so a fork costs a file copy in the
 page cache, not a decompression.
 
 Why `--name` and not a rewritten name: podman then gives the fork a new container id
@@ -22,8 +22,6 @@ from __future__ import annotations
 import copy
 import json
 import os
-import shutil
-import subprocess
 import tarfile
 from dataclasses import dataclass
 from pathlib import Path
@@ -44,22 +42,6 @@ class ForkIdentity:
     channel_dir: str
     hostname: str
     labels: dict[str, str]
-
-
-def unpack(archive: Path, compression: str, dest: Path) -> Path:
-    """The archive as a plain tar at `dest` (or `archive` itself when it is one)."""
-    if compression == "none":
-        return archive
-    tool = {"zstd": ["zstd", "-d", "-q", "-c"], "gzip": ["gzip", "-d", "-c"]}.get(compression)
-    if tool is None:
-        raise CheckpointCorrupt(f"checkpoint compression {compression!r} is not one Belayer writes")
-    if shutil.which(tool[0]) is None:
-        raise CheckpointCorrupt(f"`{tool[0]}` is not installed: run infra/install/podman.sh as root")
-    with open(dest, "wb") as out:
-        r = subprocess.run([*tool, str(archive)], stdout=out, stderr=subprocess.PIPE)
-    if r.returncode != 0:
-        raise CheckpointCorrupt(f"{archive.name} does not decompress as {compression}: {r.stderr.decode()[-300:]}")
-    return dest
 
 
 def write_fork(plain: Path, out: Path, identity: ForkIdentity) -> None:

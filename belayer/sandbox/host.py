@@ -23,11 +23,12 @@ import tempfile
 import threading
 import time
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Protocol
 
-from belayer.sandbox import channel, faults, fork_archive, lineage
+from belayer.sandbox import channel, compression, faults, lineage
 from belayer.sandbox.backend import SandboxBackend
 from belayer.sandbox.config import SandboxConfig
 from belayer.sandbox.errors import (
@@ -239,17 +240,21 @@ class SandboxHost:
             hasher = hashlib.sha256()
             size = 0
             t0 = time.monotonic()
+            phases: dict[str, float] = {}
+            streamed_at = t0
 
             def counted(chunks: Iterator[bytes]) -> Iterator[bytes]:
-                nonlocal size
+                nonlocal size, streamed_at
                 for chunk in chunks:
                     hasher.update(chunk)
                     size += len(chunk)
                     yield chunk
+                streamed_at = time.monotonic()
 
-            with self.backend.checkpoint_stream(handle.container) as chunks:
+            with self.backend.checkpoint_stream(handle.container, phases) as chunks:
                 self.store.upload_stream(base + "archive", counted(chunks))
             dump_s = time.monotonic() - t0
+            phases["upload_tail"] = dump_s - (streamed_at - t0)
             fs_key = fs_sha = None
             if fs_snapshot:
                 data = self.backend.run_as_agent(
@@ -266,7 +271,7 @@ class SandboxHost:
                 image=self.cfg.image, image_id=self.backend.image_id(), criu_version=versions["criu"],
                 podman_version=versions["podman"], compression=self.cfg.checkpoint_compression,
                 netns=f"belayer-{handle.sandbox_id}", channel_dir=str(self._sock(handle).parent),
-                created_at=time.time(), dump_s=dump_s,
+                created_at=time.time(), dump_s=dump_s, phases=phases,
             )  # fmt: skip
             self.store.put_bytes(base + "meta.json", meta.model_dump_json().encode())
         return CheckpointRef(meta_key=base + "meta.json", step=meta.step, archive_sha256=meta.archive_sha256,
@@ -285,6 +290,7 @@ class SandboxHost:
     # ------------------------------------------------------------------ restore
     def restore(self, ref: CheckpointRef, new_generation: int, log: list[LoggedAction] | None = None, *,
                 sandbox_id: str | None = None, trajectory: str | None = None,
+                phases: dict[str, float] | None = None,
                 ) -> tuple[SandboxHandle, CheckpointMeta]:  # fmt: skip
         """Full restore on this host; fences any older container of the lineage first.
 
@@ -296,7 +302,13 @@ class SandboxHost:
 
         A checkpoint of another lineage than `sandbox_id` (a group's set-up sandbox, the
         trajectory a branch starts from) is started as a fork serving `trajectory`.
+
+        `phases` (for reports) gets the seconds of a lineage's own restore: `fetch` (the
+        metadata, then the archive downloaded and decompressed while the old containers
+        are fenced), `podman` (podman and CRIU restoring it), `ready` (until the
+        supervisor answers with the checkpoint's journal, at the new generation, checked).
         """
+        clock = _PhaseClock(phases)
         meta = self._restorable_meta(ref, log)
         if sandbox_id is not None and sandbox_id != meta.sandbox_id:
             trajectory = trajectory or next((a.trajectory for a in log or []), None)
@@ -308,18 +320,14 @@ class SandboxHost:
             return handle, meta
         sid = meta.sandbox_id
         with self._lock(sid):
-            self.backend.fence(sid)
-            tmp_dir = self.state_dir / "tmp"
-            tmp_dir.mkdir(parents=True, exist_ok=True)
-            with tempfile.NamedTemporaryFile(dir=tmp_dir, prefix=f"restore-{sid}-", suffix=".tar") as f:
-                self._download_archive(meta, f)
-                if faults.active("sandbox_restore_damaged_archive"):
-                    _damage(f)
+            with self._unpacked(meta, meanwhile=lambda: self.backend.fence(sid)) as plain:
+                clock.lap("fetch")
                 try:
-                    container = self.backend.restore(Path(f.name), sid, new_generation)
+                    container = self.backend.restore(plain, sid, new_generation)
                 except SandboxError:
                     self.backend.fence(sid)  # a failed restore can leave a created container
                     raise
+                clock.lap("podman")
             try:
                 self._record_lineage(sid, new_generation, container)
                 info = channel.wait_ready(self._sock(sid), self.cfg.start_timeout_s)
@@ -334,6 +342,7 @@ class SandboxHost:
             except BaseException:
                 self.backend.fence(sid)
                 raise
+            clock.lap("ready")
         return self._handle(sid, new_generation, container), meta
 
     def _restorable_meta(self, ref: CheckpointRef, log: list[LoggedAction] | None) -> CheckpointMeta:
@@ -361,8 +370,6 @@ class SandboxHost:
         that fails is an outcome with its error and leaves nothing behind; a checkpoint
         that cannot be used at all (corrupt, another base image) raises.
         """
-        from concurrent.futures import ThreadPoolExecutor
-
         meta = self._restorable_meta(ref, log)
         t0 = time.monotonic()
 
@@ -401,19 +408,22 @@ class SandboxHost:
         return self._handle(sid, generation, container)
 
     @contextlib.contextmanager
-    def _unpacked(self, meta: CheckpointMeta) -> Iterator[Path]:
+    def _unpacked(self, meta: CheckpointMeta, meanwhile: Callable[[], None] | None = None) -> Iterator[Path]:
         """The checkpoint's archive, downloaded (sha256-checked) and uncompressed, in a
-        private directory removed afterwards."""
+        private directory removed afterwards. `meanwhile` (a restore's fence: podman calls,
+        ~0.2 s) runs in a thread beside the download and must have finished before the
+        archive is handed over."""
         tmp_root = self.state_dir / "tmp"
         tmp_root.mkdir(parents=True, exist_ok=True)
-        with tempfile.TemporaryDirectory(dir=tmp_root, prefix=f"fork-{meta.sandbox_id}-") as d:
-            archive = Path(d) / "archive"
-            with open(archive, "wb") as f:
-                self._download_archive(meta, f)
+        with (tempfile.TemporaryDirectory(dir=tmp_root, prefix=f"restore-{meta.sandbox_id}-") as d,
+              ThreadPoolExecutor(max_workers=1) as pool):  # fmt: skip
+            beside = pool.submit(meanwhile or (lambda: None))
+            plain = compression.unpack(lambda f: self._download_archive(meta, f), meta.compression,
+                                       Path(d) / "plain.tar")  # fmt: skip
+            beside.result()
             if faults.active("sandbox_restore_damaged_archive"):
-                with open(archive, "rb+") as f:
-                    _damage(f)
-            yield fork_archive.unpack(archive, meta.compression, Path(d) / "plain.tar")
+                _damage(plain)
+            yield plain
 
     def _download_archive(self, meta: CheckpointMeta, f) -> None:
         from belayer.storage.errors import CorruptObject, ObjectNotFound
@@ -634,12 +644,25 @@ def _check_prefix(ref: CheckpointRef, meta: CheckpointMeta, log: list[LoggedActi
         )
 
 
-def _damage(f) -> None:
-    """Cut a downloaded archive in half (fault point). A flipped byte is not enough: it can
-    land in a page image and restore silently wrong memory -- which is why the sha256 of
-    every archive is checked before podman sees it."""
-    f.flush()
-    os.truncate(f.name, os.fstat(f.fileno()).st_size // 2)
+class _PhaseClock:
+    """Seconds between laps, into `phases` when the caller asked for them."""
+
+    def __init__(self, phases: dict[str, float] | None):
+        self.phases = phases
+        self.last = time.monotonic()
+
+    def lap(self, name: str) -> None:
+        now = time.monotonic()
+        if self.phases is not None:
+            self.phases[name] = now - self.last
+        self.last = now
+
+
+def _damage(archive: Path) -> None:
+    """Cut a checked, unpacked archive in half (fault point). A flipped byte is not enough:
+    it can land in a page image and restore silently wrong memory -- which is why the
+    sha256 of every archive is checked before podman sees it."""
+    os.truncate(archive, archive.stat().st_size // 2)
 
 
 def make_host(config, *, store=None, host_queue: str | None = None) -> SandboxHost:

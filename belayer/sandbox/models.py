@@ -159,6 +159,12 @@ class CheckpointMeta(_Model):
     channel_dir: str = Field(description="Bind-mount source of the supervisor channel.")
     created_at: float
     dump_s: float = Field(ge=0, description="Seconds podman/CRIU took to dump and stream the archive.")
+    phases: dict[str, float] = Field(
+        default_factory=dict,
+        description="Seconds per phase of dump_s: freeze, frozen, dump, archive (podman's, see "
+                    "podman.dump_phases) and upload_tail (the upload after the last archive byte). "
+                    "For reports only.",
+    )
 
 
 class CheckpointRef(_Model):

@@ -31,13 +31,15 @@ Isolation of each container:
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import shutil
 import subprocess
+import tarfile
 from collections.abc import Iterator
 from pathlib import Path
 
-from belayer.sandbox import fork_archive, runtime
+from belayer.sandbox import compression, fork_archive, runtime
 from belayer.sandbox.config import SandboxConfig
 from belayer.sandbox.errors import (
     CheckpointFailed,
@@ -204,52 +206,83 @@ class PodmanBackend:
 
     # ------------------------------------------------------------------ checkpoint / restore
     @contextlib.contextmanager
-    def checkpoint_stream(self, container: str) -> Iterator[Iterator[bytes]]:
-        """`checkpoint --export=/dev/fd/N` on a pipe: a clean archive stream (docs/design.md §7)."""
+    def checkpoint_stream(self, container: str, phases: dict[str, float] | None = None
+                          ) -> Iterator[Iterator[bytes]]:  # fmt: skip
+        """`checkpoint --export=/dev/fd/N` on a pipe: a clean archive stream (docs/design.md §7).
+
+        podman writes it plain; the configured compressor, when there is one, reads the
+        pipe and the stream is its output (belayer/sandbox/compression.py says why).
+        `phases` gets podman's own figures once the stream has ended (`dump_phases`).
+        """
+        compress = compression.compressor(self.cfg.checkpoint_compression)
         r, w = os.pipe()
         args = [
-            "container", "checkpoint", "--leave-running", "--tcp-established",
-            "-c", self.cfg.checkpoint_compression, f"--export=/dev/fd/{w}", container,
+            "container", "checkpoint", "--leave-running", "--tcp-established", "--print-stats",
+            "-c", "none", f"--export=/dev/fd/{w}", container,
         ]  # fmt: skip
-        err_path = self.state_dir / "tmp" / f"ckpt-{container}-{os.getpid()}.err"
-        err_path.parent.mkdir(parents=True, exist_ok=True)
-        with open(err_path, "w+b") as err:
-            proc = subprocess.Popen(
-                self._cmd(*args), env=self._env(), stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
-                stderr=err, pass_fds=(w,),
-            )  # fmt: skip
-            os.close(w)
-            reader = os.fdopen(r, "rb", buffering=0)
+        err_dir = self.state_dir / "tmp"
+        err_dir.mkdir(parents=True, exist_ok=True)
+        err_paths = [err_dir / f"ckpt-{container}-{os.getpid()}.{what}" for what in ("stats", "err", "compress.err")]
+        procs: list[subprocess.Popen] = []
+        try:
+            with (open(err_paths[0], "w+b") as stats, open(err_paths[1], "w+b") as err,
+                  open(err_paths[2], "w+b") as compress_err):  # fmt: skip
+                try:
+                    procs.append(subprocess.Popen(
+                        self._cmd(*args), env=self._env(), stdin=subprocess.DEVNULL, stdout=stats,
+                        stderr=err, pass_fds=(w,),
+                    ))  # fmt: skip
+                finally:
+                    os.close(w)
+                try:
+                    if compress:
+                        try:
+                            procs.append(subprocess.Popen(compress, stdin=r, stdout=subprocess.PIPE, stderr=compress_err))
+                        finally:
+                            os.close(r)
+                        reader = procs[-1].stdout
+                    else:
+                        reader = os.fdopen(r, "rb", buffering=0)
+                except BaseException:
+                    _kill(procs)
+                    raise
 
-            def chunks() -> Iterator[bytes]:
-                while True:
-                    data = reader.read(CHUNK)
-                    if not data:
-                        return
-                    yield data
+                def chunks() -> Iterator[bytes]:
+                    while data := reader.read(CHUNK):
+                        yield data
 
-            try:
-                yield chunks()
-                for _ in chunks():  # drain whatever the consumer left
-                    pass
-                rc = proc.wait(timeout=self.cfg.podman_timeout_s)
-            except BaseException:
-                proc.kill()
-                proc.wait()
-                raise
-            finally:
-                reader.close()
-            err.seek(0)
-            stderr = err.read().decode(errors="replace")
-        err_path.unlink(missing_ok=True)
-        if rc != 0:
-            raise translate_podman_error(args, rc, stderr)
+                try:
+                    yield chunks()
+                    for _ in chunks():  # drain whatever the consumer left
+                        pass
+                    rcs = [p.wait(timeout=self.cfg.podman_timeout_s) for p in procs]
+                except BaseException:
+                    _kill(procs)
+                    raise
+                finally:
+                    reader.close()
+                stats_text, stderr, compress_stderr = (_read_all(f) for f in (stats, err, compress_err))
+        finally:
+            for path in err_paths:
+                path.unlink(missing_ok=True)
+        if rcs[0] != 0:
+            raise translate_podman_error(args, rcs[0], stderr)
+        if compress and rcs[1] != 0:
+            raise CheckpointFailed(f"`{' '.join(compress)}` failed on the checkpoint of {container} "
+                                   f"(exit {rcs[1]}): {compress_stderr[-300:]}")
+        if phases is not None:
+            phases.update(dump_phases(stats_text))
 
     def restore(self, archive: Path, sandbox_id: str, generation: int) -> str:
+        """Start a plain checkpoint archive as this generation's container."""
         self.ensure_host_side(sandbox_id)
         name = self.container_name(sandbox_id, generation)
+        if not holds_established_tcp(archive):
+            self.podman("container", "restore", f"--import={archive}", f"--name={name}")
+            return name
         # podman 4.3 refuses --name with --tcp-established: restore under the archived
-        # name (its container was fenced), then rename to this generation's name.
+        # name (its container was fenced), then rename to this generation's name (one more
+        # podman call, ~0.1 s, so only when a connection needs it).
         r = self.podman("container", "restore", "--tcp-established", f"--import={archive}")
         restored = r.stdout.decode().strip().splitlines()[-1] if r.stdout.strip() else ""
         if self.podman("rename", restored, name, check=False).returncode != 0:
@@ -305,3 +338,51 @@ class PodmanBackend:
             criu = ".".join(map(str, runtime.criu_version(runtime.criu_path(self.cache_dir))))
             self._versions = {"podman": r.stdout.decode().strip() or "?", "criu": criu or "?"}
         return self._versions
+
+
+def _kill(procs: list[subprocess.Popen]) -> None:
+    for proc in procs:
+        proc.kill()
+        proc.wait()
+
+
+def _read_all(f) -> str:
+    f.seek(0)
+    return f.read().decode(errors="replace")
+
+
+def holds_established_tcp(plain_archive: Path) -> bool:
+    """Whether the checkpoint dumped an established TCP connection: CRIU writes one
+    `tcp-stream-<inode>.img` per connection (`--tcp-established`), none for listeners."""
+    try:
+        with tarfile.open(plain_archive, "r:") as tar:
+            return any(Path(name).name.startswith("tcp-stream-") for name in tar.getnames())
+    except tarfile.TarError as exc:
+        raise RestoreFailed(f"{plain_archive.name} is not a readable checkpoint archive: {exc}") from exc
+
+
+def dump_phases(print_stats: str) -> dict[str, float]:
+    """Seconds per phase of a dump, from `podman container checkpoint --print-stats`:
+
+    freeze   -- CRIU stopping every process of the container;
+    frozen   -- how long they stayed stopped (the pause the agent's processes see:
+                memory, file descriptors, each tmpfs's contents);
+    dump     -- runc and CRIU in all, freeze and frozen included;
+    archive  -- podman writing the archive around that (the rootfs diff, the tar stream,
+                waiting on the pipe while the compressor and the upload read it).
+
+    Empty when podman printed nothing readable: the figures are for reports, never for
+    a decision."""
+    try:
+        stats = json.loads(print_stats)
+        container = stats["container_statistics"][0]
+        criu = container.get("criu_statistics") or {}
+        micro = 1e6  # podman reports microseconds
+        return {
+            "freeze": criu["freezing_time"] / micro,
+            "frozen": criu["frozen_time"] / micro,
+            "dump": container["runtime_checkpoint_duration"] / micro,
+            "archive": (stats["podman_checkpoint_duration"] - container["runtime_checkpoint_duration"]) / micro,
+        }
+    except (ValueError, KeyError, IndexError, TypeError):
+        return {}

@@ -37,6 +37,9 @@ from pathlib import Path
 REPO_ROOT = Path(__file__).resolve().parents[2]
 INFRA_DIR = REPO_ROOT / "infra"
 PODMAN_CONF_DIR = INFRA_DIR / "podman"
+# Found by CRIU on PATH ahead of the system's: a `tar` that keeps gzip out of the frozen
+# window (infra/podman/criu-tools/tar says why).
+CRIU_TOOLS_DIR = PODMAN_CONF_DIR / "criu-tools"
 VERSIONS_ENV = INFRA_DIR / "versions.env"
 
 INSTALL_HINT = "run `make install` (or `bash infra/install/sandbox-runtime.sh`) as root"
@@ -127,13 +130,13 @@ def podman_env(
     env = dict(os.environ if base is None else base)
     env["CONTAINERS_CONF"] = str(PODMAN_CONF_DIR / "containers.conf")
     env["CONTAINERS_STORAGE_CONF"] = str(PODMAN_CONF_DIR / "storage.conf")
-    bin_dir = str(criu_bin_dir(cache_dir))
-    path = [p for p in env.get("PATH", "").split(os.pathsep) if p and p != bin_dir]
+    ours = [str(CRIU_TOOLS_DIR), str(criu_bin_dir(cache_dir))]
+    path = [p for p in env.get("PATH", "").split(os.pathsep) if p and p not in ours]
     # /usr/sbin for runc and podman's helpers when run from a non-login environment.
     for extra in ("/usr/local/sbin", "/usr/sbin", "/sbin"):
         if extra not in path:
             path.append(extra)
-    env["PATH"] = os.pathsep.join([bin_dir, *path])
+    env["PATH"] = os.pathsep.join([*ours, *path])
     return env
 
 

@@ -10,8 +10,9 @@ import tarfile
 
 import pytest
 
+from belayer.sandbox.compression import compressor, unpack
 from belayer.sandbox.errors import CheckpointCorrupt
-from belayer.sandbox.fork_archive import ForkIdentity, unpack, write_fork
+from belayer.sandbox.fork_archive import ForkIdentity, write_fork
 
 PARENT = {"netns": "/run/netns/belayer-sbx-parent", "chan": "/run/belayer/sbx/sbx-parent"}
 IDENTITY = ForkIdentity(parent_netns=PARENT["netns"], parent_channel_dir=PARENT["chan"],
@@ -62,15 +63,37 @@ def test_a_forks_archive_names_its_own_paths_and_keeps_every_other_byte(tmp_path
     assert "sbx-parent" not in got["config.dump"].decode().replace("sbx-parent-g0", "")
 
 
-def test_unpack_decompresses_once_and_refuses_what_is_not_an_export(tmp_path):
+def downloading(path):
+    """A download that writes `path` in small chunks, as the object store does."""
+
+    def download(dest):
+        data = path.read_bytes()
+        for i in range(0, len(data), 4096):
+            dest.write(data[i:i + 4096])
+
+    return download
+
+
+@pytest.mark.parametrize("method", ["zstd", "gzip"])
+def test_unpack_decompresses_as_it_downloads_and_refuses_what_is_not_an_export(tmp_path, method):
     export(tmp_path / "plain.tar")
-    subprocess.run(["zstd", "-q", "-f", str(tmp_path / "plain.tar"), "-o", str(tmp_path / "a.tar.zst")], check=True)
-    plain = unpack(tmp_path / "a.tar.zst", "zstd", tmp_path / "out.tar")
+    packed = tmp_path / f"a.tar.{method}"
+    with open(tmp_path / "plain.tar", "rb") as src, open(packed, "wb") as out:
+        subprocess.run(compressor(method), stdin=src, stdout=out, check=True)
+    plain = unpack(downloading(packed), method, tmp_path / "out.tar")
     assert plain.read_bytes() == (tmp_path / "plain.tar").read_bytes()
-    assert unpack(tmp_path / "plain.tar", "none", tmp_path / "unused.tar") == tmp_path / "plain.tar"
-    (tmp_path / "half.zst").write_bytes((tmp_path / "a.tar.zst").read_bytes()[:40])
-    with pytest.raises(CheckpointCorrupt, match="does not decompress as zstd"):
-        unpack(tmp_path / "half.zst", "zstd", tmp_path / "bad.tar")
+    assert unpack(downloading(tmp_path / "plain.tar"), "none", tmp_path / "copy.tar").read_bytes() == \
+        (tmp_path / "plain.tar").read_bytes()
+    (tmp_path / "half").write_bytes(packed.read_bytes()[:40])
+    with pytest.raises(CheckpointCorrupt, match=f"does not decompress as {method}"):
+        unpack(downloading(tmp_path / "half"), method, tmp_path / "bad.tar")
+
+    def refused(dest):
+        dest.write(b"x" * 100)
+        raise CheckpointCorrupt("sha256 mismatch")
+
+    with pytest.raises(CheckpointCorrupt, match="sha256 mismatch"):
+        unpack(refused, method, tmp_path / "refused.tar")
     with tarfile.open(tmp_path / "other.tar", "w") as tar:
         tar.addfile(tarfile.TarInfo("hello"), io.BytesIO(b""))
     with pytest.raises(CheckpointCorrupt, match="lacks config.dump, spec.dump"):

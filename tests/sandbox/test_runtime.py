@@ -17,6 +17,7 @@ import pytest
 
 from belayer.sandbox import runtime
 from belayer.sandbox.runtime import (
+    CRIU_TOOLS_DIR,
     base_image_name,
     check_runtime,
     criu_path,
@@ -66,8 +67,9 @@ def test_podman_args_and_env_are_belayer_only(tmp_path: Path) -> None:
         'lock_type = "file"',
     ):
         assert line in conf
-    # podman itself runs `criu` from PATH for its version check: ours must come first.
-    assert env["PATH"].split(os.pathsep)[0] == str(tmp_path / "cache/bin")
+    # CRIU runs `tar` from PATH for each tmpfs, podman runs `criu` for its version check:
+    # ours come first.
+    assert env["PATH"].split(os.pathsep)[:2] == [str(CRIU_TOOLS_DIR), str(tmp_path / "cache/bin")]
 
 
 def test_defaults_follow_belayer_env(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:

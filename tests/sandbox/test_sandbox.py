@@ -93,6 +93,50 @@ def test_zdtm_shell_state_and_server_survive(sandboxes, mode):
     assert host.workspace_hash(handle) == before_hash
 
 
+TCP_SCENARIO = [
+    # An echo server and a client that holds one loopback connection open until asked.
+    "cat > /tmp/echo.py <<'PY'\n"
+    "import socket\n"
+    "s = socket.socket(); s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)\n"
+    "s.bind(('127.0.0.1', 8125)); s.listen()\n"
+    "conn, _ = s.accept(); f = conn.makefile('rw')\n"
+    "for line in f:\n"
+    "    f.write('echo ' + line); f.flush()\n"
+    "PY\n"
+    "cat > /tmp/client.py <<'PY'\n"
+    "import os, socket, time\n"
+    "f = socket.create_connection(('127.0.0.1', 8125)).makefile('rw')\n"
+    "while not os.path.exists('/tmp/ask'):\n"
+    "    time.sleep(0.05)\n"
+    "f.write('ping\\n'); f.flush(); open('/tmp/answer', 'w').write(f.readline())\n"
+    "PY\n"
+    "echo written",
+    "python3 /tmp/echo.py >/dev/null 2>&1 & sleep 0.3; python3 /tmp/client.py >/dev/null 2>&1 &\n"
+    "for i in $(seq 100); do grep -q ' 01 ' /proc/net/tcp && break; sleep 0.1; done; echo connected",
+]
+
+
+def test_established_tcp_connection_survives_a_restore(sandboxes):
+    """A checkpoint holding an established loopback connection restores with
+    `--tcp-established` (podman then refuses `--name`: renamed afterwards), and the
+    connection carries data after the restore."""
+    host = sandboxes.host
+    handle = sandboxes.create()
+    log: list[LoggedAction] = []
+    for step, command in enumerate(TCP_SCENARIO, 1):
+        obs = host.exec(handle, act(step, command))
+        assert obs.exit_code == 0, obs
+        log.append(LoggedAction(trajectory=TRAJ, step=step, command=command, observation_sha256=obs.sha256))
+    ref = host.checkpoint(handle)
+    host.kill(handle)
+    outcome = host.recover(handle, [ref], log)
+    assert outcome.source == f"checkpoint@{len(TCP_SCENARIO)}" and outcome.consistent, outcome
+    assert outcome.handle.container == sandboxes.backend.container_name(handle.sandbox_id, 1)
+    answer = host.exec(outcome.handle, act(len(TCP_SCENARIO) + 1, (
+        "touch /tmp/ask; for i in $(seq 100); do [ -s /tmp/answer ] && break; sleep 0.1; done; cat /tmp/answer")))
+    assert answer.stdout == "echo ping\n", answer
+
+
 def test_repeated_action_id_executes_once(sandboxes):
     host = sandboxes.host
     handle = sandboxes.create()
