@@ -172,6 +172,7 @@ def _register_optional_commands() -> None:
         (main, "belayer.report.cli", "report"),
         (bench, "belayer.bench.storage", "storage"),
         (bench, "belayer.bench.env_recovery", "env_recovery"),
+        (bench, "belayer.bench.checkpoint", "checkpoint"),
         (bench, "belayer.bench.worker_recovery", "worker_recovery"),
         (bench, "belayer.bench.publish", "publish"),
         (bench, "belayer.bench.overhead", "overhead"),

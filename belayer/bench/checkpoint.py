@@ -1,0 +1,254 @@
+"""`belayer bench checkpoint`: what one full checkpoint and one restore cost, phase by phase,
+against podman + CRIU driven the obvious way, in one run.
+
+The sandbox is the overhead bench's (`examples/workloads/overhead.yaml`, every turn run:
+a 4.5 MB data set and a virtual environment in the tmpfs workspace, a server holding
+~40 MB in memory). Each repetition, in an order rotated per repetition, measures:
+
+  belayer -- `SandboxHost.checkpoint` (the archive streamed through the compressor into
+             the object store, its metadata stored), then the container SIGKILLed and
+             `SandboxHost.restore` until the supervisor answers at the new generation
+             with the checkpoint's journal;
+  podman  -- what a user of podman would write without Belayer: `podman container
+             checkpoint --leave-running -c zstd --export FILE` with the system's tools,
+             FILE uploaded to the same object store; then the container SIGKILLed, FILE
+             downloaded, `podman container restore --import FILE`, until the same
+             supervisor answers. (This is also how Belayer checkpointed before it cut
+             the phases below.)
+
+Both clocks stop where a user stops waiting: the checkpoint stored, the sandbox ready to
+take the next action. Belayer's phases come from the checkpoint's metadata
+(`CheckpointMeta.phases`) and the restore's own laps; podman's from `--print-stats`.
+Nothing here is simulated.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import tempfile
+import time
+import uuid
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+import click
+
+from belayer.bench.machine import machine_load, spread
+from belayer.bench.overhead import load_trace_task, trace_task_options
+
+MODES = ("belayer", "podman")
+DEFAULT_WORKLOAD = Path(__file__).resolve().parents[2] / "examples" / "workloads" / "overhead.yaml"
+MiB = 1 << 20
+
+
+@dataclass
+class Sample:
+    """One mode's checkpoint and restore in one repetition."""
+
+    mode: str
+    checkpoint_s: float
+    restore_s: float
+    archive_mb: float
+    checkpoint_phases: dict[str, float]
+    restore_phases: dict[str, float]
+    consistent: bool = False  # the restored /workspace hashes as it did after the set-up (`Bench.run`)
+
+
+def schedule(repetitions: int) -> list[list[str]]:
+    """The modes of each repetition, rotated by its index."""
+    return [[MODES[(r + i) % len(MODES)] for i in range(len(MODES))] for r in range(repetitions)]
+
+
+class Bench:
+    """One sandbox, checkpointed and restored by each mode in turn."""
+
+    def __init__(self, host, say: Callable[[str], None]):
+        self.host = host
+        self.say = say
+        self.handle = None
+        self.workspace_sha256 = ""
+
+    def set_up(self, task) -> None:
+        from belayer.sandbox.models import Action, SandboxSpec
+
+        self.handle = self.host.create(SandboxSpec(setup_commands=task.setup))
+        trajectory = f"bench-checkpoint-{uuid.uuid4().hex[:8]}"
+        for step, turn in enumerate(task.turns, 1):
+            obs = self.host.exec(self.handle, Action(trajectory=trajectory, step=step, command=turn.bash))
+            if obs.exit_code != 0:
+                raise click.ClickException(f"turn {step} of {task.id} failed (exit {obs.exit_code}): "
+                                           f"{obs.output[-300:]}")
+        self.workspace_sha256 = self.host.workspace_hash(self.handle)
+        self.say(f"sandbox {self.handle.sandbox_id} set up: {len(task.turns)} turns of {task.id}")
+
+    def run(self, mode: str) -> Sample:
+        sample = self._belayer() if mode == "belayer" else self._podman()
+        sample.consistent = self.host.workspace_hash(self.handle) == self.workspace_sha256
+        return sample
+
+    def tear_down(self) -> None:
+        if self.handle is not None:
+            self.host.destroy(self.handle)
+            self.host.delete_checkpoints(self.handle.sandbox_id)
+
+    def _belayer(self) -> Sample:
+        started = time.monotonic()
+        ref = self.host.checkpoint(self.handle)
+        checkpoint_s = time.monotonic() - started
+        meta = self.host.load_meta(ref)
+        self.host.kill(self.handle)
+        restore_phases: dict[str, float] = {}
+        started = time.monotonic()
+        self.handle, _ = self.host.restore(ref, self.handle.generation + 1, phases=restore_phases)
+        restore_s = time.monotonic() - started
+        phases = dict(meta.phases) | {"metadata": checkpoint_s - meta.dump_s}
+        return Sample("belayer", checkpoint_s, restore_s, ref.archive_bytes / MiB, phases, restore_phases)
+
+    def _podman(self) -> Sample:
+        from belayer.sandbox import channel
+        from belayer.sandbox.podman import dump_phases
+
+        backend, store = self.host.backend, self.host.store
+        container = self.handle.container
+        key = f"bench/checkpoint/{self.handle.sandbox_id}-{uuid.uuid4().hex[:8]}.tar.zst"
+        with tempfile.TemporaryDirectory(dir=backend.state_dir / "tmp") as d:
+            archive = Path(d) / "archive.tar.zst"
+            started = time.monotonic()
+            stats = self._podman_cmd("container", "checkpoint", "--leave-running", "--tcp-established",
+                                     "--print-stats", "-c", "zstd", f"--export={archive}", container)
+            dumped = time.monotonic()
+            with open(archive, "rb") as f:
+                store.upload_stream(key, iter(lambda: f.read(MiB), b""))
+            checkpoint_s = time.monotonic() - started
+            checkpoint_phases = dump_phases(stats) | {"upload": time.monotonic() - dumped}
+            size_mb = archive.stat().st_size / MiB
+            archive.unlink()
+            backend.kill(container)
+            started = time.monotonic()
+            with open(archive, "wb") as f:
+                store.download_stream(key, f)
+            fetched = time.monotonic()
+            backend.podman("rm", "-f", "-t", "0", container, check=False)
+            self._podman_cmd("container", "restore", "--tcp-established", f"--import={archive}")
+            restored = time.monotonic()
+            channel.wait_ready(backend.channel_path(self.handle.sandbox_id), self.host.cfg.start_timeout_s)
+            restore_s = time.monotonic() - started
+        store.delete_prefix(key)
+        return Sample("podman", checkpoint_s, restore_s, size_mb, checkpoint_phases,
+                      {"fetch": fetched - started, "podman": restored - fetched, "ready": started + restore_s - restored})
+
+    def _podman_cmd(self, *args: str) -> str:
+        """podman with Belayer's storage flags (the same containers) but the system's own
+        tools on PATH: CRIU gzips each tmpfs itself, as it does for any podman user."""
+        from belayer.sandbox.runtime import CRIU_TOOLS_DIR, podman_command, podman_env
+
+        dirs = {"state_dir": self.host.backend.state_dir, "cache_dir": self.host.backend.cache_dir}
+        env = podman_env(**dirs)
+        env["PATH"] = os.pathsep.join(p for p in env["PATH"].split(os.pathsep) if p != str(CRIU_TOOLS_DIR))
+        done = subprocess.run(podman_command(*args, **dirs), env=env, capture_output=True)
+        if done.returncode != 0:
+            raise click.ClickException(f"podman {args[0]} {args[1]} failed: {done.stderr.decode()[-500:]}")
+        return done.stdout.decode()
+
+
+def summarize(samples: list[Sample], repetitions: int, compression: str) -> dict:
+    """min / median / max per mode, the medians' ratios, and every phase's spread."""
+    by_mode = {mode: [s for s in samples if s.mode == mode] for mode in MODES}
+    report: dict = {"repetitions": repetitions, "compression": compression, "modes": {}}
+    for mode, rows in by_mode.items():
+        report["modes"][mode] = {
+            "checkpoint_s": spread(s.checkpoint_s for s in rows),
+            "restore_s": spread(s.restore_s for s in rows),
+            "archive_mb": spread((s.archive_mb for s in rows), digits=1),
+            "checkpoint_phases_s": _phase_spreads([s.checkpoint_phases for s in rows]),
+            "restore_phases_s": _phase_spreads([s.restore_phases for s in rows]),
+            "consistent": all(s.consistent for s in rows),
+        }
+    medians = {mode: report["modes"][mode] for mode in MODES}
+    for what in ("checkpoint_s", "restore_s"):
+        ours, theirs = medians["belayer"][what], medians["podman"][what]
+        report[f"{what.removesuffix('_s')}_speedup"] = (
+            round(theirs["median"] / ours["median"], 2) if ours and theirs and ours["median"] else None)
+        report[f"belayer_{what}"] = ours["median"] if ours else None
+    report["samples"] = [s.__dict__ for s in samples]
+    return report
+
+
+def _phase_spreads(phase_dicts: list[dict[str, float]]) -> dict:
+    names = [name for phases in phase_dicts for name in phases]
+    return {name: spread(p.get(name) for p in phase_dicts) for name in dict.fromkeys(names)}
+
+
+@click.command("checkpoint")
+@trace_task_options(DEFAULT_WORKLOAD)
+@click.option("--repetitions", type=click.IntRange(1, 100), default=3, show_default=True,
+              help="Checkpoint + restore by each mode per repetition, modes interleaved.")
+@click.option("--compression", type=click.Choice(["zstd", "gzip", "none"]), default=None,
+              help="Belayer's archive compression [default: sandbox.checkpoint_compression].")
+@click.option("--json", "as_json", is_flag=True, help="Print one JSON object on stdout.")
+@click.pass_context
+def checkpoint(ctx: click.Context, workload: Path, task_id: str | None, repetitions: int,
+               compression: str | None, as_json: bool) -> None:  # fmt: skip
+    """One sandbox's full checkpoint and restore: Belayer against plain podman + CRIU, by phase.
+
+    Needs root, podman + CRIU (`make install`) and the object store (`belayer up`).
+    """
+    from rich.console import Console
+
+    from belayer.config import load_config
+    from belayer.sandbox.host import make_host
+
+    config = load_config((ctx.obj or {}).get("config_file"))
+    if compression:
+        config = config.model_copy(update={"sandbox": config.sandbox.model_copy(
+            update={"checkpoint_compression": compression})})
+    task = load_trace_task(workload, task_id)
+    err = Console(stderr=True)
+    bench = Bench(make_host(config), say=lambda m: err.print(m, highlight=False))
+    load = machine_load()
+    samples: list[Sample] = []
+    try:
+        bench.set_up(task)
+        for r, modes in enumerate(schedule(repetitions), 1):
+            for mode in modes:
+                samples.append(bench.run(mode))
+                s = samples[-1]
+                err.print(f"repetition {r}/{repetitions} {mode:8} checkpoint {s.checkpoint_s:.2f}s "
+                          f"({s.archive_mb:.1f} MiB)  restore {s.restore_s:.2f}s"
+                          f"{'' if s.consistent else '  INCONSISTENT /workspace'}", highlight=False)
+    finally:
+        bench.tear_down()
+    report = summarize(samples, repetitions, config.sandbox.checkpoint_compression)
+    report["machine"] = load | {"after": machine_load()["load_avg"]}
+    if as_json:
+        click.echo(json.dumps(report, indent=2))
+    else:
+        print_report(report)
+
+
+def print_report(report: dict) -> None:
+    from rich.console import Console
+    from rich.table import Table
+
+    out = Console(width=max(Console().width, 120))
+    table = Table(title=f"checkpoint and restore of the overhead bench's sandbox, seconds over "
+                        f"{report['repetitions']} repetitions (min / median / max)")
+    for col in ("mode", "checkpoint", "restore to ready", "archive MiB", "consistent"):
+        table.add_column(col)
+    for mode, row in report["modes"].items():
+        table.add_row(mode, _cells(row["checkpoint_s"]), _cells(row["restore_s"]), _cells(row["archive_mb"]),
+                      "yes" if row["consistent"] else "NO")
+    out.print(table)
+    for mode, row in report["modes"].items():
+        for what in ("checkpoint_phases_s", "restore_phases_s"):
+            parts = ", ".join(f"{name} {s['median']:.3f}" for name, s in row[what].items() if s)
+            out.print(f"{mode} {what.split('_')[0]} phases (medians, s): {parts}")
+    out.print(f"speedup of the medians: checkpoint {report['checkpoint_speedup']}x, "
+              f"restore {report['restore_speedup']}x")
+
+
+def _cells(s: dict | None) -> str:
+    return "-" if s is None else f"{s['min']:.2f} / {s['median']:.2f} / {s['max']:.2f}"
