@@ -2,12 +2,16 @@
 when a sandbox dies, under each checkpoint policy, in one run.
 
 The same trace workload runs as real trajectories against the running stack (Temporal,
-rollout node, sandbox worker) under `none`, `every-step` and `adaptive`. The modes are
-interleaved — round r runs them in an order rotated by r — so drift on a shared machine
-(other jobs, a warming cache) lands on every mode alike. With `--inject-failure` each
-round also runs each mode once more with its sandbox SIGKILLed at a chosen step, and the
-time lost per failure is the faulted run's wall time minus the same mode's failure-free
-mean: overhead and recovery in one table.
+rollout node, sandbox worker) under `none`, `every-step`, `adaptive` and `adaptive-model`.
+`adaptive` is told each coming generation's length by the trace, an oracle a model task
+does not have; `adaptive-model` is the same policy blind to it (`trace_lengths_known`
+off), predicting each generation from the ones before as on a model task, while the
+generations themselves stay the trace's, so both run the same reproducible work. The
+modes are interleaved — round r runs them in an order rotated by r — so drift on a shared
+machine (other jobs, a warming cache) lands on every mode alike. With `--inject-failure`
+each round also runs each mode once more with its sandbox SIGKILLed at a chosen step, and
+the time lost per failure is the faulted run's wall time minus the same mode's
+failure-free mean: overhead and recovery in one table.
 
 Per-phase figures come from the trajectories' own decision records (generation, action,
 checkpoint and wait durations). From them `accelerator_estimate` replays the trace through
@@ -31,6 +35,7 @@ from typing import Any
 import click
 from pydantic import BaseModel
 
+from belayer.bench.machine import spread
 from belayer.bench.output import report_and_exit
 from belayer.policy.adaptive import DecisionRecord, predictor_error
 from belayer.policy.config import PolicyConfig
@@ -39,8 +44,9 @@ from belayer.trajectory_log import open_store, read_decisions
 from belayer.workflows.models import RecoveryRecord, TrajectoryInput, TrajectoryProgress, TrajectoryResult
 from belayer.workloads.models import TraceTask
 
-MODES = ("none", "every-step", "adaptive")
-KEY = {"none": "none", "every-step": "every_step", "adaptive": "adaptive"}
+MODES = ("none", "every-step", "adaptive", "adaptive-model")
+KEY = {"none": "none", "every-step": "every_step", "adaptive": "adaptive", "adaptive-model": "adaptive_model"}
+CHECKPOINTING = MODES[1:]  # the modes whose overhead is measured against `none`
 DEFAULT_WORKLOAD = Path(__file__).resolve().parents[2] / "examples" / "workloads" / "overhead.yaml"
 
 
@@ -89,6 +95,14 @@ def schedule(rounds: int, inject: bool) -> list[Trial]:
     return trials
 
 
+def mode_policy(policy: PolicyConfig, mode: str) -> PolicyConfig:
+    """The policy a bench mode runs: `adaptive-model` is `adaptive` blind to the trace's
+    generation lengths; every other mode is told them, whatever the configuration says."""
+    if mode == "adaptive-model":
+        return policy.model_copy(update={"mode": "adaptive", "trace_lengths_known": False})
+    return policy.model_copy(update={"mode": mode, "trace_lengths_known": True})
+
+
 def default_fail_step(task: TraceTask) -> int:
     """Two thirds of the way in: enough work behind it for the modes to differ."""
     return max(1, (2 * len(task.turns)) // 3)
@@ -102,7 +116,7 @@ async def run_trial(target: Target, task: TraceTask, policy: PolicyConfig, trial
     """Run one trajectory to its end; when faulted, kill its sandbox once it reaches `fail_at`."""
     suffix = "-fault" if trial.faulted else ""
     trajectory_id = f"{task.id}-{run_id}-r{trial.round}-{trial.mode}{suffix}"
-    input = target.make_input(task, policy.model_copy(update={"mode": trial.mode}), trajectory_id)
+    input = target.make_input(task, mode_policy(policy, trial.mode), trajectory_id)
     started = time.monotonic()
     handle = await target.start(input)
     fault_step = fault_detail = None
@@ -143,7 +157,7 @@ async def run_bench(target: Target, task: TraceTask, policy: PolicyConfig, *, ro
     for trial in schedule(rounds, inject):
         result = await run_trial(target, task, policy, trial, fail_at=fail_at, run_id=run_id)
         results.append(result)
-        say(f"round {trial.round} {trial.mode:10s}{' faulted' if trial.faulted else '        '} "
+        say(f"round {trial.round} {trial.mode:14s}{' faulted' if trial.faulted else '        '} "
             f"{result.wall_s:7.1f}s {result.status}, {result.checkpoints} checkpoints, "
             f"{len(result.recoveries)} recoveries  ({result.trajectory_id})")
     return summarize(task, policy, results, rounds=rounds, fail_at=fail_at if inject else None)
@@ -154,26 +168,40 @@ async def run_bench(target: Target, task: TraceTask, policy: PolicyConfig, *, ro
 
 def summarize(task: TraceTask, policy: PolicyConfig, results: list[TrialResult], *, rounds: int,
               fail_at: int | None = None) -> dict:
-    """The benchmark's JSON: wall times, overheads, checkpoints, phases, failures, estimate."""
+    """The benchmark's JSON: wall times, overheads, checkpoints, phases, failures, estimate.
+
+    The top-level `*_s` and `*_overhead_pct` figures are means over the failure-free runs;
+    `wall_s` and `overhead_pct` give min / median / max over the rounds (an overhead is a
+    round's run against the same round's `none`). `adaptive` figures are the policy told
+    the trace's generation lengths; `adaptive_model` and `*_model` ones are the same policy
+    predicting them from history."""
     clean = {m: [r for r in results if r.mode == m and not r.faulted and r.status == "completed"]
              for m in MODES}
     walls = {m: _mean([r.wall_s for r in clean[m]]) for m in MODES}
     none_s = walls["none"]
+    per_round = _per_round(results)
     report: dict = {
         "none_s": _round(none_s),
         "every_step_s": _round(walls["every-step"]),
         "adaptive_s": _round(walls["adaptive"]),
+        "adaptive_model_s": _round(walls["adaptive-model"]),
         "every_step_overhead_pct": _pct(walls["every-step"], none_s),
         "adaptive_overhead_pct": _pct(walls["adaptive"], none_s),
-        "checkpoints": {KEY[m]: _round(_mean([r.checkpoints for r in clean[m]]), 2)
-                        for m in ("every-step", "adaptive")},
+        "adaptive_overhead_pct_model": _pct(walls["adaptive-model"], none_s),
+        "checkpoints": {KEY[m]: _round(_mean([r.checkpoints for r in clean[m]]), 2) for m in CHECKPOINTING},
         "max_unprotected_steps": _max_unprotected(clean["adaptive"]),
+        "max_unprotected_steps_model": _max_unprotected(clean["adaptive-model"]),
+        "max_unprotected_replay_s": _max_unprotected_replay(clean["adaptive"]),
+        "max_unprotected_replay_s_model": _max_unprotected_replay(clean["adaptive-model"]),
+        "wall_s": {KEY[m]: spread([r.wall_s for r in clean[m]]) for m in MODES},
+        "overhead_pct": {KEY[m]: spread([row.get(f"{KEY[m]}_overhead_pct") for row in per_round], digits=2)
+                         for m in CHECKPOINTING},
         "workload": task.id,
         "turns": len(task.turns),
         "think_tokens": sum(t.think_tokens for t in task.turns),
         "rounds": rounds,
         "policy": policy.model_dump(include={"alpha", "max_unprotected_steps", "max_unprotected_replay_s"}),
-        "per_round": _per_round(results),
+        "per_round": per_round,
         "phases": {KEY[m]: _phases(task, clean[m], clean["none"]) for m in MODES},
         "accelerator_estimate": accelerator_estimate(task, policy, clean),
     }
@@ -181,7 +209,7 @@ def summarize(task: TraceTask, policy: PolicyConfig, results: list[TrialResult],
     # rest is the checkpoint's CPU slowing the engine, plus noise.
     report["wait_overhead_pct"] = {
         KEY[m]: _pct((none_s or 0) + (report["phases"][KEY[m]]["wait_s_per_trajectory"] or 0), none_s)
-        for m in ("every-step", "adaptive")
+        for m in CHECKPOINTING
     }
     incomplete = [{"id": r.trajectory_id, "status": r.status, "reason": r.reason}
                   for r in results if r.status != "completed"]
@@ -201,7 +229,7 @@ def _per_round(results: list[TrialResult]) -> list[dict]:
         for m in MODES:
             row[f"{KEY[m]}_s"] = walls.get(m)
         if "none" in walls:
-            for m in ("every-step", "adaptive"):
+            for m in CHECKPOINTING:
                 if m in walls:
                     row[f"{KEY[m]}_overhead_pct"] = _pct(walls[m], walls["none"])
         rows.append(row)
@@ -249,6 +277,7 @@ def _phases(task: TraceTask, trials: list[TrialResult], baseline: list[TrialResu
         "waited_checkpoints_per_trajectory": _round(sum(1 for w in waits if w > 0.05) / n if n else None, 2),
         "verdicts": {v: sum(1 for d in decisions if d.verdict == v) for v in ("checkpoint", "forced", "skip")},
         "max_unprotected_steps": _max_unprotected(trials),
+        "max_unprotected_replay_s": _max_unprotected_replay(trials),
         "predictor_error": {
             key: _round(_mean([e[key] for e in errors if e[key] is not None]), 3)
             for key in ("generation_mean_rel_error", "checkpoint_mean_rel_error")
@@ -280,6 +309,13 @@ def _failures(results: list[TrialResult], clean_walls: dict, fail_at: int) -> di
 def _max_unprotected(trials: list[TrialResult]) -> int | None:
     counts = [d.unprotected_steps for t in trials for d in t.decisions]
     return max(counts) if counts else None
+
+
+def _max_unprotected_replay(trials: list[TrialResult]) -> float | None:
+    """The most unprotected work any decision saw: seconds of actions a failure there
+    would have replayed."""
+    seconds = [d.unprotected_replay_s for t in trials for d in t.decisions]
+    return _round(max(seconds)) if seconds else None
 
 
 # ---------------------------------------------------------------- the accelerator estimate
@@ -346,7 +382,7 @@ def accelerator_estimate(task: TraceTask, policy: PolicyConfig, clean: dict[str,
     trace = measured_trace(task, clean["none"], clean["every-step"])
     if trace is None:
         return None
-    timelines = {m: simulate(trace, policy.model_copy(update={"mode": m})) for m in MODES}
+    timelines = {m: simulate(trace, mode_policy(policy, m)) for m in MODES}
     measured_none = _mean([r.wall_s for r in clean["none"]])
     unmodelled = max(measured_none - timelines["none"].wall_s, 0.0)
     walls = {m: timelines[m].wall_s + unmodelled for m in MODES}
@@ -354,15 +390,18 @@ def accelerator_estimate(task: TraceTask, policy: PolicyConfig, clean: dict[str,
         "none_s": _round(walls["none"]),
         "every_step_s": _round(walls["every-step"]),
         "adaptive_s": _round(walls["adaptive"]),
+        "adaptive_model_s": _round(walls["adaptive-model"]),
         "every_step_overhead_pct": _pct(walls["every-step"], walls["none"]),
         "adaptive_overhead_pct": _pct(walls["adaptive"], walls["none"]),
-        "checkpoints": {KEY[m]: timelines[m].checkpoints for m in ("every-step", "adaptive")},
+        "adaptive_overhead_pct_model": _pct(walls["adaptive-model"], walls["none"]),
+        "checkpoints": {KEY[m]: timelines[m].checkpoints for m in CHECKPOINTING},
         "max_unprotected_steps": timelines["adaptive"].max_unprotected_steps,
-        "wait_s": {KEY[m]: _round(timelines[m].wait_s) for m in ("every-step", "adaptive")},
+        "max_unprotected_steps_model": timelines["adaptive-model"].max_unprotected_steps,
+        "wait_s": {KEY[m]: _round(timelines[m].wait_s) for m in CHECKPOINTING},
         "unmodelled_s": _round(unmodelled),
         # The same, if the workflow told the policy that no generation follows the last turn.
         "adaptive_overhead_pct_if_end_known": _pct(
-            simulate(trace, policy.model_copy(update={"mode": "adaptive"}), end_tokens=0).wall_s + unmodelled,
+            simulate(trace, mode_policy(policy, "adaptive"), end_tokens=0).wall_s + unmodelled,
             walls["none"]),
         "measured_trace": [step.model_dump() for step in trace],
     }
@@ -430,7 +469,7 @@ def _stack_target(config, client) -> Target:
 
 @click.command("overhead")
 @trace_task_options(DEFAULT_WORKLOAD)
-@click.option("--rounds", default=2, show_default=True, type=click.IntRange(1, 100),
+@click.option("--rounds", default=3, show_default=True, type=click.IntRange(1, 100),
               help="Rounds; each runs every mode once, in a rotated order.")
 @click.option("--inject-failure", is_flag=True,
               help="Also run each mode once per round with its sandbox SIGKILLed mid-trajectory.")
@@ -440,7 +479,9 @@ def _stack_target(config, client) -> Target:
 @click.pass_context
 def overhead(ctx: click.Context, workload: Path, task_id: str | None, rounds: int, inject_failure: bool,
              fail_at: int | None, as_json: bool) -> None:
-    """Checkpoint overhead of none / every-step / adaptive on the running stack, interleaved.
+    """Checkpoint overhead of none / every-step / adaptive / adaptive-model on the running
+    stack, interleaved. adaptive is told each generation's length by the trace;
+    adaptive-model predicts it from history, as on a model task.
 
     Policy settings other than the mode come from the configuration
     (e.g. BELAYER_POLICY__ALPHA); the stack must be up (`belayer up`).
@@ -468,38 +509,49 @@ def print_report(report: dict) -> None:
     from rich.table import Table
 
     table = Table(title=f"checkpoint overhead: {report['workload']}, {report['turns']} turns, "
-                        f"{report['rounds']} rounds (means)")
+                        f"{report['rounds']} rounds (wall and overhead: min/median/max; the rest: means)")
     columns = ["mode", "wall s", "overhead %", "checkpoints", "gen s/turn", "gen slowdown %",
-               "ckpt s", "wait s", "max unprotected"]
+               "ckpt s", "wait s", "max unprotected steps", "max unprotected s"]
     failures = report.get("failures")
     if failures:
         columns += ["lost s / failure", "recovery s", "recovered from"]
     for col in columns:
-        table.add_column(col)
+        table.add_column(col, no_wrap=col in ("mode", "wall s", "overhead %"))  # min/median/max stay on one line
     for mode in MODES:
         key = KEY[mode]
         phases = report["phases"][key]
-        row = [mode, _fmt(report[f"{key}_s"]), _fmt(report.get(f"{key}_overhead_pct")),
+        row = [mode, _fmt_spread(report["wall_s"][key]), _fmt_spread(report["overhead_pct"].get(key)),
                _fmt(report["checkpoints"].get(key, 0)), _fmt(phases["generation_s_per_turn"]),
                _fmt(phases["generation_slowdown_pct"]), _fmt(phases["checkpoint_s"]),
-               _fmt(phases["wait_s_per_trajectory"]), _fmt(phases["max_unprotected_steps"])]
+               _fmt(phases["wait_s_per_trajectory"]), _fmt(phases["max_unprotected_steps"]),
+               _fmt(phases["max_unprotected_replay_s"])]
         if failures:
             row += [_fmt(failures[key]["lost_s_per_failure"]), _fmt(failures[key]["recovery_s"]),
                     ", ".join(failures[key]["sources"])]
         table.add_row(*row)
-    out = Console(width=max(Console().width, 160))
+    out = Console(width=max(Console().width, 200))
     out.print(table)
+    out.print(f"mean failure-free overhead of adaptive: {_fmt(report['adaptive_overhead_pct'])}% told the "
+              f"trace's lengths, {_fmt(report['adaptive_overhead_pct_model'])}% predicting them (model task)")
     waits = report.get("wait_overhead_pct") or {}
-    out.print(f"waiting for checkpoints on the critical path: every-step {_fmt(waits.get('every_step'))}%, "
-              f"adaptive {_fmt(waits.get('adaptive'))}% of the none wall time")
+    out.print("waiting for checkpoints on the critical path: "
+              + ", ".join(f"{m} {_fmt(waits.get(KEY[m]))}%" for m in CHECKPOINTING) + " of the none wall time")
     estimate = report.get("accelerator_estimate")
     if estimate:
         out.print(f"engine on its own accelerator (simulated from the measured phases): every-step "
                   f"{_fmt(estimate['every_step_overhead_pct'])}%, adaptive {_fmt(estimate['adaptive_overhead_pct'])}% "
-                  f"({estimate['checkpoints']['adaptive']} checkpoints)")
+                  f"({estimate['checkpoints']['adaptive']} checkpoints), adaptive-model "
+                  f"{_fmt(estimate['adaptive_overhead_pct_model'])}% "
+                  f"({estimate['checkpoints']['adaptive_model']} checkpoints)")
 
 
 def _fmt(value) -> str:
     if value is None:
         return "-"
     return f"{value:.2f}" if isinstance(value, float) else str(value)
+
+
+def _fmt_spread(figures: dict | None) -> str:
+    if figures is None:
+        return "-"
+    return "/".join(f"{figures[k]:.2f}" for k in ("min", "median", "max"))

@@ -37,3 +37,11 @@ class PolicyConfig(Section):
     prior_token_latency_s: float = Field(
         0.01, gt=0, description="Per-token decode latency assumed before the engine reports one (s)."
     )
+    # A trace says how long each generation will be; a model task cannot. Turned off, the
+    # policy predicts a trace's generations from history too: `belayer bench overhead`
+    # measures the model-task view over the trace's reproducible generations that way.
+    trace_lengths_known: bool = Field(
+        True,
+        description="On a trace task, tell the policy each coming generation's length "
+        "(false: it predicts from recent generations, as on a model task).",
+    )

@@ -44,8 +44,11 @@ class Timeline(BaseModel):
 def simulate(trace: list[TraceStep], config: PolicyConfig, *, end_tokens: int | None = None) -> Timeline:
     """The timeline the workflow would produce for `trace` under `config`.
 
-    `end_tokens` is what the last decision is told about the generation after the last
-    turn: None (unknown, as the workflow says today) or 0 (there is none).
+    Each decision is told the next turn's output tokens, as the workflow tells the policy
+    a trace's, unless `config.trace_lengths_known` is off: then, as on a model task, no
+    decision is told anything and each predicts from the generations so far. `end_tokens`
+    is what the last decision is told about the generation after the last turn: None
+    (unknown, as the workflow says today) or 0 (there is none).
     """
     policy = CheckpointPolicy(config=config)
     intervals: list[Interval] = []
@@ -73,8 +76,8 @@ def simulate(trace: list[TraceStep], config: PolicyConfig, *, end_tokens: int | 
         intervals.append(Interval(kind="action", step=step, start=action_start, end=action_end))
         policy.observe_action(turn.action_s)
         max_unprotected = max(max_unprotected, policy.unprotected_steps)
-        next_tokens = trace[step + 1].output_tokens if step + 1 < len(trace) else end_tokens
-        decision = policy.decide(step, turn.size_mb, expected_output_tokens=next_tokens)
+        decision = policy.decide(step, turn.size_mb,
+                                 expected_output_tokens=_next_tokens_told(trace, step, config, end_tokens))
         if decision.checkpointed:
             checkpoint_end = action_end + turn.checkpoint_s
             intervals.append(
@@ -89,3 +92,11 @@ def simulate(trace: list[TraceStep], config: PolicyConfig, *, end_tokens: int | 
         max_unprotected_steps=max_unprotected,
         wait_s=waited,
     )
+
+
+def _next_tokens_told(trace: list[TraceStep], step: int, config: PolicyConfig,
+                      end_tokens: int | None) -> int | None:
+    """What decision `step` is told about the coming generation's length (None: nothing)."""
+    if not config.trace_lengths_known:
+        return None
+    return trace[step + 1].output_tokens if step + 1 < len(trace) else end_tokens

@@ -472,9 +472,10 @@ class TrajectoryWorkflow:
 
     def _expected_next_output(self) -> int | None:
         """Tokens of the coming generation when the task says (a trace); 0 after its last
-        turn, where no generation follows to hide a checkpoint in."""
+        turn, where no generation follows to hide a checkpoint in. None, the policy predicts
+        from history: on a model task, or a trace whose lengths the policy is not to know."""
         task = self.input.task
-        if isinstance(task, TraceTask):
+        if isinstance(task, TraceTask) and self.state.policy.config.trace_lengths_known:
             return task.turns[self.state.step].think_tokens if self.state.step < len(task.turns) else 0
         return None
 

@@ -15,6 +15,8 @@ from belayer.bench.overhead import (
     Target,
     TrialResult,
     action_durations,
+    mode_policy,
+    print_report,
     run_bench,
     schedule,
     summarize,
@@ -24,8 +26,10 @@ from belayer.policy.config import PolicyConfig
 from belayer.workflows.models import RecoveryRecord, TrajectoryInput, TrajectoryResult
 from belayer.workloads.models import TraceTask, TraceTurn
 
-TOP_KEYS = {"none_s", "every_step_s", "adaptive_s", "every_step_overhead_pct", "adaptive_overhead_pct",
-            "checkpoints", "max_unprotected_steps"}
+TOP_KEYS = {"none_s", "every_step_s", "adaptive_s", "adaptive_model_s", "every_step_overhead_pct",
+            "adaptive_overhead_pct", "adaptive_overhead_pct_model", "checkpoints", "max_unprotected_steps",
+            "max_unprotected_steps_model", "max_unprotected_replay_s", "max_unprotected_replay_s_model",
+            "wall_s", "overhead_pct"}
 
 TASK = TraceTask(
     id="bench-tiny",
@@ -41,15 +45,25 @@ TASK = TraceTask(
 
 
 def test_schedule_rotates_the_order_every_round():
-    trials = schedule(3, inject=False)
-    rounds = [[t.mode for t in trials if t.round == r] for r in range(3)]
-    assert rounds == [list(MODES), [*MODES[1:], MODES[0]], [MODES[2], *MODES[:2]]]
+    assert MODES == ("none", "every-step", "adaptive", "adaptive-model")
+    trials = schedule(len(MODES), inject=False)
+    rounds = [[t.mode for t in trials if t.round == r] for r in range(len(MODES))]
+    assert rounds == [[*MODES[r:], *MODES[:r]] for r in range(len(MODES))]
     # each mode runs once in every position
-    assert all(sorted(r[i] for r in rounds) == sorted(MODES) for i in range(3))
+    assert all(sorted(r[i] for r in rounds) == sorted(MODES) for i in range(len(MODES)))
     faulted = schedule(2, inject=True)
-    assert len(faulted) == 12
+    assert len(faulted) == 16
     assert sorted((t.mode, t.faulted) for t in faulted if t.round == 1) == sorted(
         (m, f) for m in MODES for f in (False, True))
+
+
+def test_adaptive_model_is_adaptive_blind_to_the_trace_lengths():
+    configured = PolicyConfig(mode="none", alpha=3.0, trace_lengths_known=False)
+    assert mode_policy(configured, "adaptive-model").model_dump() == {
+        **configured.model_dump(), "mode": "adaptive", "trace_lengths_known": False}
+    for mode in ("none", "every-step", "adaptive"):
+        assert mode_policy(configured, mode).model_dump() == {
+            **configured.model_dump(), "mode": mode, "trace_lengths_known": True}
 
 
 def decision(step, verdict, replay, gen=None, ckpt=None, wait=None, unprotected=1):
@@ -73,7 +87,8 @@ def trial(mode, round, wall, decisions, checkpoints=0, faulted=False, recoveries
 
 
 def recorded_trials() -> list[TrialResult]:
-    """Two rounds of figures shaped like a real run of TASK."""
+    """Two rounds of figures shaped like a real run of TASK; predicting the generations
+    from history, adaptive-model checkpoints once more and leaves more work unprotected."""
     out = []
     for r in range(2):
         none = [decision(s, "skip", 0.1 * s, gen=1.0, unprotected=s) for s in range(1, 4)]
@@ -84,8 +99,12 @@ def recorded_trials() -> list[TrialResult]:
                     decision(2, "skip", 0.1, gen=1.0), decision(3, "forced", 0.2, gen=1.0, ckpt=0.8,
                                                                     wait=0.0, unprotected=2),
                     decision(4, "skip", 0.1)]
+        model = [decision(1, "skip", 0.1, gen=1.0), decision(2, "checkpoint", 0.3, gen=1.1, ckpt=0.8, wait=0.2,
+                                                             unprotected=2),
+                 decision(3, "skip", 0.1, gen=1.0), decision(4, "forced", 0.2, ckpt=0.8, wait=0.8, unprotected=2)]
         out += [trial("none", r, 10.0, none), trial("every-step", r, 11.0, every, checkpoints=4),
-                trial("adaptive", r, 10.1, adaptive, checkpoints=2)]
+                trial("adaptive", r, 10.1, adaptive, checkpoints=2),
+                trial("adaptive-model", r, 10.2 + r * 0.2, model, checkpoints=2)]
         lost = RecoveryRecord(kind="sandbox", step=2, reason="killed", source="checkpoint@1",
                               replayed_steps=1, consistent=True, time_lost_s=1.5)
         out.append(trial("adaptive", r, 12.1, adaptive, checkpoints=2, faulted=True, recoveries=[lost]))
@@ -97,20 +116,38 @@ def test_summary_of_recorded_figures():
     assert TOP_KEYS <= set(report)
     assert report["none_s"] == 10.0 and report["every_step_s"] == 11.0
     assert report["every_step_overhead_pct"] == 10.0 and report["adaptive_overhead_pct"] == 1.0
-    assert report["checkpoints"] == {"every_step": 4, "adaptive": 2}
-    assert report["max_unprotected_steps"] == 2
+    assert report["adaptive_model_s"] == 10.3 and report["adaptive_overhead_pct_model"] == 3.0
+    assert report["checkpoints"] == {"every_step": 4, "adaptive": 2, "adaptive_model": 2}
+    assert report["max_unprotected_steps"] == 2 and report["max_unprotected_steps_model"] == 2
+    assert report["max_unprotected_replay_s"] == 0.2 and report["max_unprotected_replay_s_model"] == 0.3
+    assert report["wall_s"]["adaptive_model"] == {"min": 10.2, "median": 10.3, "max": 10.4}
+    assert report["overhead_pct"]["adaptive_model"] == {"min": 2.0, "median": 3.0, "max": 4.0}
+    assert report["overhead_pct"]["adaptive"] == {"min": 1.0, "median": 1.0, "max": 1.0}
+    assert report["phases"]["adaptive_model"]["wait_s_per_trajectory"] == 1.0
     every = report["phases"]["every_step"]
     assert every["generation_slowdown_pct"] == 20.0  # 1.2 s against 1.0 s for the same tokens
     assert every["checkpoint_s"] == 0.8 and every["wait_s_per_trajectory"] == 0.8
     assert report["phases"]["none"]["action_s_per_turn"] == 0.1
     assert [r["adaptive_overhead_pct"] for r in report["per_round"]] == [1.0, 1.0]
+    assert [r["adaptive_model_overhead_pct"] for r in report["per_round"]] == [2.0, 4.0]
     assert report["failures"]["adaptive"]["lost_s_per_failure"] == 2.0
     assert report["failures"]["adaptive"]["sources"] == ["checkpoint@1"]
     estimate = report["accelerator_estimate"]
     # the simulator sees no contention: every-step costs only the final checkpoint it waits for
     assert estimate["none_s"] == 10.0 and estimate["checkpoints"]["every_step"] == 4
     assert estimate["every_step_s"] >= estimate["adaptive_s"] >= estimate["none_s"]
+    assert estimate["every_step_s"] >= estimate["adaptive_model_s"] >= estimate["none_s"]
     json.dumps(report)
+
+
+def test_report_table_shows_every_mode_with_its_spread(capsys):
+    report = summarize(TASK, PolicyConfig(mode="adaptive"), recorded_trials(), rounds=2, fail_at=2)
+    print_report(report)
+    table = capsys.readouterr().out
+    assert "min/median/max" in table
+    model_row = next(line for line in table.splitlines() if line.startswith("│ adaptive-model"))
+    assert "10.20/10.30/10.40" in model_row and "2.00/3.00/4.00" in model_row
+    assert "1.00% told the trace's lengths, 3.00% predicting them" in table
 
 
 @pytest.mark.stack
@@ -133,17 +170,17 @@ async def test_interleaved_run_with_one_killed_sandbox_per_mode(stack):
                              rounds=1, inject=True, fail_at=2)
     json.dumps(report)
     assert TOP_KEYS <= set(report) and "incomplete" not in report
-    assert [row["order"] for row in report["per_round"]] == [
-        ["none", "every-step", "adaptive", "none+fault", "every-step+fault", "adaptive+fault"]]
+    assert [row["order"] for row in report["per_round"]] == [[*MODES, *(f"{m}+fault" for m in MODES)]]
     phases = report["phases"]
     assert phases["none"]["verdicts"]["checkpoint"] + phases["none"]["verdicts"]["forced"] == 0
     assert report["checkpoints"]["every_step"] == len(TASK.turns)
     assert report["checkpoints"]["adaptive"] <= report["checkpoints"]["every_step"]
-    # the bound holds: never more unprotected actions than configured
-    assert report["max_unprotected_steps"] <= 2
+    assert report["checkpoints"]["adaptive_model"] <= report["checkpoints"]["every_step"]
+    # the bound holds, told the lengths or not: never more unprotected actions than configured
+    assert report["max_unprotected_steps"] <= 2 and report["max_unprotected_steps_model"] <= 2
     assert phases["none"]["max_unprotected_steps"] == len(TASK.turns)
     failures = report["failures"]
-    for key in ("none", "every_step", "adaptive"):
+    for key in ("none", "every_step", "adaptive", "adaptive_model"):
         assert failures[key]["injected"] == 1 and failures[key]["completed"] == 1
         assert failures[key]["consistent"] is True
     assert failures["none"]["sources"] == ["replay-from-start"]

@@ -114,10 +114,10 @@ trace_steps = st.lists(
 
 @settings(max_examples=200, deadline=None)
 @given(trace=trace_steps, bound=st.integers(1, 10), alpha=st.floats(0.1, 10.0),
-       mode=st.sampled_from(["none", "every-step", "adaptive"]))
-def test_bound_respected_and_no_checkpoint_overlaps_an_action(trace, bound, alpha, mode):
+       mode=st.sampled_from(["none", "every-step", "adaptive"]), lengths_known=st.booleans())
+def test_bound_respected_and_no_checkpoint_overlaps_an_action(trace, bound, alpha, mode, lengths_known):
     config = PolicyConfig(mode=mode, alpha=alpha, max_unprotected_steps=bound,
-                          max_unprotected_replay_s=1e12)
+                          max_unprotected_replay_s=1e12, trace_lengths_known=lengths_known)
     timeline = simulate(trace, config)
     if mode != "none":
         assert timeline.max_unprotected_steps <= bound
@@ -161,3 +161,16 @@ def test_fixed_part_of_a_turn_counts_as_generation_and_as_queueing():
     generations = [i for i in timeline.intervals if i.kind == "generate"]
     assert all(abs((g.end - g.start) - 3.0) < 1e-9 for g in generations)
     assert timeline.checkpoints == 3 and timeline.wait_s == 0.0  # 3 s of generation hides 2.5 s
+
+
+def test_blind_to_the_trace_lengths_the_policy_predicts_from_history():
+    """Told the lengths, the policy hides a checkpoint in the one long generation; blind to
+    them, as on a model task, it expects another short one there and skips."""
+    trace = [TraceStep(output_tokens=tokens, per_token_s=0.01, action_s=0.1, checkpoint_s=1.0, size_mb=1)
+             for tokens in (10, 10, 400, 10, 10)]
+    assert simulate(trace, adaptive()).checkpoints == 1
+    assert simulate(trace, adaptive(trace_lengths_known=False)).checkpoints == 0
+
+
+def test_trace_lengths_are_known_by_default():
+    assert PolicyConfig().trace_lengths_known is True

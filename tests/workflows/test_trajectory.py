@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 import asyncio
+import statistics
 import uuid
 
 import pytest
 
 from belayer.policy.config import PolicyConfig
+from belayer.trajectory_log import read_decisions
 from belayer.workflows.models import TrajectoryInput, TrajectoryProgress, TrajectoryResult
 from belayer.workloads.models import TraceTask, TraceTurn
 
@@ -28,12 +30,13 @@ STATEFUL_TRACE = TraceTask(
 )
 
 
-async def start(stack, task, policy="every-step", **kwargs):
+async def start(stack, task, policy: str | PolicyConfig = "every-step", **kwargs):
+    """Start a trajectory; `policy` is a mode, or a whole policy configuration."""
     trajectory_id = f"{task.id}-{uuid.uuid4().hex[:8]}"
     return await stack.client.start_workflow(
         "TrajectoryWorkflow",
         TrajectoryInput(trajectory_id=trajectory_id, task=task, queues=stack.queues,
-                        policy=PolicyConfig(mode=policy), **kwargs),
+                        policy=policy if isinstance(policy, PolicyConfig) else PolicyConfig(mode=policy), **kwargs),
         id=trajectory_id, task_queue=stack.queues.context, result_type=TrajectoryResult,
     )
 
@@ -122,6 +125,36 @@ async def test_long_trajectory_continues_as_new(stack):
     async for _execution in stack.client.list_workflows(f'WorkflowId = "{handle.id}"'):
         runs += 1
     assert runs >= 3
+
+
+VARIED_TRACE = TraceTask(
+    id="varied",
+    turns=[TraceTurn(think_tokens=tokens, bash=f"echo {i}") for i, tokens in enumerate((8, 64, 8, 8, 64), start=1)],
+    check="true",
+)
+
+
+async def test_policy_blind_to_the_trace_lengths_predicts_from_history(stack):
+    """Told a trace's lengths, each decision predicts the coming turn's generation from
+    them (none after the last turn); blind to them, as on a model task, it predicts the
+    mean of the recent generations. The scripted engine reports its per-token latency and
+    no queueing, so both predictions are exact."""
+    tokens = [turn.think_tokens for turn in VARIED_TRACE.turns]
+    per_token_s = stack.rollout.per_token_s
+
+    async def predictions(trace_lengths_known: bool) -> list[float]:
+        policy = PolicyConfig(mode="adaptive", trace_lengths_known=trace_lengths_known)
+        result = await (await start(stack, VARIED_TRACE, policy=policy)).result()
+        assert result.status == "completed", result.reason
+        decisions = await asyncio.to_thread(read_decisions, stack.store, result.log)
+        assert [d.step for d in decisions] == list(range(1, len(tokens) + 1))
+        return [d.predicted_generation_s for d in decisions]
+
+    told = [*tokens[1:], 0]
+    assert await predictions(True) == pytest.approx([n * per_token_s for n in told], abs=1e-6)
+    history = PolicyConfig().history
+    recent_means = [statistics.mean(tokens[:step][-history:]) for step in range(1, len(tokens) + 1)]
+    assert await predictions(False) == pytest.approx([n * per_token_s for n in recent_means], abs=1e-6)
 
 
 async def test_record_history_for_replay(stack, monkeypatch):
