@@ -2,7 +2,9 @@
 
 It injects real faults into the stack of the effective configuration: run it against a
 stack of your own (`BELAYER_STATE_DIR=... belayer up` on other ports), never one that
-other people's runs share.
+other people's runs share. Its `--rounds` are its repetitions: recovery seconds (per
+fault kind and over all) and each round's wall time come as min / median / max
+(`*_spread`), beside the soak's nearest-rank p50 / p99.
 """
 
 from __future__ import annotations
@@ -95,14 +97,24 @@ def chaos(ctx: click.Context, workloads: tuple[Path, ...], rounds: int, repeats:
 
 def _print(summary: dict) -> None:
     out = Console(width=max(Console().width, 120))
-    table = Table("fault kind", "injected", "p50 recovery s", "max recovery s")
+    table = Table("fault kind", "injected", "min", "median", "max",
+                  title=f"recovery seconds over {summary['rounds_run']} rounds")
     for kind, row in summary["by_kind"].items():
-        table.add_row(kind, str(row["injected"]), _s(row["p50_recovery_s"]), _s(row["max_recovery_s"]))
+        table.add_row(kind, str(row["injected"]), *_spread_cells(row["recovery_s_spread"]))
+    table.add_row("all", str(summary["faults_injected"]), *_spread_cells(summary["recovery_s_spread"]))
     out.print(table)
     out.print(f"{summary['trajectories']} trajectories, {summary['faults_injected']} faults: "
               f"lost {summary['lost']}, mismatched {summary['mismatched']}, failed_infra {summary['failed_infra']}, "
               f"context cuts {summary['context_cuts']}; leaked {summary['leaked']}; recovery p50 "
               f"{_s(summary['p50_recovery_s'])} s, p99 {_s(summary['p99_recovery_s'])} s")
+    out.print(f"round wall time {' / '.join(_spread_cells(summary['round_wall_s_spread']))} s (min / median / max)")
+
+
+def _spread_cells(figures: dict | None) -> list[str]:
+    """min, median, max as text; dashes where nothing was measured (no fault of a kind recovered)."""
+    if figures is None:
+        return ["-"] * 3
+    return [_s(figures[k]) for k in ("min", "median", "max")]
 
 
 def _s(value) -> str:

@@ -36,7 +36,7 @@ from pathlib import Path
 
 import click
 
-from belayer.bench.machine import machine_load, spread
+from belayer.bench.machine import machine_load, rotated, spread
 from belayer.bench.overhead import load_trace_task, trace_task_options
 
 MODES = ("belayer", "podman")
@@ -57,9 +57,9 @@ class Sample:
     consistent: bool = False  # the restored /workspace hashes as it did after the set-up (`Bench.run`)
 
 
-def schedule(repetitions: int) -> list[list[str]]:
-    """The modes of each repetition, rotated by its index."""
-    return [[MODES[(r + i) % len(MODES)] for i in range(len(MODES))] for r in range(repetitions)]
+def schedule(repetitions: int) -> list[tuple[int, str]]:
+    """(repetition, mode), the order rotated each repetition."""
+    return rotated(MODES, repetitions)
 
 
 class Bench:
@@ -212,13 +212,12 @@ def checkpoint(ctx: click.Context, workload: Path, task_id: str | None, repetiti
     samples: list[Sample] = []
     try:
         bench.set_up(task)
-        for r, modes in enumerate(schedule(repetitions), 1):
-            for mode in modes:
-                samples.append(bench.run(mode))
-                s = samples[-1]
-                err.print(f"repetition {r}/{repetitions} {mode:8} checkpoint {s.checkpoint_s:.2f}s "
-                          f"({s.archive_mb:.1f} MiB)  restore {s.restore_s:.2f}s"
-                          f"{'' if s.consistent else '  INCONSISTENT /workspace'}", highlight=False)
+        for rep, mode in schedule(repetitions):
+            samples.append(bench.run(mode))
+            s = samples[-1]
+            err.print(f"repetition {rep + 1}/{repetitions} {mode:8} checkpoint {s.checkpoint_s:.2f}s "
+                      f"({s.archive_mb:.1f} MiB)  restore {s.restore_s:.2f}s"
+                      f"{'' if s.consistent else '  INCONSISTENT /workspace'}", highlight=False)
     finally:
         bench.tear_down()
     report = summarize(samples, repetitions, config.sandbox.checkpoint_compression)

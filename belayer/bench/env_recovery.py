@@ -9,13 +9,17 @@ later actions query and change, and shell cwd / exported variables / functions.
 Per workload, one unfailed run executes all n actions, takes a full checkpoint (with a
 file-system snapshot for the fs-only baseline) at a late step k, runs to n, records
 the /workspace hash and every observation hash, then the sandbox is killed. Then,
-in the same run, on the same host:
+in the same run, on the same host, `--repetitions` times with the methods' order
+rotated each repetition (every recovery starts from the same checkpoint and log):
   belayer  -- restore the checkpoint, replay k+1..n, compare observations;
   replay   -- fresh sandbox + the task's setup, replay 1..n;
   fs-only  -- fresh sandbox, unpack the files of step k (processes lost), replay k+1..n.
-`state_identical`: Belayer's recovered sandbox matched every replayed observation and
-the unfailed run's /workspace hash. `fs_only_consistent`: fs-only replay matched every
-observation (it cannot when a process held state).
+A method's seconds are the median of its repetitions, `NAME_spread` beside them their
+min / median / max; `speedup_vs_replay` is of the medians. `state_identical`: every
+Belayer recovery matched every replayed observation and the unfailed run's /workspace
+hash. `fs_only_consistent`: every fs-only replay matched every observation (it cannot
+when a process held state). The realistic case (env_recovery_realistic.py) repeats by
+its own means: `--failures` failures per workload.
 
 Heavy modules (podman backend, storage) are imported inside the command only.
 """
@@ -31,7 +35,8 @@ from dataclasses import dataclass, field
 
 import click
 
-from belayer.bench.machine import machine_load
+from belayer.bench.env_recovery_realistic import METHODS, MODE, run_realistic
+from belayer.bench.machine import machine_load, rotated, spread
 
 # ----------------------------------------------------------------------------- the wheel
 
@@ -254,7 +259,22 @@ def workloads(scale: float = 1.0) -> list[Workload]:
 # ----------------------------------------------------------------------------- running
 
 
-def run_workload(host, wl: Workload, trajectory: str, log_fn=lambda m: None) -> dict:
+@dataclass
+class Recovery:
+    """One recovery of the killed sandbox: its time, what `SandboxHost.recover` said, and
+    whether the recovered /workspace hashed as the unfailed run's did."""
+
+    seconds: float
+    outcome: object  # RecoverOutcome
+    same_workspace: bool
+
+
+def schedule(repetitions: int) -> list[tuple[int, str]]:
+    """(repetition, method), the order rotated each repetition."""
+    return rotated(METHODS, repetitions)
+
+
+def run_workload(host, wl: Workload, trajectory: str, *, repetitions: int, log_fn=lambda m: None) -> dict:
     from belayer.sandbox.models import Action, LoggedAction, SandboxSpec
 
     spec = SandboxSpec(setup_commands=wl.setup, labels={"belayer.bench": "env-recovery"})
@@ -287,35 +307,26 @@ def run_workload(host, wl: Workload, trajectory: str, log_fn=lambda m: None) -> 
                "killing the sandbox")  # fmt: skip
         host.kill(handle)
 
-        results = {}
-        for mode in ("full", "replay", "fs-only"):
+        recoveries: dict[str, list[Recovery]] = {method: [] for method in METHODS}
+        for rep, method in schedule(repetitions):
             t = time.monotonic()
-            outcome = host.recover(handle, [ckpt], log, mode=mode, spec=spec)
+            outcome = host.recover(handle, [ckpt], log, mode=MODE[method], spec=spec)
             elapsed = time.monotonic() - t
             handle = outcome.handle
-            same_fs = host.workspace_hash(handle) == expected_hash
-            results[mode] = (elapsed, outcome, same_fs)
-            log_fn(f"{wl.name}: {mode:8s} {elapsed:6.2f}s from {outcome.source}, consistent={outcome.consistent}"
-                   f" at {outcome.consistent_at}, workspace identical={same_fs}")  # fmt: skip
+            recovery = Recovery(elapsed, outcome, host.workspace_hash(handle) == expected_hash)
+            recoveries[method].append(recovery)
+            log_fn(f"{wl.name}: repetition {rep + 1}/{repetitions} {method:8s} {elapsed:6.2f}s from "
+                   f"{outcome.source}, consistent={outcome.consistent} at {outcome.consistent_at}, "
+                   f"workspace identical={recovery.same_workspace}")  # fmt: skip
             host.kill(handle)
-        full, replay, fs_only = results["full"], results["replay"], results["fs-only"]
         return {
             "name": wl.name,
-            "belayer_s": round(full[0], 3),
-            "replay_s": round(replay[0], 3),
-            "fs_only_s": round(fs_only[0], 3),
-            "speedup_vs_replay": round(replay[0] / full[0], 2),
-            "state_identical": bool(full[1].consistent and full[1].consistent_at == len(wl.actions) and full[2]),
-            "fs_only_consistent": bool(fs_only[1].consistent),
+            **recovery_figures(recoveries, steps=len(wl.actions)),
             "steps": len(wl.actions),
             "checkpoint_step": ckpt.step,
             "checkpoint_s": round(checkpoint_s, 3),
             "checkpoint_dump_s": round(meta.dump_s, 3),
             "archive_bytes": ckpt.archive_bytes,
-            "belayer_restore_s": round(full[1].restore_s, 3),
-            "belayer_replayed_steps": full[1].replayed_steps,
-            "replay_consistent": bool(replay[1].consistent),
-            "fs_only_mismatch_step": fs_only[1].mismatch_step,
             "unfailed_run_s": round(unfailed_s, 3),
             "action_s": durations,
         }
@@ -323,6 +334,30 @@ def run_workload(host, wl: Workload, trajectory: str, log_fn=lambda m: None) -> 
         for sid in sandbox_ids:
             host.backend.destroy(sid)
         host.delete_checkpoints(handle.sandbox_id)
+
+
+def recovery_figures(recoveries: dict[str, list[Recovery]], *, steps: int) -> dict:
+    """A workload's best-case figures from its repetitions: each method's seconds as the
+    median (the single figure of one-repetition runs) with its spread beside it; a
+    consistency verdict holds only when it held in every repetition."""
+    seconds = {method: [r.seconds for r in recoveries[method]] for method in METHODS}
+    median = {method: spread(seconds[method])["median"] for method in METHODS}
+    belayer = recoveries["belayer"]
+    mismatches = [r.outcome.mismatch_step for r in recoveries["fs_only"] if r.outcome.mismatch_step is not None]
+    return {
+        "repetitions": len(belayer),
+        **{f"{method}_s": median[method] for method in METHODS},
+        "speedup_vs_replay": round(median["replay"] / median["belayer"], 2),
+        "state_identical": all(r.outcome.consistent and r.outcome.consistent_at == steps and r.same_workspace
+                               for r in belayer),
+        "fs_only_consistent": all(r.outcome.consistent for r in recoveries["fs_only"]),
+        "belayer_restore_s": spread(r.outcome.restore_s for r in belayer)["median"],
+        "belayer_replayed_steps": max(r.outcome.replayed_steps for r in belayer),
+        "replay_consistent": all(r.outcome.consistent for r in recoveries["replay"]),
+        "fs_only_mismatch_step": min(mismatches, default=None),
+        **{f"{method}_s_spread": spread(seconds[method]) for method in METHODS},
+        "belayer_restore_s_spread": spread(r.outcome.restore_s for r in belayer),
+    }
 
 
 @dataclass(frozen=True)
@@ -335,24 +370,24 @@ class Realistic:
     sweep_max: int = 4
 
 
-def run_bench(config, *, store=None, names: list[str] | None = None, scale: float = 1.0,
+def run_bench(config, *, store=None, names: list[str] | None = None, scale: float = 1.0, repetitions: int,
               realistic: Realistic | None = None, log_fn=lambda m: None) -> dict:  # fmt: skip
     from belayer.sandbox.host import make_host
 
     host = make_host(config, store=store)
     selected = [w for w in workloads(scale) if not names or w.name in names]
-    rows = [run_workload(host, w, trajectory=f"bench-{w.name}", log_fn=log_fn) for w in selected]
+    rows = [run_workload(host, w, trajectory=f"bench-{w.name}", repetitions=repetitions, log_fn=log_fn)
+            for w in selected]
     speedups = [r["speedup_vs_replay"] for r in rows]
     report = {}
     if realistic is not None:
-        from belayer.bench.env_recovery_realistic import run_realistic
-
         report["realistic"] = run_realistic(
             host, selected, config.policy, failures=realistic.failures, seed=realistic.seed,
             decode_s_per_token=realistic.decode_s_per_token, sweep_max=realistic.sweep_max, log_fn=log_fn)
         report["realistic_median_speedup_vs_replay"] = report["realistic"]["median_speedup_vs_replay"]
     return report | {
         "best_case": "the `workloads` rows: one checkpoint at a late step, the failure after the last action",
+        "repetitions": repetitions,
         "workloads": rows,
         "speedup_vs_replay_min": min(speedups) if speedups else None,
         "speedup_vs_replay_max": max(speedups) if speedups else None,
@@ -366,6 +401,9 @@ def run_bench(config, *, store=None, names: list[str] | None = None, scale: floa
 @click.option("--workload", "names", multiple=True, help="Run only these workloads (repeatable).")
 @click.option("--scale", type=click.FloatRange(0.01, 10), default=1.0, show_default=True,
               help="Scale the data sizes of every workload.")
+@click.option("--repetitions", type=click.IntRange(1, 50), default=3, show_default=True,
+              help="Best case: recoveries by each method from the one checkpoint, methods interleaved; "
+                   "figures are min / median / max. (The realistic case's samples are its --failures.)")
 @click.option("--archive-dir", type=click.Path(file_okay=False), default=None,
               help="Keep checkpoints in this directory instead of the configured object store.")
 @click.option("--realistic/--best-case-only", default=True, show_default=True,
@@ -377,7 +415,7 @@ def run_bench(config, *, store=None, names: list[str] | None = None, scale: floa
 @click.option("--decode-ms-per-token", type=click.FloatRange(0.1, 1000), default=20.0, show_default=True,
               help="Realistic case: the simulated generations' decode time per token.")
 @click.pass_context
-def env_recovery(ctx: click.Context, as_json: bool, names: tuple[str, ...], scale: float,
+def env_recovery(ctx: click.Context, as_json: bool, names: tuple[str, ...], scale: float, repetitions: int,
                  archive_dir: str | None, realistic: bool, failures: int, seed: int,
                  decode_ms_per_token: float) -> None:  # fmt: skip
     """Environment recovery: Belayer's full restore vs replay vs fs-only, same run.
@@ -399,30 +437,54 @@ def env_recovery(ctx: click.Context, as_json: bool, names: tuple[str, ...], scal
         store = LocalDirStore(Path(archive_dir))
     err = Console(stderr=True)
     settings = Realistic(failures=failures, seed=seed, decode_s_per_token=decode_ms_per_token / 1000)
-    result = run_bench(config, store=store, names=list(names) or None, scale=scale,
+    load = machine_load()
+    result = run_bench(config, store=store, names=list(names) or None, scale=scale, repetitions=repetitions,
                        realistic=settings if realistic else None,
                        log_fn=lambda m: err.print(m, highlight=False))  # fmt: skip
-    result["machine"] = machine_load()
+    result["machine"] = load | {"after": machine_load()["load_avg"]}
     if as_json:
         click.echo(json.dumps(result))
-        return
+    else:
+        print_report(result)
+
+
+def print_report(result: dict) -> None:
+    from rich.console import Console
     from rich.table import Table
 
-    table = Table(title="environment recovery, best case: checkpoint at a late step, failure at the end (seconds)")
-    for col in ("workload", "belayer", "replay", "fs-only", "speedup", "state identical", "fs-only consistent"):
+    out = Console()
+    table = Table(title="environment recovery, best case: checkpoint at a late step, failure at the end; "
+                        f"seconds over {result['repetitions']} repetitions")
+    for col in ("workload", "method", "min", "median", "max", "consistent", "speedup"):
         table.add_column(col)
     for r in result["workloads"]:
-        table.add_row(r["name"], f"{r['belayer_s']:.2f}", f"{r['replay_s']:.2f}", f"{r['fs_only_s']:.2f}",
-                      f"{r['speedup_vs_replay']:.1f}x", str(r["state_identical"]), str(r["fs_only_consistent"]))
-    Console().print(table)
+        verdicts = {"belayer": r["state_identical"], "replay": r["replay_consistent"],
+                    "fs_only": r["fs_only_consistent"]}
+        for method in METHODS:
+            table.add_row(r["name"] if method == METHODS[0] else "", method.replace("_", "-"),
+                          *_spread_cells(r[f"{method}_s_spread"]), "yes" if verdicts[method] else "no",
+                          f"{r['speedup_vs_replay']:.1f}x" if method == "belayer" else "")
+    out.print(table)
+    out.print("consistent: every recovery matched every replayed observation (belayer: and the /workspace "
+              "hash); speedup: replay's median over belayer's")
     real = result.get("realistic")
     if real:
         table = Table(title=f"realistic: the adaptive policy's checkpoints, {real['failures']} failures at random "
-                            "steps (seconds, min / median / max)")
-        for col in ("method", "recovery", "consistent"):
+                            "steps; seconds")
+        for col in ("method", "min", "median", "max", "consistent"):
             table.add_column(col)
         for method, figures in real["recovery_s"].items():
-            table.add_row(method, f"{figures['min']:.2f} / {figures['median']:.2f} / {figures['max']:.2f}",
+            table.add_row(method.replace("_", "-"), *_spread_cells(figures),
                           f"{real['consistent_share'][method]:.0%}")
-        Console().print(table)
-        Console().print(f"median speedup vs replay: {real['median_speedup_vs_replay']}x")
+        out.print(table)
+        if real["speedup_vs_replay"]:
+            speedup = real["speedup_vs_replay"]
+            out.print(f"speedup vs replay per failure: {speedup['min']:.1f}x / {speedup['median']:.1f}x / "
+                      f"{speedup['max']:.1f}x (min / median / max)")
+    machine = result["machine"]
+    out.print(f"machine: {machine['cores']} cores, load average {machine['load_avg']} before, "
+              f"{machine['after']} after")
+
+
+def _spread_cells(figures: dict) -> list[str]:
+    return [f"{figures[k]:.2f}" for k in ("min", "median", "max")]

@@ -127,6 +127,7 @@ def summarize(failures: list[dict], sweep: list[dict]) -> dict:
         "consistent_share": {m: round(sum(f[f"{m}_consistent"] for f in failures) / len(failures), 3)
                              for m in METHODS} if failures else {},
         "median_speedup_vs_replay": round(statistics.median(speedups), 2) if speedups else None,
+        "speedup_vs_replay": spread(speedups, digits=2),
         "rows": failures,
         "distance_sweep": sweep,
     }

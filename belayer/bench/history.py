@@ -4,9 +4,13 @@ Temporal refuses a payload over 2 MB and a history over 50 MB (it warns from 10 
 A trajectory keeps its histories bounded by continue-as-new, which only works if what
 it carries from one run to the next is bounded too: steps, decisions and recoveries
 live in the trajectory's log in the object store, observations travel as pointers. This
-runs one trace trajectory of many turns on the running stack (`belayer up`) and
-reports, over every run of its continue-as-new chain, the largest history, the largest
-single payload, and how the carried state grows from the first run to the last.
+runs one trace trajectory of many turns on the running stack (`belayer up`),
+`--repetitions` times one after another, and reports, over every run of each
+trajectory's continue-as-new chain, the largest history, the largest single payload,
+and how the carried state grows from the first run to the last. Those size figures are
+the largest over the repetitions (they are checked against limits); the wall time
+(`wall_s`, the median) and the seconds per turn come with their min / median / max
+(`*_spread`); `trajectories` has each repetition's own figures.
 Simulated: the engine. The turns are a trace (each action prints a line, a few "think"
 tokens a turn), served by `belayer.testing.ScriptedRollout` on a queue of the bench's
 own: thousands of turns outgrow any small model's context, and what is measured --
@@ -21,10 +25,13 @@ import time
 
 import click
 
+from belayer.bench.machine import machine_load, spread
 from belayer.bench.output import report_and_exit
 
 TEMPORAL_PAYLOAD_LIMIT = 2 * 1024 * 1024
 TEMPORAL_HISTORY_LIMIT = 50 * 1024 * 1024
+# A trajectory's size figures (history_sizes) that the report gives as their largest.
+SIZE_FIGURES = ("runs", "largest_history_bytes", "largest_payload_bytes", "first_input_bytes", "last_input_bytes")
 
 
 async def history_sizes(client, workflow_id: str) -> dict:
@@ -97,6 +104,57 @@ def long_trace(turns: int, output_bytes: int):
     )
 
 
+async def run_one(client, config, task, *, every: int, engine_queue: str, trajectory_id: str, say) -> dict:
+    """One trace trajectory on the stack, its turns served from `engine_queue`; its outcome,
+    wall time and history sizes."""
+    from belayer.client import start_trajectory, trajectory_input
+    from belayer.policy.config import PolicyConfig
+
+    input = trajectory_input(config, task)
+    # A context budget that the trace cannot exhaust: this measures histories, not budgets.
+    input = input.model_copy(update={
+        "trajectory_id": trajectory_id, "continue_as_new_every": every, "max_total_tokens": 100_000_000,
+        "policy": PolicyConfig(mode="adaptive"),
+        "queues": input.queues.model_copy(update={"rollout": engine_queue}),
+    })
+    started = time.monotonic()
+    handle = await start_trajectory(client, config, input)
+    waiter = asyncio.ensure_future(handle.result())
+    while not waiter.done():
+        await asyncio.wait({waiter}, timeout=30)
+        progress = await _progress(client, trajectory_id)
+        say(f"{time.monotonic() - started:7.0f}s  step {progress}/{len(task.turns)}")
+    result = waiter.result()
+    wall_s = time.monotonic() - started
+    sizes = await history_sizes(client, trajectory_id)
+    return {"trajectory_id": trajectory_id, "status": result.status, "reason": result.reason,
+            "tokens": result.tokens, "wall_s": round(wall_s, 1),
+            **{k: v for k, v in sizes.items() if k != "per_run"}}
+
+
+def summarize(trajectories: list[dict], *, turns: int, every: int) -> dict:
+    """The report over the repetitions: sizes at their largest (what the limits bound), the
+    wall time as its median with min / median / max of it and of the seconds per turn, and
+    one status when every repetition ended alike ("mixed" otherwise: see `trajectories`)."""
+    statuses = {t["status"] for t in trajectories}
+    walls = [t["wall_s"] for t in trajectories]
+    return {
+        "turns": turns,
+        "continue_as_new_every": every,
+        "repetitions": len(trajectories),
+        "status": statuses.pop() if len(statuses) == 1 else "mixed",
+        "reason": "; ".join(dict.fromkeys(t["reason"] for t in trajectories if t["reason"])),
+        "tokens": max(t["tokens"] for t in trajectories),
+        "wall_s": spread(walls, digits=1)["median"],
+        "wall_s_spread": spread(walls, digits=1),
+        "s_per_turn_spread": spread([w / turns for w in walls], digits=4),
+        "payload_limit_bytes": TEMPORAL_PAYLOAD_LIMIT,
+        "history_limit_bytes": TEMPORAL_HISTORY_LIMIT,
+        **{k: max(t[k] for t in trajectories) for k in SIZE_FIGURES},
+        "trajectories": trajectories,
+    }
+
+
 @click.command("long-trajectory")
 @click.option("--turns", default=2000, show_default=True, type=click.IntRange(1, 100_000),
               help="Turns of the trace trajectory.")
@@ -104,15 +162,16 @@ def long_trace(turns: int, output_bytes: int):
               help="Steps per workflow run.")
 @click.option("--output-bytes", default=200, show_default=True, type=click.IntRange(0, 65536),
               help="Bytes each action prints (observations are stored, never in payloads).")
+@click.option("--repetitions", default=3, show_default=True, type=click.IntRange(1, 50),
+              help="Trajectories run one after another; sizes are their largest, times min / median / max.")
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object on stdout.")
 @click.pass_context
-def long_trajectory(ctx: click.Context, turns: int, every: int, output_bytes: int, as_json: bool) -> None:
-    """Run one trace trajectory of many turns and report its histories against Temporal's limits."""
+def long_trajectory(ctx: click.Context, turns: int, every: int, output_bytes: int, repetitions: int,
+                    as_json: bool) -> None:
+    """Run a trace trajectory of many turns and report its histories against Temporal's limits."""
     from rich.console import Console
 
     from belayer.cli.main import config_from
-    from belayer.client import start_trajectory, trajectory_input
-    from belayer.policy.config import PolicyConfig
     from belayer.temporal_client import connect
 
     config = config_from(ctx.find_root())
@@ -127,39 +186,36 @@ def long_trajectory(ctx: click.Context, turns: int, every: int, output_bytes: in
 
         client = await connect(config.temporal, config.storage.encryption_key)
         task = long_trace(turns, output_bytes)
-        trajectory_id = f"long-{turns}-{int(time.time())}"
-        engine_queue = f"belayer-bench-scripted-{trajectory_id}"
+        run_name = f"long-{turns}-{int(time.time())}"
+        engine_queue = f"belayer-bench-scripted-{run_name}"
         tokenizer = model_path(config.rollout.model, config.cache_dir) / "tokenizer.json"
         engine = ScriptedRollout(ObjectStore(config.storage), tokenizer, node_queue=engine_queue)
-        input = trajectory_input(config, task)
-        # A context budget that the trace cannot exhaust: this measures histories, not budgets.
-        input = input.model_copy(update={
-            "trajectory_id": trajectory_id, "continue_as_new_every": every, "max_total_tokens": 100_000_000,
-            "policy": PolicyConfig(mode="adaptive"),
-            "queues": input.queues.model_copy(update={"rollout": engine_queue}),
-        })
-        started = time.monotonic()
+        load = machine_load()
+        trajectories = []
         async with Worker(client, task_queue=engine_queue, activities=[engine.generate]):
-            handle = await start_trajectory(client, config, input)
-            waiter = asyncio.ensure_future(handle.result())
-            while not waiter.done():
-                await asyncio.wait({waiter}, timeout=30)
-                progress = await _progress(client, trajectory_id)
-                err.print(f"{time.monotonic() - started:7.0f}s  step {progress}/{turns}", highlight=False)
-            result = waiter.result()
-        sizes = await history_sizes(client, trajectory_id)
-        return {"trajectory_id": trajectory_id, "turns": turns, "continue_as_new_every": every,
-                "status": result.status, "reason": result.reason, "tokens": result.tokens,
-                "wall_s": round(time.monotonic() - started, 1),
-                "payload_limit_bytes": TEMPORAL_PAYLOAD_LIMIT, "history_limit_bytes": TEMPORAL_HISTORY_LIMIT,
-                **{k: v for k, v in sizes.items() if k != "per_run"}}
+            for rep in range(1, repetitions + 1):
+                trajectories.append(await run_one(
+                    client, config, task, every=every, engine_queue=engine_queue,
+                    trajectory_id=f"{run_name}-{rep}",
+                    say=lambda line, rep=rep: err.print(f"repetition {rep}/{repetitions} {line}", highlight=False)))
+        return summarize(trajectories, turns=turns, every=every) | {
+            "machine": load | {"after": machine_load()["load_avg"]}}
 
     report_and_exit(asyncio.run(main()), as_json=as_json, print_table=_print)
 
 
 def _print(report: dict) -> None:
     for key, value in report.items():
+        if key == "trajectories":
+            continue
+        if key == "machine":
+            value = f"{value['cores']} cores, load average {value['load_avg']} before, {value['after']} after"
+        if key.endswith("_spread"):
+            value = f"{value['min']} / {value['median']} / {value['max']} (min / median / max)"
         click.echo(f"{key:28} {value}")
+    for t in report["trajectories"]:
+        click.echo(f"  {t['trajectory_id']}: {t['status']} in {t['wall_s']} s, {t['runs']} runs, largest history "
+                   f"{t['largest_history_bytes']} bytes, largest payload {t['largest_payload_bytes']} bytes")
 
 
 async def _progress(client, trajectory_id: str) -> int | str:

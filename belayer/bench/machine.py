@@ -16,6 +16,12 @@ def spread(values, digits: int = 3) -> dict | None:
             "max": round(max(values), digits)}
 
 
+def rotated(modes, repetitions: int) -> list[tuple[int, str]]:
+    """(repetition, mode) in run order, the modes' order rotated by one each repetition, so
+    drift on a shared machine (other jobs, a warming cache) lands on every mode alike."""
+    return [(rep, modes[(rep + i) % len(modes)]) for rep in range(repetitions) for i in range(len(modes))]
+
+
 def machine_load() -> dict:
     """Cores this process may use and the 1 / 5 / 15-minute load averages now."""
     return {"cores": len(os.sched_getaffinity(0)), "load_avg": [round(x, 2) for x in os.getloadavg()]}

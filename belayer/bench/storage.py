@@ -2,9 +2,14 @@
 
 One file of random bytes is copied on local disk (the baseline), uploaded through
 `ObjectStore.upload_stream` and downloaded through `ObjectStore.download_stream`
-(both sha256-verified, exactly the checkpoint path). MB here means MiB (2**20 bytes).
-The local copy goes through the page cache without fsync, as SeaweedFS's writes do.
-Everything the bench creates (temp files, the object) is removed, even on failure.
+(both sha256-verified, exactly the checkpoint path), `--repetitions` times with the
+order of the three rotated each repetition, so a busy spell of the machine does not
+land on one path only. The first repetition uploads before it downloads; a later one
+may download first, the object the previous repetition uploaded (the same bytes).
+MB here means MiB (2**20 bytes). The local copy goes through the page cache without
+fsync, as SeaweedFS's writes do. Every MB/s figure is the median of the repetitions,
+`NAME_spread` beside it their min / median / max; the `*_vs_local` ratios are of the
+medians. Everything the bench creates (temp files, the object) is removed, even on failure.
 """
 
 from __future__ import annotations
@@ -12,6 +17,7 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import statistics
 import tempfile
 import time
 import uuid
@@ -23,19 +29,29 @@ from rich.console import Console
 from rich.progress import BarColumn, DownloadColumn, Progress, TextColumn, TransferSpeedColumn
 from rich.table import Table
 
-from belayer.bench.machine import machine_load
+from belayer.bench.machine import machine_load, rotated, spread
 from belayer.config import load_config
 from belayer.storage.config import StorageConfig
 from belayer.storage.store import ObjectStore
 
 MiB = 1 << 20
 COPY_CHUNK = 16 * MiB
+# The first repetition's order: the upload precedes the download that reads its object.
+MODES = ("local_copy", "upload", "download")
+LABELS = {"local_copy": "local copy", "upload": "upload", "download": "download"}
 
 
 @click.command("storage")
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object on stdout.")
 @click.option(
     "--size-mb", type=click.IntRange(1, 65536), default=256, show_default=True, help="File size in MiB."
+)
+@click.option(
+    "--repetitions",
+    type=click.IntRange(1, 50),
+    default=3,
+    show_default=True,
+    help="Runs of each path (local copy, upload, download), interleaved; figures are min / median / max.",
 )
 @click.option(
     "--dir",
@@ -45,75 +61,108 @@ COPY_CHUNK = 16 * MiB
     help="Where the local files go (default: the system temp directory).",
 )
 @click.pass_context
-def storage(ctx: click.Context, as_json: bool, size_mb: int, work_dir: Path | None) -> None:
+def storage(ctx: click.Context, as_json: bool, size_mb: int, repetitions: int, work_dir: Path | None) -> None:
     """Upload and download MB/s through the object store, against a local disk copy."""
     config_file = (ctx.obj or {}).get("config_file")
     cfg = load_config(config_file).storage
-    result = run_storage_bench(cfg, size_mb=size_mb, work_dir=work_dir, console=Console(stderr=True))
-    result["machine"] = machine_load()
+    load = machine_load()
+    result = run_storage_bench(
+        cfg, size_mb=size_mb, repetitions=repetitions, work_dir=work_dir, console=Console(stderr=True)
+    )
+    result["machine"] = load | {"after": machine_load()["load_avg"]}
     if as_json:
         click.echo(json.dumps(result))
     else:
         Console().print(result_table(result))
 
 
+def schedule(repetitions: int) -> list[tuple[int, str]]:
+    """(repetition, path), the order rotated each repetition."""
+    return rotated(MODES, repetitions)
+
+
 def run_storage_bench(
-    cfg: StorageConfig, *, size_mb: int, work_dir: Path | None = None, console: Console | None = None
+    cfg: StorageConfig,
+    *,
+    size_mb: int,
+    repetitions: int = 3,
+    work_dir: Path | None = None,
+    console: Console | None = None,
 ) -> dict:
     """Measure; returns the figures as a dict (the JSON the command prints)."""
     size = size_mb * MiB
     key = f"bench/storage-{uuid.uuid4().hex}"
     console = console or Console(stderr=True)
+    seconds: dict[str, list[float]] = {mode: [] for mode in MODES}
     with tempfile.TemporaryDirectory(prefix="belayer-bench-", dir=work_dir) as tmp, ObjectStore(cfg) as store:
         store.check()  # fail before writing a large file when endpoint, bucket or keys are wrong
         source, local_copy, downloaded = (Path(tmp) / name for name in ("source", "copy", "downloaded"))
+
+        def upload(tick: Callable[[int], None]) -> None:
+            with source.open("rb") as src:
+                store.upload_stream(key, src, progress=tick)
+
+        def download(tick: Callable[[int], None]) -> None:
+            with downloaded.open("wb") as dest:
+                store.download_stream(key, dest, progress=tick)
+
+        steps = {
+            "local_copy": lambda tick: _copy(source, local_copy, tick),
+            "upload": upload,
+            "download": download,
+        }
         try:
             with _progress(console) as progress:
                 _timed(progress, "write source", size, lambda tick: _write_random(source, size, tick))
-                local_s = _timed(progress, "local copy", size, lambda tick: _copy(source, local_copy, tick))
-                local_copy.unlink()
-                with source.open("rb") as src:
-                    upload_s = _timed(
-                        progress, "upload", size, lambda tick: store.upload_stream(key, src, progress=tick)
-                    )
-                with downloaded.open("wb") as dest:
-                    download_s = _timed(
-                        progress,
-                        "download",
-                        size,
-                        lambda tick: store.download_stream(key, dest, progress=tick),
-                    )
+                for rep, mode in schedule(repetitions):
+                    label = f"{LABELS[mode]} {rep + 1}/{repetitions}"
+                    seconds[mode].append(_timed(progress, label, size, steps[mode]))
+                    if mode == "local_copy":
+                        local_copy.unlink()  # not timed: the copy's clock stops at its last byte
         finally:
             store.delete(key)
-    upload, download, local = size_mb / upload_s, size_mb / download_s, size_mb / local_s
+    return summarize(seconds, size_mb=size_mb, cfg=cfg)
+
+
+def summarize(seconds: dict[str, list[float]], *, size_mb: int, cfg: StorageConfig) -> dict:
+    """MB/s of each path from its repetitions' seconds: the median under the figure's own
+    name (the single figure readers of one-sample runs know), the spread beside it."""
+    rates = {mode: [size_mb / s for s in seconds[mode]] for mode in MODES}
+    median = {mode: statistics.median(rates[mode]) for mode in MODES}
     return {
         "size_mb": size_mb,
         "part_size_mb": cfg.part_size_mb,
         "endpoint": cfg.endpoint,
-        "upload_mb_s": round(upload, 1),
-        "download_mb_s": round(download, 1),
-        "local_copy_mb_s": round(local, 1),
-        "upload_vs_local": round(upload / local, 3),
-        "download_vs_local": round(download / local, 3),
+        "repetitions": len(seconds["upload"]),
+        **{f"{mode}_mb_s": round(median[mode], 1) for mode in MODES},
+        "upload_vs_local": round(median["upload"] / median["local_copy"], 3),
+        "download_vs_local": round(median["download"] / median["local_copy"], 3),
+        **{f"{mode}_mb_s_spread": spread(rates[mode], digits=1) for mode in MODES},
     }
 
 
 def result_table(result: dict) -> Table:
-    table = Table(title=f"storage bench: {result['size_mb']} MiB via {result['endpoint']}")
-    table.add_column("path")
-    table.add_column("MB/s", justify="right")
-    table.add_column("vs local copy", justify="right")
-    table.add_row("local disk copy", f"{result['local_copy_mb_s']:.1f}", "1.000")
-    table.add_row("upload (verified)", f"{result['upload_mb_s']:.1f}", f"{result['upload_vs_local']:.3f}")
-    table.add_row(
-        "download (verified)", f"{result['download_mb_s']:.1f}", f"{result['download_vs_local']:.3f}"
+    table = Table(
+        title=f"{result['size_mb']} MiB via {result['endpoint']}: MB/s, "
+        f"min / median / max of {result['repetitions']}"
     )
+    table.add_column("path")
+    for column in ("min", "median", "max", "median vs local copy"):
+        table.add_column(column, justify="right")
+    rows = (
+        ("local disk copy", "local_copy", 1.0),
+        ("upload (verified)", "upload", result["upload_vs_local"]),
+        ("download (verified)", "download", result["download_vs_local"]),
+    )
+    for label, mode, vs_local in rows:
+        figures = result[f"{mode}_mb_s_spread"]
+        table.add_row(label, *(f"{figures[k]:.1f}" for k in ("min", "median", "max")), f"{vs_local:.3f}")
     return table
 
 
 def _progress(console: Console) -> Progress:
     return Progress(
-        TextColumn("{task.description:<12}"),
+        TextColumn("{task.description:<16}"),
         BarColumn(),
         DownloadColumn(binary_units=True),
         TransferSpeedColumn(),

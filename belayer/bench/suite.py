@@ -1,8 +1,10 @@
 """`belayer bench all --out DIR`: every benchmark, one after another, as a user runs each.
 
 Each benchmark runs as its own `belayer bench NAME --json` process (its defaults, plus
-`--repetitions` or `--rounds` where it takes them: 3 unless told), its JSON kept as `DIR/NAME.json` and its progress
-lines as `DIR/NAME.log`. Then, from those files alone:
+`--repetitions` or `--rounds` where it takes them: 3 unless told), its JSON kept as
+`DIR/NAME.json` and its progress lines as `DIR/NAME.log`. `chaos` keeps its own
+`--rounds` (5): its rounds are its repetitions, and a soak of fewer would not inject
+every fault kind (two faults a round, nine kinds). Then, from those files alone:
 
   DIR/summary.json   -- per benchmark: the command, whether it succeeded, its wall time;
                         and the machine (cores, load average) before and after the suite;
@@ -40,15 +42,16 @@ class Bench:
 
 # In the order they run: the short ones first, so a broken stack shows early.
 BENCHES = (
-    Bench("storage", repetitions_option=None, stack=False),
+    Bench("storage", stack=False),
     Bench("turn-overhead"),
     Bench("fork"),
-    Bench("env-recovery", repetitions_option=None, stack=False),
+    Bench("checkpoint", stack=False),
+    Bench("env-recovery", stack=False),
     Bench("overhead", repetitions_option="--rounds"),
     Bench("worker-recovery"),
     Bench("publish"),
-    Bench("chaos", repetitions_option=None),
-    Bench("long-trajectory", repetitions_option=None),
+    Bench("chaos", repetitions_option=None),  # its default --rounds are its repetitions
+    Bench("long-trajectory"),
     Bench("training"),
 )
 TAIL_LINES = 30
@@ -107,15 +110,23 @@ def is_spread(value) -> bool:
         isinstance(value[k], (int, float)) for k in ("min", "median", "max"))
 
 
+def is_named_rows(value) -> bool:
+    return isinstance(value, list) and bool(value) and all(
+        isinstance(row, dict) and isinstance(row.get("name"), str) for row in value)
+
+
 def figures(report: dict, prefix: str = "", depth: int = 3) -> tuple[list[tuple[str, dict]], list[tuple[str, object]]]:
     """The report's min / median / max figures and its single numbers, by dotted path
-    (lists of per-run records are left to the JSON file)."""
+    (lists of per-run records are left to the JSON file; a list of named rows, such as
+    env-recovery's workloads, is read as a dict by name)."""
     spreads: list[tuple[str, dict]] = []
     numbers: list[tuple[str, object]] = []
     for key, value in report.items():
         path = f"{prefix}{key}"
         if key == "machine":
             continue
+        if is_named_rows(value):
+            value = {row["name"]: row for row in value}
         if is_spread(value):
             spreads.append((path, value))
         elif isinstance(value, dict) and depth > 1:
@@ -216,8 +227,8 @@ def suite(ctx: click.Context, out_dir: Path, only: tuple[str, ...], skip: tuple[
           repetitions: int) -> None:
     """Run every benchmark one after another and write their figures on one page.
 
-    Takes an hour or more on a small machine. All but `storage` and `env-recovery` need the
-    running stack (`belayer up`); it is checked before anything runs.
+    Takes an hour or more on a small machine. All but `storage`, `checkpoint` and
+    `env-recovery` need the running stack (`belayer up`); it is checked before anything runs.
     """
     from rich.console import Console
 

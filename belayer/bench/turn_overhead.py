@@ -43,7 +43,7 @@ from pathlib import Path
 
 import click
 
-from belayer.bench.machine import machine_load, spread
+from belayer.bench.machine import machine_load, rotated, spread
 from belayer.bench.output import report_and_exit
 from belayer.bench.overhead import load_trace_task, trace_task_options
 from belayer.workloads.models import TraceTask
@@ -232,7 +232,7 @@ class PlainLoop:
 
 def schedule(repetitions: int) -> list[tuple[int, str]]:
     """(repetition, mode), the order rotated each repetition."""
-    return [(rep, MODES[(rep + i) % len(MODES)]) for rep in range(repetitions) for i in range(len(MODES))]
+    return rotated(MODES, repetitions)
 
 
 def summarize(belayer: list[LoopSplit], plain: list[PlainRun], *, task: TraceTask, load: dict) -> dict:

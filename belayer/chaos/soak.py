@@ -30,6 +30,7 @@ from pathlib import Path
 
 from pydantic import BaseModel, Field
 
+from belayer.bench.machine import spread
 from belayer.chaos.faults import FAULT_KINDS, Chaos, ChaosError, node_roles
 from belayer.config import BelayerConfig
 
@@ -347,37 +348,61 @@ class Soak:
 
     def _summary(self, found, wall_s: float) -> dict:
         injected = [f for f in self.faults if f.injected]
-        times = [f.recovery_s for f in injected if f.recovery_s is not None]
-        by_kind = {}
-        for kind in self.settings.kinds:
-            mine = [f for f in injected if f.kind == kind]
-            kind_times = [f.recovery_s for f in mine if f.recovery_s is not None]
-            by_kind[kind] = {"injected": len(mine), "p50_recovery_s": percentile(kind_times, 0.5),
-                             "max_recovery_s": max(kind_times) if kind_times else None}
         verdicts = [o.verdict for o in self.outcomes]
         cuts = [o for o in self.outcomes if o.verdict == "context_cut"]
+        recovery = recovery_figures(injected, self.settings.kinds)
+        round_walls = round_wall_s(self.outcomes)
         return {
             "trajectories": len(self.outcomes),
             "faults_injected": len(injected),
-            "by_kind": by_kind,
+            "by_kind": recovery["by_kind"],
             "lost": verdicts.count("lost"),
             "mismatched": verdicts.count("mismatched"),
             "failed_infra": verdicts.count("failed_infra"),
             "context_cuts": len(cuts),
             "leaked": found.counts(),
-            "p50_recovery_s": percentile(times, 0.5),
-            "p99_recovery_s": percentile(times, 0.99),
+            "p50_recovery_s": recovery["p50_recovery_s"],
+            "p99_recovery_s": recovery["p99_recovery_s"],
+            "recovery_s_spread": recovery["recovery_s_spread"],
             "faults_not_injected": len(self.faults) - len(injected),
             "seed": self.settings.seed,
             "rounds": self.settings.rounds,
+            "rounds_run": len(round_walls),
+            "round_wall_s_spread": spread(round_walls, digits=1),
             "wall_s": round(wall_s, 1),
             "details": {
                 "references": {task: o.model_dump() for task, o in self.references.items()},
                 "runs": [o.model_dump() for o in self.outcomes],
                 "faults": [f.model_dump() for f in self.faults],
+                "round_wall_s": round_walls,
                 "leaks": found.model_dump(),
             },
         }
+
+
+def recovery_figures(injected: list[FaultRecord], kinds: list[str]) -> dict:
+    """Recovery seconds of the injected faults, per kind and over all: the soak's rounds are
+    its repetitions, so besides the nearest-rank p50 / p99 (and each kind's max) every
+    figure has its min / median / max (`recovery_s_spread`; None where none recovered)."""
+    times = [f.recovery_s for f in injected if f.recovery_s is not None]
+    by_kind = {}
+    for kind in kinds:
+        mine = [f for f in injected if f.kind == kind]
+        kind_times = [f.recovery_s for f in mine if f.recovery_s is not None]
+        by_kind[kind] = {"injected": len(mine), "p50_recovery_s": percentile(kind_times, 0.5),
+                         "max_recovery_s": max(kind_times) if kind_times else None,
+                         "recovery_s_spread": spread(kind_times)}
+    return {"by_kind": by_kind, "p50_recovery_s": percentile(times, 0.5), "p99_recovery_s": percentile(times, 0.99),
+            "recovery_s_spread": spread(times)}
+
+
+def round_wall_s(outcomes: list[TrajectoryOutcome]) -> list[float]:
+    """Per round with faults, in order: its first trajectory's start to its last one's end."""
+    rounds: dict[int, list[TrajectoryOutcome]] = {}
+    for outcome in outcomes:
+        rounds.setdefault(outcome.round, []).append(outcome)
+    return [round(max(o.ended_at or o.started_at for o in mine) - min(o.started_at for o in mine), 1)
+            for _, mine in sorted(rounds.items())]
 
 
 def percentile(values: list[float], q: float) -> float | None:

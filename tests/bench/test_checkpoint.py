@@ -9,7 +9,7 @@ from belayer.sandbox.podman import dump_phases
 
 
 def test_modes_rotate_so_each_leads_in_turn():
-    assert schedule(3) == [["belayer", "podman"], ["podman", "belayer"], ["belayer", "podman"]]
+    assert schedule(3) == [(0, "belayer"), (0, "podman"), (1, "podman"), (1, "belayer"), (2, "belayer"), (2, "podman")]
 
 
 def test_dump_phases_read_podmans_print_stats_in_seconds():

@@ -32,4 +32,6 @@ def test_summary_of_recorded_failures():
     assert report["recovery_s"]["belayer"] == {"min": 1.0, "median": 2.0, "max": 4.0}
     assert report["consistent_share"] == {"belayer": 1.0, "replay": 1.0, "fs_only": round(1 / 3, 3)}
     assert report["median_speedup_vs_replay"] == 2.0  # of 10, 2 and 1
+    assert report["speedup_vs_replay"] == {"min": 1.0, "median": 2.0, "max": 10.0}
     assert summarize([], [])["median_speedup_vs_replay"] is None
+    assert summarize([], [])["speedup_vs_replay"] is None

@@ -22,7 +22,7 @@ def test_env_recovery_json(sandbox_runtime, tmp_path, monkeypatch):
     result = CliRunner().invoke(
         env_recovery,
         ["--json", "--scale", "0.02", "--workload", "make-build-and-kv-server", "--archive-dir", str(tmp_path),
-         "--failures", "2", "--seed", "3"],
+         "--failures", "2", "--seed", "3", "--repetitions", "2"],
         obj={},
         catch_exceptions=False,
     )
@@ -32,7 +32,11 @@ def test_env_recovery_json(sandbox_runtime, tmp_path, monkeypatch):
     for key in ("name", "belayer_s", "replay_s", "fs_only_s", "speedup_vs_replay", "state_identical",
                 "fs_only_consistent"):  # fmt: skip
         assert key in row
-    assert row["state_identical"] is True
+    assert row["state_identical"] is True  # in both repetitions
+    assert data["repetitions"] == row["repetitions"] == 2
+    for method in ("belayer", "replay", "fs_only"):
+        spread = row[f"{method}_s_spread"]
+        assert spread["min"] <= spread["median"] == row[f"{method}_s"] <= spread["max"]
     assert row["fs_only_consistent"] is False  # its HTTP server is gone after a files-only restore
     assert data["speedup_vs_replay_min"] == data["speedup_vs_replay_max"] == row["speedup_vs_replay"]
     assert "one checkpoint at a late step" in data["best_case"]
