@@ -232,6 +232,9 @@ class PodmanBackend:
                         self._cmd(*args), env=self._env(), stdin=subprocess.DEVNULL, stdout=stats,
                         stderr=err, pass_fds=(w,),
                     ))  # fmt: skip
+                except BaseException:
+                    os.close(r)
+                    raise
                 finally:
                     os.close(w)
                 try:

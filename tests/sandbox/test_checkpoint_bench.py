@@ -8,7 +8,7 @@ import json
 import pytest
 from click.testing import CliRunner
 
-from tests.storage.helpers import RawBucket
+from tests.storage.helpers import RawBucket, storage_env
 
 pytestmark = pytest.mark.sandbox
 
@@ -29,16 +29,8 @@ def test_bench_checkpoint_json(sandbox_runtime, storage_config, tmp_path):
 
     (tmp_path / "small.yaml").write_text(WORKLOAD)
     cfg = storage_config
-    env = {
-        "BELAYER_CONFIG": "",
-        "BELAYER_STORAGE__ENDPOINT": cfg.endpoint,
-        "BELAYER_STORAGE__BUCKET": cfg.bucket,
-        "BELAYER_STORAGE__ACCESS_KEY": cfg.access_key.get_secret_value(),
-        "BELAYER_STORAGE__SECRET_KEY": cfg.secret_key.get_secret_value(),
-        "BELAYER_STORAGE__KEY_PREFIX": cfg.key_prefix,
-    }
     result = CliRunner().invoke(checkpoint, ["--json", "--repetitions", "2", "--workload", str(tmp_path / "small.yaml")],
-                                env=env, obj={}, catch_exceptions=False)
+                                env=storage_env(cfg), obj={}, catch_exceptions=False)
     assert result.exit_code == 0, result.output
     report = json.loads(result.stdout[result.stdout.index("{"):])
     assert report["repetitions"] == 2 and len(report["samples"]) == 4

@@ -246,3 +246,22 @@ def test_podman_and_runc_call_belayers_criu(health: runtime.RuntimeHealth, tmp_p
     for phase in (dumped, restored):
         callers = {line.split()[0] for line in phase if " swrk " in f"{line} "}
         assert {"podman", "runc"} <= callers, phase
+
+
+def test_criu_tar_drops_gzip_from_dumps_and_reads_either_kind(tmp_path):
+    """CRIU's `tar --create --gzip` of a tmpfs runs with the container frozen: Belayer's tar
+    (first on podman's PATH) writes it plain, and extracts plain and gzip images alike."""
+    (tmp_path / "src").mkdir()
+    (tmp_path / "src" / "file").write_text("state\n")
+    env = {**os.environ, "PATH": f"{CRIU_TOOLS_DIR}{os.pathsep}{os.environ['PATH']}"}
+    image = subprocess.run(["tar", "--create", "--gzip", "--directory", str(tmp_path / "src"), "."],
+                           env=env, capture_output=True, check=True).stdout
+    assert image[257:262] == b"ustar"  # a plain tar, not gzip (which starts 1f 8b)
+    gzipped = subprocess.run(["tar", "--create", "--gzip", "--directory", str(tmp_path / "src"), "."],
+                             capture_output=True, check=True).stdout  # the system's tar
+    assert gzipped[:2] == b"\x1f\x8b"
+    for name, data in (("plain", image), ("gzip", gzipped)):
+        out = tmp_path / name
+        out.mkdir()
+        subprocess.run(["tar", "--extract", "--gzip", "--directory", str(out)], input=data, env=env, check=True)
+        assert (out / "file").read_text() == "state\n", name

@@ -91,3 +91,15 @@ class FaultyClient:
             return result
 
         return faulty
+
+
+def storage_env(cfg: StorageConfig) -> dict[str, str]:
+    """The environment that points a `belayer` command (no config file) at `cfg`'s bucket."""
+    return {
+        "BELAYER_CONFIG": "",
+        "BELAYER_STORAGE__ENDPOINT": cfg.endpoint,
+        "BELAYER_STORAGE__BUCKET": cfg.bucket,
+        "BELAYER_STORAGE__ACCESS_KEY": cfg.access_key.get_secret_value(),
+        "BELAYER_STORAGE__SECRET_KEY": cfg.secret_key.get_secret_value(),
+        "BELAYER_STORAGE__KEY_PREFIX": cfg.key_prefix,
+    }

@@ -10,22 +10,14 @@ from click.testing import CliRunner
 from belayer.bench.storage import storage
 from belayer.storage import ObjectStore
 
-from .helpers import RawBucket
+from .helpers import RawBucket, storage_env
 
 pytestmark = pytest.mark.stack
 
 
 def test_bench_storage_json_and_cleanup(storage_config, tmp_path):
     cfg = storage_config
-    env = {
-        "BELAYER_CONFIG": "",
-        "BELAYER_STORAGE__ENDPOINT": cfg.endpoint,
-        "BELAYER_STORAGE__BUCKET": cfg.bucket,
-        "BELAYER_STORAGE__ACCESS_KEY": cfg.access_key.get_secret_value(),
-        "BELAYER_STORAGE__SECRET_KEY": cfg.secret_key.get_secret_value(),
-        "BELAYER_STORAGE__KEY_PREFIX": cfg.key_prefix,
-        "BELAYER_STORAGE__PART_SIZE_MB": "5",
-    }
+    env = storage_env(cfg) | {"BELAYER_STORAGE__PART_SIZE_MB": "5"}
     args = ["--json", "--size-mb", "12", "--repetitions", "2", "--dir", str(tmp_path)]
     result = CliRunner().invoke(storage, args, env=env)
     assert result.exit_code == 0, result.output
