@@ -167,9 +167,8 @@ def summarize(samples: list[Sample], repetitions: int, compression: str) -> dict
             "restore_phases_s": _phase_spreads([s.restore_phases for s in rows]),
             "consistent": all(s.consistent for s in rows),
         }
-    medians = {mode: report["modes"][mode] for mode in MODES}
     for what in ("checkpoint_s", "restore_s"):
-        ours, theirs = medians["belayer"][what], medians["podman"][what]
+        ours, theirs = report["modes"]["belayer"][what], report["modes"]["podman"][what]
         report[f"{what.removesuffix('_s')}_speedup"] = (
             round(theirs["median"] / ours["median"], 2) if ours and theirs and ours["median"] else None)
         report[f"belayer_{what}"] = ours["median"] if ours else None

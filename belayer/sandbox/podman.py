@@ -36,6 +36,7 @@ import os
 import shutil
 import subprocess
 import tarfile
+import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -215,59 +216,23 @@ class PodmanBackend:
         `phases` gets podman's own figures once the stream has ended (`dump_phases`).
         """
         compress = compression.compressor(self.cfg.checkpoint_compression)
-        r, w = os.pipe()
-        args = [
-            "container", "checkpoint", "--leave-running", "--tcp-established", "--print-stats",
-            "-c", "none", f"--export=/dev/fd/{w}", container,
-        ]  # fmt: skip
-        err_dir = self.state_dir / "tmp"
-        err_dir.mkdir(parents=True, exist_ok=True)
-        err_paths = [err_dir / f"ckpt-{container}-{os.getpid()}.{what}" for what in ("stats", "err", "compress.err")]
-        procs: list[subprocess.Popen] = []
-        try:
-            with (open(err_paths[0], "w+b") as stats, open(err_paths[1], "w+b") as err,
-                  open(err_paths[2], "w+b") as compress_err):  # fmt: skip
-                try:
-                    procs.append(subprocess.Popen(
-                        self._cmd(*args), env=self._env(), stdin=subprocess.DEVNULL, stdout=stats,
-                        stderr=err, pass_fds=(w,),
-                    ))  # fmt: skip
-                except BaseException:
-                    os.close(r)
-                    raise
-                finally:
-                    os.close(w)
-                try:
-                    if compress:
-                        try:
-                            procs.append(subprocess.Popen(compress, stdin=r, stdout=subprocess.PIPE, stderr=compress_err))
-                        finally:
-                            os.close(r)
-                        reader = procs[-1].stdout
-                    else:
-                        reader = os.fdopen(r, "rb", buffering=0)
-                except BaseException:
-                    _kill(procs)
-                    raise
-
-                def chunks() -> Iterator[bytes]:
-                    while data := reader.read(CHUNK):
-                        yield data
-
-                try:
-                    yield chunks()
-                    for _ in chunks():  # drain whatever the consumer left
-                        pass
-                    rcs = [p.wait(timeout=self.cfg.podman_timeout_s) for p in procs]
-                except BaseException:
-                    _kill(procs)
-                    raise
-                finally:
-                    reader.close()
-                stats_text, stderr, compress_stderr = (_read_all(f) for f in (stats, err, compress_err))
-        finally:
-            for path in err_paths:
-                path.unlink(missing_ok=True)
+        tmp_dir = self.state_dir / "tmp"
+        tmp_dir.mkdir(parents=True, exist_ok=True)
+        with contextlib.ExitStack() as files:
+            stats, err, compress_err = (files.enter_context(tempfile.TemporaryFile(dir=tmp_dir)) for _ in range(3))
+            args, procs, reader = self._start_export(container, compress, stats, err, compress_err)
+            chunks = iter(lambda: reader.read(CHUNK), b"")
+            try:
+                yield chunks
+                for _ in chunks:  # drain whatever the consumer left
+                    pass
+                rcs = [p.wait(timeout=self.cfg.podman_timeout_s) for p in procs]
+            except BaseException:
+                _kill(procs)
+                raise
+            finally:
+                reader.close()
+            stats_text, stderr, compress_stderr = (_read_all(f) for f in (stats, err, compress_err))
         if rcs[0] != 0:
             raise translate_podman_error(args, rcs[0], stderr)
         if compress and rcs[1] != 0:
@@ -275,6 +240,34 @@ class PodmanBackend:
                                    f"(exit {rcs[1]}): {compress_stderr[-300:]}")
         if phases is not None:
             phases.update(dump_phases(stats_text))
+
+    def _start_export(self, container: str, compress: list[str] | None, stats, err, compress_err):
+        """podman exporting `container` into a pipe, and the compressor reading it when there
+        is one: (podman's args, the processes, the stream's reader). Nothing stays open or
+        running when this raises."""
+        r, w = os.pipe()
+        args = [
+            "container", "checkpoint", "--leave-running", "--tcp-established", "--print-stats",
+            "-c", "none", f"--export=/dev/fd/{w}", container,
+        ]  # fmt: skip
+        try:
+            podman = subprocess.Popen(self._cmd(*args), env=self._env(), stdin=subprocess.DEVNULL, stdout=stats,
+                                      stderr=err, pass_fds=(w,))  # fmt: skip
+        except BaseException:
+            os.close(r)
+            raise
+        finally:
+            os.close(w)
+        if not compress:
+            return args, [podman], os.fdopen(r, "rb", buffering=0)
+        try:
+            compressor = subprocess.Popen(compress, stdin=r, stdout=subprocess.PIPE, stderr=compress_err)
+        except BaseException:
+            _kill([podman])
+            raise
+        finally:
+            os.close(r)
+        return args, [podman, compressor], compressor.stdout
 
     def restore(self, archive: Path, sandbox_id: str, generation: int) -> str:
         """Start a plain checkpoint archive as this generation's container."""
