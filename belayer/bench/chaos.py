@@ -19,7 +19,7 @@ import click
 from rich.console import Console
 from rich.table import Table
 
-from belayer.bench.machine import machine_load
+from belayer.bench.machine import machine_load, spread_cells
 
 console = Console(stderr=True)
 EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "workloads" / "build-and-serve.yaml"
@@ -100,21 +100,14 @@ def _print(summary: dict) -> None:
     table = Table("fault kind", "injected", "min", "median", "max",
                   title=f"recovery seconds over {summary['rounds_run']} rounds")
     for kind, row in summary["by_kind"].items():
-        table.add_row(kind, str(row["injected"]), *_spread_cells(row["recovery_s_spread"]))
-    table.add_row("all", str(summary["faults_injected"]), *_spread_cells(summary["recovery_s_spread"]))
+        table.add_row(kind, str(row["injected"]), *spread_cells(row["recovery_s_spread"]))
+    table.add_row("all", str(summary["faults_injected"]), *spread_cells(summary["recovery_s_spread"]))
     out.print(table)
     out.print(f"{summary['trajectories']} trajectories, {summary['faults_injected']} faults: "
               f"lost {summary['lost']}, mismatched {summary['mismatched']}, failed_infra {summary['failed_infra']}, "
               f"context cuts {summary['context_cuts']}; leaked {summary['leaked']}; recovery p50 "
               f"{_s(summary['p50_recovery_s'])} s, p99 {_s(summary['p99_recovery_s'])} s")
-    out.print(f"round wall time {' / '.join(_spread_cells(summary['round_wall_s_spread']))} s (min / median / max)")
-
-
-def _spread_cells(figures: dict | None) -> list[str]:
-    """min, median, max as text; dashes where nothing was measured (no fault of a kind recovered)."""
-    if figures is None:
-        return ["-"] * 3
-    return [_s(figures[k]) for k in ("min", "median", "max")]
+    out.print(f"round wall time {' / '.join(spread_cells(summary['round_wall_s_spread']))} s (min / median / max)")
 
 
 def _s(value) -> str:

@@ -36,7 +36,7 @@ from pathlib import Path
 
 import click
 
-from belayer.bench.machine import machine_load, rotated, spread
+from belayer.bench.machine import machine_load, rotated, spread, spread_cells
 from belayer.bench.overhead import load_trace_task, trace_task_options
 
 MODES = ("belayer", "podman")
@@ -249,4 +249,4 @@ def print_report(report: dict) -> None:
 
 
 def _cells(s: dict | None) -> str:
-    return "-" if s is None else f"{s['min']:.2f} / {s['median']:.2f} / {s['max']:.2f}"
+    return "-" if s is None else " / ".join(spread_cells(s))

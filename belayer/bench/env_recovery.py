@@ -36,7 +36,7 @@ from dataclasses import dataclass, field
 import click
 
 from belayer.bench.env_recovery_realistic import METHODS, MODE, run_realistic
-from belayer.bench.machine import machine_load, rotated, spread
+from belayer.bench.machine import machine_load, rotated, spread, spread_cells
 
 # ----------------------------------------------------------------------------- the wheel
 
@@ -462,7 +462,7 @@ def print_report(result: dict) -> None:
                     "fs_only": r["fs_only_consistent"]}
         for method in METHODS:
             table.add_row(r["name"] if method == METHODS[0] else "", method.replace("_", "-"),
-                          *_spread_cells(r[f"{method}_s_spread"]), "yes" if verdicts[method] else "no",
+                          *spread_cells(r[f"{method}_s_spread"]), "yes" if verdicts[method] else "no",
                           f"{r['speedup_vs_replay']:.1f}x" if method == "belayer" else "")
     out.print(table)
     out.print("consistent: every recovery matched every replayed observation (belayer: and the /workspace "
@@ -474,7 +474,7 @@ def print_report(result: dict) -> None:
         for col in ("method", "min", "median", "max", "consistent"):
             table.add_column(col)
         for method, figures in real["recovery_s"].items():
-            table.add_row(method.replace("_", "-"), *_spread_cells(figures),
+            table.add_row(method.replace("_", "-"), *spread_cells(figures),
                           f"{real['consistent_share'][method]:.0%}")
         out.print(table)
         if real["speedup_vs_replay"]:
@@ -486,5 +486,3 @@ def print_report(result: dict) -> None:
               f"{machine['after']} after")
 
 
-def _spread_cells(figures: dict) -> list[str]:
-    return [f"{figures[k]:.2f}" for k in ("min", "median", "max")]

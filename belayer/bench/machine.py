@@ -16,6 +16,14 @@ def spread(values, digits: int = 3) -> dict | None:
             "max": round(max(values), digits)}
 
 
+def spread_cells(figures: dict | None) -> list[str]:
+    """A spread's min, median and max as table cells (2 decimals); dashes where nothing
+    was measured."""
+    if figures is None:
+        return ["-"] * 3
+    return [f"{figures[k]:.2f}" for k in ("min", "median", "max")]
+
+
 def rotated(modes, repetitions: int) -> list[tuple[int, str]]:
     """(repetition, mode) in run order, the modes' order rotated by one each repetition, so
     drift on a shared machine (other jobs, a warming cache) lands on every mode alike."""

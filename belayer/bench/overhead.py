@@ -35,7 +35,7 @@ from typing import Any
 import click
 from pydantic import BaseModel
 
-from belayer.bench.machine import spread
+from belayer.bench.machine import spread, spread_cells
 from belayer.bench.output import report_and_exit
 from belayer.policy.adaptive import DecisionRecord, predictor_error
 from belayer.policy.config import PolicyConfig
@@ -552,6 +552,4 @@ def _fmt(value) -> str:
 
 
 def _fmt_spread(figures: dict | None) -> str:
-    if figures is None:
-        return "-"
-    return "/".join(f"{figures[k]:.2f}" for k in ("min", "median", "max"))
+    return "-" if figures is None else "/".join(spread_cells(figures))
