@@ -110,6 +110,46 @@ def status(ctx: click.Context, as_json: bool) -> None:
     sys.exit(0 if all(r.healthy for r in rows) else 1)
 
 
+@main.command()
+@click.option("--wait", "wait_s", type=click.FloatRange(0, 3600), default=120.0, show_default=True,
+              help="Seconds to keep retrying while Temporal or the object store does not answer yet.")
+@click.pass_context
+def prepare(ctx: click.Context, wait_s: float) -> None:
+    """Make an existing Temporal and object store ready for Belayer (idempotent).
+
+    Registers the search attributes the workflows set and creates the bucket when it is
+    missing. `belayer up` does this for the local stack; a deployment with its own
+    Temporal cluster and S3 runs it once per deploy (infra/deploy runs it as a job).
+    """
+    import asyncio
+    import time
+
+    from belayer.prepare import add_missing_search_attributes, create_bucket_if_missing
+
+    config = config_from(ctx)
+    steps = [
+        (f"Temporal at {config.temporal.address} (namespace {config.temporal.namespace})",
+         lambda: asyncio.run(add_missing_search_attributes(config.temporal)),
+         lambda added: f"search attributes added: {', '.join(added)}" if added else "search attributes present"),
+        (f"bucket {config.storage.bucket} at {config.storage.endpoint}",
+         lambda: create_bucket_if_missing(config.storage),
+         lambda created: "created" if created else "present"),
+    ]
+    deadline = time.monotonic() + wait_s
+    for what, step, said in steps:
+        while True:
+            try:
+                console.print(f"  {what}: {said(step())}", highlight=False, soft_wrap=True)
+                break
+            except Exception as exc:  # not up yet, refused, or denied: retried, then named
+                if time.monotonic() >= deadline:
+                    raise click.ClickException(
+                        f"{what} did not answer within {wait_s:.0f} s: {exc}; check the address and "
+                        "credentials (BELAYER_TEMPORAL__*, BELAYER_STORAGE__*) or raise --wait") from None
+                time.sleep(2)
+    console.print("[green]prepared[/]", highlight=False)
+
+
 @main.command("codec-server")
 @click.option("--port", type=click.IntRange(1, 65535), default=None,
               help="Port on 127.0.0.1 (default: temporal.codec_port, 8081).")

@@ -20,6 +20,7 @@ from urllib.parse import urlparse
 
 from belayer.config import StackConfig, TemporalConfig
 from belayer.errors import StackError
+from belayer.prepare import SEARCH_ATTRIBUTES, add_missing_search_attributes, create_bucket_if_missing
 from belayer.storage.config import StorageConfig
 
 
@@ -77,11 +78,6 @@ class TemporalDevServer:
     """`temporal server start-dev` with its history in an sqlite file (survives down/up)."""
 
     name = "temporal"
-    # Search attributes the workflows set, registered at start-up so the web UI can filter
-    # trajectories by task and status, and a training run's trajectories by run and iteration.
-    search_attributes = {
-        "BelayerTask": "Keyword", "BelayerStatus": "Keyword", "BelayerRun": "Keyword", "BelayerIteration": "Int",
-    }
 
     def __init__(self, cfg: TemporalConfig, state_dir: Path):
         self.cfg = cfg
@@ -115,7 +111,9 @@ class TemporalDevServer:
         if self.cfg.encrypt_payloads:
             # The UI then asks `belayer codec-server` (started by `up`) to decode payloads.
             argv += ["--ui-codec-endpoint", f"http://127.0.0.1:{self.cfg.codec_port}"]
-        for key, kind in self.search_attributes.items():
+        # Registered at start-up so the web UI can filter trajectories by task and status,
+        # and a training run's trajectories by run and iteration.
+        for key, kind in SEARCH_ATTRIBUTES.items():
             argv += ["--search-attribute", f"{key}={kind}"]
         return argv, dict(os.environ)
 
@@ -150,21 +148,7 @@ class TemporalDevServer:
     def after_ready(self) -> None:
         """Register the search attributes a history file from an older Belayer lacks: the
         command line registers them only when it creates the file."""
-        run_coroutine(self._add_missing_search_attributes, timeout_s=30)
-
-    async def _add_missing_search_attributes(self) -> None:
-        from temporalio.api.enums.v1 import IndexedValueType
-        from temporalio.api.operatorservice.v1 import AddSearchAttributesRequest, ListSearchAttributesRequest
-        from temporalio.client import Client
-
-        client = await Client.connect(self.cfg.address, namespace=self.cfg.namespace)
-        listed = await client.operator_service.list_search_attributes(
-            ListSearchAttributesRequest(namespace=self.cfg.namespace))
-        missing = {key: IndexedValueType.Value(f"INDEXED_VALUE_TYPE_{kind.upper()}")
-                   for key, kind in self.search_attributes.items() if key not in listed.custom_attributes}
-        if missing:
-            await client.operator_service.add_search_attributes(
-                AddSearchAttributesRequest(namespace=self.cfg.namespace, search_attributes=missing))
+        run_coroutine(lambda: add_missing_search_attributes(self.cfg), timeout_s=30)
 
 
 class SeaweedFS:
@@ -258,9 +242,4 @@ class SeaweedFS:
 
     def after_ready(self) -> None:
         """Create the bucket when it is missing (auto-create is off on purpose)."""
-        from belayer.storage.s3client import make_s3_client
-
-        client = make_s3_client(self.cfg)
-        names = [b["Name"] for b in client.list_buckets().get("Buckets", [])]
-        if self.cfg.bucket not in names:
-            client.create_bucket(Bucket=self.cfg.bucket)
+        create_bucket_if_missing(self.cfg)
