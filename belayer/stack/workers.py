@@ -66,13 +66,13 @@ class WorkerService:
         if running is None:
             return Health(False, "not running")
         try:
-            identities = run_coroutine(
+            seen = run_coroutine(
                 lambda: pollers(self.config.temporal, self.task_queue, self.queue_kind,
                                 self.config.storage.encryption_key), timeout_s=5
             )
         except Exception as exc:  # unhealthy with its reason
             return Health(False, f"cannot ask Temporal about {self.task_queue}: {exc}")
-        mine = [i for i in identities if i.endswith(f":{running.pid}")]
+        mine = [identity for identity, _ in seen if identity.endswith(f":{running.pid}")]
         if not mine:
             return Health(False, f"not yet polling {self.task_queue}")
         return Health(True, f"polling {self.task_queue} as {mine[0]}")
@@ -81,8 +81,13 @@ class WorkerService:
         """Nothing: a worker needs no set-up once it polls."""
 
 
-async def pollers(cfg: TemporalConfig, task_queue: str, queue_kind: str, encryption_key=None) -> list[str]:
-    """Identities of the workers currently polling `task_queue`."""
+async def pollers(cfg: TemporalConfig, task_queue: str, queue_kind: str,
+                  encryption_key=None) -> list[tuple[str, float]]:
+    """The workers currently polling `task_queue`: (identity, seconds since its last poll).
+    Temporal lists a worker for a while after it is gone; a live one polls again at least
+    once a minute."""
+    import time
+
     from temporalio.api.enums.v1 import TaskQueueType
     from temporalio.api.taskqueue.v1 import TaskQueue
     from temporalio.api.workflowservice.v1 import DescribeTaskQueueRequest
@@ -99,7 +104,8 @@ async def pollers(cfg: TemporalConfig, task_queue: str, queue_kind: str, encrypt
             namespace=cfg.namespace, task_queue=TaskQueue(name=task_queue), task_queue_type=kind
         )
     )
-    return [poller.identity for poller in response.pollers]
+    now = time.time()
+    return [(poller.identity, now - poller.last_access_time.ToSeconds()) for poller in response.pollers]
 
 
 class CodecServerService:

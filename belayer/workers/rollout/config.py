@@ -13,7 +13,8 @@ class RolloutConfig(Section):
     node_id: str = Field(
         "node0",
         pattern=r"^[A-Za-z0-9_.-]{1,40}$",
-        description="Names the node's task queue and its shared-memory segments (/dev/shm/belayer-<node_id>-*).",
+        description="Names the node's task queue and its shared-memory segments (/dev/shm/belayer-<node_id>-*); "
+        "unique per node: a node whose id a live node has (on this machine or another host) is refused.",
     )
     model: Literal["tiny", "bench", "tiny-warm"] = Field(
         "tiny", description="Which project-built model to serve (tiny-warm: tiny after the warm start)."

@@ -31,15 +31,17 @@ async def serve(config: BelayerConfig) -> None:
     from belayer.model.build import model_path
     from belayer.storage.store import ObjectStore
     from belayer.trajectory_log import open_store
+    from belayer.workers.rollout.identity import refuse_a_live_twin
     from belayer.workers.rollout.node import RolloutNode
     from belayer.workers.runner import run_worker
 
+    own_queue = node_task_queue(config)
+    await refuse_a_live_twin(config, own_queue)  # before the node takes its id's segments
     model_dir = model_path(config.rollout.model, config.cache_dir)
     node = RolloutNode(config.rollout, model_dir)
     node.start(wait_shadow=False)  # serve as soon as the leader is up; the shadow follows
     node.add_state_listener(functools.partial(publish_roles, roles_file(config)))
     try:
-        own_queue = node_task_queue(config)
         store = ObjectStore(config.storage)
         # a turn's generate appends the observation before it: read through the encryption at
         # rest of observations and log records, when configured

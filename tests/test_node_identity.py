@@ -1,0 +1,62 @@
+"""A rollout node's id is claimed before the node touches anything: on its machine by a
+lock the kernel drops with the process, across machines through Temporal's pollers."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import uuid
+
+import pytest
+
+from belayer.workers.rollout.identity import (
+    LIVE_POLLER_S,
+    DuplicateNodeIdError,
+    claim_on_this_machine,
+    other_host_pollers,
+)
+
+HOLD = "import sys, time; from belayer.workers.rollout.identity import claim_on_this_machine as c; " \
+       "l = c(sys.argv[1]); print('held', flush=True); time.sleep(600)"
+
+
+def holder(node_id: str) -> subprocess.Popen:
+    proc = subprocess.Popen([sys.executable, "-c", HOLD, node_id], stdout=subprocess.PIPE, text=True)
+    assert proc.stdout.readline().strip() == "held"
+    return proc
+
+
+def test_a_second_claim_on_the_machine_is_refused_until_the_holder_dies():
+    node_id = f"t{uuid.uuid4().hex[:8]}"
+    proc = holder(node_id)
+    try:
+        with pytest.raises(DuplicateNodeIdError, match=rf"'{node_id}' is in use on this machine by pid {proc.pid}") as err:
+            claim_on_this_machine(node_id)
+        assert "BELAYER_ROLLOUT__NODE_ID" in str(err.value)
+    finally:
+        os.kill(proc.pid, signal.SIGKILL)  # a crash: the kernel releases the lock
+        proc.wait(timeout=10)
+    with claim_on_this_machine(node_id) as lock:  # the restart after the crash is not refused
+        lock.seek(0)
+        assert lock.read() == f"pid {os.getpid()}\n"
+
+
+def test_other_ids_are_free_while_one_is_held():
+    node_id = f"t{uuid.uuid4().hex[:8]}"
+    with claim_on_this_machine(node_id), claim_on_this_machine(node_id + "b"):
+        pass
+
+
+def test_only_live_rollout_nodes_of_other_hosts_count():
+    seen = [
+        ("belayer-rollout-n1@host-b:41", 3.0),              # live, elsewhere: a twin
+        ("belayer-rollout-n1@host-a:40", 1.0),              # this host: a predecessor of this process
+        ("belayer-rollout-n1@host-c:42", LIVE_POLLER_S + 5),  # gone: not seen for too long
+        ("temporal-cli@host-d:7", 1.0),                     # not a rollout node
+        ("belayer-rollout-n1@host-b.example.com:43", 2.0),  # a dotted host name
+    ]
+    assert other_host_pollers(seen, "host-a") == [
+        "belayer-rollout-n1@host-b:41", "belayer-rollout-n1@host-b.example.com:43"]
+    assert other_host_pollers(seen[1:2], "host-a") == []
