@@ -79,6 +79,11 @@ class StackConfig(Section):
     seaweedfs_filer_port: int = Field(8888, ge=1, le=55535, description="SeaweedFS filer port.")
     seaweedfs_volume_port: int = Field(9340, ge=1, le=55535, description="SeaweedFS volume port.")
     seaweedfs_admin_port: int = Field(23646, ge=1, le=55535, description="SeaweedFS admin port.")
+    rollout_nodes: int = Field(
+        1, ge=1, le=16,
+        description="Rollout nodes `belayer up` starts (also `up --rollout-nodes`): ids rollout.node_id, then "
+        "<node_id>.1, <node_id>.2, ..., each with its own engines, shared memory and task queue.",
+    )
 
 
 class TrainerConfig(Section):

@@ -105,10 +105,12 @@ def _service_trees(config: BelayerConfig) -> set[int]:
 
 
 def unmapped_segments(config: BelayerConfig) -> list[str]:
-    """The rollout node's /dev/shm segments that no live process maps or holds open."""
+    """The /dev/shm segments of the stack's rollout nodes that no live process maps or holds open."""
+    from belayer.stack.local import LocalStack
     from belayer.workers.rollout.shm import leftover_segments
 
-    segments = {str(p) for p in leftover_segments(config.rollout.node_id)}
+    segments = {str(p) for node in LocalStack(config).rollout_node_configs()
+                for p in leftover_segments(node.rollout.node_id)}
     if not segments:
         return []
     used: set[str] = set()

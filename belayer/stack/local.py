@@ -7,6 +7,7 @@ stops exactly what `up` recorded in its pid files.
 
 from __future__ import annotations
 
+import json
 import os
 import time
 from collections.abc import Callable
@@ -52,13 +53,18 @@ Reporter = Callable[[str], None]
 class LocalStack:
     """The services of one state directory."""
 
-    def __init__(self, config: BelayerConfig):
+    def __init__(self, config: BelayerConfig, rollout_nodes: int | None = None):
+        """`rollout_nodes`: how many `up` starts; by default as many as the running stack
+        was started with (`up --rollout-nodes`), else `stack.rollout_nodes`."""
         self.config = config
         self.state_dir = config.state_dir
+        self.topology_file = self.state_dir / "run" / "topology.json"
+        self.running_nodes = self._recorded_rollout_nodes()
+        self.rollout_nodes = rollout_nodes or self.running_nodes or config.stack.rollout_nodes
         self.services: list[Service] = [
             TemporalDevServer(config.temporal, self.state_dir),
             SeaweedFS(config.storage, config.stack, self.state_dir),
-            *belayer_workers(config),
+            *belayer_workers(config, self.rollout_nodes),
         ]
         if config.temporal.encrypt_payloads:
             # Started with the stack so the web UI, pointed at it, shows payloads decoded.
@@ -79,7 +85,14 @@ class LocalStack:
 
     def up(self, report: Reporter = lambda _msg: None, wait: bool = True) -> list[str]:
         """Start every service that is not running; returns the names started."""
+        if self.running_nodes and self.rollout_nodes < self.running_nodes:
+            raise StackError(
+                f"the stack runs {self.running_nodes} rollout nodes; `belayer down` first to start it "
+                f"with {self.rollout_nodes}"
+            )
         self.state_dir.mkdir(parents=True, exist_ok=True)
+        self.topology_file.parent.mkdir(parents=True, exist_ok=True)
+        self.topology_file.write_text(json.dumps({"rollout_nodes": self.rollout_nodes}))
         started: list[Service] = []
         try:
             for service in self.services:
@@ -151,15 +164,27 @@ class LocalStack:
             else:
                 report(f"{service.name}: was not running")
         self._remove_rollout_leftovers(report)
+        self.topology_file.unlink(missing_ok=True)
         return stopped
+
+    def _recorded_rollout_nodes(self) -> int | None:
+        try:
+            return int(json.loads(self.topology_file.read_text())["rollout_nodes"])
+        except (OSError, ValueError, KeyError, TypeError):
+            return None
+
+    def rollout_node_configs(self) -> list[BelayerConfig]:
+        """The configuration each of the stack's rollout nodes runs with."""
+        return [node_config(self.config, node_id) for node_id in rollout_node_ids(self.config, self.rollout_nodes)]
 
     def _remove_rollout_leftovers(self, report: Reporter) -> None:
         """A rollout node killed hard cannot unlink its shared memory: `down` does."""
         from belayer.workers.rollout.worker import cleanup_node, roles_file
 
-        for segment in cleanup_node(self.config.rollout.node_id):
-            report(f"rollout-node: removed leftover shared memory {segment}")
-        roles_file(self.config).unlink(missing_ok=True)
+        for config in self.rollout_node_configs():
+            for segment in cleanup_node(config.rollout.node_id):
+                report(f"rollout node {config.rollout.node_id}: removed leftover shared memory {segment}")
+            roles_file(config).unlink(missing_ok=True)
 
     def status(self) -> list[ComponentStatus]:
         rows = [self._service_status(service) for service in self.services]
@@ -174,10 +199,11 @@ class LocalStack:
         else:
             health = service.health()
         detail = health.detail
-        if service.name == "rollout-node" and running is not None:
+        node = getattr(service, "node_config", None)
+        if node is not None and running is not None:
             from belayer.workers.rollout.worker import describe_roles, read_roles
 
-            detail += "; " + describe_roles(read_roles(self.config))
+            detail += "; " + describe_roles(read_roles(node))
         return ComponentStatus(
             name=service.name,
             pid=running.pid if running else None,
@@ -188,8 +214,22 @@ class LocalStack:
         )
 
 
-def belayer_workers(config: BelayerConfig) -> list[WorkerService]:
-    """Belayer's own workers: sandbox host (root only: CRIU), rollout node, trajectories, trainer."""
+def rollout_node_ids(config: BelayerConfig, count: int) -> list[str]:
+    """The ids of a stack's `count` rollout nodes: rollout.node_id, then <id>.1, <id>.2, ..."""
+    first = config.rollout.node_id
+    return [first, *(f"{first}.{k}" for k in range(1, count))]
+
+
+def node_config(config: BelayerConfig, node_id: str) -> BelayerConfig:
+    return config.model_copy(update={"rollout": config.rollout.model_copy(update={"node_id": node_id})})
+
+
+def belayer_workers(config: BelayerConfig, rollout_nodes: int = 1) -> list[WorkerService]:
+    """Belayer's own workers: sandbox host (root only: CRIU), rollout nodes, trajectories, trainer.
+
+    The first rollout node is the service `rollout-node`; node k of more is `rollout-node.k`,
+    with the node id `<rollout.node_id>.k` set in its environment (which wins over the
+    effective config file every worker reads)."""
     from belayer.sandbox.host import default_host_queue
     from belayer.workers.rollout.worker import node_task_queue
 
@@ -198,10 +238,13 @@ def belayer_workers(config: BelayerConfig) -> list[WorkerService]:
         workers.append(WorkerService(
             "sandbox-worker", "belayer.workers.sandbox", default_host_queue(config.sandbox), "activity", config,
         ))
-    workers.append(WorkerService(
-        "rollout-node", "belayer.workers.rollout", node_task_queue(config), "activity", config,
-        startup_timeout_s=config.rollout.engine_start_timeout_s,
-    ))
+    for k, node_id in enumerate(rollout_node_ids(config, rollout_nodes)):
+        node = node_config(config, node_id)
+        workers.append(WorkerService(
+            "rollout-node" + (f".{k}" if k else ""), "belayer.workers.rollout", node_task_queue(node), "activity",
+            config, startup_timeout_s=config.rollout.engine_start_timeout_s,
+            env={"BELAYER_ROLLOUT__NODE_ID": node_id}, node_config=node,
+        ))
     workers.append(WorkerService(
         "trajectory-worker", "belayer.workers.trajectory", config.temporal.workflow_task_queue, "workflow",
         config,

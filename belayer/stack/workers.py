@@ -36,9 +36,14 @@ class WorkerService:
     """`python -m MODULE`, ready once it polls `task_queue` on Temporal."""
 
     def __init__(self, name: str, module: str, task_queue: str, queue_kind: str,
-                 config: BelayerConfig, *, startup_timeout_s: float | None = None):
+                 config: BelayerConfig, *, startup_timeout_s: float | None = None,
+                 env: dict[str, str] | None = None, node_config: BelayerConfig | None = None):
+        """`env`: set over the effective config for this worker only (a rollout node's id);
+        `node_config`: a rollout node's own configuration, for its status."""
         self.name = name
         self.startup_timeout_s = startup_timeout_s
+        self.env = env or {}
+        self.node_config = node_config
         self.module = module
         self.task_queue = task_queue
         self.queue_kind = queue_kind  # "workflow" or "activity"
@@ -56,7 +61,7 @@ class WorkerService:
         env = dict(os.environ)
         env[CONFIG_FILE_ENV] = str(write_effective_config(self.config))
         env.setdefault("PYTHONUNBUFFERED", "1")
-        return [sys.executable, "-m", self.module], env
+        return [sys.executable, "-m", self.module], env | self.env
 
     def ready(self) -> bool:
         return self.health().ok

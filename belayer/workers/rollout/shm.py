@@ -55,9 +55,12 @@ def arena_path(node_id: str, generation: int) -> Path:
 
 
 def leftover_segments(node_id: str | None = None) -> list[Path]:
-    """Segments of one node (or of every Belayer node) still present in /dev/shm."""
-    prefix = segment_prefix(node_id) if node_id else "belayer-"
-    return sorted(p for p in SHM_DIR.glob(prefix + "*"))
+    """Segments of one node (or of every Belayer node) still present in /dev/shm. One
+    node's are matched by their kind, so node `a`'s never include node `a-b`'s."""
+    if node_id is None:
+        return sorted(SHM_DIR.glob("belayer-*"))
+    prefix = segment_prefix(node_id)
+    return sorted(p for kind in ("weights-", "kv-") for p in SHM_DIR.glob(prefix + kind + "*"))
 
 
 def unlink_segments(node_id: str) -> list[Path]:

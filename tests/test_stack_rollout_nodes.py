@@ -1,0 +1,44 @@
+"""`belayer up --rollout-nodes 2`: two real rollout nodes, each with its own id, engines,
+shared memory and task queue, listed by `status`, refused a shrink while they run, and
+both stopped and cleaned up by `down`."""
+
+from __future__ import annotations
+
+import json
+
+import psutil
+import pytest
+
+from belayer.workers.rollout import shm
+from tests.test_stack import belayer, service_status
+
+pytestmark = [pytest.mark.stack, pytest.mark.engine]
+NODES = ("rollout-node", "rollout-node.1")
+
+
+def test_two_rollout_nodes_run_side_by_side_and_go_together(private_stack):
+    config, env = private_stack
+    first = config.rollout.node_id
+    ids = (first, f"{first}.1")
+    belayer(env, "up", "--rollout-nodes", "2", "--only", ",".join(("temporal", "seaweedfs", *NODES)))
+
+    status = service_status(env)
+    for name, node_id in zip(NODES, ids, strict=True):
+        assert status[name]["healthy"], status[name]
+        assert f"polling belayer-rollout-{node_id} as belayer-rollout-{node_id}@" in status[name]["detail"]
+        assert shm.leftover_segments(node_id), f"node {node_id} holds no shared memory"
+    assert status[NODES[0]]["pid"] != status[NODES[1]]["pid"]
+    # Each node's segments are its own: the first node's never include the second's.
+    assert not set(shm.leftover_segments(ids[0])) & set(shm.leftover_segments(ids[1]))
+    # `status` without the flag knows the running stack's nodes.
+    assert json.loads((config.state_dir / "run" / "topology.json").read_text()) == {"rollout_nodes": 2}
+
+    shrink = belayer(env, "up", "--rollout-nodes", "1", check=False)
+    assert shrink.returncode == 1
+    assert "the stack runs 2 rollout nodes; `belayer down` first" in shrink.stderr
+    assert all(psutil.pid_exists(status[name]["pid"]) for name in NODES)
+
+    belayer(env, "down")
+    assert not any(shm.leftover_segments(node_id) for node_id in ids)
+    assert not (config.state_dir / "run" / "topology.json").exists()
+    assert not any(psutil.pid_exists(status[name]["pid"]) for name in NODES)
