@@ -4,7 +4,10 @@ machine it ran on (cores, load), so a reader can tell a slow run from a busy mac
 from __future__ import annotations
 
 import os
+import platform
 import statistics
+import subprocess
+from pathlib import Path
 
 
 def spread(values, digits: int = 3) -> dict | None:
@@ -33,3 +36,43 @@ def rotated(modes, repetitions: int) -> list[tuple[int, str]]:
 def machine_load() -> dict:
     """Cores this process may use and the 1 / 5 / 15-minute load averages now."""
     return {"cores": len(os.sched_getaffinity(0)), "load_avg": [round(x, 2) for x in os.getloadavg()]}
+
+
+def machine_description() -> dict:
+    """What a reader needs to compare figures with their own machine: the CPU model, the
+    cores this process may use, memory, kernel and OS, and the Belayer commit measured."""
+    return {"cpu": _proc_field("/proc/cpuinfo", "model name") or platform.processor() or "unknown",
+            "cores": len(os.sched_getaffinity(0)),
+            "memory_gib": round(int((_proc_field("/proc/meminfo", "MemTotal") or "0 kB").split()[0]) / 2**20, 1),
+            "kernel": platform.release(), "os": _os_name(), "commit": _commit()}
+
+
+def _proc_field(path: str, name: str) -> str | None:
+    try:
+        for line in Path(path).read_text().splitlines():
+            key, _, value = line.partition(":")
+            if key.strip() == name:
+                return value.strip()
+    except OSError:
+        pass
+    return None
+
+
+def _os_name() -> str:
+    try:
+        return platform.freedesktop_os_release().get("PRETTY_NAME", platform.system())
+    except OSError:
+        return platform.system()
+
+
+def _commit() -> str:
+    """The checkout's commit, with `+changes` when the work tree differs from it."""
+    repo = Path(__file__).resolve().parents[2]
+    try:
+        head = subprocess.run(["git", "-C", str(repo), "rev-parse", "--short=12", "HEAD"], capture_output=True,
+                              text=True, timeout=10, check=True).stdout.strip()
+        dirty = subprocess.run(["git", "-C", str(repo), "status", "--porcelain", "--untracked-files=no"],
+                               capture_output=True, text=True, timeout=10).stdout.strip()
+    except (OSError, subprocess.SubprocessError):
+        return "unknown (not a git checkout)"
+    return head + ("+changes" if dirty else "")

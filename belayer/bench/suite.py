@@ -29,7 +29,7 @@ from pathlib import Path
 
 import click
 
-from belayer.bench.machine import machine_load
+from belayer.bench.machine import machine_description, machine_load
 
 
 @dataclass(frozen=True)
@@ -148,6 +148,9 @@ def markdown(outcomes: list[Outcome], machine: dict) -> str:
         "what is simulated. Figures of repeated runs are min / median / max.",
         "",
     ]
+    if described := machine.get("description"):
+        lines[2:2] = [f"Machine: {described['cpu']}, {described['cores']} cores, {described['memory_gib']} GiB, "
+                      f"Linux {described['kernel']}, {described['os']}; Belayer {described['commit']}.", ""]
     for outcome in outcomes:
         lines += [f"## {outcome.name}", "", f"`{' '.join(outcome.command)}` ({outcome.wall_s:.0f} s)", ""]
         if not outcome.ok:
@@ -238,7 +241,7 @@ def suite(ctx: click.Context, out_dir: Path, only: tuple[str, ...], skip: tuple[
     out_dir.mkdir(parents=True, exist_ok=True)
     err = Console(stderr=True)
     now = machine_load()
-    machine = {"cores": now["cores"], "before": now["load_avg"]}
+    machine = {"cores": now["cores"], "before": now["load_avg"], "description": machine_description()}
     outcomes = []
     for n, bench in enumerate(benches, start=1):
         err.print(f"[{n}/{len(benches)}] {' '.join(command_of(bench, repetitions))} "

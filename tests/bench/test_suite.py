@@ -7,6 +7,7 @@ import json
 
 import pytest
 
+from belayer.bench.machine import machine_description
 from belayer.bench.suite import BENCHES, Bench, Outcome, figures, markdown, plots_page, run_one, write_outputs
 from belayer.cli.main import bench
 
@@ -50,6 +51,9 @@ def test_the_page_has_every_benchmark_its_figures_and_its_failure(tmp_path):
     assert "## fork" in page and "| fork_ready_s | 2 | 1 | 3.5 |" in page and "| speedup | 2.8 |" in page
     assert "## publish" in page and "no node" in page
     assert "2 cores" in page and "0.50 / 0.40 / 0.30 before" in page
+    described = markdown([good], MACHINE | {"description": {
+        "cpu": "Xeon X", "cores": 2, "memory_gib": 23.4, "kernel": "6.18", "os": "Debian 12", "commit": "abc"}})
+    assert "Machine: Xeon X, 2 cores, 23.4 GiB, Linux 6.18, Debian 12; Belayer abc." in described
     plots = plots_page([good, bad, single], MACHINE, tmp_path)
     assert plots.count("data:image/png;base64,") == 1 and "failed; see its log" in plots
     assert "no repeated figures" in plots
@@ -77,3 +81,10 @@ def test_a_benchmark_process_runs_and_a_failing_one_is_recorded(storage_config, 
     page = (tmp_path / "benchmarks.md").read_text()
     assert "| upload_mb_s |" in page and "| upload_mb_s_spread |" in page  # the median, and min / median / max
     assert (tmp_path / "plots.html").read_text().count("data:image/png;base64,") == 1
+
+
+def test_the_machine_is_described_from_this_machine():
+    described = machine_description()
+    assert described["cores"] >= 1 and described["memory_gib"] > 0 and described["kernel"]
+    assert described["cpu"] != "unknown" and described["os"]
+    assert described["commit"].split("+")[0].isalnum()
