@@ -1,6 +1,6 @@
 """`belayer up --rollout-nodes 2`: two real rollout nodes, each with its own id, engines,
-shared memory and task queue, listed by `status`, refused a shrink while they run, and
-both stopped and cleaned up by `down`."""
+shared memory and task queue, listed by `status`, each a target of its own faults,
+refused a shrink while they run, and both stopped and cleaned up by `down`."""
 
 from __future__ import annotations
 
@@ -32,6 +32,17 @@ def test_two_rollout_nodes_run_side_by_side_and_go_together(private_stack):
     assert not set(shm.leftover_segments(ids[0])) & set(shm.leftover_segments(ids[1]))
     # `status` without the flag knows the running stack's nodes.
     assert json.loads((config.state_dir / "run" / "topology.json").read_text()) == {"rollout_nodes": 2}
+
+    # A fault aimed at the second node takes it down (and restarts it) and leaves the first alone.
+    crash = json.loads(belayer(env, "chaos", "node-crash", "--node", ids[1]).stdout)
+    assert crash["target"] == f"{NODES[1]} pid {status[NODES[1]]['pid']}"
+    after = service_status(env)
+    assert after[NODES[1]]["healthy"] and after[NODES[1]]["pid"] != status[NODES[1]]["pid"]
+    assert after[NODES[0]]["pid"] == status[NODES[0]]["pid"]
+    unknown = belayer(env, "chaos", "engine-crash", "--node", "nope", check=False)
+    assert unknown.returncode == 1 and f"no rollout node 'nope' in this stack; its nodes are {ids[0]}, {ids[1]}" \
+        in unknown.stderr
+    status = after
 
     shrink = belayer(env, "up", "--rollout-nodes", "1", check=False)
     assert shrink.returncode == 1

@@ -15,8 +15,11 @@ from belayer.chaos.faults import TRAINING_FAULT_KINDS
 @click.option("--trajectory", default=None, help="For sandbox-crash: the trajectory whose sandbox dies.")
 @click.option("--duration", default=5.0, show_default=True, type=click.FloatRange(0, 3600),
               help="For s3-outage: seconds the object store stays down.")
+@click.option("--node", default=None, metavar="ID",
+              help="For engine-crash, engine-hang, owner-crash and node-crash: the rollout node id "
+                   "(default: the stack's first node).")
 @click.pass_context
-def chaos(ctx: click.Context, fault: str, trajectory: str | None, duration: float) -> None:
+def chaos(ctx: click.Context, fault: str, trajectory: str | None, duration: float, node: str | None) -> None:
     """Inject FAULT now: processes are SIGKILLed, servers stopped, containers killed.
 
     Supervised workers that a kill takes down are restarted afterwards, as a cluster
@@ -32,7 +35,7 @@ def chaos(ctx: click.Context, fault: str, trajectory: str | None, duration: floa
         if not trajectory:
             raise ChaosError("sandbox-crash needs --trajectory ID (whose sandbox to kill)")
         container = asyncio.run(_sandbox_of(config, trajectory))
-    report = Chaos(config).inject(fault, sandbox_container=container, duration_s=duration)
+    report = Chaos(config).inject(fault, sandbox_container=container, duration_s=duration, node=node)
     click.echo(json.dumps(report.model_dump()))
 
 

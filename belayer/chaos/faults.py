@@ -50,12 +50,15 @@ class Chaos:
         self.config = config
         self.stack = LocalStack(config)
 
-    def inject(self, kind: str, *, sandbox_container: str | None = None, duration_s: float = 5.0) -> FaultReport:
+    def inject(self, kind: str, *, sandbox_container: str | None = None, duration_s: float = 5.0,
+               node: str | None = None) -> FaultReport:
+        """`node`: the rollout node id a node fault hits (engine, owner, node): by default
+        the stack's first node."""
         handlers: dict[str, Callable[[], tuple[str, str]]] = {
-            "engine-crash": lambda: self._signal_role("leader", signal.SIGKILL),
-            "engine-hang": lambda: self._signal_role("leader", signal.SIGSTOP),
-            "owner-crash": lambda: self._signal_role("owner", signal.SIGKILL),
-            "node-crash": lambda: self._crash_service("rollout-node"),
+            "engine-crash": lambda: self._signal_role("leader", signal.SIGKILL, node),
+            "engine-hang": lambda: self._signal_role("leader", signal.SIGSTOP, node),
+            "owner-crash": lambda: self._signal_role("owner", signal.SIGKILL, node),
+            "node-crash": lambda: self._crash_node(node),
             "sandbox-crash": lambda: self._kill_container(sandbox_container),
             "sandbox-host-crash": self._crash_sandbox_host,
             "temporal-worker-crash": lambda: self._crash_service("trajectory-worker"),
@@ -71,18 +74,35 @@ class Chaos:
 
     # -- rollout node -------------------------------------------------------------------
 
-    def roles(self) -> dict:
-        roles = node_roles(self.config)
+    def node_config(self, node: str | None) -> BelayerConfig:
+        """The configuration of the stack's rollout node `node` (its first when None)."""
+        nodes = self.stack.rollout_node_configs()
+        if node is None:
+            return nodes[0]
+        for config in nodes:
+            if config.rollout.node_id == node:
+                return config
+        raise ChaosError(f"no rollout node {node!r} in this stack; its nodes are "
+                         f"{', '.join(c.rollout.node_id for c in nodes)}")
+
+    def roles(self, node: str | None = None) -> dict:
+        roles = node_roles(self.node_config(node))
         if not roles:
             raise ChaosError("no rollout node roles: is the rollout node up (`belayer up`)?")
         return roles
 
-    def _signal_role(self, role: str, sig: int) -> tuple[str, str]:
-        pid = self.roles().get(role)
+    def _signal_role(self, role: str, sig: int, node: str | None = None) -> tuple[str, str]:
+        pid = self.roles(node).get(role)
         if not pid:
             raise ChaosError(f"the rollout node has no {role} right now")
         os.kill(pid, sig)
         return f"{role} pid {pid}", f"sent {signal.Signals(sig).name}"
+
+    def _crash_node(self, node: str | None) -> tuple[str, str]:
+        node_id = self.node_config(node).rollout.node_id
+        service = next(s for s in self.stack.services if getattr(s, "node_config", None) is not None
+                       and s.node_config.rollout.node_id == node_id)
+        return self._crash_service(service.name)
 
     # -- processes the stack supervises --------------------------------------------------
 
@@ -103,10 +123,10 @@ class Chaos:
             _kill(member)
         psutil.wait_procs(family, timeout=30)
         detail = f"SIGKILLed with {len(family) - 1} children"
-        if name == "rollout-node":
+        if (node := getattr(service, "node_config", None)) is not None:
             from belayer.workers.rollout.worker import cleanup_node
 
-            cleanup_node(self.config.rollout.node_id)
+            cleanup_node(node.rollout.node_id)
         if while_down is not None:
             detail += "; " + while_down()
         self.stack._start_one(service, lambda _m: None, wait=True)
