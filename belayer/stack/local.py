@@ -59,8 +59,8 @@ class LocalStack:
         self.config = config
         self.state_dir = config.state_dir
         self.topology_file = self.state_dir / "run" / "topology.json"
-        self.running_nodes = self._recorded_rollout_nodes()
-        self.rollout_nodes = rollout_nodes or self.running_nodes or config.stack.rollout_nodes
+        self.recorded_nodes = self._recorded_rollout_nodes()
+        self.rollout_nodes = rollout_nodes or self.recorded_nodes or config.stack.rollout_nodes
         self.services: list[Service] = [
             TemporalDevServer(config.temporal, self.state_dir),
             SeaweedFS(config.storage, config.stack, self.state_dir),
@@ -85,9 +85,11 @@ class LocalStack:
 
     def up(self, report: Reporter = lambda _msg: None, wait: bool = True) -> list[str]:
         """Start every service that is not running; returns the names started."""
-        if self.running_nodes and self.rollout_nodes < self.running_nodes:
+        beyond = [k for k in range(self.rollout_nodes, self.recorded_nodes or 0)
+                  if ManagedProcess(rollout_service_name(k), self.state_dir).running() is not None]
+        if beyond:
             raise StackError(
-                f"the stack runs {self.running_nodes} rollout nodes; `belayer down` first to start it "
+                f"the stack runs {self.recorded_nodes} rollout nodes; `belayer down` first to start it "
                 f"with {self.rollout_nodes}"
             )
         self.state_dir.mkdir(parents=True, exist_ok=True)
@@ -220,6 +222,11 @@ def rollout_node_ids(config: BelayerConfig, count: int) -> list[str]:
     return [first, *(f"{first}.{k}" for k in range(1, count))]
 
 
+def rollout_service_name(k: int) -> str:
+    """The stack's name of its k-th rollout node (from 0): rollout-node, rollout-node.1, ..."""
+    return "rollout-node" + (f".{k}" if k else "")
+
+
 def node_config(config: BelayerConfig, node_id: str) -> BelayerConfig:
     return config.model_copy(update={"rollout": config.rollout.model_copy(update={"node_id": node_id})})
 
@@ -241,7 +248,7 @@ def belayer_workers(config: BelayerConfig, rollout_nodes: int = 1) -> list[Worke
     for k, node_id in enumerate(rollout_node_ids(config, rollout_nodes)):
         node = node_config(config, node_id)
         workers.append(WorkerService(
-            "rollout-node" + (f".{k}" if k else ""), "belayer.workers.rollout", node_task_queue(node), "activity",
+            rollout_service_name(k), "belayer.workers.rollout", node_task_queue(node), "activity",
             config, startup_timeout_s=config.rollout.engine_start_timeout_s,
             env={"BELAYER_ROLLOUT__NODE_ID": node_id}, node_config=node,
         ))
