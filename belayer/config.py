@@ -79,6 +79,12 @@ class StackConfig(Section):
     seaweedfs_filer_port: int = Field(8888, ge=1, le=55535, description="SeaweedFS filer port.")
     seaweedfs_volume_port: int = Field(9340, ge=1, le=55535, description="SeaweedFS volume port.")
     seaweedfs_admin_port: int = Field(23646, ge=1, le=55535, description="SeaweedFS admin port.")
+    sandbox_hosts: int = Field(
+        1, ge=1, le=16,
+        description="Sandbox hosts `belayer up` starts (also `up --sandbox-hosts`): the machine itself, then "
+        "hosts in mount and UTS namespaces of their own (<machine>-h1, ...), each with its own podman storage, "
+        "runc state, network namespaces, channels and queue (root only, like every sandbox host).",
+    )
     rollout_nodes: int = Field(
         1, ge=1, le=16,
         description="Rollout nodes `belayer up` starts (also `up --rollout-nodes`): ids rollout.node_id, then "

@@ -19,6 +19,8 @@ from pydantic import BaseModel
 
 from belayer.config import BelayerConfig
 from belayer.errors import BelayerError
+from belayer.stack import sandbox_hosts
+from belayer.stack.workers import sandbox_service_name
 from belayer.workers.rollout.worker import read_roles as node_roles  # noqa: F401 (the chaos modules' name)
 
 FaultKind = Literal[
@@ -60,7 +62,7 @@ class Chaos:
             "owner-crash": lambda: self._signal_role("owner", signal.SIGKILL, node),
             "node-crash": lambda: self._crash_node(node),
             "sandbox-crash": lambda: self._kill_container(sandbox_container),
-            "sandbox-host-crash": self._crash_sandbox_host,
+            "sandbox-host-crash": lambda: self._crash_sandbox_host(sandbox_container),
             "temporal-worker-crash": lambda: self._crash_service("trajectory-worker"),
             "temporal-restart": lambda: self._outage("temporal", 1.0),
             "s3-outage": lambda: self._outage("seaweedfs", duration_s),
@@ -146,38 +148,66 @@ class Chaos:
     # -- sandboxes ----------------------------------------------------------------------
 
     def _kill_container(self, container: str | None) -> tuple[str, str]:
-        from belayer.sandbox.runtime import run_podman
-
         if not container:
             raise ChaosError("sandbox-crash needs a target container (the trajectory's sandbox)")
-        result = run_podman("kill", container, state_dir=self.config.state_dir,
-                            cache_dir=self.config.cache_dir)
+        k = self._host_of(container)
+        result = sandbox_hosts.run_podman_on(self.config, k, "kill", container)
         if result.returncode != 0:
             raise ChaosError(f"podman kill {container} failed: {result.stderr.strip()}")
         return f"container {container}", "podman kill (SIGKILL to every process in it)"
 
     def container_gone(self, container: str) -> bool:
         """Whether `container` no longer runs (its trajectory ended and destroyed it)."""
-        from belayer.sandbox.runtime import run_podman
-
-        result = run_podman("inspect", "--format", "{{.State.Running}}", container,
-                            state_dir=self.config.state_dir, cache_dir=self.config.cache_dir)
+        k = sandbox_hosts.host_of_container(self.config, self.stack.sandbox_hosts, container)
+        if k is None:
+            return True
+        result = sandbox_hosts.run_podman_on(self.config, k, "inspect", "--format", "{{.State.Running}}", container)
         return result.returncode != 0 or result.stdout.strip() != "true"
 
-    def _crash_sandbox_host(self) -> tuple[str, str]:
-        """The host's worker and every sandbox container on it die together."""
+    def _host_of(self, container: str) -> int:
+        """The host holding `container`: the machine itself when the stack has one host."""
+        if self.stack.sandbox_hosts == 1:
+            return 0
+        k = sandbox_hosts.host_of_container(self.config, self.stack.sandbox_hosts, container)
+        if k is None:
+            raise ChaosError(f"no sandbox host of this stack holds container {container}")
+        return k
+
+    def _crash_sandbox_host(self, container: str | None) -> tuple[str, str]:
+        """The host's worker and every sandbox container on it die together. With one host,
+        the host comes back at once (its disk kept), as a supervisor would restart it. With
+        several, the host holding `container` (or the first) is lost for good: its disk is
+        wiped and it stays down, so its trajectories recover on another host from the object
+        store; `belayer up` brings it back, empty."""
         from belayer.sandbox.podman import LABEL_SANDBOX
-        from belayer.sandbox.runtime import run_podman
+
+        k = self._host_of(container) if container else 0
+        name = sandbox_service_name(k)
 
         def kill_containers() -> str:
-            listed = run_podman("ps", "-q", "--filter", f"label={LABEL_SANDBOX}",
-                                state_dir=self.config.state_dir, cache_dir=self.config.cache_dir)
+            listed = sandbox_hosts.run_podman_on(self.config, k, "ps", "-q", "--filter", f"label={LABEL_SANDBOX}")
             containers = listed.stdout.split()
-            for container in containers:
-                run_podman("kill", container, state_dir=self.config.state_dir, cache_dir=self.config.cache_dir)
+            for found in containers:
+                sandbox_hosts.run_podman_on(self.config, k, "kill", found)
             return f"{len(containers)} containers killed"
 
-        return self._crash_service("sandbox-worker", while_down=kill_containers)
+        if self.stack.sandbox_hosts == 1:
+            return self._crash_service(name, while_down=kill_containers)
+        worker = self.stack.process(self._service(name)).running()
+        if worker is None:
+            raise ChaosError(f"{name} is not running; start it with `belayer up`")
+        if k == 0:  # the machine itself: its worker and its sandboxes go, the machine stays
+            _kill(worker)
+            killed = kill_containers()
+            listed = sandbox_hosts.run_podman_on(self.config, 0, "ps", "-a", "-q", "--filter", f"label={LABEL_SANDBOX}")
+            if listed.stdout.split():
+                sandbox_hosts.run_podman_on(self.config, 0, "rm", "--force", *listed.stdout.split())
+            detail = f"worker SIGKILLed, {killed} and removed"
+        else:
+            ended = sandbox_hosts.end(self.config, k)
+            sandbox_hosts.wipe(self.config, k)
+            detail = f"{ended} processes SIGKILLed (worker, podman, sandboxes), its storage wiped"
+        return f"sandbox host {sandbox_hosts.host_name(k)} ({name} pid {worker.pid})", detail + "; left down"
 
 
 def _kill(proc: psutil.Process) -> None:

@@ -49,13 +49,15 @@ def find_leaks(config: BelayerConfig, before: Snapshot, sandbox_ids: set[str]) -
 
 
 def sandbox_containers(config: BelayerConfig) -> list[str]:
-    """Names of every Belayer sandbox container of this state directory (any state)."""
+    """Names of every Belayer sandbox container of this state directory (any state), on
+    every sandbox host of its stack."""
     from belayer.sandbox.podman import LABEL_SANDBOX
-    from belayer.sandbox.runtime import run_podman
+    from belayer.stack import sandbox_hosts
+    from belayer.stack.local import LocalStack
 
-    listed = run_podman("ps", "-a", "--filter", f"label={LABEL_SANDBOX}", "--format", "{{.Names}}",
-                        state_dir=config.state_dir, cache_dir=config.cache_dir)
-    return listed.stdout.split()
+    return [name for k in range(LocalStack(config).sandbox_hosts)
+            for name in sandbox_hosts.run_podman_on(config, k, "ps", "-a", "--filter", f"label={LABEL_SANDBOX}",
+                                                    "--format", "{{.Names}}").stdout.split()]
 
 
 def stack_processes(config: BelayerConfig) -> list[psutil.Process]:

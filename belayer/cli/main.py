@@ -55,18 +55,24 @@ def config_from(ctx: click.Context) -> BelayerConfig:
 @click.option("--only", default=None, metavar="NAME,...",
               help="Start only these components (temporal, codec-server, seaweedfs, sandbox-worker, "
                    "rollout-node, trajectory-worker, trainer-worker; codec-server only with "
-                   "temporal.encrypt_payloads; rollout-node.K for the nodes after the first).")
+                   "temporal.encrypt_payloads; rollout-node.K and sandbox-worker.K for the nodes and "
+                   "hosts after the first).")
+@click.option("--sandbox-hosts", type=click.IntRange(1, 16), default=None,
+              help="Sandbox hosts to run (default: as many as the running stack has, else "
+                   "stack.sandbox_hosts, 1): this machine, then hosts with their own name, storage and "
+                   "namespaces (<machine>-h1, ...).")
 @click.option("--rollout-nodes", type=click.IntRange(1, 16), default=None,
               help="Rollout nodes to run (default: as many as the running stack has, else "
                    "stack.rollout_nodes, 1); their ids are rollout.node_id, then <node_id>.1, ...")
 @click.pass_context
-def up(ctx: click.Context, wait: bool, only: str | None, rollout_nodes: int | None) -> None:
+def up(ctx: click.Context, wait: bool, only: str | None, sandbox_hosts: int | None,
+       rollout_nodes: int | None) -> None:
     """Start the local stack in the background: Temporal dev server and web UI, SeaweedFS,
     and Belayer's workers (sandbox host, rollout nodes, trajectory worker, trainer)."""
     from belayer.stack.local import LocalStack, root_warning
 
     config = config_from(ctx)
-    stack = LocalStack(config, rollout_nodes=rollout_nodes)
+    stack = LocalStack(config, rollout_nodes=rollout_nodes, sandbox_hosts=sandbox_hosts)
     stack.select(only.split(",") if only else None)
     warning = root_warning()
     if warning:

@@ -18,9 +18,10 @@ import psutil
 
 from belayer.config import BelayerConfig
 from belayer.errors import StackError
+from belayer.stack import sandbox_hosts
 from belayer.stack.process import ManagedProcess
 from belayer.stack.services import Health, SeaweedFS, TemporalDevServer, port_in_use
-from belayer.stack.workers import CodecServerService, WorkerService
+from belayer.stack.workers import CodecServerService, SandboxHostService, WorkerService, sandbox_service_name
 
 
 class Service(Protocol):
@@ -53,18 +54,20 @@ Reporter = Callable[[str], None]
 class LocalStack:
     """The services of one state directory."""
 
-    def __init__(self, config: BelayerConfig, rollout_nodes: int | None = None):
-        """`rollout_nodes`: how many `up` starts; by default as many as the running stack
-        was started with (`up --rollout-nodes`), else `stack.rollout_nodes`."""
+    def __init__(self, config: BelayerConfig, rollout_nodes: int | None = None, sandbox_hosts: int | None = None):
+        """`rollout_nodes`, `sandbox_hosts`: how many `up` starts; by default as many as the
+        running stack was started with (`up --rollout-nodes --sandbox-hosts`), else
+        `stack.rollout_nodes` and `stack.sandbox_hosts`."""
         self.config = config
         self.state_dir = config.state_dir
         self.topology_file = self.state_dir / "run" / "topology.json"
-        self.recorded_nodes = self._recorded_rollout_nodes()
-        self.rollout_nodes = rollout_nodes or self.recorded_nodes or config.stack.rollout_nodes
+        self.recorded = self._recorded_topology()
+        self.rollout_nodes = rollout_nodes or self.recorded.get("rollout_nodes") or config.stack.rollout_nodes
+        self.sandbox_hosts = sandbox_hosts or self.recorded.get("sandbox_hosts") or config.stack.sandbox_hosts
         self.services: list[Service] = [
             TemporalDevServer(config.temporal, self.state_dir),
             SeaweedFS(config.storage, config.stack, self.state_dir),
-            *belayer_workers(config, self.rollout_nodes),
+            *belayer_workers(config, self.rollout_nodes, self.sandbox_hosts),
         ]
         if config.temporal.encrypt_payloads:
             # Started with the stack so the web UI, pointed at it, shows payloads decoded.
@@ -85,16 +88,12 @@ class LocalStack:
 
     def up(self, report: Reporter = lambda _msg: None, wait: bool = True) -> list[str]:
         """Start every service that is not running; returns the names started."""
-        beyond = [k for k in range(self.rollout_nodes, self.recorded_nodes or 0)
-                  if ManagedProcess(rollout_service_name(k), self.state_dir).running() is not None]
-        if beyond:
-            raise StackError(
-                f"the stack runs {self.recorded_nodes} rollout nodes; `belayer down` first to start it "
-                f"with {self.rollout_nodes}"
-            )
+        self._refuse_fewer("rollout_nodes", "rollout nodes", rollout_service_name)
+        self._refuse_fewer("sandbox_hosts", "sandbox hosts", sandbox_service_name)
         self.state_dir.mkdir(parents=True, exist_ok=True)
         self.topology_file.parent.mkdir(parents=True, exist_ok=True)
-        self.topology_file.write_text(json.dumps({"rollout_nodes": self.rollout_nodes}))
+        self.topology_file.write_text(json.dumps({"rollout_nodes": self.rollout_nodes,
+                                                  "sandbox_hosts": self.sandbox_hosts}))
         started: list[Service] = []
         try:
             for service in self.services:
@@ -165,15 +164,26 @@ class LocalStack:
                 stopped.append(service.name)
             else:
                 report(f"{service.name}: was not running")
+            if getattr(service, "host_index", 0):  # a host of its own goes with everything on it
+                if ended := sandbox_hosts.end(self.config, service.host_index):
+                    report(f"{service.name}: ended {ended} processes of its sandboxes")
         self._remove_rollout_leftovers(report)
         self.topology_file.unlink(missing_ok=True)
         return stopped
 
-    def _recorded_rollout_nodes(self) -> int | None:
+    def _recorded_topology(self) -> dict[str, int]:
+        """How many rollout nodes and sandbox hosts the last `up` started ({} if none)."""
         try:
-            return int(json.loads(self.topology_file.read_text())["rollout_nodes"])
-        except (OSError, ValueError, KeyError, TypeError):
-            return None
+            recorded = json.loads(self.topology_file.read_text())
+            return {key: int(value) for key, value in recorded.items()}
+        except (OSError, ValueError, TypeError, AttributeError):
+            return {}
+
+    def _refuse_fewer(self, key: str, what: str, service_name: Callable[[int], str]) -> None:
+        """Starting fewer than run now would leave the others running, unknown to `down`."""
+        wanted, recorded = getattr(self, key), self.recorded.get(key, 0)
+        if any(ManagedProcess(service_name(k), self.state_dir).running() for k in range(wanted, recorded)):
+            raise StackError(f"the stack runs {recorded} {what}; `belayer down` first to start it with {wanted}")
 
     def rollout_node_configs(self) -> list[BelayerConfig]:
         """The configuration each of the stack's rollout nodes runs with."""
@@ -231,20 +241,17 @@ def node_config(config: BelayerConfig, node_id: str) -> BelayerConfig:
     return config.model_copy(update={"rollout": config.rollout.model_copy(update={"node_id": node_id})})
 
 
-def belayer_workers(config: BelayerConfig, rollout_nodes: int = 1) -> list[WorkerService]:
-    """Belayer's own workers: sandbox host (root only: CRIU), rollout nodes, trajectories, trainer.
+def belayer_workers(config: BelayerConfig, rollout_nodes: int = 1, sandbox_hosts: int = 1) -> list[WorkerService]:
+    """Belayer's own workers: sandbox hosts (root only: CRIU), rollout nodes, trajectories, trainer.
 
     The first rollout node is the service `rollout-node`; node k of more is `rollout-node.k`,
     with the node id `<rollout.node_id>.k` set in its environment (which wins over the
     effective config file every worker reads)."""
-    from belayer.sandbox.host import default_host_queue
     from belayer.workers.rollout.worker import node_task_queue
 
-    workers = []
+    workers: list[WorkerService] = []
     if os.geteuid() == 0:
-        workers.append(WorkerService(
-            "sandbox-worker", "belayer.workers.sandbox", default_host_queue(config.sandbox), "activity", config,
-        ))
+        workers += [SandboxHostService(config, k) for k in range(sandbox_hosts)]
     for k, node_id in enumerate(rollout_node_ids(config, rollout_nodes)):
         node = node_config(config, node_id)
         workers.append(WorkerService(

@@ -86,6 +86,34 @@ class WorkerService:
         """Nothing: a worker needs no set-up once it polls."""
 
 
+def sandbox_service_name(k: int) -> str:
+    """The stack's name of its k-th sandbox host (from 0): sandbox-worker, sandbox-worker.1, ..."""
+    return "sandbox-worker" + (f".{k}" if k else "")
+
+
+class SandboxHostService(WorkerService):
+    """Sandbox host k of this machine: the machine itself for k = 0, a host in namespaces
+    of its own for k ≥ 1 (belayer/stack/sandbox_hosts.py says how separate)."""
+
+    def __init__(self, config: BelayerConfig, k: int):
+        from belayer.stack import sandbox_hosts
+
+        queue = sandbox_hosts.host_queue(config, k)
+        super().__init__(
+            sandbox_service_name(k), "belayer.workers.sandbox", queue, "activity", config,
+            # importing the base image into a new host's storage comes first
+            startup_timeout_s=max(config.stack.startup_timeout_s, 300.0) if k else None,
+            env={"BELAYER_SANDBOX__HOST_TASK_QUEUE": queue} if k else None,
+        )
+        self.host_index = k
+
+    def command(self) -> tuple[list[str], dict[str, str]]:
+        from belayer.stack import sandbox_hosts
+
+        argv, env = super().command()
+        return (sandbox_hosts.launcher(self.host_index, argv) if self.host_index else argv), env
+
+
 async def pollers(cfg: TemporalConfig, task_queue: str, queue_kind: str,
                   encryption_key=None) -> list[tuple[str, float]]:
     """The workers currently polling `task_queue`: (identity, seconds since its last poll).

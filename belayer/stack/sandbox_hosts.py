@@ -1,0 +1,178 @@
+"""Several sandbox hosts on one machine, each as separate as a machine is where recovery
+cares.
+
+Host 0 is the machine itself: the service `sandbox-worker`, with podman's storage under
+the state directory and `/run/runc`, `/run/netns` and the channel root as they are.
+Host k ≥ 1 (the service `sandbox-worker.k`) runs its worker in a mount and UTS namespace
+of its own (`unshare`, then `python -m belayer.stack.sandbox_hosts K -- WORKER...`):
+
+* its host name is `<machine>-h<k>`, so its queue is `belayer-sandbox-<machine>-h<k>`;
+* the paths every host uses are bind mounts of its own directories under
+  `<state>/hosts/h<k>/`: podman's storage and run directories (`<state>/podman`), runc's
+  state (`/run/runc`), the network namespaces (`/run/netns`) and the supervisors'
+  channels (`sandbox.channel_root`). The paths are the same on every host, which a
+  restore needs (podman's `--root` and `--runroot`, the bind-mount sources), and what is
+  behind them is the host's own, which a lost host takes with it;
+* the base image is imported from the install cache's tarball before the worker starts,
+  so every host holds the same image id, which a restore also needs.
+
+Only the kernel, Temporal and the object store are shared. Everything the worker starts
+(podman, conmon, CRIU, the containers) stays in its namespace, whose processes this
+module can list, enter (`nsenter`) and end: `belayer down` ends them all, as switching a
+machine off would, and so does a whole-host crash, which also wipes the host's storage.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+from pathlib import Path
+
+import psutil
+
+from belayer.config import BelayerConfig
+from belayer.sandbox.runtime import INFRA_DIR, podman_command, podman_dirs, podman_env
+
+# The inodes of the host's mount and UTS namespaces, written when it starts: a process is
+# the host's when both match (one alone could be a recycled inode).
+NAMESPACES_FILE = "namespaces"
+
+
+def host_name(k: int) -> str:
+    return socket.gethostname() if k == 0 else f"{socket.gethostname()}-h{k}"
+
+
+def host_queue(config: BelayerConfig, k: int) -> str:
+    from belayer.sandbox.host import default_host_queue
+
+    return default_host_queue(config.sandbox) if k == 0 else f"belayer-sandbox-{host_name(k)}"
+
+
+def host_dir(config: BelayerConfig, k: int) -> Path:
+    return config.state_dir / "hosts" / f"h{k}"
+
+
+def bind_mounts(config: BelayerConfig, k: int) -> list[tuple[Path, Path]]:
+    """(the host's own directory, the path every host sees it at)."""
+    own = host_dir(config, k)
+    return [
+        (own / "podman", podman_dirs(config.state_dir)["root"].parent),
+        (own / "runc", Path("/run/runc")),
+        (own / "netns", Path("/run/netns")),
+        (own / "channels", Path(config.sandbox.channel_root)),
+    ]
+
+
+def launcher(k: int, argv: list[str]) -> list[str]:
+    """`argv` as the worker of host k: in new mount and UTS namespaces, set up there."""
+    return ["unshare", "--mount", "--uts", "--propagation", "private", "--",
+            sys.executable, "-m", "belayer.stack.sandbox_hosts", str(k), "--", *argv]
+
+
+def enter(config: BelayerConfig, k: int) -> None:
+    """Inside the fresh namespaces: this host's name, its directories over the shared paths."""
+    for source, target in bind_mounts(config, k):
+        source.mkdir(parents=True, exist_ok=True)
+        target.mkdir(parents=True, exist_ok=True)
+        subprocess.run(["mount", "--bind", str(source), str(target)], check=True, capture_output=True, text=True)
+    socket.sethostname(host_name(k))
+    (host_dir(config, k) / NAMESPACES_FILE).write_text(" ".join(str(ns) for ns in _namespaces("self")))
+
+
+def import_base_image(config: BelayerConfig) -> None:
+    """The install cache's base-image tarball into this host's podman storage."""
+    env = dict(os.environ, BELAYER_STATE_DIR=str(config.state_dir), BELAYER_CACHE_DIR=str(config.cache_dir))
+    subprocess.run(["bash", str(INFRA_DIR / "install" / "base-image.sh")], env=env, check=True,
+                   stdin=subprocess.DEVNULL)
+
+
+def members(config: BelayerConfig, k: int) -> list[psutil.Process]:
+    """The processes in host k's namespaces (k ≥ 1): its worker, podman, conmon."""
+    try:
+        recorded = tuple(int(ns) for ns in (host_dir(config, k) / NAMESPACES_FILE).read_text().split())
+    except (OSError, ValueError):
+        return []
+    found = []
+    for proc in psutil.process_iter():
+        try:
+            if proc.pid != os.getpid() and _namespaces(proc.pid) == recorded:
+                found.append(proc)
+        except OSError:
+            continue
+    return found
+
+
+def _namespaces(pid) -> tuple[int, int]:
+    return os.stat(f"/proc/{pid}/ns/mnt").st_ino, os.stat(f"/proc/{pid}/ns/uts").st_ino
+
+
+def processes(config: BelayerConfig, k: int) -> list[psutil.Process]:
+    """Every process of host k (k ≥ 1): its members and the containers they started (a
+    container has a mount namespace of its own)."""
+    found = {proc.pid: proc for proc in members(config, k)}
+    for proc in list(found.values()):
+        try:
+            found.update((child.pid, child) for child in proc.children(recursive=True))
+        except psutil.Error:
+            continue
+    return list(found.values())
+
+
+def end(config: BelayerConfig, k: int) -> int:
+    """SIGKILL every process of host k, as a machine that loses power; returns how many."""
+    family = processes(config, k)
+    for proc in family:
+        try:
+            proc.send_signal(signal.SIGKILL)
+        except psutil.Error:
+            pass
+    psutil.wait_procs(family, timeout=30)
+    (host_dir(config, k) / NAMESPACES_FILE).unlink(missing_ok=True)  # those namespaces are gone
+    return len(family)
+
+
+def wipe(config: BelayerConfig, k: int) -> None:
+    """Host k's disk gone: its podman storage, runc state, network namespaces, channels."""
+    shutil.rmtree(host_dir(config, k), ignore_errors=True)
+
+
+def run_podman_on(config: BelayerConfig, k: int, *args: str, timeout: float = 60.0) -> subprocess.CompletedProcess:
+    """podman with Belayer's flags as host k sees it (inside its namespaces for k ≥ 1)."""
+    argv = podman_command(*args, state_dir=config.state_dir, cache_dir=config.cache_dir)
+    if k:
+        inside = members(config, k)
+        if not inside:
+            return subprocess.CompletedProcess(argv, 125, "", f"sandbox host {host_name(k)} is not running")
+        argv = ["nsenter", "-t", str(inside[0].pid), "--mount", "--uts", "--", *argv]
+    return subprocess.run(argv, env=podman_env(config.state_dir, config.cache_dir), capture_output=True,
+                          text=True, timeout=timeout, stdin=subprocess.DEVNULL)
+
+
+def host_of_container(config: BelayerConfig, hosts: int, container: str) -> int | None:
+    """Which of the stack's hosts holds `container`; None when none does."""
+    for k in range(hosts):
+        if run_podman_on(config, k, "container", "exists", container).returncode == 0:
+            return k
+    return None
+
+
+def main(argv: list[str]) -> int:
+    """`python -m belayer.stack.sandbox_hosts K -- WORKER...`, inside `unshare` (see `launcher`)."""
+    from belayer.config import load_config
+
+    k, separator, *worker = argv
+    if separator != "--" or not worker:
+        print("usage: python -m belayer.stack.sandbox_hosts K -- COMMAND...", file=sys.stderr)
+        return 2
+    config = load_config()
+    enter(config, int(k))
+    import_base_image(config)
+    os.execvp(worker[0], worker)
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
