@@ -1,8 +1,9 @@
-"""Two sandbox hosts on one machine, really separate where recovery cares: a whole host
-lost mid-trajectory (its worker, podman, containers killed, its storage wiped) and the
-trajectory finished on the other host from the object store, with the tokens and the
-workspace of the run without a fault; the lost host brought back empty; nothing left
-running after `down`."""
+"""Two sandbox hosts and two rollout nodes on one machine, really separate where recovery
+cares: a rollout node lost mid-run and the trajectory's turns finished on the other node;
+a whole sandbox host lost mid-trajectory (its worker, podman, containers killed, its
+storage wiped) and the trajectory finished on the other host from the object store; each
+with the tokens and the workspace of the run without a fault. The lost ones come back
+with `belayer up` (the host empty), and nothing is left running after `down`."""
 
 from __future__ import annotations
 
@@ -42,14 +43,14 @@ tasks:
 
 @pytest.fixture
 def two_hosts():
-    """A whole private stack with two sandbox hosts. Its state directory is short: podman
-    refuses a run root path over 50 characters."""
+    """A whole private stack with two sandbox hosts and two rollout nodes. Its state
+    directory is short: podman refuses a run root path over 50 characters."""
     state_dir = Path(tempfile.mkdtemp(prefix="blh-", dir="/tmp"))
     config = isolated_config(state_dir)
     env = cli_env(config) | {"BELAYER_ROLLOUT__NODE_ID": f"t{uuid.uuid4().hex[:6]}",
                              "BELAYER_POLICY__MODE": "every-step"}
     try:
-        for step in (["bash", "infra/install/base-image.sh"], [*BELAYER, "up", "--sandbox-hosts", "2"]):
+        for step in (["bash", "infra/install/base-image.sh"], [*BELAYER, "up", "--sandbox-hosts", "2", "--rollout-nodes", "2"]):
             done = subprocess.run(step, env=env, capture_output=True, text=True, stdin=subprocess.DEVNULL,
                                   timeout=900, cwd=ROOT)
             assert done.returncode == 0, f"{' '.join(step)} failed:\n{done.stdout}\n{done.stderr}"
@@ -75,7 +76,7 @@ def run(env, workload: Path, *args: str, background: bool = False):
     return json.loads(done.stdout)
 
 
-def test_a_whole_host_lost_mid_run_is_recovered_on_the_other(two_hosts, tmp_path):
+def test_a_lost_node_and_a_lost_host_are_each_recovered_on_the_other(two_hosts, tmp_path):
     config, env = two_hosts
     second = f"{socket.gethostname()}-h1"
     status = service_status(env)
@@ -85,6 +86,18 @@ def test_a_whole_host_lost_mid_run_is_recovered_on_the_other(two_hosts, tmp_path
     workload.write_text(WORKLOAD)
     clean = run(env, workload)["trajectories"][0]
     assert clean["status"] == "completed" and not clean["recoveries"]
+
+    # The node serving the trajectory is lost: its turns finish on the other node.
+    node_lost = run(env, workload, "--chaos", "node-crash@step=2")
+    (fault,) = node_lost["faults"]
+    assert fault["target"].startswith("rollout-node") and fault["detail"].endswith("left down"), fault
+    result = node_lost["trajectories"][0]
+    assert result["status"] == "completed"
+    assert (result["token_sha256"], result["env_sha256"]) == (clean["token_sha256"], clean["env_sha256"])
+    lost_node = fault["target"].split()[0]
+    assert not service_status(env)[lost_node]["healthy"]
+    belayer(env, "up")
+    assert service_status(env)[lost_node]["healthy"]
 
     # Only the second host serves while the run starts: the trajectory's sandbox lives there.
     ManagedProcess("sandbox-worker", config.state_dir).stop()

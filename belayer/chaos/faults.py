@@ -53,9 +53,11 @@ class Chaos:
         self.stack = LocalStack(config)
 
     def inject(self, kind: str, *, sandbox_container: str | None = None, duration_s: float = 5.0,
-               node: str | None = None) -> FaultReport:
-        """`node`: the rollout node id a node fault hits (engine, owner, node): by default
-        the stack's first node."""
+               node: str | None = None, node_queue: str | None = None) -> FaultReport:
+        """`node`: the rollout node id a node fault hits (engine, owner, node), or
+        `node_queue`, the queue of the node serving the target trajectory; by default the
+        stack's first node."""
+        node = node or self._node_serving(node_queue)
         handlers: dict[str, Callable[[], tuple[str, str]]] = {
             "engine-crash": lambda: self._signal_role("leader", signal.SIGKILL, node),
             "engine-hang": lambda: self._signal_role("leader", signal.SIGSTOP, node),
@@ -87,6 +89,12 @@ class Chaos:
         raise ChaosError(f"no rollout node {node!r} in this stack; its nodes are "
                          f"{', '.join(c.rollout.node_id for c in nodes)}")
 
+    def _node_serving(self, node_queue: str | None) -> str | None:
+        from belayer.workers.rollout.worker import node_task_queue
+
+        return next((c.rollout.node_id for c in self.stack.rollout_node_configs()
+                     if node_queue and node_task_queue(c) == node_queue), None)
+
     def roles(self, node: str | None = None) -> dict:
         roles = node_roles(self.node_config(node))
         if not roles:
@@ -101,10 +109,13 @@ class Chaos:
         return f"{role} pid {pid}", f"sent {signal.Signals(sig).name}"
 
     def _crash_node(self, node: str | None) -> tuple[str, str]:
+        """The node's supervisor and its engines and owner die together. With one node it
+        comes back at once, as a supervisor would restart it; with several it is lost and
+        stays down, so its turns move to another node (`belayer up` brings it back)."""
         node_id = self.node_config(node).rollout.node_id
         service = next(s for s in self.stack.services if getattr(s, "node_config", None) is not None
                        and s.node_config.rollout.node_id == node_id)
-        return self._crash_service(service.name)
+        return self._crash_service(service.name, restart=self.stack.rollout_nodes == 1)
 
     # -- processes the stack supervises --------------------------------------------------
 
@@ -114,8 +125,10 @@ class Chaos:
                 return service
         raise ChaosError(f"no component {name!r} in this stack")
 
-    def _crash_service(self, name: str, while_down: Callable[[], str] | None = None) -> tuple[str, str]:
-        """SIGKILL a supervised process and its children, then restart it like a supervisor."""
+    def _crash_service(self, name: str, while_down: Callable[[], str] | None = None,
+                       restart: bool = True) -> tuple[str, str]:
+        """SIGKILL a supervised process and its children, then restart it like a supervisor
+        (unless told it is lost for good)."""
         service = self._service(name)
         proc = self.stack.process(service).running()
         if proc is None:
@@ -131,6 +144,8 @@ class Chaos:
             cleanup_node(node.rollout.node_id)
         if while_down is not None:
             detail += "; " + while_down()
+        if not restart:
+            return f"{name} pid {proc.pid}", detail + "; left down"
         self.stack._start_one(service, lambda _m: None, wait=True)
         return f"{name} pid {proc.pid}", detail + "; restarted"
 

@@ -283,7 +283,7 @@ class Soak:
         try:
             report = await asyncio.to_thread(
                 self.chaos.inject, record.kind, sandbox_container=seen.sandbox.container,
-                duration_s=self.settings.s3_outage_s)
+                duration_s=self.settings.s3_outage_s, node_queue=seen.node_queue)
         except ChaosError as exc:
             record.recovered_by = f"not injected: {exc}"
             return

@@ -109,7 +109,8 @@ class TrainingChaos:
         recoveries_before = node_roles(self.config).get("recoveries", 0)
         container = seen.sandbox.container if seen is not None and seen.sandbox else None
         try:
-            report = await asyncio.to_thread(self.chaos.inject, planned.fault, sandbox_container=container)
+            report = await asyncio.to_thread(self.chaos.inject, planned.fault, sandbox_container=container,
+                                             node_queue=seen.node_queue if seen is not None else None)
         except ChaosError as exc:
             if container and await asyncio.to_thread(self.chaos.container_gone, container):
                 # the target ended between the look and the fault and its sandbox went with it:

@@ -199,7 +199,8 @@ class _Runner:
         roles_before = node_roles(self.config)
         container = seen.sandbox.container if seen.sandbox else None
         try:
-            report = await asyncio.to_thread(chaos.inject, planned.fault, sandbox_container=container)
+            report = await asyncio.to_thread(chaos.inject, planned.fault, sandbox_container=container,
+                                             node_queue=seen.node_queue)
         except ChaosError as exc:
             record["recovered_by"] = f"not injected: {exc}"
             return

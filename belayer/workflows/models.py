@@ -148,6 +148,7 @@ class TrajectoryProgress(_Model):
     recent_decisions: list[DecisionRecord] = Field(description="The latest ones; all are in the log.")
     predictor_error: dict[str, float | None]
     sandbox: SandboxHandle | None
+    node_queue: str | None = Field(None, description="The rollout node that served the latest turn (its queue).")
 
 
 class TrajectoryResult(_Model):

@@ -134,6 +134,7 @@ class TrajectoryWorkflow:
             recent_decisions=state.policy.decisions,
             predictor_error=state.policy.predictor_error(),
             sandbox=state.sandbox,
+            node_queue=state.node_queue,
         )
 
     # ---------------------------------------------------------------- main loop
