@@ -14,8 +14,10 @@ every fault kind (two faults a round, nine kinds). Then, from those files alone:
   DIR/plots.html     -- one page: per benchmark, its min / median / max figures as bars
                         (also DIR/NAME.png).
 
-A benchmark that fails is recorded with the end of its log and the suite goes on; the
-command exits 1 when any failed. Nothing here judges a figure.
+A benchmark that fails is recorded with the end of its log and the suite goes on; one
+that printed its report and failed its own verdict (a chaos soak that lost a trajectory)
+keeps its figures beside the failure. The command exits 1 when any failed. Nothing here
+judges a figure.
 """
 
 from __future__ import annotations
@@ -84,13 +86,18 @@ def run_one(bench: Bench, out_dir: Path, repetitions: int | None) -> Outcome:
                               stderr=stderr, stdin=subprocess.DEVNULL, text=True)
     wall_s = round(time.monotonic() - started, 1)
     try:
-        report = json.loads(done.stdout) if done.returncode == 0 else None
+        report = json.loads(done.stdout)
     except json.JSONDecodeError:
         report = None
+    tail = "\n".join(log.read_text(errors="replace").splitlines()[-TAIL_LINES:])
     if not isinstance(report, dict):
-        tail = "\n".join(log.read_text(errors="replace").splitlines()[-TAIL_LINES:])
         return Outcome(bench.name, command, False, wall_s, error=f"exit {done.returncode}:\n{tail}")
+    # A report with a failing exit is the benchmark's own verdict (a chaos soak that lost a
+    # trajectory): its figures are kept beside the failure, not thrown away with it.
     (out_dir / f"{bench.name}.json").write_text(json.dumps(report, indent=2))
+    if done.returncode != 0:
+        return Outcome(bench.name, command, False, wall_s, report=report,
+                       error=f"exit {done.returncode}: its own verdict failed (see {bench.name}.json):\n{tail}")
     return Outcome(bench.name, command, True, wall_s, report=report)
 
 
@@ -155,7 +162,6 @@ def markdown(outcomes: list[Outcome], machine: dict) -> str:
         lines += [f"## {outcome.name}", "", f"`{' '.join(outcome.command)}` ({outcome.wall_s:.0f} s)", ""]
         if not outcome.ok:
             lines += ["Failed:", "", "```", outcome.error, "```", ""]
-            continue
         spreads, numbers = figures(outcome.report)
         if spreads:
             lines += ["| figure | median | min | max |", "|---|---|---|---|"]
@@ -179,10 +185,11 @@ def plots_page(outcomes: list[Outcome], machine: dict, out_dir: Path) -> str:
     parts = [f"<h1>Belayer benchmarks</h1><p>{machine['cores']} cores; load average "
              f"{html.escape(_loads(machine['before']))} before, {html.escape(_loads(machine['after']))} after.</p>"]
     for outcome in outcomes:
-        spreads = figures(outcome.report)[0] if outcome.ok else []
+        spreads = figures(outcome.report)[0]
         command = f"<p><code>{html.escape(' '.join(outcome.command))}</code></p>"
+        failed = [] if outcome.ok else ["<p>failed; see its log</p>"]
         if spreads:
-            parts += [figure(outcome.name, plots.spreads(spreads, out_dir / f"{outcome.name}.png")), command]
+            parts += [figure(outcome.name, plots.spreads(spreads, out_dir / f"{outcome.name}.png")), command, *failed]
             continue
         why = "failed; see its log" if not outcome.ok else "no repeated figures (see the JSON)"
         parts += [f"<h2>{html.escape(outcome.name)}</h2>", command, f"<p>{why}</p>"]

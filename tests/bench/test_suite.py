@@ -88,3 +88,18 @@ def test_the_machine_is_described_from_this_machine():
     assert described["cores"] >= 1 and described["memory_gib"] > 0 and described["kernel"]
     assert described["cpu"] != "unknown" and described["os"]
     assert described["commit"].split("+")[0].isalnum()
+
+
+def test_a_failed_verdict_keeps_its_figures(tmp_path, monkeypatch):
+    """A benchmark that prints its report and exits 1 (its own verdict failed, as a chaos
+    soak that lost a trajectory does) is a failure whose figures still reach the page."""
+    import subprocess
+
+    printed = json.dumps({"lost": 1, "recovery_s_spread": {"min": 1.0, "median": 2.0, "max": 4.0}})
+    monkeypatch.setattr(subprocess, "run", lambda *a, **k: subprocess.CompletedProcess(a, 1, printed, ""))
+    outcome = run_one(Bench("chaos", repetitions_option=None), tmp_path, 3)
+    assert not outcome.ok and "its own verdict failed" in outcome.error
+    assert json.loads((tmp_path / "chaos.json").read_text())["lost"] == 1
+    page = markdown([outcome], MACHINE)
+    assert "Failed:" in page and "| recovery_s_spread | 2 | 1 | 4 |" in page and "| lost | 1 |" in page
+    assert "failed; see its log" in plots_page([outcome], MACHINE, tmp_path)
