@@ -1,5 +1,6 @@
 """`belayer up --rollout-nodes 2`: two real rollout nodes, each with its own id, engines,
-shared memory and task queue, listed by `status`, each a target of its own faults,
+shared memory and task queue, listed by `status`, each a target of its own faults (a lost
+one stays down until `up`),
 refused a shrink while they run, and both stopped and cleaned up by `down`."""
 
 from __future__ import annotations
@@ -33,9 +34,12 @@ def test_two_rollout_nodes_run_side_by_side_and_go_together(private_stack):
     # `status` without the flag knows the running stack's nodes.
     assert json.loads((config.state_dir / "run" / "topology.json").read_text()) == {"rollout_nodes": 2}
 
-    # A fault aimed at the second node takes it down (and restarts it) and leaves the first alone.
+    # A fault aimed at the second node loses it (one of several: it stays down, its turns
+    # would move to the first) and leaves the first alone; `up` brings it back.
     crash = json.loads(belayer(env, "chaos", "node-crash", "--node", ids[1]).stdout)
-    assert crash["target"] == f"{NODES[1]} pid {status[NODES[1]]['pid']}"
+    assert crash["target"] == f"{NODES[1]} pid {status[NODES[1]]['pid']}" and crash["detail"].endswith("left down")
+    assert not service_status(env)[NODES[1]]["healthy"] and not shm.leftover_segments(ids[1])
+    belayer(env, "up")
     after = service_status(env)
     assert after[NODES[1]]["healthy"] and after[NODES[1]]["pid"] != status[NODES[1]]["pid"]
     assert after[NODES[0]]["pid"] == status[NODES[0]]["pid"]
