@@ -1,7 +1,7 @@
 """`belayer up --rollout-nodes 2`: two real rollout nodes, each with its own id, engines,
 shared memory and task queue, listed by `status`, each a target of its own faults (a lost
-one stays down until `up`),
-refused a shrink while they run, and both stopped and cleaned up by `down`."""
+one stays down until `up`), refused a shrink while they run, and both stopped and cleaned
+up by `down`."""
 
 from __future__ import annotations
 
@@ -39,7 +39,7 @@ def test_two_rollout_nodes_run_side_by_side_and_go_together(private_stack):
     crash = json.loads(belayer(env, "chaos", "node-crash", "--node", ids[1]).stdout)
     assert crash["target"] == f"{NODES[1]} pid {status[NODES[1]]['pid']}" and crash["detail"].endswith("left down")
     assert not service_status(env)[NODES[1]]["healthy"] and not shm.leftover_segments(ids[1])
-    belayer(env, "up")
+    belayer(env, "up", "--only", NODES[1])
     after = service_status(env)
     assert after[NODES[1]]["healthy"] and after[NODES[1]]["pid"] != status[NODES[1]]["pid"]
     assert after[NODES[0]]["pid"] == status[NODES[0]]["pid"]
