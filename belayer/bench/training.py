@@ -337,8 +337,11 @@ class BenchRun:
     """Runs the schedule on the stack of `config` (whose rollout.shadow must be on)."""
 
     def __init__(self, config, tasks, *, iterations: int, group_size: int, tasks_per_iteration: int,
-                 seed: int, lr: float, plan: list, say: Callable[[str], None]):
+                 seed: int, lr: float, plan: list, say: Callable[[str], None], model: str | None = None):
+        """`model`: the workload's start model (`belayer train` starts from it too); the
+        engines' when None."""
         self.config = config
+        self.model = model
         self.off_config = _with_shadow(config, False)
         self.tasks, self.plan, self.say = tasks, plan, say
         self.iterations, self.group_size, self.tasks_per_iteration = iterations, group_size, tasks_per_iteration
@@ -378,7 +381,7 @@ class BenchRun:
         input = training_input(
             config.model_copy(update={"policy": policy}), self.tasks, iterations=self.iterations, group_size=self.group_size,
             tasks_per_iteration=self.tasks_per_iteration, seed=self.seed, settings=TrainerSettings(lr=self.lr),
-            run_id=f"{self.tag}-r{rep}-{mode.replace('_', '-')}", **overrides,
+            run_id=f"{self.tag}-r{rep}-{mode.replace('_', '-')}", model=self.model, **overrides,
         )
         plan = self.plan if FAULTED[mode] else []
         chaos = TrainingChaos(config, client, input.run_id, plan)
@@ -535,7 +538,8 @@ def training(ctx: click.Context, workload: Path | None, iterations: int, group_s
     if not config.rollout.shadow:
         raise click.UsageError("the configuration has rollout.shadow = false; the protected runs need it on")
     workload = workload or (DEFAULT_WORKLOAD if DEFAULT_WORKLOAD.exists() else FALLBACK_WORKLOAD)
-    tasks = load_workload(workload).tasks
+    loaded = load_workload(workload)
+    tasks, model = loaded.tasks, loaded.model or config.rollout.model
     if tasks_per_iteration > len(tasks):
         raise click.UsageError(f"{workload} has {len(tasks)} tasks, fewer than --tasks-per-iteration")
     plan = fault_plan(iterations, chaos_seed, chaos_rate)
@@ -544,9 +548,9 @@ def training(ctx: click.Context, workload: Path | None, iterations: int, group_s
         click.echo(f"[bench] {message}", err=True)
 
     bench = BenchRun(config, tasks, iterations=iterations, group_size=group_size,
-                     tasks_per_iteration=tasks_per_iteration, seed=seed, lr=lr, plan=plan, say=say)
+                     tasks_per_iteration=tasks_per_iteration, seed=seed, lr=lr, plan=plan, say=say, model=model)
     say(f"{repetitions} repetitions x {len(MODES)} runs of {iterations} iterations ({tasks_per_iteration} tasks x "
-        f"{group_size}) on {workload.name}, model {config.rollout.model}; faults: "
+        f"{group_size}) on {workload.name}, model {model}; faults: "
         + ", ".join(f"{p.fault}@iteration={p.iteration}" for p in plan))
     # The Temporal SDK's core can log on stdout (a restarted server): keep stdout for the JSON.
     sys.stdout.flush()
@@ -558,7 +562,7 @@ def training(ctx: click.Context, workload: Path | None, iterations: int, group_s
         sys.stdout.flush()
         os.dup2(real_stdout, 1)
         os.close(real_stdout)
-    settings = {"workload": str(workload), "model": config.rollout.model, "iterations": iterations,
+    settings = {"workload": str(workload), "model": model, "iterations": iterations,
                 "group_size": group_size, "tasks_per_iteration": tasks_per_iteration, "seed": seed, "lr": lr,
                 "chaos_seed": chaos_seed, "chaos_rate": chaos_rate, "cpu_cores": os.cpu_count(),
                 "load_average_1m_end": os.getloadavg()[0]}
