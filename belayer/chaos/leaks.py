@@ -135,14 +135,18 @@ def unmapped_segments(config: BelayerConfig) -> list[str]:
 
 def leftover_objects(config: BelayerConfig, sandbox_ids: set[str]) -> list[str]:
     """Checkpoint objects of finished sandboxes (destroy deletes them) and unfinished
-    multipart uploads. Token logs and observations are the trajectories' record: kept."""
+    multipart uploads. Token logs and observations are the trajectories' record, and
+    lineage records outlive their sandboxes on purpose (a host that comes back must still
+    learn its container is stale: belayer/sandbox/lineage.py): kept, not leaks."""
+    from belayer.sandbox.lineage import lineage_prefix
     from belayer.storage.store import RECORD_ROOT, ObjectStore
 
     found: list[str] = []
     with ObjectStore(config.storage) as store:
         for sandbox_id in sorted(sandbox_ids):
             prefix = f"{config.sandbox.checkpoint_prefix}{sandbox_id}/"
-            found.extend(store.list(prefix))
+            kept = lineage_prefix(config.sandbox.checkpoint_prefix, sandbox_id)
+            found.extend(key for key in store.list(prefix) if not key.startswith(kept))
             # hash records of multipart archives live apart from their objects
             found.extend(store._list_full(config.storage.key_prefix + RECORD_ROOT + prefix))
             uploads = store.client.list_multipart_uploads(
