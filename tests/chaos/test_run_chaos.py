@@ -22,7 +22,7 @@ class RecordingChaos:
     def __init__(self, config):
         pass
 
-    def inject(self, kind, *, sandbox_container=None, duration_s=5.0):
+    def inject(self, kind, *, sandbox_container=None, duration_s=5.0, node=None, node_queue=None):
         if kind in self.refuse:
             raise ChaosError(f"{kind}: no target right now")
         self.injected.append(kind)
@@ -51,7 +51,7 @@ def runner(monkeypatch, tmp_path):
 
 
 def progress(step: int):
-    return SimpleNamespace(step=step, sandbox=SimpleNamespace(container="c"), recoveries=[])
+    return SimpleNamespace(step=step, sandbox=SimpleNamespace(container="c"), recoveries=[], node_queue="q")
 
 
 async def drive(runner, steps: dict[str, list[int]], expect_faults: int = 0):
