@@ -11,7 +11,7 @@ import psutil
 import pytest
 
 from belayer.workers.rollout import shm
-from tests.test_stack import belayer, service_status
+from tests.test_stack import belayer, private_stack, service_status  # noqa: F401 (private_stack: a fixture)
 
 pytestmark = [pytest.mark.stack, pytest.mark.engine]
 NODES = ("rollout-node", "rollout-node.1")
@@ -32,7 +32,7 @@ def test_two_rollout_nodes_run_side_by_side_and_go_together(private_stack):
     # Each node's segments are its own: the first node's never include the second's.
     assert not set(shm.leftover_segments(ids[0])) & set(shm.leftover_segments(ids[1]))
     # `status` without the flag knows the running stack's nodes.
-    assert json.loads((config.state_dir / "run" / "topology.json").read_text()) == {"rollout_nodes": 2}
+    assert json.loads((config.state_dir / "run" / "topology.json").read_text())["rollout_nodes"] == 2
 
     # A fault aimed at the second node loses it (one of several: it stays down, its turns
     # would move to the first) and leaves the first alone; `up` brings it back.
