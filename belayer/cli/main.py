@@ -12,9 +12,20 @@ from rich.markup import escape
 from rich.table import Table
 
 from belayer.config import BelayerConfig, load_config, masked_dump
-from belayer.errors import BelayerError
+from belayer.errors import BelayerError, StackError
 
 console = Console(stderr=True)
+
+
+def leave(code: int = 0):
+    """Exit now, output flushed, skipping the interpreter's finalization: a command that
+    used a Temporal client can otherwise abort there (exit 134, a known SDK issue;
+    docs/design.md §7), turning a success into a failure for whoever waits on it."""
+    import os
+
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)
 
 
 class BelayerGroup(click.Group):
@@ -25,7 +36,7 @@ class BelayerGroup(click.Group):
             return super().invoke(ctx)
         except BelayerError as exc:
             console.print(f"[bold red]error:[/] {escape(str(exc))}", highlight=False, soft_wrap=True)
-            sys.exit(1)
+            leave(1)
 
 
 @click.group(cls=BelayerGroup, context_settings={"help_option_names": ["-h", "--help"]})
@@ -85,6 +96,7 @@ def up(ctx: click.Context, wait: bool, only: str | None, sandbox_hosts: int | No
         stack.up(report, wait=wait)
     console.print(f"[green]up[/]: state in {config.state_dir}; "
                   f"Temporal UI http://{config.temporal.address.rpartition(':')[0]}:{config.temporal.ui_port}")
+    leave(0)
 
 
 @main.command()
@@ -116,7 +128,7 @@ def status(ctx: click.Context, as_json: bool) -> None:
         if not out.is_terminal:
             out = Console(width=200)
         out.print(table)
-    sys.exit(0 if all(r.healthy for r in rows) else 1)
+    leave(0 if all(r.healthy for r in rows) else 1)
 
 
 @main.command()
@@ -152,11 +164,12 @@ def prepare(ctx: click.Context, wait_s: float) -> None:
                 break
             except Exception as exc:  # not up yet, refused, or denied: retried, then named
                 if time.monotonic() >= deadline:
-                    raise click.ClickException(
+                    raise StackError(
                         f"{what} did not answer within {wait_s:.0f} s: {exc}; check the address and "
                         "credentials (BELAYER_TEMPORAL__*, BELAYER_STORAGE__*) or raise --wait") from None
                 time.sleep(2)
     console.print("[green]prepared[/]", highlight=False)
+    leave(0)
 
 
 @main.command("codec-server")
