@@ -8,24 +8,19 @@ with `belayer up` (the host empty), and nothing is left running after `down`."""
 from __future__ import annotations
 
 import json
-import shutil
 import socket
 import subprocess
-import tempfile
 import time
 import uuid
 from pathlib import Path
 
-import psutil
 import pytest
 
 from belayer.stack import sandbox_hosts
 from belayer.stack.process import ManagedProcess
-from tests.conftest import isolated_config
-from tests.test_stack import BELAYER, belayer, cli_env, live_pids_under, service_status
+from tests.test_stack import BELAYER, belayer, service_status, whole_stack
 
 pytestmark = [pytest.mark.stack, pytest.mark.sandbox, pytest.mark.engine]
-ROOT = Path(__file__).parents[1]
 WORKLOAD = """\
 tasks:
   - id: two-hosts
@@ -43,27 +38,12 @@ tasks:
 
 @pytest.fixture
 def two_hosts():
-    """A whole private stack with two sandbox hosts and two rollout nodes. Its state
-    directory is short: podman refuses a run root path over 50 characters."""
-    state_dir = Path(tempfile.mkdtemp(prefix="blh-", dir="/tmp"))
-    config = isolated_config(state_dir)
-    env = cli_env(config) | {"BELAYER_ROLLOUT__NODE_ID": f"t{uuid.uuid4().hex[:6]}",
-                             "BELAYER_POLICY__MODE": "every-step"}
-    try:
-        for step in (["bash", "infra/install/base-image.sh"], [*BELAYER, "up", "--sandbox-hosts", "2", "--rollout-nodes", "2"]):
-            done = subprocess.run(step, env=env, capture_output=True, text=True, stdin=subprocess.DEVNULL,
-                                  timeout=900, cwd=ROOT)
-            assert done.returncode == 0, f"{' '.join(step)} failed:\n{done.stdout}\n{done.stderr}"
-        yield config, env
-    finally:
-        belayer(env, "down", check=False)
-        leaked = live_pids_under(config.state_dir) + [p.pid for p in sandbox_hosts.processes(config, 1)]
-        for pid in leaked:
-            psutil.Process(pid).kill()
-        sandbox_hosts.run_podman_on(config, 0, "rm", "--all", "--force")
-        sandbox_hosts.run_podman_on(config, 0, "rmi", "--all", "--force")
-        shutil.rmtree(state_dir, ignore_errors=True)
-        assert not leaked, f"processes left running under {config.state_dir}: {leaked}"
+    """A whole private stack with two sandbox hosts and two rollout nodes; a process of
+    the second host left after `down` is a leak too."""
+    with whole_stack("blh-", {"BELAYER_ROLLOUT__NODE_ID": f"t{uuid.uuid4().hex[:6]}",
+                              "BELAYER_POLICY__MODE": "every-step"}, "--sandbox-hosts", "2", "--rollout-nodes", "2",
+                     also_leaked=lambda config: [p.pid for p in sandbox_hosts.processes(config, 1)]) as started:
+        yield started
 
 
 def run(env, workload: Path, *args: str, background: bool = False):

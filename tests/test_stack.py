@@ -3,11 +3,15 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import os
+import shutil
 import socket
 import subprocess
 import sys
+import tempfile
+from collections.abc import Callable
 from pathlib import Path
 
 import psutil
@@ -16,6 +20,7 @@ import pytest
 from tests.conftest import isolated_config
 
 BELAYER = [sys.executable, "-m", "belayer.cli"]
+ROOT = Path(__file__).parents[1]
 
 
 def cli_env(config) -> dict[str, str]:
@@ -58,6 +63,34 @@ def live_pids_under(state_dir: Path) -> list[int]:
         if str(state_dir) in cmdline:
             found.append(proc.info["pid"])
     return found
+
+
+@contextlib.contextmanager
+def whole_stack(prefix: str, env_extra: dict[str, str], *up_args: str,
+                also_leaked: Callable[[object], list[int]] = lambda config: []):
+    """A whole private stack (`belayer up UP_ARGS`), yielding (config, env); then `down`,
+    every process left killed and named, the podman storage emptied. Its state directory
+    is short: podman refuses a run root path over 50 characters. The base image is
+    imported into its podman storage from the install cache, as `make install` does."""
+    from belayer.sandbox.runtime import run_podman
+
+    state_dir = Path(tempfile.mkdtemp(prefix=prefix, dir="/tmp"))
+    config = isolated_config(state_dir)
+    env = cli_env(config) | env_extra
+    try:
+        for step in (["bash", "infra/install/base-image.sh"], [*BELAYER, "up", *up_args]):
+            done = subprocess.run(step, env=env, capture_output=True, text=True, stdin=subprocess.DEVNULL,
+                                  timeout=900, cwd=ROOT)
+            assert done.returncode == 0, f"{' '.join(step)} failed:\n{done.stdout}\n{done.stderr}"
+        yield config, env
+    finally:
+        belayer(env, "down", check=False)
+        leaked = live_pids_under(config.state_dir) + also_leaked(config)
+        for pid in leaked:
+            psutil.Process(pid).kill()
+        run_podman("rmi", "--all", "--force", state_dir=state_dir, timeout=600)
+        shutil.rmtree(state_dir, ignore_errors=True)
+        assert not leaked, f"processes left running under {config.state_dir}: {leaked}"
 
 
 @pytest.fixture
