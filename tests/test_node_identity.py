@@ -11,12 +11,14 @@ import uuid
 
 import pytest
 
+from belayer.workers.rollout import shm
 from belayer.workers.rollout.identity import (
     LIVE_POLLER_S,
     DuplicateNodeIdError,
     claim_on_this_machine,
     other_host_pollers,
 )
+from belayer.workers.rollout.worker import cleanup_node
 
 HOLD = "import sys, time; from belayer.workers.rollout.identity import claim_on_this_machine as c; " \
        "l = c(sys.argv[1]); print('held', flush=True); time.sleep(600)"
@@ -60,3 +62,21 @@ def test_only_live_rollout_nodes_of_other_hosts_count():
     assert other_host_pollers(seen, "host-a") == [
         "belayer-rollout-n1@host-b:41", "belayer-rollout-n1@host-b.example.com:43"]
     assert other_host_pollers(seen[1:2], "host-a") == []
+
+
+def test_a_live_nodes_shared_memory_is_not_cleaned_up_by_another_stack():
+    """`down` of a stack whose node had the same id (a test stack beside a developer's)
+    must leave the live node's segments alone, and clean them once no node holds the id."""
+    node_id = f"t{uuid.uuid4().hex[:8]}"
+    segment = shm.arena_path(node_id, 1)
+    segment.write_bytes(b"arena")
+    proc = holder(node_id)
+    try:
+        assert cleanup_node(node_id) == [] and segment.exists()
+    finally:
+        os.kill(proc.pid, signal.SIGKILL)
+        proc.wait(timeout=10)
+    try:
+        assert cleanup_node(node_id) == [str(segment)] and not segment.exists()
+    finally:
+        segment.unlink(missing_ok=True)

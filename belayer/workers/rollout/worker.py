@@ -122,7 +122,16 @@ def describe_roles(state: dict) -> str:
 
 def cleanup_node(node_id: str) -> list[str]:
     """What `belayer down` calls after stopping the node worker: remove the node's shared
-    memory if the worker could not (SIGKILLed). Its children die with it (PDEATHSIG)."""
-    from belayer.workers.rollout import shm
+    memory if the worker could not (SIGKILLed). Its children die with it (PDEATHSIG).
 
-    return [str(p) for p in shm.unlink_segments(node_id)]
+    Only while no live node holds the id on this machine: another stack's node with the
+    same id (a test stack beside a developer's) owns those segments, and unlinking them
+    breaks it at its next takeover."""
+    from belayer.workers.rollout import shm
+    from belayer.workers.rollout.identity import DuplicateNodeIdError, claim_on_this_machine
+
+    try:
+        with claim_on_this_machine(node_id):
+            return [str(p) for p in shm.unlink_segments(node_id)]
+    except DuplicateNodeIdError:
+        return []
