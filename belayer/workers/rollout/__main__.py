@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import os
 import sys
 
 from belayer.config import load_config
@@ -30,4 +31,9 @@ def main() -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    code = main()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    # The node is closed by now; skip the interpreter's finalization, where a Temporal
+    # client can abort (exit 134; docs/design.md §7) and hide a refusal's exit status.
+    os._exit(code)
