@@ -1,9 +1,17 @@
 """Two sandbox hosts and two rollout nodes on one machine, really separate where recovery
-cares: a rollout node lost mid-run and the trajectory's turns finished on the other node;
-a whole sandbox host lost mid-trajectory (its worker, podman, containers killed, its
-storage wiped) and the trajectory finished on the other host from the object store; each
-with the tokens and the workspace of the run without a fault. The lost ones come back
-with `belayer up` (the host empty), and nothing is left running after `down`."""
+cares, with room for two sandboxes each (`sandbox.max_sandboxes`):
+
+* a rollout node lost mid-run, and the trajectory's turns finished on the other node; a
+  whole sandbox host lost mid-trajectory (its worker, podman, containers killed, its
+  storage wiped) and the trajectory finished on the other host from the object store;
+  each with the tokens and the workspace of the run without a fault;
+* four trajectories at once placed two per host; one host drained while they run: its
+  sandboxes moved from the drain's checkpoints (nothing replayed) to the other host,
+  which waits for room, and every trajectory identical to the clean run;
+* a host that loses power with its disk kept: the trajectory recovers elsewhere, and the
+  host, back, removes its stale container before it serves anything.
+
+The lost ones come back with `belayer up`, and nothing is left running after `down`."""
 
 from __future__ import annotations
 
@@ -21,6 +29,7 @@ from belayer.stack.process import ManagedProcess
 from tests.test_stack import BELAYER, belayer, service_status, whole_stack
 
 pytestmark = [pytest.mark.stack, pytest.mark.sandbox, pytest.mark.engine]
+ROOM = 2  # sandboxes per host
 WORKLOAD = """\
 tasks:
   - id: two-hosts
@@ -36,12 +45,14 @@ tasks:
 """
 
 
-@pytest.fixture
+@pytest.fixture(scope="module")
 def two_hosts():
-    """A whole private stack with two sandbox hosts and two rollout nodes; a process of
-    the second host left after `down` is a leak too."""
+    """A whole private stack with two sandbox hosts and two rollout nodes, for the module's
+    tests in order; a process of the second host left after `down` is a leak too."""
     with whole_stack("blh-", {"BELAYER_ROLLOUT__NODE_ID": f"t{uuid.uuid4().hex[:6]}",
-                              "BELAYER_POLICY__MODE": "every-step"}, "--sandbox-hosts", "2", "--rollout-nodes", "2",
+                              "BELAYER_POLICY__MODE": "every-step",
+                              "BELAYER_SANDBOX__MAX_SANDBOXES": str(ROOM)},
+                     "--sandbox-hosts", "2", "--rollout-nodes", "2",
                      also_leaked=lambda config: [p.pid for p in sandbox_hosts.processes(config, 1)]) as started:
         yield started
 
@@ -102,7 +113,115 @@ def test_a_lost_node_and_a_lost_host_are_each_recovered_on_the_other(two_hosts, 
     # The lost host comes back empty, with the base image, and serves again.
     belayer(env, "up")
     assert service_status(env)["sandbox-worker.1"]["healthy"]
-    listed = sandbox_hosts.run_podman_on(config, 1, "ps", "-a", "--format", "{{.Names}}")
-    assert listed.returncode == 0 and listed.stdout.split() == []
+    assert containers_on(config, 1) == []
+
+
+def test_sandboxes_spread_by_load_and_a_drain_moves_every_one_off_its_host(two_hosts, tmp_path):
+    config, env = two_hosts
+    belayer(env, "up")
+    workload = tmp_path / "drain.yaml"
+    workload.write_text(DRAIN_WORKLOAD)
+    many = ("--repeats", str(2 * ROOM), "--concurrency", str(2 * ROOM))
+    before = placed_on(config)
+    clean = run(env, workload, *many)
+    assert all(t["status"] == "completed" and not t["recoveries"] for t in clean["trajectories"]), clean
+    placed = [queue for sid, queue in placed_on(config).items() if sid not in before]
+    assert sorted(placed) == sorted([host_queue(config, 0)] * ROOM + [host_queue(config, 1)] * ROOM)
+
+    faulted = run(env, workload, *many, background=True)
+    while len(containers_on(config, 1)) < ROOM and faulted.poll() is None:
+        time.sleep(0.2)
+    drained = belayer(env, "drain", sandbox_hosts.host_name(1), "--deadline", "60", "--json")
+    out, err = faulted.communicate(timeout=600)
+    assert faulted.returncode == 0, out + err
+    report = json.loads(drained.stdout)
+    assert [s["outcome"] for s in report["sandboxes"]] == ["moved"] * ROOM, report
+    assert not service_status(env)["sandbox-worker.1"]["healthy"]  # it left
+    results = json.loads(out)["trajectories"]
+    assert sorted(hashes(results)) == sorted(hashes(clean["trajectories"]))
+    moved = [r for t in results for r in t["recoveries"]]
+    assert len(moved) == ROOM and all(r["consistent"] and r["replayed_steps"] == 0 for r in moved), moved
+    assert all(any("a drain took" in note for note in r["notes"]) for r in moved), moved
+    print("drain figures:", json.dumps({"report": report, "time_lost_s": [r["time_lost_s"] for r in moved]}))
+    belayer(env, "up")
+    assert service_status(env)["sandbox-worker.1"]["healthy"]
+
+
+def test_a_host_back_after_a_power_cut_removes_its_stale_container_before_serving(two_hosts, tmp_path):
+    config, env = two_hosts
+    belayer(env, "up")
+    workload = tmp_path / "two-hosts.yaml"
+    workload.write_text(WORKLOAD)
+    clean = run(env, workload)["trajectories"][0]
+    ManagedProcess("sandbox-worker", config.state_dir).stop()  # the trajectory's sandbox goes to the second host
+    faulted = run(env, workload, background=True)
+    while not containers_on(config, 1) and faulted.poll() is None:
+        time.sleep(0.2)
+    (stale,) = containers_on(config, 1)
+    belayer(env, "up", "--only", "sandbox-worker")  # the host that takes over
+    sandbox_hosts.end(config, 1)  # power cut: every process of the host dies, its disk stays
+    sandbox_hosts.clear_volatile(config, 1)
+    out, err = faulted.communicate(timeout=600)
+    assert faulted.returncode == 0, out + err
+    result = json.loads(out)["trajectories"][0]
+    assert result["status"] == "completed" and len(result["recoveries"]) == 1, result
+    assert (result["token_sha256"], result["env_sha256"]) == (clean["token_sha256"], clean["env_sha256"])
+
+    log = ManagedProcess("sandbox-worker.1", config.state_dir).log_file
+    logged_before = log.read_text()
+    belayer(env, "up")  # back, with its disk: the container is there, its lineage is elsewhere
+    assert service_status(env)["sandbox-worker.1"]["healthy"]
+    assert f"fenced superseded containers {stale}" in log.read_text()[len(logged_before):]
+    assert containers_on(config, 1) == []
     belayer(env, "down")
     assert sandbox_hosts.members(config, 1) == []
+
+
+DRAIN_WORKLOAD = """\
+tasks:
+  - id: drained
+    setup:
+      - mkdir -p /workspace/w
+    turns:
+      - {think_tokens: 16, bash: "cd /workspace/w && export STAGE=one && echo $STAGE > stage.txt && sleep 0.5"}
+      - {think_tokens: 16, bash: "seq 1 300 > n.txt && sleep 0.5 && wc -l < n.txt"}
+      - {think_tokens: 16, bash: "sha256sum n.txt > n.sum && sleep 0.5 && cat n.sum"}
+      - {think_tokens: 16, bash: "export STAGE=two && echo $STAGE >> stage.txt && sleep 0.5 && cat stage.txt"}
+      - {think_tokens: 16, bash: "awk '{ s += $1 } END { print s }' n.txt > total.txt && sleep 0.5 && cat total.txt"}
+      - {think_tokens: 16, bash: "sleep 0.5 && ls -1 | sort && echo $STAGE"}
+"""
+
+
+def host_queue(config, k: int) -> str:
+    return sandbox_hosts.host_queue(config, k)
+
+
+def containers_on(config, k: int) -> list[str]:
+    """The sandbox containers host k holds, in any state."""
+    from belayer.sandbox.podman import LABEL_SANDBOX
+
+    listed = sandbox_hosts.run_podman_on(config, k, "ps", "-a", "--filter", f"label={LABEL_SANDBOX}",
+                                         "--format", "{{.Names}}")  # fmt: skip
+    assert listed.returncode == 0, listed.stderr
+    return listed.stdout.split()
+
+
+def placed_on(config) -> dict[str, str]:
+    """sandbox id -> the host its first generation started on, from the lineage records
+    (they outlive the sandboxes)."""
+    from belayer.sandbox import lineage
+    from belayer.storage.store import ObjectStore
+
+    store = ObjectStore(config.storage)
+    try:
+        prefix = config.sandbox.checkpoint_prefix
+        ids = {key[len(prefix):].split("/", 1)[0] for key in store.list(prefix) if "/lineage/g0000000000" in key}
+        placed = {sid: lineage.LineageRecord.model_validate_json(
+            store.get_bytes(lineage.record_key(prefix, sid, 0))).host_queue for sid in ids}  # fmt: skip
+    finally:
+        store.close()
+    return placed
+
+
+def hashes(trajectories) -> list[tuple[str, str]]:
+    return [(t["token_sha256"], t["env_sha256"]) for t in trajectories]

@@ -2,9 +2,10 @@
 
 The workflow holds a `SandboxHandle` (sandbox id, host task queue, generation) and
 schedules exec / checkpoint / workspace_hash / destroy on `handle.host_queue`;
-create and recover may run on any sandbox host (the shared queue `belayer-sandbox`),
-recover being how a sandbox whose host is lost comes back elsewhere. Payloads carry
-handles, refs and hashes, never archives.
+create and recover go to the host `place` chose (belayer/sandbox/placement.py), or to
+any sandbox host (the shared queue `belayer-sandbox`); recover is how a sandbox whose
+host is lost comes back elsewhere. Payloads carry handles, refs and hashes, never
+archives.
 
 The activities are methods of `SandboxActivities`, bound to one `SandboxHost` per
 worker process (belayer/workers/sandbox/). Blocking podman/CRIU work runs in a
@@ -17,6 +18,7 @@ from __future__ import annotations
 
 import asyncio
 import functools
+import time
 from collections.abc import Callable
 from typing import Any, TypeVar
 
@@ -24,6 +26,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from temporalio import activity
 from temporalio.exceptions import ApplicationError
 
+from belayer.sandbox import placement
 from belayer.sandbox.models import (
     Action,
     CheckpointRef,
@@ -113,6 +116,18 @@ class RecoverResult(_Model):
     mismatch_step: StepRecord | None = Field(None, description="The logged step that no longer matches.")
 
 
+class PlaceArgs(_Model):
+    key: str = Field(min_length=1, max_length=200, description="The sandbox id: spreads equally loaded hosts.")
+    avoid: list[str] = Field(default_factory=list, max_length=64,
+                             description="Host queues to take only when no other host has room.")
+
+
+class PlaceResult(_Model):
+    host_queue: str | None = Field(None, description="The host to use; None: see `full`.")
+    full: bool = Field(False, description="Hosts publish their load but none has room: wait and ask again. "
+                       "False with no host_queue: no host publishes its load; use the shared queue.")
+
+
 class DestroyArgs(_Model):
     handle: SandboxHandle
     delete_checkpoints: bool = Field(False, description="Also delete the lineage's checkpoint objects.")
@@ -174,7 +189,17 @@ class SandboxActivities:
         self.host = host
 
     def all(self) -> list[Callable[..., Any]]:
-        return [self.create, self.exec, self.checkpoint, self.fork, self.recover, self.destroy, self.workspace_hash]
+        return [self.place, self.create, self.exec, self.checkpoint, self.fork, self.recover, self.destroy,
+                self.workspace_hash]
+
+    @activity.defn(name="sandbox.place")
+    @_translated
+    async def place(self, args: PlaceArgs) -> PlaceResult:
+        """The least loaded host with room, from the hosts' load records (any host answers)."""
+        loads = await _blocking(placement.read_loads, self.host.store)
+        now = time.time()
+        queue = placement.choose(loads, now=now, key=args.key, avoid=frozenset(args.avoid))
+        return PlaceResult(host_queue=queue, full=queue is None and placement.any_fresh(loads, now=now))
 
     @activity.defn(name="sandbox.create")
     @_translated

@@ -53,10 +53,11 @@ class Chaos:
         self.stack = LocalStack(config)
 
     def inject(self, kind: str, *, sandbox_container: str | None = None, duration_s: float = 5.0,
-               node: str | None = None, node_queue: str | None = None) -> FaultReport:
+               node: str | None = None, node_queue: str | None = None, host: str | None = None) -> FaultReport:
         """`node`: the rollout node id a node fault hits (engine, owner, node), or
         `node_queue`, the queue of the node serving the target trajectory; by default the
-        stack's first node."""
+        stack's first node. `host`: the sandbox host sandbox-host-crash hits; by default the
+        one holding `sandbox_container`, else the first."""
         node = node or self._node_serving(node_queue)
         handlers: dict[str, Callable[[], tuple[str, str]]] = {
             "engine-crash": lambda: self._signal_role("leader", signal.SIGKILL, node),
@@ -64,7 +65,7 @@ class Chaos:
             "owner-crash": lambda: self._signal_role("owner", signal.SIGKILL, node),
             "node-crash": lambda: self._crash_node(node),
             "sandbox-crash": lambda: self._kill_container(sandbox_container),
-            "sandbox-host-crash": lambda: self._crash_sandbox_host(sandbox_container),
+            "sandbox-host-crash": lambda: self._crash_sandbox_host(sandbox_container, host),
             "temporal-worker-crash": lambda: self._crash_service("trajectory-worker"),
             "temporal-restart": lambda: self._outage("temporal", 1.0),
             "s3-outage": lambda: self._outage("seaweedfs", duration_s),
@@ -188,7 +189,7 @@ class Chaos:
             raise ChaosError(f"no sandbox host of this stack holds container {container}")
         return k
 
-    def _crash_sandbox_host(self, container: str | None) -> tuple[str, str]:
+    def _crash_sandbox_host(self, container: str | None, host: str | None = None) -> tuple[str, str]:
         """The host's worker and every sandbox container on it die together. With one host,
         the host comes back at once (its disk kept), as a supervisor would restart it. With
         several, the host holding `container` (or the first) is lost for good: its disk is
@@ -196,7 +197,10 @@ class Chaos:
         store; `belayer up` brings it back, empty."""
         from belayer.sandbox.podman import LABEL_SANDBOX
 
-        k = self._host_of(container) if container else 0
+        if host is not None:
+            k = self.stack.sandbox_host(host).host_index
+        else:
+            k = self._host_of(container) if container else 0
         name = sandbox_service_name(k)
 
         def kill_containers() -> str:

@@ -229,6 +229,7 @@ def _register_optional_commands() -> None:
         (main, "belayer.cli.run", "run"),
         (main, "belayer.cli.run", "inspect"),
         (main, "belayer.cli.fork", "fork"),
+        (main, "belayer.cli.drain", "drain"),
         (main, "belayer.cli.train", "train"),
         (main, "belayer.chaos.cli", "chaos"),
         (main, "belayer.report.cli", "report"),

@@ -23,6 +23,9 @@ class SandboxBackend(Protocol):
     def create(self, sandbox_id: str, generation: int, labels: dict[str, str]) -> str:
         """Start a container running the supervisor as PID 1; return its name."""
 
+    def container_name(self, sandbox_id: str, generation: int) -> str:
+        """The name the container of that generation of the lineage has (or would have)."""
+
     def channel_path(self, sandbox_id: str) -> Path:
         """Host path of the supervisor's unix socket for this lineage."""
 

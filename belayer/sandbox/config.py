@@ -60,6 +60,20 @@ class SandboxConfig(Section):
     start_timeout_s: float = Field(
         30.0, gt=0, le=600, description="How long create/restore wait for the supervisor to answer."
     )
+    max_sandboxes: int = Field(
+        64, ge=0, le=100_000,
+        description="Sandboxes this host holds at most (live and starting); a full host takes no new one and "
+        "placement sends it to another host. Size it to the host's memory over memory_mb; 0: no limit.",
+    )
+    drain_deadline_s: float = Field(
+        60.0, ge=0, le=3600,
+        description="SIGTERM to the sandbox worker drains the host within this many seconds: every sandbox "
+        "checkpointed at its next safe point and resumed on another host (belayer drain HOST sets its own). "
+        "Keep it under the platform's grace period (spot warnings: 30 s to 2 min); 0 stops without draining.",
+    )
+    drain_concurrency: int = Field(
+        2, ge=1, le=64, description="Sandboxes checkpointed at once by a drain (each compresses on every core).",
+    )
     podman_timeout_s: float = Field(
         300.0, gt=0, le=3600, description="Upper bound of one podman call (checkpoint and restore included)."
     )

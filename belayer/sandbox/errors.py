@@ -24,6 +24,20 @@ class SandboxUnreachable(SandboxError):
     """The supervisor does not answer: the container died. Recover from a checkpoint."""
 
 
+class HostDraining(SandboxError):
+    """This host is being drained (it is going away): it starts no sandbox; retried, the
+    call goes to another host."""
+
+    retryable = True
+
+
+class HostFull(SandboxError):
+    """This host holds sandbox.max_sandboxes already: it starts no more; retried, or placed
+    again, the sandbox goes to a host with room."""
+
+    retryable = True
+
+
 class SandboxBusy(SandboxError):
     """Another action is still running in this sandbox."""
 

@@ -28,16 +28,20 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Protocol
 
-from belayer.sandbox import channel, compression, faults, lineage
+from belayer.sandbox import channel, compression, drain, faults, lineage
 from belayer.sandbox.backend import SandboxBackend
 from belayer.sandbox.config import SandboxConfig
+from belayer.sandbox.drain import DrainedSandbox
 from belayer.sandbox.errors import (
     CheckpointCorrupt,
     CheckpointInconsistent,
+    HostDraining,
+    HostFull,
     JournalMismatch,
     RestoreFailed,
     RuntimeUnavailable,
     SandboxError,
+    SandboxNotFound,
     SetupFailed,
     StaleGeneration,
 )
@@ -55,6 +59,7 @@ from belayer.sandbox.models import (
     SandboxHandle,
     SandboxSpec,
 )
+from belayer.sandbox.placement import HostLoad
 
 HASH_SCRIPT = r"""
 import hashlib, os, stat, sys
@@ -129,6 +134,12 @@ class SandboxHost:
         self.host_queue = host_queue or default_host_queue(cfg)
         self._locks: dict[str, threading.Lock] = {}
         self._locks_guard = threading.Lock()
+        # A drain (belayer/sandbox/drain.py): no new sandboxes; the moved ones answer "moved".
+        self.draining = False
+        self._moved: dict[str, bool] = {}  # sandbox id -> its trajectory has been told
+        # What counts against `max_sandboxes`, published for placement (belayer/sandbox/placement.py).
+        self._live: set[str] = set()
+        self.on_load_change: Callable[[], None] = lambda: None
 
     # ------------------------------------------------------------------ helpers
     def _lock(self, sandbox_id: str) -> threading.Lock:
@@ -143,6 +154,60 @@ class SandboxHost:
         return SandboxHandle(sandbox_id=sandbox_id, host_queue=self.host_queue, generation=generation,
                              container=container)  # fmt: skip
 
+    def adopt_existing(self) -> None:
+        """Count the sandboxes already on this host (a worker restarted beside its containers)."""
+        with self._locks_guard:
+            self._live = set(self.backend.lineages())
+        self.on_load_change()
+
+    def load(self) -> HostLoad:
+        with self._locks_guard:
+            count = len(self._live)
+        return HostLoad(host_queue=self.host_queue, sandboxes=count, capacity=self.cfg.max_sandboxes,
+                        draining=self.draining, written_at=time.time())  # fmt: skip
+
+    @contextlib.contextmanager
+    def _occupying(self, sandbox_id: str) -> Iterator[None]:
+        """The sandbox counts against this host's capacity from here on (a full host refuses
+        it: HostFull); if starting it fails, it stops counting."""
+        with self._locks_guard:
+            full = self.cfg.max_sandboxes and len(self._live) >= self.cfg.max_sandboxes
+            if sandbox_id not in self._live and full:
+                raise HostFull(f"sandbox host {self.host_queue} is full ({len(self._live)} of sandbox.max_sandboxes="
+                               f"{self.cfg.max_sandboxes}); another host will take {sandbox_id}")  # fmt: skip
+            self._live.add(sandbox_id)
+        self.on_load_change()
+        try:
+            yield
+        except BaseException:
+            self._gone(sandbox_id)
+            raise
+
+    def _gone(self, sandbox_id: str) -> None:
+        with self._locks_guard:
+            self._live.discard(sandbox_id)
+        self.on_load_change()
+
+    def _refuse_if_draining(self) -> None:
+        if self.draining:
+            raise HostDraining(f"sandbox host {self.host_queue} is draining: it takes no new sandboxes; "
+                               f"another host will")  # fmt: skip
+
+    def _refuse_if_moved(self, sandbox_id: str, *, tells: bool = True) -> None:
+        """Called with the sandbox's lock held: a drained sandbox's calls learn where it went.
+        A checkpoint refused does not count as told (`tells`): the workflow shrugs it off, and
+        only its next action makes it recover."""
+        if sandbox_id in self._moved:
+            self._moved[sandbox_id] = self._moved[sandbox_id] or tells
+            raise SandboxNotFound(
+                f"sandbox {sandbox_id} was moved off host {self.host_queue} by a drain: recover it (another "
+                f"host restores the drain's checkpoint)"
+            )
+
+    def told_moved(self) -> set[str]:
+        """The drained sandboxes whose trajectory has called since and been told."""
+        return {sid for sid, told in list(self._moved.items()) if told}
+
     def ping(self, handle: SandboxHandle) -> dict:
         return channel.call(self._sock(handle), {"op": "ping"}, timeout_s=10)
 
@@ -155,7 +220,8 @@ class SandboxHost:
         """
         explicit = sandbox_id is not None
         sandbox_id = sandbox_id or f"sbx-{uuid.uuid4().hex[:12]}"
-        with self._lock(sandbox_id):
+        self._refuse_if_draining()
+        with self._occupying(sandbox_id), self._lock(sandbox_id):
             if explicit:
                 self.backend.fence(sandbox_id)
             container = self.backend.create(sandbox_id, generation, spec.labels)
@@ -180,6 +246,7 @@ class SandboxHost:
     def destroy(self, handle: SandboxHandle) -> None:
         with self._lock(handle.sandbox_id):
             self.backend.destroy(handle.sandbox_id)
+        self._gone(handle.sandbox_id)
 
     def kill(self, handle: SandboxHandle) -> None:
         """Crash the sandbox (SIGKILL); chaos and tests."""
@@ -206,12 +273,14 @@ class SandboxHost:
         if faults.active("sandbox_kill_during_exec"):
             threading.Timer(0.2, self.backend.kill, args=(handle.container,)).start()
         with self._lock(handle.sandbox_id):
+            self._refuse_if_moved(handle.sandbox_id)
             return self._run(handle.sandbox_id, action.trajectory, action.step, handle.generation,
                              action.command, action.timeout_s, isolated)  # fmt: skip
 
     def workspace_hash(self, handle: SandboxHandle, path: str = "/workspace") -> str:
         """sha256 over /workspace's paths, modes and contents (no timestamps)."""
         with self._lock(handle.sandbox_id):
+            self._refuse_if_moved(handle.sandbox_id)
             out = self.backend.run_as_agent(handle.container, ["python3", "-I", "-c", HASH_SCRIPT, path])
         return out.decode().strip()
 
@@ -227,6 +296,7 @@ class SandboxHost:
         """Full checkpoint (file system + processes), the sandbox keeps running."""
         self._refuse_if_superseded(handle)
         with self._lock(handle.sandbox_id):
+            self._refuse_if_moved(handle.sandbox_id, tells=False)
             info = channel.call(self._sock(handle), {"op": "ping"}, timeout_s=10)
             if info["generation"] != handle.generation:
                 raise StaleGeneration(
@@ -235,45 +305,51 @@ class SandboxHost:
                 )
             if info["busy"]:
                 raise SandboxError(f"sandbox {handle.sandbox_id} is running an action; checkpoint after it")
-            base = (f"{self.cfg.checkpoint_prefix}{handle.sandbox_id}/"
-                    f"{info['head']:08d}-g{handle.generation}-{secrets.token_hex(4)}/")  # fmt: skip
-            hasher = hashlib.sha256()
-            size = 0
-            t0 = time.monotonic()
-            phases: dict[str, float] = {}
-            streamed_at = t0
+            return self._dump(handle, info, token_prefix_len=token_prefix_len,
+                              token_prefix_sha256=token_prefix_sha256, fs_snapshot=fs_snapshot)  # fmt: skip
 
-            def counted(chunks: Iterator[bytes]) -> Iterator[bytes]:
-                nonlocal size, streamed_at
-                for chunk in chunks:
-                    hasher.update(chunk)
-                    size += len(chunk)
-                    yield chunk
-                streamed_at = time.monotonic()
+    def _dump(self, handle: SandboxHandle, info: dict, *, token_prefix_len: int | None = None,
+              token_prefix_sha256: str | None = None, fs_snapshot: bool = False) -> CheckpointRef:  # fmt: skip
+        """Stream the checkpoint of an idle sandbox (its lock held) into the store."""
+        base = (f"{self.cfg.checkpoint_prefix}{handle.sandbox_id}/"
+                f"{info['head']:08d}-g{handle.generation}-{secrets.token_hex(4)}/")  # fmt: skip
+        hasher = hashlib.sha256()
+        size = 0
+        t0 = time.monotonic()
+        phases: dict[str, float] = {}
+        streamed_at = t0
 
-            with self.backend.checkpoint_stream(handle.container, phases) as chunks:
-                self.store.upload_stream(base + "archive", counted(chunks))
-            dump_s = time.monotonic() - t0
-            phases["upload_tail"] = dump_s - (streamed_at - t0)
-            fs_key = fs_sha = None
-            if fs_snapshot:
-                data = self.backend.run_as_agent(
-                    handle.container, ["tar", "-C", "/", "--ignore-failed-read", "-cf", "-", *FS_SNAPSHOT_PATHS]
-                )
-                fs_key = base + "fs.tar"
-                fs_sha = self.store.put_bytes(fs_key, data).sha256
-            versions = self.backend.versions()
-            meta = CheckpointMeta(
-                sandbox_id=handle.sandbox_id, trajectory=info.get("trajectory"), step=info["head"],
-                generation=handle.generation, token_prefix_len=token_prefix_len,
-                token_prefix_sha256=token_prefix_sha256, archive_key=base + "archive",
-                archive_sha256=hasher.hexdigest(), archive_bytes=size, fs_key=fs_key, fs_sha256=fs_sha,
-                image=self.cfg.image, image_id=self.backend.image_id(), criu_version=versions["criu"],
-                podman_version=versions["podman"], compression=self.cfg.checkpoint_compression,
-                netns=f"belayer-{handle.sandbox_id}", channel_dir=str(self._sock(handle).parent),
-                created_at=time.time(), dump_s=dump_s, phases=phases,
-            )  # fmt: skip
-            self.store.put_bytes(base + "meta.json", meta.model_dump_json().encode())
+        def counted(chunks: Iterator[bytes]) -> Iterator[bytes]:
+            nonlocal size, streamed_at
+            for chunk in chunks:
+                hasher.update(chunk)
+                size += len(chunk)
+                yield chunk
+            streamed_at = time.monotonic()
+
+        with self.backend.checkpoint_stream(handle.container, phases) as chunks:
+            self.store.upload_stream(base + "archive", counted(chunks))
+        dump_s = time.monotonic() - t0
+        phases["upload_tail"] = dump_s - (streamed_at - t0)
+        fs_key = fs_sha = None
+        if fs_snapshot:
+            data = self.backend.run_as_agent(
+                handle.container, ["tar", "-C", "/", "--ignore-failed-read", "-cf", "-", *FS_SNAPSHOT_PATHS]
+            )
+            fs_key = base + "fs.tar"
+            fs_sha = self.store.put_bytes(fs_key, data).sha256
+        versions = self.backend.versions()
+        meta = CheckpointMeta(
+            sandbox_id=handle.sandbox_id, trajectory=info.get("trajectory"), step=info["head"],
+            generation=handle.generation, token_prefix_len=token_prefix_len,
+            token_prefix_sha256=token_prefix_sha256, archive_key=base + "archive",
+            archive_sha256=hasher.hexdigest(), archive_bytes=size, fs_key=fs_key, fs_sha256=fs_sha,
+            image=self.cfg.image, image_id=self.backend.image_id(), criu_version=versions["criu"],
+            podman_version=versions["podman"], compression=self.cfg.checkpoint_compression,
+            netns=f"belayer-{handle.sandbox_id}", channel_dir=str(self._sock(handle).parent),
+            created_at=time.time(), dump_s=dump_s, phases=phases,
+        )  # fmt: skip
+        self.store.put_bytes(base + "meta.json", meta.model_dump_json().encode())
         return CheckpointRef(meta_key=base + "meta.json", step=meta.step, archive_sha256=meta.archive_sha256,
                              archive_bytes=size)  # fmt: skip
 
@@ -309,6 +385,7 @@ class SandboxHost:
         supervisor answers with the checkpoint's journal, at the new generation, checked).
         """
         clock = _PhaseClock(phases)
+        self._refuse_if_draining()
         meta = self._restorable_meta(ref, log)
         if sandbox_id is not None and sandbox_id != meta.sandbox_id:
             trajectory = trajectory or next((a.trajectory for a in log or []), None)
@@ -319,7 +396,7 @@ class SandboxHost:
                                         new_generation, log)  # fmt: skip
             return handle, meta
         sid = meta.sandbox_id
-        with self._lock(sid):
+        with self._occupying(sid), self._lock(sid):
             with self._unpacked(meta, meanwhile=lambda: self.backend.fence(sid)) as plain:
                 clock.lap("fetch")
                 try:
@@ -370,6 +447,7 @@ class SandboxHost:
         that fails is an outcome with its error and leaves nothing behind; a checkpoint
         that cannot be used at all (corrupt, another base image) raises.
         """
+        self._refuse_if_draining()
         meta = self._restorable_meta(ref, log)
         t0 = time.monotonic()
 
@@ -388,7 +466,7 @@ class SandboxHost:
     def _fork_one(self, ref: CheckpointRef, meta: CheckpointMeta, plain: Path, target: ForkTarget,
                   generation: int, log: list[LoggedAction] | None) -> SandboxHandle:  # fmt: skip
         sid = target.sandbox_id
-        with self._lock(sid):
+        with self._occupying(sid), self._lock(sid):
             self.backend.fence(sid)
             try:
                 container = self.backend.fork(plain, meta.sandbox_id, sid, generation)
@@ -486,6 +564,9 @@ class SandboxHost:
         start_step = 0
         source = "replay-from-start"
         last_logged = max((a.step for a in actions), default=0)
+        if mode == "full" and (drained := self.drained_checkpoint(handle)) is not None:
+            notes.append(f"starting from the checkpoint a drain took at step {drained.step}")
+            checkpoints = [drained, *checkpoints]
         usable = []
         for ref in checkpoints:
             if ref.step > last_logged:
@@ -574,6 +655,50 @@ class SandboxHost:
         dirs = {key[len(prefix):].split("/", 1)[0] + "/" for key in self.store.list(prefix)}
         return sum(self.store.delete_prefix(prefix + d) for d in sorted(dirs - {lineage.DIR}))
 
+    # ------------------------------------------------------------------ drain
+    def move_out(self, sandbox_id: str, deadline: float) -> DrainedSandbox:
+        """Checkpoint one sandbox at its next safe point (no action running) and remove it,
+        recording the checkpoint for the recovery on another host (belayer/sandbox/drain.py).
+        Not idle by `deadline` (time.monotonic()), or not checkpointable: killed, "fell-back"."""
+        t0 = time.monotonic()
+        lock = self._lock(sandbox_id)
+        if not lock.acquire(timeout=max(0.0, deadline - t0)):
+            self.backend.destroy(sandbox_id)  # the action in flight dies with it
+            self._gone(sandbox_id)
+            return DrainedSandbox(sandbox_id=sandbox_id, outcome="fell-back", waited_s=time.monotonic() - t0,
+                                  detail="still running an action at the deadline: killed")  # fmt: skip
+        try:
+            waited = time.monotonic() - t0
+            newest = lineage.newest(self.store, self.cfg.checkpoint_prefix, sandbox_id)
+            if newest is not None and newest.host_queue != self.host_queue:
+                self.backend.destroy(sandbox_id)
+                return DrainedSandbox(sandbox_id=sandbox_id, outcome="gone", waited_s=waited,
+                                      detail=f"superseded by generation {newest.generation} on {newest.host_queue}")
+            self._moved[sandbox_id] = False  # from here on its calls are told it moved
+            try:
+                info = channel.call(self._sock(sandbox_id), {"op": "ping"}, timeout_s=10)
+                container = self.backend.container_name(sandbox_id, info["generation"])
+                handle = self._handle(sandbox_id, info["generation"], container)
+                ref = self._dump(handle, info)
+                drain.write_record(self.store, self.cfg.checkpoint_prefix, drain.DrainRecord(
+                    sandbox_id=sandbox_id, generation=handle.generation, host_queue=self.host_queue, checkpoint=ref))
+            except Exception as exc:  # noqa: BLE001 -- any failure: the last checkpoint is the fallback
+                self.backend.destroy(sandbox_id)
+                return DrainedSandbox(sandbox_id=sandbox_id, outcome="fell-back", waited_s=waited,
+                                      paused_s=time.monotonic() - t0 - waited,
+                                      detail=f"checkpoint failed, killed: {type(exc).__name__}: {exc}")  # fmt: skip
+            self.backend.destroy(sandbox_id)
+            return DrainedSandbox(sandbox_id=sandbox_id, outcome="moved", step=ref.step, waited_s=waited,
+                                  paused_s=time.monotonic() - t0 - waited)  # fmt: skip
+        finally:
+            lock.release()
+            self._gone(sandbox_id)
+
+    def drained_checkpoint(self, handle: SandboxHandle) -> CheckpointRef | None:
+        """The checkpoint a drain took of exactly this generation, if one did."""
+        record = drain.find_record(self.store, self.cfg.checkpoint_prefix, handle.sandbox_id, handle.generation)
+        return record.checkpoint if record is not None else None
+
     # ------------------------------------------------------------------ lineage fencing
     def _record_lineage(self, sandbox_id: str, generation: int, container: str) -> None:
         lineage.write(self.store, self.cfg.checkpoint_prefix, sandbox_id, generation, self.host_queue, container)
@@ -623,6 +748,7 @@ class SandboxHost:
         with self._lock(sandbox_id):
             names = self.backend.lineages().get(sandbox_id, []) if names is None else names
             self.backend.destroy(sandbox_id)
+        self._gone(sandbox_id)
         if names:
             logger.warning("fenced %s of sandbox %s on %s: its lineage is at generation %d on %s (container %s)",
                         ", ".join(names), sandbox_id, self.host_queue, rec.generation, rec.host_queue,
@@ -636,6 +762,8 @@ def _check_prefix(ref: CheckpointRef, meta: CheckpointMeta, log: list[LoggedActi
     at = next((a for a in log if a.step == meta.step), None)
     if at is None or at.token_prefix_len is None:
         return  # a log that records no contexts (the benchmarks) or starts later: nothing to compare
+    if meta.token_prefix_len is None:
+        return  # a drain's checkpoint (belayer/sandbox/drain.py): its generation pins it to this branch
     if (meta.token_prefix_len, meta.token_prefix_sha256) != (at.token_prefix_len, at.token_prefix_sha256):
         raise CheckpointInconsistent(
             f"{ref.meta_key} (step {meta.step}) recorded a context of {meta.token_prefix_len} tokens "

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass
@@ -82,6 +83,15 @@ class LocalStack:
         if unknown:
             raise StackError(f"unknown component(s) {', '.join(unknown)}; choose from {', '.join(known)}")
         self.services = [s for s in self.services if s.name in names]
+
+    def sandbox_host(self, name: str) -> SandboxHostService:
+        """The sandbox host called `name`: its host name, service name or task queue."""
+        hosts = [s for s in self.services if isinstance(s, SandboxHostService)]
+        for service in hosts:
+            if name in (service.name, service.task_queue, sandbox_hosts.host_name(service.host_index)):
+                return service
+        known = ", ".join(f"{sandbox_hosts.host_name(s.host_index)} ({s.name})" for s in hosts)
+        raise StackError(f"no sandbox host {name!r} in this stack; its hosts are: {known}")
 
     def process(self, service: Service) -> ManagedProcess:
         return ManagedProcess(service.name, self.state_dir)
@@ -159,7 +169,7 @@ class LocalStack:
         """Stop what `up` started, in reverse order; returns the names stopped."""
         stopped = []
         for service in reversed(self.services):
-            if self.process(service).stop():
+            if self.process(service).stop(sig=getattr(service, "stop_signal", signal.SIGTERM)):
                 report(f"{service.name}: stopped")
                 stopped.append(service.name)
             else:

@@ -77,12 +77,12 @@ class ManagedProcess:
         self.pid_file.write_text(json.dumps(asdict(record)))
         return proc.pid
 
-    def stop(self, timeout_s: float = 10.0) -> bool:
-        """SIGTERM, then SIGKILL after `timeout_s`; True when something was stopped."""
+    def stop(self, timeout_s: float = 10.0, sig: int = signal.SIGTERM) -> bool:
+        """`sig` (SIGTERM), then SIGKILL after `timeout_s`; True when something was stopped."""
         proc = self.running()
         stopped = False
         if proc is not None:
-            _terminate_group(proc, timeout_s)
+            _terminate_group(proc, timeout_s, sig)
             stopped = True
         self.pid_file.unlink(missing_ok=True)
         return stopped
@@ -94,11 +94,11 @@ class ManagedProcess:
             return ""
 
 
-def _terminate_group(proc: psutil.Process, timeout_s: float) -> None:
+def _terminate_group(proc: psutil.Process, timeout_s: float, sig: int) -> None:
     """Stop the process and the children it started (they share its session)."""
     family = [proc, *proc.children(recursive=True)]
     for member in family:
-        _signal(member, signal.SIGTERM)
+        _signal(member, sig)
     _, alive = psutil.wait_procs(family, timeout=timeout_s)
     for member in alive:
         _signal(member, signal.SIGKILL)

@@ -135,6 +135,19 @@ def end(config: BelayerConfig, k: int) -> int:
     return len(family)
 
 
+def clear_volatile(config: BelayerConfig, k: int) -> None:
+    """What a power cut loses and a disk keeps: runc's state, the network namespaces, the
+    channels and podman's run and temporary directories (tmpfs on a machine) go; podman's
+    storage, with the host's containers in it, stays -- they come back as exited."""
+    own = host_dir(config, k)
+    inside = {target: source for source, target in bind_mounts(config, k)}
+    volatile = [inside[Path("/run/runc")], inside[Path("/run/netns")], inside[Path(config.sandbox.channel_root)]]
+    podman = own / "podman"
+    volatile += [podman / name for name in ("runroot", "tmp")]
+    for path in volatile:
+        shutil.rmtree(path, ignore_errors=True)
+
+
 def wipe(config: BelayerConfig, k: int) -> None:
     """Host k's disk gone: its podman storage, runc state, network namespaces, channels."""
     shutil.rmtree(host_dir(config, k), ignore_errors=True)

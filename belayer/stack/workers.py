@@ -9,6 +9,7 @@ file (mode 0600; it holds credentials), so a worker never disagrees with `up`.
 from __future__ import annotations
 
 import os
+import signal
 import sys
 from pathlib import Path
 
@@ -94,6 +95,10 @@ def sandbox_service_name(k: int) -> str:
 class SandboxHostService(WorkerService):
     """Sandbox host k of this machine: the machine itself for k = 0, a host in namespaces
     of its own for k ≥ 1 (belayer/stack/sandbox_hosts.py says how separate)."""
+
+    # `down` ends the whole stack: SIGINT stops the worker at once. SIGTERM would drain
+    # it (belayer drain), moving its sandboxes to hosts that are going away too.
+    stop_signal = signal.SIGINT
 
     def __init__(self, config: BelayerConfig, k: int):
         from belayer.stack import sandbox_hosts

@@ -11,7 +11,7 @@ import asyncio
 import logging
 import signal
 import socket
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from datetime import timedelta
 
 from temporalio.worker import Worker
@@ -39,9 +39,14 @@ async def run_worker(
     activities: Sequence[Callable] = (),
     queue_activities: Mapping[str, Sequence[Callable]] | None = None,
     max_concurrent_activities: int = 16,
+    before_stop: Callable[[int, Callable[[str], Awaitable[None]]], Awaitable[None]] | None = None,
 ) -> None:
     """Serve `task_queues` with the given workflows and activities until a stop signal;
     `queue_activities` adds activities served on one queue only.
+
+    `before_stop(signal, leave)` runs after the signal while every queue is still
+    served; `leave(queue)` stops serving one of them (a draining sandbox host leaves the
+    shared queue first and keeps answering on its own).
 
     `encryption_key` is `storage.encryption_key`, needed when payloads are encrypted.
     """
@@ -59,13 +64,22 @@ async def run_worker(
         )
         for queue in task_queues
     ]
+    received: list[int] = []
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
-        loop.add_signal_handler(sig, stop.set)
+        loop.add_signal_handler(sig, lambda sig=sig: (received.append(sig), stop.set()))
     log.info("%s serving %s", identity, ", ".join(task_queues))
     runs = [asyncio.create_task(worker.run()) for worker in workers]
+    serving = dict(zip(task_queues, workers, strict=True))
+
+    async def leave(queue: str) -> None:
+        if (worker := serving.pop(queue, None)) is not None:
+            await worker.shutdown()
+
     await stop.wait()
+    if before_stop is not None:
+        await before_stop(received[0], leave)
     log.info("%s stopping", identity)
-    await asyncio.gather(*(worker.shutdown() for worker in workers))
+    await asyncio.gather(*(leave(queue) for queue in list(serving)))
     await asyncio.gather(*runs, return_exceptions=True)

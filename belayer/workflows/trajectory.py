@@ -39,6 +39,8 @@ with workflow.unsafe.imports_passed_through():
         DestroyArgs,
         ExecArgs,
         ExecResult,
+        PlaceArgs,
+        PlaceResult,
         RecoverArgs,
         RecoverResult,
         WorkspaceHashArgs,
@@ -87,6 +89,18 @@ SANDBOX_HEARTBEAT = timedelta(seconds=15)
 # With it, the observation rides with the next generation (`GenerateArgs.observation`) and
 # the context activities that remain run locally.
 OBSERVATION_WITH_GENERATION_PATCH = "observation-appended-with-generation"
+# Histories recorded before it create and recover on the shared queue. With it, each first
+# asks `sandbox.place` for the least loaded host with room (belayer/sandbox/placement.py)
+# and goes there, or to the shared queue when none is named or that host refuses or is gone.
+PLACEMENT_PATCH = "sandbox-placement"
+# A placed host that is full or draining says so at once; placement is asked again.
+HOST_REFUSED = {"HostFull", "HostDraining"}
+PLACEMENT_TRIES = 3
+ROOM_WAIT = timedelta(seconds=5)
+PLACED_RETRY = RetryPolicy(
+    initial_interval=timedelta(seconds=1), maximum_attempts=3,
+    non_retryable_error_types=sorted(SANDBOX_LOST | HOST_REFUSED),
+)
 
 
 class InfraFailure(Exception):
@@ -203,10 +217,10 @@ class TrajectoryWorkflow:
         # own earlier attempt instead of leaking a second container.
         sandbox_id = f"sbx-{workflow.uuid4().hex[:12]}"
         try:
-            created = await self._sandbox_activity(
+            created = await self._on_placed_host(
                 "sandbox.create",
                 CreateSandboxArgs(sandbox_id=sandbox_id, spec=SandboxSpec(setup_commands=task.setup)),
-                CreateSandboxResult, queue=self.input.queues.sandbox,
+                CreateSandboxResult, key=sandbox_id,
                 summary=f"create sandbox for {task.id} ({len(task.setup)} setup commands)",
             )
         except SandboxLost as lost:
@@ -386,8 +400,9 @@ class TrajectoryWorkflow:
                 raise InfraFailure(f"sandbox lost again after {self.input.max_recoveries} recoveries: {reason}")
             started = workflow.now()
             try:
-                result = await self._sandbox_activity(
-                    "sandbox.recover", self._recover_args(), RecoverResult, queue=self.input.queues.sandbox,
+                result = await self._on_placed_host(
+                    "sandbox.recover", self._recover_args(), RecoverResult, key=self.state.sandbox.sandbox_id,
+                    avoid=[self.state.sandbox.host_queue],
                     summary=f"recover sandbox at step {self.state.step}: {reason[:80]}",
                 )
             except (SandboxLost, InfraFailure) as failed:
@@ -650,19 +665,61 @@ class TrajectoryWorkflow:
         carried = self.state.model_copy(update={"runs": self.state.runs + 1})
         workflow.continue_as_new(self.input.model_copy(update={"carried": carried}))
 
-    async def _sandbox_activity(self, name, args, result_type, *, queue, summary, on_host=False):
-        """A sandbox activity; a lost sandbox or dead host surfaces as `SandboxLost`."""
+    async def _on_placed_host(self, name, args, result_type, *, key: str, avoid=(), summary: str):
+        """`name` (create or recover) on the host placement names for sandbox `key`. A host
+        that refuses (full, draining) or does not answer is avoided and placement asked
+        again, up to `PLACEMENT_TRIES` times; while every host is full the call waits for
+        room, up to `SHARED_SCHEDULE_TO_START`. With no host publishing its load, or after
+        those tries, the shared queue: any host."""
+        avoid, waited = list(avoid), timedelta(0)
+        for _ in range(PLACEMENT_TRIES):
+            placed = await self._place(key, avoid)
+            while placed is not None and placed.full and waited < SHARED_SCHEDULE_TO_START:
+                await workflow.sleep(ROOM_WAIT)
+                waited += ROOM_WAIT
+                placed = await self._place(key, avoid)
+            if placed is None or placed.host_queue is None:
+                break
+            try:
+                return await self._sandbox_activity(name, args, result_type, queue=placed.host_queue, on_host=True,
+                                                    summary=f"{summary} on {placed.host_queue}",
+                                                    retry=PLACED_RETRY)  # fmt: skip
+            except SandboxLost as refused:
+                avoid.append(placed.host_queue)
+                summary = f"{summary} (refused by {placed.host_queue}: {refused.reason[:60]})"
+        return await self._sandbox_activity(name, args, result_type, queue=self.input.queues.sandbox,
+                                            summary=summary)  # fmt: skip
+
+    async def _place(self, key: str, avoid) -> PlaceResult | None:
+        """Where sandbox `key` should go; None for histories from before placement, or when
+        no host answers the question (then the shared queue)."""
+        if not workflow.patched(PLACEMENT_PATCH):
+            return None
+        try:
+            return await workflow.execute_activity(
+                "sandbox.place", PlaceArgs(key=key, avoid=avoid), result_type=PlaceResult,
+                task_queue=self.input.queues.sandbox, start_to_close_timeout=timedelta(seconds=30),
+                schedule_to_start_timeout=SHARED_SCHEDULE_TO_START, retry_policy=STORAGE_RETRY,
+                summary=f"place sandbox {key}",
+            )
+        except ActivityError:
+            return None
+
+    async def _sandbox_activity(self, name, args, result_type, *, queue, summary, on_host=False,
+                                retry: RetryPolicy = SANDBOX_RETRY):  # fmt: skip
+        """A sandbox activity; a lost sandbox or dead host surfaces as `SandboxLost`, and so
+        does a host that refuses a new sandbox (`HOST_REFUSED`)."""
         try:
             return await workflow.execute_activity(
                 name, args, result_type=result_type, task_queue=queue,
                 start_to_close_timeout=timedelta(minutes=10),
                 schedule_to_start_timeout=HOST_SCHEDULE_TO_START if on_host else SHARED_SCHEDULE_TO_START,
                 heartbeat_timeout=SANDBOX_HEARTBEAT,
-                retry_policy=SANDBOX_RETRY, summary=summary,
+                retry_policy=retry, summary=summary,
             )
         except ActivityError as err:
             kind = _error_type(err)
-            if kind in SANDBOX_LOST or (on_host and (kind == "PodmanFailed" or _timed_out(err))):
+            if kind in SANDBOX_LOST or (on_host and (kind in {"PodmanFailed", *HOST_REFUSED} or _timed_out(err))):
                 raise SandboxLost(f"{kind or 'host timeout'}: {_cause(err)}") from None
             raise InfraFailure(f"{name} failed: {_cause(err)}") from None
 

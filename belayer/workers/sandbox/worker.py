@@ -10,17 +10,29 @@ Before serving it checks the runtime (podman, runc, CRIU, base image) and exits 
 the fixes when the host cannot run sandboxes, instead of accepting work it would fail;
 then it fences the containers whose lineage moved to another host while it was away
 (`SandboxHost.sweep_stale`).
+
+SIGTERM -- what a platform sends before it takes the machine away -- drains the host
+(belayer/sandbox/drain.py) within `sandbox.drain_deadline_s`, or the deadline `belayer
+drain` left in the request file, and then exits; SIGINT stops at once (`belayer down`:
+the whole stack goes, there is nowhere to move to). The drain's report is written, as
+it goes, next to the request (`drain_files`), and printed to the log at the end.
 """
 
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
+import signal
 import sys
+from collections.abc import Awaitable, Callable
+from pathlib import Path
 
 from belayer.activities.sandbox import SHARED_QUEUE, SandboxActivities
 from belayer.config import BelayerConfig, load_config
-from belayer.sandbox.host import default_host_queue, make_host
+from belayer.sandbox.drain import DrainReport, drain_host
+from belayer.sandbox.host import SandboxHost, default_host_queue, make_host
+from belayer.sandbox.placement import LoadPublisher
 
 
 def host_queue(config: BelayerConfig) -> str:
@@ -56,6 +68,50 @@ def remove_stale_temp_files(config: BelayerConfig) -> int:
     return removed
 
 
+def drain_files(config: BelayerConfig, host_queue: str) -> tuple[Path, Path]:
+    """The request `belayer drain` leaves before its SIGTERM (the deadline), and the report."""
+    run = config.state_dir / "run"
+    return run / f"drain-{host_queue}.request.json", run / f"drain-{host_queue}.report.json"
+
+
+def requested_deadline(config: BelayerConfig, host_queue: str) -> float:
+    request, _ = drain_files(config, host_queue)
+    try:
+        deadline = float(json.loads(request.read_text())["deadline_s"])
+    except (OSError, ValueError, KeyError, TypeError):
+        return config.sandbox.drain_deadline_s
+    request.unlink(missing_ok=True)
+    return deadline
+
+
+async def drain_on_sigterm(config: BelayerConfig, host: SandboxHost, sig: int,
+                           leave: Callable[[str], Awaitable[None]]) -> None:  # fmt: skip
+    """Run by the worker after a stop signal, while it still serves its own queue."""
+    if sig != signal.SIGTERM:
+        return
+    deadline = requested_deadline(config, host.host_queue)
+    if deadline <= 0:
+        return
+    host.draining = True  # before leaving: a create or restore already running here is refused
+    host.on_load_change()  # placement stops choosing this host
+    await leave(SHARED_QUEUE)
+    _, report_file = drain_files(config, host.host_queue)
+    report_file.parent.mkdir(parents=True, exist_ok=True)
+
+    def write(report: DrainReport) -> None:
+        partial = report_file.with_suffix(".tmp")
+        partial.write_text(report.model_dump_json(indent=2))
+        partial.replace(report_file)
+
+    print(f"belayer sandbox worker: draining {host.host_queue} within {deadline:.0f}s", flush=True)
+    report = await asyncio.to_thread(drain_host, host, deadline, concurrency=config.sandbox.drain_concurrency,
+                                     progress=write)  # fmt: skip
+    for s in report.sandboxes:
+        print(f"belayer sandbox worker: drain: {s.sandbox_id} {s.outcome} (step {s.step}, waited {s.waited_s:.2f}s, "
+              f"paused {s.paused_s:.2f}s){' ' + s.detail if s.detail else ''}", flush=True)
+    print(f"belayer sandbox worker: drained in {report.emptied_s:.2f}s: {report.counts()}", flush=True)
+
+
 async def serve(config: BelayerConfig) -> None:
     from belayer.workers.runner import run_worker
 
@@ -64,15 +120,20 @@ async def serve(config: BelayerConfig) -> None:
     fenced = await asyncio.to_thread(host.sweep_stale)
     if fenced:
         print(f"belayer sandbox worker: fenced superseded containers {', '.join(fenced)}", flush=True)
-    activities = SandboxActivities(host)
-    await run_worker(
-        config.temporal,
-        encryption_key=config.storage.encryption_key,
-        role="sandbox",
-        task_queues=[host.host_queue, SHARED_QUEUE],
-        activities=activities.all(),
-        max_concurrent_activities=16,
-    )
+    host.adopt_existing()
+    publisher = LoadPublisher(host).start()
+    try:
+        await run_worker(
+            config.temporal,
+            encryption_key=config.storage.encryption_key,
+            role="sandbox",
+            task_queues=[host.host_queue, SHARED_QUEUE],
+            activities=SandboxActivities(host).all(),
+            max_concurrent_activities=16,
+            before_stop=lambda sig, leave: drain_on_sigterm(config, host, sig, leave),
+        )
+    finally:
+        await asyncio.to_thread(publisher.stop)  # placement stops choosing this host
 
 
 def main(argv: list[str] | None = None) -> int:
