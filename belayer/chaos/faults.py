@@ -20,7 +20,7 @@ from pydantic import BaseModel
 from belayer.config import BelayerConfig
 from belayer.errors import BelayerError
 from belayer.stack import sandbox_hosts
-from belayer.stack.workers import sandbox_service_name
+from belayer.stack.workers import RolloutNodeService, sandbox_service_name
 from belayer.workers.rollout.worker import read_roles as node_roles  # noqa: F401 (the chaos modules' name)
 
 FaultKind = Literal[
@@ -114,7 +114,7 @@ class Chaos:
         comes back at once, as a supervisor would restart it; with several it is lost and
         stays down, so its turns move to another node (`belayer up` brings it back)."""
         node_id = self.node_config(node).rollout.node_id
-        service = next(s for s in self.stack.services if getattr(s, "node_config", None) is not None
+        service = next(s for s in self.stack.services if isinstance(s, RolloutNodeService)
                        and s.node_config.rollout.node_id == node_id)
         return self._crash_service(service.name, restart=self.stack.rollout_nodes == 1)
 
@@ -139,10 +139,10 @@ class Chaos:
             _kill(member)
         psutil.wait_procs(family, timeout=30)
         detail = f"SIGKILLed with {len(family) - 1} children"
-        if (node := getattr(service, "node_config", None)) is not None:
+        if isinstance(service, RolloutNodeService):
             from belayer.workers.rollout.worker import cleanup_node
 
-            cleanup_node(node.rollout.node_id)
+            cleanup_node(service.node_config.rollout.node_id)
         if while_down is not None:
             detail += "; " + while_down()
         if not restart:
@@ -217,11 +217,10 @@ class Chaos:
             raise ChaosError(f"{name} is not running; start it with `belayer up`")
         if k == 0:  # the machine itself: its worker and its sandboxes go, the machine stays
             _kill(worker)
-            killed = kill_containers()
             listed = sandbox_hosts.run_podman_on(self.config, 0, "ps", "-a", "-q", "--filter", f"label={LABEL_SANDBOX}")
-            if listed.stdout.split():
-                sandbox_hosts.run_podman_on(self.config, 0, "rm", "--force", *listed.stdout.split())
-            detail = f"worker SIGKILLed, {killed} and removed"
+            if containers := listed.stdout.split():
+                sandbox_hosts.run_podman_on(self.config, 0, "rm", "--force", "--time", "0", *containers)
+            detail = f"worker SIGKILLed, {len(containers)} containers killed and removed"
         else:
             ended = sandbox_hosts.end(self.config, k)
             sandbox_hosts.wipe(self.config, k)

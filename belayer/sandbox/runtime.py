@@ -170,13 +170,15 @@ def run_podman(
     cache_dir: str | os.PathLike[str] | None = None,
     timeout: float | None = _TIMEOUT_S,
     check: bool = False,
+    prefix: list[str] | None = None,
     **kwargs,
 ) -> subprocess.CompletedProcess[str]:
-    """Run podman with Belayer's env and flags, capturing text output."""
+    """Run podman with Belayer's env and flags, capturing text output; `prefix` runs it
+    through another command first (`nsenter` into a sandbox host's namespaces)."""
     kwargs.setdefault("capture_output", True)
     kwargs.setdefault("stdin", subprocess.DEVNULL)
     return subprocess.run(
-        podman_command(*args, state_dir=state_dir, cache_dir=cache_dir),
+        [*(prefix or []), *podman_command(*args, state_dir=state_dir, cache_dir=cache_dir)],
         env=podman_env(state_dir, cache_dir),
         text=True,
         timeout=timeout,

@@ -22,7 +22,15 @@ from belayer.errors import StackError
 from belayer.stack import sandbox_hosts
 from belayer.stack.process import ManagedProcess
 from belayer.stack.services import Health, SeaweedFS, TemporalDevServer, port_in_use
-from belayer.stack.workers import CodecServerService, SandboxHostService, WorkerService, sandbox_service_name
+from belayer.stack.workers import (
+    CodecServerService,
+    RolloutNodeService,
+    SandboxHostService,
+    WorkerService,
+    node_config,
+    rollout_service_name,
+    sandbox_service_name,
+)
 
 
 class Service(Protocol):
@@ -221,11 +229,10 @@ class LocalStack:
         else:
             health = service.health()
         detail = health.detail
-        node = getattr(service, "node_config", None)
-        if node is not None and running is not None:
+        if isinstance(service, RolloutNodeService) and running is not None:
             from belayer.workers.rollout.worker import describe_roles, read_roles
 
-            detail += "; " + describe_roles(read_roles(node))
+            detail += "; " + describe_roles(read_roles(service.node_config))
         return ComponentStatus(
             name=service.name,
             pid=running.pid if running else None,
@@ -242,33 +249,16 @@ def rollout_node_ids(config: BelayerConfig, count: int) -> list[str]:
     return [first, *(f"{first}.{k}" for k in range(1, count))]
 
 
-def rollout_service_name(k: int) -> str:
-    """The stack's name of its k-th rollout node (from 0): rollout-node, rollout-node.1, ..."""
-    return "rollout-node" + (f".{k}" if k else "")
-
-
-def node_config(config: BelayerConfig, node_id: str) -> BelayerConfig:
-    return config.model_copy(update={"rollout": config.rollout.model_copy(update={"node_id": node_id})})
-
-
 def belayer_workers(config: BelayerConfig, rollout_nodes: int = 1, sandbox_hosts: int = 1) -> list[WorkerService]:
     """Belayer's own workers: sandbox hosts (root only: CRIU), rollout nodes, trajectories, trainer.
 
     The first rollout node is the service `rollout-node`; node k of more is `rollout-node.k`,
-    with the node id `<rollout.node_id>.k` set in its environment (which wins over the
-    effective config file every worker reads)."""
-    from belayer.workers.rollout.worker import node_task_queue
-
+    with the node id `<rollout.node_id>.k`."""
     workers: list[WorkerService] = []
     if os.geteuid() == 0:
         workers += [SandboxHostService(config, k) for k in range(sandbox_hosts)]
-    for k, node_id in enumerate(rollout_node_ids(config, rollout_nodes)):
-        node = node_config(config, node_id)
-        workers.append(WorkerService(
-            rollout_service_name(k), "belayer.workers.rollout", node_task_queue(node), "activity",
-            config, startup_timeout_s=config.rollout.engine_start_timeout_s,
-            env={"BELAYER_ROLLOUT__NODE_ID": node_id}, node_config=node,
-        ))
+    workers += [RolloutNodeService(config, k, node_id)
+                for k, node_id in enumerate(rollout_node_ids(config, rollout_nodes))]
     workers.append(WorkerService(
         "trajectory-worker", "belayer.workers.trajectory", config.temporal.workflow_task_queue, "workflow",
         config,

@@ -35,7 +35,7 @@ from pathlib import Path
 import psutil
 
 from belayer.config import BelayerConfig
-from belayer.sandbox.runtime import INFRA_DIR, podman_command, podman_dirs, podman_env
+from belayer.sandbox.runtime import INFRA_DIR, podman_dirs, run_podman
 
 # The inodes of the host's mount and UTS namespaces, written when it starts: a process is
 # the host's when both match (one alone could be a recycled inode).
@@ -155,14 +155,13 @@ def wipe(config: BelayerConfig, k: int) -> None:
 
 def run_podman_on(config: BelayerConfig, k: int, *args: str, timeout: float = 60.0) -> subprocess.CompletedProcess:
     """podman with Belayer's flags as host k sees it (inside its namespaces for k ≥ 1)."""
-    argv = podman_command(*args, state_dir=config.state_dir, cache_dir=config.cache_dir)
+    prefix = []
     if k:
         inside = members(config, k)
         if not inside:
-            return subprocess.CompletedProcess(argv, 125, "", f"sandbox host {host_name(k)} is not running")
-        argv = ["nsenter", "-t", str(inside[0].pid), "--mount", "--uts", "--", *argv]
-    return subprocess.run(argv, env=podman_env(config.state_dir, config.cache_dir), capture_output=True,
-                          text=True, timeout=timeout, stdin=subprocess.DEVNULL)
+            return subprocess.CompletedProcess(["podman", *args], 125, "", f"sandbox host {host_name(k)} is not running")
+        prefix = ["nsenter", "-t", str(inside[0].pid), "--mount", "--uts", "--"]
+    return run_podman(*args, state_dir=config.state_dir, cache_dir=config.cache_dir, timeout=timeout, prefix=prefix)
 
 
 def host_of_container(config: BelayerConfig, hosts: int, container: str) -> int | None:

@@ -38,13 +38,11 @@ class WorkerService:
 
     def __init__(self, name: str, module: str, task_queue: str, queue_kind: str,
                  config: BelayerConfig, *, startup_timeout_s: float | None = None,
-                 env: dict[str, str] | None = None, node_config: BelayerConfig | None = None):
-        """`env`: set over the effective config for this worker only (a rollout node's id);
-        `node_config`: a rollout node's own configuration, for its status."""
+                 env: dict[str, str] | None = None):
+        """`env`: set over the effective config for this worker only (a rollout node's id)."""
         self.name = name
         self.startup_timeout_s = startup_timeout_s
         self.env = env or {}
-        self.node_config = node_config
         self.module = module
         self.task_queue = task_queue
         self.queue_kind = queue_kind  # "workflow" or "activity"
@@ -85,6 +83,30 @@ class WorkerService:
 
     def after_ready(self) -> None:
         """Nothing: a worker needs no set-up once it polls."""
+
+
+def rollout_service_name(k: int) -> str:
+    """The stack's name of its k-th rollout node (from 0): rollout-node, rollout-node.1, ..."""
+    return "rollout-node" + (f".{k}" if k else "")
+
+
+def node_config(config: BelayerConfig, node_id: str) -> BelayerConfig:
+    return config.model_copy(update={"rollout": config.rollout.model_copy(update={"node_id": node_id})})
+
+
+class RolloutNodeService(WorkerService):
+    """Rollout node k of this stack, with the node id `node_id` set in its environment
+    (which wins over the effective config file every worker reads); `node_config` is its
+    own configuration, for its status and for chaos aimed at it."""
+
+    def __init__(self, config: BelayerConfig, k: int, node_id: str):
+        from belayer.workers.rollout.worker import node_task_queue
+
+        self.node_config = node_config(config, node_id)
+        super().__init__(
+            rollout_service_name(k), "belayer.workers.rollout", node_task_queue(self.node_config), "activity",
+            config, startup_timeout_s=config.rollout.engine_start_timeout_s, env={"BELAYER_ROLLOUT__NODE_ID": node_id},
+        )
 
 
 def sandbox_service_name(k: int) -> str:
