@@ -62,6 +62,7 @@ def test_a_drained_sandbox_resumes_on_another_host_from_the_drains_checkpoint(tw
     obs = hosts.host_b.exec(new, act(4, "sleep 0.3; cat /workspace/a; test $(wc -l < /tmp/ticks) -gt "
                                         "$(cat /workspace/ticks) && echo still-ticking"))
     assert obs.stdout == "first\nstill-ticking\n", obs
+    hosts.host_b.destroy(new)  # before teardown: on one machine both hosts share the channel path
 
 
 def test_a_sandbox_busy_past_the_deadline_is_killed_and_falls_back(two_hosts):  # noqa: F811
