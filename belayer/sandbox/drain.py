@@ -7,8 +7,8 @@ sandbox on it off at its next safe point: it waits for the action in flight to e
 `<checkpoint_prefix><sandbox id>/drained/g<generation>.json`, and removes the
 container. The trajectory's next call on this host is answered SandboxNotFound
 ("moved by a drain"); the workflow answers a lost sandbox as always, with a recover on
-the shared queue -- served by another host now -- and that recover starts from the
-drain's checkpoint (`SandboxHost.recover` looks the record up), so nothing is replayed.
+another host (placement no longer names this one) that starts from the drain's
+checkpoint (`SandboxHost.recover` looks the record up), so nothing is replayed.
 A sandbox still busy at the deadline is killed instead ("fell back"): its trajectory
 recovers from its last checkpoint, as after a crash.
 
