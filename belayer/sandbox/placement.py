@@ -43,6 +43,10 @@ class HostLoad(BaseModel):
     draining: bool = False
     written_at: float = Field(description="Unix time of the write.")
 
+    def fresh(self, now: float) -> bool:
+        """Written within STALE_AFTER_S: an older record is of a host that died without removing it."""
+        return now - self.written_at <= STALE_AFTER_S
+
     def has_room(self) -> bool:
         return not self.draining and (self.capacity == 0 or self.sandboxes < self.capacity)
 
@@ -77,7 +81,7 @@ def choose(loads: list[HostLoad], *, now: float, key: str, avoid: frozenset[str]
 
     `avoid` (the host that just lost the sandbox) is taken only when no other host has room.
     """
-    fresh = [load for load in loads if now - load.written_at <= STALE_AFTER_S and load.has_room()]
+    fresh = [load for load in loads if load.fresh(now) and load.has_room()]
     preferred = [load for load in fresh if load.host_queue not in avoid] or fresh
     if not preferred:
         return None
@@ -91,7 +95,7 @@ def choose(loads: list[HostLoad], *, now: float, key: str, avoid: frozenset[str]
 def any_fresh(loads: list[HostLoad], *, now: float) -> bool:
     """Whether some host publishes its load at all: with none, the shared queue is the answer;
     with some but no room, the sandbox waits for room."""
-    return any(now - load.written_at <= STALE_AFTER_S for load in loads)
+    return any(load.fresh(now) for load in loads)
 
 
 class LoadPublisher:
