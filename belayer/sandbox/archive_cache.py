@@ -3,21 +3,17 @@ skips the download and the decompression.
 
 Why: most restores run on the host that took the checkpoint -- the sandbox's container
 died, a context cut rolls it back, a group forks its set-up sandbox, a branch starts from
-a parent on the same host. Fetching the archive back (download, sha256, `zstd -d`: ~0.3 s
-and a core's work for the overhead bench's 85 MB archive) ran beside the fence of the
-old container (~0.2 s), so a restore here is ~0.1 s shorter with the copy (`belayer bench
-checkpoint`, belayer against belayer-cold) and the host does less work. The checkpoint's
+a parent on the same host. Fetching the archive back (download, sha256, `zstd -d`) was a
+third of a restore here (`belayer bench checkpoint`, phase `fetch`). The checkpoint's
 plain stream is teed to a file as podman writes it, so keeping it costs no second pass.
 
 The object store stays the truth. A host restoring a checkpoint it does not hold (the
 host was lost, the copy was evicted) downloads it as before, and a copy podman cannot
 import is dropped and the archive downloaded (`SandboxHost._unpacked`).
 
-Trust: only this host's processes write here, in its state directory, which no sandbox
-can reach. A copy enters by an atomic rename once its checkpoint's archive and metadata
-are stored, so a crash mid-dump leaves only a staging file (named with its writer's pid),
-removed by the next process that opens the cache once that pid is gone. The cache is an
-optimisation: a copy that cannot be kept is logged and the checkpoint stands.
+Trust: only this host's worker writes here, in its state directory, which no sandbox can
+reach. A copy enters by an atomic rename once its checkpoint's archive and metadata are
+stored, so a crash mid-dump leaves only a staging file, removed at the next start.
 
 Bounds: one copy per sandbox (its newest checkpoint: the one a recovery tries first)
 and `sandbox.archive_cache_mb` in all, the least recently used evicted first.
@@ -47,9 +43,8 @@ class ArchiveCache:
         self._guard = threading.Lock()
         if self.enabled:
             self.root.mkdir(parents=True, exist_ok=True)
-            for staged in self.root.glob(f"{STAGING_PREFIX}*"):
-                if not _alive(_writer_pid(staged)):
-                    staged.unlink(missing_ok=True)
+            for stale in self.root.glob(f"{STAGING_PREFIX}*"):
+                stale.unlink(missing_ok=True)
 
     @property
     def enabled(self) -> bool:
@@ -62,7 +57,7 @@ class ArchiveCache:
         if not self.enabled:
             yield None
             return
-        path = self.root / f"{STAGING_PREFIX}{os.getpid()}-{secrets.token_hex(6)}.tar"
+        path = self.root / f"{STAGING_PREFIX}{secrets.token_hex(6)}.tar"
         try:
             yield path
         finally:
@@ -73,15 +68,12 @@ class ArchiveCache:
         `sandbox_id`: the sandbox's older copy goes, then the least recently used over budget."""
         entry = self._entry(sandbox_id, archive_sha256)
         with self._guard:
-            try:
-                for older in self.root.glob(f"{sandbox_id}.*.tar"):
-                    older.unlink(missing_ok=True)
-                if staged.stat().st_size > self.max_bytes:
-                    return  # alone over budget: evicting the others would not make room
-                os.replace(staged, entry)
-                self._evict_over_budget(keep=entry)
-            except OSError as exc:
-                log.warning("kept no local copy of checkpoint %s of %s: %s", archive_sha256[:12], sandbox_id, exc)
+            for older in self.root.glob(f"{sandbox_id}.*.tar"):
+                older.unlink(missing_ok=True)
+            if staged.stat().st_size > self.max_bytes:
+                return  # alone over budget: evicting the others would not make room
+            os.replace(staged, entry)
+            self._evict_over_budget(keep=entry)
 
     def take(self, archive_sha256: str, into: Path) -> Path | None:
         """A hard link at `into` to the copy of `archive_sha256` (an eviction meanwhile leaves
@@ -137,20 +129,3 @@ class ArchiveCache:
             if entry != keep:
                 entry.unlink(missing_ok=True)
                 total -= size
-
-
-def _writer_pid(staged: Path) -> int | None:
-    pid = staged.name.removeprefix(STAGING_PREFIX).split("-", 1)[0]
-    return int(pid) if pid.isdigit() else None
-
-
-def _alive(pid: int | None) -> bool:
-    if pid is None:
-        return False
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
