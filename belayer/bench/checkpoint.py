@@ -5,26 +5,19 @@ The sandbox is the overhead bench's (`examples/workloads/overhead.yaml`, every t
 a 4.5 MB data set and a virtual environment in the tmpfs workspace, a server holding
 ~40 MB in memory). Each repetition, in an order rotated per repetition, measures:
 
-  belayer      -- `SandboxHost.checkpoint` (the archive streamed through the compressor
-                  into the object store, its metadata stored, the plain stream teed into
-                  the host's archive cache), then the container SIGKILLed and
-                  `SandboxHost.restore` on the same host (from that local copy) until
-                  the supervisor answers at the new generation with the checkpoint's journal;
-  belayer-cold -- the same with the host's archive cache emptied before the restore: a
-                  restore on another host, which downloads and decompresses the archive;
-  podman       -- what a user of podman would write without Belayer: `podman container
-                  checkpoint --leave-running -c zstd --export FILE` with the system's
-                  tools, FILE uploaded to the same object store; then the container
-                  SIGKILLed, FILE downloaded, `podman container restore --import FILE`,
-                  until the same supervisor answers. (This is also how Belayer
-                  checkpointed before it cut the phases below.) Its `restore_local_s`
-                  leaves the download out: that user restoring on the host that still
-                  holds FILE.
+  belayer -- `SandboxHost.checkpoint` (the archive streamed through the compressor into
+             the object store, its metadata stored), then the container SIGKILLed and
+             `SandboxHost.restore` until the supervisor answers at the new generation
+             with the checkpoint's journal;
+  podman  -- what a user of podman would write without Belayer: `podman container
+             checkpoint --leave-running -c zstd --export FILE` with the system's tools,
+             FILE uploaded to the same object store; then the container SIGKILLed, FILE
+             downloaded, `podman container restore --import FILE`, until the same
+             supervisor answers. (This is also how Belayer checkpointed before it cut
+             the phases below.)
 
 Both clocks stop where a user stops waiting: the checkpoint stored, the sandbox ready to
-take the next action. The same-host pair (`restore_speedup`) is belayer against
-podman's `restore_local_s`; the other-host pair (`restore_cold_speedup`) belayer-cold
-against podman's `restore_s`. Belayer's phases come from the checkpoint's metadata
+take the next action. Belayer's phases come from the checkpoint's metadata
 (`CheckpointMeta.phases`) and the restore's own laps; podman's from `--print-stats`.
 Nothing here is simulated.
 """
@@ -46,7 +39,7 @@ import click
 from belayer.bench.machine import machine_load, rotated, spread, spread_cells
 from belayer.bench.overhead import load_trace_task, trace_task_options
 
-MODES = ("belayer", "belayer-cold", "podman")
+MODES = ("belayer", "podman")
 DEFAULT_WORKLOAD = Path(__file__).resolve().parents[2] / "examples" / "workloads" / "overhead.yaml"
 MiB = 1 << 20
 
@@ -62,11 +55,6 @@ class Sample:
     checkpoint_phases: dict[str, float]
     restore_phases: dict[str, float]
     consistent: bool = False  # the restored /workspace hashes as it did after the set-up (`Bench.run`)
-
-    @property
-    def restore_local_s(self) -> float:
-        """The restore without fetching the archive: on the host that holds it."""
-        return self.restore_s - self.restore_phases.get("fetch", 0.0)
 
 
 def schedule(repetitions: int) -> list[tuple[int, str]]:
@@ -97,7 +85,7 @@ class Bench:
         self.say(f"sandbox {self.handle.sandbox_id} set up: {len(task.turns)} turns of {task.id}")
 
     def run(self, mode: str) -> Sample:
-        sample = self._podman() if mode == "podman" else self._belayer(cold=mode == "belayer-cold")
+        sample = self._belayer() if mode == "belayer" else self._podman()
         sample.consistent = self.host.workspace_hash(self.handle) == self.workspace_sha256
         return sample
 
@@ -106,21 +94,18 @@ class Bench:
             self.host.destroy(self.handle)
             self.host.delete_checkpoints(self.handle.sandbox_id)
 
-    def _belayer(self, *, cold: bool) -> Sample:
+    def _belayer(self) -> Sample:
         started = time.monotonic()
         ref = self.host.checkpoint(self.handle)
         checkpoint_s = time.monotonic() - started
         meta = self.host.load_meta(ref)
-        if cold:
-            self.host.archive_cache.clear()
         self.host.kill(self.handle)
         restore_phases: dict[str, float] = {}
         started = time.monotonic()
         self.handle, _ = self.host.restore(ref, self.handle.generation + 1, phases=restore_phases)
         restore_s = time.monotonic() - started
         phases = dict(meta.phases) | {"metadata": checkpoint_s - meta.dump_s}
-        return Sample("belayer-cold" if cold else "belayer", checkpoint_s, restore_s, ref.archive_bytes / MiB,
-                      phases, restore_phases)  # fmt: skip
+        return Sample("belayer", checkpoint_s, restore_s, ref.archive_bytes / MiB, phases, restore_phases)
 
     def _podman(self) -> Sample:
         from belayer.sandbox import channel
@@ -182,15 +167,11 @@ def summarize(samples: list[Sample], repetitions: int, compression: str) -> dict
             "restore_phases_s": _phase_spreads([s.restore_phases for s in rows]),
             "consistent": all(s.consistent for s in rows),
         }
-    report["modes"]["podman"]["restore_local_s"] = spread(s.restore_local_s for s in by_mode["podman"])
-    pairs = {"checkpoint": ("belayer", "checkpoint_s", "checkpoint_s"),
-             "restore": ("belayer", "restore_s", "restore_local_s"),
-             "restore_cold": ("belayer-cold", "restore_s", "restore_s")}
-    for name, (mode, ours_key, theirs_key) in pairs.items():
-        ours, theirs = report["modes"][mode][ours_key], report["modes"]["podman"][theirs_key]
-        report[f"{name}_speedup"] = (
+    for what in ("checkpoint_s", "restore_s"):
+        ours, theirs = report["modes"]["belayer"][what], report["modes"]["podman"][what]
+        report[f"{what.removesuffix('_s')}_speedup"] = (
             round(theirs["median"] / ours["median"], 2) if ours and theirs and ours["median"] else None)
-        report[f"belayer_{name}_s"] = ours["median"] if ours else None
+        report[f"belayer_{what}"] = ours["median"] if ours else None
     report["samples"] = [s.__dict__ for s in samples]
     return report
 
@@ -263,10 +244,8 @@ def print_report(report: dict) -> None:
         for what in ("checkpoint_phases_s", "restore_phases_s"):
             parts = ", ".join(f"{name} {s['median']:.3f}" for name, s in row[what].items() if s)
             out.print(f"{mode} {what.split('_')[0]} phases (medians, s): {parts}")
-    local = report["modes"]["podman"]["restore_local_s"]
-    out.print(f"podman restore from its local file (no download): {_cells(local)} s")
-    out.print(f"speedup of the medians: checkpoint {report['checkpoint_speedup']}x, restore on the same host "
-              f"{report['restore_speedup']}x, on another host {report['restore_cold_speedup']}x")
+    out.print(f"speedup of the medians: checkpoint {report['checkpoint_speedup']}x, "
+              f"restore {report['restore_speedup']}x")
 
 
 def _cells(s: dict | None) -> str:

@@ -44,11 +44,10 @@ class SandboxBackend(Protocol):
     def destroy(self, sandbox_id: str) -> None:
         """Remove the lineage's containers, network namespace and channel directory."""
 
-    def checkpoint_stream(self, container: str, phases: dict[str, float] | None = None, *,
-                          keep: Path | None = None) -> AbstractContextManager[Iterator[bytes]]:  # fmt: skip
+    def checkpoint_stream(self, container: str, phases: dict[str, float] | None = None
+                          ) -> AbstractContextManager[Iterator[bytes]]:  # fmt: skip
         """Dump the running container (it keeps running) as an archive byte stream; once
-        it has ended, `phases` holds what the backend measured of it (seconds by phase),
-        and `keep`, when given, the plain archive that `restore` takes."""
+        it has ended, `phases` holds what the backend measured of it (seconds by phase)."""
 
     def restore(self, archive: Path, sandbox_id: str, generation: int) -> str:
         """Start a container from an archive file; return its name."""

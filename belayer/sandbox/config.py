@@ -54,12 +54,6 @@ class SandboxConfig(Section):
         "(belayer/sandbox/compression.py); none stores them plain, the faster choice when the link "
         "to the object store beats ~300 MB/s."
     )
-    archive_cache_mb: int = Field(
-        4096, ge=0, le=10_000_000,
-        description="Local disk for plain copies of this host's newest checkpoints (one per sandbox), so "
-        "a restore or fork on the host that took the checkpoint skips the download and decompression "
-        "(belayer/sandbox/archive_cache.py); 0: always download.",
-    )
     fork_concurrency: int = Field(
         4, ge=1, le=256, description="Forks of one checkpoint restored at once on a host (podman + CRIU each)."
     )

@@ -29,7 +29,6 @@ from pathlib import Path
 from typing import Protocol
 
 from belayer.sandbox import channel, compression, drain, faults, lineage
-from belayer.sandbox.archive_cache import ArchiveCache
 from belayer.sandbox.backend import SandboxBackend
 from belayer.sandbox.config import SandboxConfig
 from belayer.sandbox.drain import DrainedSandbox
@@ -116,11 +115,6 @@ def default_host_queue(cfg: SandboxConfig) -> str:
     return cfg.host_task_queue or f"belayer-sandbox-{socket.gethostname()}"
 
 
-def archive_cache_dir(state_dir: Path, host_queue: str) -> Path:
-    """Where the host serving `host_queue` keeps its copies of its checkpoints."""
-    return Path(state_dir) / "archive-cache" / host_queue
-
-
 class SandboxHost:
     """Sandboxes on this host, their checkpoints in `store`."""
 
@@ -146,8 +140,6 @@ class SandboxHost:
         # What counts against `max_sandboxes`, published for placement (belayer/sandbox/placement.py).
         self._live: set[str] = set()
         self.on_load_change: Callable[[], None] = lambda: None
-        self.archive_cache = ArchiveCache(archive_cache_dir(self.state_dir, self.host_queue),
-                                          cfg.archive_cache_mb * 2**20)  # fmt: skip
 
     # ------------------------------------------------------------------ helpers
     def _lock(self, sandbox_id: str) -> threading.Lock:
@@ -335,22 +327,10 @@ class SandboxHost:
                 yield chunk
             streamed_at = time.monotonic()
 
-        with self.archive_cache.staged() as keep:
-            with self.backend.checkpoint_stream(handle.container, phases, keep=keep) as chunks:
-                self.store.upload_stream(base + "archive", counted(chunks))
-            ref = self._describe_dump(handle, info, base, hasher.hexdigest(), size, time.monotonic() - t0,
-                                      phases | {"upload_tail": time.monotonic() - streamed_at},
-                                      token_prefix_len=token_prefix_len, token_prefix_sha256=token_prefix_sha256,
-                                      fs_snapshot=fs_snapshot)  # fmt: skip
-            if keep is not None:
-                self.archive_cache.admit(keep, handle.sandbox_id, ref.archive_sha256)
-        return ref
-
-    def _describe_dump(self, handle: SandboxHandle, info: dict, base: str, archive_sha256: str, size: int,
-                       dump_s: float, phases: dict[str, float], *, token_prefix_len: int | None,
-                       token_prefix_sha256: str | None, fs_snapshot: bool) -> CheckpointRef:  # fmt: skip
-        """The reference of a checkpoint whose archive is stored: its metadata written (and its
-        files-only snapshot, when asked)."""
+        with self.backend.checkpoint_stream(handle.container, phases) as chunks:
+            self.store.upload_stream(base + "archive", counted(chunks))
+        dump_s = time.monotonic() - t0
+        phases["upload_tail"] = dump_s - (streamed_at - t0)
         fs_key = fs_sha = None
         if fs_snapshot:
             data = self.backend.run_as_agent(
@@ -363,7 +343,7 @@ class SandboxHost:
             sandbox_id=handle.sandbox_id, trajectory=info.get("trajectory"), step=info["head"],
             generation=handle.generation, token_prefix_len=token_prefix_len,
             token_prefix_sha256=token_prefix_sha256, archive_key=base + "archive",
-            archive_sha256=archive_sha256, archive_bytes=size, fs_key=fs_key, fs_sha256=fs_sha,
+            archive_sha256=hasher.hexdigest(), archive_bytes=size, fs_key=fs_key, fs_sha256=fs_sha,
             image=self.cfg.image, image_id=self.backend.image_id(), criu_version=versions["criu"],
             podman_version=versions["podman"], compression=self.cfg.checkpoint_compression,
             netns=f"belayer-{handle.sandbox_id}", channel_dir=str(self._sock(handle).parent),
@@ -411,13 +391,20 @@ class SandboxHost:
             trajectory = trajectory or next((a.trajectory for a in log or []), None)
             if not trajectory:
                 raise SandboxError(f"restoring {ref.meta_key} as fork {sandbox_id} needs the trajectory it serves")
-            with self._unpacked(meta) as (plain, _):
+            with self._unpacked(meta) as plain:
                 handle = self._fork_one(ref, meta, plain, ForkTarget(sandbox_id=sandbox_id, trajectory=trajectory),
                                         new_generation, log)  # fmt: skip
             return handle, meta
         sid = meta.sandbox_id
         with self._occupying(sid), self._lock(sid):
-            container = self._restore_container(meta, new_generation, clock)
+            with self._unpacked(meta, meanwhile=lambda: self.backend.fence(sid)) as plain:
+                clock.lap("fetch")
+                try:
+                    container = self.backend.restore(plain, sid, new_generation)
+                except SandboxError:
+                    self.backend.fence(sid)  # a failed restore can leave a created container
+                    raise
+                clock.lap("podman")
             try:
                 self._record_lineage(sid, new_generation, container)
                 info = channel.wait_ready(self._sock(sid), self.cfg.start_timeout_s)
@@ -434,26 +421,6 @@ class SandboxHost:
                 raise
             clock.lap("ready")
         return self._handle(sid, new_generation, container), meta
-
-    def _restore_container(self, meta: CheckpointMeta, generation: int, clock: _PhaseClock) -> str:
-        """The checkpoint's container started at `generation` (the lineage's older ones fenced
-        while the archive is fetched), from this host's copy of the archive when it holds
-        one; a copy podman fails on is dropped and the archive downloaded."""
-        sid = meta.sandbox_id
-        for use_copy in (True, False):
-            with self._unpacked(meta, meanwhile=lambda: self.backend.fence(sid), use_copy=use_copy) as (plain, copy):
-                clock.lap("fetch")
-                try:
-                    container = self.backend.restore(plain, sid, generation)
-                except SandboxError:
-                    self.backend.fence(sid)  # a failed restore can leave a created container
-                    if not copy:
-                        raise
-                    self.archive_cache.drop(meta.archive_sha256)
-                    continue
-                clock.lap("podman")
-                return container
-        raise AssertionError("unreachable: the download's failure raises")
 
     def _restorable_meta(self, ref: CheckpointRef, log: list[LoggedAction] | None) -> CheckpointMeta:
         meta = self.load_meta(ref)
@@ -492,7 +459,7 @@ class SandboxHost:
                                    ready_s=time.monotonic() - t0)  # fmt: skip
             return ForkOutcome(sandbox_id=target.sandbox_id, handle=handle, ready_s=time.monotonic() - t0)
 
-        with self._unpacked(meta) as (plain, _):
+        with self._unpacked(meta) as plain:
             with ThreadPoolExecutor(max_workers=max(1, min(len(targets), self.cfg.fork_concurrency))) as pool:
                 return list(pool.map(one, targets))
 
@@ -519,26 +486,22 @@ class SandboxHost:
         return self._handle(sid, generation, container)
 
     @contextlib.contextmanager
-    def _unpacked(self, meta: CheckpointMeta, meanwhile: Callable[[], None] | None = None, *,
-                  use_copy: bool = True) -> Iterator[tuple[Path, bool]]:  # fmt: skip
-        """The checkpoint's plain archive in a private directory removed afterwards, and
-        whether it is this host's copy (belayer/sandbox/archive_cache.py): a link to that
-        copy when the host holds one and `use_copy`, else downloaded (sha256-checked) and
-        uncompressed. `meanwhile` (a restore's fence: podman calls, ~0.2 s) runs in a
-        thread beside the download and must have finished before the archive is handed over."""
+    def _unpacked(self, meta: CheckpointMeta, meanwhile: Callable[[], None] | None = None) -> Iterator[Path]:
+        """The checkpoint's archive, downloaded (sha256-checked) and uncompressed, in a
+        private directory removed afterwards. `meanwhile` (a restore's fence: podman calls,
+        ~0.2 s) runs in a thread beside the download and must have finished before the
+        archive is handed over."""
         tmp_root = self.state_dir / "tmp"
         tmp_root.mkdir(parents=True, exist_ok=True)
         with (tempfile.TemporaryDirectory(dir=tmp_root, prefix=f"restore-{meta.sandbox_id}-") as d,
               ThreadPoolExecutor(max_workers=1) as pool):  # fmt: skip
             beside = pool.submit(meanwhile or (lambda: None))
-            plain = Path(d) / "plain.tar"
-            copy = use_copy and self.archive_cache.take(meta.archive_sha256, plain) is not None
-            if not copy:
-                compression.unpack(lambda f: self._download_archive(meta, f), meta.compression, plain)
+            plain = compression.unpack(lambda f: self._download_archive(meta, f), meta.compression,
+                                       Path(d) / "plain.tar")  # fmt: skip
             beside.result()
             if faults.active("sandbox_restore_damaged_archive"):
                 _damage(plain)
-            yield plain, copy
+            yield plain
 
     def _download_archive(self, meta: CheckpointMeta, f) -> None:
         from belayer.storage.errors import CorruptObject, ObjectNotFound
@@ -688,7 +651,6 @@ class SandboxHost:
 
     def delete_checkpoints(self, sandbox_id: str) -> int:
         """Delete the lineage's checkpoints; its lineage records stay (belayer/sandbox/lineage.py)."""
-        self.archive_cache.forget(sandbox_id)
         prefix = f"{self.cfg.checkpoint_prefix}{sandbox_id}/"
         dirs = {key[len(prefix):].split("/", 1)[0] + "/" for key in self.store.list(prefix)}
         return sum(self.store.delete_prefix(prefix + d) for d in sorted(dirs - {lineage.DIR}))
@@ -825,14 +787,10 @@ class _PhaseClock:
 
 
 def _damage(archive: Path) -> None:
-    """Cut a checked, unpacked archive in half (fault point), in a file of its own (not the
-    host's copy it may link to). A flipped byte is not enough: it can land in a page image
-    and restore silently wrong memory -- which is why the sha256 of every archive is
-    checked before podman sees it."""
-    half = archive.with_name(archive.name + ".half")
-    with open(archive, "rb") as whole, open(half, "wb") as out:
-        out.write(whole.read(archive.stat().st_size // 2))
-    os.replace(half, archive)
+    """Cut a checked, unpacked archive in half (fault point). A flipped byte is not enough:
+    it can land in a page image and restore silently wrong memory -- which is why the
+    sha256 of every archive is checked before podman sees it."""
+    os.truncate(archive, archive.stat().st_size // 2)
 
 
 def make_host(config, *, store=None, host_queue: str | None = None) -> SandboxHost:

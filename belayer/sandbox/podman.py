@@ -207,23 +207,20 @@ class PodmanBackend:
 
     # ------------------------------------------------------------------ checkpoint / restore
     @contextlib.contextmanager
-    def checkpoint_stream(self, container: str, phases: dict[str, float] | None = None, *,
-                          keep: Path | None = None) -> Iterator[Iterator[bytes]]:  # fmt: skip
+    def checkpoint_stream(self, container: str, phases: dict[str, float] | None = None
+                          ) -> Iterator[Iterator[bytes]]:  # fmt: skip
         """`checkpoint --export=/dev/fd/N` on a pipe: a clean archive stream (docs/design.md §7).
 
-        podman writes it plain; `keep`, when given, gets that plain archive too (`tee`, for
-        the host's archive cache), and the configured compressor, when there is one, reads
-        the pipe and the stream is its output (belayer/sandbox/compression.py says why).
+        podman writes it plain; the configured compressor, when there is one, reads the
+        pipe and the stream is its output (belayer/sandbox/compression.py says why).
         `phases` gets podman's own figures once the stream has ended (`dump_phases`).
         """
-        filters = [["tee", str(keep)]] if keep is not None else []
-        if compress := compression.compressor(self.cfg.checkpoint_compression):
-            filters.append(compress)
+        compress = compression.compressor(self.cfg.checkpoint_compression)
         tmp_dir = self.state_dir / "tmp"
         tmp_dir.mkdir(parents=True, exist_ok=True)
         with contextlib.ExitStack() as files:
-            stats, *errs = (files.enter_context(tempfile.TemporaryFile(dir=tmp_dir)) for _ in range(2 + len(filters)))
-            args, procs, reader = self._start_export(container, filters, stats, errs)
+            stats, err, compress_err = (files.enter_context(tempfile.TemporaryFile(dir=tmp_dir)) for _ in range(3))
+            args, procs, reader = self._start_export(container, compress, stats, err, compress_err)
             chunks = iter(lambda: reader.read(CHUNK), b"")
             try:
                 yield chunks
@@ -235,20 +232,19 @@ class PodmanBackend:
                 raise
             finally:
                 reader.close()
-            stats_text, *stderrs = (_read_all(f) for f in (stats, *errs))
+            stats_text, stderr, compress_stderr = (_read_all(f) for f in (stats, err, compress_err))
         if rcs[0] != 0:
-            raise translate_podman_error(args, rcs[0], stderrs[0])
-        for command, rc, stderr in zip(filters, rcs[1:], stderrs[1:], strict=True):
-            if rc != 0:
-                raise CheckpointFailed(f"`{' '.join(command)}` failed on the checkpoint of {container} "
-                                       f"(exit {rc}): {stderr[-300:]}")
+            raise translate_podman_error(args, rcs[0], stderr)
+        if compress and rcs[1] != 0:
+            raise CheckpointFailed(f"`{' '.join(compress)}` failed on the checkpoint of {container} "
+                                   f"(exit {rcs[1]}): {compress_stderr[-300:]}")
         if phases is not None:
             phases.update(dump_phases(stats_text))
 
-    def _start_export(self, container: str, filters: list[list[str]], stats, errs):
-        """podman exporting `container` into a pipe, each filter reading the one before it:
-        (podman's args, the processes, the stream's reader). Nothing stays open or running
-        when this raises."""
+    def _start_export(self, container: str, compress: list[str] | None, stats, err, compress_err):
+        """podman exporting `container` into a pipe, and the compressor reading it when there
+        is one: (podman's args, the processes, the stream's reader). Nothing stays open or
+        running when this raises."""
         r, w = os.pipe()
         args = [
             "container", "checkpoint", "--leave-running", "--tcp-established", "--print-stats",
@@ -256,23 +252,22 @@ class PodmanBackend:
         ]  # fmt: skip
         try:
             podman = subprocess.Popen(self._cmd(*args), env=self._env(), stdin=subprocess.DEVNULL, stdout=stats,
-                                      stderr=errs[0], pass_fds=(w,))  # fmt: skip
+                                      stderr=err, pass_fds=(w,))  # fmt: skip
         except BaseException:
             os.close(r)
             raise
         finally:
             os.close(w)
-        procs, source = [podman], r
-        for command, err in zip(filters, errs[1:], strict=True):
-            try:
-                procs.append(subprocess.Popen(command, stdin=source, stdout=subprocess.PIPE, stderr=err))
-            except BaseException:
-                _kill(procs)
-                raise
-            finally:
-                os.close(source) if isinstance(source, int) else source.close()
-            source = procs[-1].stdout
-        return args, procs, os.fdopen(source, "rb", buffering=0) if isinstance(source, int) else source
+        if not compress:
+            return args, [podman], os.fdopen(r, "rb", buffering=0)
+        try:
+            compressor = subprocess.Popen(compress, stdin=r, stdout=subprocess.PIPE, stderr=compress_err)
+        except BaseException:
+            _kill([podman])
+            raise
+        finally:
+            os.close(r)
+        return args, [podman, compressor], compressor.stdout
 
     def restore(self, archive: Path, sandbox_id: str, generation: int) -> str:
         """Start a plain checkpoint archive as this generation's container."""

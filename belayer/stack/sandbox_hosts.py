@@ -149,12 +149,8 @@ def clear_volatile(config: BelayerConfig, k: int) -> None:
 
 
 def wipe(config: BelayerConfig, k: int) -> None:
-    """Host k's disk gone: its podman storage, runc state, network namespaces, channels,
-    and its copies of its checkpoints."""
-    from belayer.sandbox.host import archive_cache_dir
-
+    """Host k's disk gone: its podman storage, runc state, network namespaces, channels."""
     shutil.rmtree(host_dir(config, k), ignore_errors=True)
-    shutil.rmtree(archive_cache_dir(config.state_dir, host_queue(config, k)), ignore_errors=True)
 
 
 def run_podman_on(config: BelayerConfig, k: int, *args: str, timeout: float = 60.0) -> subprocess.CompletedProcess:

@@ -109,7 +109,6 @@ class Sandboxes:
         ids.update(r.stdout.decode().split())
         for sid in ids:
             self.backend.destroy(sid)
-            self.host.archive_cache.forget(sid)
         leaked = []
         r = self.backend.podman("ps", "-a", "--filter", f"label={TEST_LABEL}={self.token}",
                                 "--format", "{{.Names}}", check=False)  # fmt: skip

@@ -93,7 +93,6 @@ def test_a_killed_fork_recovers_alone_from_its_own_checkpoint_then_its_origin(sa
 
     host.kill(outcome.handle)
     host.store.delete(host.load_meta(own).archive_key)
-    host.archive_cache.clear()  # as on another host: this one's own copy would restore it
     again = host.recover(outcome.handle, [own, origin], log, trajectory="member-0")
     assert again.source == "checkpoint@0" and again.consistent and again.replayed_steps == 2, again
     probe = host.exec(again.handle, Action(trajectory="member-0", step=3, command=f"hostname; ls; {FETCH}"))
@@ -105,7 +104,6 @@ def test_a_corrupt_origin_forks_nothing(sandboxes):
     parent = sandboxes.create()
     ref = host.checkpoint(parent)
     host.store.put_bytes(host.load_meta(ref).archive_key, b"not an archive")
-    host.archive_cache.clear()  # as on another host: this one's own copy would fork it
     with pytest.raises(CheckpointCorrupt):
         host.fork(ref, targets(2, sandboxes.token))
     assert set(sandboxes.backend.lineages()) >= {parent.sandbox_id}

@@ -75,7 +75,6 @@ async def test_corrupt_checkpoints_and_a_fallback_create_that_times_out_end_fail
     assert archives, "no checkpoint was taken"
     for key in archives:
         stack.store.put_bytes(key, b"garbage, not a checkpoint")
-    host.archive_cache.clear()  # as on another host: this one's own copies would restore them
     monkeypatch.setenv(faults.ENV, "sandbox_restore_damaged_archive")
     host.cfg = host.cfg.model_copy(update={"start_timeout_s": 1e-9})
     stack.sandboxes.backend.podman("kill", progress.sandbox.container, check=False)
