@@ -117,7 +117,7 @@ def run_fork(host, spec, group_size: int, token: str) -> dict:
     outcomes = host.fork(origin, targets)
     ready_s = time.monotonic() - t0
     hashes = _hashes_of_forks(host, outcomes) | {host.workspace_hash(parent)}
-    host.backend.destroy(parent.sandbox_id)
+    host.destroy(parent)
     return {"ready_s": ready_s, "setup_s": setup_s, "checkpoint_s": checkpoint_s,
             "fork_s": ready_s - setup_s - checkpoint_s, "archive_mb": round(origin.archive_bytes / 2**20, 1),
             "hashes": hashes, "origin": origin, "origin_sandbox": parent.sandbox_id}  # fmt: skip
@@ -128,7 +128,7 @@ def make_origin(host, spec):
     try:
         return host.checkpoint(parent), parent.sandbox_id
     finally:
-        host.backend.destroy(parent.sandbox_id)
+        host.destroy(parent)
 
 
 def run_fork_reused(host, origin, group_size: int, token: str) -> dict:
@@ -148,8 +148,11 @@ def _hashes_of_forks(host, outcomes) -> set[str]:
             raise click.ClickException(f"a fork failed: {failed[0]}")
         return {host.workspace_hash(o.handle) for o in outcomes}
     finally:
-        for o in outcomes:
-            host.backend.destroy(o.sandbox_id)
+        for o in outcomes:  # through the host, so it stops counting them against its capacity
+            if o.handle is not None:
+                host.destroy(o.handle)
+            else:
+                host.backend.destroy(o.sandbox_id)
 
 
 def run_independent(host, spec, group_size: int, concurrency: int) -> dict:
@@ -159,7 +162,7 @@ def run_independent(host, spec, group_size: int, concurrency: int) -> dict:
     ready_s = time.monotonic() - t0
     hashes = {host.workspace_hash(h) for h in handles}
     for h in handles:
-        host.backend.destroy(h.sandbox_id)
+        host.destroy(h)
     return {"ready_s": ready_s, "hashes": hashes}
 
 

@@ -18,9 +18,11 @@ def test_fork_bench_json(sandbox_runtime, tmp_path):
     from belayer.config import load_config
     from belayer.sandbox.podman import PodmanBackend
 
+    # Room for one mode's sandboxes at a time: every sandbox the bench removes must stop
+    # counting against the host's capacity, or a later repetition is refused (HostFull).
     result = CliRunner().invoke(
-        fork, ["--json", "--group-size", "2", "--repetitions", "1", "--scale", "0.02", "--archive-dir", str(tmp_path)],
-        obj={}, catch_exceptions=False,
+        fork, ["--json", "--group-size", "2", "--repetitions", "2", "--scale", "0.02", "--archive-dir", str(tmp_path)],
+        obj={}, env={"BELAYER_SANDBOX__MAX_SANDBOXES": "3"}, catch_exceptions=False,
     )  # fmt: skip
     assert result.exit_code == 0, result.output
     data = json.loads(result.stdout.strip().splitlines()[-1])
