@@ -332,7 +332,7 @@ def run_workload(host, wl: Workload, trajectory: str, *, repetitions: int, log_f
         }
     finally:
         for sid in sandbox_ids:
-            host.backend.destroy(sid)
+            host.remove(sid)
         host.delete_checkpoints(handle.sandbox_id)
 
 

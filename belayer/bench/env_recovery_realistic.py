@@ -60,7 +60,7 @@ def run_under_policy(host, workload, trajectory: str, policy_config, tokens: lis
         return _steps_under_policy(host, handle, workload, trajectory, CheckpointPolicy(config=policy_config),
                                    tokens, decode_s_per_token)
     except BaseException:
-        host.backend.destroy(handle.sandbox_id)
+        host.destroy(handle)
         host.delete_checkpoints(handle.sandbox_id)
         raise
 
@@ -160,6 +160,6 @@ def run_realistic(host, workloads: list, policy_config, *, failures: int, seed: 
                     row = recover_three_ways(host, run, spec, failed_at, [first])
                     sweep.append({"workload": workload.name, "distance": failed_at - first.step, **row})
         finally:
-            host.backend.destroy(run.handle.sandbox_id)
+            host.remove(run.handle.sandbox_id)
             host.delete_checkpoints(run.handle.sandbox_id)
     return summarize(rows, sweep) | {"policy": policies, "decode_s_per_token": decode_s_per_token, "seed": seed}

@@ -149,10 +149,7 @@ def _hashes_of_forks(host, outcomes) -> set[str]:
         return {host.workspace_hash(o.handle) for o in outcomes}
     finally:
         for o in outcomes:  # through the host, so it stops counting them against its capacity
-            if o.handle is not None:
-                host.destroy(o.handle)
-            else:
-                host.backend.destroy(o.sandbox_id)
+            host.remove(o.sandbox_id)
 
 
 def run_independent(host, spec, group_size: int, concurrency: int) -> dict:

@@ -244,9 +244,14 @@ class SandboxHost:
         return self._handle(sandbox_id, generation, container)
 
     def destroy(self, handle: SandboxHandle) -> None:
-        with self._lock(handle.sandbox_id):
-            self.backend.destroy(handle.sandbox_id)
-        self._gone(handle.sandbox_id)
+        self.remove(handle.sandbox_id)
+
+    def remove(self, sandbox_id: str) -> None:
+        """Remove a lineage's containers by its id (benchmarks keep ids, not handles); the
+        host stops counting it against `max_sandboxes`."""
+        with self._lock(sandbox_id):
+            self.backend.destroy(sandbox_id)
+        self._gone(sandbox_id)
 
     def kill(self, handle: SandboxHandle) -> None:
         """Crash the sandbox (SIGKILL); chaos and tests."""
