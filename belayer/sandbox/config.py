@@ -49,6 +49,12 @@ class SandboxConfig(Section):
     checkpoint_prefix: str = Field(
         "sandboxes/", description="Object-store key prefix of checkpoint archives and their metadata."
     )
+    checkpoint_nice: int = Field(
+        10, ge=0, le=19, description="Niceness added to a checkpoint's work (podman, CRIU, compression, upload): "
+        "it runs beside the next generation, and at a lower priority the engine keeps its speed when they share "
+        "cores (belayer/sandbox/priority.py). 0 runs it at the worker's own priority; a drain's checkpoint, "
+        "which nothing overlaps, always does."
+    )
     checkpoint_compression: Literal["zstd", "gzip", "none"] = Field(
         "zstd", description="Compression of checkpoint archives, run on every core after the dump "
         "(belayer/sandbox/compression.py); none stores them plain, the faster choice when the link "

@@ -28,7 +28,7 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Protocol
 
-from belayer.sandbox import channel, compression, drain, faults, lineage
+from belayer.sandbox import channel, compression, drain, faults, lineage, priority
 from belayer.sandbox.backend import SandboxBackend
 from belayer.sandbox.config import SandboxConfig
 from belayer.sandbox.drain import DrainedSandbox
@@ -310,8 +310,11 @@ class SandboxHost:
                 )
             if info["busy"]:
                 raise SandboxError(f"sandbox {handle.sandbox_id} is running an action; checkpoint after it")
-            return self._dump(handle, info, token_prefix_len=token_prefix_len,
-                              token_prefix_sha256=token_prefix_sha256, fs_snapshot=fs_snapshot)  # fmt: skip
+            # Overlapped with the next generation: the engine keeps the cores (priority.py).
+            return priority.at_niceness(self.cfg.checkpoint_nice, lambda: self._dump(
+                handle, info, token_prefix_len=token_prefix_len, token_prefix_sha256=token_prefix_sha256,
+                fs_snapshot=fs_snapshot,
+            ))  # fmt: skip
 
     def _dump(self, handle: SandboxHandle, info: dict, *, token_prefix_len: int | None = None,
               token_prefix_sha256: str | None = None, fs_snapshot: bool = False) -> CheckpointRef:  # fmt: skip

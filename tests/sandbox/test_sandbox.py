@@ -9,6 +9,9 @@ the /workspace tree hash). Every sandbox is removed by the `sandboxes` fixture.
 
 from __future__ import annotations
 
+import os
+from pathlib import Path
+
 import pytest
 
 from belayer.sandbox.errors import StaleGeneration
@@ -362,3 +365,34 @@ def test_fault_sandbox_killed_during_exec(sandboxes, monkeypatch):
     monkeypatch.setenv("BELAYER_FAULT", "sandbox_kill_during_exec")
     with pytest.raises(SandboxUnreachable):
         host.exec(handle, act(1, "sleep 5"))
+
+
+def _nice_of(pid: int) -> int:
+    """A running process's niceness, from /proc (field 19 of its stat line)."""
+    stat = Path(f"/proc/{pid}/stat").read_text()
+    return int(stat.rsplit(")", 1)[1].split()[16])
+
+
+@pytest.mark.sandbox_config(checkpoint_nice=7)
+def test_checkpoint_runs_podman_and_criu_at_the_configured_niceness(sandboxes, monkeypatch):
+    """A checkpoint overlaps the next generation: its podman (and the runc/CRIU it starts)
+    runs `checkpoint_nice` above the worker, and the worker's own threads stay as they were."""
+    host = sandboxes.host
+    handle = sandboxes.create()
+    obs = host.exec(handle, act(1, "echo one > /workspace/f"))
+    seen: list[int] = []
+    start_export = host.backend._start_export
+
+    def watched(*args, **kwargs):
+        export_args, procs, reader = start_export(*args, **kwargs)
+        seen.extend(_nice_of(p.pid) for p in procs)
+        return export_args, procs, reader
+
+    monkeypatch.setattr(host.backend, "_start_export", watched)
+    before = os.getpriority(os.PRIO_PROCESS, 0)
+    ref = host.checkpoint(handle)
+    assert seen and all(n == min(19, before + 7) for n in seen), seen
+    assert os.getpriority(os.PRIO_PROCESS, 0) == before
+    log = [LoggedAction(trajectory=TRAJ, step=1, command="echo one > /workspace/f", observation_sha256=obs.sha256)]
+    restored = host.recover(handle, [ref], log).handle  # the checkpoint is whole: it restores
+    assert host.exec(restored, act(2, "cat /workspace/f")).stdout == "one\n"
