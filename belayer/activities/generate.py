@@ -156,8 +156,7 @@ class RolloutActivities:
             raise translate_error(exc) from exc
 
     async def _generate(self, args: GenerateArgs) -> GenerateResult:
-        from belayer.storage.generation import write_generation
-        from belayer.storage.tokenlog import TokenLog, encode_tokens, remember_tokens
+        from belayer.storage.tokenlog import TokenLog, encode_tokens
         from belayer.workers.rollout.protocol import SamplingSpec
 
         started = time.monotonic()
@@ -166,7 +165,7 @@ class RolloutActivities:
         log = TokenLog(self.store, prefix.key, prefix=encode_tokens(context))
         sampling = args.sampling
         max_tokens = args.max_tokens_after(prefix)
-        resumed = (await asyncio.to_thread(self._resumed)).first(max_tokens)
+        resumed = (await asyncio.to_thread(self._resumed) if _heartbeated() else SampledTokens()).first(max_tokens)
         spec = SamplingSpec(
             max_tokens=max_tokens - len(resumed),
             temperature=sampling.temperature,
@@ -192,15 +191,9 @@ class RolloutActivities:
             per_token_s, recoveries = completion.decode_s_per_token, list(completion.recoveries)
         if observation is not None:  # its writes went on beside the generation; they come first
             await asyncio.to_thread(observation.wait)
-        head = await asyncio.to_thread(log.append, produced.tokens, source="model")
-        remember_tokens(self.store, head, context + produced.tokens)  # the next turn reads only what follows
-        generation, versions = None, []
-        if produced:  # after the segment: an object at this position then always describes these tokens
-            generation, versions = await asyncio.to_thread(
-                write_generation, self.store, log.key, prefix.length, produced
-            )
-        if stored:
-            await asyncio.to_thread(self.store.delete, _partial_key(prefix))
+        head, generation, versions = await asyncio.to_thread(
+            self._store_turn, log, context, prefix.length, produced, _partial_key(prefix) if stored else None
+        )
         text = self.tokenizer.decode(produced.tokens, skip_special_tokens=True)
         for stop in sampling.stop:
             if stop in text:
@@ -225,6 +218,22 @@ class RolloutActivities:
             generation=generation,
             weights_versions=versions,
         )
+
+    def _store_turn(self, log, context: list[int], start: int, produced: SampledTokens, partial_key: str | None):
+        """The turn's segment, then its logprobs and versions (an object at this position then
+        always describes these tokens), then the partial tokens dropped: one thread hop for
+        the three, as the turn's result waits on them."""
+        from belayer.storage.generation import write_generation
+        from belayer.storage.tokenlog import remember_tokens
+
+        head = log.append(produced.tokens, source="model")
+        remember_tokens(self.store, head, context + produced.tokens)  # the next turn reads only what follows
+        generation, versions = None, []
+        if produced:
+            generation, versions = write_generation(self.store, log.key, start, produced)
+        if partial_key is not None:
+            self.store.delete(partial_key)
+        return head, generation, versions
 
     def _context_of(self, args: GenerateArgs) -> tuple[PrefixRef, list[int], StartedAppend | None]:
         """The prefix this turn generates after and its tokens (verified by its sha256), and
@@ -337,6 +346,11 @@ def _heartbeat_every() -> float:
     if timeout is None:
         return MAX_HEARTBEAT_EVERY_S
     return max(0.05, min(MAX_HEARTBEAT_EVERY_S, timeout.total_seconds() / 2))
+
+
+def _heartbeated() -> bool:
+    """Whether an earlier attempt heartbeated (only then is there anything to resume)."""
+    return bool(activity.info().heartbeat_details)
 
 
 def _attempt_id() -> str:

@@ -209,10 +209,13 @@ class SandboxActivities:
     @activity.defn(name="sandbox.exec")
     @_translated
     async def exec(self, args: ExecArgs) -> ExecResult:
-        observation = await _blocking(self.host.exec, args.handle, args.action, isolated=args.isolated)
-        ref = await _blocking(store_observation, self.host.store, args.action.trajectory, args.action.step,
-                              args.handle.generation, observation)  # fmt: skip
-        return ExecResult(observation=ref)
+        return ExecResult(observation=await _blocking(self._exec_and_store, args))
+
+    def _exec_and_store(self, args: ExecArgs) -> ObservationRef:
+        """The action, then its observation stored: one thread hop, as the turn waits on both."""
+        observation = self.host.exec(args.handle, args.action, isolated=args.isolated)
+        return store_observation(self.host.store, args.action.trajectory, args.action.step,
+                                 args.handle.generation, observation)  # fmt: skip
 
     @activity.defn(name="sandbox.checkpoint")
     @_translated

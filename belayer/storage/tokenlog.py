@@ -257,20 +257,27 @@ class _RecentHeads(_Recent):
 
 
 def _read_forward(store: ObjectStore, key: str, start: int, length: int) -> bytes | None:
-    """Tokens [start, length) of the log's own segments, read by their known keys (each
-    segment starts where the last ended); None when they do not line up with `length`."""
-    out = bytearray()
-    position = start
-    while position < length:
-        try:
-            blob = store.get_bytes(_segment_key(key, position))
-        except ObjectNotFound:
-            return None
-        if not blob or len(blob) % 4:
-            return None
-        out += blob
-        position += len(blob) // 4
-    return bytes(out) if position == length else None
+    """Tokens [start, length) of the log's own segments; None when they do not line up
+    with `length`. The segment at `start` is read by its known key: usually (a turn's
+    reader) it is the only one. When more follow (a process that last saw this log many
+    turns ago), their positions are listed and they are read in parallel, not one
+    request after another."""
+    if start == length:
+        return b""
+    try:
+        first = store.get_bytes(_segment_key(key, start))
+    except ObjectNotFound:
+        return None
+    if not first or len(first) % 4:
+        return None
+    position = start + len(first) // 4
+    if position >= length:
+        return first if position == length else None
+    try:
+        rest = _collect_segments(store, key, position, length)
+    except (ObjectNotFound, CorruptObject):
+        return None
+    return first + rest if position + len(rest) // 4 == length else None
 
 
 _HEADS = _RecentHeads(kept=4096)

@@ -227,6 +227,30 @@ def test_reading_a_longer_prefix_of_a_log_read_before_reads_only_its_new_segment
         read_prefix(counting, PrefixRef(key="traj/reader", length=longer.length, sha256="0" * 64))
 
 
+def test_a_reader_many_segments_behind_reads_them_all_and_a_missing_one_is_caught(store):
+    """The trajectory worker appends a run's last observation after seeing only its prompt:
+    the segments in between are listed and read together, each checked to line up."""
+    log = TokenLog.create(store, "traj/behind")
+    prompt = log.append([1, 2, 3], source="env")
+    assert read_prefix(store, prompt) == [1, 2, 3]  # this process remembers the prompt
+    for turn in range(20):
+        log.append([turn, turn + 1, turn + 2], source="model" if turn % 2 else "env")
+    expected = [1, 2, 3] + [t for turn in range(20) for t in (turn, turn + 1, turn + 2)]
+    counting = CountingStore(store)
+    assert read_prefix(counting, log.head) == expected
+    assert counting.reads == 20  # the new segments only: neither the prompt nor the manifest again
+    assert TokenLog.resume(store, log.head).append([4], source="env").length == len(expected) + 1
+
+    later = TokenLog.create(store, "traj/gap")
+    seen = later.append([1], source="env")
+    assert read_prefix(store, seen) == [1]
+    for turn in range(5):
+        later.append([turn], source="env")
+    store.delete(_segment_key("traj/gap", 3))
+    with pytest.raises(CorruptObject):
+        read_prefix(store, later.head)
+
+
 # ---- source marks ------------------------------------------------------------------------
 
 
