@@ -165,7 +165,8 @@ class RolloutActivities:
         log = TokenLog(self.store, prefix.key, prefix=encode_tokens(context))
         sampling = args.sampling
         max_tokens = args.max_tokens_after(prefix)
-        resumed = (await asyncio.to_thread(self._resumed) if _heartbeated() else SampledTokens()).first(max_tokens)
+        partial = _heartbeated_partial()  # a first attempt has none: no thread hop for it
+        resumed = (await asyncio.to_thread(self._resumed, partial) if partial else SampledTokens()).first(max_tokens)
         spec = SamplingSpec(
             max_tokens=max_tokens - len(resumed),
             temperature=sampling.temperature,
@@ -292,27 +293,31 @@ class RolloutActivities:
         ref = self.store.put_bytes(key, encode_sampled(sampled))
         return PartialTokens(tokens=len(sampled), key=key, sha256=ref.sha256)
 
-    def _resumed(self) -> SampledTokens:
+    def _resumed(self, partial: PartialTokens) -> SampledTokens:
         """The tokens (with logprobs and versions) a previous attempt stored and
-        heartbeated; none when it stored nothing or the object does not verify or decode
-        (the turn then starts over: same tokens, more time)."""
+        heartbeated as `partial`; none when the object does not verify or decode (the turn
+        then starts over: same tokens, more time)."""
         from belayer.storage.errors import StorageError
         from belayer.storage.generation import decode_sampled
 
-        details = activity.info().heartbeat_details
-        if not details:
-            return SampledTokens()
-        try:
-            partial = PartialTokens.model_validate(details[-1])
-        except ValueError:
-            return SampledTokens()
-        if partial.key is None or partial.tokens == 0:
-            return SampledTokens()
         try:
             sampled = decode_sampled(self.store.get_bytes(partial.key, expected_sha256=partial.sha256))
         except (StorageError, ValueError):
             return SampledTokens()
         return sampled.first(partial.tokens)
+
+
+def _heartbeated_partial() -> PartialTokens | None:
+    """What an earlier attempt of this turn last heartbeated, when it stored tokens; None
+    on a first attempt, or when the details do not parse or name nothing stored."""
+    details = activity.info().heartbeat_details
+    if not details:
+        return None
+    try:
+        partial = PartialTokens.model_validate(details[-1])
+    except ValueError:
+        return None
+    return partial if partial.key is not None and partial.tokens > 0 else None
 
 
 def _ended_event(handle) -> asyncio.Event:
@@ -346,11 +351,6 @@ def _heartbeat_every() -> float:
     if timeout is None:
         return MAX_HEARTBEAT_EVERY_S
     return max(0.05, min(MAX_HEARTBEAT_EVERY_S, timeout.total_seconds() / 2))
-
-
-def _heartbeated() -> bool:
-    """Whether an earlier attempt heartbeated (only then is there anything to resume)."""
-    return bool(activity.info().heartbeat_details)
 
 
 def _attempt_id() -> str:
