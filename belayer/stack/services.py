@@ -104,6 +104,11 @@ class TemporalDevServer:
             # times per turn is a visible share of a trajectory's turn loop
             # (`belayer bench turn-overhead`).
             "--sqlite-pragma", "journal_mode=wal", "--sqlite-pragma", "synchronous=normal",
+            # One partition per task queue: with the default four, a task written to a
+            # partition no poller waits on is forwarded to the root, a hop per dispatch
+            # that a single-node server with a handful of pollers does not need.
+            "--dynamic-config-value", "matching.numTaskqueueReadPartitions=1",
+            "--dynamic-config-value", "matching.numTaskqueueWritePartitions=1",
             "--namespace", self.cfg.namespace,
             "--ui-disable-news-fetch",
             "--log-level", "warn",
