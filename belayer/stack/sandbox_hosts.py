@@ -35,6 +35,7 @@ from pathlib import Path
 import psutil
 
 from belayer.config import BelayerConfig
+from belayer.sandbox import freezer
 from belayer.sandbox.runtime import INFRA_DIR, podman_dirs, run_podman
 
 # The inodes of the host's mount and UTS namespaces, written when it starts: a process is
@@ -125,14 +126,26 @@ def processes(config: BelayerConfig, k: int) -> list[psutil.Process]:
 def end(config: BelayerConfig, k: int) -> int:
     """SIGKILL every process of host k, as a machine that loses power; returns how many."""
     family = processes(config, k)
+    kill_all(family)
+    (host_dir(config, k) / NAMESPACES_FILE).unlink(missing_ok=True)  # those namespaces are gone
+    return len(family)
+
+
+def kill_all(family: list[psutil.Process], timeout_s: float = 30) -> list[psutil.Process]:
+    """SIGKILL every process of `family` and wait for them; returns those still alive.
+
+    A container caught mid-checkpoint is frozen, and its processes would keep their
+    SIGKILL pending forever once CRIU (killed with them) cannot thaw it: each process's
+    cgroup is thawed after the signal (belayer/sandbox/freezer.py)."""
     for proc in family:
         try:
             proc.send_signal(signal.SIGKILL)
         except psutil.Error:
             pass
-    psutil.wait_procs(family, timeout=30)
-    (host_dir(config, k) / NAMESPACES_FILE).unlink(missing_ok=True)  # those namespaces are gone
-    return len(family)
+    for proc in family:
+        freezer.thaw(proc.pid)
+    _, alive = psutil.wait_procs(family, timeout=timeout_s)
+    return alive
 
 
 def clear_volatile(config: BelayerConfig, k: int) -> None:
