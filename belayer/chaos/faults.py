@@ -135,9 +135,7 @@ class Chaos:
         if proc is None:
             raise ChaosError(f"{name} is not running; start it with `belayer up`")
         family = [proc, *proc.children(recursive=True)]
-        for member in family:
-            _kill(member)
-        psutil.wait_procs(family, timeout=30)
+        sandbox_hosts.kill_all(family)
         detail = f"SIGKILLed with {len(family) - 1} children"
         if isinstance(service, RolloutNodeService):
             from belayer.workers.rollout.worker import cleanup_node
