@@ -156,7 +156,7 @@ class PodmanBackend:
         args = [
             "run", "-d", "--name", name, "--hostname", "sandbox",
             "--label", f"{LABEL_SANDBOX}={sandbox_id}", "--label", f"{LABEL_GENERATION}={generation}",
-            f"--network=ns:{self.netns_path(sandbox_id)}",
+            f"--network=ns:{self.netns_path(sandbox_id)}", f"--annotation=org.criu.config={runtime.CRIU_CONFIG}",
             "--cap-drop=ALL", f"--cap-add={CAPS}", "--security-opt=no-new-privileges", "--read-only",
             f"--memory={c.memory_mb}m", f"--memory-swap={c.memory_mb}m", f"--cpus={c.cpus:g}",
             f"--pids-limit={c.pids_limit}",

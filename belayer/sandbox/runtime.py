@@ -40,6 +40,8 @@ PODMAN_CONF_DIR = INFRA_DIR / "podman"
 # Found by CRIU on PATH ahead of the system's: a `tar` that keeps gzip out of the frozen
 # window (infra/podman/criu-tools/tar says why).
 CRIU_TOOLS_DIR = PODMAN_CONF_DIR / "criu-tools"
+# The CRIU configuration of Belayer's sandboxes (the file says what it sets and why).
+CRIU_CONFIG = PODMAN_CONF_DIR / "criu.conf"
 VERSIONS_ENV = INFRA_DIR / "versions.env"
 
 INSTALL_HINT = "run `make install` (or `bash infra/install/sandbox-runtime.sh`) as root"

@@ -248,20 +248,50 @@ def test_podman_and_runc_call_belayers_criu(health: runtime.RuntimeHealth, tmp_p
         assert {"podman", "runc"} <= callers, phase
 
 
-def test_criu_tar_drops_gzip_from_dumps_and_reads_either_kind(tmp_path):
+@pytest.mark.parametrize("reached_by", ["its directory", "a symlink with a space in its path"])
+def test_criu_tar_drops_gzip_from_dumps_and_reads_either_kind(tmp_path, reached_by):
     """CRIU's `tar --create --gzip` of a tmpfs runs with the container frozen: Belayer's tar
-    (first on podman's PATH) writes it plain, and extracts plain and gzip images alike."""
+    (first on podman's PATH) writes it plain, and extracts plain and gzip images alike. It
+    finds the real tar however PATH names its own directory."""
+    tools = CRIU_TOOLS_DIR
+    if reached_by != "its directory":
+        tools = tmp_path / "criu tools"
+        tools.symlink_to(CRIU_TOOLS_DIR)
     (tmp_path / "src").mkdir()
     (tmp_path / "src" / "file").write_text("state\n")
-    env = {**os.environ, "PATH": f"{CRIU_TOOLS_DIR}{os.pathsep}{os.environ['PATH']}"}
+    env = {**os.environ, "PATH": f"{tools}{os.pathsep}{os.environ['PATH']}"}
     image = subprocess.run(["tar", "--create", "--gzip", "--directory", str(tmp_path / "src"), "."],
-                           env=env, capture_output=True, check=True).stdout
+                           env=env, capture_output=True, check=True, timeout=30).stdout
     assert image[257:262] == b"ustar"  # a plain tar, not gzip (which starts 1f 8b)
     gzipped = subprocess.run(["tar", "--create", "--gzip", "--directory", str(tmp_path / "src"), "."],
                              capture_output=True, check=True).stdout  # the system's tar
     assert gzipped[:2] == b"\x1f\x8b"
-    for name, data in (("plain", image), ("gzip", gzipped)):
-        out = tmp_path / name
-        out.mkdir()
-        subprocess.run(["tar", "--extract", "--gzip", "--directory", str(out)], input=data, env=env, check=True)
-        assert (out / "file").read_text() == "state\n", name
+    for kind, data in (("plain", image), ("gzip", gzipped)):
+        # A pipe; a file at its start (what CRIU hands over: tar is given it by name); a
+        # file already read into, which must be read on from where it is.
+        for stdin in ("pipe", "file", "file read into"):
+            out = tmp_path / f"{kind}-{stdin}"
+            out.mkdir()
+            _extract_with(env, out, data, stdin)
+            assert (out / "file").read_text() == "state\n", (kind, stdin)
+
+
+def _extract_with(env: dict, out: Path, data: bytes, stdin: str) -> None:
+    extract = ["tar", "--extract", "--gzip", "--directory", str(out)]
+    if stdin == "pipe":
+        subprocess.run(extract, input=data, env=env, check=True, timeout=30)
+        return
+    junk = b"x" * 100 if stdin == "file read into" else b""
+    image = out.with_suffix(".img")
+    image.write_bytes(junk + data)
+    with open(image, "rb", buffering=0) as f:
+        f.seek(len(junk))
+        subprocess.run(extract, stdin=f, env=env, check=True, timeout=30)
+
+
+def test_criu_tar_says_so_when_no_other_tar_is_on_path(tmp_path):
+    env = {**os.environ, "PATH": str(CRIU_TOOLS_DIR)}
+    done = subprocess.run(["/bin/sh", str(CRIU_TOOLS_DIR / "tar"), "--version"], env=env, capture_output=True,
+                          timeout=30)
+    assert done.returncode == 127
+    assert b"no tar on PATH besides this one" in done.stderr

@@ -119,10 +119,12 @@ TCP_SCENARIO = [
 ]
 
 
-def test_established_tcp_connection_survives_a_restore(sandboxes):
+@pytest.mark.parametrize("after_checkpoint", ["restored", "left running"])
+def test_established_tcp_connection_survives_a_checkpoint(sandboxes, after_checkpoint):
     """A checkpoint holding an established loopback connection restores with
     `--tcp-established` (podman then refuses `--name`: renamed afterwards), and the
-    connection carries data after the restore."""
+    connection carries data after the restore; so does the one the dump left running. CRIU
+    takes neither without locking the network (infra/podman/criu.conf)."""
     host = sandboxes.host
     handle = sandboxes.create()
     log: list[LoggedAction] = []
@@ -131,13 +133,45 @@ def test_established_tcp_connection_survives_a_restore(sandboxes):
         assert obs.exit_code == 0, obs
         log.append(LoggedAction(trajectory=TRAJ, step=step, command=command, observation_sha256=obs.sha256))
     ref = host.checkpoint(handle)
-    host.kill(handle)
-    outcome = host.recover(handle, [ref], log)
-    assert outcome.source == f"checkpoint@{len(TCP_SCENARIO)}" and outcome.consistent, outcome
-    assert outcome.handle.container == sandboxes.backend.container_name(handle.sandbox_id, 1)
-    answer = host.exec(outcome.handle, act(len(TCP_SCENARIO) + 1, (
+    if after_checkpoint == "restored":
+        host.kill(handle)
+        outcome = host.recover(handle, [ref], log)
+        assert outcome.source == f"checkpoint@{len(TCP_SCENARIO)}" and outcome.consistent, outcome
+        assert outcome.handle.container == sandboxes.backend.container_name(handle.sandbox_id, 1)
+        handle = outcome.handle
+    answer = host.exec(handle, act(len(TCP_SCENARIO) + 1, (
         "touch /tmp/ask; for i in $(seq 100); do [ -s /tmp/answer ] && break; sleep 0.1; done; cat /tmp/answer")))
     assert answer.stdout == "echo ping\n", answer
+
+
+def test_criu_reads_belayers_configuration_before_and_after_a_restore(sandboxes, tmp_path):
+    """Every sandbox names infra/podman/criu.conf to CRIU (`org.criu.config`), and so does
+    the container restored from its checkpoint: CRIU's own dump log says it parsed it."""
+    from belayer.sandbox.runtime import CRIU_CONFIG
+
+    host, backend = sandboxes.host, sandboxes.backend
+    assert "network-lock skip" in CRIU_CONFIG.read_text()
+    handle = sandboxes.create()
+    command = "echo state > /workspace/f"
+    log = [LoggedAction(trajectory=TRAJ, step=1, command=command, observation_sha256=host.exec(handle, act(1, command)).sha256)]
+    first = _criu_dump_log(backend, handle.container, tmp_path / "first.tar")
+    ref = host.checkpoint(handle)
+    host.kill(handle)
+    restored = host.recover(handle, [ref], log).handle
+    again = _criu_dump_log(backend, restored.container, tmp_path / "again.tar")
+    for dump_log in (first, again):
+        assert f"Parsing config file {CRIU_CONFIG}" in dump_log, dump_log[:2000]
+
+
+def _criu_dump_log(backend, container: str, export: Path) -> str:
+    """CRIU's log of a dump of `container` that leaves it running (`--keep` keeps the log)."""
+    import json
+
+    stats = backend.podman("container", "checkpoint", "--leave-running", "--keep", "--print-stats", "-c", "none",
+                           f"--export={export}", container).stdout  # fmt: skip
+    container_id = json.loads(stats)["container_statistics"][0]["Id"]
+    root = Path(backend.podman("info", "--format", "{{.Store.GraphRoot}}").stdout.decode().strip())
+    return (root / "overlay-containers" / container_id / "userdata" / "dump.log").read_text()
 
 
 def test_repeated_action_id_executes_once(sandboxes):
