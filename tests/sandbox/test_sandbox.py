@@ -9,6 +9,7 @@ the /workspace tree hash). Every sandbox is removed by the `sandboxes` fixture.
 
 from __future__ import annotations
 
+import json
 import os
 from pathlib import Path
 
@@ -153,7 +154,8 @@ def test_criu_reads_belayers_configuration_before_and_after_a_restore(sandboxes,
     assert "network-lock skip" in CRIU_CONFIG.read_text()
     handle = sandboxes.create()
     command = "echo state > /workspace/f"
-    log = [LoggedAction(trajectory=TRAJ, step=1, command=command, observation_sha256=host.exec(handle, act(1, command)).sha256)]
+    observation = host.exec(handle, act(1, command))
+    log = [LoggedAction(trajectory=TRAJ, step=1, command=command, observation_sha256=observation.sha256)]
     first = _criu_dump_log(backend, handle.container, tmp_path / "first.tar")
     ref = host.checkpoint(handle)
     host.kill(handle)
@@ -165,8 +167,6 @@ def test_criu_reads_belayers_configuration_before_and_after_a_restore(sandboxes,
 
 def _criu_dump_log(backend, container: str, export: Path) -> str:
     """CRIU's log of a dump of `container` that leaves it running (`--keep` keeps the log)."""
-    import json
-
     stats = backend.podman("container", "checkpoint", "--leave-running", "--keep", "--print-stats", "-c", "none",
                            f"--export={export}", container).stdout  # fmt: skip
     container_id = json.loads(stats)["container_statistics"][0]["Id"]
