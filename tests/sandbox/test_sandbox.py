@@ -17,6 +17,7 @@ import pytest
 
 from belayer.sandbox.errors import StaleGeneration
 from belayer.sandbox.models import Action, LoggedAction, SandboxHandle
+from belayer.sandbox.runtime import CRIU_CONFIG, podman_dirs
 
 pytestmark = pytest.mark.sandbox
 
@@ -148,8 +149,6 @@ def test_established_tcp_connection_survives_a_checkpoint(sandboxes, after_check
 def test_criu_reads_belayers_configuration_before_and_after_a_restore(sandboxes, tmp_path):
     """Every sandbox names infra/podman/criu.conf to CRIU (`org.criu.config`), and so does
     the container restored from its checkpoint: CRIU's own dump log says it parsed it."""
-    from belayer.sandbox.runtime import CRIU_CONFIG
-
     host, backend = sandboxes.host, sandboxes.backend
     assert "network-lock skip" in CRIU_CONFIG.read_text()
     handle = sandboxes.create()
@@ -170,7 +169,7 @@ def _criu_dump_log(backend, container: str, export: Path) -> str:
     stats = backend.podman("container", "checkpoint", "--leave-running", "--keep", "--print-stats", "-c", "none",
                            f"--export={export}", container).stdout  # fmt: skip
     container_id = json.loads(stats)["container_statistics"][0]["Id"]
-    root = Path(backend.podman("info", "--format", "{{.Store.GraphRoot}}").stdout.decode().strip())
+    root = podman_dirs(backend.state_dir)["root"]
     return (root / "overlay-containers" / container_id / "userdata" / "dump.log").read_text()
 
 
