@@ -8,7 +8,7 @@ marked "env" in the log, so a trainer's loss mask leaves them out -- the
 same call records the step and any completed decisions and recoveries in the
 trajectory's log, so a step costs no extra activity. Mostly that append runs inside the
 next turn's `generate` on the rollout node (`GenerateArgs.observation`), through
-`start_append`, its writes beside the generation; the activity appends an observation
+`prepare_append`, its writes beside the generation; the activity appends an observation
 nothing generates after.
 They run on any worker that has the model's tokenizer and the object store (wrapped for
 archive encryption when configured, since observations and log records are encrypted at
@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import asyncio
 import functools
+from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
@@ -149,10 +150,16 @@ class ContextActivities:
         return self.start_append(args).wait()
 
     def start_append(self, args: AppendObservationArgs) -> StartedAppend:
-        """Read the observation and the context's head (in parallel), then start writing the
-        tokens, the step and the entries (in parallel) and return without waiting for them:
-        the rollout node generates meanwhile. Each write is idempotent and the workflow
-        counts a step only once the writes are done, so their order does not matter."""
+        """`prepare_append`, then its writes started."""
+        return self.prepare_append(args).start()
+
+    def prepare_append(self, args: AppendObservationArgs) -> PreparedAppend:
+        """Read the observation and the context's head (in parallel) and tokenize: the tokens
+        and the ref the append gives, nothing written yet. `start` then writes the tokens,
+        the step and the entries (in parallel) and returns without waiting for them: the
+        rollout node hands the tokens to its engine between the two, so the generation
+        starts before the writes do and runs beside them. Each write is idempotent and the
+        workflow counts a step only once the writes are done, so their order does not matter."""
         from belayer.sandbox.observations import load_observation
         from belayer.storage.tokenlog import TokenLog
 
@@ -169,10 +176,25 @@ class ContextActivities:
         reading = [self._pool.submit(load_observation, self.store, args.step.observation), self._pool.submit(open_log)]
         observation, log = (future.result() for future in reading)
         tokens = self.encode(OBSERVATION_TEMPLATE.format(body=observation_text(observation)))
-        head = log.head_after(tokens)
-        writes = [self._pool.submit(log.append, tokens, source="env"), self._pool.submit(write_step),
-                  self._pool.submit(trajectory_log.write_entries, self.store, args.trajectory_id, args.entries)]
-        return StartedAppend(ContextResult(prefix=head, appended_tokens=len(tokens)), tokens, writes)
+
+        def start_writes() -> list[Future]:
+            return [self._pool.submit(log.append, tokens, source="env"), self._pool.submit(write_step),
+                    self._pool.submit(trajectory_log.write_entries, self.store, args.trajectory_id, args.entries)]
+
+        result = ContextResult(prefix=log.head_after(tokens), appended_tokens=len(tokens))
+        return PreparedAppend(result, tokens, start_writes)
+
+
+@dataclass
+class PreparedAppend:
+    """An observation's append, read and tokenized, its writes not started."""
+
+    result: ContextResult
+    tokens: list[int]
+    start_writes: Callable[[], list[Future]]
+
+    def start(self) -> StartedAppend:
+        return StartedAppend(self.result, self.tokens, self.start_writes())
 
 
 @dataclass

@@ -23,14 +23,19 @@ import asyncio
 import contextlib
 import functools
 import time
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 from temporalio import activity
 from temporalio.exceptions import ApplicationError
 
-from belayer.activities.context import AppendObservationArgs, StartedAppend
+from belayer.activities.context import AppendObservationArgs, PreparedAppend, StartedAppend
 from belayer.storage.generation import GenerationRef, SampledTokens
 from belayer.storage.tokenlog import PrefixRef
+
+if TYPE_CHECKING:
+    from belayer.workers.rollout.node import RequestHandle
 
 MAX_HEARTBEAT_EVERY_S = 1.0
 
@@ -157,46 +162,31 @@ class RolloutActivities:
 
     async def _generate(self, args: GenerateArgs) -> GenerateResult:
         from belayer.storage.tokenlog import TokenLog, encode_tokens
-        from belayer.workers.rollout.protocol import SamplingSpec
 
         started = time.monotonic()
-        prefix, context, observation = await asyncio.to_thread(self._context_of, args)
+        turn = await asyncio.to_thread(self._begin_turn, args)
+        prefix, context, resumed, observation = turn.prefix, turn.context, turn.resumed, turn.observation
         # A cut context is forked by the workflow's next append (`fork_to`), never here.
         log = TokenLog(self.store, prefix.key, prefix=encode_tokens(context))
-        sampling = args.sampling
-        max_tokens = args.max_tokens_after(prefix)
-        partial = _heartbeated_partial()  # a first attempt has none: no thread hop for it
-        resumed = (await asyncio.to_thread(self._resumed, partial) if partial else SampledTokens()).first(max_tokens)
-        spec = SamplingSpec(
-            max_tokens=max_tokens - len(resumed),
-            temperature=sampling.temperature,
-            top_p=sampling.top_p,
-            top_k=sampling.top_k,
-            seed=sampling.seed,
-            stop=tuple(sampling.stop),
-            ignore_eos=sampling.ignore_eos,
-        )
         produced = resumed
         stored = bool(resumed) or activity.info().attempt > 1  # an earlier attempt may have stored some
         finish_reason, prefill_s, per_token_s, recoveries = "length", 0.0, 0.0, []
-        if spec.max_tokens > 0:
-            handle = await asyncio.to_thread(self.node.submit, context + resumed.tokens, spec, _attempt_id())
+        if turn.request is not None:
             try:
-                completion, stored_now = await self._await_with_heartbeats(handle, resumed, _partial_key(prefix))
+                completion, stored_now = await self._await_with_heartbeats(turn.request, resumed, _partial_key(prefix))
             except asyncio.CancelledError:
-                self.node.cancel(handle.request_id, "activity cancelled")
+                self.node.cancel(turn.request.request_id, "activity cancelled")
                 raise
             produced += _sampled(completion)
             stored = stored or stored_now
             finish_reason, prefill_s = completion.finish_reason, completion.prefill_s
             per_token_s, recoveries = completion.decode_s_per_token, list(completion.recoveries)
-        if observation is not None:  # its writes went on beside the generation; they come first
-            await asyncio.to_thread(observation.wait)
         head, generation, versions = await asyncio.to_thread(
-            self._store_turn, log, context, prefix.length, produced, _partial_key(prefix) if stored else None
+            self._store_turn, log, context, prefix.length, produced, _partial_key(prefix) if stored else None,
+            observation,
         )
         text = self.tokenizer.decode(produced.tokens, skip_special_tokens=True)
-        for stop in sampling.stop:
+        for stop in args.sampling.stop:
             if stop in text:
                 text = text[: text.index(stop)]
         total = time.monotonic() - started
@@ -220,13 +210,17 @@ class RolloutActivities:
             weights_versions=versions,
         )
 
-    def _store_turn(self, log, context: list[int], start: int, produced: SampledTokens, partial_key: str | None):
-        """The turn's segment, then its logprobs and versions (an object at this position then
-        always describes these tokens), then the partial tokens dropped: one thread hop for
-        the three, as the turn's result waits on them."""
+    def _store_turn(self, log, context: list[int], start: int, produced: SampledTokens, partial_key: str | None,
+                    observation: StartedAppend | None):
+        """The observation's writes finished (they ran beside the generation and come
+        first), the turn's segment, then its logprobs and versions (an object at this
+        position then always describes these tokens), then the partial tokens dropped: one
+        thread hop for all, as the turn's result waits on them."""
         from belayer.storage.generation import write_generation
         from belayer.storage.tokenlog import remember_tokens
 
+        if observation is not None:
+            observation.wait()
         head = log.append(produced.tokens, source="model")
         remember_tokens(self.store, head, context + produced.tokens)  # the next turn reads only what follows
         generation, versions = None, []
@@ -236,21 +230,41 @@ class RolloutActivities:
             self.store.delete(partial_key)
         return head, generation, versions
 
-    def _context_of(self, args: GenerateArgs) -> tuple[PrefixRef, list[int], StartedAppend | None]:
+    def _begin_turn(self, args: GenerateArgs) -> BegunTurn:
+        """Everything before the engine works, in one thread hop: the context (verified), the
+        observation's append prepared, tokens an earlier attempt stored, the request
+        submitted, and only then the observation's writes started, so that they run beside
+        the generation instead of ahead of it (~4 ms of each turn here). Submitting takes
+        the node's lock, which a takeover or cold start holds for seconds: hence a thread."""
+        prefix, context, prepared = self._context_of(args)
+        max_tokens = args.max_tokens_after(prefix)
+        partial = _heartbeated_partial()
+        resumed = (self._resumed(partial) if partial else SampledTokens()).first(max_tokens)
+        spec = _sampling_spec(args.sampling, max_tokens - len(resumed))
+        request = self.node.submit(context + resumed.tokens, spec, _attempt_id()) if spec.max_tokens > 0 else None
+        try:
+            observation = prepared.start() if prepared is not None else None
+        except BaseException:
+            if request is not None:
+                self.node.cancel(request.request_id, "the observation's writes did not start")
+            raise
+        return BegunTurn(prefix, context, resumed, request, observation)
+
+    def _context_of(self, args: GenerateArgs) -> tuple[PrefixRef, list[int], PreparedAppend | None]:
         """The prefix this turn generates after and its tokens (verified by its sha256), and
-        the observation's append when the turn brings one (its writes still running)."""
+        the observation's append, prepared, when the turn brings one."""
         from belayer.storage.errors import CorruptObject
         from belayer.storage.tokenlog import prefix_sha256, read_prefix
 
         context = read_prefix(self.store, args.prefix)
         if args.observation is None:
             return args.prefix, context, None
-        appended = self.context.start_append(args.observation)
-        context += appended.tokens
-        prefix = appended.result.prefix
+        prepared = self.context.prepare_append(args.observation)
+        context += prepared.tokens
+        prefix = prepared.result.prefix
         if prefix_sha256(context) != prefix.sha256:
             raise CorruptObject(f"token log {prefix.key!r} does not hold the context plus the observation")
-        return prefix, context, appended
+        return prefix, context, prepared
 
     async def _await_with_heartbeats(self, handle, resumed: SampledTokens, partial_key: str):
         """Heartbeat until the request is done, storing the tokens so far (with their
@@ -305,6 +319,31 @@ class RolloutActivities:
         except (StorageError, ValueError):
             return SampledTokens()
         return sampled.first(partial.tokens)
+
+
+@dataclass
+class BegunTurn:
+    """A turn whose request is with the engine (`request` None: nothing left to generate)."""
+
+    prefix: PrefixRef
+    context: list[int]
+    resumed: SampledTokens
+    request: RequestHandle | None
+    observation: StartedAppend | None
+
+
+def _sampling_spec(sampling: SamplingParams, max_tokens: int):
+    from belayer.workers.rollout.protocol import SamplingSpec
+
+    return SamplingSpec(
+        max_tokens=max_tokens,
+        temperature=sampling.temperature,
+        top_p=sampling.top_p,
+        top_k=sampling.top_k,
+        seed=sampling.seed,
+        stop=tuple(sampling.stop),
+        ignore_eos=sampling.ignore_eos,
+    )
 
 
 def _heartbeated_partial() -> PartialTokens | None:

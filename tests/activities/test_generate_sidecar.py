@@ -20,6 +20,7 @@ from belayer.activities.generate import GenerateArgs, PartialTokens, RolloutActi
 from belayer.model.build import model_path
 from belayer.sandbox.models import Observation, observation_hash
 from belayer.sandbox.observations import store_observation
+from belayer.storage.errors import CorruptObject
 from belayer.storage.generation import SampledTokens, decode_sampled, encode_sampled, read_generation
 from belayer.storage.recordlog import RecordLogRef
 from belayer.storage.store import ObjectStore
@@ -214,6 +215,30 @@ async def test_a_turn_appends_the_observation_it_brings_then_generates_after_it(
     assert read_marks(store, result.prefix) == [
         Span(0, after_observation, "env"), Span(after_observation, after_observation + 40, "model")]
     assert read_steps(store, RecordLogRef(key=observed.steps_key, length=1)) == [observed.step]
+
+
+async def test_the_engine_has_the_turn_before_the_observations_writes_start(store):
+    """The generation does not wait for the observation's writes: they start once the
+    request is submitted (the node here looks, after giving them time to land)."""
+    ref = context(store, "traj/sc/order")
+    observed = an_observed_step(store, "traj-order", ref)
+    written_at_submit = []
+
+    class LookingNode(ScriptedNode):
+        def submit(self, prompt_ids, spec, attempt_id):
+            time.sleep(0.5)
+            try:
+                written_at_submit.append(read_steps(store, RecordLogRef(key=observed.steps_key, length=1)))
+            except CorruptObject:  # its record is missing
+                written_at_submit.append(None)
+            return super().submit(prompt_ids, spec, attempt_id)
+
+    result = await ActivityEnvironment().run(
+        RolloutActivities(LookingNode(), store, "node-q").generate,
+        GenerateArgs(prefix=ref, observation=observed, sampling=SAMPLING))
+    assert written_at_submit == [None]
+    assert read_steps(store, RecordLogRef(key=observed.steps_key, length=1)) == [observed.step]
+    assert read_marks(store, result.prefix)[0] == Span(0, ref.length + result.observation_tokens, "env")
 
 
 async def test_an_observation_that_fills_the_context_leaves_no_turn(store):
