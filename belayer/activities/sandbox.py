@@ -1,10 +1,10 @@
 """Sandbox activities: one *Args and one *Result model per activity, one error translator.
 
 The workflow holds a `SandboxHandle` (sandbox id, host task queue, generation) and
-schedules exec / checkpoint / workspace_hash / destroy on `handle.host_queue`;
-create and recover go to the host `place` chose (belayer/sandbox/placement.py), or to
-any sandbox host (the shared queue `belayer-sandbox`); recover is how a sandbox whose
-host is lost comes back elsewhere. Payloads carry handles, refs and hashes, never
+schedules exec / checkpoint (or its capture and publish halves) / workspace_hash /
+destroy on `handle.host_queue`; create and recover go to the host `place` chose
+(belayer/sandbox/placement.py), or to any sandbox host (the shared queue
+`belayer-sandbox`); recover is how a sandbox whose host is lost comes back elsewhere. Payloads carry handles, refs and hashes, never
 archives.
 
 The activities are methods of `SandboxActivities`, bound to one `SandboxHost` per
@@ -37,6 +37,7 @@ from belayer.sandbox.models import (
     RecoverOutcome,
     SandboxHandle,
     SandboxSpec,
+    StagedCheckpoint,
 )
 from belayer.sandbox.observations import store_observation
 from belayer.storage.recordlog import RecordLogRef
@@ -86,6 +87,14 @@ class CheckpointArgs(_Model):
 
 class CheckpointResult(_Model):
     checkpoint: CheckpointRef
+
+
+class CaptureResult(_Model):
+    staged: StagedCheckpoint = Field(description="The captured archive on its host; publish it there.")
+
+
+class PublishArgs(_Model):
+    staged: StagedCheckpoint
 
 
 class ForkArgs(_Model):
@@ -189,8 +198,8 @@ class SandboxActivities:
         self.host = host
 
     def all(self) -> list[Callable[..., Any]]:
-        return [self.place, self.create, self.exec, self.checkpoint, self.fork, self.recover, self.destroy,
-                self.workspace_hash]
+        return [self.place, self.create, self.exec, self.checkpoint, self.capture_checkpoint, self.publish_checkpoint,
+                self.fork, self.recover, self.destroy, self.workspace_hash]
 
     @activity.defn(name="sandbox.place")
     @_translated
@@ -225,6 +234,21 @@ class SandboxActivities:
             token_prefix_sha256=args.token_prefix_sha256, fs_snapshot=args.fs_snapshot,
         )  # fmt: skip
         return CheckpointResult(checkpoint=ref)
+
+    @activity.defn(name="sandbox.capture_checkpoint")
+    @_translated
+    async def capture_checkpoint(self, args: CheckpointArgs) -> CaptureResult:
+        """A checkpoint's first half: the sandbox's state to a file here; its next action may
+        start once this returns (SandboxHost.capture_checkpoint says why)."""
+        staged = await _blocking(self.host.capture_checkpoint, args.handle, token_prefix_len=args.token_prefix_len,
+                                 token_prefix_sha256=args.token_prefix_sha256)  # fmt: skip
+        return CaptureResult(staged=staged)
+
+    @activity.defn(name="sandbox.publish_checkpoint")
+    @_translated
+    async def publish_checkpoint(self, args: PublishArgs) -> CheckpointResult:
+        """The second half: the captured file compressed into the store."""
+        return CheckpointResult(checkpoint=await _blocking(self.host.publish_checkpoint, args.staged))
 
     @activity.defn(name="sandbox.fork")
     @_translated

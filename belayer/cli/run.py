@@ -435,7 +435,7 @@ async def _walk_history(handle, converter, store):
                               "exit_code": obs.exit_code, "stdout": obs.stdout[:300],
                               "stderr": obs.stderr[:300], "duration_s": round(obs.duration_s, 3),
                               "replayed": obs.replayed_from_journal})
-            elif name == "sandbox.checkpoint":
+            elif name in ("sandbox.checkpoint", "sandbox.publish_checkpoint"):
                 ref = (await converter.decode(attrs.result.payloads, [CheckpointResult]))[0].checkpoint
                 checkpoints.append({"step": ref.step, "bytes": ref.archive_bytes, "key": ref.meta_key})
         elif event.event_type == EventType.EVENT_TYPE_WORKFLOW_EXECUTION_COMPLETED:
@@ -453,11 +453,11 @@ class _ActivityClock:
     """Where a trajectory's wall time went, from the history's own timestamps.
 
     Work = time activities on the critical path spent executing (started -> closed);
-    checkpoints run beside generation, so only the waits for them count. The rest is
+    checkpoints run beside generation and action, so only the waits for them count. The rest is
     orchestration: Temporal dispatch (scheduled -> started) and workflow task rounds.
     """
 
-    OVERLAPPED = {"sandbox.checkpoint"}
+    OVERLAPPED = {"sandbox.checkpoint", "sandbox.capture_checkpoint", "sandbox.publish_checkpoint"}
 
     def __init__(self):
         self.first = self.last = None

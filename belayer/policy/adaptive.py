@@ -110,22 +110,32 @@ class CheckpointPolicy(BaseModel):
         self.unprotected_steps += 1
         self.unprotected_replay_s += max(duration_s, 0.0)
 
-    def observe_checkpoint(self, sample: CheckpointSample, wait_s: float = 0.0) -> None:
-        """The checkpoint decided last finished; everything before it is protected."""
+    def observe_checkpoint(self, sample: CheckpointSample, wait_s: float = 0.0, decision: int | None = None) -> None:
+        """The checkpoint of decision number `decision` (default: the last) finished;
+        everything before it is protected."""
         self.checkpoints = [*self.checkpoints, sample][-self.config.history :]
-        if self.decisions and self.decisions[-1].checkpointed:
-            self.decisions[-1].actual_checkpoint_s = sample.duration_s
-            self.decisions[-1].actual_checkpoint_mb = sample.size_mb
-            self.decisions[-1].wait_s = wait_s
-            self.error.add_checkpoint(self.decisions[-1].estimated_checkpoint_s, sample.duration_s)
+        record = self._checkpointing(decision)
+        if record is not None:
+            record.actual_checkpoint_s = sample.duration_s
+            record.actual_checkpoint_mb = sample.size_mb
+            record.wait_s = wait_s
+            self.error.add_checkpoint(record.estimated_checkpoint_s, sample.duration_s)
 
-    def observe_checkpoint_failed(self) -> None:
-        """The checkpoint decided last failed: its actions are unprotected again."""
-        if self.decisions and self.decisions[-1].checkpointed:
-            last = self.decisions[-1]
-            self.unprotected_steps += last.unprotected_steps
-            self.unprotected_replay_s += last.unprotected_replay_s
-            last.reason += "; failed"
+    def observe_checkpoint_failed(self, decision: int | None = None) -> None:
+        """The checkpoint of decision number `decision` (default: the last) failed: its
+        actions are unprotected again."""
+        record = self._checkpointing(decision)
+        if record is not None:
+            self.unprotected_steps += record.unprotected_steps
+            self.unprotected_replay_s += record.unprotected_replay_s
+            record.reason += "; failed"
+
+    def _checkpointing(self, decision: int | None) -> DecisionRecord | None:
+        """Decision number `decision` (the last when None), if it is held and took a checkpoint."""
+        index = len(self.decisions) - 1 if decision is None else decision - (self.decided - len(self.decisions) + 1)
+        if 0 <= index < len(self.decisions) and self.decisions[index].checkpointed:
+            return self.decisions[index]
+        return None
 
     def mark_protected(self) -> None:
         """A checkpoint covering every action so far was taken (or a restore landed on one)."""
@@ -162,12 +172,15 @@ class CheckpointPolicy(BaseModel):
     # -- the decision ----------------------------------------------------------------
 
     def decide(
-        self, step: int, size_mb: float, expected_output_tokens: int | None = None
+        self, step: int, size_mb: float, expected_output_tokens: int | None = None, *,
+        storing_step: int | None = None,
     ) -> DecisionRecord:
-        """Checkpoint now (overlapped with the next generation) or skip, and why."""
+        """Checkpoint now (overlapped with the next generation) or skip, and why.
+        `storing_step`: the checkpoint after that step is still being stored, and a
+        sandbox has one checkpoint in flight at a time: this one skips."""
         predicted = self.predict_generation_s(expected_output_tokens)
         estimated = self.estimate_checkpoint_s(size_mb)
-        verdict, reason = self._verdict(predicted, estimated)
+        verdict, reason = self._verdict(predicted, estimated, storing_step)
         record = DecisionRecord(
             step=step,
             verdict=verdict,
@@ -190,12 +203,14 @@ class CheckpointPolicy(BaseModel):
         drop = min(max(upto - first_kept + 1, 0), len(self.decisions) - 1)
         self.decisions = self.decisions[drop:]
 
-    def _verdict(self, predicted: float, estimated: float) -> tuple[Verdict, str]:
+    def _verdict(self, predicted: float, estimated: float, storing_step: int | None) -> tuple[Verdict, str]:
         cfg = self.config
         if cfg.mode == "none":
             return "skip", "policy mode none"
         if self.unprotected_steps == 0:
             return "skip", "nothing unprotected"
+        if storing_step is not None:
+            return "skip", f"the checkpoint after step {storing_step} is still being stored"
         if cfg.mode == "every-step":
             return "checkpoint", "policy mode every-step"
         if predicted >= cfg.alpha * estimated:

@@ -13,6 +13,8 @@ KINDS = {
     "generate": "generate",
     "sandbox.exec": "action",
     "sandbox.checkpoint": "checkpoint",
+    "sandbox.capture_checkpoint": "checkpoint",
+    "sandbox.publish_checkpoint": "checkpoint",
     "sandbox.recover": "recover",
     "sandbox.create": "setup",
     "start_context": "context",

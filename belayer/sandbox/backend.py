@@ -49,6 +49,10 @@ class SandboxBackend(Protocol):
         """Dump the running container (it keeps running) as an archive byte stream; once
         it has ended, `phases` holds what the backend measured of it (seconds by phase)."""
 
+    def export_checkpoint(self, container: str, dest: Path, phases: dict[str, float] | None = None) -> None:
+        """Dump the running container (it keeps running) as an uncompressed archive file at
+        `dest`; `phases` as for `checkpoint_stream`."""
+
     def restore(self, archive: Path, sandbox_id: str, generation: int) -> str:
         """Start a container from an archive file; return its name."""
 

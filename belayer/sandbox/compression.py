@@ -15,14 +15,15 @@ is faster than compression (well above 300 MB/s here).
 
 from __future__ import annotations
 
+import contextlib
 import shutil
 import subprocess
 import tempfile
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import BinaryIO
 
-from belayer.sandbox.errors import CheckpointCorrupt, SandboxError
+from belayer.sandbox.errors import CheckpointCorrupt, CheckpointFailed, SandboxError
 
 COMPRESS = {"zstd": ["zstd", "-q", "-1", "-T0", "-c"], "gzip": ["gzip", "-1", "-c"]}
 DECOMPRESS = {"zstd": ["zstd", "-d", "-q", "-c"], "gzip": ["gzip", "-d", "-c"]}
@@ -37,6 +38,33 @@ def compressor(compression: str) -> list[str] | None:
         raise SandboxError(f"checkpoint compression {compression!r}: choose zstd, gzip or none")
     _require(tool[0], SandboxError)
     return tool
+
+
+@contextlib.contextmanager
+def compressed(path: Path, compression: str, chunk: int = 1 << 20) -> Iterator[Iterator[bytes]]:
+    """The file at `path` as a stream of `compression`'s output chunks; the compressor's
+    failure raises `CheckpointFailed` once the stream has ended."""
+    tool = compressor(compression)
+    with open(path, "rb") as source:
+        if tool is None:
+            yield iter(lambda: source.read(chunk), b"")
+            return
+        with tempfile.TemporaryFile() as err:
+            proc = subprocess.Popen(tool, stdin=source, stdout=subprocess.PIPE, stderr=err)
+            try:
+                yield iter(lambda: proc.stdout.read(chunk), b"")
+                proc.stdout.read()  # whatever the consumer left
+                returncode = proc.wait()
+            except BaseException:
+                proc.kill()
+                proc.wait()
+                raise
+            finally:
+                proc.stdout.close()
+            if returncode != 0:
+                err.seek(0)
+                raise CheckpointFailed(f"`{' '.join(tool)}` failed on {path.name} (exit {returncode}): "
+                                       f"{err.read().decode(errors='replace')[-300:]}")
 
 
 def unpack(download: Callable[[BinaryIO], None], compression: str, dest: Path) -> Path:

@@ -25,6 +25,7 @@ import time
 import uuid
 from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Protocol
 
@@ -58,6 +59,7 @@ from belayer.sandbox.models import (
     RecoveryMode,
     SandboxHandle,
     SandboxSpec,
+    StagedCheckpoint,
 )
 from belayer.sandbox.placement import HostLoad
 
@@ -93,6 +95,16 @@ print(h.hexdigest())
 
 # What the fs-only baseline keeps: the agent's writable trees, not processes.
 FS_SNAPSHOT_PATHS = ["workspace", "home/agent", "tmp"]
+STAGED_DIR = "staged-checkpoints"  # under the state directory: captured, not yet published
+
+
+@dataclass
+class _Archive:
+    """An archive as it streamed to the store: its hash, size and when its last byte went."""
+
+    sha256: hashlib._Hash = field(default_factory=hashlib.sha256)
+    size: int = 0
+    streamed_at: float = field(default_factory=time.monotonic)
 
 
 class ArchiveStore(Protocol):
@@ -247,10 +259,13 @@ class SandboxHost:
         self.remove(handle.sandbox_id)
 
     def remove(self, sandbox_id: str) -> None:
-        """Remove a lineage's containers by its id (benchmarks keep ids, not handles); the
-        host stops counting it against `max_sandboxes`."""
+        """Remove a lineage's containers by its id (benchmarks keep ids, not handles), and
+        any checkpoint of it captured here and never published; the host stops counting it
+        against `max_sandboxes`."""
         with self._lock(sandbox_id):
             self.backend.destroy(sandbox_id)
+            for unpublished in (self.state_dir / STAGED_DIR).glob(f"{sandbox_id}--*.tar"):
+                unpublished.unlink(missing_ok=True)
         self._gone(sandbox_id)
 
     def kill(self, handle: SandboxHandle) -> None:
@@ -301,44 +316,110 @@ class SandboxHost:
         """Full checkpoint (file system + processes), the sandbox keeps running."""
         self._refuse_if_superseded(handle)
         with self._lock(handle.sandbox_id):
-            self._refuse_if_moved(handle.sandbox_id, tells=False)
-            info = channel.call(self._sock(handle), {"op": "ping"}, timeout_s=10)
-            if info["generation"] != handle.generation:
-                raise StaleGeneration(
-                    f"sandbox {handle.sandbox_id} is at generation {info['generation']}, the handle at "
-                    f"{handle.generation}: a restore superseded this handle"
-                )
-            if info["busy"]:
-                raise SandboxError(f"sandbox {handle.sandbox_id} is running an action; checkpoint after it")
+            info = self._idle_info(handle)
             # Overlapped with the next generation: the engine keeps the cores (priority.py).
             return priority.at_niceness(self.cfg.checkpoint_nice, lambda: self._dump(
                 handle, info, token_prefix_len=token_prefix_len, token_prefix_sha256=token_prefix_sha256,
                 fs_snapshot=fs_snapshot,
             ))  # fmt: skip
 
+    def capture_checkpoint(self, handle: SandboxHandle, *, token_prefix_len: int | None = None,
+                           token_prefix_sha256: str | None = None) -> StagedCheckpoint:  # fmt: skip
+        """The first half of a checkpoint taken in a trajectory: the sandbox's state, as an
+        uncompressed archive on this host's disk. The sandbox may run its next action as
+        soon as this returns; `publish_checkpoint` then compresses and uploads the file.
+
+        Why two halves: a checkpoint runs beside the next generation, and on a host that
+        shares its cores with the engine every cycle it takes slows that generation, even
+        niced (measured on the 2-core dev machine against an engine decoding without a
+        pause: the whole streamed checkpoint cost the engine 1.3-1.6 s of its time, the
+        export alone 0.2-0.4 s). The compression and upload need no quiet sandbox, so
+        they move to the action, when the engine waits and a core is free.
+        """
+        self._refuse_if_superseded(handle)
+        with self._lock(handle.sandbox_id):
+            info = self._idle_info(handle)
+            base = self._checkpoint_base(handle, info)
+            path = self._staged_path(base)
+            phases: dict[str, float] = {}
+            t0 = time.monotonic()
+            try:
+                priority.at_niceness(self.cfg.checkpoint_nice,
+                                     lambda: self.backend.export_checkpoint(handle.container, path, phases))
+            except BaseException:
+                path.unlink(missing_ok=True)
+                raise
+        return StagedCheckpoint(
+            sandbox_id=handle.sandbox_id, trajectory=info.get("trajectory"), step=info["head"],
+            generation=handle.generation, token_prefix_len=token_prefix_len,
+            token_prefix_sha256=token_prefix_sha256, base_key=base, path=str(path),
+            capture_s=time.monotonic() - t0, phases=phases,
+        )  # fmt: skip
+
+    def publish_checkpoint(self, staged: StagedCheckpoint) -> CheckpointRef:
+        """The second half: the captured file compressed into the store and its meta.json
+        written, niced like the capture; the file is removed once it is stored. A retry
+        after a publish that stored everything finds its meta.json and returns the same ref."""
+        path = Path(staged.path)
+        if not path.is_file():
+            return self._published_before(staged)
+        t0 = time.monotonic()
+
+        def upload() -> _Archive:
+            with compression.compressed(path, self.cfg.checkpoint_compression) as chunks:
+                return self._upload_archive(staged.base_key, chunks)
+
+        archive = priority.at_niceness(self.cfg.checkpoint_nice, upload)
+        phases = staged.phases | {"publish": time.monotonic() - t0}
+        ref = self._write_meta(staged.model_copy(update={"phases": phases}), archive,
+                               dump_s=staged.capture_s + phases["publish"])  # fmt: skip
+        path.unlink(missing_ok=True)
+        return ref
+
+    def _published_before(self, staged: StagedCheckpoint) -> CheckpointRef:
+        try:
+            meta = self.load_meta(CheckpointRef(meta_key=staged.base_key + "meta.json", step=staged.step,
+                                                archive_sha256="", archive_bytes=0))  # fmt: skip
+        except CheckpointCorrupt:
+            raise CheckpointCorrupt(
+                f"the captured checkpoint {staged.path} of sandbox {staged.sandbox_id} is gone from this host "
+                "and was never stored: the step goes unprotected until the next checkpoint"
+            ) from None
+        return CheckpointRef(meta_key=staged.base_key + "meta.json", step=meta.step,
+                             archive_sha256=meta.archive_sha256, archive_bytes=meta.archive_bytes)  # fmt: skip
+
+    def _staged_path(self, base_key: str) -> Path:
+        staged_dir = self.state_dir / STAGED_DIR
+        staged_dir.mkdir(parents=True, exist_ok=True)
+        return staged_dir / (base_key[len(self.cfg.checkpoint_prefix):].strip("/").replace("/", "--") + ".tar")
+
+    def _idle_info(self, handle: SandboxHandle) -> dict:
+        """The supervisor's state of an idle sandbox at the handle's generation (its lock held)."""
+        self._refuse_if_moved(handle.sandbox_id, tells=False)
+        info = channel.call(self._sock(handle), {"op": "ping"}, timeout_s=10)
+        if info["generation"] != handle.generation:
+            raise StaleGeneration(
+                f"sandbox {handle.sandbox_id} is at generation {info['generation']}, the handle at "
+                f"{handle.generation}: a restore superseded this handle"
+            )
+        if info["busy"]:
+            raise SandboxError(f"sandbox {handle.sandbox_id} is running an action; checkpoint after it")
+        return info
+
+    def _checkpoint_base(self, handle: SandboxHandle, info: dict) -> str:
+        return (f"{self.cfg.checkpoint_prefix}{handle.sandbox_id}/"
+                f"{info['head']:08d}-g{handle.generation}-{secrets.token_hex(4)}/")  # fmt: skip
+
     def _dump(self, handle: SandboxHandle, info: dict, *, token_prefix_len: int | None = None,
               token_prefix_sha256: str | None = None, fs_snapshot: bool = False) -> CheckpointRef:  # fmt: skip
         """Stream the checkpoint of an idle sandbox (its lock held) into the store."""
-        base = (f"{self.cfg.checkpoint_prefix}{handle.sandbox_id}/"
-                f"{info['head']:08d}-g{handle.generation}-{secrets.token_hex(4)}/")  # fmt: skip
-        hasher = hashlib.sha256()
-        size = 0
+        base = self._checkpoint_base(handle, info)
         t0 = time.monotonic()
         phases: dict[str, float] = {}
-        streamed_at = t0
-
-        def counted(chunks: Iterator[bytes]) -> Iterator[bytes]:
-            nonlocal size, streamed_at
-            for chunk in chunks:
-                hasher.update(chunk)
-                size += len(chunk)
-                yield chunk
-            streamed_at = time.monotonic()
-
         with self.backend.checkpoint_stream(handle.container, phases) as chunks:
-            self.store.upload_stream(base + "archive", counted(chunks))
+            archive = self._upload_archive(base, chunks)
         dump_s = time.monotonic() - t0
-        phases["upload_tail"] = dump_s - (streamed_at - t0)
+        phases["upload_tail"] = time.monotonic() - archive.streamed_at
         fs_key = fs_sha = None
         if fs_snapshot:
             data = self.backend.run_as_agent(
@@ -346,20 +427,45 @@ class SandboxHost:
             )
             fs_key = base + "fs.tar"
             fs_sha = self.store.put_bytes(fs_key, data).sha256
-        versions = self.backend.versions()
-        meta = CheckpointMeta(
+        origin = StagedCheckpoint(
             sandbox_id=handle.sandbox_id, trajectory=info.get("trajectory"), step=info["head"],
             generation=handle.generation, token_prefix_len=token_prefix_len,
-            token_prefix_sha256=token_prefix_sha256, archive_key=base + "archive",
-            archive_sha256=hasher.hexdigest(), archive_bytes=size, fs_key=fs_key, fs_sha256=fs_sha,
-            image=self.cfg.image, image_id=self.backend.image_id(), criu_version=versions["criu"],
-            podman_version=versions["podman"], compression=self.cfg.checkpoint_compression,
-            netns=f"belayer-{handle.sandbox_id}", channel_dir=str(self._sock(handle).parent),
-            created_at=time.time(), dump_s=dump_s, phases=phases,
+            token_prefix_sha256=token_prefix_sha256, base_key=base, path="", capture_s=dump_s, phases=phases,
         )  # fmt: skip
-        self.store.put_bytes(base + "meta.json", meta.model_dump_json().encode())
-        return CheckpointRef(meta_key=base + "meta.json", step=meta.step, archive_sha256=meta.archive_sha256,
-                             archive_bytes=size)  # fmt: skip
+        return self._write_meta(origin, archive, dump_s=dump_s, fs_key=fs_key, fs_sha256=fs_sha)
+
+    def _upload_archive(self, base_key: str, chunks: Iterator[bytes]) -> _Archive:
+        """Stream the archive's bytes to `base_key`archive, hashing and counting them."""
+        archive = _Archive()
+
+        def counted() -> Iterator[bytes]:
+            for chunk in chunks:
+                archive.sha256.update(chunk)
+                archive.size += len(chunk)
+                yield chunk
+            archive.streamed_at = time.monotonic()
+
+        self.store.upload_stream(base_key + "archive", counted())
+        return archive
+
+    def _write_meta(self, origin: StagedCheckpoint, archive: _Archive, *, dump_s: float,
+                    fs_key: str | None = None, fs_sha256: str | None = None) -> CheckpointRef:  # fmt: skip
+        """meta.json beside the stored archive: what makes the checkpoint restorable."""
+        versions = self.backend.versions()
+        meta = CheckpointMeta(
+            sandbox_id=origin.sandbox_id, trajectory=origin.trajectory, step=origin.step,
+            generation=origin.generation, token_prefix_len=origin.token_prefix_len,
+            token_prefix_sha256=origin.token_prefix_sha256, archive_key=origin.base_key + "archive",
+            archive_sha256=archive.sha256.hexdigest(), archive_bytes=archive.size, fs_key=fs_key,
+            fs_sha256=fs_sha256, image=self.cfg.image, image_id=self.backend.image_id(),
+            criu_version=versions["criu"], podman_version=versions["podman"],
+            compression=self.cfg.checkpoint_compression, netns=f"belayer-{origin.sandbox_id}",
+            channel_dir=str(self._sock(origin.sandbox_id).parent), created_at=time.time(), dump_s=dump_s,
+            phases=origin.phases,
+        )  # fmt: skip
+        self.store.put_bytes(origin.base_key + "meta.json", meta.model_dump_json().encode())
+        return CheckpointRef(meta_key=origin.base_key + "meta.json", step=meta.step,
+                             archive_sha256=meta.archive_sha256, archive_bytes=meta.archive_bytes)  # fmt: skip
 
     def load_meta(self, ref: CheckpointRef) -> CheckpointMeta:
         from belayer.storage.errors import StorageError

@@ -176,6 +176,24 @@ class CheckpointRef(_Model):
     archive_bytes: int = Field(ge=0)
 
 
+class StagedCheckpoint(_Model):
+    """A checkpoint captured to a file on its host and not yet in the store: what the
+    publish step needs (docs/design.md §7). It names a local file, so only the host that
+    captured it can publish it; the store key is fixed at capture, so a retried publish
+    finds the checkpoint it already wrote."""
+
+    sandbox_id: str
+    trajectory: str | None
+    step: int = Field(ge=0, description="Journal head at the capture.")
+    generation: int = Field(ge=0)
+    token_prefix_len: int | None = Field(None, ge=0)
+    token_prefix_sha256: str | None = None
+    base_key: str = Field(description="Store prefix the archive and meta.json go under.")
+    path: str = Field(description="The plain archive on the capturing host.")
+    capture_s: float = Field(ge=0, description="Seconds the capture took (freeze, dump, archive).")
+    phases: dict[str, float] = Field(default_factory=dict, description="podman's phases of the capture.")
+
+
 class ForkTarget(_Model):
     """One sandbox to start from another lineage's checkpoint: its id and the trajectory it
     serves (its journal answers that trajectory's inherited steps and refuses the parent's)."""

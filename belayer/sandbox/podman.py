@@ -269,6 +269,14 @@ class PodmanBackend:
             os.close(r)
         return args, [podman, compressor], compressor.stdout
 
+    def export_checkpoint(self, container: str, dest: Path, phases: dict[str, float] | None = None) -> None:
+        """`checkpoint --export=dest`, plain: the capture half of a staged checkpoint, which
+        is compressed and uploaded later, beside the sandbox's next action (host.py)."""
+        r = self.podman("container", "checkpoint", "--leave-running", "--tcp-established", "--print-stats",
+                        "-c", "none", f"--export={dest}", container)  # fmt: skip
+        if phases is not None:
+            phases.update(dump_phases(r.stdout.decode(errors="replace")))
+
     def restore(self, archive: Path, sandbox_id: str, generation: int) -> str:
         """Start a plain checkpoint archive as this generation's container."""
         self.ensure_host_side(sandbox_id)

@@ -16,7 +16,8 @@ Workflow code only: no I/O, clocks or randomness outside Temporal's APIs.
 from __future__ import annotations
 
 import asyncio
-from datetime import timedelta
+from dataclasses import dataclass, field
+from datetime import datetime, timedelta
 
 from temporalio import workflow
 from temporalio.common import RetryPolicy, SearchAttributeKey
@@ -32,6 +33,7 @@ with workflow.unsafe.imports_passed_through():
     )
     from belayer.activities.generate import GenerateArgs, GenerateResult, SamplingParams
     from belayer.activities.sandbox import (
+        CaptureResult,
         CheckpointArgs,
         CheckpointResult,
         CreateSandboxArgs,
@@ -41,13 +43,14 @@ with workflow.unsafe.imports_passed_through():
         ExecResult,
         PlaceArgs,
         PlaceResult,
+        PublishArgs,
         RecoverArgs,
         RecoverResult,
         WorkspaceHashArgs,
         WorkspaceHashResult,
     )
     from belayer.policy.adaptive import CheckpointSample, GenerationSample
-    from belayer.sandbox.models import Action, ObservationRef, SandboxHandle, SandboxSpec
+    from belayer.sandbox.models import Action, CheckpointRef, ObservationRef, SandboxHandle, SandboxSpec
     from belayer.storage.recordlog import RecordLogRef
     from belayer.trajectory_log import LogEntries, TrajectoryLogRef, steps_key
     from belayer.workflows.actions import malformed_observation, parse_action
@@ -93,6 +96,11 @@ OBSERVATION_WITH_GENERATION_PATCH = "observation-appended-with-generation"
 # asks `sandbox.place` for the least loaded host with room (belayer/sandbox/placement.py)
 # and goes there, or to the shared queue when none is named or that host refuses or is gone.
 PLACEMENT_PATCH = "sandbox-placement"
+# Histories recorded before it checkpoint in one activity, which the next action waits for.
+# With it, a checkpoint is captured to a file on its host (the next action waits for that)
+# and published to the store by a second activity beside the action
+# (SandboxHost.capture_checkpoint says why).
+STAGED_CHECKPOINT_PATCH = "checkpoint-published-beside-the-action"
 # A placed host that is full or draining says so at once; placement is asked again.
 HOST_REFUSED = {"HostFull", "HostDraining"}
 PLACEMENT_TRIES = 3
@@ -117,6 +125,23 @@ class ContextCut(Exception):
         self.record = record
 
 
+@dataclass
+class PendingCheckpoint:
+    """A checkpoint in flight beside the turn loop. Since `STAGED_CHECKPOINT_PATCH` it is
+    captured while the next generation runs (the action waits for that) and published once
+    the action starts: on a host whose cores the engine shares, compressing and uploading
+    beside the generation would slow it, beside the action it costs the engine nothing."""
+
+    step: int
+    decision: int  # the policy's number for the decision that took it
+    started: datetime
+    staged: bool
+    task: asyncio.Task | None = None
+    captured: asyncio.Event = field(default_factory=asyncio.Event)
+    action_started: asyncio.Event = field(default_factory=asyncio.Event)
+    waited_s: float = 0.0  # what the action waited for the capture
+
+
 @workflow.defn(name="TrajectoryWorkflow")
 class TrajectoryWorkflow:
     @workflow.init
@@ -124,7 +149,7 @@ class TrajectoryWorkflow:
         self.input = input
         self.state = input.carried or TrajectoryState(policy={"config": input.policy})
         self.status: TrajectoryStatus = "running"
-        self.pending_checkpoint: asyncio.Task | None = None
+        self.pending_checkpoint: PendingCheckpoint | None = None
         # The last action's observation, appended by the next generate (or flushed on its own
         # before anything else reads the context: the end, a recovery, continue-as-new).
         self.pending_observation: AppendObservationArgs | None = None
@@ -267,7 +292,7 @@ class TrajectoryWorkflow:
 
     async def _turn(self) -> None:
         generation = await self._generate()
-        await self._settle_checkpoint()
+        await self._wait_for_capture()
         if generation is None:
             return  # the observation filled the context: the loop ends without a turn
         command = self._action_from(generation)
@@ -288,7 +313,7 @@ class TrajectoryWorkflow:
     async def _record_step(self, record: StepRecord) -> None:
         """Log an executed step (or the step a cut rewrote) and append its observation."""
         self.state.policy.observe_action(record.observation.duration_s)
-        self._maybe_checkpoint(record.context_after_action)
+        self._maybe_checkpoint(record.context_after_action, storing_step=await self._checkpoint_still_storing())
         await self._append_observation(record)
 
     def _action_from(self, generation: GenerateResult) -> str | None:
@@ -449,41 +474,86 @@ class TrajectoryWorkflow:
 
     # ---------------------------------------------------------------- checkpoints
 
-    def _maybe_checkpoint(self, context) -> None:
+    def _maybe_checkpoint(self, context, storing_step: int | None = None) -> None:
         sandbox_mb = self.state.checkpoints[0].archive_bytes / 2**20 if self.state.checkpoints else 0.0
         next_tokens = self._expected_next_output()
-        decision = self.state.policy.decide(self.state.step, sandbox_mb, next_tokens)
+        decision = self.state.policy.decide(self.state.step, sandbox_mb, next_tokens, storing_step=storing_step)
         if not decision.checkpointed:
             return
         args = CheckpointArgs(
             handle=self.state.sandbox, token_prefix_len=context.length,
             token_prefix_sha256=context.sha256,
         )
-        self.pending_checkpoint = asyncio.ensure_future(self._checkpoint(args, workflow.now()))
+        pending = PendingCheckpoint(step=self.state.step, decision=self.state.policy.decided, started=workflow.now(),
+                                    staged=workflow.patched(STAGED_CHECKPOINT_PATCH))  # fmt: skip
+        pending.task = asyncio.ensure_future(self._checkpoint(args, pending))
+        self.pending_checkpoint = pending
 
-    async def _checkpoint(self, args: CheckpointArgs, started):
-        result = await self._sandbox_activity(
-            "sandbox.checkpoint", args, CheckpointResult,
-            queue=args.handle.host_queue, on_host=True,
-            summary=f"checkpoint after step {self.state.step}",
-        )
-        return result.checkpoint, (workflow.now() - started).total_seconds()
+    async def _checkpoint(self, args: CheckpointArgs, pending: PendingCheckpoint) -> tuple[CheckpointRef, float]:
+        """The checkpoint and the seconds it worked: one activity, or a capture and then,
+        once the next action starts, a publish (the wait between them is not its work)."""
+        queue, step = args.handle.host_queue, pending.step
+        if not pending.staged:
+            result = await self._sandbox_activity("sandbox.checkpoint", args, CheckpointResult, queue=queue,
+                                                  on_host=True, summary=f"checkpoint after step {step}")
+            return result.checkpoint, (workflow.now() - pending.started).total_seconds()
+        try:
+            capture = await self._sandbox_activity("sandbox.capture_checkpoint", args, CaptureResult, queue=queue,
+                                                   on_host=True, summary=f"capture a checkpoint after step {step}")
+        finally:
+            pending.captured.set()
+        capture_s = (workflow.now() - pending.started).total_seconds()
+        await pending.action_started.wait()
+        publish_started = workflow.now()
+        result = await self._sandbox_activity("sandbox.publish_checkpoint", PublishArgs(staged=capture.staged),
+                                              CheckpointResult, queue=queue, on_host=True,
+                                              summary=f"publish the checkpoint after step {step}")
+        return result.checkpoint, capture_s + (workflow.now() - publish_started).total_seconds()
+
+    async def _wait_for_capture(self) -> None:
+        """Before an action: the checkpoint in flight must have captured the sandbox, and
+        its publish starts now, beside the action. One from before the patch is waited for whole."""
+        pending = self.pending_checkpoint
+        if pending is None:
+            return
+        if not pending.staged:
+            return await self._settle_checkpoint()
+        waited_from = workflow.now()
+        await pending.captured.wait()
+        pending.waited_s += (workflow.now() - waited_from).total_seconds()
+        pending.action_started.set()
+        if pending.task.done():
+            await self._settle_checkpoint()
+
+    async def _checkpoint_still_storing(self) -> int | None:
+        """After an action: the step of a checkpoint whose publish is still running, which
+        an adaptive decision skips past instead of waiting for; otherwise the checkpoint
+        in flight is settled (waited for, if it must be) and None."""
+        pending = self.pending_checkpoint
+        if pending is None:
+            return None
+        if pending.staged and not pending.task.done() and self.state.policy.config.mode == "adaptive":
+            return pending.step
+        await self._settle_checkpoint()
+        return None
 
     async def _settle_checkpoint(self) -> None:
         """Wait for the checkpoint in flight (if any) and account for it."""
-        if self.pending_checkpoint is None:
+        pending, self.pending_checkpoint = self.pending_checkpoint, None
+        if pending is None:
             return
-        task, self.pending_checkpoint = self.pending_checkpoint, None
+        pending.action_started.set()  # whatever comes next, the publish need not wait for it
         waited_from = workflow.now()
         try:
-            checkpoint, duration = await task
+            checkpoint, duration = await pending.task
         except (SandboxLost, InfraFailure, ActivityError):
-            self.state.policy.observe_checkpoint_failed()
+            self.state.policy.observe_checkpoint_failed(pending.decision)
             return
-        wait = (workflow.now() - waited_from).total_seconds()
+        wait = pending.waited_s + (workflow.now() - waited_from).total_seconds()
         self.state.checkpoints = [checkpoint, *self.state.checkpoints][:CHECKPOINTS_KEPT]
         self.state.policy.observe_checkpoint(
-            CheckpointSample(duration_s=duration, size_mb=checkpoint.archive_bytes / 2**20), wait_s=wait
+            CheckpointSample(duration_s=duration, size_mb=checkpoint.archive_bytes / 2**20), wait_s=wait,
+            decision=pending.decision,
         )
 
     def _expected_next_output(self) -> int | None:
@@ -540,6 +610,8 @@ class TrajectoryWorkflow:
         log, policy = self.state.log, self.state.policy
         first_held = policy.decided - len(policy.decisions) + 1
         done = policy.decided - 1 if keep_latest_decision else policy.decided
+        if self.pending_checkpoint is not None:  # its decision is complete once it is stored
+            done = min(done, self.pending_checkpoint.decision - 1)
         decisions = [d for n, d in enumerate(policy.decisions, first_held) if log.decisions < n <= done]
         return LogEntries(decisions_from=log.decisions + 1, decisions=decisions,
                           recoveries_from=log.recoveries + 1, recoveries=self.state.recoveries[log.recoveries:])
@@ -629,7 +701,8 @@ class TrajectoryWorkflow:
 
     async def _fail_infra(self, reason: str) -> TrajectoryResult:
         if self.pending_checkpoint is not None:
-            self.pending_checkpoint.cancel()
+            self.pending_checkpoint.task.cancel()
+            self.pending_checkpoint = None
         await self._destroy()
         try:
             await self._flush_observation()

@@ -68,6 +68,29 @@ def test_failed_checkpoint_leaves_work_unprotected():
     assert policy.unprotected_replay_s == 3.0
 
 
+def test_a_checkpoint_still_being_stored_is_skipped_past_and_completes_its_own_decision():
+    """The workflow decides after each action without waiting for a publish in flight:
+    that decision skips, its step stays unprotected, and the stored checkpoint's figures
+    (or its failure) go to the decision that took it, not to the latest."""
+    policy = CheckpointPolicy(config=adaptive(alpha=1.0, max_unprotected_steps=2, max_unprotected_replay_s=1e9))
+    policy.observe_generation(GenerationSample(output_tokens=100, per_token_s=0.01, total_s=1.0))
+    policy.observe_action(0.2)
+    assert policy.decide(step=1, size_mb=1).verdict == "checkpoint"
+    taking = policy.decided
+    policy.observe_action(0.3)
+    skipped = policy.decide(step=2, size_mb=1, storing_step=1)
+    assert skipped.verdict == "skip" and "step 1 is still being stored" in skipped.reason
+    policy.observe_action(0.4)
+    assert policy.decide(step=3, size_mb=1, storing_step=1).verdict == "skip", "not forced past the bound"
+    policy.observe_checkpoint(CheckpointSample(duration_s=0.7, size_mb=1), wait_s=0.1, decision=taking)
+    assert policy.decisions[0].actual_checkpoint_s == 0.7 and policy.decisions[0].wait_s == 0.1
+    assert [d.actual_checkpoint_s for d in policy.decisions[1:]] == [None, None]
+    assert policy.unprotected_steps == 2 and policy.decide(step=4, size_mb=1).verdict == "checkpoint"
+
+    policy.observe_checkpoint_failed(decision=taking)  # had the first one failed instead
+    assert policy.unprotected_steps == 1 and policy.decisions[0].reason.endswith("; failed")
+
+
 def test_decisions_record_actuals_and_predictor_error():
     policy = CheckpointPolicy(config=PolicyConfig(mode="every-step", prior_checkpoint_s=0.6))
     policy.observe_generation(GenerationSample(output_tokens=100, per_token_s=0.01, total_s=1.0))

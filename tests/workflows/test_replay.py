@@ -2,6 +2,8 @@
 
 A change to the workflow code that would break running trajectories fails here first.
 Re-record with `BELAYER_RECORD_HISTORIES=1 pytest tests/workflows -k record_history`.
+Histories named `before-<patch>--*` were recorded before that patch and are kept as they
+are: they replay the branches the workflow keeps for runs started before it.
 """
 
 from __future__ import annotations

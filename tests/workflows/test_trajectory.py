@@ -87,6 +87,41 @@ async def test_sandbox_killed_mid_trajectory_recovers_identically(stack):
     assert (result.token_sha256, result.env_sha256) == (reference.token_sha256, reference.env_sha256)
 
 
+async def activity_events(handle) -> list[tuple[str, str]]:
+    """(scheduled | completed, activity name) in the order of the workflow's history."""
+    names: dict[int, str] = {}
+    events = []
+    for event in (await handle.fetch_history()).events:
+        if event.HasField("activity_task_scheduled_event_attributes"):
+            names[event.event_id] = event.activity_task_scheduled_event_attributes.activity_type.name
+            events.append(("scheduled", names[event.event_id]))
+        elif event.HasField("activity_task_completed_event_attributes"):
+            events.append(("completed", names[event.activity_task_completed_event_attributes.scheduled_event_id]))
+    return events
+
+
+async def test_each_action_waits_for_the_checkpoints_capture_and_runs_beside_its_publish(stack):
+    """A checkpoint's capture runs beside the next generation and the action waits for it;
+    its publish (compression, upload) is scheduled only with that action, and the action is
+    scheduled before the publish is over: the upload is never waited for."""
+    handle = await start(stack, STATEFUL_TRACE)
+    result = await handle.result()
+    assert result.status == "completed", result.reason
+    events = await activity_events(handle)
+    assert ("scheduled", "sandbox.checkpoint") not in events
+    captures = [i for i, e in enumerate(events) if e == ("scheduled", "sandbox.capture_checkpoint")]
+    assert len(captures) == result.checkpoints >= len(STATEFUL_TRACE.turns) - 1
+    for start_at in captures[:-1]:  # the last follows the last action: nothing generates beside it
+        later = events[start_at:]
+        captured = start_at + later.index(("completed", "sandbox.capture_checkpoint"))
+        action = start_at + later.index(("scheduled", "sandbox.exec"))
+        publish = start_at + later.index(("scheduled", "sandbox.publish_checkpoint"))
+        published = start_at + later.index(("completed", "sandbox.publish_checkpoint"))
+        assert ("completed", "generate") in events[start_at:action], "no generation beside the capture"
+        assert captured < action < published, events[start_at:published + 1]
+        assert publish > action, "the publish started beside the generation, before the action"
+
+
 CLOCK_TRACE = STATEFUL_TRACE.model_copy(update={
     "id": "clock",
     "turns": [
