@@ -134,8 +134,8 @@ def unmapped_segments(config: BelayerConfig) -> list[str]:
 
 
 def leftover_objects(config: BelayerConfig, sandbox_ids: set[str]) -> list[str]:
-    """Checkpoint objects of finished sandboxes (destroy deletes them) and unfinished
-    multipart uploads. Token logs and observations are the trajectories' record, and
+    """Checkpoint objects of finished sandboxes (destroy deletes them), unfinished
+    multipart uploads and captures never published. Token logs and observations are the trajectories' record, and
     lineage records outlive their sandboxes on purpose (a host that comes back must still
     learn its container is stale: belayer/sandbox/lineage.py): kept, not leaks."""
     from belayer.sandbox.lineage import lineage_prefix
@@ -152,7 +152,17 @@ def leftover_objects(config: BelayerConfig, sandbox_ids: set[str]) -> list[str]:
             uploads = store.client.list_multipart_uploads(
                 Bucket=config.storage.bucket, Prefix=config.storage.key_prefix + prefix).get("Uploads", [])
             found.extend(f"incomplete upload {u['Key']}" for u in uploads)
-    return found
+    return found + unpublished_captures(config, sandbox_ids)
+
+
+def unpublished_captures(config: BelayerConfig, sandbox_ids: set[str]) -> list[str]:
+    """Checkpoints of finished sandboxes captured on their host and never published:
+    destroying a sandbox removes its own."""
+    from belayer.sandbox.host import STAGED_DIR
+
+    staged = config.state_dir / STAGED_DIR
+    return [f"unpublished capture {path}" for sandbox_id in sorted(sandbox_ids)
+            for path in sorted(staged.glob(f"{sandbox_id}--*.tar"))]
 
 
 def _cmdline(proc: psutil.Process) -> list[str]:
