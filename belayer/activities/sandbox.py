@@ -4,8 +4,8 @@ The workflow holds a `SandboxHandle` (sandbox id, host task queue, generation) a
 schedules exec / checkpoint (or its capture and publish halves) / workspace_hash /
 destroy on `handle.host_queue`; create and recover go to the host `place` chose
 (belayer/sandbox/placement.py), or to any sandbox host (the shared queue
-`belayer-sandbox`); recover is how a sandbox whose host is lost comes back elsewhere. Payloads carry handles, refs and hashes, never
-archives.
+`belayer-sandbox`); recover is how a sandbox whose host is lost comes back elsewhere.
+Payloads carry handles, refs and hashes, never archives.
 
 The activities are methods of `SandboxActivities`, bound to one `SandboxHost` per
 worker process (belayer/workers/sandbox/). Blocking podman/CRIU work runs in a

@@ -1,8 +1,9 @@
 """`TrajectoryWorkflow`: the deterministic turn loop of one agent trajectory.
 
 generate (rollout queue) -> action -> exec (the sandbox's host queue) -> observation
-appended to the context -> next turn. A checkpoint chosen by the policy runs beside the
-next generation; the next action waits for it. Every sandbox call (an action, the reward
+appended to the context -> next turn. A checkpoint chosen by the policy is captured beside
+the next generation (the next action waits for that) and published beside that action
+(`PendingCheckpoint`). Every sandbox call (an action, the reward
 check, the workspace hash) goes through `_on_sandbox`: a lost sandbox is recovered from
 the latest usable checkpoint with replay-verify, and a mismatch cuts the context
 (`ContextCut`), from which the turn loop generates again, whatever phase it was in. Engine
