@@ -377,16 +377,14 @@ class SandboxHost:
         return ref
 
     def _published_before(self, staged: StagedCheckpoint) -> CheckpointRef:
+        meta_key = staged.base_key + "meta.json"
         try:
-            meta = self.load_meta(CheckpointRef(meta_key=staged.base_key + "meta.json", step=staged.step,
-                                                archive_sha256="", archive_bytes=0))  # fmt: skip
+            return _ref_of(meta_key, self._meta_at(meta_key))
         except CheckpointCorrupt:
             raise CheckpointCorrupt(
                 f"the captured checkpoint {staged.path} of sandbox {staged.sandbox_id} is gone from this host "
                 "and was never stored: the step goes unprotected until the next checkpoint"
             ) from None
-        return CheckpointRef(meta_key=staged.base_key + "meta.json", step=meta.step,
-                             archive_sha256=meta.archive_sha256, archive_bytes=meta.archive_bytes)  # fmt: skip
 
     def _staged_path(self, base_key: str) -> Path:
         staged_dir = self.state_dir / STAGED_DIR
@@ -464,18 +462,20 @@ class SandboxHost:
             phases=origin.phases,
         )  # fmt: skip
         self.store.put_bytes(origin.base_key + "meta.json", meta.model_dump_json().encode())
-        return CheckpointRef(meta_key=origin.base_key + "meta.json", step=meta.step,
-                             archive_sha256=meta.archive_sha256, archive_bytes=meta.archive_bytes)  # fmt: skip
+        return _ref_of(origin.base_key + "meta.json", meta)
 
     def load_meta(self, ref: CheckpointRef) -> CheckpointMeta:
+        return self._meta_at(ref.meta_key)
+
+    def _meta_at(self, meta_key: str) -> CheckpointMeta:
         from belayer.storage.errors import StorageError
 
         try:
-            return CheckpointMeta.model_validate_json(self.store.get_bytes(ref.meta_key))
+            return CheckpointMeta.model_validate_json(self.store.get_bytes(meta_key))
         except StorageError as exc:
-            raise CheckpointCorrupt(f"checkpoint metadata {ref.meta_key} unreadable: {exc}") from exc
+            raise CheckpointCorrupt(f"checkpoint metadata {meta_key} unreadable: {exc}") from exc
         except ValueError as exc:
-            raise CheckpointCorrupt(f"checkpoint metadata {ref.meta_key} is not valid: {exc}") from exc
+            raise CheckpointCorrupt(f"checkpoint metadata {meta_key} is not valid: {exc}") from exc
 
     # ------------------------------------------------------------------ restore
     def restore(self, ref: CheckpointRef, new_generation: int, log: list[LoggedAction] | None = None, *,
@@ -868,6 +868,12 @@ class SandboxHost:
                         ", ".join(names), sandbox_id, self.host_queue, rec.generation, rec.host_queue,
                         rec.container)  # fmt: skip
         return names
+
+
+def _ref_of(meta_key: str, meta: CheckpointMeta) -> CheckpointRef:
+    """What the workflow keeps of the checkpoint whose meta.json is `meta` at `meta_key`."""
+    return CheckpointRef(meta_key=meta_key, step=meta.step, archive_sha256=meta.archive_sha256,
+                         archive_bytes=meta.archive_bytes)  # fmt: skip
 
 
 def _check_prefix(ref: CheckpointRef, meta: CheckpointMeta, log: list[LoggedAction]) -> None:
