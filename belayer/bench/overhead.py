@@ -323,13 +323,14 @@ def _max_unprotected_replay(trials: list[TrialResult]) -> float | None:
 
 def measured_trace(task: TraceTask, none: list[TrialResult], every: list[TrialResult]) -> list[TraceStep] | None:
     """Per turn: generation and action durations from the `none` runs (no checkpoint beside
-    the engine), checkpoint duration and size from the `every-step` runs."""
+    the engine), checkpoint duration, its capture's share and size from the `every-step` runs."""
     if not none or not every:
         return None
     turns = len(task.turns)
     gen: dict[int, list[float]] = {}
     act: dict[int, list[float]] = {}
     ckpt: dict[int, list[float]] = {}
+    capture: dict[int, list[float]] = {}
     size: dict[int, list[float]] = {}
     for t in none:
         for d in t.decisions:
@@ -341,9 +342,12 @@ def measured_trace(task: TraceTask, none: list[TrialResult], every: list[TrialRe
         for d in t.decisions:
             if d.actual_checkpoint_s is not None:
                 ckpt.setdefault(d.step - 1, []).append(d.actual_checkpoint_s)
+                if d.actual_capture_s is not None:
+                    capture.setdefault(d.step - 1, []).append(d.actual_capture_s)
                 if d.actual_checkpoint_mb is not None:
                     size.setdefault(d.step - 1, []).append(d.actual_checkpoint_mb)
     all_ckpt = [s for v in ckpt.values() for s in v]
+    all_capture = [s for v in capture.values() for s in v]
     means = {i: statistics.mean(v) for i, v in gen.items()}
     fixed, per_token = _affine_fit([(task.turns[i].think_tokens, s) for i, s in means.items()])
     trace = []
@@ -355,6 +359,8 @@ def measured_trace(task: TraceTask, none: list[TrialResult], every: list[TrialRe
             output_tokens=tokens, per_token_s=per_token, fixed_s=max(seconds - per_token * tokens, 0.0),
             action_s=statistics.mean(act.get(i, [0.0])),
             checkpoint_s=statistics.mean(ckpt.get(i) or all_ckpt or [0.0]),
+            # staged checkpoints: the next action waits for the capture only
+            capture_s=statistics.mean(capture.get(i) or all_capture) if all_capture else None,
             size_mb=statistics.mean(size.get(i, [0.0])),
         ))
     return trace

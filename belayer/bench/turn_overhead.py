@@ -13,8 +13,9 @@ order rotated each repetition:
              observation into its context, as any agent loop must.
 
 Both clocks run from the first generation request to the moment the next action could
-start after the last turn (Belayer: the next activity is scheduled; plain: the last
-observation is in the context), so sandbox creation and the final check are outside.
+start after the last turn (Belayer: the next activity is scheduled, the final check, which
+the last observation's append runs beside; plain: the last observation is in the context),
+so sandbox creation and the final check are outside.
 `orchestration_ms_per_turn` is the difference per turn (medians). Belayer's share is split
 from the workflow's own history:
 
@@ -83,26 +84,28 @@ class LoopSplit:
 def split_turn_loop(spans: list[ActivitySpan], turns: int) -> LoopSplit:
     """The window from the first `generate` scheduled to the first activity scheduled after
     the `turns`-th action (and its `append_observation`, when that ran as an activity of its
-    own rather than locally inside a workflow task), and its parts. Activities of the loop
-    run one after another (policy `none`), so consecutive spans tile the window."""
+    own before anything else was scheduled, not locally inside a workflow task nor beside
+    the final check), and its parts. Activities of the loop run one after another (policy
+    `none`), so consecutive spans tile the window."""
     spans = sorted(spans, key=lambda s: s.scheduled)
     first = next(i for i, s in enumerate(spans) if s.name == "generate")
     actions = [i for i, s in enumerate(spans) if s.name == "sandbox.exec" and i > first]
     if len(actions) < turns:
         raise click.ClickException(f"the workflow ran {len(actions)} actions, the trace has {turns} turns")
     last = actions[turns - 1]
-    if last + 1 < len(spans) and spans[last + 1].name == "append_observation":
-        last += 1
-    if last + 1 >= len(spans):
+    after = spans[last + 1:]
+    if after and after[0].name == "append_observation" and all(s.scheduled >= after[0].completed for s in after[1:]):
+        last, after = last + 1, after[1:]
+    following = next((s for s in after if s.name != "append_observation"), None)
+    if following is None:
         raise click.ClickException("the workflow scheduled nothing after its last turn")
     loop = spans[first:last + 1]
-    end = spans[last + 1].scheduled
+    end = following.scheduled
     return LoopSplit(
         turns=turns,
         loop_s=end - loop[0].scheduled,
         dispatch_s=sum(s.started - s.scheduled for s in loop),
-        workflow_tasks_s=sum(nxt.scheduled - s.completed
-                             for s, nxt in zip(loop, spans[first + 1:last + 2], strict=True)),
+        workflow_tasks_s=sum(nxt.scheduled - s.completed for s, nxt in zip(loop, [*loop[1:], following], strict=True)),
         in_activities_s=sum(s.completed - s.started - s.work_s for s in loop),
         work_s=sum(s.work_s for s in loop),
     )

@@ -32,6 +32,9 @@ class CheckpointSample(BaseModel):
 
     duration_s: float = Field(ge=0)
     size_mb: float = Field(ge=0)
+    capture_s: float | None = Field(
+        None, ge=0, description="Of the duration, the capture the next action waited for (a staged "
+        "checkpoint); None for a checkpoint taken in one call, which the next action waits for whole.")
 
 
 class DecisionRecord(BaseModel):
@@ -45,6 +48,7 @@ class DecisionRecord(BaseModel):
     unprotected_steps: int
     unprotected_replay_s: float
     actual_checkpoint_s: float | None = None
+    actual_capture_s: float | None = None  # of it, the capture (a staged checkpoint)
     actual_checkpoint_mb: float | None = None
     actual_generation_s: float | None = None
     wait_s: float | None = None
@@ -117,6 +121,7 @@ class CheckpointPolicy(BaseModel):
         record = self._checkpointing(decision)
         if record is not None:
             record.actual_checkpoint_s = sample.duration_s
+            record.actual_capture_s = sample.capture_s
             record.actual_checkpoint_mb = sample.size_mb
             record.wait_s = wait_s
             self.error.add_checkpoint(record.estimated_checkpoint_s, sample.duration_s)
@@ -136,6 +141,13 @@ class CheckpointPolicy(BaseModel):
         if 0 <= index < len(self.decisions) and self.decisions[index].checkpointed:
             return self.decisions[index]
         return None
+
+    def at_bound(self) -> bool:
+        """The unprotected work has reached a bound: the next decision takes a checkpoint
+        whatever it costs, after waiting for one still being stored if it must."""
+        cfg = self.config
+        return (self.unprotected_steps >= cfg.max_unprotected_steps
+                or self.unprotected_replay_s >= cfg.max_unprotected_replay_s)  # fmt: skip
 
     def mark_protected(self) -> None:
         """A checkpoint covering every action so far was taken (or a restore landed on one)."""
@@ -177,7 +189,8 @@ class CheckpointPolicy(BaseModel):
     ) -> DecisionRecord:
         """Checkpoint now (overlapped with the next generation) or skip, and why.
         `storing_step`: the checkpoint after that step is still being stored, and a
-        sandbox has one checkpoint in flight at a time: this one skips."""
+        sandbox has one checkpoint in flight at a time: this one skips (at the bound,
+        `at_bound`, the caller waits for that checkpoint instead and passes None)."""
         predicted = self.predict_generation_s(expected_output_tokens)
         estimated = self.estimate_checkpoint_s(size_mb)
         verdict, reason = self._verdict(predicted, estimated, storing_step)

@@ -85,6 +85,10 @@ HOST_SCHEDULE_TO_START = timedelta(seconds=30)
 # create / recover on the shared queue: with no sandbox host at all, the trajectory ends.
 SHARED_SCHEDULE_TO_START = timedelta(minutes=5)
 AFFINITY_SCHEDULE_TO_START = timedelta(seconds=10)
+# A node from before `LAST_APPEND_PATCH` does not have the append: the workflow's own
+# worker appends at once instead of retrying it there.
+NODE_APPEND_RETRY = RetryPolicy(initial_interval=timedelta(seconds=1), maximum_attempts=3,
+                                non_retryable_error_types=["NotFoundError"])
 # Both sides heartbeat about every second: a dead worker is noticed within these.
 GENERATE_HEARTBEAT = timedelta(seconds=10)
 SANDBOX_HEARTBEAT = timedelta(seconds=15)
@@ -102,6 +106,15 @@ PLACEMENT_PATCH = "sandbox-placement"
 # and published to the store by a second activity beside the action
 # (SandboxHost.capture_checkpoint says why).
 STAGED_CHECKPOINT_PATCH = "checkpoint-published-beside-the-action"
+# Histories recorded before it append an observation that nothing generates after in a local
+# activity, and the last one before the final check. With it, the node that generated the
+# last turn appends it when it takes the task in time (`_append_on_node` says why), and the
+# final check runs beside the last append (`_judge`).
+LAST_APPEND_PATCH = "last-append-on-the-node-beside-the-check"
+# Histories recorded before it skip a decision while a checkpoint is being stored even at
+# the unprotected-work bound. With it, a decision at the bound waits for that checkpoint
+# and takes its own, so the bound holds.
+BOUND_WAITS_FOR_STORING_PATCH = "bound-waits-for-a-checkpoint-being-stored"
 # A placed host that is full or draining says so at once; placement is asked again.
 HOST_REFUSED = {"HostFull", "HostDraining"}
 PLACEMENT_TRIES = 3
@@ -401,10 +414,11 @@ class TrajectoryWorkflow:
 
     # ---------------------------------------------------------------- actions and recovery
 
-    async def _on_sandbox(self, name, make_args, result_type, *, summary):
+    async def _on_sandbox(self, name, make_args, result_type, *, summary, before_recovery=None):
         """Call the sandbox that holds the trajectory; when it is lost, recover it and call
         again. A recovery that cuts the context raises `ContextCut` out of here, for the turn
-        loop to resume from: actions, the reward check and the hash all go this one way."""
+        loop to resume from: actions, the reward check and the hash all go this one way.
+        `before_recovery`, when given, is waited for before any recovery starts."""
         while True:
             try:
                 return await self._sandbox_activity(
@@ -412,6 +426,8 @@ class TrajectoryWorkflow:
                     queue=self.state.sandbox.host_queue, on_host=True, summary=summary,
                 )
             except SandboxLost as lost:
+                if before_recovery is not None:
+                    await before_recovery
                 await self._recover(lost.reason)
 
     async def _recover(self, reason: str, kind: str = "sandbox") -> None:
@@ -490,14 +506,16 @@ class TrajectoryWorkflow:
         pending.task = asyncio.ensure_future(self._checkpoint(args, pending))
         self.pending_checkpoint = pending
 
-    async def _checkpoint(self, args: CheckpointArgs, pending: PendingCheckpoint) -> tuple[CheckpointRef, float]:
-        """The checkpoint and the seconds it worked: one activity, or a capture and then,
-        once the next action starts, a publish (the wait between them is not its work)."""
+    async def _checkpoint(self, args: CheckpointArgs,
+                          pending: PendingCheckpoint) -> tuple[CheckpointRef, float, float | None]:  # fmt: skip
+        """The checkpoint, the seconds it worked and of them the capture's: one activity (no
+        capture of its own), or a capture and then, once the next action starts, a publish
+        (the wait between them is not its work)."""
         queue, step = args.handle.host_queue, pending.step
         if not pending.staged:
             result = await self._sandbox_activity("sandbox.checkpoint", args, CheckpointResult, queue=queue,
                                                   on_host=True, summary=f"checkpoint after step {step}")
-            return result.checkpoint, (workflow.now() - pending.started).total_seconds()
+            return result.checkpoint, (workflow.now() - pending.started).total_seconds(), None
         try:
             capture = await self._sandbox_activity("sandbox.capture_checkpoint", args, CaptureResult, queue=queue,
                                                    on_host=True, summary=f"capture a checkpoint after step {step}")
@@ -509,7 +527,7 @@ class TrajectoryWorkflow:
         result = await self._sandbox_activity("sandbox.publish_checkpoint", PublishArgs(staged=capture.staged),
                                               CheckpointResult, queue=queue, on_host=True,
                                               summary=f"publish the checkpoint after step {step}")
-        return result.checkpoint, capture_s + (workflow.now() - publish_started).total_seconds()
+        return result.checkpoint, capture_s + (workflow.now() - publish_started).total_seconds(), capture_s
 
     async def _wait_for_capture(self) -> None:
         """Before an action: the checkpoint in flight must have captured the sandbox, and
@@ -528,13 +546,16 @@ class TrajectoryWorkflow:
 
     async def _checkpoint_still_storing(self) -> int | None:
         """After an action: the step of a checkpoint whose publish is still running, which
-        an adaptive decision skips past instead of waiting for; otherwise the checkpoint
-        in flight is settled (waited for, if it must be) and None."""
+        an adaptive decision skips past instead of waiting for, unless the unprotected work
+        has reached its bound; otherwise the checkpoint in flight is settled (waited for,
+        if it must be) and None."""
         pending = self.pending_checkpoint
         if pending is None:
             return None
-        if pending.staged and not pending.task.done() and self.state.policy.config.mode == "adaptive":
-            return pending.step
+        policy = self.state.policy
+        if pending.staged and not pending.task.done() and policy.config.mode == "adaptive":
+            if not (policy.at_bound() and workflow.patched(BOUND_WAITS_FOR_STORING_PATCH)):
+                return pending.step
         await self._settle_checkpoint()
         return None
 
@@ -546,14 +567,15 @@ class TrajectoryWorkflow:
         pending.action_started.set()  # whatever comes next, the publish need not wait for it
         waited_from = workflow.now()
         try:
-            checkpoint, duration = await pending.task
+            checkpoint, duration, capture_s = await pending.task
         except (SandboxLost, InfraFailure, ActivityError):
             self.state.policy.observe_checkpoint_failed(pending.decision)
             return
         wait = pending.waited_s + (workflow.now() - waited_from).total_seconds()
         self.state.checkpoints = [checkpoint, *self.state.checkpoints][:CHECKPOINTS_KEPT]
         self.state.policy.observe_checkpoint(
-            CheckpointSample(duration_s=duration, size_mb=checkpoint.archive_bytes / 2**20), wait_s=wait,
+            CheckpointSample(duration_s=duration, size_mb=checkpoint.archive_bytes / 2**20, capture_s=capture_s),
+            wait_s=wait,
             decision=pending.decision,
         )
 
@@ -592,12 +614,29 @@ class TrajectoryWorkflow:
         if self.pending_observation is None:
             return
         args, self.pending_observation = self.pending_observation, None
-        result = await self._context_activity(
-            "append_observation", args,
-            summary=f"step {args.step.step}: append observation (exit {args.step.observation.exit_code})",
-        )
+        summary = f"step {args.step.step}: append observation (exit {args.step.observation.exit_code})"
+        result = await self._append_on_node(args, summary) if workflow.patched(LAST_APPEND_PATCH) else None
+        if result is None:
+            result = await self._context_activity("append_observation", args, summary=summary)
         self.state.context = result.prefix
         self._observation_written(args)
+
+    async def _append_on_node(self, args: AppendObservationArgs, summary: str) -> ContextResult | None:
+        """The append, by the node that generated the last turn: that process wrote the token
+        log's head and goes on from it, where this worker reads back every segment since
+        the prompt (O(turns) requests: ~60 ms after 10 turns on the dev machine). None when
+        no node served this run yet, or it does not take the task in time or fails it:
+        the context activity then appends (each write is idempotent)."""
+        if not self.state.node_queue:
+            return None
+        try:
+            return await workflow.execute_activity(
+                "append_observation", args, result_type=ContextResult, task_queue=self.state.node_queue,
+                schedule_to_start_timeout=AFFINITY_SCHEDULE_TO_START, start_to_close_timeout=timedelta(seconds=30),
+                retry_policy=NODE_APPEND_RETRY, summary=f"{summary} on {self.state.node_queue}",
+            )
+        except ActivityError:
+            return None
 
     def _observation_written(self, args: AppendObservationArgs) -> None:
         self._entries_written(args.entries, steps=RecordLogRef(key=args.steps_key, length=args.step.step))
@@ -647,15 +686,35 @@ class TrajectoryWorkflow:
     # ---------------------------------------------------------------- the end
 
     async def _finish(self) -> TrajectoryResult:
-        await self._flush_observation()
-        exhausted = self._budget_exhausted()
-        reward = 0.0 if exhausted else await self._reward()
+        reward, exhausted = await self._judge()
         env_hash = await self._workspace_hash()
         await self._destroy()
         await self._flush_log()
         status: TrajectoryStatus = "completed" if reward == 1.0 else "failed_policy"
         self._set_status(status)
         return self._result(status, reward=reward, env_sha256=env_hash, reason=exhausted or "")
+
+    async def _judge(self) -> tuple[float, str | None]:
+        """The reward, and why the context budget ended the trajectory if it did.
+
+        Since `LAST_APPEND_PATCH` the check runs beside the last observation's append: the
+        check reads the sandbox, not the context, so the end need not wait for one and then
+        the other. A recovery during the check waits for the append first, as it reads and
+        may cut the context. An observation that fills the budget still makes the reward 0:
+        the budget is judged once both are done."""
+        if (not workflow.patched(LAST_APPEND_PATCH) or self.pending_observation is None
+                or self._budget_exhausted()):  # fmt: skip
+            await self._flush_observation()
+            exhausted = self._budget_exhausted()
+            return (0.0 if exhausted else await self._reward()), exhausted
+        appending = asyncio.ensure_future(self._flush_observation())
+        try:
+            checked = await self._reward(before_recovery=appending)
+        finally:
+            await asyncio.gather(appending, return_exceptions=True)  # the log keeps the last step
+        await appending  # its failure, now the check is over
+        exhausted = self._budget_exhausted()
+        return (0.0 if exhausted else checked), exhausted
 
     def _budget_exhausted(self) -> str | None:
         """Why the context budget ended the trajectory before its task did, if it did."""
@@ -667,7 +726,7 @@ class TrajectoryWorkflow:
                     f"the budget {budget} (max_total_tokens; rollout.max_model_len)")
         return f"context budget exhausted after {self.state.step} turns: {used} of {budget} tokens"
 
-    async def _reward(self) -> float:
+    async def _reward(self, before_recovery: asyncio.Future | None = None) -> float:
         check = self.input.task.check
         if not check:
             return 1.0
@@ -677,7 +736,7 @@ class TrajectoryWorkflow:
         action = Action(trajectory=self.input.trajectory_id, step=self.state.step + 1, command=check)
         executed = await self._on_sandbox(
             "sandbox.exec", lambda handle: ExecArgs(handle=handle, action=action, isolated=True), ExecResult,
-            summary=f"check: {_first_line(check)}",
+            summary=f"check: {_first_line(check)}", before_recovery=before_recovery,
         )
         return 1.0 if executed.observation.exit_code == 0 else 0.0
 

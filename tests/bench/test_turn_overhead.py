@@ -56,6 +56,20 @@ def test_with_the_observation_appended_locally_its_time_is_in_the_workflow_task_
     assert inside_tasks.in_activities_s == pytest.approx(as_activity.in_activities_s - 2 * 0.03)
 
 
+def test_an_append_beside_the_final_check_is_not_waited_for():
+    """The last observation appended beside the final check: the window ends when the check
+    is scheduled, whichever of the two was scheduled first."""
+    loop = turn(0.0) + turn(0.34)[:2]
+    first_the_check = loop + [ActivitySpan("sandbox.exec", 0.58, 0.59, 0.7),
+                              ActivitySpan("append_observation", 0.5801, 0.59, 0.62)]
+    first_the_append = loop + [ActivitySpan("append_observation", 0.5799, 0.59, 0.62),
+                               ActivitySpan("sandbox.exec", 0.58, 0.59, 0.7)]
+    for spans in (first_the_check, first_the_append):
+        split = split_turn_loop(spans, turns=2)
+        assert split.loop_s == pytest.approx(0.58)
+        assert split.workflow_tasks_s >= 0
+
+
 def test_a_history_shorter_than_the_trace_is_an_error_not_a_figure():
     with pytest.raises(click.ClickException, match="ran 1 actions, the trace has 2 turns"):
         split_turn_loop(turn(0.0), turns=2)

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import itertools
+
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -121,18 +123,21 @@ def test_policy_state_round_trips_as_workflow_state():
     assert CheckpointPolicy.model_validate_json(policy.model_dump_json()) == policy
 
 
-trace_steps = st.lists(
-    st.builds(
-        TraceStep,
-        output_tokens=st.integers(0, 4000),
-        per_token_s=st.floats(0.0, 0.05),
-        action_s=st.floats(0.0, 20.0),
-        checkpoint_s=st.floats(0.0, 5.0),
-        size_mb=st.floats(0.0, 500.0),
-    ),
-    min_size=1,
-    max_size=60,
-)
+@st.composite
+def trace_step(draw, staged: bool | None = None) -> TraceStep:
+    """One turn; its checkpoint staged (a capture, then a publish) or in one call, drawn
+    unless `staged` says."""
+    checkpoint_s = draw(st.floats(0.0, 5.0))
+    staged = draw(st.booleans()) if staged is None else staged
+    return TraceStep(
+        output_tokens=draw(st.integers(0, 4000)), per_token_s=draw(st.floats(0.0, 0.05)),
+        action_s=draw(st.floats(0.0, 20.0)), checkpoint_s=checkpoint_s, size_mb=draw(st.floats(0.0, 500.0)),
+        capture_s=checkpoint_s * draw(st.floats(0.0, 1.0)) if staged else None,
+    )
+
+
+trace_steps = st.lists(trace_step(), min_size=1, max_size=60)
+staged_trace_steps = st.lists(trace_step(staged=True), min_size=1, max_size=60)
 
 
 @settings(max_examples=200, deadline=None)
@@ -197,3 +202,58 @@ def test_blind_to_the_trace_lengths_the_policy_predicts_from_history():
 
 def test_trace_lengths_are_known_by_default():
     assert PolicyConfig().trace_lengths_known is True
+
+
+@settings(max_examples=200, deadline=None)
+@given(trace=staged_trace_steps, mode=st.sampled_from(["every-step", "adaptive"]), lengths_known=st.booleans())
+def test_a_publish_runs_beside_the_action_that_started_it_and_adaptive_never_waits_for_one(trace, mode, lengths_known):
+    """Staged checkpoints: each publish starts with an action (the one after its capture) or
+    at the end; one checkpoint is in flight at a time; adaptive waits only for captures."""
+    config = PolicyConfig(mode=mode, trace_lengths_known=lengths_known)
+    timeline = simulate(trace, config)
+    actions = {i.start for i in timeline.intervals if i.kind == "action"}
+    captures = [i for i in timeline.intervals if i.kind == "checkpoint"]
+    publishes = [i for i in timeline.intervals if i.kind == "publish"]
+    for publish in publishes:
+        assert publish.start in actions or publish.end == timeline.wall_s, publish
+    for capture, following in itertools.pairwise(captures):
+        stored = max([p.end for p in publishes if p.step == capture.step], default=capture.end)
+        assert following.start >= stored - 1e-9, (capture, following)
+    if mode == "adaptive":
+        capture_waits = 0.0
+        for capture in captures:
+            next_generation = [i for i in timeline.intervals if i.kind == "generate" and i.step == capture.step + 1]
+            if next_generation:
+                capture_waits += max(capture.end - next_generation[0].end, 0.0)
+        assert abs(timeline.wait_s - capture_waits) < 1e-6
+
+
+def test_a_staged_checkpoint_is_waited_for_only_as_long_as_its_capture():
+    """A 1 s checkpoint whose capture takes 0.2 s beside a 0.5 s generation: the one-call
+    checkpoint holds every action 0.5 s; staged, nothing waits, and the publish runs
+    beside the action."""
+    turn = dict(output_tokens=50, per_token_s=0.01, action_s=2.0, checkpoint_s=1.0, size_mb=1)
+    one_call = simulate([TraceStep(**turn)] * 4, PolicyConfig(mode="every-step"))
+    staged = simulate([TraceStep(**turn, capture_s=0.2)] * 4, PolicyConfig(mode="every-step"))
+    assert one_call.wait_s == 1.5 and staged.wait_s == 0.0
+    assert staged.wall_s == one_call.wall_s - 1.5
+    assert [i.kind for i in staged.intervals if i.step == 0] == ["generate", "action", "checkpoint", "publish"]
+
+
+def test_adaptive_skips_past_a_publish_that_outlasts_the_action_and_every_step_waits_for_it():
+    turn = TraceStep(output_tokens=100, per_token_s=0.01, action_s=0.1, checkpoint_s=0.8, capture_s=0.3, size_mb=1)
+    adaptive_run = simulate([turn] * 6, adaptive(alpha=1.0))
+    every_step = simulate([turn] * 6, PolicyConfig(mode="every-step"))
+    assert adaptive_run.checkpoints == 3 and adaptive_run.wait_s == 0.0  # every other step: the publish runs on
+    assert every_step.checkpoints == 6 and every_step.wait_s > 0
+
+
+def test_at_the_bound_the_caller_must_not_skip_past_a_checkpoint_being_stored():
+    policy = CheckpointPolicy(config=adaptive(max_unprotected_steps=2, max_unprotected_replay_s=5.0))
+    policy.observe_action(0.1)
+    assert not policy.at_bound()
+    policy.observe_action(0.1)
+    assert policy.at_bound()  # two steps
+    policy.mark_protected()
+    policy.observe_action(6.0)
+    assert policy.at_bound()  # 6 s of replay

@@ -52,6 +52,12 @@ class TrajectoryStack:
         """Leave the workflow queue to a worker the test runs itself."""
         await self._stop("workflow")
 
+    async def replace_rollout_worker(self, activities: list) -> None:
+        """The rollout queue served by `activities` from now on (e.g. a node of an older version)."""
+        await self._stop("rollout")
+        worker = Worker(self.client, task_queue=self.queues.rollout, activities=activities)
+        self.workers["rollout"] = (worker, asyncio.create_task(worker.run()))
+
     async def stop_sandbox_workers(self) -> None:
         """Leave the sandbox queues to workers the test runs itself."""
         await self._stop("sandbox-shared", "sandbox-host")
@@ -79,7 +85,8 @@ async def trajectory_stack(stack_config, storage_config, tokenizer_path, *, repl
     workers = {
         "workflow": Worker(client, task_queue=queues.context, workflows=[TrajectoryWorkflow, TrajectoryGroupWorkflow],
                            activities=context.all()),
-        "rollout": Worker(client, task_queue=queues.rollout, activities=[rollout.generate]),
+        # as a node's own queue: its turns, and the last observation appended where they were
+        "rollout": Worker(client, task_queue=queues.rollout, activities=[rollout.generate, context.append_observation]),
         "sandbox-shared": Worker(client, task_queue=queues.sandbox, activities=sandbox_activities.all()),
         "sandbox-host": Worker(client, task_queue=boxes.host.host_queue, activities=sandbox_activities.all()),
     }

@@ -122,6 +122,34 @@ async def test_each_action_waits_for_the_checkpoints_capture_and_runs_beside_its
         assert publish > action, "the publish started beside the generation, before the action"
 
 
+async def test_the_last_observation_is_appended_by_the_node_beside_the_final_check(stack):
+    """After the last action, the final check and the last observation's append are
+    scheduled together, the append on the node that served the turns; a node that does not
+    have the append (an older version) leaves it to the workflow's worker, with the same
+    context and the same verdict."""
+    on_node = await start(stack, STATEFUL_TRACE, policy="none")
+    by_node = await on_node.result()
+    assert by_node.status == "completed", by_node.reason
+    events = await activity_events(on_node)
+    append = events.index(("scheduled", "append_observation"))
+    assert events[append - 1] == ("scheduled", "sandbox.exec"), events[append - 3:]  # the check, just before
+    assert events.index(("completed", "append_observation")) > append
+    history = await on_node.fetch_history()
+    queues = [e.activity_task_scheduled_event_attributes.task_queue.name for e in history.events
+              if e.activity_task_scheduled_event_attributes.activity_type.name == "append_observation"]
+    assert queues == [stack.queues.rollout]
+
+    await stack.replace_rollout_worker([stack.rollout.generate])
+    fallback = await start(stack, STATEFUL_TRACE, policy="none")
+    locally = await fallback.result()
+    assert locally.status == "completed", locally.reason
+    events = await activity_events(fallback)
+    assert events.count(("scheduled", "append_observation")) == 1  # refused once, not retried
+    assert ("completed", "append_observation") not in events
+    assert (locally.token_sha256, locally.env_sha256, locally.tokens) == \
+        (by_node.token_sha256, by_node.env_sha256, by_node.tokens)
+
+
 CLOCK_TRACE = STATEFUL_TRACE.model_copy(update={
     "id": "clock",
     "turns": [

@@ -61,7 +61,8 @@ async def serve(config: BelayerConfig) -> None:
             role=f"rollout-{config.rollout.node_id}",
             task_queues=[own_queue, config.temporal.rollout_task_queue],
             activities=[activities.generate],
-            queue_activities={own_queue: publishing.all()},
+            # the last observation of a run is appended where its log's head is known
+            queue_activities={own_queue: [*publishing.all(), activities.context.append_observation]},
             max_concurrent_activities=max(1, config.rollout.max_num_seqs),
         )
     finally:
