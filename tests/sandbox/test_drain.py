@@ -43,7 +43,7 @@ def test_a_drained_sandbox_resumes_on_another_host_from_the_drains_checkpoint(tw
     report = drain.drain_host(hosts.host_a, deadline_s=0.5)
 
     (moved,) = report.sandboxes
-    assert (moved.sandbox_id, moved.outcome, moved.step) == (handle.sandbox_id, "moved", len(STEPS))
+    assert (moved.sandbox_id, moved.outcome, moved.step) == (handle.sandbox_id, "moved", len(STEPS)), moved.detail
     assert moved.paused_s > 0 and report.emptied_s is not None
     assert hosts.a.lineages() == {}  # removed from the drained host
     with pytest.raises(HostDraining):
