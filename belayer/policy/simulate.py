@@ -4,11 +4,11 @@ The workflow starts a chosen checkpoint right after the action and lets it run b
 next generation. A staged checkpoint (`TraceStep.capture_s` given) comes in two halves: the
 next action waits for its capture only, and its publish runs beside that action; a decision
 made while the publish still runs skips (adaptive) or waits for it (every-step, or adaptive
-at its bound of unprotected work). A
-checkpoint in one call (`capture_s` None, as before staging) is waited for whole by the
-next action. This module replays that rule on measured phase durations, so the policy can
-be tested as a timeline (bounds, no capture beside an action) and so a benchmark can
-estimate what the same trace would cost with the engine on its own accelerator.
+at its bound of unprotected work). A checkpoint in one call (`capture_s` None, as before
+staging) is waited for whole by the next action. This module replays that rule on measured
+phase durations, so the policy can be tested as a timeline (bounds, no capture beside an
+action) and so a benchmark can estimate what the same trace would cost with the engine on
+its own accelerator.
 """
 
 from __future__ import annotations
