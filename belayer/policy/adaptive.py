@@ -137,17 +137,36 @@ class CheckpointPolicy(BaseModel):
 
     def _checkpointing(self, decision: int | None) -> DecisionRecord | None:
         """Decision number `decision` (the last when None), if it is held and took a checkpoint."""
-        index = len(self.decisions) - 1 if decision is None else decision - (self.decided - len(self.decisions) + 1)
+        index = len(self.decisions) - 1 if decision is None else decision - self.first_held
         if 0 <= index < len(self.decisions) and self.decisions[index].checkpointed:
             return self.decisions[index]
         return None
 
+    @property
+    def first_held(self) -> int:
+        """The number of `decisions[0]` (decisions are numbered from 1 as they are made)."""
+        return self.decided - len(self.decisions) + 1
+
     def at_bound(self) -> bool:
         """The unprotected work has reached a bound: the next decision takes a checkpoint
         whatever it costs, after waiting for one still being stored if it must."""
+        return self._bound_reached() is not None
+
+    def skips_past_storing(self) -> bool:
+        """Whether the next decision goes ahead while the checkpoint before it is still
+        being stored (its publish outlasted the action), instead of waiting for it:
+        adaptive does, short of a bound (`decide` then skips, as one checkpoint is in
+        flight at a time); every-step waits, as its next checkpoint is due at once."""
+        return self.config.mode == "adaptive" and not self.at_bound()
+
+    def _bound_reached(self) -> str | None:
+        """Why the unprotected work has reached a bound; None when it has not."""
         cfg = self.config
-        return (self.unprotected_steps >= cfg.max_unprotected_steps
-                or self.unprotected_replay_s >= cfg.max_unprotected_replay_s)  # fmt: skip
+        if self.unprotected_steps >= cfg.max_unprotected_steps:
+            return f"{self.unprotected_steps} unprotected steps reach the bound"
+        if self.unprotected_replay_s >= cfg.max_unprotected_replay_s:
+            return f"unprotected replay {self.unprotected_replay_s:.1f}s reaches the bound"
+        return None
 
     def mark_protected(self) -> None:
         """A checkpoint covering every action so far was taken (or a restore landed on one)."""
@@ -212,8 +231,7 @@ class CheckpointPolicy(BaseModel):
 
     def forget_decisions(self, upto: int) -> None:
         """Drop decisions 1..upto (logged elsewhere); the latest one always stays."""
-        first_kept = self.decided - len(self.decisions) + 1
-        drop = min(max(upto - first_kept + 1, 0), len(self.decisions) - 1)
+        drop = min(max(upto - self.first_held + 1, 0), len(self.decisions) - 1)
         self.decisions = self.decisions[drop:]
 
     def _verdict(self, predicted: float, estimated: float, storing_step: int | None) -> tuple[Verdict, str]:
@@ -230,12 +248,9 @@ class CheckpointPolicy(BaseModel):
             return "checkpoint", (
                 f"generation {predicted:.3f}s >= {cfg.alpha} x checkpoint {estimated:.3f}s"
             )
-        if self.unprotected_steps >= cfg.max_unprotected_steps:
-            return "forced", f"{self.unprotected_steps} unprotected steps reach the bound"
-        if self.unprotected_replay_s >= cfg.max_unprotected_replay_s:
-            return "forced", (
-                f"unprotected replay {self.unprotected_replay_s:.1f}s reaches the bound"
-            )
+        bound = self._bound_reached()
+        if bound is not None:
+            return "forced", bound
         return "skip", f"generation {predicted:.3f}s < {cfg.alpha} x checkpoint {estimated:.3f}s"
 
     # -- reporting -------------------------------------------------------------------

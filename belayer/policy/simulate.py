@@ -110,7 +110,7 @@ def simulate(trace: list[TraceStep], config: PolicyConfig, *, end_tokens: int | 
         max_unprotected = max(max_unprotected, policy.unprotected_steps)
         storing = None
         if flight is not None:
-            if flight.published_at > action_end and config.mode == "adaptive" and not policy.at_bound():
+            if flight.published_at > action_end and policy.skips_past_storing():
                 storing = flight.step
             else:
                 action_end = settle(action_end)

@@ -552,12 +552,17 @@ class TrajectoryWorkflow:
         pending = self.pending_checkpoint
         if pending is None:
             return None
-        policy = self.state.policy
-        if pending.staged and not pending.task.done() and policy.config.mode == "adaptive":
-            if not (policy.at_bound() and workflow.patched(BOUND_WAITS_FOR_STORING_PATCH)):
-                return pending.step
+        if pending.staged and not pending.task.done() and self._skips_past_storing():
+            return pending.step
         await self._settle_checkpoint()
         return None
+
+    def _skips_past_storing(self) -> bool:
+        policy = self.state.policy
+        if policy.skips_past_storing():
+            return True
+        # Histories from before the patch skipped at the bound too.
+        return policy.config.mode == "adaptive" and not workflow.patched(BOUND_WAITS_FOR_STORING_PATCH)
 
     async def _settle_checkpoint(self) -> None:
         """Wait for the checkpoint in flight (if any) and account for it."""
@@ -648,11 +653,10 @@ class TrajectoryWorkflow:
         """Decisions and recoveries not in the log yet. The latest decision is complete only
         once the next generation and its checkpoint are over: it waits unless the end came."""
         log, policy = self.state.log, self.state.policy
-        first_held = policy.decided - len(policy.decisions) + 1
         done = policy.decided - 1 if keep_latest_decision else policy.decided
         if self.pending_checkpoint is not None:  # its decision is complete once it is stored
             done = min(done, self.pending_checkpoint.decision - 1)
-        decisions = [d for n, d in enumerate(policy.decisions, first_held) if log.decisions < n <= done]
+        decisions = [d for n, d in enumerate(policy.decisions, policy.first_held) if log.decisions < n <= done]
         return LogEntries(decisions_from=log.decisions + 1, decisions=decisions,
                           recoveries_from=log.recoveries + 1, recoveries=self.state.recoveries[log.recoveries:])
 
