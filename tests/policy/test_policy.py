@@ -257,3 +257,16 @@ def test_at_the_bound_the_caller_must_not_skip_past_a_checkpoint_being_stored():
     policy.mark_protected()
     policy.observe_action(6.0)
     assert policy.at_bound()  # 6 s of replay
+
+
+def test_only_adaptive_short_of_the_bound_goes_ahead_of_a_checkpoint_being_stored():
+    policy = CheckpointPolicy(config=adaptive(max_unprotected_steps=2))
+    policy.observe_action(0.1)
+    assert policy.skips_past_storing()
+    policy.observe_action(0.1)
+    assert not policy.skips_past_storing()  # at the bound: wait for it, then take one
+    decision = policy.decide(2, size_mb=10.0)
+    assert (decision.verdict, decision.reason) == ("forced", "2 unprotected steps reach the bound")
+    every_step = CheckpointPolicy(config=PolicyConfig(mode="every-step"))
+    every_step.observe_action(0.1)
+    assert not every_step.skips_past_storing()
