@@ -2,7 +2,8 @@
 
 Tests never use the developer's own `belayer up` stack: each session starts its own
 SeaweedFS (and Temporal where needed) under a temporary state directory, on free
-loopback ports, and stops exactly those processes at the end, even on failure.
+loopback ports, and stops exactly those processes at the end, even on failure, and
+even when the run itself is terminated (`pytest_configure`).
 """
 
 from __future__ import annotations
@@ -21,6 +22,17 @@ from belayer.stack.process import ManagedProcess
 from belayer.stack.services import SeaweedFS, TemporalDevServer, port_in_use
 from belayer.storage.config import StorageConfig
 from belayer.storage.s3client import make_s3_client
+
+
+def pytest_configure(config) -> None:
+    """A run ended by SIGTERM (`timeout`, a CI job's limit) stops what it started too.
+
+    By default SIGTERM kills pytest outright, and the session's servers, sandboxes and
+    engines, started in sessions of their own, live on as orphans. As a
+    KeyboardInterrupt, pytest reports the run interrupted and still tears down every
+    fixture (the same path as Ctrl-C).
+    """
+    signal.signal(signal.SIGTERM, signal.default_int_handler)
 
 
 def free_port_block(count: int, *, with_grpc: bool) -> list[int]:
