@@ -12,6 +12,8 @@ from pathlib import Path
 import psutil
 import pytest
 
+from belayer.stack.process import PidRecord
+
 REPO_ROOT = Path(__file__).resolve().parents[1]
 
 PROBE = '''
@@ -44,23 +46,16 @@ def test_a_terminated_run_stops_the_services_it_started(tmp_path):
             assert run.poll() is None, run.stdout.read().decode()
             assert time.monotonic() < deadline, "the probe run never started SeaweedFS"
             time.sleep(0.2)
-        server = psutil.Process(int(pid_file.read_text()))
-        assert server.is_running()
+        proc = psutil.Process(int(pid_file.read_text()))
+        server = PidRecord(proc.pid, proc.cmdline(), proc.create_time())
 
         run.send_signal(signal.SIGTERM)
         output = run.communicate(timeout=60)[0].decode()
     finally:
         if run.poll() is None:
             run.kill()
-    survived = _alive(server)
-    if survived:
-        server.kill()  # this test's own failure leaves nothing behind either
-    assert not survived, f"SeaweedFS (pid {server.pid}) outlived the terminated run:\n{output}"
+    survivor = server.process()  # None once exited (or the pid names another process)
+    if survivor is not None:
+        survivor.kill()  # this test's own failure leaves nothing behind either
+    assert survivor is None, f"SeaweedFS (pid {server.pid}) outlived the terminated run:\n{output}"
     assert run.returncode == pytest.ExitCode.INTERRUPTED, output
-
-
-def _alive(proc: psutil.Process) -> bool:
-    try:
-        return proc.is_running() and proc.status() != psutil.STATUS_ZOMBIE
-    except psutil.NoSuchProcess:
-        return False
