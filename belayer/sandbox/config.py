@@ -26,6 +26,12 @@ class SandboxConfig(Section):
         64, ge=4, le=1 << 20, description="Size of the agent's home tmpfs /home/agent (MiB); travels in checkpoints."
     )
     tmp_mb: int = Field(64, ge=4, le=1 << 20, description="Size of the /tmp tmpfs (MiB); travels in checkpoints.")
+    run_mb: int = Field(
+        8, ge=1, le=4096, description="Size of the /run tmpfs (MiB; pid files, sockets); travels in checkpoints."
+    )
+    shm_mb: int = Field(
+        64, ge=1, le=1 << 20, description="Size of /dev/shm (MiB; POSIX shared memory); travels in checkpoints."
+    )
     journal_mb: int = Field(
         64, ge=4, le=4096,
         description="Size of the supervisor's journal tmpfs (MiB); when full, old observations keep only hashes.",
@@ -88,13 +94,17 @@ class SandboxConfig(Section):
     def _tmpfs_fit_in_memory(self) -> "SandboxConfig":
         # tmpfs pages are charged to the container's memory: full tmpfs mounts alone must
         # leave room for the processes (a full /workspace would otherwise OOM-kill PID 1).
-        tmpfs = self.workspace_mb + self.home_mb + self.tmp_mb + self.journal_mb + TMPFS_FIXED_MB
+        sized = {name: getattr(self, name) for name in TMPFS_FIELDS}
+        tmpfs = sum(sized.values()) + TMPFS_FIXED_MB
         if tmpfs > self.memory_mb * 0.75:
             raise ValueError(
-                f"sandbox tmpfs sizes (workspace_mb + home_mb + tmp_mb + journal_mb + {TMPFS_FIXED_MB} = "
-                f"{tmpfs} MiB) exceed 3/4 of memory_mb ({self.memory_mb}); raise sandbox.memory_mb or lower them"
+                f"sandbox tmpfs sizes ({' + '.join(f'{k} {v}' for k, v in sized.items())} + {TMPFS_FIXED_MB} fixed "
+                f"(/var/tmp, /run/lock, /dev) = {tmpfs} MiB) exceed 3/4 of memory_mb ({self.memory_mb}); "
+                f"raise sandbox.memory_mb or lower them"
             )
         return self
 
 
-TMPFS_FIXED_MB = 17  # /var/tmp (16) and /run/lock (1)
+TMPFS_FIELDS = ("workspace_mb", "home_mb", "tmp_mb", "run_mb", "shm_mb", "journal_mb")
+# /var/tmp (16), /run/lock (1) and /dev (64: runc's fixed size; the agent's uid 0 owns it).
+TMPFS_FIXED_MB = 16 + 1 + 64

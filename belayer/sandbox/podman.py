@@ -20,11 +20,15 @@ Isolation of each container:
   unprivileged agent user makes every dump fail. The agent's shell starts with empty
   capability sets (the supervisor clears them) and no-new-privileges keeps every exec
   from regaining them (infra/sandbox/supervisor.py explains the rest);
+* system calls: Belayer's seccomp profile, podman's default without keyrings, BPF,
+  io_uring, userfaultfd and new namespaces (belayer/sandbox/seccomp.py says why each);
 * memory (tmpfs included, swap off), cpus and pids limits;
 * disk: the root file system is read-only (the agent cannot fill the host's disk
   through the overlay: overlay size= needs XFS); /workspace, /home/agent, /tmp,
-  /var/tmp, /run/lock and the journal /var/lib/belayer are size-limited tmpfs, which
-  travel inside the checkpoint and count against the memory limit;
+  /var/tmp, /run, /run/lock, /dev/shm and the journal /var/lib/belayer are size-limited
+  tmpfs, which travel inside the checkpoint and count against the memory limit (without
+  our sizes, --read-only's /run would be half the host's memory);
+* environment: no proxy variables of the host's (--http-proxy=false);
 * the channel: a host directory (uid 999, 0700) bind-mounted at /run/belayer.
 """
 
@@ -40,7 +44,7 @@ import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 
-from belayer.sandbox import compression, fork_archive, runtime
+from belayer.sandbox import compression, fork_archive, runtime, seccomp
 from belayer.sandbox.config import SandboxConfig
 from belayer.sandbox.errors import (
     CheckpointFailed,
@@ -92,6 +96,7 @@ class PodmanBackend:
         self.cache_dir = cache_dir
         self._image_id: str | None = None
         self._versions: dict[str, str] | None = None
+        self._seccomp_profile: Path | None = None
 
     # ------------------------------------------------------------------ plumbing
     def _cmd(self, *args: str) -> list[str]:
@@ -157,9 +162,11 @@ class PodmanBackend:
             "run", "-d", "--name", name, "--hostname", "sandbox",
             "--label", f"{LABEL_SANDBOX}={sandbox_id}", "--label", f"{LABEL_GENERATION}={generation}",
             f"--network=ns:{self.netns_path(sandbox_id)}", f"--annotation=org.criu.config={runtime.CRIU_CONFIG}",
-            "--cap-drop=ALL", f"--cap-add={CAPS}", "--security-opt=no-new-privileges", "--read-only",
+            "--cap-drop=ALL", f"--cap-add={CAPS}", "--security-opt=no-new-privileges",
+            f"--security-opt=seccomp={self.seccomp_profile()}", "--read-only", "--http-proxy=false",
             f"--memory={c.memory_mb}m", f"--memory-swap={c.memory_mb}m", f"--cpus={c.cpus:g}",
-            f"--pids-limit={c.pids_limit}",
+            f"--pids-limit={c.pids_limit}", f"--shm-size={c.shm_mb}m",
+            "--tmpfs", f"/run:rw,size={c.run_mb}m,mode=0755",
             "--tmpfs", f"/workspace:rw,exec,size={c.workspace_mb}m,mode=0755",
             "--tmpfs", f"/home/agent:rw,exec,size={c.home_mb}m,mode=0755",
             "--tmpfs", f"/tmp:rw,exec,size={c.tmp_mb}m,mode=1777",
@@ -172,6 +179,13 @@ class PodmanBackend:
             args += ["--label", f"{k}={v}"]
         self.podman(*args, c.image, *SUPERVISOR_ARGV)
         return name
+
+    def seccomp_profile(self) -> Path:
+        """Belayer's profile (belayer/sandbox/seccomp.py), written from this host's default
+        once per backend. Restores and forks need no file: the filter travels in the checkpoint."""
+        if self._seccomp_profile is None:
+            self._seccomp_profile = seccomp.write_profile(runtime.seccomp_profile_path(self.state_dir))
+        return self._seccomp_profile
 
     def is_running(self, container: str) -> bool:
         r = self.podman("container", "inspect", "--format", "{{.State.Running}}", container, check=False)

@@ -106,6 +106,12 @@ def podman_dirs(state_dir: str | os.PathLike[str] | None = None) -> dict[str, Pa
     }
 
 
+def seccomp_profile_path(state_dir: str | os.PathLike[str] | None = None) -> Path:
+    """Belayer's seccomp profile of its sandboxes, which belayer/sandbox/seccomp.py writes
+    from podman's default profile as installed on this host."""
+    return _state(state_dir).absolute() / "podman" / "seccomp.json"
+
+
 def criu_bin_dir(cache_dir: str | os.PathLike[str] | None = None) -> Path:
     return _cache(cache_dir).absolute() / "bin"
 

@@ -20,8 +20,10 @@ elapsed() { echo "$(( ($(date +%s%N) - t0) / 1000000 ))ms"; }
 # What Belayer needs from the system. conmon and containernetworking-plugins come
 # in as podman's hard dependencies; iproute2 gives `ip netns` (per-sandbox loopback
 # namespaces) and the `ip` CRIU runs when it dumps network state; zstd unpacks a
-# checkpoint archive once per host when it is forked into several sandboxes.
-PACKAGES=(podman runc conmon iptables iproute2 debootstrap zstd)
+# checkpoint archive once per host when it is forked into several sandboxes;
+# golang-github-containers-common (podman pulls it in too) holds the default seccomp
+# profile, /usr/share/containers/seccomp.json, that belayer/sandbox/seccomp.py narrows.
+PACKAGES=(podman runc conmon golang-github-containers-common iptables iproute2 debootstrap zstd)
 
 missing=()
 for p in "${PACKAGES[@]}"; do
