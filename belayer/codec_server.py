@@ -150,7 +150,8 @@ def make_server(config, port: int | None = None) -> CodecServer:
             "BELAYER_STORAGE__ENCRYPTION_KEY (or `storage.encryption_key` in the config file) to "
             "the key the workers use"
         )
-    codec = EncryptionCodec.from_setting(config.storage.encryption_key)
+    codec = EncryptionCodec.from_setting(config.storage.encryption_key,
+                                         accept_plaintext=config.temporal.accept_plaintext_payloads)
     ui_host = config.temporal.address.rpartition(":")[0] or HOST
     port = config.temporal.codec_port if port is None else port
     try:

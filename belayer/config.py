@@ -50,6 +50,13 @@ class TemporalConfig(Section):
         "under a key derived from storage.encryption_key, which must then be set; the web UI "
         "shows them through `belayer codec-server`.",
     )
+    accept_plaintext_payloads: bool = Field(
+        False,
+        description="With encrypt_payloads on, still read payloads that carry no encryption marker "
+        "(histories written before encryption was switched on). Off by default: an unmarked "
+        "payload is refused, as anyone who can reach Temporal could have written it. Turn it on "
+        "only until the workflows started before encryption have ended.",
+    )
     codec_port: int = Field(
         8081, ge=1, le=65535,
         description="Port of `belayer codec-server` on 127.0.0.1; `belayer up` points the web UI "

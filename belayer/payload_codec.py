@@ -17,8 +17,11 @@ Format (one payload): metadata `encoding: binary/encrypted` and `encryption-key-
 `VERSION (1) | salt (16) | AES-256-GCM(serialized inner Payload) + 16-byte tag`. The
 key id and the version are authenticated too: a payload edited, truncated, or sealed
 under another key is refused with `PayloadDecryptError`, never decoded to garbage.
-Payloads without the marker pass through `decode` untouched (histories written before
-encryption was switched on stay readable).
+A payload without the marker is refused too: whoever can reach Temporal (a client
+without the key, a signal sent from the CLI) could have written it, and an encrypting
+deployment decodes only what its own key sealed. Histories written before encryption
+was switched on are read with `temporal.accept_plaintext_payloads` (off by default),
+until the workflows that hold them have ended.
 """
 
 from __future__ import annotations
@@ -62,18 +65,20 @@ def key_id(payload_key: bytes) -> str:
 class EncryptionCodec(PayloadCodec):
     """AES-256-GCM for every payload, keyed from `storage.encryption_key`."""
 
-    def __init__(self, master_key: bytes):
+    def __init__(self, master_key: bytes, *, accept_plaintext: bool = False):
         if len(master_key) != KEY_BYTES:
             raise ConfigError(f"a payload key has {KEY_BYTES} bytes, not {len(master_key)}")
         self._key = derive_payload_key(master_key)
         self.key_id = key_id(self._key)
+        self.accept_plaintext = accept_plaintext
 
     @classmethod
-    def from_setting(cls, encryption_key) -> EncryptionCodec:
-        """From the `storage.encryption_key` setting (a SecretStr or its text)."""
+    def from_setting(cls, encryption_key, *, accept_plaintext: bool = False) -> EncryptionCodec:
+        """From the `storage.encryption_key` setting (a SecretStr or its text) and
+        `temporal.accept_plaintext_payloads`."""
         text = encryption_key.get_secret_value() if hasattr(encryption_key, "get_secret_value") \
             else encryption_key
-        return cls(parse_key(text))
+        return cls(parse_key(text), accept_plaintext=accept_plaintext)
 
     def __repr__(self) -> str:
         return f"EncryptionCodec(key_id={self.key_id})"
@@ -105,7 +110,7 @@ class EncryptionCodec(PayloadCodec):
 
     def decrypt(self, payload: Payload) -> Payload:
         if payload.metadata.get("encoding") != ENCODING:
-            return payload
+            return self._unmarked(payload)
         kid = payload.metadata.get(KEY_ID_METADATA, b"").decode(errors="replace")
         if kid != self.key_id:
             raise PayloadDecryptError(
@@ -125,3 +130,16 @@ class EncryptionCodec(PayloadCodec):
                 "encryption, or its key id was forged"
             ) from None
         return Payload.FromString(plain)
+
+    def _unmarked(self, payload: Payload) -> Payload:
+        """A payload this codec did not seal: refused, unless old histories are being read."""
+        if self.accept_plaintext:
+            return payload
+        encoding = payload.metadata.get("encoding", b"").decode(errors="replace") or "(none)"
+        raise PayloadDecryptError(
+            f"payload is not encrypted (encoding {encoding!r}, not {ENCODING.decode()!r}) but payload "
+            "encryption is on: it was not written by a Belayer process holding storage.encryption_key "
+            "(a client without the codec, or a history from before encryption was switched on). If "
+            "it is an old history, set BELAYER_TEMPORAL__ACCEPT_PLAINTEXT_PAYLOADS=true (or "
+            "`temporal.accept_plaintext_payloads`) until its workflows have ended"
+        )

@@ -49,7 +49,8 @@ def data_converter(cfg: TemporalConfig, encryption_key=None) -> DataConverter:
     (the `storage.encryption_key` SecretStr) when `cfg.encrypt_payloads` is on.
 
     Failure messages and stack traces are moved into an encoded payload too when
-    encrypting: they often quote commands and their output.
+    encrypting: they often quote commands and their output. A payload without the
+    codec's marker is then refused (`cfg.accept_plaintext_payloads` reads old histories).
     """
     if not cfg.encrypt_payloads:
         return pydantic_data_converter
@@ -61,7 +62,7 @@ def data_converter(cfg: TemporalConfig, encryption_key=None) -> DataConverter:
         raise missing_key_error()
     return dataclasses.replace(
         pydantic_data_converter,
-        payload_codec=EncryptionCodec.from_setting(secret),
+        payload_codec=EncryptionCodec.from_setting(secret, accept_plaintext=cfg.accept_plaintext_payloads),
         failure_converter_class=DefaultFailureConverterWithEncodedAttributes,
     )
 

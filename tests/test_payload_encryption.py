@@ -126,9 +126,17 @@ def test_payload_key_is_derived_apart_from_the_archive_key():
     assert derive_payload_key(master) not in (master, archive)
 
 
-def test_unencrypted_payloads_pass_through_decode():
-    codec = EncryptionCodec.from_setting(new_key())
-    assert codec.decrypt(plain_payload("old history")) == plain_payload("old history")
+def test_unencrypted_payload_is_refused_unless_old_histories_are_read():
+    """Anyone who reaches Temporal can write a plaintext payload: an encrypting worker
+    decodes only what its key sealed, and reads old plaintext histories only when told to."""
+    key = new_key()
+    with pytest.raises(PayloadDecryptError, match=r"not encrypted.*ACCEPT_PLAINTEXT_PAYLOADS"):
+        EncryptionCodec.from_setting(key).decrypt(plain_payload("forged"))
+    reading_old = EncryptionCodec.from_setting(key, accept_plaintext=True)
+    assert reading_old.decrypt(plain_payload("old history")) == plain_payload("old history")
+    converter = data_converter(TemporalConfig(encrypt_payloads=True, accept_plaintext_payloads=True), key)
+    assert converter.payload_codec.accept_plaintext
+    assert not data_converter(TemporalConfig(encrypt_payloads=True), key).payload_codec.accept_plaintext
 
 
 def test_switch_without_key_names_both_settings():

@@ -36,6 +36,7 @@ from belayer.sandbox.models import (
     ObservationRef,
     RecoverOutcome,
     SandboxHandle,
+    SandboxId,
     SandboxSpec,
     StagedCheckpoint,
 )
@@ -54,8 +55,8 @@ class _Model(BaseModel):
 
 class CreateSandboxArgs(_Model):
     spec: SandboxSpec = Field(default_factory=SandboxSpec, description="Setup commands and labels.")
-    sandbox_id: str | None = Field(
-        None, pattern=r"^sbx-[0-9a-z-]{4,40}$",
+    sandbox_id: SandboxId | None = Field(
+        None,
         description="Lineage id chosen by the workflow (workflow.uuid4()) so a retried create replaces "
         "its own earlier attempt instead of leaking it; default: a fresh one.",
     )

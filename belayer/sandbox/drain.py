@@ -30,7 +30,7 @@ from typing import TYPE_CHECKING, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from belayer.sandbox.models import CheckpointRef
+from belayer.sandbox.models import CheckpointRef, SandboxId
 
 if TYPE_CHECKING:
     from belayer.sandbox.host import SandboxHost
@@ -47,7 +47,7 @@ class _Model(BaseModel):
 class DrainRecord(_Model):
     """Where the drain of `host_queue` left generation `generation` of a sandbox."""
 
-    sandbox_id: str
+    sandbox_id: SandboxId
     generation: int = Field(ge=0)
     host_queue: str
     checkpoint: CheckpointRef
@@ -56,7 +56,7 @@ class DrainRecord(_Model):
 class DrainedSandbox(_Model):
     """What the drain did with one sandbox."""
 
-    sandbox_id: str
+    sandbox_id: SandboxId
     outcome: Literal["moved", "fell-back", "gone"] = Field(
         description="moved: checkpointed and removed, its trajectory resumes elsewhere from that checkpoint; "
         "fell-back: not idle before the deadline, killed, its trajectory recovers from its last checkpoint; "

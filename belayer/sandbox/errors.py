@@ -16,6 +16,10 @@ class SandboxError(BelayerError):
     retryable = False
 
 
+class InvalidSandboxId(SandboxError):
+    """A sandbox id Belayer would never make (a path, `..`): refused before anything is touched."""
+
+
 class SandboxNotFound(SandboxError):
     """No container for this sandbox on this host (destroyed, or the host was replaced)."""
 

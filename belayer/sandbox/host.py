@@ -18,6 +18,7 @@ import contextlib
 import hashlib
 import logging
 import os
+import re
 import secrets
 import tempfile
 import threading
@@ -60,6 +61,8 @@ from belayer.sandbox.models import (
     SandboxHandle,
     SandboxSpec,
     StagedCheckpoint,
+    checked_sandbox_id,
+    path_under,
 )
 from belayer.sandbox.placement import HostLoad
 
@@ -96,6 +99,8 @@ print(h.hexdigest())
 # What the fs-only baseline keeps: the agent's writable trees, not processes.
 FS_SNAPSHOT_PATHS = ["workspace", "home/agent", "tmp"]
 STAGED_DIR = "staged-checkpoints"  # under the state directory: captured, not yet published
+# One checkpoint's directory under its lineage's prefix, as `_checkpoint_base` names it.
+_CHECKPOINT_DIR = re.compile(r"[0-9]{8,}-g[0-9]+-[0-9a-f]{8}/")
 
 
 @dataclass
@@ -155,6 +160,9 @@ class SandboxHost:
 
     # ------------------------------------------------------------------ helpers
     def _lock(self, sandbox_id: str) -> threading.Lock:
+        """The sandbox's lock: every call on a sandbox takes it, so an id Belayer never makes
+        (`../x`, `/etc`) is refused here, before any file or container is touched."""
+        checked_sandbox_id(sandbox_id)
         with self._locks_guard:
             return self._locks.setdefault(sandbox_id, threading.Lock())
 
@@ -360,7 +368,7 @@ class SandboxHost:
         """The second half: the captured file compressed into the store and its meta.json
         written, niced like the capture; the file is removed once it is stored. A retry
         after a publish that stored everything finds its meta.json and returns the same ref."""
-        path = Path(staged.path)
+        path = self._staged_file(staged)
         if not path.is_file():
             return self._published_before(staged)
         t0 = time.monotonic()
@@ -389,7 +397,22 @@ class SandboxHost:
     def _staged_path(self, base_key: str) -> Path:
         staged_dir = self.state_dir / STAGED_DIR
         staged_dir.mkdir(parents=True, exist_ok=True)
-        return staged_dir / (base_key[len(self.cfg.checkpoint_prefix):].strip("/").replace("/", "--") + ".tar")
+        return path_under(staged_dir, base_key[len(self.cfg.checkpoint_prefix):].strip("/").replace("/", "--") + ".tar")
+
+    def _staged_file(self, staged: StagedCheckpoint) -> Path:
+        """The file a capture on this host wrote for `staged`: its store key must be under its
+        own lineage's prefix, and its path the one this host derives from that key. A staged
+        checkpoint crosses Temporal, and publish uploads, then deletes, the file it names."""
+        lineage_prefix = f"{self.cfg.checkpoint_prefix}{staged.sandbox_id}/"
+        rest = staged.base_key[len(lineage_prefix):]
+        if not staged.base_key.startswith(lineage_prefix) or not _CHECKPOINT_DIR.fullmatch(rest):
+            raise CheckpointCorrupt(f"staged checkpoint key {staged.base_key!r} is not under sandbox "
+                                    f"{staged.sandbox_id}'s checkpoints ({lineage_prefix}<step>/): refused")
+        path = self._staged_path(staged.base_key)
+        if Path(staged.path) != path:
+            raise CheckpointCorrupt(f"staged checkpoint names file {staged.path}, not {path}, the file its "
+                                    "capture wrote: refused")
+        return path
 
     def _idle_info(self, handle: SandboxHandle) -> dict:
         """The supervisor's state of an idle sandbox at the handle's generation (its lock held)."""
@@ -727,6 +750,9 @@ class SandboxHost:
         meta = self.load_meta(ref)
         if not meta.fs_key or not meta.fs_sha256:
             raise CheckpointCorrupt(f"{ref.meta_key} has no file-system snapshot")
+        if meta.fs_sha256 != ref.fs_sha256:
+            raise CheckpointCorrupt(f"{ref.meta_key}: metadata names another file-system snapshot than the "
+                                    "workflow recorded")
         from belayer.storage.errors import StorageError
 
         try:
@@ -765,7 +791,7 @@ class SandboxHost:
 
     def delete_checkpoints(self, sandbox_id: str) -> int:
         """Delete the lineage's checkpoints; its lineage records stay (belayer/sandbox/lineage.py)."""
-        prefix = f"{self.cfg.checkpoint_prefix}{sandbox_id}/"
+        prefix = f"{self.cfg.checkpoint_prefix}{checked_sandbox_id(sandbox_id)}/"
         dirs = {key[len(prefix):].split("/", 1)[0] + "/" for key in self.store.list(prefix)}
         return sum(self.store.delete_prefix(prefix + d) for d in sorted(dirs - {lineage.DIR}))
 
@@ -810,6 +836,7 @@ class SandboxHost:
 
     def drained_checkpoint(self, handle: SandboxHandle) -> CheckpointRef | None:
         """The checkpoint a drain took of exactly this generation, if one did."""
+        checked_sandbox_id(handle.sandbox_id)
         record = drain.find_record(self.store, self.cfg.checkpoint_prefix, handle.sandbox_id, handle.generation)
         return record.checkpoint if record is not None else None
 
@@ -832,6 +859,7 @@ class SandboxHost:
         handle's. A store error propagates (fail closed): the translator makes a
         transient one retryable.
         """
+        checked_sandbox_id(handle.sandbox_id)
         newest = lineage.newest_generation(self.store, self.cfg.checkpoint_prefix, handle.sandbox_id)
         if newest is None or newest <= handle.generation:
             return
@@ -873,7 +901,7 @@ class SandboxHost:
 def _ref_of(meta_key: str, meta: CheckpointMeta) -> CheckpointRef:
     """What the workflow keeps of the checkpoint whose meta.json is `meta` at `meta_key`."""
     return CheckpointRef(meta_key=meta_key, step=meta.step, archive_sha256=meta.archive_sha256,
-                         archive_bytes=meta.archive_bytes)  # fmt: skip
+                         archive_bytes=meta.archive_bytes, fs_sha256=meta.fs_sha256)  # fmt: skip
 
 
 def _check_prefix(ref: CheckpointRef, meta: CheckpointMeta, log: list[LoggedAction]) -> None:

@@ -28,6 +28,8 @@ from typing import Protocol
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from belayer.sandbox.models import SandboxId
+
 log = logging.getLogger(__name__)
 
 DIR = "lineage/"
@@ -46,7 +48,7 @@ class LineageRecord(BaseModel):
 
     model_config = ConfigDict(extra="forbid")
 
-    sandbox_id: str
+    sandbox_id: SandboxId
     generation: int = Field(ge=0, description="The generation this record describes.")
     host_queue: str = Field(description="Task queue of the host that created or restored it.")
     container: str = Field(description="Container name on that host.")

@@ -9,12 +9,46 @@ from __future__ import annotations
 import base64
 import hashlib
 import json
-from typing import Literal
+import os
+import re
+from pathlib import Path
+from typing import Annotated, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from belayer.sandbox.errors import InvalidSandboxId
+
 SETUP_TRAJECTORY = "__setup__"
 RecoveryMode = Literal["full", "replay", "fs-only"]
+
+# Every sandbox id Belayer makes: `sbx-` and 12 hex digits (host.create, the workflows), or
+# a fork's `sbx-<name>-<token>` (benchmarks). No '/', no '.': an id is always one path
+# component, a netns name, a container name and a store key component, never a way out.
+SANDBOX_ID_PATTERN = r"^sbx-[0-9a-z-]{4,40}$"
+_SANDBOX_ID = re.compile(SANDBOX_ID_PATTERN)
+SandboxId = Annotated[str, Field(pattern=SANDBOX_ID_PATTERN, description="Lineage id: sbx-[0-9a-z-]{4,40}.")]
+
+
+def checked_sandbox_id(sandbox_id: str) -> str:
+    """`sandbox_id` when it has the form Belayer gives ids; `InvalidSandboxId` otherwise.
+    For ids that reach the host without a model's validation (a direct call, a copied
+    handle), before any file, container or store key is built from them."""
+    if not isinstance(sandbox_id, str) or not _SANDBOX_ID.fullmatch(sandbox_id):
+        raise InvalidSandboxId(
+            f"sandbox id {sandbox_id!r} is not one Belayer makes (sbx- then 4 to 40 of a-z, 0-9 and '-'): "
+            "refused before any file, container or checkpoint is touched"
+        )
+    return sandbox_id
+
+
+def path_under(root: Path | str, name: str) -> Path:
+    """`root/name` for a name built from a sandbox id, refused (`InvalidSandboxId`) unless it
+    stays inside `root` as written (`..`, an absolute name or a '/' cannot lead out)."""
+    base = os.path.normpath(root)
+    path = os.path.normpath(os.path.join(base, name))
+    if os.path.dirname(path) != base or name in ("", ".", ".."):
+        raise InvalidSandboxId(f"{name!r} would leave {base}: refused")
+    return Path(path)
 
 
 class _Model(BaseModel):
@@ -24,7 +58,7 @@ class _Model(BaseModel):
 class SandboxHandle(_Model):
     """What the workflow holds: never the resource, only where and which generation."""
 
-    sandbox_id: str = Field(description="Stable id of the sandbox lineage (survives restores).")
+    sandbox_id: SandboxId = Field(description="Stable id of the sandbox lineage (survives restores).")
     host_queue: str = Field(description="Task queue of the sandbox host that runs it now.")
     generation: int = Field(ge=0, description="Bumped on every restore; stale handles are refused.")
     container: str = Field(description="Container name on that host (sandbox id + generation).")
@@ -139,7 +173,7 @@ class SandboxSpec(_Model):
 class CheckpointMeta(_Model):
     """Stored next to each archive as meta.json; a restore trusts nothing else."""
 
-    sandbox_id: str
+    sandbox_id: SandboxId
     trajectory: str | None = Field(description="Trajectory the sandbox serves (None before any action).")
     step: int = Field(ge=0, description="Journal head when the checkpoint was taken.")
     generation: int = Field(ge=0, description="Supervisor generation inside the archive.")
@@ -168,12 +202,15 @@ class CheckpointMeta(_Model):
 
 
 class CheckpointRef(_Model):
-    """What the workflow keeps of a checkpoint: pointers and hashes only."""
+    """What the workflow keeps of a checkpoint: pointers and hashes only. The hashes pin
+    what a restore may use: meta.json must name the same archive and file-system snapshot."""
 
     meta_key: str
     step: int = Field(ge=0)
     archive_sha256: str
     archive_bytes: int = Field(ge=0)
+    fs_sha256: str | None = Field(
+        None, description="sha256 of the file-system snapshot (fs-only baseline), when one was taken.")
 
 
 class StagedCheckpoint(_Model):
@@ -182,7 +219,7 @@ class StagedCheckpoint(_Model):
     captured it can publish it; the store key is fixed at capture, so a retried publish
     finds the checkpoint it already wrote."""
 
-    sandbox_id: str
+    sandbox_id: SandboxId
     trajectory: str | None
     step: int = Field(ge=0, description="Journal head at the capture.")
     generation: int = Field(ge=0)
@@ -198,14 +235,14 @@ class ForkTarget(_Model):
     """One sandbox to start from another lineage's checkpoint: its id and the trajectory it
     serves (its journal answers that trajectory's inherited steps and refuses the parent's)."""
 
-    sandbox_id: str = Field(pattern=r"^sbx-[0-9a-z-]{4,40}$", description="The fork's own lineage id.")
+    sandbox_id: SandboxId = Field(description="The fork's own lineage id.")
     trajectory: str = Field(min_length=1, max_length=200, description="Trajectory the fork serves.")
 
 
 class ForkOutcome(_Model):
     """What became of one fork: a handle, or why it could not start (nothing left running)."""
 
-    sandbox_id: str
+    sandbox_id: SandboxId
     handle: SandboxHandle | None = None
     error: str | None = Field(None, description="The failure, typed: '<ErrorType>: message'.")
     ready_s: float = Field(0.0, ge=0, description="From the start of the fork call until this one was ready.")

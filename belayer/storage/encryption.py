@@ -1,10 +1,18 @@
-"""Encryption at rest for checkpoint archives (they hold process memory).
+"""Encryption at rest for checkpoint archives (they hold process memory), and
+authentication of the checkpoint metadata that says how to restore them.
 
 `EncryptedArchiveStore` wraps the slice of `ObjectStore` that sandbox checkpoints use
 (belayer/sandbox/host.py `ArchiveStore`) and encrypts, client-side, every object that
 carries sandbox data: archive streams and `fs.tar` snapshots. Checkpoint metadata
-(`meta.json`: steps, hashes, versions) stays readable, so tools can list checkpoints
-without the key.
+(`meta.json`: steps, hashes, versions, the lineage, its netns and channel) and a
+drain's record of the checkpoint it took stay readable, so tools can list checkpoints
+without the key, but they carry a MAC: HMAC-SHA256 under a key derived from the
+configured one (label `belayer checkpoint metadata mac v1`), over the object key and the
+bytes, in the object's own metadata (`x-amz-meta-belayer-mac`, written and read in the
+same request as the bytes). One edited, copied from another key, or written without the
+key is refused (`CorruptObject`) before anything parses it. With the archive's AES-GCM
+(below) and the archive sha256 the workflow pins (`CheckpointRef`), nothing a restore
+uses comes from the bucket unauthenticated.
 
 Format (one object): `MAGIC (8) | salt (32)` then frames `length (4, big-endian) |
 AES-256-GCM(ciphertext + 16-byte tag)` of at most `CHUNK` plaintext bytes each. The
@@ -25,6 +33,7 @@ from __future__ import annotations
 import base64
 import binascii
 import hashlib
+import hmac
 import os
 import struct
 from collections.abc import Iterable, Iterator
@@ -42,6 +51,8 @@ KEY_BYTES = 32
 # Names (last key component) of what holds agent data: checkpoint archives and file-system
 # snapshots, observations and the step records of the trajectory log.
 ENCRYPTED_SUFFIXES = ("archive", "fs.tar", "observation", "record")
+MAC_METADATA = "belayer-mac"
+MAC_LABEL = b"belayer checkpoint metadata mac v1"
 
 
 def parse_key(text: str) -> bytes:
@@ -179,6 +190,38 @@ def _nonce(counter: int, last: bool) -> bytes:
     return counter.to_bytes(11, "big") + (b"\x01" if last else b"\x00")
 
 
+class MetadataMac:
+    """HMAC-SHA256 of a readable control-plane object, bound to its object key."""
+
+    def __init__(self, key: bytes):
+        from cryptography.hazmat.primitives import hashes
+        from cryptography.hazmat.primitives.kdf.hkdf import HKDF
+
+        self._key = HKDF(algorithm=hashes.SHA256(), length=KEY_BYTES, salt=None, info=MAC_LABEL).derive(key)
+
+    def __repr__(self) -> str:
+        return "MetadataMac(key=**********)"
+
+    @staticmethod
+    def applies_to(key: str) -> bool:
+        """meta.json, and a drain's record (`<lineage>/drained/g<N>.json`): what names the
+        checkpoint a restore starts from."""
+        parts = key.rsplit("/", 2)
+        return parts[-1] == "meta.json" or (len(parts) == 3 and parts[1] == "drained" and parts[2].endswith(".json"))
+
+    def tag(self, key: str, data: bytes) -> str:
+        return hmac.new(self._key, key.encode() + b"\0" + data, hashlib.sha256).hexdigest()
+
+    def check(self, key: str, data: bytes, metadata: dict[str, str]) -> None:
+        got = metadata.get(MAC_METADATA)
+        if got is None:
+            raise CorruptObject(f"{key!r} carries no MAC: it was written without storage.encryption_key "
+                                "(or not by Belayer); refused")
+        if not hmac.compare_digest(got, self.tag(key, data)):
+            raise CorruptObject(f"{key!r} fails authentication (MAC): edited, copied from another key, or "
+                                "written under another storage.encryption_key; refused")
+
+
 class EncryptedArchiveStore:
     """An `ArchiveStore` that encrypts sandbox data at rest and passes the rest through.
 
@@ -190,6 +233,7 @@ class EncryptedArchiveStore:
     def __init__(self, inner: Any, key: bytes):
         self.inner = inner
         self.cipher = ArchiveCipher(key)
+        self.mac = MetadataMac(key)
 
     def __repr__(self) -> str:
         return f"EncryptedArchiveStore({self.inner!r}, key=**********)"
@@ -203,6 +247,10 @@ class EncryptedArchiveStore:
 
     def put_bytes(self, key: str, data: bytes, *, if_absent: bool = False, metadata=None):
         """Metadata is stored as given, in the clear (token-log marks, never secrets)."""
+        if self.mac.applies_to(key):
+            data = bytes(data)
+            metadata = {**(metadata or {}), MAC_METADATA: self.mac.tag(key, data)}
+            return self.inner.put_bytes(key, data, if_absent=if_absent, metadata=metadata)
         if not self.encrypts(key):
             return self.inner.put_bytes(key, data, if_absent=if_absent, metadata=metadata)
         return self.inner.put_bytes(
@@ -210,6 +258,10 @@ class EncryptedArchiveStore:
         )
 
     def get_bytes(self, key: str, *, expected_sha256: str | None = None) -> bytes:
+        if self.mac.applies_to(key):
+            data, metadata = self.inner.get_bytes_and_metadata(key, expected_sha256=expected_sha256)
+            self.mac.check(key, data, metadata)
+            return data
         stored = self.inner.get_bytes(key, expected_sha256=expected_sha256)
         if not self.encrypts(key):
             return stored

@@ -140,6 +140,11 @@ class ObjectStore:
 
     def get_bytes(self, key: str, *, expected_sha256: str | None = None) -> bytes:
         """The whole object, after checking size and sha256 (recorded, and `expected_sha256`)."""
+        return self.get_bytes_and_metadata(key, expected_sha256=expected_sha256)[0]
+
+    def get_bytes_and_metadata(self, key: str, *, expected_sha256: str | None = None) -> tuple[bytes, dict[str, str]]:
+        """`get_bytes`, and the metadata the object was written with (as `head_metadata`
+        gives it), from the same single request: the two belong to one version of the object."""
 
         def fetch() -> tuple[dict, bytes]:
             resp = self.client.get_object(Bucket=self.cfg.bucket, Key=self._full(key))
@@ -148,7 +153,7 @@ class ObjectStore:
         resp, data = self._call("get", key, fetch)
         size, sha = self._expected(key, resp, expected_sha256)
         _verify(key, len(data), hashlib.sha256(data).hexdigest(), size, sha)
-        return data
+        return data, _caller_metadata_of(resp)
 
     # ---- streams ---------------------------------------------------------------------
 
@@ -266,8 +271,7 @@ class ObjectStore:
             raise CorruptObject(
                 f"{key!r} has no recorded sha256: it was not written through Belayer's ObjectStore"
             )
-        caller = {k: v for k, v in resp.get("Metadata", {}).items() if k not in _RESERVED_METADATA}
-        return ObjectRef(key=key, size=recorded[0], sha256=recorded[1]), caller
+        return ObjectRef(key=key, size=recorded[0], sha256=recorded[1]), _caller_metadata_of(resp)
 
     def exists(self, key: str) -> bool:
         try:
@@ -676,6 +680,12 @@ def _caller_metadata(key: str, metadata: Mapping[str, str] | None) -> dict[str, 
         if not isinstance(value, str) or not value.isascii() or len(value) > 256:
             raise ValueError(f"{key!r}: metadata {name!r} must be an ASCII string of at most 256 characters")
     return caller
+
+
+def _caller_metadata_of(resp: dict) -> dict[str, str]:
+    """The metadata a caller wrote with the object (`put_bytes(metadata=...)`), from a
+    GET or HEAD response: the store's own hash fields left out."""
+    return {k: v for k, v in resp.get("Metadata", {}).items() if k not in _RESERVED_METADATA}
 
 
 def _verify(key: str, got_size: int, got_sha: str, size: int, sha: str) -> None:
