@@ -84,16 +84,19 @@ def run_action(
     timeout_s: float,
     output_cap: int,
     isolated: bool = False,
+    processes: str = "frozen",
     poll_s: float = 2.0,
 ) -> dict:
     """Submit an action and poll until it is done; returns the supervisor's reply.
 
-    `isolated`: run it in a clean process that inherits nothing of the agent's shell.
+    `isolated`: run it in a clean process that inherits nothing of the agent's shell (the
+    check); `processes` ("frozen" or "running"): whether the agent's processes are stopped
+    while it runs.
     """
     req = {
         "op": "submit", "trajectory": trajectory, "step": step, "generation": generation,
         "command": command, "timeout_s": timeout_s, "output_cap": output_cap, "wait_s": poll_s,
-        "isolated": isolated,
+        "isolated": isolated, "processes": processes,
     }  # fmt: skip
     reply = call(sock_path, req, timeout_s=poll_s + 30)
     while reply["state"] != "done":

@@ -68,6 +68,24 @@ from belayer.sandbox.placement import HostLoad
 
 HASH_SCRIPT = r"""
 import hashlib, os, stat, sys
+def file_digest(p):
+    # Never follow a link, never block on a FIFO or device swapped in after lstat: open
+    # without following or waiting, then hash only what is still a regular file.
+    try:
+        fd = os.open(p, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
+    except OSError as exc:
+        return "unreadable:" + type(exc).__name__
+    try:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            return "not-a-regular-file"
+        f = hashlib.sha256()
+        for chunk in iter(lambda: os.read(fd, 1 << 20), b""):
+            f.update(chunk)
+        return f.hexdigest()
+    except OSError as exc:
+        return "unreadable:" + type(exc).__name__
+    finally:
+        os.close(fd)
 root = sys.argv[1]
 h = hashlib.sha256()
 for dirpath, dirnames, filenames in os.walk(root):
@@ -82,14 +100,7 @@ for dirpath, dirnames, filenames in os.walk(root):
         elif stat.S_ISDIR(st.st_mode):
             h.update(b"D\0" + rel + b"\0" + str(mode).encode() + b"\0")
         elif stat.S_ISREG(st.st_mode):
-            f = hashlib.sha256()
-            try:
-                with open(p, "rb") as fh:
-                    for chunk in iter(lambda: fh.read(1 << 20), b""):
-                        f.update(chunk)
-                digest = f.hexdigest()
-            except OSError as exc:
-                digest = "unreadable:" + type(exc).__name__
+            digest = file_digest(p)
             h.update(b"F\0" + rel + b"\0" + str(mode).encode() + b"\0" + digest.encode() + b"\0")
         else:
             h.update(b"O\0" + rel + b"\0")
@@ -282,33 +293,67 @@ class SandboxHost:
 
     # ------------------------------------------------------------------ exec
     def _run(self, sandbox_id: str, trajectory: str, step: int, generation: int, command: str,
-             timeout_s: float | None, isolated: bool = False) -> Observation:  # fmt: skip
+             timeout_s: float | None, isolated: bool = False, processes: str = "frozen") -> Observation:  # fmt: skip
         reply = channel.run_action(
             self._sock(sandbox_id), trajectory=trajectory, step=step, generation=generation, command=command,
             timeout_s=timeout_s or self.cfg.action_timeout_s, output_cap=self.cfg.output_cap_bytes,
-            isolated=isolated,
+            isolated=isolated, processes=processes,
         )  # fmt: skip
         return Observation.from_supervisor(reply["observation"], replayed=bool(reply.get("replayed")))
 
-    def exec(self, handle: SandboxHandle, action: Action, *, isolated: bool = False) -> Observation:
+    def exec(self, handle: SandboxHandle, action: Action, *, isolated: bool = False,
+             processes: str = "frozen") -> Observation:  # fmt: skip
         """Run one action exactly once (a repeated (trajectory, step) returns the journal's).
 
-        `isolated` (the reward check): a clean process in /workspace with the base
+        `isolated` (the reward check): a clean process in /workspace with the verifier's
         environment, none of the agent's variables, functions or options; it hands
-        nothing on to the agent's later actions.
+        nothing on to the agent's later actions. With `processes="frozen"` the agent's
+        processes are stopped first and stay stopped until its next action.
         """
         self._refuse_if_superseded(handle)
         if faults.active("sandbox_kill_during_exec"):
             threading.Timer(0.2, self.backend.kill, args=(handle.container,)).start()
         with self._lock(handle.sandbox_id):
             self._refuse_if_moved(handle.sandbox_id)
-            return self._run(handle.sandbox_id, action.trajectory, action.step, handle.generation,
-                             action.command, action.timeout_s, isolated)  # fmt: skip
+            self._find_oom_counter(handle.container)
+            try:
+                return self._run(handle.sandbox_id, action.trajectory, action.step, handle.generation,
+                                 action.command, action.timeout_s, isolated, processes)  # fmt: skip
+            except SandboxUnreachable as lost:
+                raise self._why_lost(handle, action.step, lost) from lost
+
+    def _find_oom_counter(self, container: str) -> None:
+        """Look up, beside the container's first action, where the kernel counts its OOM
+        kills: once PID 1 has died, podman removes the cgroup within a fraction of a second,
+        sooner than a lookup that starts then could find it."""
+        with self._locks_guard:
+            if container not in self._oom_counters:
+                self._oom_counters[container] = self._oom_counter_lookups.submit(self.backend.memory_cgroup, container)
+                while len(self._oom_counters) > OOM_COUNTERS_KEPT:
+                    self._oom_counters.pop(next(iter(self._oom_counters)))
+
+    def _why_lost(self, handle: SandboxHandle, step: int, lost: SandboxUnreachable) -> SandboxUnreachable:
+        """The sandbox stopped answering during action `step` (its lock held): why, as far as
+        this host can tell (`loss_cause`); a cause inside the sandbox makes the loss the
+        policy's (errors.CAUSED_BY_AGENT), which the workflow does not recover."""
+        with self._locks_guard:
+            counter = self._oom_counters.pop(handle.container, None)
+        try:
+            kills = oom_kills(counter.result(timeout=5) if counter is not None else None)
+        except Exception:  # noqa: BLE001 -- a lookup that failed is a count not known
+            kills = None
+        cause, why = loss_cause(self.backend.exit_state(handle.container), kills)
+        return SandboxUnreachable(f"sandbox {handle.sandbox_id} lost during step {step}: {why} ({lost})",
+                                  cause=cause, step=step)  # fmt: skip
 
     def workspace_hash(self, handle: SandboxHandle, path: str = "/workspace") -> str:
-        """sha256 over /workspace's paths, modes and contents (no timestamps)."""
+        """sha256 over /workspace's paths, modes and contents (no timestamps).
+
+        The agent's processes are frozen first (until its next action), so nothing changes
+        the tree while it is read."""
         with self._lock(handle.sandbox_id):
             self._refuse_if_moved(handle.sandbox_id)
+            channel.call(self._sock(handle.sandbox_id), {"op": "freeze"})
             out = self.backend.run_as_agent(handle.container, ["python3", "-I", "-c", HASH_SCRIPT, path])
         return out.decode().strip()
 

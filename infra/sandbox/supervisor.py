@@ -14,10 +14,15 @@ What lives here, and what must not:
   carry over. This process -- never the agent's bash -- reports the exit status
   (waitpid) and frames the output, so nothing the agent defines can forge how a later
   action is delivered or reported;
-* the reward check runs "isolated": a fresh bash in /workspace with the base
-  environment and none of the agent's state, journaled like an action. What the agent
-  can still influence is the file system (the point of the task) and processes it left
-  running; what it cannot is the check's environment, PATH, functions, options or status;
+* the reward check runs "isolated": a fresh bash in /workspace with the verifier's
+  environment (fixed PATH, a fresh empty HOME and TMPDIR, no Python user site, no script
+  directory first on sys.path, no git configuration) and none of the agent's state,
+  journaled like an action. Unless the task declares `verify_with_processes: running`,
+  every process the agent left is frozen (SIGSTOP, pass after pass until none runs)
+  before the check starts and stays frozen through the workspace hash (the host's
+  `freeze` request) until the agent's next action. What the agent can still influence is
+  the file system (the point of the task); what it cannot is the check's environment,
+  PATH, functions, options, status, or what the check writes while it runs;
 * per-action timeout: the processes the action started are killed; a bash that is
   itself stuck (a builtin loop) is killed too, and the next action starts from the
   state of the action before; the observation says so;
@@ -44,13 +49,21 @@ processes whose uids and gids all equal its own (an agent running as uid 1000 ma
 every dump fail with "Can't get rlimit"). So the agent is root *without any
 capability*: the shell is started through `--drop-caps-exec`, which clears its
 effective, permitted and inheritable sets, and the container's no-new-privileges
-keeps every later exec from regaining them. The journal (a tmpfs at
+keeps every later exec from regaining them. That helper starts from a fixed environment
+and gets the action's environment as data (a memfd), so no LD_*, GCONV_PATH, LOCPATH or
+GLIBC_TUNABLES of the agent's applies while it holds a capability; those names are not
+carried between actions either. It raises the action's oom_score_adj to 1000 while
+PID 1 keeps 0, so an OOM kill takes the agent's processes, not PID 1. No process here
+holds CAP_SYS_RESOURCE, so nothing goes below 0, but an agent can lower its own to 0 and
+raise PID 1's (they share a uid); the OOM kill of PID 1 it then provokes is the sandbox's
+own, which the host counts as the agent's failure. The journal (a tmpfs at
 /var/lib/belayer) and the channel directory are owned by uid 999 with mode 0700:
 a capability-less root is not their owner and cannot enter them; only PID 1 keeps
 CAP_DAC_OVERRIDE (to reach them) and CAP_CHOWN (to hand the journal to 999 at
 start). PID 1 marks itself non-dumpable, so the agent cannot ptrace it or open
-/proc/1/fd or /proc/1/mem, and it installs no SIGTERM/SIGINT handler, so the kernel
-drops those signals from inside the container (podman removes sandboxes with SIGKILL).
+/proc/1/fd or /proc/1/mem, and it handles SIGINT, SIGTERM, SIGHUP, SIGQUIT (and the
+other signals whose default would end it) by doing nothing, and no error ends its main
+loop (podman removes sandboxes with SIGKILL).
 The root file system is read-only; everything writable is a size-limited tmpfs.
 
 No host-side policy lives here (limits, checkpoints, storage): only what must run
@@ -132,6 +145,26 @@ NOT_CARRIED = frozenset(
     "MACHTYPE OSTYPE HISTCMD LINENO RANDOM SRANDOM SECONDS EPOCHREALTIME EPOCHSECONDS FUNCNAME "
     "PIPESTATUS DIRSTACK OPTIND OPTARG OPTERR IFS PS4 COLUMNS LINES".split()
 )
+# Variables the dynamic loader and glibc read at every exec: an agent that exports them
+# steers how the next program is loaded (LD_PRELOAD, LD_DEBUG_OUTPUT, GCONV_PATH...). They
+# never reach a process holding a capability (the helper starts from a fixed environment)
+# and are not carried to the next action either: an agent sets them per command.
+LOADER_VARIABLES = frozenset("GCONV_PATH LOCPATH GLIBC_TUNABLES NLSPATH HOSTALIASES RESOLV_HOST_CONF".split())
+LOADER_PREFIXES = ("LD_", "MALLOC_")
+# OOM scores. No process on these hosts holds CAP_SYS_RESOURCE, so none can go below the
+# floor it inherited (0) and none can move the floor: PID 1 keeps 0, every action starts
+# at 1000 (raising needs no privilege), so memory pressure kills the agent's processes.
+# An agent may still lower its own to 0 and raise PID 1's (same uid): the OOM kill of
+# PID 1 that follows is the sandbox's own, counted as the agent's failure by the host.
+PID1_OOM_SCORE_ADJ = 0
+AGENT_OOM_SCORE_ADJ = 1000
+# Signals the agent may send PID 1 from inside: each gets a handler that does nothing, so
+# none of them ends PID 1 (Python's own SIGINT handler would raise KeyboardInterrupt).
+IGNORED_BY_PID1 = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT, signal.SIGUSR1,
+                   signal.SIGUSR2, signal.SIGALRM, signal.SIGTSTP, signal.SIGTTIN, signal.SIGTTOU)
+# How many passes the freezer makes before it gives up on a sandbox that keeps spawning
+# or waking processes (a pass stops everything it sees; a stopped process cannot fork).
+FREEZE_PASSES = 200
 MAX_ENTRY_BYTES = 128 * 1024 - 1  # execve's MAX_ARG_STRLEN: a longer entry makes the next exec fail
 MAX_STATE_BYTES = 1 << 20
 _IDENTIFIER = re.compile(r"[A-Za-z_][A-Za-z0-9_]*\Z")
@@ -274,6 +307,67 @@ def list_processes() -> dict[int, tuple[int, int, int]]:
     return out
 
 
+def _proc_state(pid: int) -> str | None:
+    """The state letter of a process (R, S, D, T, t, Z...), or None when it is gone."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            stat = f.read()
+    except OSError:
+        return None
+    return stat[stat.rfind(b")") + 2 :][:1].decode()
+
+
+class FreezeFailed(Exception):
+    """The agent's processes kept running through every freezing pass."""
+
+
+class Freezer:
+    """Stops the agent's processes for the check and the workspace hash, and resumes them.
+
+    Every process but PID 1 is the agent's in a sandbox (locally: only those in the
+    sessions of actions this supervisor started). A pass SIGSTOPs every one that is not
+    stopped; passes repeat until one finds none running, so a respawner (a stopped
+    process cannot fork) or one sending SIGCONT to another cannot escape. What was
+    stopped here is resumed (SIGCONT) before the agent's next action, and only if it is
+    still the same process; what the agent had stopped itself stays stopped.
+    """
+
+    def __init__(self):
+        self.frozen: dict[int, int] = {}  # pid -> start time
+
+    def freeze(self, sessions: set[int]) -> int:
+        me = os.getpid()
+        for attempt in range(FREEZE_PASSES):
+            if attempt >= 10:
+                time.sleep(0.01)  # a process in uninterruptible sleep stops when it wakes
+            running = [
+                (pid, info[0]) for pid, info in list_processes().items()
+                if pid not in (me, 1) and (not LOCAL or info[1] in sessions)
+                and _proc_state(pid) not in (None, "T", "t", "Z", "X")
+            ]  # fmt: skip
+            if not running:
+                return len(self.frozen)
+            for pid, start in running:
+                try:
+                    os.kill(pid, signal.SIGSTOP)
+                    self.frozen.setdefault(pid, start)
+                except OSError:
+                    pass
+        raise FreezeFailed(
+            f"the agent's processes could not be frozen: still running after {FREEZE_PASSES} passes"
+        )
+
+    def thaw(self) -> None:
+        for pid, start in self.frozen.items():
+            info = _proc_start(pid)
+            if info is not None and info[0] == start:
+                try:
+                    os.kill(pid, signal.SIGCONT)
+                except OSError:
+                    pass
+        self.frozen.clear()
+
+
 def process_limit_note(what: str, exc: BaseException) -> str:
     """Why an action did not run when the sandbox is out of pids: the agent's own doing
     (e.g. a background fork bomb), so it reads as the action's observation, with the fix."""
@@ -297,6 +391,44 @@ def _base_environment() -> dict[str, str]:
         "TERM": "dumb",
         "PYTHONDONTWRITEBYTECODE": "1",
     }
+
+
+def _verifier_environment(home: str, tmp: str) -> dict[str, str]:
+    """The check's environment: the base one with a fresh empty HOME and TMPDIR of its own, and
+    nothing a planted file can use to run code in the check's interpreters: no user site
+    (`~/.local/.../*.pth`, usercustomize), no script directory or cwd first on sys.path (a
+    /workspace/json.py shadowing the standard library), no git configuration but the repo's."""
+    env = _base_environment()
+    env.update({
+        "HOME": home, "TMPDIR": tmp, "PYTHONNOUSERSITE": "1", "PYTHONSAFEPATH": "1",
+        "GIT_CONFIG_GLOBAL": "/dev/null", "GIT_CONFIG_NOSYSTEM": "1",
+    })  # fmt: skip
+    return env
+
+
+class VerifierDirs:
+    """A fresh HOME and TMPDIR for one check, under /tmp, removed when the check ends.
+
+    The agent could write there (it is root in /tmp too): they are safe because they are
+    made after its processes were frozen, and thrown away before they resume."""
+
+    def __init__(self):
+        import tempfile
+
+        self.root = tempfile.mkdtemp(prefix="belayer-verifier-", dir=_verifier_parent())
+        self.home = os.path.join(self.root, "home")
+        self.tmp = os.path.join(self.root, "tmp")
+        os.mkdir(self.home, 0o700)
+        os.mkdir(self.tmp, 0o700)
+
+    def remove(self) -> None:
+        import shutil
+
+        shutil.rmtree(self.root, ignore_errors=True)
+
+
+def _verifier_parent() -> str:
+    return os.environ.get("BELAYER_VERIFIER_TMP", "/tmp") if LOCAL else "/tmp"
 
 
 def _workspace_dir() -> str:
@@ -333,6 +465,7 @@ class ShellState:
         env: dict[str, str] = {}
         unexported: list[str] = []
         too_long: list[str] = []
+        loader = sorted(name for name in entries if _loader_variable(name))
         for name, value in entries.items():
             if len(name.encode("utf-8", "surrogateescape")) + len(value.encode("utf-8", "surrogateescape")) >= MAX_ENTRY_BYTES:
                 too_long.append(name)
@@ -345,6 +478,8 @@ class ShellState:
         if sum(len(k) + len(v) + 2 for k, v in env.items()) > MAX_STATE_BYTES:
             return previous, [f"the shell state passed {MAX_STATE_BYTES} bytes: the previous action's is kept"]
         notes = [f"not carried to the next action (over {MAX_ENTRY_BYTES} bytes): {', '.join(too_long)}"] if too_long else []
+        if loader:
+            notes.append(f"not carried to the next action (loader variables, set them per command): {', '.join(loader)}")
         cwd = env.get("PWD", "")
         if not (cwd.startswith("/") and os.path.isdir(cwd)):
             cwd = previous.cwd if os.path.isdir(previous.cwd) else _workspace_dir()
@@ -367,8 +502,13 @@ def _carried_variable(name: str) -> bool:
     return (
         bool(_IDENTIFIER.match(name))
         and name not in NOT_CARRIED
+        and not _loader_variable(name)
         and not name.startswith(("BASH", "COMP_", "__belayer_"))
     )
+
+
+def _loader_variable(name: str) -> bool:
+    return name in LOADER_VARIABLES or name.startswith(LOADER_PREFIXES)
 
 
 class ActionStreams:
@@ -398,26 +538,59 @@ class ActionStreams:
 
 
 def spawn_action(command: bytes, state: ShellState, streams: ActionStreams) -> tuple[int, int]:
-    """Start one action's bash; returns (pid, fd of the state dump its EXIT trap writes)."""
+    """Start one action's bash; returns (pid, fd of the state dump its EXIT trap writes).
+
+    In a sandbox the bash is started by the capability-dropping helper (this file with
+    --drop-caps-exec), which holds PID 1's capabilities until it execs: it starts from a
+    fixed environment (nothing of the agent's -- LD_PRELOAD, LD_DEBUG_OUTPUT, GCONV_PATH --
+    can steer how it is loaded while it holds them) and receives the action's environment
+    as data in a memfd, which applies only to the capability-less bash."""
     text_fd = _high_fd(os.memfd_create("belayer-action"))
     dump_fd = _high_fd(os.memfd_create("belayer-state"))
+    env_fd = None
     try:
         os.write(text_fd, command)
         argv = ["/bin/bash", "--posix", "--noprofile", "--norc", "-c", state.program(text_fd, dump_fd)]
+        env, pass_fds = state.env, (text_fd, dump_fd)
         if not LOCAL:
-            argv = [sys.executable, "-I", "-S", os.path.abspath(__file__), "--drop-caps-exec", *argv]
+            env_fd = _high_fd(os.memfd_create("belayer-env"))
+            os.write(env_fd, _encode_environment(state.env))
+            argv = [sys.executable, "-I", "-S", os.path.abspath(__file__), "--drop-caps-exec", str(env_fd), *argv]
+            env, pass_fds = HELPER_ENVIRONMENT, (text_fd, dump_fd, env_fd)
         with open(os.devnull, "rb") as null:
             proc = subprocess.Popen(
-                argv, stdin=null, stdout=streams.out_w, stderr=streams.err_w, pass_fds=(text_fd, dump_fd),
-                cwd=state.cwd, env=state.env, start_new_session=True,
+                argv, stdin=null, stdout=streams.out_w, stderr=streams.err_w, pass_fds=pass_fds,
+                cwd=state.cwd, env=env, start_new_session=True,
             )  # fmt: skip
     except BaseException:
         os.close(dump_fd)
         raise
     finally:
         os.close(text_fd)
+        if env_fd is not None:
+            os.close(env_fd)
     proc.returncode = 0  # the reaper owns the exit status; Popen must never wait on this pid
     return proc.pid, dump_fd
+
+
+# The helper's own environment while it holds capabilities: fixed, never the agent's.
+HELPER_ENVIRONMENT = {"PATH": "/usr/sbin:/usr/bin:/sbin:/bin", "LANG": "C.UTF-8"}
+
+
+def _encode_environment(env: dict[str, str]) -> bytes:
+    return b"".join(
+        k.encode("utf-8", "surrogateescape") + b"=" + v.encode("utf-8", "surrogateescape") + b"\0"
+        for k, v in env.items()
+    )
+
+
+def _decode_environment(data: bytes) -> dict[bytes, bytes]:
+    env = {}
+    for entry in data.split(b"\0"):
+        name, sep, value = entry.partition(b"=")
+        if sep and name:
+            env[name] = value
+    return env
 
 
 def _high_fd(fd: int) -> int:
@@ -446,21 +619,30 @@ class Reaper:
         self.child_started = threading.Event()
 
     def run_forever(self) -> None:
+        """PID 1's main loop: nothing that happens to one iteration ends it (if PID 1
+        exits, the kernel kills every process in the sandbox)."""
         while True:
             try:
-                pid, status = os.waitpid(-1, 0)
-            except ChildProcessError:
-                self.child_started.wait(0.2)
-                self.child_started.clear()
-                continue
-            except InterruptedError:
-                continue
-            with self.lock:
-                self.statuses[pid] = status
-                if len(self.statuses) > 4096:
-                    for k in list(self.statuses)[:2048]:
-                        del self.statuses[k]
-                self.lock.notify_all()
+                self._reap_one()
+            except BaseException as exc:  # noqa: BLE001 -- PID 1 must outlive any error
+                log(f"reaper: {type(exc).__name__}: {exc}")
+                time.sleep(0.05)
+
+    def _reap_one(self) -> None:
+        try:
+            pid, status = os.waitpid(-1, 0)
+        except ChildProcessError:
+            self.child_started.wait(0.2)
+            self.child_started.clear()
+            return
+        except InterruptedError:
+            return
+        with self.lock:
+            self.statuses[pid] = status
+            if len(self.statuses) > 4096:
+                for k in list(self.statuses)[:2048]:
+                    del self.statuses[k]
+            self.lock.notify_all()
 
     def wait_for(self, pid: int, timeout: float) -> int | None:
         """The wait status of `pid` once reaped, or None when `timeout` passes first."""
@@ -586,6 +768,9 @@ class Supervisor:
         self.streams = ActionStreams()
         self.state = ShellState.initial()
         self.started = time.time()
+        self.freezer = Freezer()
+        # Sessions of the actions started here: locally, the only processes the freezer touches.
+        self.action_sessions: set[int] = set()
 
     # -- requests
     def handle(self, req: dict) -> dict:
@@ -598,6 +783,8 @@ class Supervisor:
             return self.fork(int(req["expected"]), int(req["new"]), str(req["trajectory"]))
         if op in ("submit", "wait"):
             return self.submit_or_wait(req, start=(op == "submit"))
+        if op == "freeze":
+            return self.freeze()
         raise RequestError("BadRequest", f"unknown op {op!r}")
 
     def describe(self) -> dict:
@@ -609,9 +796,22 @@ class Supervisor:
                 "trajectory": self.journal.trajectory,
                 "head": self.journal.head(None),
                 "busy": self.running is not None,
+                "frozen": len(self.freezer.frozen),
                 "running": list(self.running) if self.running else None,
                 "actions": len(self.journal.entries),
             }
+
+    def freeze(self) -> dict:
+        """Stop every process of the agent's until its next action (the host hashes the
+        workspace after this: nothing may change it while it is read)."""
+        with self.lock:
+            if self.running is not None:
+                raise RequestError("Busy", f"action {self.running} is running")
+            try:
+                frozen = self.freezer.freeze(self.action_sessions)
+            except FreezeFailed as exc:
+                raise RequestError("FreezeFailed", str(exc)) from None
+            return dict(self.describe(), frozen=frozen)
 
     def set_generation(self, expected: int, new: int) -> dict:
         with self.lock:
@@ -671,8 +871,12 @@ class Supervisor:
                 timeout = float(req.get("timeout_s", 60.0))
                 cap = int(req.get("output_cap", 65536))
                 isolated = bool(req.get("isolated", False))
+                processes = str(req.get("processes", "frozen"))
+                if processes not in ("frozen", "running"):
+                    raise RequestError("BadRequest", f"processes must be 'frozen' or 'running', not {processes!r}")
                 runner = threading.Thread(
-                    target=self._run_action, args=(key, generation, command, timeout, cap, isolated), daemon=True
+                    target=self._run_action, args=(key, generation, command, timeout, cap, isolated, processes),
+                    daemon=True,
                 )
                 try:
                     runner.start()
@@ -706,9 +910,9 @@ class Supervisor:
                 )
 
     # -- one action
-    def _run_action(self, key, generation, command, timeout, cap, isolated) -> None:
+    def _run_action(self, key, generation, command, timeout, cap, isolated, processes) -> None:
         try:
-            obs = self._execute(command, timeout, cap, isolated)
+            obs = self._execute(command, timeout, cap, isolated, processes)
         except (RuntimeError, BlockingIOError) as exc:  # no thread / fork: EAGAIN
             obs = self._failed_observation(process_limit_note("the action could not run", exc))
         except Exception as exc:  # the journal must still close the action
@@ -733,13 +937,33 @@ class Supervisor:
                 "stdout": empty, "stderr": empty, "duration_s": 0.0,
                 "timed_out": False, "shell_respawned": False, "note": note}
 
-    def _execute(self, command: bytes, timeout: float, cap: int, isolated: bool) -> dict:
+    def _execute(self, command: bytes, timeout: float, cap: int, isolated: bool, processes: str) -> dict:
         """Run one action in its own bash and report what this process saw, not what bash said.
 
-        `isolated` (the reward check): the process starts from the base environment in
-        /workspace and hands nothing on; the agent's state stays as it was.
+        `isolated` (the reward check): the process starts from the verifier's environment
+        in /workspace and hands nothing on; the agent's state stays as it was. With
+        `processes="frozen"` every process the agent left is stopped first and stays
+        stopped (through the workspace hash) until the agent's next action resumes it.
         """
-        state = ShellState.initial() if isolated else self.state
+        if not isolated:
+            self.freezer.thaw()
+            return self._execute_as(command, timeout, cap, self.state, isolated=False)
+        if processes == "frozen":
+            try:
+                self.freezer.freeze(self.action_sessions)
+            except FreezeFailed as exc:
+                return self._failed_observation(f"the check did not run: {exc}")
+        try:
+            verifier = VerifierDirs()
+        except OSError as exc:  # /tmp exhausted by the agent: its doing, the check fails
+            return self._failed_observation(f"the check did not run: no room for its HOME and TMPDIR in /tmp: {exc}")
+        try:
+            state = ShellState(_verifier_environment(verifier.home, verifier.tmp), [], _workspace_dir())
+            return self._execute_as(command, timeout, cap, state, isolated=True)
+        finally:
+            verifier.remove()
+
+    def _execute_as(self, command: bytes, timeout: float, cap: int, state: ShellState, *, isolated: bool) -> dict:
         nonce = secrets.token_hex(8)
         out, err = Capture(nonce, cap), Capture(nonce, cap)
         before = list_processes()
@@ -748,6 +972,7 @@ class Supervisor:
         try:
             pid, dump_fd = spawn_action(command, state, self.streams)
             self.reaper.child_started.set()
+            self.action_sessions.add(pid)
         except OSError as exc:
             self.streams.attach(None, None)
             if exc.errno == errno.EAGAIN:  # fork refused: the pids limit, not a broken sandbox
@@ -862,6 +1087,10 @@ def serve(sup: Supervisor, path: str) -> None:
             conn, _ = srv.accept()
         except InterruptedError:
             continue
+        except OSError as exc:  # out of fds or memory: the channel must stay up
+            log(f"accept: {exc}")
+            time.sleep(0.1)
+            continue
         try:
             threading.Thread(target=_serve_one, args=(sup, conn), daemon=True).start()
         except RuntimeError:  # no thread left (pids limit, e.g. a fork bomb): answer inline
@@ -894,10 +1123,19 @@ def _serve_one(sup: Supervisor, conn: socket.socket) -> None:
         conn.close()
 
 
-def drop_caps_exec(argv: list[str]) -> None:
-    """Clear this process's capability sets, then exec argv (the agent's shell)."""
+def drop_caps_exec(env_fd: int, argv: list[str]) -> None:
+    """Raise this process's OOM score (inherited by all it starts), clear its capability
+    sets, then exec argv (the agent's shell) with the environment read from `env_fd` (a
+    memfd the supervisor wrote).
+
+    Runs as `python3 -I -S` from a fixed environment: until the exec it holds PID 1's
+    capabilities, so nothing of the agent's may apply before they are gone."""
     import ctypes
 
+    _set_oom_score_adj(AGENT_OOM_SCORE_ADJ)
+    size = os.fstat(env_fd).st_size
+    env = _decode_environment(os.pread(env_fd, size, 0) if size else b"")
+    os.close(env_fd)
     libc = ctypes.CDLL(None, use_errno=True)
 
     class Header(ctypes.Structure):
@@ -912,12 +1150,24 @@ def drop_caps_exec(argv: list[str]) -> None:
     if libc.capset(ctypes.byref(header), data) != 0:
         raise SystemExit(f"capset failed: errno {ctypes.get_errno()}")
     libc.prctl(47, 4, 0, 0, 0)  # PR_CAP_AMBIENT, PR_CAP_AMBIENT_CLEAR_ALL
-    os.execv(argv[0], argv)
+    os.execve(argv[0], argv, env)
+
+
+def _set_oom_score_adj(value: int) -> None:
+    try:
+        with open("/proc/self/oom_score_adj", "w") as f:
+            f.write(str(value))
+    except OSError as exc:
+        log(f"oom_score_adj {value}: {exc}")
+
+
+def _ignore_signal(signum, frame) -> None:
+    """A signal the agent sent PID 1: nothing to do (the host ends sandboxes with SIGKILL)."""
 
 
 def main() -> None:
     if len(sys.argv) > 1 and sys.argv[1] == "--drop-caps-exec":
-        drop_caps_exec(sys.argv[2:])
+        drop_caps_exec(int(sys.argv[2]), sys.argv[3:])
     signal.signal(signal.SIGPIPE, signal.SIG_IGN)
     if LOCAL:
         import ctypes
@@ -929,6 +1179,9 @@ def main() -> None:
     else:
         import ctypes
 
+        for signum in IGNORED_BY_PID1:  # a handler, not SIG_IGN: an exec resets it for the children
+            signal.signal(signum, _ignore_signal)
+        _set_oom_score_adj(PID1_OOM_SCORE_ADJ)
         ctypes.CDLL(None).prctl(4, 0, 0, 0, 0)  # PR_SET_DUMPABLE 0: no ptrace, no /proc/1/fd
         if os.path.isdir(JOURNAL_DIR) and os.stat(JOURNAL_DIR).st_uid != GUARD_UID:
             os.chown(JOURNAL_DIR, GUARD_UID, GUARD_UID)

@@ -1,0 +1,126 @@
+"""What the agent can reach of Belayer's own machinery inside a real sandbox, tried from
+its shell: the capability-holding helper that starts each action, the OOM scores, the
+freezer that holds its processes still while it is judged, and the workspace hash.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+
+import pytest
+
+from belayer.sandbox.models import Action
+
+pytestmark = pytest.mark.sandbox
+
+TRAJ = "traj-reach"
+
+
+def act(step: int, command: str) -> Action:
+    return Action(trajectory=TRAJ, step=step, command=command)
+
+
+def guarded_files(sandboxes, handle) -> list[str]:
+    """What is in the journal's directory, read from the host (the agent cannot list it)."""
+    out = sandboxes.backend.podman("exec", handle.container, "ls", "-A", "/var/lib/belayer").stdout
+    return sorted(out.decode().split())
+
+
+def test_loader_variables_never_reach_the_capability_holding_helper(sandboxes):
+    """LD_DEBUG_OUTPUT makes the dynamic loader write where it names: in the helper, which
+    still holds CAP_DAC_OVERRIDE when it is loaded, that was a write into the journal's
+    guarded directory. The helper now starts from a fixed environment, and the names are
+    not carried to the next action (the observation says so)."""
+    host = sandboxes.host
+    handle = sandboxes.create()
+    before = guarded_files(sandboxes, handle)
+    first = host.exec(handle, act(1, "export LD_DEBUG=files LD_DEBUG_OUTPUT=/var/lib/belayer/pwned; echo set"))
+    assert first.exit_code == 0 and "LD_DEBUG, LD_DEBUG_OUTPUT" in first.note, first
+    second = host.exec(handle, act(2, "echo ${LD_DEBUG_OUTPUT:-unset}"))
+    assert second.stdout == "unset\n", second
+    assert guarded_files(sandboxes, handle) == before
+
+
+def test_the_agents_processes_are_the_oom_killers_first_choice(sandboxes):
+    """PID 1 keeps oom_score_adj 0, every action (and the check) starts at 1000; nothing can
+    go below 0 (no process holds CAP_SYS_RESOURCE) -- in a fresh sandbox and after a restore."""
+    host = sandboxes.host
+    handle = sandboxes.create()
+    probe = ("cat /proc/1/oom_score_adj /proc/self/oom_score_adj; "
+             "echo -1000 > /proc/self/oom_score_adj || echo refused")  # fmt: skip
+    assert host.exec(handle, act(1, probe)).stdout == "0\n1000\nrefused\n"
+    check = host.exec(handle, act(2, "cat /proc/self/oom_score_adj"), isolated=True)
+    assert check.stdout == "1000\n", check
+    ref = host.checkpoint(handle)
+    restored, _ = host.restore(ref, handle.generation + 1)
+    assert host.exec(restored, act(3, probe)).stdout == "0\n1000\nrefused\n"
+
+
+SPAWNER = (
+    # a respawner: a child that writes a counter and re-forks itself forever
+    "nohup sh -c 'n=0; while :; do n=$((n+1)); echo $n > /workspace/count; sh -c \"sleep 0.01\"; done' "
+    ">/dev/null 2>&1 & sleep 0.5; echo started"
+)
+
+
+def test_the_agents_processes_are_frozen_for_the_check_and_resumed_by_its_next_action(sandboxes):
+    host = sandboxes.host
+    handle = sandboxes.create()
+    assert host.exec(handle, act(1, SPAWNER)).exit_code == 0
+    # The check reads the counter twice, a second apart: frozen, it cannot have moved.
+    check = host.exec(handle, act(2, "a=$(cat /workspace/count); sleep 1; b=$(cat /workspace/count); "
+                                     "test \"$a\" = \"$b\" && echo still"), isolated=True)  # fmt: skip
+    assert check.stdout == "still\n", check
+    frozen_hash = host.workspace_hash(handle)
+    assert host.workspace_hash(handle) == frozen_hash  # still frozen after the check
+    resumed = host.exec(handle, act(3, "a=$(cat /workspace/count); sleep 1; b=$(cat /workspace/count); "
+                                       "test \"$a\" != \"$b\" && echo moving"))  # fmt: skip
+    assert resumed.stdout == "moving\n", resumed
+
+
+def test_a_check_may_declare_that_the_agents_processes_keep_running(sandboxes):
+    host = sandboxes.host
+    handle = sandboxes.create()
+    assert host.exec(handle, act(1, SPAWNER)).exit_code == 0
+    check = host.exec(handle, act(2, "a=$(cat /workspace/count); sleep 1; b=$(cat /workspace/count); "
+                                     "test \"$a\" != \"$b\" && echo moving"), isolated=True, processes="running")
+    assert check.stdout == "moving\n", check
+
+
+def test_the_checks_environment_is_its_own(sandboxes):
+    host = sandboxes.host
+    handle = sandboxes.create()
+    host.exec(handle, act(1, "export PYTHONPATH=/workspace TMPDIR=/workspace; echo 'x' > ~/.gitconfig"))
+    check = host.exec(handle, act(2, "echo $HOME; ls -A $HOME | wc -l; echo $TMPDIR $PYTHONNOUSERSITE "
+                                     "$PYTHONSAFEPATH $GIT_CONFIG_GLOBAL $GIT_CONFIG_NOSYSTEM ${PYTHONPATH:-none}"),
+                      isolated=True)  # fmt: skip
+    home, count, rest = check.stdout.splitlines()
+    assert home.startswith("/tmp/belayer-verifier-") and count == "0", check
+    assert rest == f"{home.rsplit('/', 1)[0]}/tmp 1 1 /dev/null 1 none", check
+    gone = host.exec(handle, act(3, f"ls -d {home} 2>/dev/null || echo removed"))
+    assert gone.stdout == "removed\n", gone
+
+
+def test_the_workspace_hash_never_blocks_on_a_fifo_swapped_in(sandboxes):
+    """A process that keeps replacing files with FIFOs: between the hash's lstat and its
+    open, a regular file could become a FIFO and the open would block forever (the check
+    ends as an infrastructure timeout). The hash freezes the agent first and opens without
+    blocking; a FIFO left in the tree is hashed as what it is."""
+    host = sandboxes.host
+    handle = sandboxes.create()
+    swapper = (
+        "cat > /tmp/swap.py <<'EOF'\n"
+        "import os\n"
+        "paths = [f'/workspace/f{i}' for i in range(200)]\n"
+        "while True:\n"
+        "    for p in paths:\n"
+        "        try: os.unlink(p)\n"
+        "        except OSError: pass\n"
+        "        open(p, 'w').close(); os.unlink(p); os.mkfifo(p)\n"
+        "EOF\n"
+        "nohup python3 /tmp/swap.py >/dev/null 2>&1 & sleep 0.5; mkfifo /workspace/plain-fifo; echo swapping"
+    )
+    assert host.exec(handle, act(1, swapper)).exit_code == 0
+    with concurrent.futures.ThreadPoolExecutor(1) as pool:
+        hashes = [pool.submit(host.workspace_hash, handle).result(timeout=120) for _ in range(3)]
+    assert len(set(hashes)) == 1, hashes  # frozen: every pass reads the same tree
