@@ -157,12 +157,15 @@ class WorkspaceHashResult(_Model):
 
 
 def to_application_error(exc: BaseException) -> BaseException:
-    """The one translator: Belayer sandbox/storage errors -> ApplicationError; others unchanged."""
+    """The one translator: Belayer sandbox/storage errors -> ApplicationError; others unchanged.
+    A sandbox error's `details()` (why a sandbox was lost, and at which step) ride along."""
     from belayer.sandbox.errors import SandboxError
     from belayer.storage.errors import StorageError
 
     if isinstance(exc, (SandboxError, StorageError)):
-        return ApplicationError(str(exc), type=type(exc).__name__, non_retryable=not exc.retryable)
+        details = exc.details() if isinstance(exc, SandboxError) else None
+        return ApplicationError(str(exc), *([details] if details else []), type=type(exc).__name__,
+                                non_retryable=not exc.retryable)  # fmt: skip
     return exc
 
 

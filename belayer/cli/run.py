@@ -529,6 +529,12 @@ def _print_inspection(report: dict) -> None:
     if result:
         out.print(f"result: {result['status']} reward={result['reward']} turns={result['turns']} "
                   f"tokens={result['tokens']}")
+        broken = result.get("sandbox_broken")
+        if broken:
+            out.print(f"  [red]the agent broke its sandbox at step {broken['step']}[/] ({broken['cause']}): "
+                      f"{broken['detail'][:200]}")
+        elif result.get("reason"):
+            out.print(f"  reason: {result['reason'][:300]}")
         for rec in result["recoveries"]:
             out.print(f"  recovery at step {rec['step']}: {rec['reason'][:80]} → {rec['source']}, "
                       f"replayed {rec['replayed_steps']}, consistent={rec['consistent']}")

@@ -15,6 +15,10 @@ class SandboxError(BelayerError):
 
     retryable = False
 
+    def details(self) -> dict | None:
+        """Small fields the workflow acts on, beside the message (none by default)."""
+        return None
+
 
 class InvalidSandboxId(SandboxError):
     """A sandbox id Belayer would never make (a path, `..`): refused before anything is touched."""
@@ -24,8 +28,29 @@ class SandboxNotFound(SandboxError):
     """No container for this sandbox on this host (destroyed, or the host was replaced)."""
 
 
+# Why a sandbox was lost, as its host found it (`SandboxHost.exec`):
+LOST_FROM_OUTSIDE = "outside"  # killed or removed on the host (podman kill, a fence, a drain, a crash)
+LOST_TO_OOM = "oom"  # PID 1 killed by the OOM killer of the sandbox's own memory limit
+LOST_PID1_EXITED = "pid1-exited"  # PID 1 ended by itself, nothing outside stopped it
+LOST_UNEXPLAINED = "unexplained"  # no cause found on either side
+CAUSED_BY_AGENT = frozenset({LOST_TO_OOM, LOST_PID1_EXITED})
+
+
 class SandboxUnreachable(SandboxError):
-    """The supervisor does not answer: the container died. Recover from a checkpoint."""
+    """The supervisor does not answer: the container died. Recover from a checkpoint --
+    unless the host found the cause inside the sandbox (`cause` in CAUSED_BY_AGENT): then
+    what the agent ran broke it, and the trajectory ends as the policy's failure.
+
+    `cause` is None where nobody looked (the channel's own error); `step` is the action
+    that was running when the sandbox was lost."""
+
+    def __init__(self, message: str, *, cause: str | None = None, step: int | None = None):
+        super().__init__(message)
+        self.cause = cause
+        self.step = step
+
+    def details(self) -> dict | None:
+        return None if self.cause is None else {"cause": self.cause, "step": self.step}
 
 
 class HostDraining(SandboxError):

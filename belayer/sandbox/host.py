@@ -25,7 +25,7 @@ import threading
 import time
 import uuid
 from collections.abc import Callable, Iterator
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Protocol
@@ -44,6 +44,7 @@ from belayer.sandbox.errors import (
     RuntimeUnavailable,
     SandboxError,
     SandboxNotFound,
+    SandboxUnreachable,
     SetupFailed,
     StaleGeneration,
 )
@@ -65,6 +66,7 @@ from belayer.sandbox.models import (
     path_under,
 )
 from belayer.sandbox.placement import HostLoad
+from belayer.sandbox.podman import ContainerExit, oom_kills
 
 HASH_SCRIPT = r"""
 import hashlib, os, stat, sys
@@ -110,6 +112,7 @@ print(h.hexdigest())
 # What the fs-only baseline keeps: the agent's writable trees, not processes.
 FS_SNAPSHOT_PATHS = ["workspace", "home/agent", "tmp"]
 STAGED_DIR = "staged-checkpoints"  # under the state directory: captured, not yet published
+OOM_COUNTERS_KEPT = 1024  # containers whose OOM counter a host remembers (the oldest go first)
 # One checkpoint's directory under its lineage's prefix, as `_checkpoint_base` names it.
 _CHECKPOINT_DIR = re.compile(r"[0-9]{8,}-g[0-9]+-[0-9a-f]{8}/")
 
@@ -168,6 +171,9 @@ class SandboxHost:
         # What counts against `max_sandboxes`, published for placement (belayer/sandbox/placement.py).
         self._live: set[str] = set()
         self.on_load_change: Callable[[], None] = lambda: None
+        # Container -> where the kernel counts its OOM kills, looked up beside its first action.
+        self._oom_counters: dict[str, Future[Path | None]] = {}
+        self._oom_counter_lookups = ThreadPoolExecutor(max_workers=1, thread_name_prefix="oom-counter")
 
     # ------------------------------------------------------------------ helpers
     def _lock(self, sandbox_id: str) -> threading.Lock:
@@ -941,6 +947,37 @@ class SandboxHost:
                         ", ".join(names), sandbox_id, self.host_queue, rec.generation, rec.host_queue,
                         rec.container)  # fmt: skip
         return names
+
+
+def loss_cause(ended: ContainerExit, oom_kills: int | None) -> tuple[str, str]:
+    """Why a sandbox was lost, from how its container ended and the OOM kills counted in its
+    memory cgroup: (an errors.LOST_* cause, the reason in words).
+
+    Inside the container nothing can SIGKILL PID 1 (the kernel drops signals to a pid
+    namespace's init that it has no handler for) and PID 1 handles every other signal by
+    doing nothing, so: a container removed, or killed or stopped by anyone on the host
+    (podman records each `kill` / `stop`), was lost from outside; PID 1 SIGKILLed while
+    OOM kills are counted in its cgroup was killed by the sandbox's own memory limit; PID 1
+    that exited with a status of its own ended by itself. Anything else -- a SIGKILL with no
+    OOM kill counted, another signal, a container still running but not answering -- has
+    no cause found: the workflow recovers it, and the same action losing the sandbox again
+    after the restore makes it the policy's."""
+    from belayer.sandbox import errors
+
+    if not ended.found:
+        return errors.LOST_FROM_OUTSIDE, "its container is gone from this host (removed: a fence, a drain, a destroy)"
+    if ended.stopped_from_outside:
+        stopped = ", ".join(ended.stopped_from_outside)
+        return errors.LOST_FROM_OUTSIDE, f"its container was stopped from outside (podman {stopped})"
+    if ended.running:
+        return errors.LOST_UNEXPLAINED, "its container still runs but its supervisor does not answer"
+    if ended.exit_code == 128 + 9 and (oom_kills or ended.oom_killed):
+        return errors.LOST_TO_OOM, (f"PID 1 was killed by the OOM killer of the sandbox's own memory limit "
+                                    f"({oom_kills or 'some'} OOM kills in its memory cgroup)")
+    if ended.exit_code is not None and ended.exit_code > 128:
+        return errors.LOST_UNEXPLAINED, (f"PID 1 was ended by signal {ended.exit_code - 128} with no OOM kill counted "
+                                         "and no kill or stop on record from outside")
+    return errors.LOST_PID1_EXITED, f"PID 1 exited by itself (status {ended.exit_code}); nothing outside stopped it"
 
 
 def _ref_of(meta_key: str, meta: CheckpointMeta) -> CheckpointRef:

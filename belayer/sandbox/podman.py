@@ -41,7 +41,9 @@ import shutil
 import subprocess
 import tarfile
 import tempfile
+import time
 from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
 
 from belayer.sandbox import compression, fork_archive, runtime, seccomp
@@ -196,6 +198,53 @@ class PodmanBackend:
 
     def kill(self, container: str) -> None:
         self.podman("kill", container, check=False)
+
+    def exit_state(self, container: str, settle_s: float = 10.0) -> ContainerExit:
+        """How `container` ended, once podman has seen it end (up to `settle_s`: its state
+        lags the death of PID 1 by tens of milliseconds), and whether anyone on this host
+        stopped it: podman logs every `podman kill` and `podman stop` as an event,
+        whoever ran it (the host, chaos, an operator)."""
+        deadline = time.monotonic() + settle_s
+        while True:
+            r = self.podman("container", "inspect", "--format",
+                            "{{.Id}} {{.State.Status}} {{.State.ExitCode}} {{.State.OOMKilled}}", container,
+                            check=False)  # fmt: skip
+            fields = r.stdout.decode().split()
+            if r.returncode != 0 or len(fields) != 4:
+                return ContainerExit(found=False)
+            container_id, status, exit_code, oom_killed = fields
+            if status not in ("running", "stopping") or time.monotonic() >= deadline:
+                break
+            time.sleep(0.05)
+        events = self.podman("events", "--stream=false", "--filter", f"container={container_id}",
+                             "--filter", "event=kill", "--filter", "event=stop", "--format", "{{.Status}}",
+                             check=False)  # fmt: skip
+        return ContainerExit(found=True, running=status in ("running", "stopping"), exit_code=int(exit_code),
+                             oom_killed=oom_killed == "true",
+                             stopped_from_outside=tuple(events.stdout.decode().split()))  # fmt: skip
+
+    def memory_cgroup(self, container: str) -> Path | None:
+        """The file where the kernel counts the OOM kills in `container`'s memory cgroup
+        (cgroup v1 `memory.oom_control`, v2 `memory.events`); None when it cannot be
+        found. Read it before the container is cleaned up: podman removes the cgroup
+        a fraction of a second after PID 1 dies."""
+        r = self.podman("container", "inspect", "--format", "{{.State.Pid}}", container, check=False)
+        pid = r.stdout.decode().strip()
+        if r.returncode != 0 or not pid.isdigit() or pid == "0":
+            return None
+        try:
+            lines = Path(f"/proc/{pid}/cgroup").read_text().splitlines()
+        except OSError:
+            return None
+        for line in lines:
+            _, controllers, path = line.split(":", 2)
+            if "memory" in controllers.split(","):
+                candidate = Path("/sys/fs/cgroup/memory", path.lstrip("/"), "memory.oom_control")
+                if candidate.exists():
+                    return candidate
+        unified = next((line.split(":", 2)[2] for line in lines if line.startswith("0::")), None)
+        candidate = Path("/sys/fs/cgroup", (unified or "").lstrip("/"), "memory.events")
+        return candidate if unified is not None and candidate.exists() else None
 
     def containers_of(self, sandbox_id: str) -> list[str]:
         r = self.podman("ps", "-a", "--filter", f"label={LABEL_SANDBOX}={sandbox_id}", "--format", "{{.Names}}")
@@ -359,6 +408,29 @@ class PodmanBackend:
             criu = ".".join(map(str, runtime.criu_version(runtime.criu_path(self.cache_dir))))
             self._versions = {"podman": r.stdout.decode().strip() or "?", "criu": criu or "?"}
         return self._versions
+
+
+@dataclass(frozen=True)
+class ContainerExit:
+    """A lost container as podman recorded it (`PodmanBackend.exit_state`)."""
+
+    found: bool  # False: no such container here any more (removed: a fence, a drain, a destroy)
+    running: bool = False  # still running: its supervisor merely does not answer
+    exit_code: int | None = None  # PID 1's: 128 + N when a signal N ended it
+    oom_killed: bool = False  # podman saw an OOM kill in its cgroup (conmon's record; not on every host)
+    stopped_from_outside: tuple[str, ...] = ()  # podman's kill / stop events for it
+
+
+def oom_kills(counter: Path | None) -> int | None:
+    """The `oom_kill` count of a memory cgroup's `memory.oom_control` / `memory.events`;
+    None when it cannot be read (the cgroup is gone, or was never found)."""
+    if counter is None:
+        return None
+    try:
+        text = counter.read_text()
+    except OSError:
+        return None
+    return next((int(line.split()[1]) for line in text.splitlines() if line.startswith("oom_kill ")), None)
 
 
 def _kill(procs: list[subprocess.Popen]) -> None:

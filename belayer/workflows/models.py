@@ -131,6 +131,10 @@ class TrajectoryState(_Model):
     sandbox_pending: str | None = Field(
         None, description="Why the sandbox must be restored before the next turn (a branch's start)."
     )
+    unexplained_loss_step: int | None = Field(
+        None, description="The step during which the sandbox was last lost with no cause found, until a "
+        "sandbox call succeeds: losing it there again after the restore is the agent's doing.",
+    )
 
 
 class TrajectoryProgress(_Model):
@@ -151,8 +155,22 @@ class TrajectoryProgress(_Model):
     node_queue: str | None = Field(None, description="The rollout node that served the latest turn (its queue).")
 
 
+class SandboxBreak(_Model):
+    """The agent's own actions brought its sandbox down: the policy's failure (reward 0),
+    never recovered nor retried into another verdict."""
+
+    step: int = Field(ge=0, description="The step whose action (or check) was running when the sandbox was lost.")
+    cause: Literal["oom", "pid1-exited", "reproduced"] = Field(
+        description="oom: the OOM killer of the sandbox's own memory limit killed PID 1; pid1-exited: PID 1 "
+        "ended by itself, nothing outside stopped it; reproduced: no cause was found, and the same action "
+        "lost the sandbox again after a restore.",
+    )
+    detail: str = Field(max_length=4000, description="The host's account of the loss.")
+
+
 class TrajectoryResult(_Model):
-    """How a trajectory ended. An infrastructure failure is never a zero reward."""
+    """How a trajectory ended. An infrastructure failure is never a zero reward; a sandbox
+    the agent broke is a zero (failed_policy, `sandbox_broken` says how)."""
 
     trajectory_id: str
     task: str
@@ -171,6 +189,9 @@ class TrajectoryResult(_Model):
     log: TrajectoryLogRef | None = Field(
         None, description="Steps, every checkpoint decision and recovery, in the object store "
         "(belayer.trajectory_log.read_steps / read_decisions / read_recoveries)."
+    )
+    sandbox_broken: SandboxBreak | None = Field(
+        None, description="failed_policy because the agent broke its own sandbox: at which step, and how."
     )
 
 

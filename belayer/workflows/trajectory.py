@@ -9,7 +9,11 @@ the latest usable checkpoint with replay-verify, and a mismatch cuts the context
 (`ContextCut`), from which the turn loop generates again, whatever phase it was in. Engine
 failures never reach this code (the node takes over) or arrive as activity retries.
 Every way out of the loop is a result: completed, failed_policy, or failed_infra with a
-reason; `max_recoveries` bounds the recoveries, failed ones included.
+reason; `max_recoveries` bounds the recoveries, failed ones included. A sandbox the agent
+broke itself is not recovered: the host says why each sandbox was lost, and a cause inside
+it (its own OOM kill, PID 1 exiting by itself), or a loss with no cause found that the same
+action brings about again after a restore, ends the trajectory failed_policy with reward 0
+(`SandboxBroken`).
 
 Workflow code only: no I/O, clocks or randomness outside Temporal's APIs.
 """
@@ -51,6 +55,7 @@ with workflow.unsafe.imports_passed_through():
         WorkspaceHashResult,
     )
     from belayer.policy.adaptive import CheckpointSample, GenerationSample
+    from belayer.sandbox.errors import CAUSED_BY_AGENT, LOST_UNEXPLAINED
     from belayer.sandbox.models import Action, CheckpointRef, ObservationRef, SandboxHandle, SandboxSpec
     from belayer.storage.recordlog import RecordLogRef
     from belayer.trajectory_log import LogEntries, TrajectoryLogRef, steps_key
@@ -58,6 +63,7 @@ with workflow.unsafe.imports_passed_through():
     from belayer.workflows.models import (
         ForkStart,
         RecoveryRecord,
+        SandboxBreak,
         StepRecord,
         TrajectoryInput,
         TrajectoryProgress,
@@ -115,6 +121,10 @@ LAST_APPEND_PATCH = "last-append-on-the-node-beside-the-check"
 # the unprotected-work bound. With it, a decision at the bound waits for that checkpoint
 # and takes its own, so the bound holds.
 BOUND_WAITS_FOR_STORING_PATCH = "bound-waits-for-a-checkpoint-being-stored"
+# Histories recorded before it recover every lost sandbox. With it, a loss the host found
+# the agent caused, or one with no cause found that the same action brings about again
+# after a restore, ends the trajectory failed_policy (`_judge_loss`).
+SANDBOX_BROKEN_BY_AGENT_PATCH = "sandbox-broken-by-its-agent-fails-the-policy"
 # A placed host that is full or draining says so at once; placement is asked again.
 HOST_REFUSED = {"HostFull", "HostDraining"}
 PLACEMENT_TRIES = 3
@@ -127,6 +137,14 @@ PLACED_RETRY = RetryPolicy(
 
 class InfraFailure(Exception):
     """The trajectory cannot continue for an infrastructure reason."""
+
+
+class SandboxBroken(Exception):
+    """What the agent ran brought its own sandbox down: the trajectory ends failed_policy."""
+
+    def __init__(self, broken: SandboxBreak):
+        super().__init__(broken.detail)
+        self.broken = broken
 
 
 class ContextCut(Exception):
@@ -208,6 +226,8 @@ class TrajectoryWorkflow:
                     await self._record_step(cut.record)
         except (InfraFailure, SandboxLost) as failure:
             return await self._fail_infra(str(failure))
+        except SandboxBroken as broken:
+            return await self._fail_policy(broken.broken)
 
     async def _turns_then_finish(self) -> TrajectoryResult:
         """The turn loop and the final check; a cut anywhere in it leaves by `ContextCut`."""
@@ -418,17 +438,41 @@ class TrajectoryWorkflow:
         """Call the sandbox that holds the trajectory; when it is lost, recover it and call
         again. A recovery that cuts the context raises `ContextCut` out of here, for the turn
         loop to resume from: actions, the reward check and the hash all go this one way.
-        `before_recovery`, when given, is waited for before any recovery starts."""
+        `before_recovery`, when given, is waited for before any recovery starts. A sandbox
+        the agent broke is not recovered (`_judge_loss`), whatever phase it was in: the
+        check is run again only after a loss from outside."""
         while True:
             try:
-                return await self._sandbox_activity(
+                result = await self._sandbox_activity(
                     name, make_args(self.state.sandbox), result_type,
                     queue=self.state.sandbox.host_queue, on_host=True, summary=summary,
                 )
             except SandboxLost as lost:
+                self._judge_loss(lost)
                 if before_recovery is not None:
                     await before_recovery
                 await self._recover(lost.reason)
+                continue
+            self.state.unexplained_loss_step = None
+            return result
+
+    def _judge_loss(self, lost: SandboxLost) -> None:
+        """Raise `SandboxBroken` when the agent is to blame for losing the sandbox: the host
+        found the cause inside it (errors.CAUSED_BY_AGENT), or found none and the same step
+        lost the sandbox last time too, after a restore. A loss from outside, or one nobody
+        looked into (a host that timed out, one from before the host said why), is
+        infrastructure and recovered."""
+        step = lost.step if lost.step is not None else self.state.step
+        if lost.cause in CAUSED_BY_AGENT and workflow.patched(SANDBOX_BROKEN_BY_AGENT_PATCH):
+            raise SandboxBroken(SandboxBreak(step=step, cause=lost.cause, detail=lost.detail))
+        if lost.cause != LOST_UNEXPLAINED:
+            return
+        if self.state.unexplained_loss_step == step and workflow.patched(SANDBOX_BROKEN_BY_AGENT_PATCH):
+            raise SandboxBroken(SandboxBreak(
+                step=step, cause="reproduced",
+                detail=f"the same action lost the sandbox again after a restore, no cause outside it: {lost.detail}",
+            ))
+        self.state.unexplained_loss_step = step
 
     async def _recover(self, reason: str, kind: str = "sandbox") -> None:
         """Restore the sandbox and replay-verify; raises `ContextCut` on a mismatch and
@@ -455,6 +499,7 @@ class TrajectoryWorkflow:
                 ))
                 if isinstance(failed, InfraFailure):
                     raise InfraFailure(f"recovery failed: {failed}") from None
+                self._judge_loss(failed)  # a replayed action of the agent's broke the new sandbox
                 reason = f"recovery failed: {failed}"
                 continue
             break
@@ -480,6 +525,7 @@ class TrajectoryWorkflow:
         """Cut after action `at.step`: its new observation replaces the logged one, later
         steps go (the next append starts a new branch of the token and step logs)."""
         record.cut_after_step = at.step
+        self.state.unexplained_loss_step = None  # a new branch: its actions are new ones
         record.tokens_discarded = self.state.context.length - at.context_after_action.length
         # Checkpoints from step `at.step` on hold the future the cut discards.
         self.state.checkpoints = [c for c in self.state.checkpoints if c.step < at.step]
@@ -764,6 +810,21 @@ class TrajectoryWorkflow:
             pass  # the sandbox is gone already; its checkpoints expire with the bucket's lifecycle
 
     async def _fail_infra(self, reason: str) -> TrajectoryResult:
+        await self._abandon()
+        self._set_status("failed_infra")
+        return self._result("failed_infra", reason=reason, reward=None, env_sha256=None)
+
+    async def _fail_policy(self, broken: SandboxBreak) -> TrajectoryResult:
+        """The agent broke its own sandbox: reward 0, as for any task it failed."""
+        await self._abandon()
+        self._set_status("failed_policy")
+        return self._result("failed_policy", reward=0.0, env_sha256=None, sandbox_broken=broken,
+                            reason=f"the agent broke its sandbox at step {broken.step} ({broken.cause}): "
+                                   f"{broken.detail}")  # fmt: skip
+
+    async def _abandon(self) -> None:
+        """An end before the check: the checkpoint in flight dropped, the sandbox destroyed,
+        the last observation and log entries written where that still works."""
         if self.pending_checkpoint is not None:
             self.pending_checkpoint.task.cancel()
             self.pending_checkpoint = None
@@ -772,18 +833,17 @@ class TrajectoryWorkflow:
             await self._flush_observation()
             await self._flush_log()
         except InfraFailure:
-            pass  # the result below still carries the recoveries; the log misses the last few
-        self._set_status("failed_infra")
-        return self._result("failed_infra", reason=reason, reward=None, env_sha256=None)
+            pass  # the result still carries the recoveries; the log misses the last few
 
-    def _result(self, status: TrajectoryStatus, *, reward, env_sha256, reason: str = "") -> TrajectoryResult:
+    def _result(self, status: TrajectoryStatus, *, reward, env_sha256, reason: str = "",
+                sandbox_broken: SandboxBreak | None = None) -> TrajectoryResult:  # fmt: skip
         state = self.state
         return TrajectoryResult(
             trajectory_id=self.input.trajectory_id, task=self.input.task.id, status=status,
             reason=reason, turns=state.step, tokens=state.context.length if state.context else 0,
             reward=reward, token_sha256=state.context.sha256 if state.context else None, context=state.context,
             env_sha256=env_sha256, recoveries=state.recoveries,
-            checkpoints=state.policy.checkpointed, log=state.log,
+            checkpoints=state.policy.checkpointed, log=state.log, sandbox_broken=sandbox_broken,
         )
 
     # ---------------------------------------------------------------- plumbing
@@ -822,6 +882,8 @@ class TrajectoryWorkflow:
                                                     summary=f"{summary} on {placed.host_queue}",
                                                     retry=PLACED_RETRY)  # fmt: skip
             except SandboxLost as refused:
+                if refused.cause in CAUSED_BY_AGENT and workflow.patched(SANDBOX_BROKEN_BY_AGENT_PATCH):
+                    raise  # the agent's replayed actions broke it: another host would replay them too
                 avoid.append(placed.host_queue)
                 summary = f"{summary} (refused by {placed.host_queue}: {refused.reason[:60]})"
         return await self._sandbox_activity(name, args, result_type, queue=self.input.queues.sandbox,
@@ -857,7 +919,7 @@ class TrajectoryWorkflow:
         except ActivityError as err:
             kind = _error_type(err)
             if kind in SANDBOX_LOST or (on_host and (kind in {"PodmanFailed", *HOST_REFUSED} or _timed_out(err))):
-                raise SandboxLost(f"{kind or 'host timeout'}: {_cause(err)}") from None
+                raise SandboxLost(f"{kind or 'host timeout'}: {_cause(err)}", **_loss_found(err)) from None
             raise InfraFailure(f"{name} failed: {_cause(err)}") from None
 
     async def _context_activity(self, name, args, *, summary, result_type=ContextResult):
@@ -876,11 +938,28 @@ class TrajectoryWorkflow:
 
 
 class SandboxLost(Exception):
-    """The sandbox or its host is gone; `recover` brings it back."""
+    """The sandbox or its host is gone; `recover` brings it back, unless the host found the
+    agent broke it (`cause`, errors.LOST_*; None where nobody looked; `step`: the action
+    that was running; `detail`: the host's words)."""
 
-    def __init__(self, reason: str):
+    def __init__(self, reason: str, *, cause: str | None = None, step: int | None = None, detail: str = ""):
         super().__init__(reason)
         self.reason = reason
+        self.cause = cause
+        self.step = step
+        self.detail = detail or reason
+
+
+def _loss_found(err: ActivityError) -> dict:
+    """What the host found about a lost sandbox (SandboxUnreachable.details), as SandboxLost's
+    keywords; nothing for an error that carries no finding."""
+    cause = err.cause
+    if not isinstance(cause, ApplicationError) or not cause.details or not isinstance(cause.details[0], dict):
+        return {}
+    found = cause.details[0]
+    step = found.get("step")
+    return {"cause": found.get("cause"), "step": step if isinstance(step, int) else None,
+            "detail": cause.message[:2000]}
 
 
 def _error_type(err: ActivityError) -> str | None:
