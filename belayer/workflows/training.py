@@ -10,7 +10,9 @@ Infrastructure failures never become rewards: a member that ends `failed_infra` 
 whose child workflow fails) is run again as a fresh trajectory with the same seed, up
 to `max_infra_retries` times; a group still incomplete after that is dropped whole from
 the batch, so no group's baseline is computed from part of it, and the record says why.
-`failed_policy` is a real reward. Everything a member's outcome depends on (its task,
+`failed_policy` is a real reward, a sandbox the member's agent broke itself included (the
+trajectory ends failed_policy with reward 0, not failed_infra), so no group is dropped for
+what an agent did. Everything a member's outcome depends on (its task,
 seed and the weights version) is fixed by the iteration, so with a deterministic
 workload the run's rewards and weights do not depend on what failed on the way.
 
