@@ -20,7 +20,7 @@ import asyncio
 import functools
 import time
 from collections.abc import Callable
-from typing import Any, TypeVar
+from typing import Any, Literal, TypeVar
 
 from pydantic import BaseModel, ConfigDict, Field
 from temporalio import activity
@@ -72,6 +72,10 @@ class ExecArgs(_Model):
     isolated: bool = Field(
         False, description="Run in a clean process that inherits nothing from the agent's shell "
         "(fixed PATH/HOME/locale, no variables, functions or options of the agent): the reward check.",
+    )
+    processes: Literal["frozen", "running"] = Field(
+        "frozen", description="With `isolated`: whether the agent's processes are frozen while the check "
+        "runs (and through the workspace hash), or keep running (a task that needs its servers).",
     )
 
 
@@ -226,7 +230,7 @@ class SandboxActivities:
 
     def _exec_and_store(self, args: ExecArgs) -> ObservationRef:
         """The action, then its observation stored: one thread hop, as the turn waits on both."""
-        observation = self.host.exec(args.handle, args.action, isolated=args.isolated)
+        observation = self.host.exec(args.handle, args.action, isolated=args.isolated, processes=args.processes)
         return store_observation(self.host.store, args.action.trajectory, args.action.step,
                                  args.handle.generation, observation)  # fmt: skip
 

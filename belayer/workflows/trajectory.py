@@ -785,7 +785,10 @@ class TrajectoryWorkflow:
         # check return the same verdict.
         action = Action(trajectory=self.input.trajectory_id, step=self.state.step + 1, command=check)
         executed = await self._on_sandbox(
-            "sandbox.exec", lambda handle: ExecArgs(handle=handle, action=action, isolated=True), ExecResult,
+            "sandbox.exec",
+            lambda handle: ExecArgs(handle=handle, action=action, isolated=True,
+                                    processes=self.input.task.verify_with_processes),
+            ExecResult,
             summary=f"check: {_first_line(check)}", before_recovery=before_recovery,
         )
         return 1.0 if executed.observation.exit_code == 0 else 0.0
