@@ -31,6 +31,14 @@ from tests.hostile.test_trajectory_hostile import start, wait_for_step
 pytestmark = [pytest.mark.stack, pytest.mark.sandbox]
 
 RESULT_TIMEOUT_S = 600
+
+
+@pytest.fixture(autouse=True)
+def _oom_marker_out_of_the_checkout(tmp_path, monkeypatch):
+    """conmon writes an empty file `oom` into the working directory of whoever started a
+    container that saw an OOM kill (podman's own record of it goes elsewhere): these tests
+    start theirs from a temporary directory, not the checkout."""
+    monkeypatch.chdir(tmp_path)
 # Each process holds ~13 MB (Python and 4 MiB of its own), less than PID 1's ~20 MB: with
 # every score at 1000, the OOM killer takes the largest process, PID 1.
 BRING_PID1_DOWN = (
