@@ -109,9 +109,12 @@ class PodmanBackend:
         return runtime.podman_env(self.state_dir, self.cache_dir)
 
     def podman(self, *args: str, check: bool = True, input: bytes | None = None) -> subprocess.CompletedProcess:
+        # In the state dir: conmon writes an `oom` file into the directory podman ran in when
+        # a process of the container is OOM-killed (a checkout or the user's cwd otherwise).
+        self.state_dir.mkdir(parents=True, exist_ok=True)
         try:
             r = subprocess.run(
-                self._cmd(*args), env=self._env(), capture_output=True, input=input,
+                self._cmd(*args), env=self._env(), capture_output=True, input=input, cwd=self.state_dir,
                 stdin=None if input is not None else subprocess.DEVNULL, timeout=self.cfg.podman_timeout_s,
             )  # fmt: skip
         except FileNotFoundError as exc:
