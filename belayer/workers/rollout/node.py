@@ -12,6 +12,7 @@ a cold start or a publish, so submits, heartbeats and status go on meanwhile.
 
 from __future__ import annotations
 
+import itertools
 import json
 import logging
 import threading
@@ -20,7 +21,7 @@ import uuid
 from collections.abc import Callable, Mapping
 from concurrent.futures import Future
 from concurrent.futures import TimeoutError as FutureTimeout
-from dataclasses import asdict
+from dataclasses import asdict, replace
 from multiprocessing.connection import wait
 from pathlib import Path
 from typing import Any
@@ -50,6 +51,7 @@ from belayer.workers.rollout.protocol import (
     SwitchFailed,
     SwitchWeights,
     TakeLease,
+    UnstageWeights,
     VerifyWeights,
     WeightsSwitched,
     WeightsVerified,
@@ -144,7 +146,9 @@ class RolloutNode:
         self.owner_versions: dict[int, Path] = {}
         self.target_version = 1  # what the engines compute with once any publish settles
         self.publishing: Publish | None = None
-        self._owner_reply: Future | None = None
+        # (request id, version) -> the future its reply resolves: see `_owner_request`
+        self._owner_replies: dict[tuple[int, int], Future] = {}
+        self._owner_request_ids = itertools.count(1)
         self._pending: list[tuple[Callable[[], Any], Future]] = []
         self._forced_fallback: str | None = None
         self._listeners: list[Callable[[str, int], None]] = []
@@ -287,13 +291,8 @@ class RolloutNode:
         timeout = timeout or self.config.publish_timeout_s
         pub = self._begin_publish(version, policy)
         try:
-            staged = self._owner_request(StageWeights(version), timeout)
-            pub.mark("staged")
-            expected = write_staged(staged.path, tensors, self.config.dtype)
-            pub.mark("written")
-            sealed = self._owner_request(SealWeights(version, expected), timeout)
-            pub.mark("sealed")
-            self._in_loop(lambda: self._switch_to(pub, sealed.version, staged.path)).result(timeout)
+            path = self._stage_write_seal(version, tensors, timeout, pub)
+            self._in_loop(lambda: self._switch_to(pub, version, path)).result(timeout)
             pub.done.result(timeout)
             return pub.report()
         except FutureTimeout:
@@ -332,20 +331,61 @@ class RolloutNode:
             self.publishing = Publish(version, self.target_version, policy, time.perf_counter())
             return self.publishing
 
+    def _stage_write_seal(self, version: int, tensors: Mapping[str, Any], timeout: float,
+                          pub: Publish | None = None) -> Path:
+        """Have the owner stage `version`, write `tensors` into its segment and have the owner
+        seal it; returns the segment. Any failure on the way (a write that raises, an owner
+        that does not answer in time) unstages the version, so it can be published again at
+        once instead of existing half-made on the owner until the owner is replaced."""
+        mark = pub.mark if pub is not None else lambda phase: None
+        try:
+            staged = self._owner_request(StageWeights(version), timeout)
+            mark("staged")
+            expected = write_staged(staged.path, tensors, self.config.dtype)
+            mark("written")
+            self._owner_request(SealWeights(version, expected), timeout)
+            mark("sealed")
+            return staged.path
+        except BaseException:
+            self._in_loop(lambda: self._unstage(version))
+            raise
+
+    def _unstage(self, version: int) -> None:
+        """(loop) The owner discards what it holds of `version` unless the node took it as
+        sealed. Sent after the failed request, so the owner handles it after that request even
+        when it answers late; a dead or failed owner's segments go with its replacement."""
+        if version in self.owner_versions or self.owner is None or self.owner_failure is not None:
+            return
+        children.send(self.owner, UnstageWeights(version))
+
     def _owner_request(self, msg, timeout: float):
-        """Send `msg` to the owner from the loop; its reply (Staged / Sealed) resolves the
-        future in `_dispatch`, so the loop never blocks while the owner hashes."""
+        """Send `msg` (numbered here) to the owner from the loop; the reply with the same
+        request id and version resolves the future in `_dispatch`, so the loop never blocks
+        while the owner hashes, and a reply that comes after its request timed out is
+        dropped instead of answering a later request."""
+        msg = replace(msg, request_id=next(self._owner_request_ids))
+        key = (msg.request_id, msg.version)
         reply: Future = Future()
 
         def send() -> None:
-            if self.owner is None or self.owner.ready is None or self.owner_failure is not None:
-                reply.set_exception(RolloutError("the memory owner is being replaced; publish again shortly"))
-                return
-            self._owner_reply = reply
+            with self._lock:
+                if reply.cancelled():  # its caller gave up before the loop came to it
+                    return
+                if self.owner is None or self.owner.ready is None or self.owner_failure is not None:
+                    reply.set_exception(RolloutError("the memory owner is being replaced; publish again shortly"))
+                    return
+                self._owner_replies[key] = reply
             children.send(self.owner, msg)
 
         self._in_loop(send)
-        result = reply.result(timeout)
+        try:
+            result = reply.result(timeout)
+        except FutureTimeout:
+            with self._lock:  # the loop resolves and registers under it: answered now, or never
+                self._owner_replies.pop(key, None)
+                if reply.cancel():
+                    raise
+            result = reply.result(0)
         if isinstance(result, SealRefused):
             error = PublishRefusedError if isinstance(msg, SealWeights) else BadRequestError
             raise error(result.message)
@@ -450,7 +490,8 @@ class RolloutNode:
         if not self.config.shadow:
             return True
         shadow = self.shadow
-        return shadow is not None and shadow.ready is not None and shadow.version == self.target_version
+        return (shadow is not None and shadow.ready is not None and shadow.version == self.target_version
+                and not shadow.switch_failed)
 
     def force_full_cold_start_next(self, why: str) -> None:
         """Make the next recovery a full cold start (new owner, new engine)."""
@@ -594,19 +635,28 @@ class RolloutNode:
             elif isinstance(msg, (WeightsSwitched, SwitchFailed)):
                 self._on_switched(child, msg)
             elif isinstance(msg, (Staged, Sealed, SealRefused)) and child is self.owner:
-                if isinstance(msg, Sealed):
-                    self.owner_versions[msg.version] = shm.weights_path(
-                        self.config.node_id, self.generation, msg.version
-                    )
-                reply, self._owner_reply = self._owner_reply, None
-                if reply is not None:
-                    reply.set_result(msg)
+                self._on_owner_reply(msg)
             elif isinstance(msg, WeightsVerified) and child is self.owner and not msg.ok:
-                self.owner_failure = f"weights checksum mismatch in {list(msg.bad_tensors)[:3]}"
+                versions = ", ".join(str(v) for v in msg.bad_versions)
+                self.owner_failure = f"weights checksum mismatch in weights version {versions}: " \
+                                     f"{list(msg.bad_tensors)[:3]}"
                 log.error("rollout node %s: %s", self.config.node_id, self.owner_failure)
                 self._in_loop(lambda: recovery.recover(self, self.owner_failure) if self.leader else None)
             elif isinstance(msg, Failed):
                 log.error("rollout node %s: %s reported: %s", self.config.node_id, child.role, msg.message)
+
+    def _on_owner_reply(self, msg: Staged | Sealed | SealRefused) -> None:
+        """(node lock held) Resolve the request `msg` answers. A reply nobody waits for any
+        more (its request timed out; the failure unstages its version) is dropped: a late
+        `Sealed` never makes a version the node holds."""
+        reply = self._owner_replies.pop((msg.request_id, msg.version), None)
+        if reply is None:
+            log.warning("rollout node %s: the memory owner's %s of weights version %d came after its "
+                        "request timed out; ignored", self.config.node_id, type(msg).__name__, msg.version)
+            return
+        if isinstance(msg, Sealed):
+            self.owner_versions[msg.version] = shm.weights_path(self.config.node_id, self.generation, msg.version)
+        reply.set_result(msg)
 
     def _on_step(self, msg: StepOutput) -> None:
         now = time.monotonic()
@@ -774,15 +824,27 @@ class RolloutNode:
     def start_shadow_if_due(self) -> None:
         """Start a shadow if the node should have one and has none, once its backoff allows
         (loop thread; a recovery calls it too, so a takeover is followed by a new shadow)."""
+        version = self._shadow_version()
         if (not self.config.shadow or self.shadow is not None or self.leader is None or self.broken
-                or self.owner_failure is not None or self.target_version not in self.owner_versions
+                or self.owner_failure is not None or version not in self.owner_versions
                 or not self.shadow_restarts.due()):
             return
         self.shadow_restarts.started()
-        self._set_role("shadow", self._spawn_engine("shadow"))
+        self._set_role("shadow", self._spawn_engine("shadow", version))
+
+    def _shadow_version(self) -> int:
+        """What a new shadow loads: while a finish-on-old drain keeps the leader on the
+        version its requests are pinned to, that version (a takeover meanwhile must finish
+        them on it; a shadow on the new one would un-pin them), and the shadow follows the
+        leader to the new one afterwards; otherwise the version the node serves."""
+        leader = self.leader
+        if leader is not None and leader.version in self._pinned_versions():
+            return leader.version
+        return self.target_version
 
     def _drop_unused(self, keep: set[int]) -> None:
-        in_use = {c.version for c in (self.leader, self.shadow) if c is not None} | self._pinned_versions()
+        in_use = ({c.version for c in (self.leader, self.shadow) if c is not None} | self._pinned_versions()
+                  | {self.target_version})
         drop = tuple(v for v in self.owner_versions if v not in keep | in_use)
         if drop and self.owner is not None and self.owner_failure is None:
             children.send(self.owner, DropWeights(drop))
@@ -806,9 +868,10 @@ class RolloutNode:
         )
         if self.owner_restarts.degraded:
             log.error("rollout node %s: degraded: %s", self.config.node_id, self.owner_restarts.degraded)
-        reply, self._owner_reply = self._owner_reply, None
-        if reply is not None:
-            reply.set_exception(RolloutError(f"{self.owner_failure} during the publish; publish again"))
+        with self._lock:
+            for reply in self._owner_replies.values():
+                reply.set_exception(RolloutError(f"{self.owner_failure} during the publish; publish again"))
+            self._owner_replies = {}
         self._notify_state()
 
     def _replace_dead_owner_if_due(self) -> None:
@@ -881,9 +944,7 @@ class RolloutNode:
             if tensors is None:
                 raise RolloutError(f"weights version {version} was lost with the memory owner and no weight "
                                    "source holds it; publish it again")
-            staged = self._owner_request(StageWeights(version), timeout)
-            expected = write_staged(staged.path, tensors, self.config.dtype)
-            self._owner_request(SealWeights(version, expected), timeout)
+            self._stage_write_seal(version, tensors, timeout)
             log.warning("rollout node %s: weights version %d staged again from its source",
                         self.config.node_id, version)
             if then_recover:
@@ -904,11 +965,13 @@ class RolloutNode:
         self._notify_state()
         return old
 
-    def _spawn_engine(self, role: str) -> Child:
-        if self.target_version not in self.owner_versions:
-            raise RolloutError(f"the memory owner does not hold weights version {self.target_version} "
+    def _spawn_engine(self, role: str, version: int | None = None) -> Child:
+        """An engine on `version` (default: the version the node serves)."""
+        version = self.target_version if version is None else version
+        if version not in self.owner_versions:
+            raise RolloutError(f"the memory owner does not hold weights version {version} "
                                f"({self.restore_failure or 'it is being restored'}); no engine can load it")
-        weights = (self.target_version, self.owner_versions[self.target_version])
+        weights = (version, self.owner_versions[version])
         return children.spawn_engine(
             self.config, self.model_dir, weights, self.owner.ready.arena_path, self.generation, role
         )

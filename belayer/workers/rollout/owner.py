@@ -31,6 +31,7 @@ from belayer.workers.rollout.protocol import (
     Staged,
     StageWeights,
     Stop,
+    UnstageWeights,
     VerifyWeights,
     WeightsVerified,
 )
@@ -52,18 +53,21 @@ def owner_main(spec: OwnerSpec, conn: Connection) -> None:
 
 
 class MemoryOwner:
-    """Holds one segment per weights version it keeps, plus the arena; seals published ones."""
+    """Holds one segment per weights version it keeps, plus the arena; seals published ones.
+    Which version the engines use is the node's decision, never the owner's."""
 
     def __init__(self, spec: OwnerSpec):
         self.spec = spec
         self.arena_path = spec.adopt_arena or shm.arena_path(spec.node_id, spec.generation)
         self.segments: dict[int, WeightsSegment] = {}
         self.staged: dict[int, WeightsSegment] = {}
-        self.current = spec.current_version
-        self.params = 0
 
     def load(self) -> OwnerReady:
+        """Adopt the predecessor's verified segments (or build version 1) and the arena. Which
+        version is current is the node's to say (`spec.current_version`): the node outlives
+        every owner, and a seal does not make a version current, the node's switch does."""
         t0 = time.perf_counter()
+        current = self.spec.current_version
         rejected = []
         for version, path in sorted(self.spec.adopt_weights.items()):
             segment = WeightsSegment.adopt(path)
@@ -71,24 +75,24 @@ class MemoryOwner:
                 self.segments[version] = segment
             else:
                 rejected.append(version)
-        if self.current not in self.segments:
+        if current not in self.segments:
             # A published version that did not verify exists only with its publisher: hold the
             # built weights (and their layout) so that the node can stage it again from there.
             if 1 not in self.segments:
                 self.segments[1] = self._load_from_disk()
-            self.current = 1
+            current = 1
         if self.spec.adopt_arena is None or not self._arena_intact():
             self.arena_path = shm.arena_path(self.spec.node_id, self.spec.generation)
-            shm.create_arena(self.arena_path, self.spec.kv_bytes, self.current)
-        current = self.segments[self.current]
+            shm.create_arena(self.arena_path, self.spec.kv_bytes)
+        entries = self.segments[current].entries
         return OwnerReady(
             pid=os.getpid(),
             versions={v: seg.path for v, seg in self.segments.items()},
-            current_version=self.current,
+            current_version=current,
             arena_path=self.arena_path,
             load_s=time.perf_counter() - t0,
-            params=sum(math.prod(e.shape) for e in current.entries),
-            weight_bytes=sum(e.nbytes for e in current.entries),
+            params=sum(math.prod(e.shape) for e in entries),
+            weight_bytes=sum(e.nbytes for e in entries),
             rejected=tuple(rejected),
         )
 
@@ -144,49 +148,65 @@ class MemoryOwner:
         if isinstance(msg, VerifyWeights):
             return self.verify()
         if isinstance(msg, StageWeights):
-            return self.stage(msg.version)
+            return self.stage(msg)
         if isinstance(msg, SealWeights):
             return self.seal(msg)
+        if isinstance(msg, UnstageWeights):
+            self.unstage(msg.version)
         if isinstance(msg, DropWeights):
             self.drop(msg.versions)
         return None
 
-    def stage(self, version: int):
+    def stage(self, msg: StageWeights):
+        version = msg.version
         if version in self.segments or version in self.staged:
-            return SealRefused(version, f"weights version {version} already exists on this node")
-        layout = self.segments[self.current].entries
+            return SealRefused(version, f"weights version {version} already exists on this node", msg.request_id)
+        layout = next(iter(self.segments.values())).entries  # every version has the model's layout
         entries = [shm.TensorEntry(**{**e.__dict__, "sha256": "0" * 64}) for e in layout]
         path = shm.weights_path(self.spec.node_id, self.spec.generation, version)
         path.unlink(missing_ok=True)  # a torn stage of an earlier attempt
         self.staged[version] = WeightsSegment.create(path, entries, version)
-        return Staged(version, path)
+        return Staged(version, path, msg.request_id)
 
     def seal(self, msg: SealWeights):
         t0 = time.perf_counter()
         segment = self.staged.pop(msg.version, None)
         if segment is None:
-            return SealRefused(msg.version, f"weights version {msg.version} was not staged on this owner")
+            return SealRefused(msg.version, f"weights version {msg.version} was not staged on this owner",
+                               msg.request_id)
         problem = segment.mismatch(msg.sha256)
         if problem is not None:
             segment.discard()
-            return SealRefused(msg.version, f"weights version {msg.version} refused: {problem}")
+            return SealRefused(msg.version, f"weights version {msg.version} refused: {problem}", msg.request_id)
         segment.seal(msg.sha256)
         self.segments[msg.version] = segment
-        shm.set_current_version(self.arena_path, msg.version)  # the flip
-        self.current = msg.version
-        return Sealed(msg.version, time.perf_counter() - t0)
+        return Sealed(msg.version, time.perf_counter() - t0, msg.request_id)
+
+    def unstage(self, version: int) -> None:
+        segment = self.staged.pop(version, None) or self.segments.pop(version, None)
+        if segment is not None:
+            segment.discard()
 
     def drop(self, versions) -> None:
+        """The node never asks to drop what an engine or a request uses."""
         for version in versions:
-            if version != self.current and version in self.segments:
+            if version in self.segments:
                 self.segments.pop(version).discard()
 
     def verify(self) -> WeightsVerified:
+        """Re-hash every sealed segment: each may be read by an engine (the served version, the
+        one a finish-on-old drain is pinned to) or loaded by a takeover; a bad one is marked
+        corrupt in its header, where the node's owner check reads it."""
         t0 = time.perf_counter()
-        segment = self.segments[self.current]
-        bad = segment.bad_tensors()
-        shm.set_weights_status(segment.mm, shm.STATUS_CORRUPT if bad else shm.STATUS_OK)
-        return WeightsVerified(ok=not bad, bad_tensors=bad, seconds=time.perf_counter() - t0)
+        bad_tensors, bad_versions = [], []
+        for version, segment in sorted(self.segments.items()):
+            bad = segment.bad_tensors()
+            shm.set_weights_status(segment.mm, shm.STATUS_CORRUPT if bad else shm.STATUS_OK)
+            if bad:
+                bad_versions.append(version)
+                bad_tensors.extend(bad)
+        return WeightsVerified(ok=not bad_versions, bad_tensors=tuple(bad_tensors),
+                               seconds=time.perf_counter() - t0, bad_versions=tuple(bad_versions))
 
     def close(self) -> None:
         for segment in [*self.segments.values(), *self.staged.values()]:

@@ -61,38 +61,56 @@ class OwnerReady:
         return self.versions[self.current_version]
 
 
+# The node numbers every request it sends the owner, and the owner's reply carries the number
+# and the version back: a reply is matched to the request it answers, so the late reply of a
+# request that timed out is never taken for a later request's.
+
+
 @dataclass(frozen=True)
 class StageWeights:
     """Create an empty segment for `version` in the current layout (the publisher fills it)."""
 
     version: int
+    request_id: int = 0  # set by the node when it sends the request
 
 
 @dataclass(frozen=True)
 class Staged:
     version: int
     path: Path
+    request_id: int
 
 
 @dataclass(frozen=True)
 class SealWeights:
     """Checksum the staged segment against what the publisher wrote; if it matches, mark it
-    OK and flip the node's current version to it."""
+    OK (the node then decides when the engines move to it)."""
 
     version: int
     sha256: dict[str, str]
+    request_id: int = 0  # set by the node when it sends the request
 
 
 @dataclass(frozen=True)
 class Sealed:
     version: int
     seconds: float
+    request_id: int
 
 
 @dataclass(frozen=True)
 class SealRefused:
     version: int
     message: str
+    request_id: int
+
+
+@dataclass(frozen=True)
+class UnstageWeights:
+    """A publish of `version` failed before the node took it: discard its segment, staged or
+    (when the seal answered too late) sealed, so that the version can be published again."""
+
+    version: int
 
 
 @dataclass(frozen=True)
@@ -109,9 +127,13 @@ class VerifyWeights:
 
 @dataclass(frozen=True)
 class WeightsVerified:
+    """Every sealed segment the owner holds re-hashed: what the engines serve, a version a
+    finish-on-old drain is pinned to, the previous one kept for the trainer."""
+
     ok: bool
     bad_tensors: tuple[str, ...]
     seconds: float
+    bad_versions: tuple[int, ...] = ()
 
 
 @dataclass(frozen=True)

@@ -4,15 +4,19 @@
 2. write: the publisher's thread copies the trainer's tensors into it (vLLM layout, the
    engines' dtype) and hashes what it meant to write; no disk round trip;
 3. seal: the owner re-hashes the segment; only if every tensor matches does it mark the
-   segment OK and flip the node's current version (one 8-byte write). A torn or corrupt
-   write is refused and its segment unlinked: nothing is ever served from it;
+   segment OK, and the node makes it the version the engines move to. A torn or corrupt
+   write is refused and its segment unlinked: nothing is ever served from it. A publish
+   that fails before that (a write that raises, an owner reply that does not come in
+   time) unstages its segment, so the version can be published again at once; a late
+   reply is matched to its request by (request id, version) and dropped;
 4. switch (loop thread, at step boundaries): each engine gets SwitchWeights once nothing
    of the old version is scheduled on it. In-flight requests follow the policy:
    - `continue_on_new`: they are aborted on the leader, which switches at once, then sent
      again (prompt + tokens so far): the KV is rebuilt by re-prefill on the new weights;
    - `finish_on_old`: they finish on the old version; new requests wait until the last
      old one is done, then both engines switch. A takeover meanwhile may use a shadow
-     still on the old version, so the drain goes on after a failure.
+     still on the old version, and a shadow started meanwhile starts on it, so the drain
+     goes on after any number of failures.
    Either way every token carries the version of the step that produced it.
 5. release: once both engines are on the new version, versions older than the previous
    one are dropped; the previous one stays until `release_weights`.

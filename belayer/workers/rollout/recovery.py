@@ -163,12 +163,15 @@ def _owner_check(node: RolloutNode, phases: dict[str, float]) -> str | None:
         if header.epoch != node.epoch:
             return f"arena epoch is {header.epoch}, expected {node.epoch}: someone else wrote the lease"
         if node.owner_failure is None:
-            weights = shm.map_readonly(node.owner_versions[node.target_version])
-            try:
-                if shm.read_weights_header(weights).status != shm.STATUS_OK:
-                    return "owner's weights are marked corrupt"
-            finally:
-                weights.close()
+            # what the new leader may serve: the node's version, or one a drain is pinned to
+            servable = {node.target_version} | (node._pinned_versions() & set(node.owner_versions))
+            for version in sorted(servable):
+                weights = shm.map_readonly(node.owner_versions[version])
+                try:
+                    if shm.read_weights_header(weights).status != shm.STATUS_OK:
+                        return f"owner's weights version {version} is marked corrupt"
+                finally:
+                    weights.close()
         return None
     except (shm.SharedMemoryError, KeyError, RolloutError) as exc:
         return f"owner memory not intact: {exc}"
@@ -215,7 +218,11 @@ def _shadow_check(node: RolloutNode, phases: dict[str, float]) -> tuple[str | No
 
 def _behind(node: RolloutNode, shadow: children.Child) -> str | None:
     """A shadow serves only the version the node serves, or the one in-flight requests are
-    pinned to while a finish-on-old publish drains: never a mix."""
+    pinned to while a finish-on-old publish drains: never a mix. One that failed a switch
+    never serves (it is replaced on the loop's next iteration): the failure may have left
+    its weights half replaced, whatever version it still reports."""
+    if shadow.switch_failed:
+        return f"shadow failed to switch weights (it reports version {shadow.version}); its weights are not trusted"
     allowed = {node.target_version} | node._pinned_versions()
     if shadow.version not in allowed:
         return f"shadow computes with weights version {shadow.version}, the node serves {sorted(allowed)}"

@@ -5,10 +5,10 @@
   the manifest lists every tensor (vLLM parameter name, dtype, shape, offset, sha256).
   One segment per weights version: a publish stages the next version in a new segment,
   the owner checksums it and only then marks it OK, so no engine can map torn weights.
-- KV arena: `[header page | raw KV bytes]`. The header carries magic, data size, the
-  lease epoch and the node's current weights version (flipped with one 8-byte write when
-  a published version is sealed: the single word a replacement owner or engine reads).
-  The lease is `flock` on the arena file (released by the kernel when the holder dies)
+- KV arena: `[header page | raw KV bytes]`. The header carries magic, data size and the
+  lease epoch. It names no weights version: which version is current is the node's decision
+  (the node outlives every owner and tells a replacement), and a sealed version becomes
+  current only when the node switches the engines to it. The lease is `flock` on the arena file (released by the kernel when the holder dies)
   plus the epoch, which the new holder bumps so a stale holder can tell.
 
 Nothing here imports vLLM; engines and owner both use these helpers.
@@ -34,12 +34,11 @@ WEIGHTS_MAGIC = b"BLYRWT01"
 ARENA_MAGIC = b"BLYRKV01"
 # weights header: magic, total size, manifest length, data offset, version, status
 _WEIGHTS_HDR = struct.Struct("<8sQQQQQ")
-# arena header: magic, data size, epoch, current weights version
-_ARENA_HDR = struct.Struct("<8sQQQ")
+# arena header: magic, data size, epoch
+_ARENA_HDR = struct.Struct("<8sQQ")
 STATUS_LOADING, STATUS_OK, STATUS_CORRUPT = 0, 1, 2
 _STATUS_OFFSET = 8 + 8 * 4
 _EPOCH_OFFSET = 8 + 8
-_VERSION_OFFSET = 8 + 8 + 8
 
 
 def segment_prefix(node_id: str) -> str:
@@ -187,21 +186,12 @@ def _map(path: Path, flags: int, prot: int) -> mmap.mmap:
 # ---------------------------------------------------------------- KV arena
 
 
-def create_arena(path: Path, data_size: int, weights_version: int) -> None:
+def create_arena(path: Path, data_size: int) -> None:
     """Create the arena: header page plus `data_size` raw bytes (sparse until touched)."""
     fd = os.open(path, os.O_CREAT | os.O_EXCL | os.O_RDWR, 0o600)
     try:
         os.ftruncate(fd, PAGE + data_size)
-        os.pwrite(fd, _ARENA_HDR.pack(ARENA_MAGIC, data_size, 0, weights_version), 0)
-    finally:
-        os.close(fd)
-
-
-def set_current_version(path: Path, version: int) -> None:
-    """The atomic flip: one aligned 8-byte write makes `version` the node's current one."""
-    fd = os.open(path, os.O_RDWR)
-    try:
-        os.pwrite(fd, struct.pack("<Q", version), _VERSION_OFFSET)
+        os.pwrite(fd, _ARENA_HDR.pack(ARENA_MAGIC, data_size, 0), 0)
     finally:
         os.close(fd)
 
@@ -210,7 +200,6 @@ def set_current_version(path: Path, version: int) -> None:
 class ArenaHeader:
     data_size: int
     epoch: int
-    weights_version: int
 
 
 def read_arena_header(path: Path) -> ArenaHeader:
@@ -223,12 +212,12 @@ def read_arena_header(path: Path) -> ArenaHeader:
         size = os.fstat(fd).st_size
     finally:
         os.close(fd)
-    magic, data_size, epoch, version = _ARENA_HDR.unpack(raw)
+    magic, data_size, epoch = _ARENA_HDR.unpack(raw)
     if magic != ARENA_MAGIC:
         raise SharedMemoryError(f"KV arena {path} has bad magic {magic!r}")
     if size != PAGE + data_size:
         raise SharedMemoryError(f"KV arena {path} is {size} bytes, header says {PAGE + data_size}")
-    return ArenaHeader(data_size, epoch, version)
+    return ArenaHeader(data_size, epoch)
 
 
 _libc = ctypes.CDLL(None, use_errno=True)
