@@ -160,6 +160,34 @@ def test_a_file_system_snapshot_swapped_under_a_checkpoint_is_refused(sandboxes)
     assert host.exec(outcome.handle, act(3, "cat /workspace/f")).stdout == "two\n"
 
 
+def stored_meta(store, base: str, step: int, **fields) -> None:
+    """A checkpoint's meta.json at `base`, as a capture writes it (through `store`)."""
+    from belayer.sandbox.models import CheckpointMeta
+
+    meta = CheckpointMeta(sandbox_id="sbx-abcd", trajectory="t", step=step, generation=0,
+                          archive_key=base + "archive", archive_sha256=f"{step}" * 64, archive_bytes=1,
+                          image="i", image_id="i", criu_version="4", podman_version="4", compression="zstd",
+                          netns="n", channel_dir="c", created_at=float(step), dump_s=0.1, **fields)
+    store.put_bytes(base + "meta.json", meta.model_dump_json().encode())
+
+
+@pytest.mark.stack
+def test_a_branch_skips_a_meta_json_without_its_mac_and_pins_the_snapshot(storage_config):
+    """Rebuilding a finished lineage's refs for a branch (belayer/sandbox/checkpoints.py)
+    reads meta.json through the keyed store: one planted without the MAC is skipped, not
+    an error that stops the branch, and each ref pins the file-system snapshot as the
+    workflow's own refs do."""
+    from belayer.sandbox.checkpoints import checkpoints_at_or_before
+    from belayer.storage.store import ObjectStore
+
+    with ObjectStore(storage_config) as inner:
+        store = EncryptedArchiveStore(inner, KEY)
+        stored_meta(store, "sandboxes/sbx-abcd/00000001-g0-1/", 1, fs_key="f", fs_sha256="e" * 64)
+        stored_meta(inner, "sandboxes/sbx-abcd/00000002-g0-2/", 2)  # planted: no MAC
+        found = checkpoints_at_or_before(store, "sandboxes/", "sbx-abcd", 3)
+    assert [(ref.step, ref.fs_sha256) for ref in found] == [(1, "e" * 64)]
+
+
 # --- sandbox ids and staged checkpoints that lead out of their directories --------------------
 
 
