@@ -14,6 +14,18 @@ class SandboxConfig(Section):
         "podman", description="Container backend; only podman (+ runc + CRIU) can checkpoint processes here."
     )
     image: str = Field("localhost/belayer-base:v2", description="Base image every sandbox starts from.")
+    read_only_root: bool = Field(
+        True, description="Mount the image's root file system read-only. Off only for a task whose own image "
+        "writes outside the tmpfs mounts: the agent may then change any file of the image (Belayer's own "
+        "programs run from the read-only toolchain, never from there), the changes travel in checkpoints, and "
+        "nothing bounds what it writes to the host's disk through the container's overlay."
+    )
+    toolchain_dir: str = Field(
+        "", description="Host directory of Belayer's trusted toolchain, mounted read-only at /.belayer: the "
+        "interpreter PID 1, the action helper and the workspace hash run from (belayer/sandbox/toolchain.py). "
+        "Empty: the one infra/install/toolchain.sh built for this checkout, <cache>/toolchain/<content hash>, "
+        "the same path on every sandbox host built alike (a restore re-creates the mount at the recorded path)."
+    )
     memory_mb: int = Field(
         1024, ge=64, le=1 << 20, description="Memory limit per sandbox (MiB); the tmpfs mounts count against it."
     )

@@ -30,7 +30,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Protocol
 
-from belayer.sandbox import channel, compression, drain, faults, lineage, priority
+from belayer.sandbox import channel, compression, drain, faults, lineage, priority, toolchain
 from belayer.sandbox.backend import SandboxBackend
 from belayer.sandbox.config import SandboxConfig
 from belayer.sandbox.drain import DrainedSandbox
@@ -356,11 +356,12 @@ class SandboxHost:
         """sha256 over /workspace's paths, modes and contents (no timestamps).
 
         The agent's processes are frozen first (until its next action), so nothing changes
-        the tree while it is read."""
+        the tree while it is read; the hash runs on the trusted toolchain's interpreter, never
+        the image's python3, which the agent may have replaced (belayer/sandbox/toolchain.py)."""
         with self._lock(handle.sandbox_id):
             self._refuse_if_moved(handle.sandbox_id)
             channel.call(self._sock(handle.sandbox_id), {"op": "freeze"})
-            out = self.backend.run_as_agent(handle.container, ["python3", "-I", "-c", HASH_SCRIPT, path])
+            out = self.backend.run_as_agent(handle.container, [*toolchain.python_command(), "-c", HASH_SCRIPT, path])
         return out.decode().strip()
 
     # ------------------------------------------------------------------ checkpoint

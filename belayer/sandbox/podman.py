@@ -24,12 +24,16 @@ Isolation of each container:
   io_uring, userfaultfd and new namespaces (belayer/sandbox/seccomp.py says why each);
 * memory (tmpfs included, swap off), cpus and pids limits;
 * disk: the root file system is read-only (the agent cannot fill the host's disk
-  through the overlay: overlay size= needs XFS); /workspace, /home/agent, /tmp,
+  through the overlay: overlay size= needs XFS) unless `sandbox.read_only_root` is off (a
+  task's own image that expects to write there); /workspace, /home/agent, /tmp,
   /var/tmp, /run, /run/lock, /dev/shm and the journal /var/lib/belayer are size-limited
   tmpfs, which travel inside the checkpoint and count against the memory limit (without
   our sizes, --read-only's /run would be half the host's memory);
 * environment: no proxy variables of the host's (--http-proxy=false);
-* the channel: a host directory (uid 999, 0700) bind-mounted at /run/belayer.
+* the channel: a host directory (uid 999, 0700) bind-mounted at /run/belayer;
+* Belayer's own programs: PID 1, the helper that starts each action and the workspace
+  hash run from the trusted toolchain, a host directory mounted read-only at /.belayer,
+  never from the image's python3 (belayer/sandbox/toolchain.py says why and how).
 """
 
 from __future__ import annotations
@@ -46,7 +50,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
-from belayer.sandbox import compression, fork_archive, runtime, seccomp
+from belayer.sandbox import compression, fork_archive, runtime, seccomp, toolchain
 from belayer.sandbox.config import SandboxConfig
 from belayer.sandbox.errors import (
     CheckpointFailed,
@@ -59,7 +63,6 @@ from belayer.sandbox.errors import (
 from belayer.sandbox.models import checked_sandbox_id, path_under
 
 GUARD_UID = 999  # owner of the journal and channel (see the supervisor)
-SUPERVISOR_ARGV = ["python3", "-I", "/opt/belayer/supervisor.py"]
 LABEL_SANDBOX = "belayer.sandbox"
 LABEL_GENERATION = "belayer.generation"
 CAPS = "DAC_OVERRIDE,CHOWN"
@@ -171,7 +174,7 @@ class PodmanBackend:
             "--label", f"{LABEL_SANDBOX}={sandbox_id}", "--label", f"{LABEL_GENERATION}={generation}",
             f"--network=ns:{self.netns_path(sandbox_id)}", f"--annotation=org.criu.config={runtime.CRIU_CONFIG}",
             "--cap-drop=ALL", f"--cap-add={CAPS}", "--security-opt=no-new-privileges",
-            f"--security-opt=seccomp={self.seccomp_profile()}", "--read-only", "--http-proxy=false",
+            f"--security-opt=seccomp={self.seccomp_profile()}", "--http-proxy=false",
             f"--memory={c.memory_mb}m", f"--memory-swap={c.memory_mb}m", f"--cpus={c.cpus:g}",
             f"--pids-limit={c.pids_limit}", f"--shm-size={c.shm_mb}m",
             "--tmpfs", f"/run:rw,size={c.run_mb}m,mode=0755",
@@ -183,10 +186,24 @@ class PodmanBackend:
             "--tmpfs", f"/var/lib/belayer:rw,size={c.journal_mb}m,mode=0700",
             "-v", f"{self.channel_dir(sandbox_id)}:/run/belayer",
         ]  # fmt: skip
+        args += ["--read-only"] if c.read_only_root else []
+        args += self._toolchain_args()
         for k, v in labels.items():
             args += ["--label", f"{k}={v}"]
-        self.podman(*args, c.image, *SUPERVISOR_ARGV)
+        self.podman(*args, c.image, *toolchain.supervisor_argv())
         return name
+
+    def _toolchain_args(self) -> list[str]:
+        """Belayer's trusted toolchain read-only at /.belayer, and the environment its
+        programs run with (PID 1's and each `podman exec`'s): belayer/sandbox/toolchain.py."""
+        source = self.cfg.toolchain_dir or toolchain.installed(self.cache_dir)
+        if not source or not Path(source, "supervisor.py").is_file():
+            raise RuntimeUnavailable(
+                f"no trusted toolchain {'at ' + str(source) if source else 'for this checkout'} "
+                f"(sandbox.toolchain_dir): run `bash infra/install/toolchain.sh` as root"
+            )
+        env = [f"--env={k}={v}" for k, v in toolchain.ENVIRONMENT.items()]
+        return ["-v", f"{source}:{toolchain.MOUNT}:ro", *env]
 
     def seccomp_profile(self) -> Path:
         """Belayer's profile (belayer/sandbox/seccomp.py), written from this host's default

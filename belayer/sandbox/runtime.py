@@ -388,6 +388,13 @@ def check_runtime(
                 f"({podman_dirs(state_dir)['root']}): {INSTALL_HINT} (infra/install/base-image.sh)"
                 + (f" [podman: {err}]" if err and "image not known" not in err else "")
             )
+    from belayer.sandbox import toolchain  # imports this module
+
+    if toolchain.installed(cache_dir) is None:
+        h.problems.append(
+            f"no trusted toolchain for this checkout under {toolchain.toolchain_root(cache_dir)}: "
+            f"{INSTALL_HINT} (infra/install/toolchain.sh)"
+        )
     return h
 
 
@@ -420,4 +427,5 @@ def _main(argv: list[str]) -> int:
 
 
 if __name__ == "__main__":
+    sys.path.insert(0, str(REPO_ROOT))  # `check` imports belayer.sandbox.toolchain
     sys.exit(_main(sys.argv[1:]))

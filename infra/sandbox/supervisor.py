@@ -1,10 +1,10 @@
 #!/usr/bin/env python3
 """Belayer's in-sandbox supervisor: PID 1 of every sandbox container.
 
-Baked into the base image at /opt/belayer/supervisor.py (infra/install/base-image.sh
-copies infra/sandbox/ there), so that the image name and id -- which a checkpoint
-restore needs -- are the same on every host. Python 3.11 standard library only: it
-runs on the image's Debian python3, not in Belayer's virtual environment.
+Runs from Belayer's trusted toolchain, mounted read-only at /.belayer/supervisor.py
+(belayer/sandbox/toolchain.py): never the image's python3 or its files, which the agent
+can replace when the root file system is writable. Python 3.11 standard library only:
+it runs on the toolchain's Debian python3, not in Belayer's virtual environment.
 
 What lives here, and what must not:
 * a shell that persists as *state*, not as a process: each action runs in a fresh
@@ -64,7 +64,8 @@ start). PID 1 marks itself non-dumpable, so the agent cannot ptrace it or open
 /proc/1/fd or /proc/1/mem, and it handles SIGINT, SIGTERM, SIGHUP, SIGQUIT (and the
 other signals whose default would end it) by doing nothing, and no error ends its main
 loop (podman removes sandboxes with SIGKILL).
-The root file system is read-only; everything writable is a size-limited tmpfs.
+The root file system is read-only unless a task's image needs it writable
+(sandbox.read_only_root); the rest that is writable is a size-limited tmpfs.
 
 No host-side policy lives here (limits, checkpoints, storage): only what must run
 inside the container. Local mode (BELAYER_SUPERVISOR_LOCAL=1) runs it as an ordinary
@@ -555,7 +556,7 @@ def spawn_action(command: bytes, state: ShellState, streams: ActionStreams) -> t
         if not LOCAL:
             env_fd = _high_fd(os.memfd_create("belayer-env"))
             os.write(env_fd, _encode_environment(state.env))
-            argv = [sys.executable, "-I", "-S", os.path.abspath(__file__), "--drop-caps-exec", str(env_fd), *argv]
+            argv = [*HELPER_INTERPRETER, os.path.abspath(__file__), "--drop-caps-exec", str(env_fd), *argv]
             env, pass_fds = HELPER_ENVIRONMENT, (text_fd, dump_fd, env_fd)
         with open(os.devnull, "rb") as null:
             proc = subprocess.Popen(
@@ -573,8 +574,15 @@ def spawn_action(command: bytes, state: ShellState, streams: ActionStreams) -> t
     return proc.pid, dump_fd
 
 
-# The helper's own environment while it holds capabilities: fixed, never the agent's.
-HELPER_ENVIRONMENT = {"PATH": "/usr/sbin:/usr/bin:/sbin:/bin", "LANG": "C.UTF-8"}
+# The helper's own environment while it holds capabilities: fixed, never the agent's. The
+# C locale is glibc's own: no locale file of the image is read.
+HELPER_ENVIRONMENT = {"PATH": "/usr/sbin:/usr/bin:/sbin:/bin", "LC_ALL": "C"}
+# The command that runs this file as the helper: the trusted toolchain's interpreter
+# through its own loader (`--interpreter ...` on PID 1's command line, from
+# belayer/sandbox/toolchain.py), never the image's python3, which the agent can replace
+# when the root file system is writable. sys.executable would not do: it names the
+# toolchain's python3, which the image's loader and libraries would run.
+HELPER_INTERPRETER: list[str] = []
 
 
 def _encode_environment(env: dict[str, str]) -> bytes:
@@ -1168,6 +1176,10 @@ def _ignore_signal(signum, frame) -> None:
 def main() -> None:
     if len(sys.argv) > 1 and sys.argv[1] == "--drop-caps-exec":
         drop_caps_exec(int(sys.argv[2]), sys.argv[3:])
+    if sys.argv[1:2] == ["--interpreter"]:
+        HELPER_INTERPRETER[:] = sys.argv[2:]
+    elif not LOCAL:
+        raise SystemExit("supervisor: PID 1 needs --interpreter COMMAND... (the toolchain's, for the helper)")
     signal.signal(signal.SIGPIPE, signal.SIG_IGN)
     if LOCAL:
         import ctypes

@@ -67,13 +67,16 @@ def sweep_orphans(backend: PodmanBackend) -> list[str]:
 
 @pytest.fixture(scope="session")
 def sandbox_runtime():
-    """The runtime is healthy and the base image carries the current infra/sandbox/."""
-    # Idempotent and fast when the image already carries this supervisor (cache key).
-    r = subprocess.run(["bash", str(REPO / "infra/install/base-image.sh")], capture_output=True, text=True)
+    """The runtime is healthy, the base image and the trusted toolchain carry the current
+    infra/sandbox/."""
+    # Idempotent and fast when they already carry this supervisor (cache keys).
+    runs = [subprocess.run(["bash", str(REPO / f"infra/install/{script}.sh")], capture_output=True, text=True)
+            for script in ("base-image", "toolchain")]  # fmt: skip
+    output = "".join(f"\n{r.args[1]}:\n{r.stdout}{r.stderr}" for r in runs)
     health = runtime.check_runtime()
     if not health.ok:
-        pytest.skip("sandbox runtime unavailable: " + "; ".join(health.problems) + f"\n{r.stdout}{r.stderr}")
-    assert r.returncode == 0, f"base-image.sh failed:\n{r.stdout}\n{r.stderr}"
+        pytest.skip("sandbox runtime unavailable: " + "; ".join(health.problems) + output)
+    assert all(r.returncode == 0 for r in runs), f"an install step failed:{output}"
     swept = sweep_orphans(PodmanBackend(small_config(), runtime.default_state_dir()))
     if swept:
         print(f"swept sandboxes left by killed test sessions: {swept}")
