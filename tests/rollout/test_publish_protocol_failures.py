@@ -120,7 +120,7 @@ def stop_leader_at(node, tokens: int):
     return on_progress
 
 
-def test_a_late_seal_reply_is_not_taken_for_the_retried_publishs_reply(node, contents, monkeypatch):
+def test_a_late_seal_reply_is_not_taken_for_the_retried_publish(node, contents, monkeypatch):
     """A publish times out while the owner seals (frozen); the caller retries the same
     version (as Temporal retries the activity). The owner's late `Sealed` of the first
     attempt must not answer the retry's `StageWeights`, and the first attempt's segment must
