@@ -39,6 +39,7 @@ from belayer.sandbox.errors import (
     CheckpointInconsistent,
     HostDraining,
     HostFull,
+    InvalidSandboxId,
     JournalMismatch,
     RestoreFailed,
     RuntimeUnavailable,
@@ -928,10 +929,17 @@ class SandboxHost:
         """Fence every local container whose lineage moved to another host; returns their names.
 
         Run by the sandbox worker before it serves (a host coming back after a recovery
-        elsewhere). Lineages without records (older Belayer, another store) are left alone.
+        elsewhere). Lineages without records (older Belayer, another store) are left alone,
+        and so are containers whose sandbox label is no id Belayer makes (with a log line):
+        no store key or path is built from it.
         """
         fenced: list[str] = []
         for sandbox_id, names in self.backend.lineages().items():
+            try:
+                checked_sandbox_id(sandbox_id)
+            except InvalidSandboxId as exc:
+                logger.warning("sweep skipped container(s) %s: %s", ", ".join(names), exc)
+                continue
             rec = lineage.newest(self.store, self.cfg.checkpoint_prefix, sandbox_id)
             if rec is not None and rec.host_queue != self.host_queue:
                 fenced += self._fence_superseded(sandbox_id, rec, names)

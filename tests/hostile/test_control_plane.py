@@ -265,6 +265,35 @@ def test_a_forged_staged_checkpoint_neither_uploads_nor_deletes_another_file(san
     assert host.load_meta(ref).sandbox_id == handle.sandbox_id
 
 
+@pytest.mark.sandbox
+def test_a_container_labelled_with_a_foreign_sandbox_id_does_not_stop_the_sweep(sandboxes, caplog):
+    """A host's start-up sweep (`sweep_stale`) reads every container's sandbox label: one
+    Belayer never made (someone's container with the label, a lineage record planted
+    under it) is skipped with a log line, and the sweep still fences the lineages that
+    moved to another host."""
+    from belayer.sandbox import lineage
+    from belayer.sandbox.podman import LABEL_SANDBOX
+
+    host = sandboxes.host
+    prefix = host.cfg.checkpoint_prefix
+    moved = sandboxes.create()
+    lineage.write(host.store, prefix, moved.sandbox_id, moved.generation + 1, "elsewhere", "elsewhere-g1")
+    foreign, container = "not-belayer", f"foreign-{sandboxes.token}"
+    host.store.put_bytes(lineage.record_key(prefix, foreign, 1), json.dumps(
+        {"sandbox_id": foreign, "generation": 1, "host_queue": "elsewhere", "container": "c", "written_at": 0}).encode())
+    sandboxes.backend.podman("create", "--name", container, "--label", f"{LABEL_SANDBOX}={foreign}",
+                             host.cfg.image, "true")
+    try:
+        with caplog.at_level("WARNING", logger="belayer.sandbox.host"):
+            fenced = host.sweep_stale()
+        assert fenced == [moved.container]
+        assert any(foreign in record.getMessage() and "skipped" in record.getMessage()
+                   for record in caplog.records), caplog.text
+        assert sandboxes.backend.podman("container", "exists", container, check=False).returncode == 0
+    finally:
+        sandboxes.backend.podman("rm", "-f", container, check=False)
+
+
 # --- SeaweedFS's own ports --------------------------------------------------------------------
 
 
