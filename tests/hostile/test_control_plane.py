@@ -18,7 +18,6 @@ import urllib.error
 import urllib.request
 import uuid
 from datetime import timedelta
-from http.client import HTTPConnection
 from pathlib import Path
 
 import pytest
@@ -314,22 +313,15 @@ def refused(port: int) -> bool:
     return False
 
 
-class UnixHTTPConnection(HTTPConnection):
-    """HTTP over a unix socket: the filer's local socket."""
-
-    def __init__(self, path: Path):
-        super().__init__("localhost", timeout=10)
-        self.path = path
-
-    def connect(self) -> None:
-        self.sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-        self.sock.settimeout(self.timeout)
-        self.sock.connect(str(self.path))
-
-
 def unix_http(path: Path, url: str, method: str = "GET", data: bytes | None = None) -> int:
-    connection = UnixHTTPConnection(path)
+    """The status of an HTTP request over the unix socket at `path` (the filer's)."""
+    from http.client import HTTPConnection  # here: the workflow sandbox re-imports this module
+
+    connection = HTTPConnection("localhost", timeout=10)
+    connection.sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)  # used instead of a TCP one
     try:
+        connection.sock.settimeout(10)
+        connection.sock.connect(str(path))
         connection.request(method, url, body=data)
         return connection.getresponse().status
     finally:
