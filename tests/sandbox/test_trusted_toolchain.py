@@ -103,28 +103,36 @@ def pid1_files(sandboxes, container: str) -> tuple[list[str], list[str]]:
     return cmdline, sorted(f for f in mapped if f.startswith("/"))
 
 
-def test_a_tampered_image_changes_neither_actions_nor_the_hash_nor_a_restore(sandboxes):
+def test_after_tampering_the_next_action_still_reports_its_own_output_and_status(sandboxes):
+    host = sandboxes.host
+    log: list[LoggedAction] = []
+    handle, _ = tampered_sandbox(sandboxes, log)
+    real = run(host, handle, 3, "echo real; exit 7", log)
+    assert (real.stdout, real.exit_code) == ("real\n", 7), real
+    # The agent's own tools are the forged ones: the tampering took.
+    forged = run(host, handle, 4, "python3 -c 'print(1)'; tar --version", log)
+    assert forged.stdout == f"{FORGED_HASH}\n" * 2, forged
+
+
+def test_after_tampering_the_workspace_hash_is_the_real_one(sandboxes):
+    log: list[LoggedAction] = []
+    handle, before = tampered_sandbox(sandboxes, log)
+    assert sandboxes.host.workspace_hash(handle) == before != FORGED_HASH
+
+
+def test_a_tampered_sandbox_restores_and_its_pid_1_runs_from_the_toolchain(sandboxes):
     host = sandboxes.host
     log: list[LoggedAction] = []
     handle, before = tampered_sandbox(sandboxes, log)
-    # The agent's own tools are now the forged ones...
-    forged = run(host, handle, 3, "python3 -c 'print(1)'; tar --version", log)
-    assert forged.stdout == f"{FORGED_HASH}\n" * 2, forged
-    # ...Belayer's are not: the next action reports its own output and status,
-    real = run(host, handle, 4, "echo real; exit 7", log)
-    assert (real.stdout, real.exit_code) == ("real\n", 7), real
-    # and the hash is the real one.
-    assert host.workspace_hash(handle) == before != FORGED_HASH
-
     ref = host.checkpoint(handle)
     host.kill(handle)
     sandboxes.backend.destroy(handle.sandbox_id)
     outcome = host.recover(handle, [ref], log)
     assert outcome.consistent and outcome.source == f"checkpoint@{ref.step}", outcome
     restored = outcome.handle
-    # CRIU restored /workspace with the host's tar (the image's now prints a forged hash).
+    # CRIU dumped and restored /workspace with the host's tar (the image's prints a forged hash).
     assert host.workspace_hash(restored) == before
-    again = run(host, restored, 5, "python3 -c 'print(1)'; echo after; exit 5", log)
+    again = run(host, restored, 3, "python3 -c 'print(1)'; echo after; exit 5", log)
     assert (again.stdout, again.exit_code) == (f"{FORGED_HASH}\nafter\n", 5), again  # the agent's changes travel
     cmdline, mapped = pid1_files(sandboxes, restored.container)
     assert cmdline == toolchain.supervisor_argv(), cmdline
