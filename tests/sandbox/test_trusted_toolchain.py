@@ -14,7 +14,9 @@ and exit 0, plants a `sitecustomize` in the image's standard library and a libra
   toolchain;
 * a toolchain process started in the tampered sandbox loads nothing from the image: no
   file mapped, module imported or sys.path entry outside /.belayer;
-* /.belayer itself is read-only to the agent (EROFS), and cannot be moved away.
+* /.belayer itself is read-only to the agent (EROFS), and cannot be moved away;
+* a second build gives the same bytes, so hosts built alike mount the same path, which a
+  restore on another host needs.
 """
 
 from __future__ import annotations
@@ -166,3 +168,13 @@ def test_the_toolchain_is_read_only_to_the_agent(sandboxes):
     assert moved != "done"  # a mount point is not renamed (EACCES on these hosts)
     intact = run(host, handle, 2, "ls /.belayer; echo still; exit 3", [])
     assert (intact.stdout, intact.exit_code) == ("lib\nsupervisor.py\nusr\nstill\n", 3), intact
+
+
+def test_a_rebuild_gives_the_same_toolchain_at_the_same_path(sandbox_runtime, tmp_path):
+    installed = toolchain.installed()
+    assert installed is not None, "the sandbox_runtime fixture builds the toolchain"
+    rootfs = toolchain.rootfs_tar()
+    if rootfs.is_file():  # otherwise the build exports the imported base image
+        (tmp_path / rootfs.name).symlink_to(rootfs)
+    rebuilt = toolchain.build(tmp_path, log=lambda line: None)
+    assert rebuilt.name == installed.name == toolchain.content_hash(rebuilt)
