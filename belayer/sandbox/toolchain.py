@@ -90,19 +90,19 @@ def supervisor_argv() -> list[str]:
 # ----------------------------------------------------------------------------- where
 
 
-def cache(cache_dir: str | os.PathLike[str] | None = None) -> Path:
+def _cache(cache_dir: str | os.PathLike[str] | None = None) -> Path:
     return (Path(cache_dir).expanduser() if cache_dir is not None else runtime.default_cache_dir()).absolute()
 
 
 def toolchain_root(cache_dir: str | os.PathLike[str] | None = None) -> Path:
-    return cache(cache_dir) / "toolchain"
+    return _cache(cache_dir) / "toolchain"
 
 
 def rootfs_tar(cache_dir: str | os.PathLike[str] | None = None) -> Path:
     """The base rootfs tarball infra/install/base-image.sh caches for this host's release."""
     release = _os_release().get("VERSION_CODENAME", "")
     version = runtime._versions().get("BASE_IMAGE_VERSION", "1")
-    return cache(cache_dir) / f"base-rootfs-{release}-v{version}.tar"
+    return _cache(cache_dir) / f"base-rootfs-{release}-v{version}.tar"
 
 
 def input_key(cache_dir: str | os.PathLike[str] | None = None) -> str:
