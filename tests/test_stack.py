@@ -78,7 +78,8 @@ def whole_stack(prefix: str, env_extra: dict[str, str], *up_args: str,
     config = isolated_config(state_dir)
     env = cli_env(config) | env_extra
     try:
-        for step in (["bash", "infra/install/base-image.sh"], [*BELAYER, "up", *up_args]):
+        for step in (["bash", "infra/install/base-image.sh"], ["bash", "infra/install/toolchain.sh"],
+                     [*BELAYER, "up", *up_args]):
             done = subprocess.run(step, env=env, capture_output=True, text=True, stdin=subprocess.DEVNULL,
                                   timeout=900, cwd=ROOT)
             assert done.returncode == 0, f"{' '.join(step)} failed:\n{done.stdout}\n{done.stderr}"

@@ -85,10 +85,11 @@ def enter(config: BelayerConfig, k: int) -> None:
 
 
 def import_base_image(config: BelayerConfig) -> None:
-    """The install cache's base-image tarball into this host's podman storage."""
+    """The install cache's base-image tarball into this host's podman storage, and the
+    trusted toolchain its sandboxes mount (built once per cache)."""
     env = dict(os.environ, BELAYER_STATE_DIR=str(config.state_dir), BELAYER_CACHE_DIR=str(config.cache_dir))
-    subprocess.run(["bash", str(INFRA_DIR / "install" / "base-image.sh")], env=env, check=True,
-                   stdin=subprocess.DEVNULL)
+    for script in ("base-image.sh", "toolchain.sh"):
+        subprocess.run(["bash", str(INFRA_DIR / "install" / script)], env=env, check=True, stdin=subprocess.DEVNULL)
 
 
 def members(config: BelayerConfig, k: int) -> list[psutil.Process]:

@@ -31,6 +31,7 @@ case "$role" in
     # Every sandbox host imports the same base-image tarball (same image id), which a
     # restore on another host requires; then the runtime is checked before serving.
     bash "$ROOT/infra/install/base-image.sh"
+    bash "$ROOT/infra/install/toolchain.sh"
     "$PY" "$ROOT/belayer/sandbox/runtime.py" check
     exec "$PY" -m belayer.workers.sandbox "$@" ;;
   rollout-node) built_model; exec "$PY" -m belayer.workers.rollout "$@" ;;

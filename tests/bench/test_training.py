@@ -163,7 +163,8 @@ def test_bench_training_on_a_private_stack(tmp_path):
     config = isolated_config(state_dir)
     env = cli_env(config) | {"BELAYER_ROLLOUT__NODE_ID": f"b{uuid.uuid4().hex[:6]}"}
     try:
-        for step in (["bash", "infra/install/base-image.sh"], [*BELAYER, "up"]):
+        for step in (["bash", "infra/install/base-image.sh"], ["bash", "infra/install/toolchain.sh"],
+                     [*BELAYER, "up"]):
             up = subprocess.run(step, env=env, capture_output=True, text=True, stdin=subprocess.DEVNULL,
                                 timeout=900, cwd=REPO)
             assert up.returncode == 0, f"{' '.join(step)} failed:\n{up.stdout}\n{up.stderr}"
