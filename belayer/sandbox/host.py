@@ -468,9 +468,11 @@ class SandboxHost:
         return path
 
     def _idle_info(self, handle: SandboxHandle) -> dict:
-        """The supervisor's state of an idle sandbox at the handle's generation (its lock held)."""
+        """The supervisor's state of an idle sandbox at the handle's generation (its lock held),
+        every stopped process resumed for the checkpoint that follows (the supervisor's
+        `quiesce`: CRIU would wait forever on one)."""
         self._refuse_if_moved(handle.sandbox_id, tells=False)
-        info = channel.call(self._sock(handle), {"op": "ping"}, timeout_s=10)
+        info = channel.call(self._sock(handle), {"op": "quiesce"}, timeout_s=10)
         if info["generation"] != handle.generation:
             raise StaleGeneration(
                 f"sandbox {handle.sandbox_id} is at generation {info['generation']}, the handle at "
@@ -869,7 +871,7 @@ class SandboxHost:
                                       detail=f"superseded by generation {newest.generation} on {newest.host_queue}")
             self._moved[sandbox_id] = False  # from here on its calls are told it moved
             try:
-                info = channel.call(self._sock(sandbox_id), {"op": "ping"}, timeout_s=10)
+                info = channel.call(self._sock(sandbox_id), {"op": "quiesce"}, timeout_s=10)
                 container = self.backend.container_name(sandbox_id, info["generation"])
                 handle = self._handle(sandbox_id, info["generation"], container)
                 ref = self._dump(handle, info)

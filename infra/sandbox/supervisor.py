@@ -20,7 +20,8 @@ What lives here, and what must not:
   journaled like an action. Unless the task declares `verify_with_processes: running`,
   every process the agent left is frozen (SIGSTOP, pass after pass until none runs)
   before the check starts and stays frozen through the workspace hash (the host's
-  `freeze` request) until the agent's next action. What the agent can still influence is
+  `freeze` request) until the agent's next action or a checkpoint (`quiesce`: CRIU
+  cannot dump a stopped process here). What the agent can still influence is
   the file system (the point of the task); what it cannot is the check's environment,
   PATH, functions, options, status, or what the check writes while it runs;
 * per-action timeout: the processes the action started are killed; a bash that is
@@ -330,7 +331,8 @@ class Freezer:
     stopped; passes repeat until one finds none running, so a respawner (a stopped
     process cannot fork) or one sending SIGCONT to another cannot escape. What was
     stopped here is resumed (SIGCONT) before the agent's next action, and only if it is
-    still the same process; what the agent had stopped itself stays stopped.
+    still the same process; what the agent had stopped itself stays stopped. Before a
+    checkpoint every stopped process is resumed (`resume_all`: CRIU cannot dump one here).
     """
 
     def __init__(self):
@@ -357,6 +359,26 @@ class Freezer:
         raise FreezeFailed(
             f"the agent's processes could not be frozen: still running after {FREEZE_PASSES} passes"
         )
+
+    def resume_all(self, sessions: set[int]) -> int:
+        """SIGCONT every stopped process of the agent's, pass after pass until none is left
+        stopped (a running one may stop another); returns how many were resumed."""
+        self.thaw()
+        me, resumed = os.getpid(), set()
+        for _ in range(FREEZE_PASSES):
+            stopped = [
+                pid for pid, info in list_processes().items()
+                if pid not in (me, 1) and (not LOCAL or info[1] in sessions) and _proc_state(pid) == "T"
+            ]  # fmt: skip
+            if not stopped:
+                break
+            for pid in stopped:
+                try:
+                    os.kill(pid, signal.SIGCONT)
+                    resumed.add(pid)
+                except OSError:
+                    pass
+        return len(resumed)
 
     def thaw(self) -> None:
         for pid, start in self.frozen.items():
@@ -793,6 +815,8 @@ class Supervisor:
             return self.submit_or_wait(req, start=(op == "submit"))
         if op == "freeze":
             return self.freeze()
+        if op == "quiesce":
+            return self.quiesce()
         raise RequestError("BadRequest", f"unknown op {op!r}")
 
     def describe(self) -> dict:
@@ -820,6 +844,16 @@ class Supervisor:
             except FreezeFailed as exc:
                 raise RequestError("FreezeFailed", str(exc)) from None
             return dict(self.describe(), frozen=frozen)
+
+    def quiesce(self) -> dict:
+        """What the host asks before a checkpoint: this sandbox's state, once every stopped
+        process (the freezer's, and any the agent stopped itself) runs again. CRIU cannot
+        seize a stopped task inside the frozen cgroup podman dumps from: it waits forever,
+        holding the container's lock (cgroup v1, CRIU 4.2.1). The workspace hash freezes
+        them again; what the agent had stopped itself stays resumed."""
+        with self.lock:
+            resumed = 0 if self.running is not None else self.freezer.resume_all(self.action_sessions)
+            return dict(self.describe(), resumed=resumed)
 
     def set_generation(self, expected: int, new: int) -> dict:
         with self.lock:

@@ -6,6 +6,7 @@ freezer that holds its processes still while it is judged, and the workspace has
 from __future__ import annotations
 
 import concurrent.futures
+import threading
 
 import pytest
 
@@ -76,6 +77,24 @@ def test_the_agents_processes_are_frozen_for_the_check_and_resumed_by_its_next_a
     resumed = host.exec(handle, act(3, "a=$(cat /workspace/count); sleep 1; b=$(cat /workspace/count); "
                                        "test \"$a\" != \"$b\" && echo moving"))  # fmt: skip
     assert resumed.stdout == "moving\n", resumed
+
+
+def test_a_checkpoint_of_stopped_processes_completes(sandboxes):
+    """CRIU waits forever on a stopped process in the frozen cgroup podman dumps from,
+    holding the container's lock: a process the agent stopped itself, or the freezer's after
+    a workspace hash, would wedge every later checkpoint. The host resumes them first."""
+    host = sandboxes.host
+    handle = sandboxes.create()
+    stopped = host.exec(handle, act(1, "sleep 100000 & kill -STOP $!; " + SPAWNER))
+    assert stopped.exit_code == 0, stopped
+    host.workspace_hash(handle)  # freezes the spawner too
+    done: dict = {}
+    dump = threading.Thread(target=lambda: done.setdefault("ref", host.checkpoint(handle)), daemon=True)
+    dump.start()
+    dump.join(240)  # a liveness bound, not a figure: today's dump takes about a second
+    assert "ref" in done, "the checkpoint of a sandbox with stopped processes never finished"
+    states = host.exec(handle, act(2, "ps -o stat= -C sleep | cut -c1 | sort | uniq -c | tr -s ' '"))
+    assert "T" not in states.stdout, states
 
 
 def test_a_check_may_declare_that_the_agents_processes_keep_running(sandboxes):

@@ -18,7 +18,7 @@ def test_env_recovery_json(sandbox_runtime, tmp_path, monkeypatch):
     from belayer.bench.env_recovery_realistic import failure_steps
 
     assert build_wheel() == build_wheel()  # deterministic artefact
-    monkeypatch.setenv("BELAYER_SANDBOX__MEMORY_MB", "768")
+    monkeypatch.setenv("BELAYER_SANDBOX__MEMORY_MB", "1024")  # the default tmpfs sizes fit (config checks)
     result = CliRunner().invoke(
         env_recovery,
         ["--json", "--scale", "0.02", "--workload", "make-build-and-kv-server", "--archive-dir", str(tmp_path),
