@@ -116,6 +116,9 @@ class Bench:
         backend, store = self.host.backend, self.host.store
         container = self.handle.container
         key = f"bench/checkpoint/{self.handle.sandbox_id}-{uuid.uuid4().hex[:8]}.tar.zst"
+        # Resume what the last workspace hash froze, as the host does before its own dumps:
+        # CRIU cannot dump a stopped process here (SandboxHost._idle_info says why).
+        channel.call(backend.channel_path(self.handle.sandbox_id), {"op": "quiesce"})
         with tempfile.TemporaryDirectory(dir=backend.state_dir / "tmp") as d:
             archive = Path(d) / "archive.tar.zst"
             started = time.monotonic()
