@@ -30,7 +30,7 @@ def test_every_path_a_restore_depends_on_is_the_hosts_own_at_the_shared_place(co
     mounts = dict((target, source) for source, target in sandbox_hosts.bind_mounts(config, 2))
     own = config.state_dir / "hosts" / "h2"
     assert mounts == {config.state_dir / "podman": own / "podman", Path("/run/runc"): own / "runc",
-                      Path("/run/netns"): own / "netns", Path(config.sandbox.channel_root): own / "channels"}
+                      Path(config.sandbox.channel_root): own / "channels"}
     assert sandbox_hosts.host_queue(config, 2) == f"belayer-sandbox-{socket.gethostname()}-h2"
     assert sandbox_hosts.launcher(2, ["worker"])[:5] == ["unshare", "--mount", "--uts", "--propagation", "private"]
     assert sandbox_hosts.launcher(2, ["worker"])[-4:] == ["belayer.stack.sandbox_hosts", "2", "--", "worker"]

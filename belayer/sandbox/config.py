@@ -4,6 +4,7 @@ from typing import Literal
 
 from pydantic import Field, model_validator
 
+from belayer.sandbox import runtime
 from belayer.section import Section
 
 
@@ -13,7 +14,11 @@ class SandboxConfig(Section):
     backend: Literal["podman"] = Field(
         "podman", description="Container backend; only podman (+ runc + CRIU) can checkpoint processes here."
     )
-    image: str = Field("localhost/belayer-base:v2", description="Base image every sandbox starts from.")
+    image: str = Field(
+        default_factory=runtime.base_image_name,
+        description="Base image every sandbox starts from; default: the one infra/install/base-image.sh builds "
+        "(localhost/belayer-base:v<BASE_IMAGE_VERSION of infra/versions.env>).",
+    )
     read_only_root: bool = Field(
         True, description="Mount the image's root file system read-only. Off only for a task whose own image "
         "writes outside the tmpfs mounts: the agent may then change any file of the image (Belayer's own "
@@ -118,5 +123,5 @@ class SandboxConfig(Section):
 
 
 TMPFS_FIELDS = ("workspace_mb", "home_mb", "tmp_mb", "run_mb", "shm_mb", "journal_mb")
-# /var/tmp (16), /run/lock (1) and /dev (64: runc's fixed size; the agent's uid 0 owns it).
+# /var/tmp (16), /run/lock (1) and /dev (64: runc's fixed size).
 TMPFS_FIXED_MB = 16 + 1 + 64

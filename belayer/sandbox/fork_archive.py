@@ -1,11 +1,11 @@
 """A podman checkpoint archive made into the archive of a fork: another lineage's sandbox.
 
 `podman container restore --import --name` restores one archive any number of times
-under new names, but the archive's configuration still points at the parent's network
-namespace and supervisor channel directory: two forks would share one loopback (their
-servers could not both bind a port) and one socket. So each fork gets its own copy of
-the archive with `config.dump` and `spec.dump` rewritten: its namespace and channel
-paths, its labels, its hostname. Everything else -- CRIU images, tmpfs contents, the
+under new names, but the archive's configuration still points at the parent's supervisor
+channel directory: two forks would share one socket. So each fork gets its own copy of
+the archive with `config.dump` and `spec.dump` rewritten: its channel path, its labels,
+its hostname. (Each restore gets a network namespace of its own from CRIU: the
+sandboxes run with `--network=none`, belayer/sandbox/podman.py.) Everything else -- CRIU images, tmpfs contents, the
 rootfs diff -- is copied byte for byte with `copy_file_range` from one uncompressed
 copy of the archive made once per host (`compression.unpack`), so a fork costs a file copy in the
 page cache, not a decompression.
@@ -36,9 +36,7 @@ REWRITTEN = ("config.dump", "spec.dump")
 class ForkIdentity:
     """What differs between a fork and its parent inside the archive's configuration."""
 
-    parent_netns: str
     parent_channel_dir: str
-    netns: str
     channel_dir: str
     hostname: str
     labels: dict[str, str]
@@ -66,10 +64,9 @@ def write_fork(plain: Path, out: Path, identity: ForkIdentity) -> None:
 
 def _rewritten(name: str, data: bytes, identity: ForkIdentity) -> bytes:
     text = data.decode()
-    # The paths are unique strings (they embed the parent's sandbox id): wherever podman
-    # recorded them (mounts, namespaces, the create command) they now name the fork's.
-    text = text.replace(identity.parent_netns, identity.netns).replace(identity.parent_channel_dir,
-                                                                      identity.channel_dir)  # fmt: skip
+    # The path is a unique string (it embeds the parent's sandbox id): wherever podman
+    # recorded it (mounts, the create command) it now names the fork's.
+    text = text.replace(identity.parent_channel_dir, identity.channel_dir)
     config = json.loads(text)
     spec = config["spec"] if name == "config.dump" else config
     spec["hostname"] = identity.hostname

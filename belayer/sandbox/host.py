@@ -535,7 +535,7 @@ class SandboxHost:
             archive_sha256=archive.sha256.hexdigest(), archive_bytes=archive.size, fs_key=fs_key,
             fs_sha256=fs_sha256, image=self.cfg.image, image_id=self.backend.image_id(),
             criu_version=versions["criu"], podman_version=versions["podman"],
-            compression=self.cfg.checkpoint_compression, netns=f"belayer-{origin.sandbox_id}",
+            compression=self.cfg.checkpoint_compression,
             channel_dir=str(self._sock(origin.sandbox_id).parent), created_at=time.time(), dump_s=dump_s,
             phases=origin.phases,
         )  # fmt: skip
@@ -673,7 +673,7 @@ class SandboxHost:
                 if log is not None:
                     self._check_journal(ref, sid, generation, meta.step, log)
             except BaseException:
-                self.backend.destroy(sid)  # a fork owns its netns and channel: nothing of it stays
+                self.backend.destroy(sid)  # a fork owns its channel: nothing of it stays
                 raise
         return self._handle(sid, generation, container)
 

@@ -189,7 +189,9 @@ class CheckpointMeta(_Model):
     criu_version: str
     podman_version: str
     compression: str
-    netns: str = Field(description="Network namespace name the archive's config points at.")
+    netns: str | None = Field(
+        None, description="Network namespace name the archive's config pointed at: checkpoints made before the "
+                          "sandboxes' user namespaces (none since: each container gets its own namespace).")
     channel_dir: str = Field(description="Bind-mount source of the supervisor channel.")
     created_at: float
     dump_s: float = Field(ge=0, description="Seconds podman/CRIU took to dump and stream the archive.")

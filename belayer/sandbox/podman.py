@@ -12,14 +12,21 @@ Belayer's containers.conf, storage under the state dir, Belayer's CRIU -- never 
 user's own podman setup.
 
 Isolation of each container:
-* network: a per-lineage namespace `belayer-<sandbox id>` with loopback only
-  (`--network=none` loses loopback at restore, docs/design.md §7); restores re-create it;
-* --cap-drop=ALL, then DAC_OVERRIDE and CHOWN for PID 1 only (to reach the journal and
-  channel, owned by uid 999). Everything runs as uid 0: CRIU here lacks
-  CAP_SYS_RESOURCE and cannot read the rlimits of processes of another uid, so an
-  unprivileged agent user makes every dump fail. The agent's shell starts with empty
-  capability sets (the supervisor clears them) and no-new-privileges keeps every exec
-  from regaining them (infra/sandbox/supervisor.py explains the rest);
+* users: a user namespace, the same fixed map on every host (`--uidmap=0:200000:65536`,
+  `--gidmap` alike; a restore on another host needs the same map, and `--userns=auto`
+  needs /etc/subuid): the container's root is host uid 200000, which owns nothing of the
+  host's. Inside, PID 1 (the supervisor) is root with DAC_OVERRIDE, CHOWN, SETUID, SETGID
+  and KILL only (to reach the journal and channel of uid 999, to run each action as the
+  agent, uid 1000, and the reward check as the verifier, uid 1001, and to stop and kill
+  their processes). The agent holds no capability, owns /workspace and /home/agent, and
+  cannot read, signal or trace the verifier's processes and files, nor PID 1's
+  (infra/sandbox/supervisor.py says the rest); no-new-privileges keeps every exec from
+  gaining anything;
+* network: `--network=none`, a namespace of the container's own with loopback only. runc
+  makes it inside the user namespace (a namespace made beforehand on the host, which is
+  the host's user namespace's, can be neither joined by `podman exec` nor dumped by
+  CRIU); a restore asks CRIU for a new one, whose loopback the CRIU action script brings
+  up (infra/podman/criu-action-script);
 * system calls: Belayer's seccomp profile, podman's default without keyrings, BPF,
   io_uring, userfaultfd and new namespaces (belayer/sandbox/seccomp.py says why each);
 * memory (tmpfs included, swap off), cpus and pids limits;
@@ -30,7 +37,8 @@ Isolation of each container:
   tmpfs, which travel inside the checkpoint and count against the memory limit (without
   our sizes, --read-only's /run would be half the host's memory);
 * environment: no proxy variables of the host's (--http-proxy=false);
-* the channel: a host directory (uid 999, 0700) bind-mounted at /run/belayer;
+* the channel: a host directory (host uid 200999: uid 999 inside, 0700) bind-mounted at
+  /run/belayer;
 * Belayer's own programs: PID 1, the helper that starts each action and the workspace
   hash run from the trusted toolchain, a host directory mounted read-only at /.belayer,
   never from the image's python3 (belayer/sandbox/toolchain.py says why and how).
@@ -63,9 +71,13 @@ from belayer.sandbox.errors import (
 from belayer.sandbox.models import checked_sandbox_id, path_under
 
 GUARD_UID = 999  # owner of the journal and channel (see the supervisor)
+# The user namespace of every sandbox: container uid/gid N is host uid/gid USERNS_BASE + N.
+# Fixed, and the same on every host: a checkpoint restores only under the map it was made with.
+USERNS_BASE = 200000
+USERNS_SIZE = 65536
 LABEL_SANDBOX = "belayer.sandbox"
 LABEL_GENERATION = "belayer.generation"
-CAPS = "DAC_OVERRIDE,CHOWN"
+CAPS = "DAC_OVERRIDE,CHOWN,SETUID,SETGID,KILL"
 CHUNK = 1 << 20
 
 
@@ -130,15 +142,6 @@ class PodmanBackend:
         return r
 
     @staticmethod
-    def netns_name(sandbox_id: str) -> str:
-        """`belayer-<id>`, a file under /run/netns: only for an id Belayer makes."""
-        return f"belayer-{checked_sandbox_id(sandbox_id)}"
-
-    @classmethod
-    def netns_path(cls, sandbox_id: str) -> str:
-        return f"/run/netns/{cls.netns_name(sandbox_id)}"
-
-    @staticmethod
     def container_name(sandbox_id: str, generation: int) -> str:
         return f"{sandbox_id}-g{generation}"
 
@@ -150,16 +153,10 @@ class PodmanBackend:
         return self.channel_dir(sandbox_id) / "supervisor.sock"
 
     def ensure_host_side(self, sandbox_id: str) -> None:
-        """The network namespace (loopback up) and the channel directory of a lineage."""
-        ns = self.netns_name(sandbox_id)
-        if not Path(self.netns_path(sandbox_id)).exists():
-            r = subprocess.run(["ip", "netns", "add", ns], capture_output=True, text=True)
-            if r.returncode != 0 and not Path(self.netns_path(sandbox_id)).exists():
-                raise RuntimeUnavailable(f"`ip netns add {ns}` failed: {r.stderr.strip()} (needs root and iproute2)")
-        subprocess.run(["ip", "-n", ns, "link", "set", "lo", "up"], capture_output=True, check=False)
+        """The channel directory of a lineage, owned by the guard's uid as the host sees it."""
         d = self.channel_dir(sandbox_id)
         d.mkdir(parents=True, exist_ok=True)
-        os.chown(d, GUARD_UID, GUARD_UID)
+        os.chown(d, host_id(GUARD_UID), host_id(GUARD_UID))
         os.chmod(d, 0o700)
         with contextlib.suppress(FileNotFoundError):
             (d / "supervisor.sock").unlink()
@@ -172,7 +169,8 @@ class PodmanBackend:
         args = [
             "run", "-d", "--name", name, "--hostname", "sandbox",
             "--label", f"{LABEL_SANDBOX}={sandbox_id}", "--label", f"{LABEL_GENERATION}={generation}",
-            f"--network=ns:{self.netns_path(sandbox_id)}", f"--annotation=org.criu.config={runtime.CRIU_CONFIG}",
+            f"--uidmap=0:{USERNS_BASE}:{USERNS_SIZE}", f"--gidmap=0:{USERNS_BASE}:{USERNS_SIZE}",
+            "--network=none", f"--annotation=org.criu.config={runtime.CRIU_CONFIG}",
             "--cap-drop=ALL", f"--cap-add={CAPS}", "--security-opt=no-new-privileges",
             f"--security-opt=seccomp={self.seccomp_profile()}", "--http-proxy=false",
             f"--memory={c.memory_mb}m", f"--memory-swap={c.memory_mb}m", f"--cpus={c.cpus:g}",
@@ -288,7 +286,6 @@ class PodmanBackend:
 
     def destroy(self, sandbox_id: str) -> None:
         self.fence(sandbox_id)
-        subprocess.run(["ip", "netns", "del", self.netns_name(sandbox_id)], capture_output=True, check=False)
         shutil.rmtree(self.channel_dir(sandbox_id), ignore_errors=True)
 
     # ------------------------------------------------------------------ checkpoint / restore
@@ -381,12 +378,11 @@ class PodmanBackend:
 
     def fork(self, plain_archive: Path, parent_id: str, sandbox_id: str, generation: int) -> str:
         """Start another lineage's checkpoint as `sandbox_id` (belayer/sandbox/fork_archive.py):
-        its own network namespace, channel, container id, labels and hostname."""
+        its own channel, container id, labels and hostname."""
         self.ensure_host_side(sandbox_id)
         name = self.container_name(sandbox_id, generation)
         identity = fork_archive.ForkIdentity(
-            parent_netns=self.netns_path(parent_id), parent_channel_dir=str(self.channel_dir(parent_id)),
-            netns=self.netns_path(sandbox_id), channel_dir=str(self.channel_dir(sandbox_id)),
+            parent_channel_dir=str(self.channel_dir(parent_id)), channel_dir=str(self.channel_dir(sandbox_id)),
             hostname=sandbox_id, labels={LABEL_SANDBOX: sandbox_id, LABEL_GENERATION: str(generation)},
         )  # fmt: skip
         archive = plain_archive.with_name(f"fork-{sandbox_id}.tar")
@@ -428,6 +424,11 @@ class PodmanBackend:
             criu = ".".join(map(str, runtime.criu_version(runtime.criu_path(self.cache_dir))))
             self._versions = {"podman": r.stdout.decode().strip() or "?", "criu": criu or "?"}
         return self._versions
+
+
+def host_id(container_id: int) -> int:
+    """The host's uid (or gid) of a sandbox's `container_id`."""
+    return USERNS_BASE + container_id
 
 
 @dataclass(frozen=True)

@@ -42,6 +42,9 @@ PODMAN_CONF_DIR = INFRA_DIR / "podman"
 CRIU_TOOLS_DIR = PODMAN_CONF_DIR / "criu-tools"
 # The CRIU configuration of Belayer's sandboxes (the file says what it sets and why).
 CRIU_CONFIG = PODMAN_CONF_DIR / "criu.conf"
+# The action script that configuration names, as the repository holds it; it runs from
+# the fixed path criu.conf names, where infra/install/criu-action-script.sh installs it.
+CRIU_ACTION_SCRIPT = PODMAN_CONF_DIR / "criu-action-script"
 VERSIONS_ENV = INFRA_DIR / "versions.env"
 
 INSTALL_HINT = "run `make install` (or `bash infra/install/sandbox-runtime.sh`) as root"
@@ -227,6 +230,29 @@ def criu_route(path: str | os.PathLike[str] | None = None) -> str | None:
     return None
 
 
+def installed_action_script() -> Path | None:
+    """Where criu.conf tells CRIU to find its action script (None: it names none)."""
+    try:
+        text = CRIU_CONFIG.read_text()
+    except OSError:
+        return None
+    m = re.search(r"^action-script\s+(\S+)", text, re.M)
+    return Path(m.group(1)) if m else None
+
+
+def action_script_problem() -> str | None:
+    """Why this host's sandboxes could not be restored for want of the action script, or None."""
+    installed = installed_action_script()
+    fix = f"{INSTALL_HINT} (infra/install/criu-action-script.sh)"
+    if installed is None:
+        return f"{CRIU_CONFIG} names no action-script: restores of sandboxes fail without it"
+    try:
+        same = installed.read_bytes() == CRIU_ACTION_SCRIPT.read_bytes()
+    except FileNotFoundError:
+        return f"CRIU action script {installed} is missing (sandbox restores fail without it): {fix}"
+    return None if same else f"CRIU action script {installed} differs from {CRIU_ACTION_SCRIPT}: {fix}"
+
+
 # ---------------------------------------------------------------------------- health
 
 
@@ -354,6 +380,10 @@ def check_runtime(
                 f"`criu check` fails ({h.criu_check_output}): the kernel lacks a feature CRIU "
                 "needs; rerun infra/install/criu.sh as root and read its output"
             )
+
+    script_problem = action_script_problem()
+    if script_problem:
+        h.problems.append(script_problem)
 
     if not is_root:
         h.problems.append(

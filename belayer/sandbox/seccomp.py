@@ -8,12 +8,13 @@ on this file. Each sandbox container is created with the written profile
 the container's spec, and CRIU dumps and restores the filter with the processes, so a
 restored or forked sandbox keeps it without reading the file again.
 
-Denied with EPERM, and why (the agent is root without capabilities, and an adversary of
-its own reward: what it can reach it will use):
+Denied with EPERM, and why (the agent holds no capability, and is an adversary of its
+own reward: what it can reach it will use):
 
-* `keyctl`, `add_key`, `request_key`: kernel keyrings are not the container's own -- the
-  agent's uid 0 is the host's uid 0 in the host's user namespace, so its user keyrings
-  are root's on the host -- and CRIU does not dump keys, so keys do not survive a restore;
+* `keyctl`, `add_key`, `request_key`: kernel keyrings are not the container's own -- user
+  keyrings belong to the host's uid, and every sandbox maps its users to the same host
+  uids (one fixed user namespace map), so they would be shared by every sandbox of the
+  host -- and CRIU does not dump keys, so keys do not survive a restore;
 * `bpf`: loading BPF programs and maps is kernel attack surface no task needs (the
   default already refuses it without CAP_SYS_ADMIN; denied here whatever the capabilities);
 * `io_uring_setup`, `io_uring_enter`, `io_uring_register`: the operations an io_uring

@@ -2,15 +2,15 @@
 cares.
 
 Host 0 is the machine itself: the service `sandbox-worker`, with podman's storage under
-the state directory and `/run/runc`, `/run/netns` and the channel root as they are.
+the state directory and `/run/runc` and the channel root as they are.
 Host k ≥ 1 (the service `sandbox-worker.k`) runs its worker in a mount and UTS namespace
 of its own (`unshare`, then `python -m belayer.stack.sandbox_hosts K -- WORKER...`):
 
 * its host name is `<machine>-h<k>`, so its queue is `belayer-sandbox-<machine>-h<k>`;
 * the paths every host uses are bind mounts of its own directories under
   `<state>/hosts/h<k>/`: podman's storage and run directories (`<state>/podman`), runc's
-  state (`/run/runc`), the network namespaces (`/run/netns`) and the supervisors'
-  channels (`sandbox.channel_root`). The paths are the same on every host, which a
+  state (`/run/runc`) and the supervisors' channels (`sandbox.channel_root`). (A
+  sandbox's network namespace is its container's own: nothing of it is on a path.) The paths are the same on every host, which a
   restore needs (podman's `--root` and `--runroot`, the bind-mount sources), and what is
   behind them is the host's own, which a lost host takes with it;
 * the base image is imported from the install cache's tarball before the worker starts,
@@ -63,7 +63,6 @@ def bind_mounts(config: BelayerConfig, k: int) -> list[tuple[Path, Path]]:
     return [
         (own / "podman", podman_dirs(config.state_dir)["root"].parent),
         (own / "runc", Path("/run/runc")),
-        (own / "netns", Path("/run/netns")),
         (own / "channels", Path(config.sandbox.channel_root)),
     ]
 
@@ -150,12 +149,12 @@ def kill_all(family: list[psutil.Process], timeout_s: float = 30) -> list[psutil
 
 
 def clear_volatile(config: BelayerConfig, k: int) -> None:
-    """What a power cut loses and a disk keeps: runc's state, the network namespaces, the
-    channels and podman's run and temporary directories (tmpfs on a machine) go; podman's
-    storage, with the host's containers in it, stays -- they come back as exited."""
+    """What a power cut loses and a disk keeps: runc's state, the channels and podman's run
+    and temporary directories (tmpfs on a machine) go; podman's storage, with the host's
+    containers in it, stays -- they come back as exited."""
     own = host_dir(config, k)
     inside = {target: source for source, target in bind_mounts(config, k)}
-    volatile = [inside[Path("/run/runc")], inside[Path("/run/netns")], inside[Path(config.sandbox.channel_root)]]
+    volatile = [inside[Path("/run/runc")], inside[Path(config.sandbox.channel_root)]]
     podman = own / "podman"
     volatile += [podman / name for name in ("runroot", "tmp")]
     for path in volatile:
@@ -163,7 +162,7 @@ def clear_volatile(config: BelayerConfig, k: int) -> None:
 
 
 def wipe(config: BelayerConfig, k: int) -> None:
-    """Host k's disk gone: its podman storage, runc state, network namespaces, channels."""
+    """Host k's disk gone: its podman storage, runc state, channels."""
     shutil.rmtree(host_dir(config, k), ignore_errors=True)
 
 

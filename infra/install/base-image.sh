@@ -9,7 +9,9 @@
 #     names, numeric owners and one fixed mtime, so that it depends on the package
 #     set only (cached: $CACHE/base-rootfs-<release>-v$BASE_IMAGE_VERSION.tar);
 #  2. supervisor hook: when infra/sandbox/ holds files, they are copied into
-#     /opt/belayer/ of the rootfs, and their hash is part of the image's cache key;
+#     /opt/belayer/ of the rootfs, and their hash is part of the image's cache key; the
+#     users the supervisor runs actions and checks as (agent 1000, verifier 1001) are
+#     named in /etc/passwd and /etc/group, so `id`, `ls -l` and the like say who is who;
 #  3. image tarball: $CACHE/base-image-v$BASE_IMAGE_VERSION[-<sandbox hash>].tar;
 #  4. `podman import` into Belayer's storage (flags from belayer/sandbox/runtime.py),
 #     skipped when the tag already carries this cache key (image label). Importing the
@@ -155,6 +157,8 @@ if [ ! -f "$IMAGE_TAR" ]; then
     mkdir -p "$WORK/rootfs/opt/belayer"
     cp -a "$SANDBOX_DIR"/. "$WORK/rootfs/opt/belayer/"
     chown -R 0:0 "$WORK/rootfs/opt/belayer"
+    printf 'agent:x:1000:1000:Belayer agent:/home/agent:/bin/bash\nverifier:x:1001:1001:Belayer verifier:/nonexistent:/usr/sbin/nologin\n' >>"$WORK/rootfs/etc/passwd"
+    printf 'agent:x:1000:\nverifier:x:1001:\n' >>"$WORK/rootfs/etc/group"
     log "baked infra/sandbox/ into /opt/belayer (hash $sandbox_hash)"
     deterministic_tar "$WORK/rootfs" "$IMAGE_TAR"
     rm -rf "$WORK"; trap - EXIT

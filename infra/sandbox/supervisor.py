@@ -44,27 +44,30 @@ What lives here, and what must not:
   single-reader rule; the price -- no connection may be open at checkpoint time -- is
   paid by the host, which serialises checkpoint and exec per sandbox;
 
-Who may touch what. Every process in the sandbox runs as uid/gid 0: CRIU on these
-hosts lacks CAP_SYS_RESOURCE, and the kernel then lets it read the rlimits only of
-processes whose uids and gids all equal its own (an agent running as uid 1000 made
-every dump fail with "Can't get rlimit"). So the agent is root *without any
-capability*: the shell is started through `--drop-caps-exec`, which clears its
-effective, permitted and inheritable sets, and the container's no-new-privileges
-keeps every later exec from regaining them. That helper starts from a fixed environment
-and gets the action's environment as data (a memfd), so no LD_*, GCONV_PATH, LOCPATH or
-GLIBC_TUNABLES of the agent's applies while it holds a capability; those names are not
-carried between actions either. It raises the action's oom_score_adj to 1000 while
-PID 1 keeps 0, so an OOM kill takes the agent's processes, not PID 1. No process here
-holds CAP_SYS_RESOURCE, so nothing goes below 0, but an agent can lower its own to 0 and
-raise PID 1's (they share a uid); the OOM kill of PID 1 it then provokes is the sandbox's
-own, which the host counts as the agent's failure. The journal (a tmpfs at
-/var/lib/belayer) and the channel directory are owned by uid 999 with mode 0700:
-a capability-less root is not their owner and cannot enter them; only PID 1 keeps
-CAP_DAC_OVERRIDE (to reach them) and CAP_CHOWN (to hand the journal to 999 at
-start). PID 1 marks itself non-dumpable, so the agent cannot ptrace it or open
-/proc/1/fd or /proc/1/mem, and it handles SIGINT, SIGTERM, SIGHUP, SIGQUIT (and the
-other signals whose default would end it) by doing nothing, and no error ends its main
-loop (podman removes sandboxes with SIGKILL).
+Who may touch what. The sandbox runs in a user namespace of its own (container uid N is
+host uid 200000 + N, belayer/sandbox/podman.py): its root is no user of the host's, and
+CRIU, the host's root, still dumps every process in it whatever its uid. Inside, three
+users: PID 1 is root with CAP_DAC_OVERRIDE, CAP_CHOWN, CAP_SETUID, CAP_SETGID and
+CAP_KILL only; every action runs as the agent, uid/gid 1000, which owns /workspace and
+/home/agent; the reward check runs as the verifier, uid/gid 1001, in a HOME and TMPDIR of
+its own (mode 0700). Each is started through `--drop-caps-exec`, which becomes the uid
+(no supplementary groups) and so holds no capability, and the container's
+no-new-privileges keeps every later exec from gaining one. That helper starts from a
+fixed environment and gets the action's environment as data (a memfd), so no LD_*,
+GCONV_PATH, LOCPATH or GLIBC_TUNABLES of the agent's applies while it holds a
+capability; those names are not carried between actions either. The agent therefore
+cannot read what the verifier keeps to itself, nor signal or trace its processes, nor
+touch PID 1's: PID 1 needs CAP_KILL to stop and kill the processes of both (the freezer,
+timeouts). The helper raises the action's oom_score_adj to 1000 while PID 1 keeps 0, so
+an OOM kill takes the agent's processes, not PID 1; no process here holds
+CAP_SYS_RESOURCE, so nothing goes below 0, and PID 1's score is root's to write, not the
+agent's. The journal (a tmpfs at /var/lib/belayer) and the channel directory are owned
+by uid 999 with mode 0700: neither the agent nor the verifier can enter them; only PID 1
+keeps CAP_DAC_OVERRIDE (to reach them) and CAP_CHOWN (to hand the journal to 999, and
+/workspace and /home/agent to the agent, at start). PID 1 marks itself non-dumpable, so
+the agent cannot ptrace it or open /proc/1/fd or /proc/1/mem, and it handles SIGINT,
+SIGTERM, SIGHUP, SIGQUIT (and the other signals whose default would end it) by doing
+nothing, and no error ends its main loop (podman removes sandboxes with SIGKILL).
 The root file system is read-only unless a task's image needs it writable
 (sandbox.read_only_root); the rest that is writable is a size-limited tmpfs.
 
@@ -95,6 +98,8 @@ LOCAL = os.environ.get("BELAYER_SUPERVISOR_LOCAL") == "1"
 CHANNEL_DIR = os.environ.get("BELAYER_CHANNEL_DIR", "/run/belayer")
 JOURNAL_DIR = os.environ.get("BELAYER_JOURNAL_DIR", "/var/lib/belayer")
 GUARD_UID = 999  # owner of the journal and channel: not the agent, not reachable by it
+AGENT_UID = 1000  # every action runs as this uid/gid, which owns /workspace and /home/agent
+VERIFIER_UID = 1001  # the reward check runs as this one: the agent can neither signal nor read it
 AGENT_HOME = os.environ.get("BELAYER_AGENT_HOME", "/home/agent")
 WORKSPACE = os.environ.get("BELAYER_WORKSPACE", "/workspace")
 SOCKET_NAME = "supervisor.sock"
@@ -156,8 +161,9 @@ LOADER_PREFIXES = ("LD_", "MALLOC_")
 # OOM scores. No process on these hosts holds CAP_SYS_RESOURCE, so none can go below the
 # floor it inherited (0) and none can move the floor: PID 1 keeps 0, every action starts
 # at 1000 (raising needs no privilege), so memory pressure kills the agent's processes.
-# An agent may still lower its own to 0 and raise PID 1's (same uid): the OOM kill of
-# PID 1 that follows is the sandbox's own, counted as the agent's failure by the host.
+# An agent may lower its own to 0, but not raise PID 1's (another uid's): an OOM kill of
+# PID 1 is still possible when the agent's processes hold the memory at 0, and is the
+# sandbox's own, counted as the agent's failure by the host.
 PID1_OOM_SCORE_ADJ = 0
 AGENT_OOM_SCORE_ADJ = 1000
 # Signals the agent may send PID 1 from inside: each gets a handler that does nothing, so
@@ -326,8 +332,9 @@ class FreezeFailed(Exception):
 class Freezer:
     """Stops the agent's processes for the check and the workspace hash, and resumes them.
 
-    Every process but PID 1 is the agent's in a sandbox (locally: only those in the
-    sessions of actions this supervisor started). A pass SIGSTOPs every one that is not
+    Every process but PID 1 is the agent's in a sandbox, or one a check left (locally:
+    only those in the sessions of actions this supervisor started); PID 1 stops them
+    whatever their uid (CAP_KILL). A pass SIGSTOPs every one that is not
     stopped; passes repeat until one finds none running, so a respawner (a stopped
     process cannot fork) or one sending SIGCONT to another cannot escape. What was
     stopped here is resumed (SIGCONT) before the agent's next action, and only if it is
@@ -407,8 +414,8 @@ def _base_environment() -> dict[str, str]:
     return {
         "PATH": "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin",
         "HOME": AGENT_HOME,
-        "USER": "root",
-        "LOGNAME": "root",
+        "USER": "agent",
+        "LOGNAME": "agent",
         "SHELL": "/bin/bash",
         "LANG": "C.UTF-8",
         "TERM": "dumb",
@@ -422,6 +429,8 @@ def _verifier_environment(home: str, tmp: str) -> dict[str, str]:
     (`~/.local/.../*.pth`, usercustomize), no script directory or cwd first on sys.path (a
     /workspace/json.py shadowing the standard library), no git configuration but the repo's."""
     env = _base_environment()
+    if not LOCAL:
+        env.update({"USER": "verifier", "LOGNAME": "verifier"})
     env.update({
         "HOME": home, "TMPDIR": tmp, "PYTHONNOUSERSITE": "1", "PYTHONSAFEPATH": "1",
         "GIT_CONFIG_GLOBAL": "/dev/null", "GIT_CONFIG_NOSYSTEM": "1",
@@ -432,8 +441,8 @@ def _verifier_environment(home: str, tmp: str) -> dict[str, str]:
 class VerifierDirs:
     """A fresh HOME and TMPDIR for one check, under /tmp, removed when the check ends.
 
-    The agent could write there (it is root in /tmp too): they are safe because they are
-    made after its processes were frozen, and thrown away before they resume."""
+    They are the verifier's (uid 1001, mode 0700): the agent can neither enter nor read
+    them, and they are thrown away before its processes resume."""
 
     def __init__(self):
         import tempfile
@@ -443,6 +452,9 @@ class VerifierDirs:
         self.tmp = os.path.join(self.root, "tmp")
         os.mkdir(self.home, 0o700)
         os.mkdir(self.tmp, 0o700)
+        if not LOCAL:
+            for path in (self.root, self.home, self.tmp):
+                os.chown(path, VERIFIER_UID, VERIFIER_UID)
 
     def remove(self) -> None:
         import shutil
@@ -560,14 +572,15 @@ class ActionStreams:
             os.write(fd, sentinel)
 
 
-def spawn_action(command: bytes, state: ShellState, streams: ActionStreams) -> tuple[int, int]:
-    """Start one action's bash; returns (pid, fd of the state dump its EXIT trap writes).
+def spawn_action(command: bytes, state: ShellState, streams: ActionStreams, uid: int) -> tuple[int, int]:
+    """Start one action's bash as `uid`; returns (pid, fd of the state dump its EXIT trap writes).
 
     In a sandbox the bash is started by the capability-dropping helper (this file with
-    --drop-caps-exec), which holds PID 1's capabilities until it execs: it starts from a
-    fixed environment (nothing of the agent's -- LD_PRELOAD, LD_DEBUG_OUTPUT, GCONV_PATH --
-    can steer how it is loaded while it holds them) and receives the action's environment
-    as data in a memfd, which applies only to the capability-less bash."""
+    --drop-caps-exec), which holds PID 1's capabilities until it becomes `uid` and execs:
+    it starts from a fixed environment (nothing of the agent's -- LD_PRELOAD,
+    LD_DEBUG_OUTPUT, GCONV_PATH -- can steer how it is loaded while it holds them) and
+    receives the action's environment as data in a memfd, which applies only to the
+    capability-less bash. Locally `uid` is ignored: everything runs as the test's user."""
     text_fd = _high_fd(os.memfd_create("belayer-action"))
     dump_fd = _high_fd(os.memfd_create("belayer-state"))
     env_fd = None
@@ -578,7 +591,7 @@ def spawn_action(command: bytes, state: ShellState, streams: ActionStreams) -> t
         if not LOCAL:
             env_fd = _high_fd(os.memfd_create("belayer-env"))
             os.write(env_fd, _encode_environment(state.env))
-            argv = [*HELPER_INTERPRETER, os.path.abspath(__file__), "--drop-caps-exec", str(env_fd), *argv]
+            argv = [*HELPER_INTERPRETER, os.path.abspath(__file__), "--drop-caps-exec", str(env_fd), str(uid), *argv]
             env, pass_fds = HELPER_ENVIRONMENT, (text_fd, dump_fd, env_fd)
         with open(os.devnull, "rb") as null:
             proc = subprocess.Popen(
@@ -1012,7 +1025,7 @@ class Supervisor:
         self.streams.attach(out, err)
         t0 = time.monotonic()
         try:
-            pid, dump_fd = spawn_action(command, state, self.streams)
+            pid, dump_fd = spawn_action(command, state, self.streams, VERIFIER_UID if isolated else AGENT_UID)
             self.reaper.child_started.set()
             self.action_sessions.add(pid)
         except OSError as exc:
@@ -1165,19 +1178,25 @@ def _serve_one(sup: Supervisor, conn: socket.socket) -> None:
         conn.close()
 
 
-def drop_caps_exec(env_fd: int, argv: list[str]) -> None:
-    """Raise this process's OOM score (inherited by all it starts), clear its capability
-    sets, then exec argv (the agent's shell) with the environment read from `env_fd` (a
-    memfd the supervisor wrote).
+def drop_caps_exec(env_fd: int, uid: int, argv: list[str]) -> None:
+    """Raise this process's OOM score (inherited by all it starts), become `uid` (and gid
+    `uid`, no supplementary groups), clear what is left of its capability sets, then exec
+    argv (the action's shell) with the environment read from `env_fd` (a memfd the
+    supervisor wrote).
 
-    Runs as `python3 -I -S` from a fixed environment: until the exec it holds PID 1's
-    capabilities, so nothing of the agent's may apply before they are gone."""
+    Runs as `python3 -I -S` from a fixed environment: until it becomes `uid` it holds PID
+    1's capabilities, so nothing of the agent's may apply before they are gone. Leaving
+    uid 0 empties the effective, permitted and ambient sets; the inheritable one is
+    cleared here too."""
     import ctypes
 
     _set_oom_score_adj(AGENT_OOM_SCORE_ADJ)
     size = os.fstat(env_fd).st_size
     env = _decode_environment(os.pread(env_fd, size, 0) if size else b"")
     os.close(env_fd)
+    os.setgroups([])
+    os.setresgid(uid, uid, uid)
+    os.setresuid(uid, uid, uid)
     libc = ctypes.CDLL(None, use_errno=True)
 
     class Header(ctypes.Structure):
@@ -1209,7 +1228,7 @@ def _ignore_signal(signum, frame) -> None:
 
 def main() -> None:
     if len(sys.argv) > 1 and sys.argv[1] == "--drop-caps-exec":
-        drop_caps_exec(int(sys.argv[2]), sys.argv[3:])
+        drop_caps_exec(int(sys.argv[2]), int(sys.argv[3]), sys.argv[4:])
     if sys.argv[1:2] == ["--interpreter"]:
         HELPER_INTERPRETER[:] = sys.argv[2:]
     elif not LOCAL:
@@ -1229,8 +1248,9 @@ def main() -> None:
             signal.signal(signum, _ignore_signal)
         _set_oom_score_adj(PID1_OOM_SCORE_ADJ)
         ctypes.CDLL(None).prctl(4, 0, 0, 0, 0)  # PR_SET_DUMPABLE 0: no ptrace, no /proc/1/fd
-        if os.path.isdir(JOURNAL_DIR) and os.stat(JOURNAL_DIR).st_uid != GUARD_UID:
-            os.chown(JOURNAL_DIR, GUARD_UID, GUARD_UID)
+        for directory, owner in ((JOURNAL_DIR, GUARD_UID), (WORKSPACE, AGENT_UID), (AGENT_HOME, AGENT_UID)):
+            if os.path.isdir(directory) and os.stat(directory).st_uid != owner:
+                os.chown(directory, owner, owner)
     reaper = Reaper()
     sup = Supervisor(reaper)
     threading.Thread(target=serve, args=(sup, os.path.join(CHANNEL_DIR, SOCKET_NAME)), daemon=True).start()

@@ -1,8 +1,8 @@
 """Fixtures for real sandboxes: podman + runc + CRIU on this host, checkpoints in SeaweedFS.
 
 Every sandbox a test creates is tagged (label `belayer.test=<token>`) and recorded by a
-tracking backend; teardown destroys each one (containers of every generation, network
-namespace, channel directory) even when the test failed, then checks that nothing is
+tracking backend; teardown destroys each one (containers of every generation, channel
+directory) even when the test failed, then checks that nothing is
 left and names what leaked. Checkpoint objects live under the test's own key prefix,
 which the `storage_config` fixture deletes afterwards.
 """
@@ -117,8 +117,6 @@ class Sandboxes:
                                 "--format", "{{.Names}}", check=False)  # fmt: skip
         leaked += [f"container {n}" for n in r.stdout.decode().split()]
         for sid in ids:
-            if Path("/run/netns", self.backend.netns_name(sid)).exists():
-                leaked.append(f"netns {self.backend.netns_name(sid)}")
             if self.backend.channel_dir(sid).exists():
                 leaked.append(f"channel dir {self.backend.channel_dir(sid)}")
         return leaked

@@ -14,22 +14,21 @@ from belayer.sandbox.compression import compressor, unpack
 from belayer.sandbox.errors import CheckpointCorrupt
 from belayer.sandbox.fork_archive import ForkIdentity, write_fork
 
-PARENT = {"netns": "/run/netns/belayer-sbx-parent", "chan": "/run/belayer/sbx/sbx-parent"}
-IDENTITY = ForkIdentity(parent_netns=PARENT["netns"], parent_channel_dir=PARENT["chan"],
-                        netns="/run/netns/belayer-sbx-child", channel_dir="/run/belayer/sbx/sbx-child",
+PARENT = {"chan": "/run/belayer/sbx/sbx-parent"}
+IDENTITY = ForkIdentity(parent_channel_dir=PARENT["chan"], channel_dir="/run/belayer/sbx/sbx-child",
                         hostname="sbx-child", labels={"belayer.sandbox": "sbx-child", "belayer.generation": "1"})  # fmt: skip
 
 
 def spec() -> dict:
     return {"hostname": "sandbox", "mounts": [{"destination": "/run/belayer", "source": PARENT["chan"]}],
-            "linux": {"namespaces": [{"type": "network", "path": PARENT["netns"]}]}}  # fmt: skip
+            "linux": {"namespaces": [{"type": "network"}, {"type": "user"}]}}  # fmt: skip
 
 
 def export(path, *, long_name: bool = False) -> dict[str, bytes]:
     """A tar shaped like `podman container checkpoint --export`; returns its members."""
     members = {
         "config.dump": json.dumps({"spec": spec(), "name": "sbx-parent-g0", "labels": {"belayer.sandbox": "sbx-parent",
-                                   "belayer.test": "t"}, "CreateCommand": [f"--network=ns:{PARENT['netns']}"]}).encode(),
+                                   "belayer.test": "t"}, "CreateCommand": [f"--volume={PARENT['chan']}:/run/belayer"]}).encode(),
         "checkpoint/pages-1.img": bytes(range(256)) * 41,  # not a multiple of 512
         "spec.dump": json.dumps(spec()).encode(),
         "rootfs-diff.tar": b"\0" * 1024,
@@ -58,7 +57,7 @@ def test_a_forks_archive_names_its_own_paths_and_keeps_every_other_byte(tmp_path
     for s in (config["spec"], spec_dump):
         assert s["hostname"] == "sbx-child"
         assert s["mounts"][0]["source"] == "/run/belayer/sbx/sbx-child"
-        assert s["linux"]["namespaces"][0]["path"] == "/run/netns/belayer-sbx-child"
+        assert s["linux"]["namespaces"] == [{"type": "network"}, {"type": "user"}]  # made anew at each restore
     assert config["labels"] == {"belayer.sandbox": "sbx-child", "belayer.test": "t", "belayer.generation": "1"}
     assert "sbx-parent" not in got["config.dump"].decode().replace("sbx-parent-g0", "")
 
