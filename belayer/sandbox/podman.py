@@ -15,10 +15,12 @@ Isolation of each container:
 * users: a user namespace, the same fixed map on every host (`--uidmap=0:200000:65536`,
   `--gidmap` alike; a restore on another host needs the same map, and `--userns=auto`
   needs /etc/subuid): the container's root is host uid 200000, which owns nothing of the
-  host's. Inside, PID 1 (the supervisor) is root with DAC_OVERRIDE, CHOWN, SETUID, SETGID
-  and KILL only (to reach the journal and channel of uid 999, to run each action as the
-  agent, uid 1000, and the reward check as the verifier, uid 1001, and to stop and kill
-  their processes). The agent holds no capability, owns /workspace and /home/agent, and
+  host's. Inside, PID 1 (the supervisor) is root with DAC_OVERRIDE, CHOWN, FOWNER, SETUID,
+  SETGID and KILL only (to reach the journal and channel of uid 999, to run each action
+  as the agent, uid 1000, and the reward check as the verifier, uid 1001, and to stop and
+  kill their processes; FOWNER is for Belayer's `podman exec` helpers, which share the
+  container's set: the tar that restores a file-system snapshot sets the modes and times
+  of the agent's files). The agent holds no capability, owns /workspace and /home/agent, and
   cannot read, signal or trace the verifier's processes and files, nor PID 1's
   (infra/sandbox/supervisor.py says the rest); no-new-privileges keeps every exec from
   gaining anything;
@@ -35,7 +37,9 @@ Isolation of each container:
   task's own image that expects to write there); /workspace, /home/agent, /tmp,
   /var/tmp, /run, /run/lock, /dev/shm and the journal /var/lib/belayer are size-limited
   tmpfs, which travel inside the checkpoint and count against the memory limit (without
-  our sizes, --read-only's /run would be half the host's memory);
+  our sizes, --read-only's /run would be half the host's memory); /run and /run/lock are
+  the agent's to write, as /tmp is (PID 1 makes them 1777: podman gives them the image's
+  modes, whatever `mode=` says);
 * environment: no proxy variables of the host's (--http-proxy=false);
 * the channel: a host directory (host uid 200999: uid 999 inside, 0700) bind-mounted at
   /run/belayer;
@@ -77,7 +81,7 @@ USERNS_BASE = 200000
 USERNS_SIZE = 65536
 LABEL_SANDBOX = "belayer.sandbox"
 LABEL_GENERATION = "belayer.generation"
-CAPS = "DAC_OVERRIDE,CHOWN,SETUID,SETGID,KILL"
+CAPS = "DAC_OVERRIDE,CHOWN,FOWNER,SETUID,SETGID,KILL"
 CHUNK = 1 << 20
 
 
@@ -407,8 +411,9 @@ class PodmanBackend:
         return self.podman("container", "inspect", "--format", "{{.Name}}", container).stdout.decode().strip()
 
     def run_as_agent(self, container: str, argv: list[str], stdin: bytes | None = None) -> bytes:
-        # Belayer's own helpers (hash, tar), with the container's capabilities; they touch
-        # only the agent's trees.
+        # Belayer's own helpers (hash, tar), as the container's root with its capabilities
+        # (FOWNER: tar restores the modes and times of the agent's files); they touch only
+        # the agent's trees.
         args = ["exec"] + (["-i"] if stdin is not None else []) + [container]
         return self.podman(*args, *argv, input=stdin).stdout
 

@@ -47,8 +47,9 @@ What lives here, and what must not:
 Who may touch what. The sandbox runs in a user namespace of its own (container uid N is
 host uid 200000 + N, belayer/sandbox/podman.py): its root is no user of the host's, and
 CRIU, the host's root, still dumps every process in it whatever its uid. Inside, three
-users: PID 1 is root with CAP_DAC_OVERRIDE, CAP_CHOWN, CAP_SETUID, CAP_SETGID and
-CAP_KILL only; every action runs as the agent, uid/gid 1000, which owns /workspace and
+users: PID 1 is root with CAP_DAC_OVERRIDE, CAP_CHOWN, CAP_FOWNER, CAP_SETUID,
+CAP_SETGID and CAP_KILL only (FOWNER, unused here, is for the host's `podman exec` tar);
+every action runs as the agent, uid/gid 1000, which owns /workspace and
 /home/agent; the reward check runs as the verifier, uid/gid 1001, in a HOME and TMPDIR of
 its own (mode 0700). Each is started through `--drop-caps-exec`, which becomes the uid
 (no supplementary groups) and so holds no capability, and the container's
@@ -64,10 +65,14 @@ CAP_SYS_RESOURCE, so nothing goes below 0, and PID 1's score is root's to write,
 agent's. The journal (a tmpfs at /var/lib/belayer) and the channel directory are owned
 by uid 999 with mode 0700: neither the agent nor the verifier can enter them; only PID 1
 keeps CAP_DAC_OVERRIDE (to reach them) and CAP_CHOWN (to hand the journal to 999, and
-/workspace and /home/agent to the agent, at start). PID 1 marks itself non-dumpable, so
-the agent cannot ptrace it or open /proc/1/fd or /proc/1/mem, and it handles SIGINT,
-SIGTERM, SIGHUP, SIGQUIT (and the other signals whose default would end it) by doing
-nothing, and no error ends its main loop (podman removes sandboxes with SIGKILL).
+/workspace and /home/agent to the agent, at start). PID 1 is another uid than the
+agent's, so the agent cannot ptrace it or open /proc/1/fd, /proc/1/mem or
+/proc/1/environ. (PID 1 is no longer marked non-dumpable, which was how it kept these
+from an agent of its own uid: a task CRIU restores has its memory owned by the host's
+user namespace, and CRIU, which checks the sandbox's processes from inside the
+sandbox's user namespace, could then never dump a non-dumpable PID 1 again.) It handles
+SIGINT, SIGTERM, SIGHUP, SIGQUIT (and the other signals whose default would end it) by
+doing nothing, and no error ends its main loop (podman removes sandboxes with SIGKILL).
 The root file system is read-only unless a task's image needs it writable
 (sandbox.read_only_root); the rest that is writable is a size-limited tmpfs.
 
@@ -102,6 +107,7 @@ AGENT_UID = 1000  # every action runs as this uid/gid, which owns /workspace and
 VERIFIER_UID = 1001  # the reward check runs as this one: the agent can neither signal nor read it
 AGENT_HOME = os.environ.get("BELAYER_AGENT_HOME", "/home/agent")
 WORKSPACE = os.environ.get("BELAYER_WORKSPACE", "/workspace")
+RUN_DIRS = ("/run", "/run/lock")
 SOCKET_NAME = "supervisor.sock"
 MAX_REQUEST = 8 * 1024 * 1024
 MAX_WAIT_S = 5.0
@@ -1222,6 +1228,18 @@ def _set_oom_score_adj(value: int) -> None:
         log(f"oom_score_adj {value}: {exc}")
 
 
+def hand_over_directories() -> None:
+    """At start: the journal to the guard, /workspace and /home/agent to the agent, and /run
+    and /run/lock writable by every user as /tmp is (mode 1777: the agent's pid files,
+    sockets and locks), as they were when the agent was root."""
+    for directory, owner in ((JOURNAL_DIR, GUARD_UID), (WORKSPACE, AGENT_UID), (AGENT_HOME, AGENT_UID)):
+        if os.path.isdir(directory) and os.stat(directory).st_uid != owner:
+            os.chown(directory, owner, owner)
+    for directory in RUN_DIRS:
+        if os.path.isdir(directory) and os.stat(directory).st_mode & 0o7777 != 0o1777:
+            os.chmod(directory, 0o1777)
+
+
 def _ignore_signal(signum, frame) -> None:
     """A signal the agent sent PID 1: nothing to do (the host ends sandboxes with SIGKILL)."""
 
@@ -1242,15 +1260,10 @@ def main() -> None:
         # Orphans (background jobs of a dead shell) re-parent here, as they do to PID 1.
         ctypes.CDLL(None).prctl(36, 1, 0, 0, 0)  # PR_SET_CHILD_SUBREAPER
     else:
-        import ctypes
-
         for signum in IGNORED_BY_PID1:  # a handler, not SIG_IGN: an exec resets it for the children
             signal.signal(signum, _ignore_signal)
         _set_oom_score_adj(PID1_OOM_SCORE_ADJ)
-        ctypes.CDLL(None).prctl(4, 0, 0, 0, 0)  # PR_SET_DUMPABLE 0: no ptrace, no /proc/1/fd
-        for directory, owner in ((JOURNAL_DIR, GUARD_UID), (WORKSPACE, AGENT_UID), (AGENT_HOME, AGENT_UID)):
-            if os.path.isdir(directory) and os.stat(directory).st_uid != owner:
-                os.chown(directory, owner, owner)
+        hand_over_directories()
     reaper = Reaper()
     sup = Supervisor(reaper)
     threading.Thread(target=serve, args=(sup, os.path.join(CHANNEL_DIR, SOCKET_NAME)), daemon=True).start()
