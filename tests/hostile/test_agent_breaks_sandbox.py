@@ -8,10 +8,10 @@ belayer.sandbox.host.loss_cause) and the workflow ends a loss the agent caused a
 `failed_policy` with reward 0, while a sandbox killed from outside is recovered as before.
 
 The agent's weapon here is the OOM killer. PID 1 ignores every signal the agent can send
-it, and the agent's processes start with oom_score_adj 1000, but the agent can still
-raise PID 1's own oom_score_adj to 1000 (raising needs no privilege) and fill the memory
-limit with processes each smaller than PID 1: the OOM killer then picks PID 1, every
-time the action runs. Real stack: Temporal, SeaweedFS, podman + CRIU, scripted engine.
+it, its oom_score_adj (0) is not the agent's to write, and the agent's processes start
+with oom_score_adj 1000, but the agent can still lower its own to 0 (the floor it
+inherited) and fill the memory limit with processes each smaller than PID 1: with every
+score equal, the OOM killer then picks PID 1, every time the action runs. Real stack: Temporal, SeaweedFS, podman + CRIU, scripted engine.
 """
 
 from __future__ import annotations
@@ -40,9 +40,9 @@ def _oom_marker_out_of_the_checkout(tmp_path, monkeypatch):
     start theirs from a temporary directory, not the checkout."""
     monkeypatch.chdir(tmp_path)
 # Each process holds ~13 MB (Python and 4 MiB of its own), less than PID 1's ~20 MB: with
-# every score at 1000, the OOM killer takes the largest process, PID 1.
+# every score at 0, the OOM killer takes the largest process, PID 1.
 BRING_PID1_DOWN = (
-    "echo 1000 > /proc/1/oom_score_adj; "
+    "echo 0 > /proc/self/oom_score_adj; "
     "for i in $(seq 100); do python3 -c 'import time; b = b\"x\" * (4 << 20); time.sleep(300)' & done; wait"
 )
 

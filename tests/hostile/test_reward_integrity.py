@@ -13,6 +13,7 @@ import asyncio
 import pytest
 
 from belayer.workloads.models import TraceTask, TraceTurn
+from tests.hostile.test_agent_breaks_sandbox import BRING_PID1_DOWN
 from tests.hostile.test_trajectory_hostile import _steps, start
 
 pytestmark = [pytest.mark.stack, pytest.mark.sandbox]
@@ -89,10 +90,11 @@ async def test_pid1_outlives_signals_and_memory_pressure_from_the_agent(stack):
 
 
 async def test_an_agent_that_makes_pid1_the_oom_victim_fails_its_own_trajectory(stack):
-    """The agent lowers its own OOM score, raises PID 1's, and exhausts the memory: PID 1 is
-    killed and the sandbox lost -- by the agent, so `failed_policy` with reward 0 and the
-    reason, never `failed_infra` (a dropped group) and never a recovery that replays it."""
-    attack = "echo 0 > /proc/self/oom_score_adj; echo 1000 > /proc/1/oom_score_adj; " + MEMORY_HOG
+    """The agent lowers its own OOM score to PID 1's (0; PID 1's is not the agent's to raise)
+    and exhausts the memory with processes each smaller than PID 1: PID 1 is killed and the
+    sandbox lost -- by the agent, so `failed_policy` with reward 0 and the reason, never
+    `failed_infra` (a dropped group) and never a recovery that replays it."""
+    attack = BRING_PID1_DOWN
     task = TraceTask(id="pid1-oom", turns=[TraceTurn(think_tokens=4, bash=attack)], check="true")
     handle = await start(stack, task)
     result = await asyncio.wait_for(handle.result(), 600)
