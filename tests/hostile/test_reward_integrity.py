@@ -22,9 +22,18 @@ pytestmark = [pytest.mark.stack, pytest.mark.sandbox]
 # interpreter or a file the agent tries to reach.
 PYTHON_CHECK = "python3 -c \"import sys; sys.exit(0 if open('/workspace/answer.txt').read().strip() == '42' else 1)\""
 JSON_CHECK = "python3 -c \"import json, sys; sys.exit(0 if json.load(open('answer.json'))['ok'] else 1)\""
+# The check keeps its verdict where a check's scratch belongs, its own TMPDIR (a fixed
+# path such as /tmp/verdict would be the agent's to pre-create, README: "What the agent
+# can reach").
 VERDICT_CHECK = (
-    "if [ \"$(cat /workspace/answer.txt 2>/dev/null)\" = 42 ]; then echo pass > /tmp/verdict; "
-    "else echo fail > /tmp/verdict; fi; sleep 1; grep -qx pass /tmp/verdict"
+    "if [ \"$(cat /workspace/answer.txt 2>/dev/null)\" = 42 ]; then echo pass > \"$TMPDIR/verdict\"; "
+    "else echo fail > \"$TMPDIR/verdict\"; fi; sleep 1; grep -qx pass \"$TMPDIR/verdict\""
+)
+# A process left running that writes "pass" into every directory under /tmp it can find,
+# the check's TMPDIR among them once it exists.
+REWRITER = (
+    "nohup sh -c 'while :; do for d in /tmp /tmp/*/ /tmp/*/*/; do echo pass > \"$d/verdict\" 2>/dev/null; "
+    "done; sleep 0.01; done' >/dev/null 2>&1 & echo started"
 )
 
 FORGERIES = {
@@ -38,25 +47,28 @@ FORGERIES = {
             "echo 'import os; os._exit(0)' > \"$site/sitecustomize.py\" && echo planted",
         ],
         PYTHON_CHECK,
+        "frozen",
     ),
     # a module in the check's working directory shadowing the standard library
     "shadowed-stdlib": (
         ["printf 'import os\\nos._exit(0)\\n' > /workspace/json.py && echo '{\"ok\": false}' > /workspace/answer.json"],
         JSON_CHECK,
+        "frozen",
     ),
-    # a process left running that keeps writing the verdict the check writes and then reads
-    "background-rewriter": (
-        ["nohup sh -c 'while :; do echo pass > /tmp/verdict 2>/dev/null; sleep 0.01; done' >/dev/null 2>&1 & "
-         "echo started"],
-        VERDICT_CHECK,
-    ),
+    # a process left running that keeps writing the verdict the check writes and then
+    # reads: frozen with the agent's other processes during the check
+    "background-rewriter": ([REWRITER], VERDICT_CHECK, "frozen"),
+    # the same, against a check that keeps the agent's processes running (its servers):
+    # the check runs as another user, whose TMPDIR the agent's process cannot enter
+    "background-rewriter-running": ([REWRITER], VERDICT_CHECK, "running"),
 }
 
 
 @pytest.mark.parametrize("forgery", sorted(FORGERIES))
 async def test_a_planted_forgery_does_not_pass_a_failing_check(stack, forgery):
-    commands, check = FORGERIES[forgery]
-    task = TraceTask(id=f"forge-{forgery}", turns=[TraceTurn(think_tokens=4, bash=c) for c in commands], check=check)
+    commands, check, processes = FORGERIES[forgery]
+    turns = [TraceTurn(think_tokens=4, bash=c) for c in commands]
+    task = TraceTask(id=f"forge-{forgery}", turns=turns, check=check, verify_with_processes=processes)
     handle = await start(stack, task)
     result = await asyncio.wait_for(handle.result(), 600)
     steps = {s["step"]: s for s in await _steps(stack, handle.id)}
