@@ -2,9 +2,11 @@
 does to the image (belayer/sandbox/toolchain.py).
 
 With a writable root file system (`sandbox.read_only_root` off, as a task's own image may
-need) the agent replaces the image's python3 and tar with scripts that print a forged hash
-and exit 0, plants a `sitecustomize` in the image's standard library and a library in
-/etc/ld.so.preload, and overwrites the supervisor the image carries. Then:
+need) the image's python3 and tar are replaced with scripts that print a forged hash and
+exit 0, a `sitecustomize` is planted in the image's standard library and a library in
+/etc/ld.so.preload, and the supervisor the image carries is overwritten. The agent (uid
+1000) cannot do this to files of root's; the test does it as the container's root, as a
+hostile task image, or a future agent running as root, would. Then:
 
 * the next action still runs and reports its own output and exit status (the helper that
   starts it is the toolchain's), and the workspace hash is the real one (the toolchain's
@@ -33,7 +35,7 @@ pytestmark = [pytest.mark.sandbox, pytest.mark.sandbox_config(read_only_root=Fal
 
 TRAJ = "traj-toolchain"
 FORGED_HASH = "0" * 64
-# What an agent does to the image's own tools when it may write there.
+# What is done to the image's own tools by whoever may write there (the container's root).
 TAMPER = rf"""set -e
 forged='#!/bin/sh
 echo {FORGED_HASH}
@@ -83,14 +85,16 @@ def run(host, handle, step: int, command: str, log: list[LoggedAction]):
 
 
 def tampered_sandbox(sandboxes, log: list[LoggedAction]):
-    """A sandbox with a file in /workspace and the image's tools replaced by the agent
-    (steps 1-2); returns (handle, the workspace hash before the tampering)."""
+    """A sandbox with a file in /workspace (step 1) and the image's tools replaced by the
+    container's root; returns (handle, the workspace hash before the tampering)."""
     host = sandboxes.host
     handle = sandboxes.create()
     assert run(host, handle, 1, "mkdir -p /workspace/w && seq 1 1000 > /workspace/w/n.txt", log).exit_code == 0
     before = host.workspace_hash(handle)
-    tamper = run(host, handle, 2, TAMPER, log)
-    assert tamper.exit_code == 0 and tamper.stdout == "tampered\n", tamper
+    refused = run(host, handle, 2, TAMPER, log)
+    assert refused.exit_code != 0 and "Permission denied" in refused.stderr, refused  # not the agent's to do
+    tamper = sandboxes.backend.podman("exec", handle.container, "bash", "-c", TAMPER)
+    assert tamper.stdout == b"tampered\n", tamper
     return handle, before
 
 
@@ -145,7 +149,7 @@ def test_a_tampered_sandbox_restores_and_its_pid_1_runs_from_the_toolchain(sandb
 def test_belayers_interpreter_loads_nothing_of_the_tampered_image(sandboxes):
     log: list[LoggedAction] = []
     handle, _ = tampered_sandbox(sandboxes, log)
-    out = sandboxes.backend.run_as_agent(handle.container, [*toolchain.python_command(), "-c", WHERE_FROM])
+    out = sandboxes.backend.exec_as_root(handle.container, [*toolchain.python_command(), "-c", WHERE_FROM])
     where = json.loads(out)
     assert where["prefix"] == f"{toolchain.MOUNT}/usr", where
     for kind in ("path", "mapped", "modules"):
@@ -163,7 +167,10 @@ def test_the_toolchain_is_read_only_to_the_agent(sandboxes):
     assert probe.exit_code == 0, probe
     refused = json.loads(probe.stdout)
     moved = refused.pop("move the mount")
-    assert refused == {"create": "EROFS", "write": "EROFS", "chmod": "EROFS", "unlink": "EROFS", "mkdir": "EROFS",
+    # Writing a file the agent does not own is refused on permission before the read-only
+    # mount is consulted; every other change meets the read-only mount itself.
+    assert refused.pop("write") == "EACCES", refused
+    assert refused == {"create": "EROFS", "chmod": "EROFS", "unlink": "EROFS", "mkdir": "EROFS",
                        "rename": "EROFS"}, refused  # fmt: skip
     assert moved != "done"  # a mount point is not renamed (EACCES on these hosts)
     intact = run(host, handle, 2, "ls /.belayer; echo still; exit 3", [])
