@@ -59,8 +59,9 @@ class SandboxBackend(Protocol):
     def fork(self, plain_archive: Path, parent_id: str, sandbox_id: str, generation: int) -> str:
         """Start another lineage's checkpoint (an uncompressed archive) as `sandbox_id`; its name."""
 
-    def run_as_agent(self, container: str, argv: list[str], stdin: bytes | None = None) -> bytes:
-        """Run a short Belayer helper (hash, tar) in the container (never checkpointed); its stdout."""
+    def exec_as_root(self, container: str, argv: list[str], stdin: bytes | None = None) -> bytes:
+        """Run a short Belayer helper (hash, tar) in the container as its root, out of the
+        agent's reach (another uid; never checkpointed); its stdout."""
 
     def image_id(self) -> str:
         """Id of the base image on this host (a restore needs the same one)."""

@@ -362,7 +362,7 @@ class SandboxHost:
         with self._lock(handle.sandbox_id):
             self._refuse_if_moved(handle.sandbox_id)
             channel.call(self._sock(handle.sandbox_id), {"op": "freeze"})
-            out = self.backend.run_as_agent(handle.container, [*toolchain.python_command(), "-c", HASH_SCRIPT, path])
+            out = self.backend.exec_as_root(handle.container, [*toolchain.python_command(), "-c", HASH_SCRIPT, path])
         return out.decode().strip()
 
     # ------------------------------------------------------------------ checkpoint
@@ -498,7 +498,7 @@ class SandboxHost:
         phases["upload_tail"] = time.monotonic() - archive.streamed_at
         fs_key = fs_sha = None
         if fs_snapshot:
-            data = self.backend.run_as_agent(
+            data = self.backend.exec_as_root(
                 handle.container, ["tar", "-C", "/", "--ignore-failed-read", "-cf", "-", *FS_SNAPSHOT_PATHS]
             )
             fs_key = base + "fs.tar"
@@ -818,7 +818,7 @@ class SandboxHost:
             self.backend.fence(handle.sandbox_id)
         # Processes are lost by design: a fresh sandbox (no setup: the files carry it).
         new_handle = self.create(SandboxSpec(labels=spec.labels), sandbox_id=handle.sandbox_id, generation=new_gen)
-        self.backend.run_as_agent(new_handle.container, ["tar", "-C", "/", "-xf", "-"], stdin=data)
+        self.backend.exec_as_root(new_handle.container, ["tar", "-C", "/", "-xf", "-"], stdin=data)
         return new_handle, meta.step
 
     def _replay_and_compare(self, handle: SandboxHandle, actions: list[LoggedAction], start_step: int,

@@ -410,7 +410,7 @@ class PodmanBackend:
     def _name_of(self, container: str) -> str:
         return self.podman("container", "inspect", "--format", "{{.Name}}", container).stdout.decode().strip()
 
-    def run_as_agent(self, container: str, argv: list[str], stdin: bytes | None = None) -> bytes:
+    def exec_as_root(self, container: str, argv: list[str], stdin: bytes | None = None) -> bytes:
         # Belayer's own helpers (hash, tar), as the container's root with its capabilities
         # (FOWNER: tar restores the modes and times of the agent's files); they touch only
         # the agent's trees.

@@ -97,6 +97,7 @@ import subprocess
 import sys
 import threading
 import time
+from collections.abc import Callable
 
 VERSION = 1
 LOCAL = os.environ.get("BELAYER_SUPERVISOR_LOCAL") == "1"
@@ -335,6 +336,31 @@ class FreezeFailed(Exception):
     """The agent's processes kept running through every freezing pass."""
 
 
+def signal_until_none(signum: int, wanted: Callable[[int, tuple, dict], bool]) -> dict[int, int] | None:
+    """Send `signum` to every process `wanted(pid, info, signalled)` selects (never PID 1
+    nor this one), pass after pass, until a pass selects none: what a pass signals cannot
+    hide the next one's targets (a stopped process cannot fork; a resumed one may stop
+    another). Returns pid -> start time of every process signalled, or None when the
+    passes ran out first (the caller decides whether that is an error)."""
+    me, signalled = os.getpid(), {}
+    for attempt in range(FREEZE_PASSES):
+        if attempt >= 10:
+            time.sleep(0.01)  # a process in uninterruptible sleep takes the signal when it wakes
+        targets = [
+            (pid, info[0]) for pid, info in list_processes().items()
+            if pid not in (me, 1) and wanted(pid, info, signalled)
+        ]  # fmt: skip
+        if not targets:
+            return signalled
+        for pid, start in targets:
+            try:
+                os.kill(pid, signum)
+                signalled.setdefault(pid, start)
+            except OSError:
+                pass
+    return None
+
+
 class Freezer:
     """Stops the agent's processes for the check and the workspace hash, and resumes them.
 
@@ -352,46 +378,27 @@ class Freezer:
         self.frozen: dict[int, int] = {}  # pid -> start time
 
     def freeze(self, sessions: set[int]) -> int:
-        me = os.getpid()
-        for attempt in range(FREEZE_PASSES):
-            if attempt >= 10:
-                time.sleep(0.01)  # a process in uninterruptible sleep stops when it wakes
-            running = [
-                (pid, info[0]) for pid, info in list_processes().items()
-                if pid not in (me, 1) and (not LOCAL or info[1] in sessions)
-                and _proc_state(pid) not in (None, "T", "t", "Z", "X")
-            ]  # fmt: skip
-            if not running:
-                return len(self.frozen)
-            for pid, start in running:
-                try:
-                    os.kill(pid, signal.SIGSTOP)
-                    self.frozen.setdefault(pid, start)
-                except OSError:
-                    pass
-        raise FreezeFailed(
-            f"the agent's processes could not be frozen: still running after {FREEZE_PASSES} passes"
-        )
+        def running(pid: int, info: tuple, _signalled: dict) -> bool:
+            return (not LOCAL or info[1] in sessions) and _proc_state(pid) not in (None, "T", "t", "Z", "X")
+
+        stopped = signal_until_none(signal.SIGSTOP, running)
+        if stopped is None:
+            raise FreezeFailed(
+                f"the agent's processes could not be frozen: still running after {FREEZE_PASSES} passes"
+            )
+        for pid, start in stopped.items():
+            self.frozen.setdefault(pid, start)
+        return len(self.frozen)
 
     def resume_all(self, sessions: set[int]) -> int:
         """SIGCONT every stopped process of the agent's, pass after pass until none is left
         stopped (a running one may stop another); returns how many were resumed."""
         self.thaw()
-        me, resumed = os.getpid(), set()
-        for _ in range(FREEZE_PASSES):
-            stopped = [
-                pid for pid, info in list_processes().items()
-                if pid not in (me, 1) and (not LOCAL or info[1] in sessions) and _proc_state(pid) == "T"
-            ]  # fmt: skip
-            if not stopped:
-                break
-            for pid in stopped:
-                try:
-                    os.kill(pid, signal.SIGCONT)
-                    resumed.add(pid)
-                except OSError:
-                    pass
-        return len(resumed)
+
+        def stopped(pid: int, info: tuple, _signalled: dict) -> bool:
+            return (not LOCAL or info[1] in sessions) and _proc_state(pid) == "T"
+
+        return len(signal_until_none(signal.SIGCONT, stopped) or {})
 
     def thaw(self) -> None:
         for pid, start in self.frozen.items():
@@ -1089,24 +1096,13 @@ class Supervisor:
         Freeze first (SIGSTOP, repeated until a pass finds nothing new: a stopped process
         cannot fork), then SIGKILL them all, so a fork bomb cannot refill the pids it frees.
         """
-        me = os.getpid()
-        frozen: set[int] = set()
-        for _ in range(200):
-            fresh = []
-            for pid, info in list_processes().items():
-                if pid in (me, spare, 1) or pid in frozen or before.get(pid, (None,))[0] == info[0]:
-                    continue
-                if LOCAL and info[1] != session:
-                    continue  # locally, only the action's own session
-                fresh.append(pid)
-            if not fresh:
-                break
-            for pid in fresh:
-                try:
-                    os.kill(pid, signal.SIGSTOP)
-                    frozen.add(pid)
-                except OSError:
-                    pass
+
+        def started_by_the_action(pid: int, info: tuple, signalled: dict) -> bool:
+            if pid == spare or pid in signalled or before.get(pid, (None,))[0] == info[0]:
+                return False
+            return not LOCAL or info[1] == session  # locally, only the action's own session
+
+        frozen = signal_until_none(signal.SIGSTOP, started_by_the_action) or {}
         for pid in frozen:
             _kill(pid)
         return len(frozen)
