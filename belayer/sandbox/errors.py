@@ -101,6 +101,15 @@ class CheckpointFailed(SandboxError):
     retryable = True
 
 
+class CheckpointBlockedByAgent(CheckpointFailed):
+    """The agent kept a process stopped as the dump froze the sandbox, which CRIU cannot
+    dump (belayer/sandbox/dump_watchdog.py): the dump was ended, the sandbox thawed and
+    running as before. Not retried -- the agent would do it again; the trajectory goes on
+    without this checkpoint."""
+
+    retryable = False
+
+
 class RestoreFailed(SandboxError):
     """No checkpoint could be restored, and replay was not allowed or failed too."""
 

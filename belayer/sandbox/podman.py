@@ -64,6 +64,7 @@ from pathlib import Path
 
 from belayer.sandbox import compression, fork_archive, runtime, seccomp, toolchain
 from belayer.sandbox.config import SandboxConfig
+from belayer.sandbox.dump_watchdog import DumpWatchdog
 from belayer.sandbox.errors import (
     CheckpointFailed,
     PodmanFailed,
@@ -308,6 +309,7 @@ class PodmanBackend:
         with contextlib.ExitStack() as files:
             stats, err, compress_err = (files.enter_context(tempfile.TemporaryFile(dir=tmp_dir)) for _ in range(3))
             args, procs, reader = self._start_export(container, compress, stats, err, compress_err)
+            watchdog = files.enter_context(DumpWatchdog(procs[0].pid, container))
             chunks = iter(lambda: reader.read(CHUNK), b"")
             try:
                 yield chunks
@@ -320,6 +322,7 @@ class PodmanBackend:
             finally:
                 reader.close()
             stats_text, stderr, compress_stderr = (_read_all(f) for f in (stats, err, compress_err))
+        watchdog.raise_if_wedged()
         if rcs[0] != 0:
             raise translate_podman_error(args, rcs[0], stderr)
         if compress and rcs[1] != 0:
@@ -359,10 +362,21 @@ class PodmanBackend:
     def export_checkpoint(self, container: str, dest: Path, phases: dict[str, float] | None = None) -> None:
         """`checkpoint --export=dest`, plain: the capture half of a staged checkpoint, which
         is compressed and uploaded later, beside the sandbox's next action (host.py)."""
-        r = self.podman("container", "checkpoint", "--leave-running", "--tcp-established", "--print-stats",
-                        "-c", "none", f"--export={dest}", container)  # fmt: skip
+        args = ["container", "checkpoint", "--leave-running", "--tcp-established", "--print-stats",
+                "-c", "none", f"--export={dest}", container]  # fmt: skip
+        proc = subprocess.Popen(self._cmd(*args), env=self._env(), stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+                                stderr=subprocess.PIPE, cwd=self.state_dir)  # fmt: skip
+        with DumpWatchdog(proc.pid, container) as watchdog:
+            try:
+                stdout, stderr = proc.communicate(timeout=self.cfg.podman_timeout_s)
+            except BaseException:
+                _kill([proc])
+                raise
+        watchdog.raise_if_wedged()
+        if proc.returncode != 0:
+            raise translate_podman_error(args, proc.returncode, stderr.decode(errors="replace"))
         if phases is not None:
-            phases.update(dump_phases(r.stdout.decode(errors="replace")))
+            phases.update(dump_phases(stdout.decode(errors="replace")))
 
     def restore(self, archive: Path, sandbox_id: str, generation: int) -> str:
         """Start a plain checkpoint archive as this generation's container."""

@@ -10,6 +10,7 @@ import threading
 
 import pytest
 
+from belayer.sandbox.errors import CheckpointBlockedByAgent
 from belayer.sandbox.models import Action
 
 pytestmark = pytest.mark.sandbox
@@ -95,6 +96,49 @@ def test_a_checkpoint_of_stopped_processes_completes(sandboxes):
     assert "ref" in done, "the checkpoint of a sandbox with stopped processes never finished"
     states = host.exec(handle, act(2, "ps -o stat= -C sleep | cut -c1 | sort | uniq -c | tr -s ' '"))
     assert "T" not in states.stdout, states
+
+
+# A loop that keeps one of the agent's processes stopped: the supervisor's quiesce resumes
+# it right before a dump, and the loop stops it again before CRIU reaches it.
+STOP_LOOP = "nohup sh -c 'sleep 100000 & while :; do kill -STOP $!; done' >/dev/null 2>&1 & echo $!"
+
+
+def bounded(call) -> dict:
+    """`call()` in a thread, joined for a liveness bound (not a figure): its result or error."""
+    done: dict = {}
+
+    def run():
+        try:
+            done["result"] = call()
+        except Exception as exc:  # noqa: BLE001 -- the test inspects it
+            done["error"] = exc
+
+    thread = threading.Thread(target=run, daemon=True)
+    thread.start()
+    thread.join(240)
+    return done
+
+
+@pytest.mark.sandbox_config(podman_timeout_s=600)
+def test_an_agent_that_keeps_a_process_stopped_cannot_wedge_a_checkpoint(sandboxes):
+    """CRIU waits forever on a task stopped as podman froze the container, holding the
+    container's lock, so `podman ps` on the whole host would wait with it. The dump
+    watchdog ends such a dump and thaws the sandbox: the checkpoint fails as the agent's
+    doing, not retried, and the sandbox runs on; once the agent stops, checkpoints work."""
+    host = sandboxes.host
+    handle = sandboxes.create()
+    loop = host.exec(handle, act(1, STOP_LOOP))
+    assert loop.exit_code == 0, loop
+    for dump in (host.checkpoint, host.capture_checkpoint):  # streamed, and staged to a file
+        done = bounded(lambda: dump(handle))  # noqa: B023 -- called at once
+        assert done, "the dump never ended: the watchdog did not see the wedge"
+        error = done.get("error")
+        assert isinstance(error, CheckpointBlockedByAgent) and not error.retryable, done
+        assert sandboxes.backend.podman("ps", "-q").returncode == 0  # the container's lock is free
+    stop = host.exec(handle, act(2, f"kill {loop.stdout.strip()} && pkill -CONT sleep; sleep 0.2; "
+                                    "ps -o stat= -C sleep | cut -c1"))  # fmt: skip
+    assert stop.stdout == "S\n", stop  # thawed and running: the agent's own processes go on
+    assert "result" in bounded(lambda: host.checkpoint(handle))
 
 
 def test_a_check_may_declare_that_the_agents_processes_keep_running(sandboxes):

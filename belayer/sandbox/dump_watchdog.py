@@ -1,0 +1,172 @@
+"""Ends a checkpoint that the agent wedged, and thaws its sandbox.
+
+CRIU (4.2.1 here, cgroup v1 freezer) waits forever in ptrace_attach on a task that was
+stopped (SIGSTOP) when podman froze the container's cgroup, and holds the container's
+lock meanwhile: every later podman call on the host that lists or touches the container
+waits too, `podman ps` included, so one sandbox would stall its whole host. The host
+resumes every stopped process right before a dump (the supervisor's `quiesce`), but an
+agent that keeps stopping one (a loop of `kill -STOP`) wins that race every time.
+
+`DumpWatchdog` watches the process tree of one `podman container checkpoint`. When CRIU
+sits in ptrace_attach while the container's cgroup is frozen, on two polls in a row (an
+attach is otherwise instant; a stopped task, frozen, shows as "D" like every other, so
+the wedge is told by CRIU's wait), it kills CRIU and thaws the container's cgroup: podman then fails, the sandbox runs
+on as it was (a `--leave-running` dump changes nothing in it), and the caller raises
+`CheckpointBlockedByAgent`. It reads /proc and the runc state only; a dump that does not
+wedge costs a thread that sleeps until the dump ends.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import signal
+import threading
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from belayer.sandbox.errors import CheckpointBlockedByAgent
+
+RUNC_ROOT = Path("/run/runc")  # runc's default state root, which podman's rootful runc uses
+FIRST_LOOK_S = 1.0  # a dump of a small sandbox takes about a second; nothing to look at before
+POLL_S = 0.5
+WEDGED_POLLS = 2  # consecutive polls that must see the wedge (a ptrace_attach is otherwise instant)
+
+
+@dataclass
+class DumpWatchdog:
+    """Watches the checkpoint whose podman process is `podman_pid` (a context manager).
+
+    `wedged` says the watchdog ended a wedged dump, `stopped` the container's tasks it
+    then found stopped; `raise_if_wedged` turns that into the caller's error."""
+
+    podman_pid: int
+    container: str
+    wedged: bool = False
+    stopped: list[int] = field(default_factory=list)
+    _done: threading.Event = field(default_factory=threading.Event)
+    _thread: threading.Thread | None = None
+
+    def __enter__(self) -> DumpWatchdog:
+        self._thread = threading.Thread(target=self._watch, name=f"dump-watchdog-{self.container}", daemon=True)
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self._done.set()
+        if self._thread is not None:
+            self._thread.join()
+
+    def raise_if_wedged(self) -> None:
+        if self.wedged:
+            which = f"process(es) {self.stopped}" if self.stopped else "processes"
+            raise CheckpointBlockedByAgent(
+                f"checkpoint of {self.container}: the agent's {which} were stopped (SIGSTOP) "
+                "as the dump froze the sandbox, which CRIU cannot dump; the dump was ended and the sandbox thawed. "
+                "The sandbox runs on without this checkpoint; one the agent does not keep stopping succeeds."
+            )
+
+    def _watch(self) -> None:
+        if self._done.wait(FIRST_LOOK_S):
+            return
+        seen = 0
+        while not self._done.is_set():
+            wedge = find_wedge(self.podman_pid)
+            seen = seen + 1 if wedge else 0
+            if wedge and seen >= WEDGED_POLLS:
+                criu, cgroup = wedge
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(criu, signal.SIGKILL)
+                thaw(cgroup)
+                self.wedged = True
+                time.sleep(POLL_S)  # the stopped task, thawed, shows as stopped again
+                self.stopped = [tid for tid in _tasks(cgroup) if _task_state(tid) == "T"]
+                return
+            self._done.wait(POLL_S)
+
+
+def find_wedge(podman_pid: int) -> tuple[int, Path] | None:
+    """(CRIU's pid, the container's freezer cgroup) when the dump under `podman_pid` waits
+    in ptrace_attach with the container frozen."""
+    tree = descendants(podman_pid)
+    criu = next((pid for pid in tree if _read(f"/proc/{pid}/wchan") == "ptrace_attach"), None)
+    runc_id = next((cid for pid in tree if (cid := _runc_checkpoint_target(pid))), None)
+    if criu is None or runc_id is None:
+        return None
+    cgroup = freezer_cgroup(runc_id)
+    return (criu, cgroup) if cgroup is not None and _frozen(cgroup) else None
+
+
+def descendants(root: int) -> list[int]:
+    """Every process below `root` (from /proc: ppid links)."""
+    children: dict[int, list[int]] = {}
+    for entry in os.scandir("/proc"):
+        if entry.name.isdigit():
+            stat = _read(f"/proc/{entry.name}/stat")
+            if stat:
+                ppid = int(stat.rpartition(")")[2].split()[1])
+                children.setdefault(ppid, []).append(int(entry.name))
+    found, todo = [], [root]
+    while todo:
+        for child in children.get(todo.pop(), []):
+            found.append(child)
+            todo.append(child)
+    return found
+
+
+def freezer_cgroup(container_id: str) -> Path | None:
+    """The container's freezer cgroup (v1 `freezer` or the v2 unified one), as runc recorded it."""
+    try:
+        state = json.loads((RUNC_ROOT / container_id / "state.json").read_text())
+    except (OSError, ValueError):
+        return None
+    paths = state.get("cgroup_paths") or {}
+    path = paths.get("freezer") or paths.get("")
+    return Path(path) if path else None
+
+
+def thaw(cgroup: Path) -> None:
+    v1 = cgroup / "freezer.state"
+    with contextlib.suppress(OSError):
+        if v1.exists():
+            v1.write_text("THAWED")
+        else:
+            (cgroup / "cgroup.freeze").write_text("0")
+
+
+def _frozen(cgroup: Path) -> bool:
+    v1 = _read(str(cgroup / "freezer.state"))
+    if v1:
+        return v1 in ("FROZEN", "FREEZING")
+    return _read(str(cgroup / "cgroup.freeze")) == "1"
+
+
+def _tasks(cgroup: Path) -> list[int]:
+    text = _read(str(cgroup / "tasks")) or _read(str(cgroup / "cgroup.threads"))
+    return [int(t) for t in text.split()]
+
+
+def _runc_checkpoint_target(pid: int) -> str | None:
+    """The container id a `runc ... checkpoint ... ID` process dumps (its last argument)."""
+    try:
+        argv = Path(f"/proc/{pid}/cmdline").read_bytes().rstrip(b"\0").split(b"\0")
+    except OSError:
+        return None
+    if len(argv) > 2 and argv[0].endswith(b"runc") and b"checkpoint" in argv:
+        return argv[-1].decode(errors="replace")
+    return None
+
+
+def _task_state(tid: int) -> str:
+    stat = _read(f"/proc/{tid}/stat")
+    return stat.rpartition(")")[2].split()[0] if stat else ""
+
+
+def _read(path: str) -> str:
+    try:
+        with open(path) as f:
+            return f.read().strip()
+    except OSError:
+        return ""
