@@ -53,6 +53,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import re
 import shutil
 import subprocess
 import tarfile
@@ -102,10 +103,24 @@ def translate_podman_error(args: list[str], returncode: int, stderr: str) -> San
     if "criu" in low and ("version" in low or "not found" in low or "executable" in low):
         return RuntimeUnavailable(f"{where}: CRIU unusable ({text}); run `bash infra/install/criu.sh` as root")
     if verb == "checkpoint":
-        return CheckpointFailed(f"{where}: checkpoint failed (exit {returncode}): {text}")
+        return CheckpointFailed(f"{where}: checkpoint failed (exit {returncode}): {text}{criu_errors(text)}")
     if verb == "restore":
-        return RestoreFailed(f"{where}: restore failed (exit {returncode}): {text}")
+        return RestoreFailed(f"{where}: restore failed (exit {returncode}): {text}{criu_errors(text)}")
     return PodmanFailed(f"{where}: exit {returncode}: {text}")
+
+
+def criu_errors(text: str) -> str:
+    """CRIU's own error lines from the log podman's message names (`log file: PATH`), which
+    say what could not be dumped or restored where podman says only `criu failed`."""
+    m = re.search(r"log file: (\S+?\.log)", text)
+    if not m:
+        return ""
+    try:
+        lines = Path(m.group(1)).read_text(errors="replace").splitlines()
+    except OSError:
+        return ""
+    errors = [line.strip() for line in lines if "Error" in line][-3:]
+    return f"; CRIU: {' | '.join(errors)}" if errors else ""
 
 
 class PodmanBackend:

@@ -141,6 +141,21 @@ def test_an_agent_that_keeps_a_process_stopped_cannot_wedge_a_checkpoint(sandbox
     assert "result" in bounded(lambda: host.checkpoint(handle))
 
 
+def test_a_process_running_a_file_it_deleted_is_checkpointed_and_restored(sandboxes):
+    """A server whose library was upgraded under it, a program run from /tmp and removed:
+    CRIU dumps the deleted file's contents (6.5 MiB here, over CRIU's default ghost limit
+    of 1 MiB, which failed every later checkpoint of the sandbox)."""
+    host = sandboxes.host
+    handle = sandboxes.create()
+    started = host.exec(handle, act(1, "cp /usr/bin/python3.11 /tmp/py && "
+                                       "(nohup /tmp/py -c 'import time; time.sleep(100000)' >/dev/null 2>&1 &); "
+                                       "sleep 1; rm /tmp/py; pgrep -f time.sleep"))  # fmt: skip
+    assert started.exit_code == 0, started
+    restored, _ = host.restore(host.checkpoint(handle), handle.generation + 1)
+    exe = host.exec(restored, act(2, f"readlink /proc/{started.stdout.strip()}/exe"))
+    assert exe.stdout == "/tmp/py (deleted)\n", exe
+
+
 def test_a_check_may_declare_that_the_agents_processes_keep_running(sandboxes):
     host = sandboxes.host
     handle = sandboxes.create()
