@@ -28,15 +28,10 @@ from pydantic import BaseModel, Field
 from temporalio import activity
 
 from belayer import trajectory_log
+from belayer.agent_format import OBSERVATION_TEMPLATE, PROMPT_TEMPLATE, observation_text
 from belayer.storage.recordlog import RecordLogRef
 from belayer.storage.tokenlog import PrefixRef
 from belayer.trajectory_log import LogEntries, StepRecord
-
-OBSERVATION_TEMPLATE = "\n<observation>\n{body}\n</observation>\n"
-PROMPT_TEMPLATE = (
-    "You are an agent working in a Linux sandbox. Run a command with <bash>COMMAND</bash>; "
-    "answer without a tool call when you are done.\nTask: {instruction}\n"
-)
 
 
 class StartContextArgs(BaseModel):
@@ -210,12 +205,3 @@ class StartedAppend:
         for write in self.writes:
             write.result()
         return self.result
-
-
-def observation_text(observation) -> str:
-    """What the model reads of an observation: stdout, stderr, the exit status."""
-    parts = [observation.stdout]
-    if observation.stderr:
-        parts.append(observation.stderr)
-    parts.append(f"[exit {observation.exit_code}]")
-    return "\n".join(p for p in parts if p)

@@ -20,6 +20,7 @@ from temporalio import activity
 from temporalio.exceptions import ApplicationError
 
 from belayer.storage.store import ObjectRef
+from belayer.storage.weights import load_weights
 
 HEARTBEAT_EVERY_S = 1.0
 
@@ -56,19 +57,6 @@ class PublishWeightsResult(_Model):
     paused_requests: int
     drained_requests: int
     already_published: bool = False
-
-
-def store_weights(store, key: str, tensors) -> ObjectRef:
-    """Write a state dict as one safetensors object (what `PublishWeightsArgs.weights` points to)."""
-    from safetensors.torch import save
-
-    return store.put_bytes(key, save({k: v.detach().cpu().contiguous() for k, v in tensors.items()}))
-
-
-def load_weights(store, ref: ObjectRef) -> dict:
-    from safetensors.torch import load
-
-    return load(store.get_bytes(ref.key, expected_sha256=ref.sha256))
 
 
 class PublishedWeights(_Model):

@@ -206,7 +206,7 @@ class PlainLoop:
         return Observation.from_supervisor(reply["observation"], replayed=False)
 
     async def run(self, task: TraceTask) -> PlainRun:
-        from belayer.activities.context import OBSERVATION_TEMPLATE, PROMPT_TEMPLATE, observation_text
+        from belayer.agent_format import OBSERVATION_TEMPLATE, PROMPT_TEMPLATE, observation_text
         from belayer.sandbox.models import SandboxSpec
 
         def encode(text: str) -> list[int]:

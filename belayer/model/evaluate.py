@@ -13,9 +13,8 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
-from belayer.activities.context import PROMPT_TEMPLATE
+from belayer.agent_format import PROMPT_TEMPLATE, parse_action
 from belayer.model.learn_tasks import MAX_TOKENS_PER_TURN, SPLITS, Problem, problems
-from belayer.workflows.actions import parse_action
 
 
 @dataclass(frozen=True)

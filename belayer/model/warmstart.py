@@ -26,7 +26,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from belayer.activities.context import OBSERVATION_TEMPLATE, PROMPT_TEMPLATE
+from belayer.agent_format import OBSERVATION_TEMPLATE, PROMPT_TEMPLATE
 from belayer.model.learn_tasks import CONSTANTS, OPERATIONS, WRONG_OUTPUT, Problem
 
 DONE = "done"

@@ -23,10 +23,10 @@ from pathlib import Path
 
 import torch
 
-from belayer.activities.publish import store_weights
 from belayer.errors import BelayerError
 from belayer.model.build import model_path
 from belayer.storage.errors import ObjectConflict
+from belayer.storage.weights import store_weights
 from belayer.trainer.grpo import StepStats, grpo_step
 from belayer.trainer.models import TrainerCheckpointRef, TrainStepArgs, TrainStepResult
 from belayer.trainer.policy import load_policy, make_deterministic, resolve_device

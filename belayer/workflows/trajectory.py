@@ -54,12 +54,12 @@ with workflow.unsafe.imports_passed_through():
         WorkspaceHashArgs,
         WorkspaceHashResult,
     )
+    from belayer.agent_format import malformed_observation, parse_action
     from belayer.policy.adaptive import CheckpointSample, GenerationSample
     from belayer.sandbox.errors import CAUSED_BY_AGENT, LOST_UNEXPLAINED
     from belayer.sandbox.models import Action, CheckpointRef, ObservationRef, SandboxHandle, SandboxSpec
     from belayer.storage.recordlog import RecordLogRef
     from belayer.trajectory_log import LogEntries, TrajectoryLogRef, steps_key
-    from belayer.workflows.actions import malformed_observation, parse_action
     from belayer.workflows.models import (
         ForkStart,
         RecoveryRecord,

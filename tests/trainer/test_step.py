@@ -12,9 +12,9 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from belayer.activities.publish import load_weights
 from belayer.config import plain_dump
 from belayer.model.build import model_path
+from belayer.storage.weights import load_weights
 from belayer.trainer.step import Trainer
 
 from .conftest import batch, group, step_args

@@ -1,4 +1,4 @@
-from belayer.workflows.actions import malformed_observation, parse_action
+from belayer.agent_format import malformed_observation, parse_action
 
 
 def test_first_call_is_taken():
