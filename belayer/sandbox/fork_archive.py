@@ -4,11 +4,11 @@
 under new names, but the archive's configuration still points at the parent's supervisor
 channel directory: two forks would share one socket. So each fork gets its own copy of
 the archive with `config.dump` and `spec.dump` rewritten: its channel path, its labels,
-its hostname. (Each restore gets a network namespace of its own from CRIU: the
-sandboxes run with `--network=none`, belayer/sandbox/podman.py.) Everything else -- CRIU images, tmpfs contents, the
-rootfs diff -- is copied byte for byte with `copy_file_range` from one uncompressed
-copy of the archive made once per host (`compression.unpack`), so a fork costs a file copy in the
-page cache, not a decompression.
+its hostname. (Each restore gets a network namespace of its own from CRIU: the sandboxes
+run with `--network=none`, belayer/sandbox/podman.py.) Everything else -- CRIU images,
+tmpfs contents, the rootfs diff -- is copied byte for byte with `copy_file_range` from
+one uncompressed copy of the archive made once per host (`compression.unpack`), so a
+fork costs a file copy in the page cache, not a decompression.
 
 Why `--name` and not a rewritten name: podman then gives the fork a new container id
 and its own state paths. The price: podman refuses `--name` with `--tcp-established`,

@@ -9,10 +9,11 @@ of its own (`unshare`, then `python -m belayer.stack.sandbox_hosts K -- WORKER..
 * its host name is `<machine>-h<k>`, so its queue is `belayer-sandbox-<machine>-h<k>`;
 * the paths every host uses are bind mounts of its own directories under
   `<state>/hosts/h<k>/`: podman's storage and run directories (`<state>/podman`), runc's
-  state (`/run/runc`) and the supervisors' channels (`sandbox.channel_root`). (A
-  sandbox's network namespace is its container's own: nothing of it is on a path.) The paths are the same on every host, which a
-  restore needs (podman's `--root` and `--runroot`, the bind-mount sources), and what is
-  behind them is the host's own, which a lost host takes with it;
+  state (`/run/runc`) and the supervisors' channels (`sandbox.channel_root`); a
+  sandbox's network namespace is its container's own, on no path. The paths are the
+  same on every host, which a restore needs (podman's `--root` and `--runroot`, the
+  bind-mount sources), and what is behind them is the host's own, which a lost host
+  takes with it;
 * the base image is imported from the install cache's tarball before the worker starts,
   so every host holds the same image id, which a restore also needs.
 
