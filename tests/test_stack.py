@@ -86,12 +86,21 @@ def whole_stack(prefix: str, env_extra: dict[str, str], *up_args: str,
         yield config, env
     finally:
         belayer(env, "down", check=False)
-        leaked = live_pids_under(config.state_dir) + also_leaked(config)
+        leaked = [described(pid) for pid in live_pids_under(config.state_dir) + also_leaked(config)]
         for pid in leaked:
-            psutil.Process(pid).kill()
+            with contextlib.suppress(psutil.NoSuchProcess):
+                psutil.Process(int(pid.split()[0])).kill()
         run_podman("rmi", "--all", "--force", state_dir=state_dir, timeout=600)
         shutil.rmtree(state_dir, ignore_errors=True)
         assert not leaked, f"processes left running under {config.state_dir}: {leaked}"
+
+
+def described(pid: int) -> str:
+    """`PID command line` of a process, for a message that names what leaked."""
+    try:
+        return f"{pid} {' '.join(psutil.Process(pid).cmdline())[:300]}"
+    except psutil.Error:
+        return f"{pid} (gone)"
 
 
 @pytest.fixture
