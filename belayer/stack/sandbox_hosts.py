@@ -81,7 +81,7 @@ def enter(config: BelayerConfig, k: int) -> None:
         target.mkdir(parents=True, exist_ok=True)
         subprocess.run(["mount", "--bind", str(source), str(target)], check=True, capture_output=True, text=True)
     socket.sethostname(host_name(k))
-    (host_dir(config, k) / NAMESPACES_FILE).write_text(" ".join(str(ns) for ns in _namespaces("self")))
+    (host_dir(config, k) / NAMESPACES_FILE).write_text(str(_uts_namespace("self")))
 
 
 def import_base_image(config: BelayerConfig) -> None:
@@ -93,23 +93,28 @@ def import_base_image(config: BelayerConfig) -> None:
 
 
 def members(config: BelayerConfig, k: int) -> list[psutil.Process]:
-    """The processes in host k's namespaces (k ≥ 1): its worker, podman, conmon."""
+    """The processes in host k's UTS namespace (k ≥ 1): its worker, podman, conmon.
+
+    Not its mount namespace: the conmon of a container in a user namespace runs in a mount
+    namespace podman makes for it, and a power cut that missed it left the container
+    running. Nothing of the host's but its containers (conmon's children) leaves the UTS
+    namespace."""
     try:
-        recorded = tuple(int(ns) for ns in (host_dir(config, k) / NAMESPACES_FILE).read_text().split())
-    except (OSError, ValueError):
+        recorded = int((host_dir(config, k) / NAMESPACES_FILE).read_text().split()[-1])
+    except (OSError, ValueError, IndexError):
         return []
     found = []
     for proc in psutil.process_iter():
         try:
-            if proc.pid != os.getpid() and _namespaces(proc.pid) == recorded:
+            if proc.pid != os.getpid() and _uts_namespace(proc.pid) == recorded:
                 found.append(proc)
         except OSError:
             continue
     return found
 
 
-def _namespaces(pid) -> tuple[int, int]:
-    return os.stat(f"/proc/{pid}/ns/mnt").st_ino, os.stat(f"/proc/{pid}/ns/uts").st_ino
+def _uts_namespace(pid) -> int:
+    return os.stat(f"/proc/{pid}/ns/uts").st_ino
 
 
 def processes(config: BelayerConfig, k: int) -> list[psutil.Process]:
