@@ -12,8 +12,9 @@ sits in ptrace_attach while the container's cgroup is frozen, on two polls in a 
 attach is otherwise instant; a stopped task, frozen, shows as "D" like every other, so
 the wedge is told by CRIU's wait), it kills CRIU and thaws the container's cgroup: podman then fails, the sandbox runs
 on as it was (a `--leave-running` dump changes nothing in it), and the caller raises
-`CheckpointBlockedByAgent`. It reads /proc and the runc state only; a dump that does not
-wedge costs a thread that sleeps until the dump ends.
+`CheckpointBlockedByAgent`. It reads /proc, the runc state and the cgroup (thawing as
+belayer/sandbox/freezer.py does); a dump that does not wedge costs a thread that sleeps
+until the dump ends.
 """
 
 from __future__ import annotations
@@ -27,6 +28,9 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
+import psutil
+
+from belayer.sandbox import freezer
 from belayer.sandbox.errors import CheckpointBlockedByAgent
 
 RUNC_ROOT = Path("/run/runc")  # runc's default state root, which podman's rootful runc uses
@@ -50,7 +54,9 @@ class DumpWatchdog:
     _thread: threading.Thread | None = None
 
     def __enter__(self) -> DumpWatchdog:
-        self._thread = threading.Thread(target=self._watch, name=f"dump-watchdog-{self.container}", daemon=True)
+        self._thread = threading.Thread(
+            target=self._watch, name=f"dump-watchdog-{self.container}", daemon=True
+        )
         self._thread.start()
         return self
 
@@ -76,76 +82,43 @@ class DumpWatchdog:
             wedge = find_wedge(self.podman_pid)
             seen = seen + 1 if wedge else 0
             if wedge and seen >= WEDGED_POLLS:
-                criu, cgroup = wedge
+                criu, init_pid = wedge
                 with contextlib.suppress(ProcessLookupError):
                     os.kill(criu, signal.SIGKILL)
-                thaw(cgroup)
+                freezer.thaw(init_pid)
                 self.wedged = True
                 time.sleep(POLL_S)  # the stopped task, thawed, shows as stopped again
-                self.stopped = [tid for tid in _tasks(cgroup) if _task_state(tid) == "T"]
+                self.stopped = [tid for tid in freezer.tasks(init_pid) if _task_state(tid) == "T"]
                 return
             self._done.wait(POLL_S)
 
 
-def find_wedge(podman_pid: int) -> tuple[int, Path] | None:
-    """(CRIU's pid, the container's freezer cgroup) when the dump under `podman_pid` waits
-    in ptrace_attach with the container frozen."""
+def find_wedge(podman_pid: int) -> tuple[int, int] | None:
+    """(CRIU's pid, the container's first process) when the dump under `podman_pid` waits
+    in ptrace_attach with the container's cgroup frozen."""
     tree = descendants(podman_pid)
     criu = next((pid for pid in tree if _read(f"/proc/{pid}/wchan") == "ptrace_attach"), None)
     runc_id = next((cid for pid in tree if (cid := _runc_checkpoint_target(pid))), None)
     if criu is None or runc_id is None:
         return None
-    cgroup = freezer_cgroup(runc_id)
-    return (criu, cgroup) if cgroup is not None and _frozen(cgroup) else None
+    init_pid = container_init_pid(runc_id)
+    return (criu, init_pid) if init_pid is not None and freezer.is_frozen(init_pid) else None
 
 
 def descendants(root: int) -> list[int]:
-    """Every process below `root` (from /proc: ppid links)."""
-    children: dict[int, list[int]] = {}
-    for entry in os.scandir("/proc"):
-        if entry.name.isdigit():
-            stat = _read(f"/proc/{entry.name}/stat")
-            if stat:
-                ppid = int(stat.rpartition(")")[2].split()[1])
-                children.setdefault(ppid, []).append(int(entry.name))
-    found, todo = [], [root]
-    while todo:
-        for child in children.get(todo.pop(), []):
-            found.append(child)
-            todo.append(child)
-    return found
-
-
-def freezer_cgroup(container_id: str) -> Path | None:
-    """The container's freezer cgroup (v1 `freezer` or the v2 unified one), as runc recorded it."""
+    """Every process below `root` (podman, runc, CRIU)."""
     try:
-        state = json.loads((RUNC_ROOT / container_id / "state.json").read_text())
-    except (OSError, ValueError):
+        return [child.pid for child in psutil.Process(root).children(recursive=True)]
+    except psutil.Error:
+        return []
+
+
+def container_init_pid(container_id: str) -> int | None:
+    """The host pid of the container's first process, as runc recorded it."""
+    try:
+        return int(json.loads((RUNC_ROOT / container_id / "state.json").read_text())["init_process_pid"])
+    except (OSError, ValueError, KeyError, TypeError):
         return None
-    paths = state.get("cgroup_paths") or {}
-    path = paths.get("freezer") or paths.get("")
-    return Path(path) if path else None
-
-
-def thaw(cgroup: Path) -> None:
-    v1 = cgroup / "freezer.state"
-    with contextlib.suppress(OSError):
-        if v1.exists():
-            v1.write_text("THAWED")
-        else:
-            (cgroup / "cgroup.freeze").write_text("0")
-
-
-def _frozen(cgroup: Path) -> bool:
-    v1 = _read(str(cgroup / "freezer.state"))
-    if v1:
-        return v1 in ("FROZEN", "FREEZING")
-    return _read(str(cgroup / "cgroup.freeze")) == "1"
-
-
-def _tasks(cgroup: Path) -> list[int]:
-    text = _read(str(cgroup / "tasks")) or _read(str(cgroup / "cgroup.threads"))
-    return [int(t) for t in text.split()]
 
 
 def _runc_checkpoint_target(pid: int) -> str | None:

@@ -34,6 +34,30 @@ def thaw(pid: int) -> bool:
     return True
 
 
+def is_frozen(pid: int) -> bool:
+    """Whether the cgroup that holds `pid` is frozen (or freezing)."""
+    control = freezer_control(pid)
+    if control is None:
+        return False
+    path, frozen, _ = control
+    try:
+        return path.read_text().strip() in frozen
+    except OSError:
+        return False
+
+
+def tasks(pid: int) -> list[int]:
+    """Every task (thread id) in the freezer cgroup that holds `pid`."""
+    control = freezer_control(pid)
+    if control is None:
+        return []
+    listing = control[0].parent / ("tasks" if control[0].name == "freezer.state" else "cgroup.threads")
+    try:
+        return [int(t) for t in listing.read_text().split()]
+    except (OSError, ValueError):
+        return []
+
+
 def freezer_control(pid: int) -> tuple[Path, set[str], str] | None:
     """The file that freezes the cgroup of `pid`, the values that mean frozen and the
     value that thaws: cgroup v1's freezer.state when the freezer controller has a

@@ -28,13 +28,14 @@ from collections.abc import Callable, Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Protocol
+from typing import Protocol, TypeVar
 
 from belayer.sandbox import channel, compression, drain, faults, lineage, priority, toolchain
 from belayer.sandbox.backend import SandboxBackend
 from belayer.sandbox.config import SandboxConfig
 from belayer.sandbox.drain import DrainedSandbox
 from belayer.sandbox.errors import (
+    CheckpointBlockedByAgent,
     CheckpointCorrupt,
     CheckpointInconsistent,
     HostDraining,
@@ -114,6 +115,7 @@ print(h.hexdigest())
 FS_SNAPSHOT_PATHS = ["workspace", "home/agent", "tmp"]
 STAGED_DIR = "staged-checkpoints"  # under the state directory: captured, not yet published
 OOM_COUNTERS_KEPT = 1024  # containers whose OOM counter a host remembers (the oldest go first)
+T = TypeVar("T")
 # One checkpoint's directory under its lineage's prefix, as `_checkpoint_base` names it.
 _CHECKPOINT_DIR = re.compile(r"[0-9]{8,}-g[0-9]+-[0-9a-f]{8}/")
 
@@ -379,10 +381,10 @@ class SandboxHost:
         with self._lock(handle.sandbox_id):
             info = self._idle_info(handle)
             # Overlapped with the next generation: the engine keeps the cores (priority.py).
-            return priority.at_niceness(self.cfg.checkpoint_nice, lambda: self._dump(
-                handle, info, token_prefix_len=token_prefix_len, token_prefix_sha256=token_prefix_sha256,
-                fs_snapshot=fs_snapshot,
-            ))  # fmt: skip
+            return self._resuming_if_blocked(handle, lambda: priority.at_niceness(self.cfg.checkpoint_nice, lambda: (
+                self._dump(handle, info, token_prefix_len=token_prefix_len, token_prefix_sha256=token_prefix_sha256,
+                           fs_snapshot=fs_snapshot)
+            )))  # fmt: skip
 
     def capture_checkpoint(self, handle: SandboxHandle, *, token_prefix_len: int | None = None,
                            token_prefix_sha256: str | None = None) -> StagedCheckpoint:  # fmt: skip
@@ -405,8 +407,9 @@ class SandboxHost:
             phases: dict[str, float] = {}
             t0 = time.monotonic()
             try:
-                priority.at_niceness(self.cfg.checkpoint_nice,
-                                     lambda: self.backend.export_checkpoint(handle.container, path, phases))
+                self._resuming_if_blocked(handle, lambda: priority.at_niceness(
+                    self.cfg.checkpoint_nice, lambda: self.backend.export_checkpoint(handle.container, path, phases)
+                ))  # fmt: skip
             except BaseException:
                 path.unlink(missing_ok=True)
                 raise
@@ -481,6 +484,16 @@ class SandboxHost:
         if info["busy"]:
             raise SandboxError(f"sandbox {handle.sandbox_id} is running an action; checkpoint after it")
         return info
+
+    def _resuming_if_blocked(self, handle: SandboxHandle, dump: Callable[[], T]) -> T:
+        """`dump()`; when the agent blocked it (a process kept stopped, dump_watchdog.py), the
+        tasks CRIU had seized before it was ended are left stopped: resume them (the
+        supervisor's `quiesce`), so the sandbox runs on as it was, then raise."""
+        try:
+            return dump()
+        except CheckpointBlockedByAgent:
+            channel.call(self._sock(handle), {"op": "quiesce"}, timeout_s=10)
+            raise
 
     def _checkpoint_base(self, handle: SandboxHandle, info: dict) -> str:
         return (f"{self.cfg.checkpoint_prefix}{handle.sandbox_id}/"

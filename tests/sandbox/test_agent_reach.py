@@ -135,9 +135,11 @@ def test_an_agent_that_keeps_a_process_stopped_cannot_wedge_a_checkpoint(sandbox
         error = done.get("error")
         assert isinstance(error, CheckpointBlockedByAgent) and not error.retryable, done
         assert sandboxes.backend.podman("ps", "-q").returncode == 0  # the container's lock is free
-    stop = host.exec(handle, act(2, f"kill {loop.stdout.strip()} && pkill -CONT sleep; sleep 0.2; "
-                                    "ps -o stat= -C sleep | cut -c1"))  # fmt: skip
-    assert stop.stdout == "S\n", stop  # thawed and running: the agent's own processes go on
+    # Only what the loop itself stops is stopped: what CRIU had seized is resumed.
+    states = host.exec(handle, act(2, f"ps -o stat= -p {loop.stdout.strip()} | cut -c1"))
+    assert states.exit_code == 0 and states.stdout in ("S\n", "R\n"), states
+    stop = host.exec(handle, act(3, f"kill -KILL {loop.stdout.strip()}; kill -CONT -1; echo stopped"))
+    assert stop.stdout == "stopped\n", stop
     assert "result" in bounded(lambda: host.checkpoint(handle))
 
 
