@@ -10,9 +10,9 @@ agent that keeps stopping one (a loop of `kill -STOP`) wins that race every time
 `DumpWatchdog` watches the process tree of one `podman container checkpoint`. When CRIU
 sits in ptrace_attach while the container's cgroup is frozen, on two polls in a row (an
 attach is otherwise instant; a stopped task, frozen, shows as "D" like every other, so
-the wedge is told by CRIU's wait), it kills CRIU and thaws the container's cgroup: podman then fails, the sandbox runs
-on as it was (a `--leave-running` dump changes nothing in it), and the caller raises
-`CheckpointBlockedByAgent`. It reads /proc, the runc state and the cgroup (thawing as
+the wedge is told by CRIU's wait), it kills CRIU and thaws the container's cgroup:
+podman then fails, the sandbox runs on as it was (a `--leave-running` dump changes
+nothing in it), and the caller raises `CheckpointBlockedByAgent`. It reads /proc, the runc state and the cgroup (thawing as
 belayer/sandbox/freezer.py does); a dump that does not wedge costs a thread that sleeps
 until the dump ends.
 """
@@ -88,7 +88,7 @@ class DumpWatchdog:
                 freezer.thaw(init_pid)
                 self.wedged = True
                 time.sleep(POLL_S)  # the stopped task, thawed, shows as stopped again
-                self.stopped = [tid for tid in freezer.tasks(init_pid) if _task_state(tid) == "T"]
+                self.stopped = [tid for tid in freezer.tasks(init_pid) if _stopped(tid)]
                 return
             self._done.wait(POLL_S)
 
@@ -97,7 +97,7 @@ def find_wedge(podman_pid: int) -> tuple[int, int] | None:
     """(CRIU's pid, the container's first process) when the dump under `podman_pid` waits
     in ptrace_attach with the container's cgroup frozen."""
     tree = descendants(podman_pid)
-    criu = next((pid for pid in tree if _read(f"/proc/{pid}/wchan") == "ptrace_attach"), None)
+    criu = next((pid for pid in tree if _wchan(pid) == "ptrace_attach"), None)
     runc_id = next((cid for pid in tree if (cid := _runc_checkpoint_target(pid))), None)
     if criu is None or runc_id is None:
         return None
@@ -124,22 +124,24 @@ def container_init_pid(container_id: str) -> int | None:
 def _runc_checkpoint_target(pid: int) -> str | None:
     """The container id a `runc ... checkpoint ... ID` process dumps (its last argument)."""
     try:
-        argv = Path(f"/proc/{pid}/cmdline").read_bytes().rstrip(b"\0").split(b"\0")
-    except OSError:
+        argv = psutil.Process(pid).cmdline()
+    except psutil.Error:
         return None
-    if len(argv) > 2 and argv[0].endswith(b"runc") and b"checkpoint" in argv:
-        return argv[-1].decode(errors="replace")
+    if len(argv) > 2 and argv[0].endswith("runc") and "checkpoint" in argv:
+        return argv[-1]
     return None
 
 
-def _task_state(tid: int) -> str:
-    stat = _read(f"/proc/{tid}/stat")
-    return stat.rpartition(")")[2].split()[0] if stat else ""
-
-
-def _read(path: str) -> str:
+def _stopped(tid: int) -> bool:
     try:
-        with open(path) as f:
-            return f.read().strip()
+        return psutil.Process(tid).status() == psutil.STATUS_STOPPED
+    except psutil.Error:
+        return False
+
+
+def _wchan(pid: int) -> str:
+    """Where in the kernel `pid` waits (psutil does not say)."""
+    try:
+        return Path(f"/proc/{pid}/wchan").read_text().strip()
     except OSError:
         return ""

@@ -22,12 +22,10 @@ def thaw(pid: int) -> bool:
     frozen: whoever waits for the process then reports that it stayed.
     """
     control = freezer_control(pid)
-    if control is None:
+    if control is None or not _frozen(control):
         return False
-    path, frozen, thawed = control
+    path, _, thawed = control
     try:
-        if path.read_text().strip() not in frozen:
-            return False
         path.write_text(thawed)
     except OSError:
         return False
@@ -37,8 +35,10 @@ def thaw(pid: int) -> bool:
 def is_frozen(pid: int) -> bool:
     """Whether the cgroup that holds `pid` is frozen (or freezing)."""
     control = freezer_control(pid)
-    if control is None:
-        return False
+    return control is not None and _frozen(control)
+
+
+def _frozen(control: tuple[Path, set[str], str]) -> bool:
     path, frozen, _ = control
     try:
         return path.read_text().strip() in frozen

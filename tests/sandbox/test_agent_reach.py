@@ -89,11 +89,8 @@ def test_a_checkpoint_of_stopped_processes_completes(sandboxes):
     stopped = host.exec(handle, act(1, "sleep 100000 & kill -STOP $!; " + SPAWNER))
     assert stopped.exit_code == 0, stopped
     host.workspace_hash(handle)  # freezes the spawner too
-    done: dict = {}
-    dump = threading.Thread(target=lambda: done.setdefault("ref", host.checkpoint(handle)), daemon=True)
-    dump.start()
-    dump.join(240)  # a liveness bound, not a figure: today's dump takes about a second
-    assert "ref" in done, "the checkpoint of a sandbox with stopped processes never finished"
+    done = bounded(lambda: host.checkpoint(handle))  # today's dump takes about a second
+    assert "result" in done, f"the checkpoint of a sandbox with stopped processes never finished: {done}"
     states = host.exec(handle, act(2, "ps -o stat= -C sleep | cut -c1 | sort | uniq -c | tr -s ' '"))
     assert "T" not in states.stdout, states
 
