@@ -336,12 +336,13 @@ class FreezeFailed(Exception):
     """The agent's processes kept running through every freezing pass."""
 
 
-def signal_until_none(signum: int, wanted: Callable[[int, tuple, dict], bool]) -> dict[int, int] | None:
+def signal_until_none(signum: int, wanted: Callable[[int, tuple, dict], bool]) -> tuple[dict[int, int], bool]:
     """Send `signum` to every process `wanted(pid, info, signalled)` selects (never PID 1
     nor this one), pass after pass, until a pass selects none: what a pass signals cannot
     hide the next one's targets (a stopped process cannot fork; a resumed one may stop
-    another). Returns pid -> start time of every process signalled, or None when the
-    passes ran out first (the caller decides whether that is an error)."""
+    another). Returns pid -> start time of every process signalled, and whether a pass
+    found none left (False: the passes ran out first; the caller decides whether that is
+    an error, and still owns what was signalled)."""
     me, signalled = os.getpid(), {}
     for attempt in range(FREEZE_PASSES):
         if attempt >= 10:
@@ -351,14 +352,14 @@ def signal_until_none(signum: int, wanted: Callable[[int, tuple, dict], bool]) -
             if pid not in (me, 1) and wanted(pid, info, signalled)
         ]  # fmt: skip
         if not targets:
-            return signalled
+            return signalled, True
         for pid, start in targets:
             try:
                 os.kill(pid, signum)
                 signalled.setdefault(pid, start)
             except OSError:
                 pass
-    return None
+    return signalled, False
 
 
 class Freezer:
@@ -381,13 +382,13 @@ class Freezer:
         def running(pid: int, info: tuple, _signalled: dict) -> bool:
             return (not LOCAL or info[1] in sessions) and _proc_state(pid) not in (None, "T", "t", "Z", "X")
 
-        stopped = signal_until_none(signal.SIGSTOP, running)
-        if stopped is None:
+        stopped, settled = signal_until_none(signal.SIGSTOP, running)
+        for pid, start in stopped.items():  # resumed at the next action, even when this fails
+            self.frozen.setdefault(pid, start)
+        if not settled:
             raise FreezeFailed(
                 f"the agent's processes could not be frozen: still running after {FREEZE_PASSES} passes"
             )
-        for pid, start in stopped.items():
-            self.frozen.setdefault(pid, start)
         return len(self.frozen)
 
     def resume_all(self, sessions: set[int]) -> int:
@@ -398,7 +399,8 @@ class Freezer:
         def stopped(pid: int, info: tuple, _signalled: dict) -> bool:
             return (not LOCAL or info[1] in sessions) and _proc_state(pid) == "T"
 
-        return len(signal_until_none(signal.SIGCONT, stopped) or {})
+        resumed, _ = signal_until_none(signal.SIGCONT, stopped)
+        return len(resumed)
 
     def thaw(self) -> None:
         for pid, start in self.frozen.items():
@@ -1102,7 +1104,7 @@ class Supervisor:
                 return False
             return not LOCAL or info[1] == session  # locally, only the action's own session
 
-        frozen = signal_until_none(signal.SIGSTOP, started_by_the_action) or {}
+        frozen, _ = signal_until_none(signal.SIGSTOP, started_by_the_action)  # all killed, settled or not
         for pid in frozen:
             _kill(pid)
         return len(frozen)
