@@ -47,7 +47,7 @@ LAYERS: dict[str, set[str]] = {
     "workers": {"workers"},
     # The library API a user's program calls: start and follow trajectories and runs.
     # `__init__` is the package root, which may export that API.
-    "api": {"__init__", "branching", "client", "testing", "training"},
+    "api": {"__init__", "branching", "client", "export", "testing", "training"},
     # Starting a deployment's services and worker processes.
     "operations": {"stack"},
     # Programs built on the whole system: benchmarks, chaos runs, reports.
@@ -81,11 +81,6 @@ FORBIDDEN: dict[str, dict[str, str]] = {
 # Violations of today, each with why it is still there; remove an entry with the import it names.
 # Keys: "FILE -> MODULE" (an import), or "cycle: PART, PART, ..." (parts of one layer in a cycle).
 _ROLLOUT_IN_WORKERS = "the rollout node lives in workers/ until rollout is its own subsystem (belayer/rollout/)"
-_CONFIG_FROM_CLI = "a tool takes config_from from cli.main until configuration loading is a small module " \
-    "at the bottom of the CLI layer"
-_COMMAND_OUTSIDE_CLI = "a command outside cli/ until CLI commands live under cli/"
-_EXPORT_READS_A_RUN = "export_run reads a run through Temporal: an application command inside the model " \
-    "builder until it moves up (api or cli layer)"
 _NO_CONTRACTS_YET = "workflows take payload models from the modules that define them until a contracts " \
     "package holds them"
 KNOWN_VIOLATIONS: dict[str, str] = {
@@ -94,23 +89,8 @@ KNOWN_VIOLATIONS: dict[str, str] = {
     "belayer/activities/generate.py -> belayer.workers.rollout.protocol": _ROLLOUT_IN_WORKERS,
     "belayer/activities/train.py -> belayer.workers.rollout.faults":
         "the fault switch lives in the rollout worker until one fault registry serves every injection point",
-    "belayer/bench/chaos.py -> belayer.cli.main": _CONFIG_FROM_CLI,
-    "belayer/bench/history.py -> belayer.cli.main": _CONFIG_FROM_CLI,
-    "belayer/bench/overhead.py -> belayer.cli.main": _CONFIG_FROM_CLI,
-    "belayer/bench/suite.py -> belayer.cli.main": _CONFIG_FROM_CLI,
-    "belayer/bench/training.py -> belayer.cli.main": _CONFIG_FROM_CLI,
-    "belayer/bench/turn_overhead.py -> belayer.cli.main": _CONFIG_FROM_CLI,
-    "belayer/chaos/cli.py -> belayer.cli.main": _COMMAND_OUTSIDE_CLI,
-    "belayer/report/cli.py -> belayer.cli.main": _COMMAND_OUTSIDE_CLI,
-    "belayer/model/cli.py -> belayer.cli.main": _COMMAND_OUTSIDE_CLI,
-    "belayer/model/cli.py -> belayer.config": _COMMAND_OUTSIDE_CLI,
     "belayer/config.py -> belayer.workers.rollout.config":
         "RolloutConfig lives in the rollout worker until rollout is its own subsystem, below config",
-    "belayer/model/export.py -> belayer.config": _EXPORT_READS_A_RUN,
-    "belayer/model/export.py -> belayer.temporal_client": _EXPORT_READS_A_RUN,
-    "belayer/model/export.py -> belayer.training": _EXPORT_READS_A_RUN,
-    "belayer/model/export.py -> belayer.workflows.training_models": _EXPORT_READS_A_RUN,
-    "belayer/model/export.py -> temporalio": _EXPORT_READS_A_RUN,
     "belayer/workers/rollout/identity.py -> belayer.stack.workers":
         "the duplicate-node check asks the stack for a queue's pollers; that query belongs in temporal_client",
     "belayer/workflows/groups.py -> belayer.activities.context": _NO_CONTRACTS_YET,
@@ -126,8 +106,6 @@ KNOWN_VIOLATIONS: dict[str, str] = {
     "belayer/workflows/trajectory.py -> belayer.sandbox.models": _NO_CONTRACTS_YET,
     "cycle: bench, chaos": "chaos.soak takes bench.machine's spread and the benchmarks run chaos; the "
         "shared measuring helpers belong below both",
-    "cycle: model, trainer": "the trainer loads the built model (model.build) and model.export reads trainer "
-        "checkpoints; export belongs above both",
 }
 
 

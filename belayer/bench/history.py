@@ -25,8 +25,7 @@ import time
 
 import click
 
-from belayer.bench.machine import machine_load, spread
-from belayer.bench.output import report_and_exit
+from belayer.bench.machine import spread
 
 TEMPORAL_PAYLOAD_LIMIT = 2 * 1024 * 1024
 TEMPORAL_HISTORY_LIMIT = 50 * 1024 * 1024
@@ -155,56 +154,7 @@ def summarize(trajectories: list[dict], *, turns: int, every: int) -> dict:
     }
 
 
-@click.command("long-trajectory")
-@click.option("--turns", default=2000, show_default=True, type=click.IntRange(1, 100_000),
-              help="Turns of the trace trajectory.")
-@click.option("--continue-as-new-every", "every", default=100, show_default=True, type=click.IntRange(1),
-              help="Steps per workflow run.")
-@click.option("--output-bytes", default=200, show_default=True, type=click.IntRange(0, 65536),
-              help="Bytes each action prints (observations are stored, never in payloads).")
-@click.option("--repetitions", default=3, show_default=True, type=click.IntRange(1, 50),
-              help="Trajectories run one after another; sizes are their largest, times min / median / max.")
-@click.option("--json", "as_json", is_flag=True, help="Print one JSON object on stdout.")
-@click.pass_context
-def long_trajectory(ctx: click.Context, turns: int, every: int, output_bytes: int, repetitions: int,
-                    as_json: bool) -> None:
-    """Run a trace trajectory of many turns and report its histories against Temporal's limits."""
-    from rich.console import Console
-
-    from belayer.cli.main import config_from
-    from belayer.temporal_client import connect
-
-    config = config_from(ctx.find_root())
-    err = Console(stderr=True)
-
-    async def main() -> dict:
-        from temporalio.worker import Worker
-
-        from belayer.model.build import model_path
-        from belayer.storage.store import ObjectStore
-        from belayer.testing import ScriptedRollout
-
-        client = await connect(config.temporal, config.storage.encryption_key)
-        task = long_trace(turns, output_bytes)
-        run_name = f"long-{turns}-{int(time.time())}"
-        engine_queue = f"belayer-bench-scripted-{run_name}"
-        tokenizer = model_path(config.rollout.model, config.cache_dir) / "tokenizer.json"
-        engine = ScriptedRollout(ObjectStore(config.storage), tokenizer, node_queue=engine_queue)
-        load = machine_load()
-        trajectories = []
-        async with Worker(client, task_queue=engine_queue, activities=[engine.generate]):
-            for rep in range(1, repetitions + 1):
-                trajectories.append(await run_one(
-                    client, config, task, every=every, engine_queue=engine_queue,
-                    trajectory_id=f"{run_name}-{rep}",
-                    say=lambda line, rep=rep: err.print(f"repetition {rep}/{repetitions} {line}", highlight=False)))
-        return summarize(trajectories, turns=turns, every=every) | {
-            "machine": load | {"after": machine_load()["load_avg"]}}
-
-    report_and_exit(asyncio.run(main()), as_json=as_json, print_table=_print)
-
-
-def _print(report: dict) -> None:
+def print_report(report: dict) -> None:
     for key, value in report.items():
         if key == "trajectories":
             continue

@@ -14,7 +14,6 @@ medians. Everything the bench creates (temp files, the object) is removed, even 
 
 from __future__ import annotations
 
-import json
 import os
 import shutil
 import statistics
@@ -24,13 +23,11 @@ import uuid
 from collections.abc import Callable
 from pathlib import Path
 
-import click
 from rich.console import Console
 from rich.progress import BarColumn, DownloadColumn, Progress, TextColumn, TransferSpeedColumn
 from rich.table import Table
 
-from belayer.bench.machine import machine_load, rotated, spread
-from belayer.config import load_config
+from belayer.bench.machine import rotated, spread
 from belayer.storage.config import StorageConfig
 from belayer.storage.store import ObjectStore
 
@@ -39,41 +36,6 @@ COPY_CHUNK = 16 * MiB
 # The first repetition's order: the upload precedes the download that reads its object.
 MODES = ("local_copy", "upload", "download")
 LABELS = {"local_copy": "local copy", "upload": "upload", "download": "download"}
-
-
-@click.command("storage")
-@click.option("--json", "as_json", is_flag=True, help="Print one JSON object on stdout.")
-@click.option(
-    "--size-mb", type=click.IntRange(1, 65536), default=256, show_default=True, help="File size in MiB."
-)
-@click.option(
-    "--repetitions",
-    type=click.IntRange(1, 50),
-    default=3,
-    show_default=True,
-    help="Runs of each path (local copy, upload, download), interleaved; figures are min / median / max.",
-)
-@click.option(
-    "--dir",
-    "work_dir",
-    type=click.Path(file_okay=False, path_type=Path),
-    default=None,
-    help="Where the local files go (default: the system temp directory).",
-)
-@click.pass_context
-def storage(ctx: click.Context, as_json: bool, size_mb: int, repetitions: int, work_dir: Path | None) -> None:
-    """Upload and download MB/s through the object store, against a local disk copy."""
-    config_file = (ctx.obj or {}).get("config_file")
-    cfg = load_config(config_file).storage
-    load = machine_load()
-    result = run_storage_bench(
-        cfg, size_mb=size_mb, repetitions=repetitions, work_dir=work_dir, console=Console(stderr=True)
-    )
-    result["machine"] = load | {"after": machine_load()["load_avg"]}
-    if as_json:
-        click.echo(json.dumps(result))
-    else:
-        Console().print(result_table(result))
 
 
 def schedule(repetitions: int) -> list[tuple[int, str]]:

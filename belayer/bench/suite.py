@@ -31,8 +31,6 @@ from pathlib import Path
 
 import click
 
-from belayer.bench.machine import machine_description, machine_load
-
 
 @dataclass(frozen=True)
 class Bench:
@@ -207,15 +205,6 @@ def _loads(loads: list[float]) -> str:
 # ---------------------------------------------------------------- the command
 
 
-def stack_problem(ctx: click.Context) -> str | None:
-    """Why the stack cannot serve the benchmarks that need it, or None."""
-    from belayer.cli.main import config_from
-    from belayer.stack.local import LocalStack
-
-    down = [row.name for row in LocalStack(config_from(ctx)).status() if not row.healthy]
-    return f"not healthy: {', '.join(down)}; start the stack with `belayer up`" if down else None
-
-
 def write_outputs(out_dir: Path, outcomes: list[Outcome], machine: dict) -> None:
     summary = {"machine": machine, "benchmarks": [
         {"name": o.name, "command": " ".join(o.command), "ok": o.ok, "wall_s": o.wall_s, "error": o.error or None}
@@ -223,42 +212,3 @@ def write_outputs(out_dir: Path, outcomes: list[Outcome], machine: dict) -> None
     (out_dir / "summary.json").write_text(json.dumps(summary, indent=2))
     (out_dir / "benchmarks.md").write_text(markdown(outcomes, machine))
     (out_dir / "plots.html").write_text(plots_page(outcomes, machine, out_dir))
-
-
-@click.command("all")
-@click.option("--out", "out_dir", required=True, type=click.Path(file_okay=False, path_type=Path),
-              help="Directory for each benchmark's JSON and log, summary.json, benchmarks.md and plots.html.")
-@click.option("--only", multiple=True, metavar="NAME", help="Run only this benchmark (repeatable).")
-@click.option("--skip", multiple=True, metavar="NAME", help="Leave this benchmark out (repeatable).")
-@click.option("--repetitions", type=click.IntRange(1, 100), default=3, show_default=True,
-              help="Repetitions (or rounds) of every benchmark that takes them.")
-@click.pass_context
-def suite(ctx: click.Context, out_dir: Path, only: tuple[str, ...], skip: tuple[str, ...],
-          repetitions: int) -> None:
-    """Run every benchmark one after another and write their figures on one page.
-
-    Takes an hour or more on a small machine. All but `storage`, `checkpoint` and
-    `env-recovery` need the running stack (`belayer up`); it is checked before anything runs.
-    """
-    from rich.console import Console
-
-    benches = selected(only, skip)
-    if any(b.stack for b in benches) and (problem := stack_problem(ctx)):
-        raise click.ClickException(f"the benchmarks need the running stack; {problem}")
-    out_dir.mkdir(parents=True, exist_ok=True)
-    err = Console(stderr=True)
-    now = machine_load()
-    machine = {"cores": now["cores"], "before": now["load_avg"], "description": machine_description()}
-    outcomes = []
-    for n, bench in enumerate(benches, start=1):
-        err.print(f"[{n}/{len(benches)}] {' '.join(command_of(bench, repetitions))} "
-                  f"(progress in {out_dir / (bench.name + '.log')})", highlight=False)
-        outcome = run_one(bench, out_dir, repetitions)
-        err.print(f"      {'done' if outcome.ok else 'FAILED'} in {outcome.wall_s:.0f} s", highlight=False)
-        outcomes.append(outcome)
-    machine["after"] = machine_load()["load_avg"]
-    write_outputs(out_dir, outcomes, machine)
-    failed = [o.name for o in outcomes if not o.ok]
-    err.print(f"wrote {out_dir / 'benchmarks.md'} and {out_dir / 'plots.html'}"
-              + (f"; failed: {', '.join(failed)} (see their logs)" if failed else ""), highlight=False)
-    sys.exit(1 if failed else 0)

@@ -6,7 +6,7 @@ import click
 from rich.console import Console
 from rich.table import Table
 
-from belayer.cli.main import config_from, console, leave
+from belayer.cli.context import config_from, console, leave
 
 
 @click.command()

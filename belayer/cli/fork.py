@@ -10,6 +10,8 @@ import time
 import click
 from rich.console import Console
 
+from belayer.cli.context import config_from
+
 console = Console(stderr=True)
 
 
@@ -38,7 +40,6 @@ def fork(ctx: click.Context, trajectory: str, at_step: int, count: int, seed: in
     failed_infra.
     """
     from belayer.branching import branch_inputs
-    from belayer.cli.main import config_from
     from belayer.cli.run import _report, _Runner
     from belayer.temporal_client import connect
 

@@ -11,21 +11,17 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
-from belayer.config import BelayerConfig, load_config, masked_dump
+from belayer.cli.bench import bench
+from belayer.cli.chaos import chaos
+from belayer.cli.context import config_from, console, leave
+from belayer.cli.drain import drain
+from belayer.cli.fork import fork
+from belayer.cli.model import model
+from belayer.cli.report import report
+from belayer.cli.run import inspect, run
+from belayer.cli.train import train
+from belayer.config import masked_dump
 from belayer.errors import BelayerError, StackError
-
-console = Console(stderr=True)
-
-
-def leave(code: int = 0):
-    """Exit now, output flushed, skipping the interpreter's finalization: a command that
-    used a Temporal client can otherwise abort there (exit 134, a known SDK issue;
-    docs/design.md §7), turning a success into a failure for whoever waits on it."""
-    import os
-
-    sys.stdout.flush()
-    sys.stderr.flush()
-    os._exit(code)
 
 
 class BelayerGroup(click.Group):
@@ -51,13 +47,6 @@ def main(ctx: click.Context, config_file: Path | None) -> None:
     Start the local stack with `belayer up`, check it with `belayer status`.
     """
     ctx.obj = {"config_file": config_file}
-
-
-def config_from(ctx: click.Context) -> BelayerConfig:
-    """The effective configuration, loaded once per command."""
-    if "config" not in ctx.obj:
-        ctx.obj["config"] = load_config(ctx.obj.get("config_file"))
-    return ctx.obj["config"]
 
 
 @main.command()
@@ -218,47 +207,5 @@ def config_show(ctx: click.Context, as_json: bool) -> None:
     click.echo(json.dumps(data, indent=2) if as_json else tomli_w.dumps(data))
 
 
-@main.group()
-def bench() -> None:
-    """Benchmarks that measure Belayer and its baseline side by side in one run."""
-
-
-def _register_optional_commands() -> None:
-    """Commands whose modules may pull heavy dependencies are added when present."""
-    optional = [
-        (main, "belayer.cli.run", "run"),
-        (main, "belayer.cli.run", "inspect"),
-        (main, "belayer.cli.fork", "fork"),
-        (main, "belayer.cli.drain", "drain"),
-        (main, "belayer.cli.train", "train"),
-        (main, "belayer.chaos.cli", "chaos"),
-        (main, "belayer.report.cli", "report"),
-        (bench, "belayer.bench.storage", "storage"),
-        (bench, "belayer.bench.env_recovery", "env_recovery"),
-        (bench, "belayer.bench.checkpoint", "checkpoint"),
-        (bench, "belayer.bench.worker_recovery", "worker_recovery"),
-        (bench, "belayer.bench.publish", "publish"),
-        (bench, "belayer.bench.overhead", "overhead"),
-        (bench, "belayer.bench.chaos", "chaos"),
-        (bench, "belayer.bench.history", "long_trajectory"),
-        (bench, "belayer.bench.training", "training"),
-        (bench, "belayer.bench.fork", "fork"),
-        (bench, "belayer.bench.turn_overhead", "turn_overhead"),
-        (bench, "belayer.bench.suite", "suite"),
-        (main, "belayer.model.cli", "model"),
-    ]
-    import importlib
-
-    for group, module_name, attr in optional:
-        try:
-            module = importlib.import_module(module_name)
-        except ModuleNotFoundError as exc:
-            if exc.name and exc.name.startswith("belayer"):
-                continue
-            raise
-        command = getattr(module, attr, None)
-        if command is not None:
-            group.add_command(command)
-
-
-_register_optional_commands()
+for command in (run, inspect, fork, drain, train, chaos, report, bench, model):
+    main.add_command(command)

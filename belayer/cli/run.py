@@ -16,6 +16,7 @@ from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
 from belayer.chaos.faults import node_roles
+from belayer.cli.context import config_from
 
 console = Console(stderr=True)
 
@@ -50,7 +51,6 @@ def run(ctx: click.Context, workload: Path, repeats: int, concurrency: int, seed
     leaves the trajectories running; follow them with `belayer inspect ID` or in the
     Temporal web UI.
     """
-    from belayer.cli.main import config_from
     from belayer.workloads.loader import load_workload
 
     config = config_from(ctx.find_root())
@@ -369,8 +369,6 @@ def _report(results, wall: float, as_json: bool, faults: list[dict] | None = Non
 @click.pass_context
 def inspect(ctx: click.Context, workflow_id: str, as_json: bool) -> None:
     """Show a trajectory's turns, actions, observations, checkpoints and recoveries."""
-    from belayer.cli.main import config_from
-
     config = config_from(ctx.find_root())
     report = asyncio.run(_inspect(config, workflow_id))
     if as_json:

@@ -13,6 +13,8 @@ from pathlib import Path
 import click
 from rich.console import Console
 
+from belayer.cli.context import config_from
+
 console = Console(stderr=True)
 POLL_S = 1.0
 
@@ -81,7 +83,6 @@ def start(ctx: click.Context, workload: Path, iterations: int, group_size: int, 
     Exit status 1 when the run failed for an infrastructure reason. Ctrl-C leaves the run
     going; follow it with `belayer train status RUN` or in the Temporal web UI.
     """
-    from belayer.cli.main import config_from
     from belayer.trainer.models import TrainerSettings
     from belayer.training import training_input
     from belayer.workloads.loader import WorkloadError, load_workload
@@ -127,8 +128,6 @@ def start(ctx: click.Context, workload: Path, iterations: int, group_size: int, 
 @click.pass_context
 def status(ctx: click.Context, run_id: str, as_json: bool) -> None:
     """Show run RUN_ID: its state and every iteration recorded so far."""
-    from belayer.cli.main import config_from
-
     config = config_from(ctx.find_root())
     progress, records = asyncio.run(_status(config, run_id))
     if as_json:

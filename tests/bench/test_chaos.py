@@ -4,8 +4,8 @@ soak itself injects real faults: `belayer bench chaos` on a stack of your own.)"
 
 from __future__ import annotations
 
-from belayer.bench.chaos import _print
 from belayer.chaos.soak import FaultRecord, TrajectoryOutcome, recovery_figures, round_wall_s
+from belayer.cli.bench.chaos import print_report
 
 
 def fault(kind: str, recovery_s: float | None, *, injected: bool = True, round: int = 1) -> FaultRecord:
@@ -48,7 +48,7 @@ def test_the_table_shows_min_median_max_per_kind_and_over_all(capsys):
                "recovery_s_spread": figures["recovery_s_spread"], "p50_recovery_s": 3.0, "p99_recovery_s": 6.0,
                "round_wall_s_spread": {"min": 30.0, "median": 37.8, "max": 45.5}, "trajectories": 4, "lost": 0,
                "mismatched": 0, "failed_infra": 0, "context_cuts": 0, "leaked": {}}
-    _print(summary)
+    print_report(summary)
     lines = [" ".join(line.replace("│", " ").split()) for line in capsys.readouterr().out.splitlines()]
     assert "engine-crash 3 2.00 4.00 6.00" in lines and "sandbox-crash 0 - - -" in lines
     assert "all 5 2.00 3.50 6.00" in lines

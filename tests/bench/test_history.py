@@ -3,7 +3,7 @@ figures; its run on the stack is `belayer bench long-trajectory --turns 30`."""
 
 from __future__ import annotations
 
-from belayer.bench.history import _print, summarize
+from belayer.bench.history import print_report, summarize
 
 
 def trajectory(n: int, wall_s: float, *, status: str = "completed", reason: str = "", history: int = 1000,
@@ -32,7 +32,7 @@ def test_a_repetition_that_ended_otherwise_shows_in_the_status():
 
 
 def test_the_table_gives_min_median_max_and_each_trajectory(capsys):
-    _print(summarize([trajectory(1, 30.0), trajectory(2, 60.0)], turns=30, every=10))
+    print_report(summarize([trajectory(1, 30.0), trajectory(2, 60.0)], turns=30, every=10))
     out = capsys.readouterr().out
     assert "30.0 / 45.0 / 60.0 (min / median / max)" in out and "1.0 / 1.5 / 2.0 (min / median / max)" in out
     assert "long-30-1-2: completed in 60.0 s, 3 runs" in out

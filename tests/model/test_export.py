@@ -21,8 +21,8 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
+from belayer.export import PROVENANCE_FILE, ExportError, export_checkpoint, export_run, pick_iteration
 from belayer.model.build import MANIFEST, model_path
-from belayer.model.export import PROVENANCE_FILE, ExportError, export_checkpoint, export_run, pick_iteration
 from belayer.storage.store import ObjectStore
 from belayer.temporal_client import TemporalUnreachable
 from belayer.trainer.policy import load_policy, token_logprobs

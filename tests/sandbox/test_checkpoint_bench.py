@@ -25,7 +25,7 @@ tasks:
 
 
 def test_bench_checkpoint_json(sandbox_runtime, storage_config, tmp_path):
-    from belayer.bench.checkpoint import checkpoint
+    from belayer.cli.bench.checkpoint import checkpoint
 
     (tmp_path / "small.yaml").write_text(WORKLOAD)
     cfg = storage_config

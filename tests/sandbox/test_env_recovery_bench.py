@@ -14,8 +14,9 @@ pytestmark = pytest.mark.sandbox
 
 
 def test_env_recovery_json(sandbox_runtime, tmp_path, monkeypatch):
-    from belayer.bench.env_recovery import build_wheel, env_recovery
+    from belayer.bench.env_recovery import build_wheel
     from belayer.bench.env_recovery_realistic import failure_steps
+    from belayer.cli.bench.env_recovery import env_recovery
 
     assert build_wheel() == build_wheel()  # deterministic artefact
     monkeypatch.setenv("BELAYER_SANDBOX__MEMORY_MB", "1024")  # the default tmpfs sizes fit (config checks)

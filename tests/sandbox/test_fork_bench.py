@@ -14,7 +14,7 @@ pytestmark = pytest.mark.sandbox
 
 
 def test_fork_bench_json(sandbox_runtime, tmp_path):
-    from belayer.bench.fork import fork
+    from belayer.cli.bench.fork import fork
     from belayer.config import load_config
     from belayer.sandbox.podman import PodmanBackend
 

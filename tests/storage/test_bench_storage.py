@@ -7,7 +7,7 @@ import json
 import pytest
 from click.testing import CliRunner
 
-from belayer.bench.storage import storage
+from belayer.cli.bench.storage import storage
 from belayer.storage import ObjectStore
 
 from .helpers import RawBucket, storage_env

@@ -10,6 +10,8 @@ from pathlib import Path
 
 import click
 
+from belayer.cli.context import config_from
+
 
 @click.command()
 @click.argument("run_json", type=click.Path(path_type=Path))
@@ -32,7 +34,6 @@ def report(ctx: click.Context, run_json: Path, out_dir: Path, benches: tuple[Pat
     where each iteration's time went, the faults and their recovery, and every iteration's
     reward and weights. A training report reads only the JSON (no server needed).
     """
-    from belayer.cli.main import config_from
     from belayer.report.build import build_report
 
     config = config_from(ctx.find_root()) if history else None

@@ -1,4 +1,4 @@
-"""`belayer model export`: a training run's weights as a standard Hugging Face model folder.
+"""A training run's weights as a standard Hugging Face model folder (`belayer model export`).
 
 The trainer writes each iteration's state once, as one safetensors object holding the
 weights under their Hugging Face Llama names beside AdamW's state and the RNG

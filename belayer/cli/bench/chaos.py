@@ -20,9 +20,11 @@ from rich.console import Console
 from rich.table import Table
 
 from belayer.bench.machine import machine_load, spread_cells
+from belayer.chaos.faults import FAULT_KINDS, ChaosError
+from belayer.cli.context import config_from
 
 console = Console(stderr=True)
-EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "workloads" / "build-and-serve.yaml"
+EXAMPLE = Path(__file__).resolve().parents[3] / "examples" / "workloads" / "build-and-serve.yaml"
 
 
 @click.command()
@@ -52,9 +54,7 @@ def chaos(ctx: click.Context, workloads: tuple[Path, ...], rounds: int, repeats:
 
     Exit status 1 when a trajectory was lost, mismatched or failed_infra, or something leaked.
     """
-    from belayer.chaos.faults import FAULT_KINDS, ChaosError
     from belayer.chaos.soak import Soak, SoakSettings
-    from belayer.cli.main import config_from
 
     chosen = kinds.split(",") if kinds else list(FAULT_KINDS)
     unknown = [k for k in chosen if k not in FAULT_KINDS]
@@ -89,13 +89,13 @@ def chaos(ctx: click.Context, workloads: tuple[Path, ...], rounds: int, repeats:
     if as_json:
         click.echo(text)
     else:
-        _print(summary)
+        print_report(summary)
     bad = summary["lost"] or summary["mismatched"] or summary["failed_infra"] or any(summary["leaked"].values())
     sys.stdout.flush()
     os._exit(1 if bad else 0)  # the Temporal SDK can abort at interpreter exit (docs/design.md §7)
 
 
-def _print(summary: dict) -> None:
+def print_report(summary: dict) -> None:
     out = Console(width=max(Console().width, 120))
     table = Table("fault kind", "injected", "min", "median", "max",
                   title=f"recovery seconds over {summary['rounds_run']} rounds")

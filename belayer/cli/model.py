@@ -1,14 +1,16 @@
 """`belayer model ...`: build the project's own model into the cache, and export a
-training run's weights as a model folder.
-
-The CLI owner registers `model` on the main group (`main.add_command(model)`).
-"""
+training run's weights as a model folder."""
 
 from __future__ import annotations
 
+import os
+import sys
 from pathlib import Path
 
 import click
+
+from belayer.cli.context import config_from
+from belayer.config import load_config
 
 
 @click.group("model")
@@ -36,8 +38,6 @@ def build(size: str, cache_dir: Path | None, force: bool) -> None:
     from belayer.model.build import build_model
 
     if cache_dir is None:
-        from belayer.config import load_config
-
         cache_dir = load_config().cache_dir
     path = build_model(
         size, cache_dir, force=force, progress=lambda msg: click.echo(f"[model] {msg}", err=True)
@@ -62,11 +62,7 @@ def export(ctx: click.Context, run_id: str, iteration: int | None, out: Path, fo
     against the sha256s its record names: model.safetensors' sha256 is the iteration's
     weights sha256 (`belayer train status RUN`).
     """
-    import os
-    import sys
-
-    from belayer.cli.main import config_from
-    from belayer.model.export import export_run
+    from belayer.export import export_run
 
     exported = export_run(config_from(ctx.find_root()), run_id, out, iteration=iteration, force=force,
                           progress=lambda msg: click.echo(f"[model] {msg}", err=True))

@@ -7,7 +7,8 @@ import json
 
 import click
 
-from belayer.chaos.faults import TRAINING_FAULT_KINDS
+from belayer.chaos.faults import TRAINING_FAULT_KINDS, Chaos, ChaosError
+from belayer.cli.context import config_from
 
 
 @click.command()
@@ -31,9 +32,6 @@ def chaos(ctx: click.Context, fault: str, trajectory: str | None, duration: floa
     supervisor would. Use `belayer run --chaos PLAN` to inject faults at chosen steps, and
     `belayer train --chaos PLAN` at chosen iterations.
     """
-    from belayer.chaos.faults import Chaos, ChaosError
-    from belayer.cli.main import config_from
-
     config = config_from(ctx.find_root())
     container = None
     if fault == "sandbox-crash" and not trajectory:
@@ -45,7 +43,6 @@ def chaos(ctx: click.Context, fault: str, trajectory: str | None, duration: floa
 
 
 async def _sandbox_of(config, trajectory: str) -> str:
-    from belayer.chaos.faults import ChaosError
     from belayer.temporal_client import connect
     from belayer.workflows.models import TrajectoryProgress
 
