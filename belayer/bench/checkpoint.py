@@ -37,7 +37,7 @@ from pathlib import Path
 
 import click
 
-from belayer.bench.machine import rotated, spread, spread_cells
+from belayer.measure import rotated, spread, spread_cells
 
 MODES = ("belayer", "podman")
 DEFAULT_WORKLOAD = Path(__file__).resolve().parents[2] / "examples" / "workloads" / "overhead.yaml"

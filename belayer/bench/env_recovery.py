@@ -35,7 +35,7 @@ from dataclasses import dataclass, field
 import click
 
 from belayer.bench.env_recovery_realistic import METHODS, MODE, run_realistic
-from belayer.bench.machine import rotated, spread, spread_cells
+from belayer.measure import rotated, spread, spread_cells
 
 # ----------------------------------------------------------------------------- the wheel
 

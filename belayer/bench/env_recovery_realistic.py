@@ -27,7 +27,7 @@ import statistics
 import time
 from dataclasses import dataclass
 
-from belayer.bench.machine import spread
+from belayer.measure import spread
 
 METHODS = ("belayer", "replay", "fs_only")
 MODE = {"belayer": "full", "replay": "replay", "fs_only": "fs-only"}

@@ -34,7 +34,7 @@ from concurrent.futures import ThreadPoolExecutor
 import click
 
 from belayer.bench.env_recovery import INSTALL, build_wheel, wheel_setup
-from belayer.bench.machine import spread
+from belayer.measure import spread
 
 
 def setup_commands(scale: float) -> list[str]:

@@ -25,7 +25,7 @@ import time
 
 import click
 
-from belayer.bench.machine import spread
+from belayer.measure import spread
 
 TEMPORAL_PAYLOAD_LIMIT = 2 * 1024 * 1024
 TEMPORAL_HISTORY_LIMIT = 50 * 1024 * 1024

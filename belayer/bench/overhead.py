@@ -35,7 +35,7 @@ from typing import Any
 import click
 from pydantic import BaseModel
 
-from belayer.bench.machine import spread, spread_cells
+from belayer.measure import spread, spread_cells
 from belayer.policy.adaptive import DecisionRecord, predictor_error
 from belayer.policy.config import PolicyConfig
 from belayer.policy.simulate import TraceStep, simulate

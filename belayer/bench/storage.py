@@ -27,7 +27,7 @@ from rich.console import Console
 from rich.progress import BarColumn, DownloadColumn, Progress, TextColumn, TransferSpeedColumn
 from rich.table import Table
 
-from belayer.bench.machine import rotated, spread
+from belayer.measure import rotated, spread
 from belayer.storage.config import StorageConfig
 from belayer.storage.store import ObjectStore
 

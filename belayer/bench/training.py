@@ -36,7 +36,7 @@ from pathlib import Path
 
 import click
 
-from belayer.bench import machine
+from belayer import measure
 from belayer.chaos.faults import node_roles
 
 MODES = ("protected", "unprotected", "belayer_faulted", "baseline_faulted")
@@ -187,7 +187,7 @@ def account(attempts: list[dict], faults: list[dict], run_start: float, run_end:
 
 
 def spread(values: list[float | None]) -> dict | None:
-    return machine.spread(values, digits=4)
+    return measure.spread(values, digits=4)
 
 
 def pct(value: float, base: float) -> float | None:

@@ -44,7 +44,7 @@ from pathlib import Path
 
 import click
 
-from belayer.bench.machine import machine_load, rotated, spread
+from belayer.measure import machine_load, rotated, spread
 from belayer.workloads.models import TraceTask
 
 MODES = ("belayer", "plain")

@@ -30,9 +30,9 @@ from pathlib import Path
 
 from pydantic import BaseModel, Field
 
-from belayer.bench.machine import spread
 from belayer.chaos.faults import FAULT_KINDS, Chaos, ChaosError, node_roles
 from belayer.config import BelayerConfig
+from belayer.measure import spread
 
 Reporter = Callable[[str], None]
 

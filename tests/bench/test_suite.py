@@ -7,9 +7,9 @@ import json
 
 import pytest
 
-from belayer.bench.machine import machine_description
 from belayer.bench.suite import BENCHES, Bench, Outcome, figures, markdown, plots_page, run_one, write_outputs
 from belayer.cli.bench import bench
+from belayer.measure import machine_description
 
 MACHINE = {"cores": 2, "before": [0.5, 0.4, 0.3], "after": [1.5, 1.0, 0.5]}
 

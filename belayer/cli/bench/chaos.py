@@ -19,9 +19,9 @@ import click
 from rich.console import Console
 from rich.table import Table
 
-from belayer.bench.machine import machine_load, spread_cells
 from belayer.chaos.faults import FAULT_KINDS, ChaosError
 from belayer.cli.context import config_from
+from belayer.measure import machine_load, spread_cells
 
 console = Console(stderr=True)
 EXAMPLE = Path(__file__).resolve().parents[3] / "examples" / "workloads" / "build-and-serve.yaml"

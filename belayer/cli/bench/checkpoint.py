@@ -9,10 +9,10 @@ import click
 from rich.console import Console
 
 from belayer.bench.checkpoint import DEFAULT_WORKLOAD, Bench, Sample, print_report, schedule, summarize
-from belayer.bench.machine import machine_load
 from belayer.bench.overhead import load_trace_task
 from belayer.cli.bench.overhead import trace_task_options
 from belayer.config import load_config
+from belayer.measure import machine_load
 
 
 @click.command("checkpoint")

@@ -9,8 +9,8 @@ import click
 from rich.console import Console
 
 from belayer.bench.env_recovery import Realistic, print_report, run_bench
-from belayer.bench.machine import machine_load
 from belayer.config import load_config
+from belayer.measure import machine_load
 
 
 @click.command("env-recovery")

@@ -10,8 +10,8 @@ from rich.console import Console
 from rich.table import Table
 
 from belayer.bench.fork import run_bench
-from belayer.bench.machine import machine_load
 from belayer.config import load_config
+from belayer.measure import machine_load
 
 
 @click.command("fork")

@@ -9,9 +9,9 @@ import click
 from rich.console import Console
 
 from belayer.bench.history import long_trace, print_report, run_one, summarize
-from belayer.bench.machine import machine_load
 from belayer.cli.bench.output import report_and_exit
 from belayer.cli.context import config_from
+from belayer.measure import machine_load
 
 
 @click.command("long-trajectory")

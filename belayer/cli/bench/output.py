@@ -10,7 +10,7 @@ from collections.abc import Callable
 
 import click
 
-from belayer.bench.machine import machine_load
+from belayer.measure import machine_load
 
 
 def report_and_exit(report: dict, *, as_json: bool, print_table: Callable[[dict], None]) -> None:

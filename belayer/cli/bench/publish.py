@@ -7,8 +7,8 @@ import logging
 
 import click
 
-from belayer.bench.machine import machine_load
 from belayer.bench.publish import QUICK, run_bench
+from belayer.measure import machine_load
 
 
 @click.command("publish")

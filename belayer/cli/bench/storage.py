@@ -8,9 +8,9 @@ from pathlib import Path
 import click
 from rich.console import Console
 
-from belayer.bench.machine import machine_load
 from belayer.bench.storage import result_table, run_storage_bench
 from belayer.config import load_config
+from belayer.measure import machine_load
 
 
 @click.command("storage")

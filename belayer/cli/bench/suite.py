@@ -8,9 +8,9 @@ from pathlib import Path
 import click
 from rich.console import Console
 
-from belayer.bench.machine import machine_description, machine_load
 from belayer.bench.suite import command_of, run_one, selected, write_outputs
 from belayer.cli.context import config_from
+from belayer.measure import machine_description, machine_load
 
 
 def stack_problem(ctx: click.Context) -> str | None:

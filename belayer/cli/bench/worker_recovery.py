@@ -7,8 +7,8 @@ import logging
 
 import click
 
-from belayer.bench.machine import machine_load
 from belayer.bench.worker_recovery import QUICK, WEIGHT_MODES, Settings, print_report, run_bench
+from belayer.measure import machine_load
 
 
 @click.command("worker-recovery")

@@ -1,5 +1,6 @@
-"""What every benchmark records beside its figures: the spread of its repetitions and the
-machine it ran on (cores, load), so a reader can tell a slow run from a busy machine."""
+"""What every benchmark and chaos soak records beside its figures: the spread of its
+repetitions and the machine it ran on (cores, load), so a reader can tell a slow run from
+a busy machine. Below both `bench` and `chaos`, which share it."""
 
 from __future__ import annotations
 
@@ -67,7 +68,7 @@ def _os_name() -> str:
 
 def _commit() -> str:
     """The checkout's commit, with `+changes` when the work tree differs from it."""
-    repo = Path(__file__).resolve().parents[2]
+    repo = Path(__file__).resolve().parents[1]
     try:
         head = subprocess.run(["git", "-C", str(repo), "rev-parse", "--short=12", "HEAD"], capture_output=True,
                               text=True, timeout=10, check=True).stdout.strip()
