@@ -1,4 +1,4 @@
-"""`belayer bench ...`: the command over belayer/bench/checkpoint.py."""
+"""`belayer bench checkpoint`: its options and output; the benchmark itself is `belayer.bench.checkpoint`."""
 
 from __future__ import annotations
 

@@ -1,4 +1,5 @@
-"""`belayer bench ...`: the command over belayer/bench/env_recovery.py."""
+"""`belayer bench env-recovery`: its options and output;
+the benchmark itself is `belayer.bench.env_recovery`."""
 
 from __future__ import annotations
 

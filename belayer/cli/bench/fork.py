@@ -1,4 +1,4 @@
-"""`belayer bench ...`: the command over belayer/bench/fork.py."""
+"""`belayer bench fork`: its options and output; the benchmark itself is `belayer.bench.fork`."""
 
 from __future__ import annotations
 

@@ -1,4 +1,5 @@
-"""`belayer bench ...`: the command over belayer/bench/history.py."""
+"""`belayer bench long-trajectory`: its options and output;
+the benchmark itself is `belayer.bench.history`."""
 
 from __future__ import annotations
 

@@ -1,4 +1,6 @@
-"""`belayer bench ...`: the command over belayer/bench/overhead.py."""
+"""`belayer bench overhead`: its options and output; the benchmark itself is
+`belayer.bench.overhead`. Also the `--workload` and `--task` options that every benchmark
+of a trace task shares (overhead, checkpoint, turn-overhead)."""
 
 from __future__ import annotations
 

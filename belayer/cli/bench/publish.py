@@ -1,4 +1,4 @@
-"""`belayer bench ...`: the command over belayer/bench/publish.py."""
+"""`belayer bench publish`: its options and output; the benchmark itself is `belayer.bench.publish`."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""`belayer bench ...`: the command over belayer/bench/storage.py."""
+"""`belayer bench storage`: its options and output; the benchmark itself is `belayer.bench.storage`."""
 
 from __future__ import annotations
 

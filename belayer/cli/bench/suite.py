@@ -1,4 +1,4 @@
-"""`belayer bench ...`: the command over belayer/bench/suite.py."""
+"""`belayer bench all`: its options and output; the suite itself is `belayer.bench.suite`."""
 
 from __future__ import annotations
 

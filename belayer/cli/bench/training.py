@@ -1,4 +1,4 @@
-"""`belayer bench ...`: the command over belayer/bench/training.py."""
+"""`belayer bench training`: its options and output; the benchmark itself is `belayer.bench.training`."""
 
 from __future__ import annotations
 

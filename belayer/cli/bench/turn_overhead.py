@@ -1,4 +1,5 @@
-"""`belayer bench ...`: the command over belayer/bench/turn_overhead.py."""
+"""`belayer bench turn-overhead`: its options and output;
+the benchmark itself is `belayer.bench.turn_overhead`."""
 
 from __future__ import annotations
 

@@ -1,4 +1,5 @@
-"""`belayer bench ...`: the command over belayer/bench/worker_recovery.py."""
+"""`belayer bench worker-recovery`: its options and output;
+the benchmark itself is `belayer.bench.worker_recovery`."""
 
 from __future__ import annotations
 
