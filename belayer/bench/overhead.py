@@ -427,7 +427,7 @@ def _pct(value: float | None, base: float | None) -> float | None:
     return round((value - base) / base * 100, 2)
 
 
-# ---------------------------------------------------------------- the command
+# ---------------------------------------------------------------- the trace task, the stack, the report
 
 
 def load_trace_task(workload: Path, task_id: str | None) -> TraceTask:

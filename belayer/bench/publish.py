@@ -400,6 +400,6 @@ def _ratio(baseline: float, belayer: float) -> float | None:
     return round(baseline / belayer, 2) if belayer > 0 else None
 
 
-# ----------------------------------------------------------------------------- CLI
+# ----------------------------------------------------------------------------- --quick
 
 QUICK = {"model": "tiny", "prompt_tokens": 64, "max_tokens": 48, "publish_after": 8}

@@ -202,7 +202,7 @@ def _loads(loads: list[float]) -> str:
     return " / ".join(f"{x:.2f}" for x in loads)
 
 
-# ---------------------------------------------------------------- the command
+# ---------------------------------------------------------------- the files it writes
 
 
 def write_outputs(out_dir: Path, outcomes: list[Outcome], machine: dict) -> None:

@@ -499,7 +499,7 @@ def progress_line(run: dict, repetitions: int) -> str:
             f"{run['effective_training_time_ratio']}, dropped {run['groups_dropped']}, weights {sha}")
 
 
-# ----------------------------------------------------------------------------- the command
+# ----------------------------------------------------------------------------- the report
 
 
 def print_report(report: dict) -> None:
