@@ -11,16 +11,16 @@ import uuid
 
 import pytest
 
-from belayer.workers.rollout import shm
-from belayer.workers.rollout.identity import (
+from belayer.rollout import shm
+from belayer.rollout.identity import (
     LIVE_POLLER_S,
     DuplicateNodeIdError,
     claim_on_this_machine,
+    cleanup_node,
     other_host_pollers,
 )
-from belayer.workers.rollout.worker import cleanup_node
 
-HOLD = "import sys, time; from belayer.workers.rollout.identity import claim_on_this_machine as c; " \
+HOLD = "import sys, time; from belayer.rollout.identity import claim_on_this_machine as c; " \
        "l = c(sys.argv[1]); print('held', flush=True); time.sleep(600)"
 
 

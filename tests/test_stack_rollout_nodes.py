@@ -10,7 +10,7 @@ import json
 import psutil
 import pytest
 
-from belayer.workers.rollout import shm
+from belayer.rollout import shm
 from tests.test_stack import belayer, private_stack, service_status  # noqa: F401 (private_stack: a fixture)
 
 pytestmark = [pytest.mark.stack, pytest.mark.engine]

@@ -23,11 +23,11 @@ from safetensors.torch import load_file
 
 from belayer.model.build import MANIFEST, model_path
 from belayer.model.export import PROVENANCE_FILE, ExportError, export_checkpoint, export_run, pick_iteration
+from belayer.rollout.vllm_hooks import engine_environment
 from belayer.storage.store import ObjectStore
 from belayer.temporal_client import TemporalUnreachable
 from belayer.trainer.policy import load_policy, token_logprobs
 from belayer.trainer.step import Trainer
-from belayer.workers.rollout.vllm_hooks import engine_environment
 from belayer.workflows.training_models import IterationRecord
 from tests.conftest import delete_all_under, free_port_block
 from tests.trainer.conftest import batch, step_args

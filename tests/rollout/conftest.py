@@ -17,10 +17,10 @@ import pytest
 pytest.importorskip("vllm")
 
 from belayer.model.build import model_path  # noqa: E402
-from belayer.workers.rollout import shm  # noqa: E402
-from belayer.workers.rollout.config import RolloutConfig  # noqa: E402
-from belayer.workers.rollout.node import RolloutNode  # noqa: E402
-from belayer.workers.rollout.protocol import SamplingSpec  # noqa: E402
+from belayer.rollout import shm  # noqa: E402
+from belayer.rollout.config import RolloutConfig  # noqa: E402
+from belayer.rollout.node import RolloutNode  # noqa: E402
+from belayer.rollout.protocol import SamplingSpec  # noqa: E402
 
 
 @pytest.fixture(scope="session")

@@ -7,7 +7,7 @@ import time
 
 import pytest
 
-from belayer.workers.rollout.restarts import DEGRADED_AFTER
+from belayer.rollout.restarts import DEGRADED_AFTER
 from tests.rollout.conftest import PROMPTS, SPECS, NodeUnderTest, node_config
 
 pytestmark = pytest.mark.engine

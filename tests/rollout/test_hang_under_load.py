@@ -14,7 +14,7 @@ import time
 import pytest
 
 from belayer.model.build import model_path
-from belayer.workers.rollout.protocol import SamplingSpec
+from belayer.rollout.protocol import SamplingSpec
 from tests.rollout.conftest import node_config, owner_recovery_after, started_node
 
 pytestmark = pytest.mark.engine

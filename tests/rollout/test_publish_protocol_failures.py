@@ -17,10 +17,10 @@ import time
 
 import pytest
 
-from belayer.workers.rollout import children
-from belayer.workers.rollout import node as node_module
-from belayer.workers.rollout.errors import BadRequestError, RolloutError
-from belayer.workers.rollout.protocol import SamplingSpec, StageWeights
+from belayer.rollout import children
+from belayer.rollout import node as node_module
+from belayer.rollout.errors import BadRequestError, RolloutError
+from belayer.rollout.protocol import SamplingSpec, StageWeights
 from tests.rollout.conftest import flip_a_weight_byte, node_config, started_node
 
 pytestmark = pytest.mark.engine
@@ -79,7 +79,7 @@ def wait_until(condition, what: str, timeout: float = 120.0) -> None:
 
 
 def segments_of(node, version: int) -> list:
-    from belayer.workers.rollout import shm
+    from belayer.rollout import shm
 
     return [p for p in shm.leftover_segments(node.config.node_id) if p.name.endswith(f"-v{version}")]
 

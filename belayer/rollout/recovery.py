@@ -13,12 +13,12 @@ import time
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from belayer.workers.rollout import children, shm
-from belayer.workers.rollout.errors import RolloutError
-from belayer.workers.rollout.protocol import HealthCheck, HealthResult, SketchResult, VerifySketch
+from belayer.rollout import children, shm
+from belayer.rollout.errors import RolloutError
+from belayer.rollout.protocol import HealthCheck, HealthResult, SketchResult, VerifySketch
 
 if TYPE_CHECKING:
-    from belayer.workers.rollout.node import RolloutNode
+    from belayer.rollout.node import RolloutNode
 
 log = logging.getLogger("belayer.rollout")
 

@@ -26,14 +26,14 @@ from multiprocessing.connection import wait
 from pathlib import Path
 from typing import Any
 
-from belayer.workers.rollout import children, recovery, shm
-from belayer.workers.rollout.children import Child
-from belayer.workers.rollout.config import RolloutConfig
-from belayer.workers.rollout.errors import BadRequestError, EngineStartError, NodeClosedError, RolloutError
-from belayer.workers.rollout.hang import Deadlines, HangDeadline
-from belayer.workers.rollout.inflight import Completion, InFlight, InFlightLog, completion, new_record
-from belayer.workers.rollout.procutil import memory_of
-from belayer.workers.rollout.protocol import (
+from belayer.rollout import children, recovery, shm
+from belayer.rollout.children import Child
+from belayer.rollout.config import RolloutConfig
+from belayer.rollout.errors import BadRequestError, EngineStartError, NodeClosedError, RolloutError
+from belayer.rollout.hang import Deadlines, HangDeadline
+from belayer.rollout.inflight import Completion, InFlight, InFlightLog, completion, new_record
+from belayer.rollout.procutil import memory_of
+from belayer.rollout.protocol import (
     AbortRequest,
     DropWeights,
     EngineReady,
@@ -56,15 +56,15 @@ from belayer.workers.rollout.protocol import (
     WeightsSwitched,
     WeightsVerified,
 )
-from belayer.workers.rollout.publish import (
+from belayer.rollout.publish import (
     Publish,
     PublishRefusedError,
     PublishReport,
     check_policy,
     write_staged,
 )
-from belayer.workers.rollout.recovery import RecoveryEvent
-from belayer.workers.rollout.restarts import Restarts
+from belayer.rollout.recovery import RecoveryEvent
+from belayer.rollout.restarts import Restarts
 
 __all__ = ["Completion", "PublishReport", "RecoveryEvent", "RequestHandle", "RolloutNode"]
 
