@@ -237,7 +237,7 @@ def test_the_owners_background_check_verifies_the_version_a_drain_is_pinned_to(n
     before = len(node.recoveries)
     publish = InThread(lambda: node.publish(version, weights_of(contents, version), policy="finish_on_old"))
     wait_until(lambda: node.target_version == version, "the seal of the new version")
-    assert node._pinned_versions() == {old}
+    assert node.pinned_versions() == {old}
     flip_a_weight_byte(node.owner_versions[old])
     wait_until(lambda: len(node.recoveries) > before, "the background check to find the damaged segment", 60)
     event = node.recoveries[before]
