@@ -19,6 +19,8 @@ from belayer.rollout.identity import (
     cleanup_node,
     other_host_pollers,
 )
+from belayer.workers.rollout.worker import banner, node_id_claimed
+from belayer.workers.runner import main
 
 HOLD = "import sys, time; from belayer.rollout.identity import claim_on_this_machine as c; " \
        "l = c(sys.argv[1]); print('held', flush=True); time.sleep(600)"
@@ -80,3 +82,21 @@ def test_a_live_nodes_shared_memory_is_not_cleaned_up_by_another_stack():
         assert cleanup_node(node_id) == [str(segment)] and not segment.exists()
     finally:
         segment.unlink(missing_ok=True)
+
+
+def test_a_node_refused_while_it_starts_to_serve_exits_1_with_the_reason(monkeypatch, capsys):
+    """A live twin on another host is found once serving starts (`refuse_a_live_twin`):
+    the worker process still exits 1 with the message and no traceback, and lets go of
+    its id on this machine."""
+    node_id = f"t{uuid.uuid4().hex[:8]}"
+    monkeypatch.setenv("BELAYER_ROLLOUT__NODE_ID", node_id)
+
+    async def serve_beside_a_twin(_config) -> None:
+        raise DuplicateNodeIdError(f"rollout node id {node_id!r} is served by a live node on another host")
+
+    assert main(serve_beside_a_twin, banner, hold=node_id_claimed) == 1
+    out, err = capsys.readouterr()
+    assert f"belayer rollout node {node_id}: serving" in out
+    assert err == f"error: rollout node id {node_id!r} is served by a live node on another host\n"
+    with claim_on_this_machine(node_id):
+        pass
