@@ -17,8 +17,6 @@ from belayer.storage.tokenlog import PrefixRef, Span, TokenLog, encode_tokens, r
 from belayer.workers.rollout.protocol import SamplingSpec
 from tests.rollout.conftest import NodeUnderTest, node_config
 
-pytestmark = [pytest.mark.engine, pytest.mark.stack]
-
 PROMPT = list(range(40, 90))
 SAMPLING = SamplingParams(max_tokens=48, temperature=0.9, seed=42, ignore_eos=True)
 
