@@ -32,6 +32,7 @@ def holder(node_id: str) -> subprocess.Popen:
     return proc
 
 
+@pytest.mark.usefixtures("local_processes")
 def test_a_second_claim_on_the_machine_is_refused_until_the_holder_dies():
     node_id = f"t{uuid.uuid4().hex[:8]}"
     proc = holder(node_id)
@@ -66,6 +67,7 @@ def test_only_live_rollout_nodes_of_other_hosts_count():
     assert other_host_pollers(seen[1:2], "host-a") == []
 
 
+@pytest.mark.usefixtures("local_processes")
 def test_a_live_nodes_shared_memory_is_not_cleaned_up_by_another_stack():
     """`down` of a stack whose node had the same id (a test stack beside a developer's)
     must leave the live node's segments alone, and clean them once no node holds the id."""

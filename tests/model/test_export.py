@@ -32,8 +32,6 @@ from belayer.workflows.training_models import IterationRecord
 from tests.conftest import delete_all_under, free_port_block
 from tests.trainer.conftest import batch, step_args
 
-pytestmark = pytest.mark.stack
-
 TOLERANCE = 1e-4  # per token, in nats
 TEXT = "Task: write the number in /workspace/input plus 7 to /workspace/output. <bash>echo $(( $(cat /w"
 
@@ -141,7 +139,7 @@ print(json.dumps([entry[token].logprob for entry, token in zip(out.prompt_logpro
 """
 
 
-@pytest.mark.engine
+@pytest.mark.usefixtures("tiny_model")
 def test_vllm_loads_it_and_gives_the_trainers_logprobs(exported, tokens, trainer_logprobs):
     pytest.importorskip("vllm")
     done = subprocess.run([sys.executable, "-c", VLLM_PROMPT_LOGPROBS, str(exported), json.dumps(tokens)],

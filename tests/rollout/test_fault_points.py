@@ -10,8 +10,6 @@ import pytest
 from belayer.rollout.restarts import DEGRADED_AFTER
 from tests.rollout.conftest import PROMPTS, SPECS, NodeUnderTest, node_config
 
-pytestmark = pytest.mark.engine
-
 
 @pytest.fixture
 def faulty_node(request, monkeypatch, tiny_model):
@@ -51,6 +49,8 @@ def test_hang_with_failed_device_check_falls_back_to_cold_start(faulty_node):
 @pytest.mark.parametrize(
     "faulty_node", ["owner_crash:after_s=0,engine_crash_during_decode:after=60"], indirect=True
 )
+
+
 def test_owner_crash_then_engine_crash_is_a_takeover_not_a_cold_start(faulty_node):
     """The owner's death no longer forces a cold start: a replacement adopts its verified
     segments, and the shadow proves its own weights (sketch) before it leads."""

@@ -17,8 +17,6 @@ from belayer.storage.generation import SampledTokens, encode_sampled, read_gener
 from belayer.storage.tokenlog import PrefixRef, Span, TokenLog, encode_tokens, read_marks, read_prefix
 from tests.rollout.conftest import NodeUnderTest, node_config
 
-pytestmark = [pytest.mark.engine, pytest.mark.stack]
-
 PROMPT = list(range(40, 90))
 SAMPLING = SamplingParams(max_tokens=48, temperature=0.9, seed=42, ignore_eos=True)
 

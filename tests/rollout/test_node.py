@@ -21,8 +21,6 @@ from belayer.rollout.errors import BadRequestError
 from belayer.rollout.protocol import SamplingSpec
 from tests.rollout.conftest import PROMPTS, SPECS, flip_a_weight_byte, owner_recovery_after
 
-pytestmark = pytest.mark.engine
-
 _baselines: dict[str, list] = {}
 
 

@@ -26,8 +26,6 @@ from belayer.rollout.protocol import SamplingSpec
 from belayer.rollout.publish import PublishRefusedError
 from tests.rollout.conftest import PROMPTS, flip_a_weight_byte, node_config, started_node
 
-pytestmark = pytest.mark.engine
-
 LONG = SamplingSpec(max_tokens=160, ignore_eos=True)
 SAMPLED = SamplingSpec(max_tokens=160, temperature=0.9, top_p=0.95, seed=3, ignore_eos=True)
 # Tokens must be identical; logprobs only close: prefill and decode kernels, and batches of

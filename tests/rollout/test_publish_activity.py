@@ -15,8 +15,6 @@ from belayer.storage.store import ObjectRef
 from belayer.storage.weights import store_weights
 from tests.rollout.conftest import node_config, started_node
 
-pytestmark = [pytest.mark.engine, pytest.mark.stack]
-
 
 @pytest.fixture(scope="module")
 def lone_node(tiny_model):

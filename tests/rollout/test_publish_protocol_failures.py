@@ -23,8 +23,6 @@ from belayer.rollout.errors import BadRequestError, RolloutError
 from belayer.rollout.protocol import SamplingSpec, StageWeights
 from tests.rollout.conftest import flip_a_weight_byte, node_config, started_node
 
-pytestmark = pytest.mark.engine
-
 PROMPT = [5, 6, 7, 8]
 GREEDY = SamplingSpec(max_tokens=120, ignore_eos=True)
 

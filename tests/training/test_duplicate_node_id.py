@@ -13,7 +13,6 @@ import pytest
 from belayer.rollout import shm
 from tests.test_stack import service_status
 
-pytestmark = [pytest.mark.stack, pytest.mark.engine]
 NODE = [sys.executable, "-m", "belayer.workers.rollout"]
 
 
