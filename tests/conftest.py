@@ -19,12 +19,12 @@ import pytest
 
 from belayer.config import BelayerConfig, load_config
 from belayer.model.build import model_path
+from belayer.rollout import shm
 from belayer.stack.local import LocalStack
 from belayer.stack.process import ManagedProcess
 from belayer.stack.services import SeaweedFS, TemporalDevServer, port_in_use
 from belayer.storage.config import StorageConfig
 from belayer.storage.s3client import make_s3_client
-from belayer.rollout import shm
 from tests.tiers import TIERS, ProcessGuard, needs, resources_of
 
 
