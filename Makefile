@@ -4,11 +4,12 @@ BELAYER := $(VENV)/bin/belayer
 PYTEST := $(VENV)/bin/pytest
 PYTEST_ARGS ?=
 
-.PHONY: help install test demo up down status clean-state
+.PHONY: help install test test-fast demo up down status clean-state
 
 help:
 	@echo "make demo    install what is missing, start the local stack, run the main job"
 	@echo "make test    install what is missing, run the whole test suite"
+	@echo "make test-fast   the pure and stack tiers only (no vLLM, no podman): the edit loop"
 	@echo "make install install everything (idempotent; cached under ~/.cache/belayer)"
 	@echo "make up | down | status   the local stack"
 
@@ -17,6 +18,11 @@ install:
 
 test: install
 	$(PYTEST) $(PYTEST_ARGS)
+
+# Tiers are assigned from the fixtures a test uses (tests/tiers.py); a test with any of the
+# engine, sandbox or whole markers needs vLLM, podman + CRIU or the whole stack.
+test-fast: install
+	$(PYTEST) -m "not engine and not sandbox and not whole" $(PYTEST_ARGS)
 
 demo: install
 	bash infra/demo.sh

@@ -23,10 +23,10 @@ from pydantic_settings import (
 
 from belayer.errors import ConfigError
 from belayer.policy.config import PolicyConfig
+from belayer.rollout.config import RolloutConfig
 from belayer.sandbox.config import SandboxConfig
 from belayer.section import Section
 from belayer.storage.config import StorageConfig
-from belayer.workers.rollout.config import RolloutConfig
 
 ENV_PREFIX = "BELAYER_"
 DEFAULT_CONFIG_FILE = Path("~/.config/belayer/config.toml").expanduser()

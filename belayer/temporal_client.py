@@ -12,7 +12,11 @@ from __future__ import annotations
 import dataclasses
 import functools
 import logging
+import time
 
+from temporalio.api.enums.v1 import TaskQueueType
+from temporalio.api.taskqueue.v1 import TaskQueue
+from temporalio.api.workflowservice.v1 import DescribeTaskQueueRequest
 from temporalio.client import Client
 from temporalio.contrib.pydantic import pydantic_data_converter
 from temporalio.converter import DataConverter, DefaultFailureConverterWithEncodedAttributes
@@ -92,3 +96,21 @@ def server_went_away(exc: BaseException) -> bool:
     return isinstance(exc, RPCError) and exc.status in (
         RPCStatusCode.UNAVAILABLE, RPCStatusCode.DEADLINE_EXCEEDED, RPCStatusCode.UNKNOWN)
 
+
+_QUEUE_KINDS = {"workflow": TaskQueueType.TASK_QUEUE_TYPE_WORKFLOW, "activity": TaskQueueType.TASK_QUEUE_TYPE_ACTIVITY}
+
+
+async def pollers(cfg: TemporalConfig, task_queue: str, queue_kind: str,
+                  encryption_key=None) -> list[tuple[str, float]]:
+    """The workers currently polling `task_queue` (`queue_kind` "workflow" or "activity"):
+    (identity, seconds since its last poll). Temporal lists a worker for a while after it
+    is gone; a live one polls again at least once a minute. The stack's readiness checks
+    and a rollout node's duplicate-id check ask this."""
+    client = await connect(cfg, encryption_key)
+    response = await client.workflow_service.describe_task_queue(
+        DescribeTaskQueueRequest(
+            namespace=cfg.namespace, task_queue=TaskQueue(name=task_queue), task_queue_type=_QUEUE_KINDS[queue_kind]
+        )
+    )
+    now = time.time()
+    return [(poller.identity, now - poller.last_access_time.ToSeconds()) for poller in response.pollers]

@@ -12,16 +12,20 @@ import os
 import random
 import signal
 import uuid
+import warnings
 from pathlib import Path
 
 import pytest
 
 from belayer.config import BelayerConfig, load_config
+from belayer.model.build import model_path
+from belayer.rollout import shm
 from belayer.stack.local import LocalStack
 from belayer.stack.process import ManagedProcess
 from belayer.stack.services import SeaweedFS, TemporalDevServer, port_in_use
 from belayer.storage.config import StorageConfig
 from belayer.storage.s3client import make_s3_client
+from tests.tiers import TIERS, ProcessGuard, needs, resources_of
 
 
 def pytest_configure(config) -> None:
@@ -33,6 +37,77 @@ def pytest_configure(config) -> None:
     fixture (the same path as Ctrl-C).
     """
     signal.signal(signal.SIGTERM, signal.default_int_handler)
+    for tier, meaning in zip(TIERS, _TIER_MEANINGS, strict=True):
+        config.addinivalue_line("markers", f"{tier}: {meaning} (assigned from fixtures: tests/tiers.py)")
+
+
+_TIER_MEANINGS = ("no process", "processes of its own: Temporal, SeaweedFS, the CLI", "vLLM engines",
+                  "podman + CRIU sandboxes", "the whole stack or a benchmark run")  # fmt: skip
+
+
+def pytest_collection_modifyitems(config, items) -> None:
+    """Mark every test with the resources its fixtures declare (`pure` when none); a tier
+    marker written by hand is refused, since it could disagree with what the test runs."""
+    for item in items:
+        written = sorted({m.name for m in item.iter_markers()} & set(TIERS))
+        if written:
+            raise pytest.UsageError(
+                f"{item.nodeid}: tier markers {written} are assigned from fixtures, not written by hand; "
+                "use the fixture that starts what the test needs (tests/tiers.py)"
+            )
+        resources = declared_resources(item)
+        for tier in sorted(resources) or ["pure"]:
+            item.add_marker(tier)
+
+
+def declared_resources(item) -> frozenset[str]:
+    """The resources declared by the fixtures `item` uses (the definition that applies to it)."""
+    info = getattr(item, "_fixtureinfo", None)
+    if info is None:
+        return frozenset()
+    return resources_of(defs[-1].func for name, defs in info.name2fixturedefs.items()
+                        if defs and name in item.fixturenames)  # fmt: skip
+
+
+@pytest.fixture(autouse=True)
+def _process_guard(request):
+    """Fail a test that starts a process its tier does not declare (tests/tiers.py)."""
+    guard = ProcessGuard(request.node.nodeid, declared_resources(request.node))
+    guard.install()
+    try:
+        yield
+    finally:
+        guard.uninstall()
+
+
+@pytest.fixture
+@needs("stack")
+def local_processes() -> None:
+    """Declares a test that starts processes of its own (the CLI, a service) outside the
+    service fixtures: it belongs to the `stack` tier."""
+
+
+@pytest.fixture(scope="session")
+@needs("engine")
+def tiny_model() -> Path:
+    """The tiny model the project builds (vLLM serves it): declares the `engine` tier."""
+    pytest.importorskip("vllm")
+    _sweep_orphans_of_killed_sessions()
+    return model_path("tiny")
+
+
+def _sweep_orphans_of_killed_sessions() -> None:
+    """A test session killed hard (SIGKILL, CI timeout) cannot unlink its nodes' segments:
+    the next session removes the test nodes' segments that no process maps any more."""
+    for path in shm.orphan_segments(prefix="belayer-t"):
+        path.unlink(missing_ok=True)
+        warnings.warn(f"removed shared memory left by a killed test session: {path}", stacklevel=1)
+
+
+@pytest.fixture
+@needs("whole")
+def whole_system() -> None:
+    """Declares a test that starts the whole stack (`belayer up`) or a benchmark run."""
 
 
 def free_port_block(count: int, *, with_grpc: bool) -> list[int]:
@@ -122,12 +197,14 @@ def running_service(stack_config, service_type, handle_type=ServiceHandle):
 
 
 @pytest.fixture(scope="session")
+@needs("stack")
 def seaweedfs(stack_config) -> SeaweedFSHandle:
     """A private SeaweedFS with credentials enforced and the test bucket created."""
     yield from running_service(stack_config, SeaweedFS, SeaweedFSHandle)
 
 
 @pytest.fixture(scope="session")
+@needs("stack")
 def temporal_server(stack_config) -> ServiceHandle:
     """A private Temporal dev server (sqlite file in the session's state directory)."""
     yield from running_service(stack_config, TemporalDevServer)

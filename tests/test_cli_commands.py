@@ -50,6 +50,7 @@ def test_every_documented_command_is_in_the_help(path):
             f"the README documents `belayer {' '.join(path)}`, which `belayer --help` does not list"
 
 
+@pytest.mark.usefixtures("local_processes")
 @pytest.mark.parametrize("module", ["belayer.bench.storage", "belayer.chaos.faults"])
 def test_a_command_that_cannot_be_imported_is_an_error_not_a_missing_command(module):
     """A module a command is built on that fails to import (renamed, or a missing

@@ -25,6 +25,7 @@ def run_cli(*args, env_extra=None, tmp_path=None):
      "task 't1' is invalid"),
     ("tasks: []\n", "has no tasks"),
 ])
+@pytest.mark.usefixtures("local_processes")
 def test_invalid_workload_starts_nothing(tmp_path, content, expected):
     workload = tmp_path / "w.yaml"
     workload.write_text(content)
@@ -34,12 +35,14 @@ def test_invalid_workload_starts_nothing(tmp_path, content, expected):
     assert "Traceback" not in result.stderr
 
 
+@pytest.mark.usefixtures("local_processes")
 def test_missing_workload_file(tmp_path):
     result = run_cli("run", str(tmp_path / "nope.yaml"), tmp_path=tmp_path)
     assert result.returncode == 1
     assert "does not exist" in result.stderr and "Traceback" not in result.stderr
 
 
+@pytest.mark.usefixtures("local_processes")
 def test_unreachable_temporal_names_the_address_and_the_fix(tmp_path):
     (port,) = free_port_block(1, with_grpc=False)
     workload = tmp_path / "w.yaml"
@@ -51,6 +54,7 @@ def test_unreachable_temporal_names_the_address_and_the_fix(tmp_path):
     assert "belayer up" in result.stderr and "Traceback" not in result.stderr
 
 
+@pytest.mark.usefixtures("local_processes")
 def test_chaos_plan_errors_are_clear(tmp_path):
     workload = tmp_path / "w.yaml"
     workload.write_text("tasks:\n  - id: t1\n    turns: [{think_tokens: 4, bash: ls}]\n")

@@ -1,9 +1,7 @@
-import pytest
 
 from belayer.storage.s3client import make_s3_client
 
 
-@pytest.mark.stack
 def test_seaweedfs_fixture_round_trip(storage_config):
     client = make_s3_client(storage_config)
     key = storage_config.key_prefix + "hello"

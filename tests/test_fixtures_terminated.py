@@ -27,7 +27,7 @@ def test_waits_to_be_terminated(seaweedfs):
 '''
 
 
-@pytest.mark.stack
+@pytest.mark.usefixtures("local_processes")
 def test_a_terminated_run_stops_the_services_it_started(tmp_path):
     probe_dir = tmp_path / "probe"
     probe_dir.mkdir()

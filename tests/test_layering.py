@@ -31,9 +31,11 @@ LAYERS: dict[str, set[str]] = {
     # What every layer may use: the exception root and the configuration-section base.
     "base": {"errors", "section"},
     # The system's own work, usable without Temporal or the CLI: object storage, sandboxes,
-    # the trainer, the model builder, the adaptive policy, workloads, the agent's text format.
+    # rollout nodes, the trainer, the model builder, the adaptive policy, workloads, the
+    # agent's text format.
     "domain": {
-        "agent_format", "model", "policy", "sandbox", "storage", "trainer", "trajectory_log", "workloads",
+        "agent_format", "model", "policy", "rollout", "sandbox", "storage", "trainer", "trajectory_log",
+        "workloads",
     },
     # One configuration assembled from the domain packages' sections.
     "config": {"config"},
@@ -43,7 +45,7 @@ LAYERS: dict[str, set[str]] = {
     "workflows": {"workflows"},
     # Temporal activities: the adapters between workflows and the domain.
     "activities": {"activities"},
-    # Worker processes (and, until it has a package of its own, the rollout node).
+    # Worker processes: each one's entry point and the Temporal worker it runs.
     "workers": {"workers"},
     # The library API a user's program calls: start and follow trajectories and runs.
     # `__init__` is the package root, which may export that API.
@@ -74,26 +76,17 @@ FORBIDDEN: dict[str, dict[str, str]] = {
     },
     "workflows": {
         "activities": _CONTRACTS + ", not from the activity module",
-        "workers": "rollout internals stay behind activities; " + _CONTRACTS,
+        "workers": "worker processes are not a workflow's business; " + _CONTRACTS,
+        "rollout": "rollout internals stay behind activities; " + _CONTRACTS,
         "sandbox": _CONTRACTS + ", not from the sandbox package",
     },
 }
 
 # Violations of today, each with why it is still there; remove an entry with the import it names.
 # Keys: "FILE -> MODULE" (an import), or "cycle: PART, PART, ..." (parts of one layer in a cycle).
-_ROLLOUT_IN_WORKERS = "the rollout node lives in workers/ until rollout is its own subsystem (belayer/rollout/)"
 _NO_CONTRACTS_YET = "workflows take payload models from the modules that define them until a contracts " \
     "package holds them"
 KNOWN_VIOLATIONS: dict[str, str] = {
-    "belayer/activities/generate.py -> belayer.workers.rollout.errors": _ROLLOUT_IN_WORKERS,
-    "belayer/activities/generate.py -> belayer.workers.rollout.node": _ROLLOUT_IN_WORKERS,
-    "belayer/activities/generate.py -> belayer.workers.rollout.protocol": _ROLLOUT_IN_WORKERS,
-    "belayer/activities/train.py -> belayer.workers.rollout.faults":
-        "the fault switch lives in the rollout worker until one fault registry serves every injection point",
-    "belayer/config.py -> belayer.workers.rollout.config":
-        "RolloutConfig lives in the rollout worker until rollout is its own subsystem, below config",
-    "belayer/workers/rollout/identity.py -> belayer.stack.workers":
-        "the duplicate-node check asks the stack for a queue's pollers; that query belongs in temporal_client",
     "belayer/workflows/groups.py -> belayer.activities.context": _NO_CONTRACTS_YET,
     "belayer/workflows/groups.py -> belayer.activities.sandbox": _NO_CONTRACTS_YET,
     "belayer/workflows/groups.py -> belayer.sandbox.models": _NO_CONTRACTS_YET,

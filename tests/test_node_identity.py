@@ -11,16 +11,18 @@ import uuid
 
 import pytest
 
-from belayer.workers.rollout import shm
-from belayer.workers.rollout.identity import (
+from belayer.rollout import shm
+from belayer.rollout.identity import (
     LIVE_POLLER_S,
     DuplicateNodeIdError,
     claim_on_this_machine,
+    cleanup_node,
     other_host_pollers,
 )
-from belayer.workers.rollout.worker import cleanup_node
+from belayer.workers.rollout.worker import banner, node_id_claimed
+from belayer.workers.runner import main
 
-HOLD = "import sys, time; from belayer.workers.rollout.identity import claim_on_this_machine as c; " \
+HOLD = "import sys, time; from belayer.rollout.identity import claim_on_this_machine as c; " \
        "l = c(sys.argv[1]); print('held', flush=True); time.sleep(600)"
 
 
@@ -30,6 +32,7 @@ def holder(node_id: str) -> subprocess.Popen:
     return proc
 
 
+@pytest.mark.usefixtures("local_processes")
 def test_a_second_claim_on_the_machine_is_refused_until_the_holder_dies():
     node_id = f"t{uuid.uuid4().hex[:8]}"
     proc = holder(node_id)
@@ -64,6 +67,7 @@ def test_only_live_rollout_nodes_of_other_hosts_count():
     assert other_host_pollers(seen[1:2], "host-a") == []
 
 
+@pytest.mark.usefixtures("local_processes")
 def test_a_live_nodes_shared_memory_is_not_cleaned_up_by_another_stack():
     """`down` of a stack whose node had the same id (a test stack beside a developer's)
     must leave the live node's segments alone, and clean them once no node holds the id."""
@@ -80,3 +84,21 @@ def test_a_live_nodes_shared_memory_is_not_cleaned_up_by_another_stack():
         assert cleanup_node(node_id) == [str(segment)] and not segment.exists()
     finally:
         segment.unlink(missing_ok=True)
+
+
+def test_a_node_refused_while_it_starts_to_serve_exits_1_with_the_reason(monkeypatch, capsys):
+    """A live twin on another host is found once serving starts (`refuse_a_live_twin`):
+    the worker process still exits 1 with the message and no traceback, and lets go of
+    its id on this machine."""
+    node_id = f"t{uuid.uuid4().hex[:8]}"
+    monkeypatch.setenv("BELAYER_ROLLOUT__NODE_ID", node_id)
+
+    async def serve_beside_a_twin(_config) -> None:
+        raise DuplicateNodeIdError(f"rollout node id {node_id!r} is served by a live node on another host")
+
+    assert main(serve_beside_a_twin, banner, hold=node_id_claimed) == 1
+    out, err = capsys.readouterr()
+    assert f"belayer rollout node {node_id}: serving" in out
+    assert err == f"error: rollout node id {node_id!r} is served by a live node on another host\n"
+    with claim_on_this_machine(node_id):
+        pass

@@ -198,7 +198,6 @@ def history_payloads(message) -> list[Payload]:
     return found
 
 
-@pytest.mark.stack
 async def test_history_holds_no_plaintext_and_decodes_with_the_key(temporal_server, encrypted):
     temporal_cfg, key = encrypted
     result, workflow_id = await run_encrypted_echo(temporal_cfg, key)
@@ -224,7 +223,6 @@ async def test_history_holds_no_plaintext_and_decodes_with_the_key(temporal_serv
         await wrong.data_converter.decode(payloads[:1])
 
 
-@pytest.mark.stack
 async def test_without_encryption_the_same_history_shows_the_secret(temporal_server, stack_config):
     """The control: the plaintext check above can fail, and encryption is off by default."""
     _, workflow_id = await run_encrypted_echo(stack_config.temporal, None)
@@ -291,7 +289,6 @@ def as_json(payloads: list[Payload]) -> dict:
     return json_format.MessageToDict(Payloads(payloads=payloads))
 
 
-@pytest.mark.stack
 async def test_codec_server_decodes_real_history_payloads_for_the_web_ui(
         temporal_server, stack_config, codec_server_process):
     from google.protobuf import json_format
@@ -337,7 +334,7 @@ async def test_codec_server_decodes_real_history_payloads_for_the_web_ui(
     assert call(f"{endpoint}/decode", body=as_json(encoded), headers={"Host": "evil.example"})[0] == 421
 
 
-@pytest.mark.stack
+@pytest.mark.usefixtures("local_processes")
 def test_belayer_up_serves_the_codec_to_the_web_ui(tmp_path):
     """`up` with encryption on: a healthy codec server, and a web UI that names it."""
     from tests.conftest import isolated_config

@@ -10,6 +10,8 @@ import subprocess
 import sys
 import uuid
 
+import pytest
+
 from belayer.prepare import SEARCH_ATTRIBUTES
 from belayer.storage.s3client import make_s3_client
 from belayer.workflows.training import ITERATION_KEY, RUN_KEY
@@ -71,6 +73,7 @@ def test_prepare_registers_the_attributes_and_creates_the_bucket_once(temporal_s
         s3.delete_bucket(Bucket=storage.bucket)
 
 
+@pytest.mark.usefixtures("local_processes")
 def test_prepare_names_a_server_that_does_not_answer(tmp_path):
     from tests.conftest import free_port_block
 

@@ -45,6 +45,7 @@ def test_the_stack_runs_the_machine_then_hosts_of_their_own(config):
     assert env["BELAYER_SANDBOX__HOST_TASK_QUEUE"] == second.task_queue == sandbox_hosts.host_queue(config, 1)
 
 
+@pytest.mark.usefixtures("local_processes")
 def test_a_hosts_processes_are_found_by_its_namespaces_and_ended_together(config):
     own = sandbox_hosts.host_dir(config, 1)
     own.mkdir(parents=True)

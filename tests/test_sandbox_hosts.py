@@ -28,7 +28,8 @@ from belayer.stack import sandbox_hosts
 from belayer.stack.process import ManagedProcess
 from tests.test_stack import BELAYER, belayer, service_status, whole_stack
 
-pytestmark = [pytest.mark.stack, pytest.mark.sandbox, pytest.mark.engine]
+pytestmark = pytest.mark.usefixtures("whole_system")
+
 ROOM = 2  # sandboxes per host
 WORKLOAD = """\
 tasks:

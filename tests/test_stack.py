@@ -18,6 +18,7 @@ import psutil
 import pytest
 
 from tests.conftest import isolated_config
+from tests.tiers import needs
 
 BELAYER = [sys.executable, "-m", "belayer.cli"]
 ROOT = Path(__file__).parents[1]
@@ -104,6 +105,7 @@ def described(pid: int) -> str:
 
 
 @pytest.fixture
+@needs("stack")
 def private_stack(tmp_path):
     config = isolated_config(tmp_path / "state")
     env = cli_env(config)
@@ -131,7 +133,6 @@ async def workflow_exists(address: str, workflow_id: str) -> bool:
     return description.id == workflow_id
 
 
-@pytest.mark.stack
 def test_up_status_down_round_trip_keeps_history(private_stack):
     config, env = private_stack
     belayer(env, "up", "--only", "temporal,seaweedfs")
@@ -156,7 +157,6 @@ def test_up_status_down_round_trip_keeps_history(private_stack):
     assert asyncio.run(workflow_exists(config.temporal.address, "survives-down-up"))
 
 
-@pytest.mark.stack
 def test_port_taken_fails_clearly_and_leaves_nothing_running(private_stack):
     config, env = private_stack
     s3_port = int(config.storage.endpoint.rsplit(":", 1)[1])
@@ -178,6 +178,7 @@ def test_port_taken_fails_clearly_and_leaves_nothing_running(private_stack):
                    for p in (config.state_dir / "run").glob("*.pid"))
 
 
+@pytest.mark.usefixtures("local_processes")
 def test_invalid_setting_names_field_and_fix(tmp_path):
     env = dict(os.environ, BELAYER_STATE_DIR=str(tmp_path), BELAYER_STORAGE__PART_SIZE_MB="2")
     result = belayer(env, "config", "show", check=False)
@@ -187,6 +188,7 @@ def test_invalid_setting_names_field_and_fix(tmp_path):
     assert "Traceback" not in result.stderr
 
 
+@pytest.mark.usefixtures("local_processes")
 def test_config_show_masks_secrets(tmp_path):
     env = dict(os.environ, BELAYER_STATE_DIR=str(tmp_path),
                BELAYER_STORAGE__SECRET_KEY="very-secret-value")
@@ -209,7 +211,7 @@ def test_non_root_is_told_what_still_works(monkeypatch, tmp_path):
     assert "sandbox-worker" not in names and "trajectory-worker" in names
 
 
-@pytest.mark.stack
+@pytest.mark.usefixtures("local_processes")
 def test_seaweedfs_server_goes_with_its_launcher_and_restarts_on_its_data(tmp_path):
     """SeaweedFS runs under the launcher of its private network (belayer/stack/private_net.py):
     a crash of the launcher (SIGKILL, what the fixtures' `kill` does) takes the server with

@@ -10,13 +10,13 @@ import json
 import psutil
 import pytest
 
-from belayer.workers.rollout import shm
+from belayer.rollout import shm
 from tests.test_stack import belayer, private_stack, service_status  # noqa: F401 (private_stack: a fixture)
 
-pytestmark = [pytest.mark.stack, pytest.mark.engine]
 NODES = ("rollout-node", "rollout-node.1")
 
 
+@pytest.mark.usefixtures("tiny_model")
 def test_two_rollout_nodes_run_side_by_side_and_go_together(private_stack):
     config, env = private_stack
     first = config.rollout.node_id

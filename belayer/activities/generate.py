@@ -35,7 +35,7 @@ from belayer.storage.generation import GenerationRef, SampledTokens
 from belayer.storage.tokenlog import PrefixRef
 
 if TYPE_CHECKING:
-    from belayer.workers.rollout.node import RequestHandle
+    from belayer.rollout.node import RequestHandle
 
 MAX_HEARTBEAT_EVERY_S = 1.0
 
@@ -333,7 +333,7 @@ class BegunTurn:
 
 
 def _sampling_spec(sampling: SamplingParams, max_tokens: int):
-    from belayer.workers.rollout.protocol import SamplingSpec
+    from belayer.rollout.protocol import SamplingSpec
 
     return SamplingSpec(
         max_tokens=max_tokens,
@@ -406,8 +406,8 @@ def _partial_key(prefix: PrefixRef) -> str:
 
 def translate_error(exc: BaseException) -> ApplicationError:
     """The one translator for the rollout side: bad input is final, the rest retries."""
+    from belayer.rollout.errors import BadRequestError, RolloutError
     from belayer.storage.errors import CorruptObject, StorageError
-    from belayer.workers.rollout.errors import BadRequestError, RolloutError
 
     if isinstance(exc, BadRequestError):
         return ApplicationError(str(exc), type="BadRequest", non_retryable=True)

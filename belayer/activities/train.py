@@ -37,10 +37,10 @@ from pydantic import ValidationError
 from temporalio import activity
 from temporalio.exceptions import ApplicationError
 
+from belayer.rollout.faults import Fault, die_now
 from belayer.storage.errors import CorruptObject
 from belayer.trainer.models import TrainStepArgs, TrainStepResult
 from belayer.trainer.step import Trainer, TrainRequestError
-from belayer.workers.rollout.faults import Fault, die_now
 
 FAULT_ENV = "BELAYER_TRAINER_FAULT"
 FAULT_EVENTS = {"crash_before_checkpoint": "stepped", "crash_after_checkpoint": "checkpointed"}

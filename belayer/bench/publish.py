@@ -38,7 +38,7 @@ import click
 
 from belayer.bench.plain_engine import SAFETENSORS, PlainEngine, PlainSpec, parameter_count
 from belayer.bench.worker_recovery import node_config, plain_spec, workload
-from belayer.workers.rollout.protocol import SamplingSpec
+from belayer.rollout.protocol import SamplingSpec
 
 RUN_TIMEOUT_S = 1800
 NOISE = 0.05  # noise std relative to each tensor's std: a small step, but one that moves greedy tokens
@@ -262,7 +262,7 @@ def _on(spec: PlainSpec, folder: Path) -> PlainSpec:
 def run_bench(settings: dict, say: Callable[[str], None]) -> dict:
     """Node, reload engine and restart engines side by side; one JSON-able dict."""
     from belayer.model.build import model_path
-    from belayer.workers.rollout.node import RolloutNode
+    from belayer.rollout.node import RolloutNode
 
     model_dir = model_path(settings["model"], progress=say)
     context = settings["prompt_tokens"] + settings["max_tokens"]

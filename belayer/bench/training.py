@@ -289,8 +289,8 @@ def _with_shadow(config, shadow: bool):
 def restart_node(config, say: Callable[[str], None]) -> None:
     """Restart the "rollout-node" service of `config`'s stack with `config` (the way a
     supervisor restarts it: chaos' `_crash_service`), here stopped gracefully first."""
+    from belayer.rollout.identity import cleanup_node
     from belayer.stack.local import LocalStack
-    from belayer.workers.rollout.worker import cleanup_node
 
     stack = LocalStack(config)
     service = next((s for s in stack.services if s.name == "rollout-node"), None)

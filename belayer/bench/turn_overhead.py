@@ -184,7 +184,7 @@ class PlainLoop:
         self.engine.close()
 
     async def _generate(self, context: list[int], max_tokens: int, seed: int) -> tuple[list[int], float]:
-        from belayer.workers.rollout.protocol import SamplingSpec
+        from belayer.rollout.protocol import SamplingSpec
 
         spec = SamplingSpec(max_tokens=max_tokens, seed=seed, ignore_eos=True)
         t0 = time.monotonic()

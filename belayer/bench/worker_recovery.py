@@ -40,8 +40,8 @@ from pathlib import Path
 import click
 
 from belayer.bench.plain_engine import PlainEngine, PlainSpec, parameter_count, warm_page_cache
-from belayer.workers.rollout.config import RolloutConfig
-from belayer.workers.rollout.protocol import SamplingSpec
+from belayer.rollout.config import RolloutConfig
+from belayer.rollout.protocol import SamplingSpec
 
 MB = 1 << 20
 RUN_TIMEOUT_S = 1800
@@ -328,7 +328,7 @@ def baseline_rep(server: PlainServer, work: Work, kill_after: int, reference: di
 
 def measure_mode(settings: Settings, mode: str, model_dir: Path, server: PlainServer, say) -> dict:
     """Unfailed runs of both sides, then the interleaved faulted repetitions."""
-    from belayer.workers.rollout.node import RolloutNode
+    from belayer.rollout.node import RolloutNode
 
     config = _config(settings, mode, model_dir)
     say(f"{mode}: starting the node ({settings.model}, {settings.dtype})")

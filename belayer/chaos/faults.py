@@ -138,7 +138,7 @@ class Chaos:
         sandbox_hosts.kill_all(family)
         detail = f"SIGKILLed with {len(family) - 1} children"
         if isinstance(service, RolloutNodeService):
-            from belayer.workers.rollout.worker import cleanup_node
+            from belayer.rollout.identity import cleanup_node
 
             cleanup_node(service.node_config.rollout.node_id)
         if while_down is not None:

@@ -108,8 +108,8 @@ def _service_trees(config: BelayerConfig) -> set[int]:
 
 def unmapped_segments(config: BelayerConfig) -> list[str]:
     """The /dev/shm segments of the stack's rollout nodes that no live process maps or holds open."""
+    from belayer.rollout.shm import leftover_segments
     from belayer.stack.local import LocalStack
-    from belayer.workers.rollout.shm import leftover_segments
 
     segments = {str(p) for node in LocalStack(config).rollout_node_configs()
                 for p in leftover_segments(node.rollout.node_id)}

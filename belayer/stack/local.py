@@ -209,7 +209,8 @@ class LocalStack:
 
     def _remove_rollout_leftovers(self, report: Reporter) -> None:
         """A rollout node killed hard cannot unlink its shared memory: `down` does."""
-        from belayer.workers.rollout.worker import cleanup_node, roles_file
+        from belayer.rollout.identity import cleanup_node
+        from belayer.workers.rollout.worker import roles_file
 
         for config in self.rollout_node_configs():
             for segment in cleanup_node(config.rollout.node_id):

@@ -13,9 +13,10 @@ import signal
 import sys
 from pathlib import Path
 
-from belayer.config import BelayerConfig, TemporalConfig, plain_dump
+from belayer.config import BelayerConfig, plain_dump
 from belayer.stack.process import ManagedProcess
 from belayer.stack.services import Health, run_coroutine
+from belayer.temporal_client import pollers
 
 CONFIG_FILE_ENV = "BELAYER_CONFIG"
 
@@ -139,33 +140,6 @@ class SandboxHostService(WorkerService):
 
         argv, env = super().command()
         return (sandbox_hosts.launcher(self.host_index, argv) if self.host_index else argv), env
-
-
-async def pollers(cfg: TemporalConfig, task_queue: str, queue_kind: str,
-                  encryption_key=None) -> list[tuple[str, float]]:
-    """The workers currently polling `task_queue`: (identity, seconds since its last poll).
-    Temporal lists a worker for a while after it is gone; a live one polls again at least
-    once a minute."""
-    import time
-
-    from temporalio.api.enums.v1 import TaskQueueType
-    from temporalio.api.taskqueue.v1 import TaskQueue
-    from temporalio.api.workflowservice.v1 import DescribeTaskQueueRequest
-
-    from belayer.temporal_client import connect
-
-    client = await connect(cfg, encryption_key)
-    kind = {
-        "workflow": TaskQueueType.TASK_QUEUE_TYPE_WORKFLOW,
-        "activity": TaskQueueType.TASK_QUEUE_TYPE_ACTIVITY,
-    }[queue_kind]
-    response = await client.workflow_service.describe_task_queue(
-        DescribeTaskQueueRequest(
-            namespace=cfg.namespace, task_queue=TaskQueue(name=task_queue), task_queue_type=kind
-        )
-    )
-    now = time.time()
-    return [(poller.identity, now - poller.last_access_time.ToSeconds()) for poller in response.pollers]
 
 
 class CodecServerService:

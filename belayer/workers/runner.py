@@ -1,31 +1,66 @@
-"""Run a Temporal worker until SIGTERM or SIGINT, then drain and exit cleanly.
+"""Every Belayer worker process's `main`, and its Temporal worker run until SIGTERM or
+SIGINT, then drained.
 
-Shared by every Belayer worker process (workflow worker, sandbox host, rollout node),
-so `belayer down` stopping one with SIGTERM lets in-flight activity attempts finish or
-fail over instead of being cut mid-write.
+Shared by every worker process (workflow worker, trainer, sandbox host, rollout node):
+each starts, reports and refuses the same way, and `belayer down` stopping one with
+SIGTERM lets in-flight activity attempts finish or fail over instead of being cut
+mid-write.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
+import os
 import signal
 import socket
+import sys
 from collections.abc import Awaitable, Callable, Mapping, Sequence
+from contextlib import AbstractContextManager, nullcontext
 from datetime import timedelta
 
 from temporalio.worker import Worker
 
-from belayer.config import TemporalConfig
+from belayer.config import BelayerConfig, TemporalConfig, load_config
+from belayer.errors import BelayerError
 from belayer.temporal_client import connect
 
 log = logging.getLogger(__name__)
 
 
+class RefusedToServe(BelayerError):
+    """This process must not serve (its host cannot, or a live process has its identity):
+    `main` prints the message, which names the fix, and exits with `exit_code` instead of
+    a traceback."""
+
+    def __init__(self, message: str, exit_code: int = 1):
+        super().__init__(message)
+        self.exit_code = exit_code
+
+
+def main(
+    serve: Callable[[BelayerConfig], Awaitable[None]],
+    banner: Callable[[BelayerConfig], str],
+    hold: Callable[[BelayerConfig], AbstractContextManager] = lambda _config: nullcontext(),
+) -> int:
+    """Run a worker process: log to stderr, load the effective configuration, take what
+    `hold` holds for the life of the process (a claim on its identity; a check of its host
+    that raises `RefusedToServe`), print `banner` (the stack's log shows what serves where),
+    then `serve` until a stop signal. Returns the exit status: 0, or a refusal's."""
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
+    config = load_config()
+    try:
+        with hold(config):
+            print(banner(config), flush=True)
+            asyncio.run(serve(config))
+    except RefusedToServe as exc:
+        print(exc, file=sys.stderr, flush=True)
+        return exc.exit_code
+    return 0
+
+
 def worker_identity(role: str) -> str:
     """Shown in the Temporal UI next to every task this process handled."""
-    import os
-
     return f"belayer-{role}@{socket.gethostname()}:{os.getpid()}"
 
 

@@ -27,8 +27,6 @@ from belayer.storage.store import ObjectStore
 from belayer.storage.tokenlog import Span, TokenLog, encode_tokens, prefix_ref, read_marks, read_prefix
 from belayer.trajectory_log import StepRecord, read_steps, start_log, steps_key
 
-pytestmark = pytest.mark.stack
-
 PROMPT = list(range(40, 90))
 PUBLISHED_AT = len(PROMPT) + 30  # positions from here on are sampled by version 2
 

@@ -8,8 +8,6 @@ from __future__ import annotations
 
 import json
 
-import pytest
-
 from belayer.bench.overhead import (
     MODES,
     Target,
@@ -150,8 +148,6 @@ def test_report_table_shows_every_mode_with_its_spread(capsys):
     assert "1.00% told the trace's lengths, 3.00% predicting them" in table
 
 
-@pytest.mark.stack
-@pytest.mark.sandbox
 async def test_interleaved_run_with_one_killed_sandbox_per_mode(stack):
     def make_input(task, policy, trajectory_id):
         return TrajectoryInput(trajectory_id=trajectory_id, task=task, queues=stack.queues, policy=policy)

@@ -12,10 +12,9 @@ import pytest
 
 from tests.bench.test_worker_recovery import run_cli
 
+pytestmark = pytest.mark.usefixtures("tiny_model")
+
 pytest.importorskip("vllm")
-
-pytestmark = pytest.mark.engine
-
 
 @pytest.fixture(scope="module")
 def result() -> dict:

@@ -60,7 +60,6 @@ def test_the_page_has_every_benchmark_its_figures_and_its_failure(tmp_path):
     assert (tmp_path / "fork.png").is_file() and not (tmp_path / "publish.png").exists()
 
 
-@pytest.mark.stack
 def test_a_benchmark_process_runs_and_a_failing_one_is_recorded(storage_config, tmp_path, monkeypatch):
     cfg = storage_config
     for name, value in {"BELAYER_CONFIG": "", "BELAYER_STORAGE__ENDPOINT": cfg.endpoint,
@@ -83,6 +82,7 @@ def test_a_benchmark_process_runs_and_a_failing_one_is_recorded(storage_config, 
     assert (tmp_path / "plots.html").read_text().count("data:image/png;base64,") == 1
 
 
+@pytest.mark.usefixtures("local_processes")
 def test_the_machine_is_described_from_this_machine():
     described = machine_description()
     assert described["cores"] >= 1 and described["memory_gib"] > 0 and described["kernel"]

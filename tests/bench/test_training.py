@@ -145,9 +145,7 @@ TRACE_TASKS = [
 ]
 
 
-@pytest.mark.stack
-@pytest.mark.sandbox
-@pytest.mark.engine
+@pytest.mark.usefixtures("whole_system")
 def test_bench_training_on_a_private_stack(tmp_path):
     """A whole private stack, as tests/training/test_training_stack.py starts one: a short
     state directory (podman refuses a run root over 50 characters) with the base image

@@ -12,9 +12,9 @@ import sys
 
 import pytest
 
-pytest.importorskip("vllm")
+pytestmark = pytest.mark.usefixtures("tiny_model")
 
-pytestmark = pytest.mark.engine
+pytest.importorskip("vllm")
 
 PHASES = ("detection_s", "serving_s", "first_token_s", "caught_up_s")
 HEADLINE = ("speedup_serving", "speedup_first_token", "speedup_caught_up", "takeover_serving_s")

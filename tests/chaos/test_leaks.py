@@ -4,14 +4,10 @@ that comes back must still learn that its container is stale)."""
 
 from __future__ import annotations
 
-import pytest
-
 from belayer.chaos.leaks import leftover_objects
 from belayer.config import load_config
 from belayer.sandbox.lineage import record_key
 from belayer.storage.store import ObjectStore
-
-pytestmark = pytest.mark.stack
 
 
 def test_checkpoint_objects_are_leaks_and_lineage_records_are_not(storage_config, tmp_path):

@@ -154,12 +154,14 @@ def test_podman_compose_reads_the_compose_file(compose):
     assert published and all(str(port).startswith("127.0.0.1:") for port in published)
 
 
+@pytest.mark.usefixtures("local_processes")
 def test_compose_without_its_secrets_names_the_missing_one():
     done = compose_config({})
     assert done.returncode != 0
     assert "BELAYER_S3_ACCESS_KEY" in done.stderr + done.stdout
 
 
+@pytest.mark.usefixtures("local_processes")
 def test_the_compose_file_follows_the_compose_specification():
     done = subprocess.run([str(BIN / "check-jsonschema"), "--builtin-schema", "vendor.compose-spec",
                            str(DEPLOY / "compose.yaml")], capture_output=True, text=True, timeout=60)
@@ -185,6 +187,7 @@ def entrypoint(*args: str) -> subprocess.CompletedProcess:
     return subprocess.run(["bash", str(ENTRYPOINT), *args], capture_output=True, text=True, timeout=120)
 
 
+@pytest.mark.usefixtures("local_processes")
 def test_every_role_the_deployments_start_is_one_the_entrypoint_knows(compose):
     roles = {c["args"][0] for _, c in belayer_containers()}
     roles |= {s["command"][0] for s in compose["services"].values() if "build" in s}
@@ -195,12 +198,14 @@ def test_every_role_the_deployments_start_is_one_the_entrypoint_knows(compose):
         assert role in entrypoint("--help").stdout
 
 
+@pytest.mark.usefixtures("local_processes")
 def test_the_entrypoint_refuses_an_unknown_role():
     done = entrypoint("sandbox-hots")
     assert done.returncode == 2
     assert "unknown role 'sandbox-hots'" in done.stderr
 
 
+@pytest.mark.usefixtures("local_processes")
 def test_the_entrypoint_reaches_belayer_prepare():
     done = entrypoint("prepare", "--help")
     assert done.returncode == 0, done.stderr

@@ -28,8 +28,6 @@ from belayer.sandbox.podman import ContainerExit
 from belayer.workloads.models import TraceTask, TraceTurn
 from tests.hostile.test_trajectory_hostile import start, wait_for_step
 
-pytestmark = [pytest.mark.stack, pytest.mark.sandbox]
-
 RESULT_TIMEOUT_S = 600
 
 
@@ -125,6 +123,8 @@ async def test_a_kill_from_outside_after_the_agent_oom_killed_its_own_process_is
     (ContainerExit(found=True, exit_code=1), None, "pid1-exited"),
     (ContainerExit(found=True, exit_code=0), 0, "pid1-exited"),
 ])
+
+
 def test_loss_cause_blames_the_agent_only_for_what_nothing_outside_did(ended, oom_kills, cause):
     assert loss_cause(ended, oom_kills)[0] == cause
 

@@ -68,7 +68,6 @@ async def first_verdict(client, workflow_id: str):
     raise AssertionError(f"{workflow_id}: history ended without a verdict")
 
 
-@pytest.mark.stack
 async def test_an_unmarked_payload_never_reaches_an_encrypting_workflow(temporal_server, stack_config):
     """A client without the key starts a workflow with a plaintext input: the encrypting
     worker refuses to decode it (its workflow task fails, naming the fix), the workflow
@@ -107,7 +106,6 @@ def rewrite_meta(store, meta_key: str, **changes) -> None:
     store.put_bytes(meta_key, json.dumps({**meta, **changes}).encode())
 
 
-@pytest.mark.sandbox
 def test_an_edited_or_moved_meta_json_is_refused_and_never_restored(sandboxes):
     host = sandboxes.host
     inner = host.store
@@ -135,7 +133,6 @@ def test_an_edited_or_moved_meta_json_is_refused_and_never_restored(sandboxes):
     assert host.exec(restored, act(3, "cat /workspace/f")).stdout == "two\n"
 
 
-@pytest.mark.sandbox
 def test_a_file_system_snapshot_swapped_under_a_checkpoint_is_refused(sandboxes):
     """Without a key (no MAC): meta.json pointed at another checkpoint's fs.tar. The
     workflow pinned the snapshot's sha256 in its ref, so the fs-only recovery refuses it
@@ -170,7 +167,6 @@ def stored_meta(store, base: str, step: int, **fields) -> None:
     store.put_bytes(base + "meta.json", meta.model_dump_json().encode())
 
 
-@pytest.mark.stack
 def test_a_branch_skips_a_meta_json_without_its_mac_and_pins_the_snapshot(storage_config):
     """Rebuilding a finished lineage's refs for a branch (belayer/sandbox/checkpoints.py)
     reads meta.json through the keyed store: one planted without the MAC is skipped, not
@@ -210,7 +206,6 @@ def test_every_model_refuses_a_traversal_sandbox_id():
                 "meta_key": "k", "step": 0, "archive_sha256": "0" * 64, "archive_bytes": 0}})
 
 
-@pytest.mark.sandbox
 def test_a_traversal_sandbox_id_is_refused_before_anything_is_touched(sandboxes, tmp_path):
     """`remove` deletes a lineage's channel directory: with `../victim` it would delete a
     directory beside the channel root, with an absolute id any directory at all."""
@@ -242,7 +237,6 @@ def test_a_traversal_sandbox_id_is_refused_before_anything_is_touched(sandboxes,
     assert host.exec(handle, act(1, "echo alive")).stdout == "alive\n"
 
 
-@pytest.mark.sandbox
 def test_a_forged_staged_checkpoint_neither_uploads_nor_deletes_another_file(sandboxes, tmp_path):
     """A staged checkpoint crosses Temporal and names a local file, which publish uploads
     and then deletes: one naming any other file, or a key of another lineage, is refused."""
@@ -264,7 +258,6 @@ def test_a_forged_staged_checkpoint_neither_uploads_nor_deletes_another_file(san
     assert host.load_meta(ref).sandbox_id == handle.sandbox_id
 
 
-@pytest.mark.sandbox
 def test_a_container_labelled_with_a_foreign_sandbox_id_does_not_stop_the_sweep(sandboxes, caplog):
     """A host's start-up sweep (`sweep_stale`) reads every container's sandbox label: one
     Belayer never made (someone's container with the label, a lineage record planted
@@ -328,7 +321,6 @@ def unix_http(path: Path, url: str, method: str = "GET", data: bytes | None = No
         connection.close()
 
 
-@pytest.mark.stack
 def test_seaweedfs_takes_only_s3_with_credentials_from_the_host(seaweedfs, storage_config, stack_config):
     """From the host only the S3 API answers, and only with the credentials. The master's
     HTTP port checks no credentials at all (`/col/delete?collection=<bucket>` empties the
@@ -355,7 +347,6 @@ def test_seaweedfs_takes_only_s3_with_credentials_from_the_host(seaweedfs, stora
         assert store.get_bytes("control-plane/secret") == b"held-in-the-bucket"
 
 
-@pytest.mark.stack
 def test_seaweedfs_filer_socket_refuses_requests_without_credentials(seaweedfs, storage_config):
     """The filer's local socket, in the data directory, is the one way to its HTTP API
     (which reads and writes any object by path) from outside SeaweedFS's network: it

@@ -132,7 +132,6 @@ def test_config_masks_the_key(monkeypatch, tmp_path):
     assert text not in str(masked_dump(config)) and text not in repr(config)
 
 
-@pytest.mark.sandbox
 def test_encrypted_checkpoint_restores_and_a_tampered_one_is_refused(sandboxes):
     """A live process's memory goes into the archive encrypted; restore decrypts it; one
     flipped byte of ciphertext (the bucket's sha256 record rewritten to match) is refused

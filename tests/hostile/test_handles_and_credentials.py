@@ -19,7 +19,6 @@ def act(step: int, command: str, trajectory: str = "t-hostile") -> Action:
     return Action(trajectory=trajectory, step=step, command=command, timeout_s=10)
 
 
-@pytest.mark.sandbox
 def test_forged_handles_are_refused_and_run_nothing(sandboxes):
     host = sandboxes.host
     handle = sandboxes.create()
@@ -39,7 +38,6 @@ def test_forged_handles_are_refused_and_run_nothing(sandboxes):
     assert after.stdout == "genuine\n"  # no forged action ran
 
 
-@pytest.mark.sandbox
 def test_a_replayed_action_id_cannot_smuggle_a_new_command(sandboxes):
     """Same (trajectory, step), different command: the journal answers with the first
     observation; the second command never runs."""

@@ -16,8 +16,6 @@ from belayer.workloads.models import TraceTask, TraceTurn
 from tests.hostile.test_agent_breaks_sandbox import BRING_PID1_DOWN
 from tests.hostile.test_trajectory_hostile import _steps, start
 
-pytestmark = [pytest.mark.stack, pytest.mark.sandbox]
-
 # What the task asks (an answer the agent never writes), judged three ways, each by an
 # interpreter or a file the agent tries to reach.
 PYTHON_CHECK = "python3 -c \"import sys; sys.exit(0 if open('/workspace/answer.txt').read().strip() == '42' else 1)\""

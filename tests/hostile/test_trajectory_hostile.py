@@ -12,13 +12,9 @@ from __future__ import annotations
 import asyncio
 import uuid
 
-import pytest
-
 from belayer.policy.config import PolicyConfig
 from belayer.workflows.models import TrajectoryInput, TrajectoryProgress, TrajectoryResult
 from belayer.workloads.models import ModelTask, TraceTask, TraceTurn
-
-pytestmark = [pytest.mark.stack, pytest.mark.sandbox]
 
 HOSTILE_TURNS = [
     # state the later turns must still see

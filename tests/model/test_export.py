@@ -23,16 +23,14 @@ from safetensors.torch import load_file
 
 from belayer.export import PROVENANCE_FILE, ExportError, export_checkpoint, export_run, pick_iteration
 from belayer.model.build import MANIFEST, model_path
+from belayer.rollout.vllm_hooks import engine_environment
 from belayer.storage.store import ObjectStore
 from belayer.temporal_client import TemporalUnreachable
 from belayer.trainer.policy import load_policy, token_logprobs
 from belayer.trainer.step import Trainer
-from belayer.workers.rollout.vllm_hooks import engine_environment
 from belayer.workflows.training_models import IterationRecord
 from tests.conftest import delete_all_under, free_port_block
 from tests.trainer.conftest import batch, step_args
-
-pytestmark = pytest.mark.stack
 
 TOLERANCE = 1e-4  # per token, in nats
 TEXT = "Task: write the number in /workspace/input plus 7 to /workspace/output. <bash>echo $(( $(cat /w"
@@ -141,7 +139,7 @@ print(json.dumps([entry[token].logprob for entry, token in zip(out.prompt_logpro
 """
 
 
-@pytest.mark.engine
+@pytest.mark.usefixtures("tiny_model")
 def test_vllm_loads_it_and_gives_the_trainers_logprobs(exported, tokens, trainer_logprobs):
     pytest.importorskip("vllm")
     done = subprocess.run([sys.executable, "-c", VLLM_PROMPT_LOGPROBS, str(exported), json.dumps(tokens)],

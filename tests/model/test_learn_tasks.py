@@ -50,6 +50,7 @@ def _reward(task: dict, command: str, workspace: Path) -> bool:
 
 
 @pytest.mark.parametrize("split", sorted(SPLITS))
+@pytest.mark.usefixtures("local_processes")
 def test_only_the_correct_command_earns_the_reward(split, tmp_path):
     problem = problems(split)[0]
     task = learn_tasks.task(problem, 0)

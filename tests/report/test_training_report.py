@@ -168,6 +168,7 @@ def run_cli(tmp_path: Path, *args: str) -> subprocess.CompletedProcess:
                           text=True, stdin=subprocess.DEVNULL, timeout=120)
 
 
+@pytest.mark.usefixtures("local_processes")
 def test_cli_reports_a_training_run_without_temporal(tmp_path):
     out = tmp_path / "out"
     result = run_cli(tmp_path, str(TRAIN), "--out", str(out), "--control", str(CONTROL))  # --history is the default
@@ -176,6 +177,7 @@ def test_cli_reports_a_training_run_without_temporal(tmp_path):
     assert {p.name for p in out.iterdir()} == {"report.html", "reward.png", "time.png"}
 
 
+@pytest.mark.usefixtures("local_processes")
 def test_cli_names_the_expected_keys_for_an_unknown_file(tmp_path):
     unknown = tmp_path / "notes.json"
     unknown.write_text('{"loss": 0.1}')

@@ -16,27 +16,11 @@ import pytest
 
 pytest.importorskip("vllm")
 
-from belayer.model.build import model_path  # noqa: E402
-from belayer.workers.rollout import shm  # noqa: E402
-from belayer.workers.rollout.config import RolloutConfig  # noqa: E402
-from belayer.workers.rollout.node import RolloutNode  # noqa: E402
-from belayer.workers.rollout.protocol import SamplingSpec  # noqa: E402
-
-
-@pytest.fixture(scope="session")
-def tiny_model() -> Path:
-    _sweep_orphans_of_killed_sessions()
-    return model_path("tiny")
-
-
-def _sweep_orphans_of_killed_sessions() -> None:
-    """A test session killed hard (SIGKILL, CI timeout) cannot unlink its nodes' segments:
-    the next session removes the test nodes' segments that no process maps any more."""
-    import warnings
-
-    for path in shm.orphan_segments(prefix="belayer-t"):
-        path.unlink(missing_ok=True)
-        warnings.warn(f"removed shared memory left by a killed test session: {path}", stacklevel=1)
+from belayer.rollout import shm  # noqa: E402
+from belayer.rollout.config import RolloutConfig  # noqa: E402
+from belayer.rollout.node import RolloutNode  # noqa: E402
+from belayer.rollout.protocol import SamplingSpec  # noqa: E402
+from tests.conftest import tiny_model  # noqa: E402, F401 (fixture)
 
 
 def node_config(**overrides) -> RolloutConfig:

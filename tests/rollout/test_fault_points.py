@@ -7,10 +7,8 @@ import time
 
 import pytest
 
-from belayer.workers.rollout.restarts import DEGRADED_AFTER
+from belayer.rollout.restarts import DEGRADED_AFTER
 from tests.rollout.conftest import PROMPTS, SPECS, NodeUnderTest, node_config
-
-pytestmark = pytest.mark.engine
 
 
 @pytest.fixture
@@ -51,6 +49,8 @@ def test_hang_with_failed_device_check_falls_back_to_cold_start(faulty_node):
 @pytest.mark.parametrize(
     "faulty_node", ["owner_crash:after_s=0,engine_crash_during_decode:after=60"], indirect=True
 )
+
+
 def test_owner_crash_then_engine_crash_is_a_takeover_not_a_cold_start(faulty_node):
     """The owner's death no longer forces a cold start: a replacement adopts its verified
     segments, and the shadow proves its own weights (sketch) before it leads."""

@@ -12,12 +12,10 @@ from temporalio.exceptions import ApplicationError
 from temporalio.testing import ActivityEnvironment
 
 from belayer.activities.generate import GenerateArgs, PartialTokens, RolloutActivities, SamplingParams
+from belayer.rollout.protocol import SamplingSpec
 from belayer.storage.generation import SampledTokens, encode_sampled, read_generation
 from belayer.storage.tokenlog import PrefixRef, Span, TokenLog, encode_tokens, read_marks, read_prefix
-from belayer.workers.rollout.protocol import SamplingSpec
 from tests.rollout.conftest import NodeUnderTest, node_config
-
-pytestmark = [pytest.mark.engine, pytest.mark.stack]
 
 PROMPT = list(range(40, 90))
 SAMPLING = SamplingParams(max_tokens=48, temperature=0.9, seed=42, ignore_eos=True)

@@ -2,7 +2,7 @@
 
 import pytest
 
-from belayer.workers.rollout.hang import FLOOR_S, MULTIPLE, HangDeadline
+from belayer.rollout.hang import FLOOR_S, MULTIPLE, HangDeadline
 
 CEILING, BEAT = 60.0, 0.25
 

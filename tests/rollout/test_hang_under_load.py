@@ -14,10 +14,9 @@ import time
 import pytest
 
 from belayer.model.build import model_path
-from belayer.workers.rollout.protocol import SamplingSpec
+from belayer.rollout.protocol import SamplingSpec
 from tests.rollout.conftest import node_config, owner_recovery_after, started_node
-
-pytestmark = pytest.mark.engine
+from tests.tiers import needs
 
 PROMPT_TOKENS, NEW_TOKENS, REQUESTS = 512, 64, 4
 
@@ -28,6 +27,7 @@ def _spin() -> None:
 
 
 @pytest.fixture(scope="module", params=["tiny", "bench"])
+@needs("engine")
 def loaded_node(request):
     config = node_config(model=request.param, kv_cache_mb=256, max_model_len=1024,
                          heartbeat_interval_s=0.25, heartbeat_timeout_s=120.0,  # only the upper bound

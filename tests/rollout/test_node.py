@@ -16,12 +16,10 @@ import time
 
 import pytest
 
-from belayer.workers.rollout import recovery, shm
-from belayer.workers.rollout.errors import BadRequestError
-from belayer.workers.rollout.protocol import SamplingSpec
+from belayer.rollout import recovery, shm
+from belayer.rollout.errors import BadRequestError
+from belayer.rollout.protocol import SamplingSpec
 from tests.rollout.conftest import PROMPTS, SPECS, flip_a_weight_byte, owner_recovery_after
-
-pytestmark = pytest.mark.engine
 
 _baselines: dict[str, list] = {}
 

@@ -19,14 +19,12 @@ import pytest
 import torch
 
 from belayer.model.build import MANIFEST
-from belayer.workers.rollout import node as node_module
-from belayer.workers.rollout import shm
-from belayer.workers.rollout.errors import RolloutError
-from belayer.workers.rollout.protocol import SamplingSpec
-from belayer.workers.rollout.publish import PublishRefusedError
+from belayer.rollout import node as node_module
+from belayer.rollout import shm
+from belayer.rollout.errors import RolloutError
+from belayer.rollout.protocol import SamplingSpec
+from belayer.rollout.publish import PublishRefusedError
 from tests.rollout.conftest import PROMPTS, flip_a_weight_byte, node_config, started_node
-
-pytestmark = pytest.mark.engine
 
 LONG = SamplingSpec(max_tokens=160, ignore_eos=True)
 SAMPLED = SamplingSpec(max_tokens=160, temperature=0.9, top_p=0.95, seed=3, ignore_eos=True)

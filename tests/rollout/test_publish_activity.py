@@ -10,12 +10,10 @@ from temporalio.exceptions import ApplicationError
 from temporalio.testing import ActivityEnvironment
 
 from belayer.activities.publish import PublishActivities, PublishWeightsArgs
+from belayer.rollout.protocol import SamplingSpec
 from belayer.storage.store import ObjectRef
 from belayer.storage.weights import store_weights
-from belayer.workers.rollout.protocol import SamplingSpec
 from tests.rollout.conftest import node_config, started_node
-
-pytestmark = [pytest.mark.engine, pytest.mark.stack]
 
 
 @pytest.fixture(scope="module")

@@ -17,13 +17,11 @@ import time
 
 import pytest
 
-from belayer.workers.rollout import children
-from belayer.workers.rollout import node as node_module
-from belayer.workers.rollout.errors import BadRequestError, RolloutError
-from belayer.workers.rollout.protocol import SamplingSpec, StageWeights
+from belayer.rollout import children
+from belayer.rollout import node as node_module
+from belayer.rollout.errors import BadRequestError, RolloutError
+from belayer.rollout.protocol import SamplingSpec, StageWeights
 from tests.rollout.conftest import flip_a_weight_byte, node_config, started_node
-
-pytestmark = pytest.mark.engine
 
 PROMPT = [5, 6, 7, 8]
 GREEDY = SamplingSpec(max_tokens=120, ignore_eos=True)
@@ -79,7 +77,7 @@ def wait_until(condition, what: str, timeout: float = 120.0) -> None:
 
 
 def segments_of(node, version: int) -> list:
-    from belayer.workers.rollout import shm
+    from belayer.rollout import shm
 
     return [p for p in shm.leftover_segments(node.config.node_id) if p.name.endswith(f"-v{version}")]
 
@@ -237,7 +235,7 @@ def test_the_owners_background_check_verifies_the_version_a_drain_is_pinned_to(n
     before = len(node.recoveries)
     publish = InThread(lambda: node.publish(version, weights_of(contents, version), policy="finish_on_old"))
     wait_until(lambda: node.target_version == version, "the seal of the new version")
-    assert node._pinned_versions() == {old}
+    assert node.pinned_versions() == {old}
     flip_a_weight_byte(node.owner_versions[old])
     wait_until(lambda: len(node.recoveries) > before, "the background check to find the damaged segment", 60)
     event = node.recoveries[before]

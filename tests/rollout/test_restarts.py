@@ -1,6 +1,6 @@
 """A child that keeps dying is restarted with backoff, and the node is called degraded."""
 
-from belayer.workers.rollout.restarts import BACKOFF_MAX_S, DEGRADED_AFTER, STABLE_S, Restarts
+from belayer.rollout.restarts import BACKOFF_MAX_S, DEGRADED_AFTER, STABLE_S, Restarts
 
 
 class Clock:

@@ -21,6 +21,7 @@ from belayer.sandbox.config import SandboxConfig
 from belayer.sandbox.host import SandboxHost
 from belayer.sandbox.models import SandboxSpec
 from belayer.sandbox.podman import LABEL_SANDBOX, PodmanBackend
+from tests.tiers import needs
 
 REPO = Path(__file__).resolve().parents[2]
 TEST_LABEL = "belayer.test"
@@ -66,6 +67,7 @@ def sweep_orphans(backend: PodmanBackend) -> list[str]:
 
 
 @pytest.fixture(scope="session")
+@needs("sandbox")
 def sandbox_runtime():
     """The runtime is healthy, the base image and the trusted toolchain carry the current
     infra/sandbox/."""

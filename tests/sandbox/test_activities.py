@@ -13,7 +13,6 @@ import concurrent.futures
 import uuid
 from datetime import timedelta
 
-import pytest
 from temporalio import activity, workflow
 from temporalio.common import RetryPolicy
 from temporalio.exceptions import ActivityError, ApplicationError
@@ -38,7 +37,6 @@ with workflow.unsafe.imports_passed_through():
     from belayer.storage.tokenlog import PrefixRef
     from belayer.trajectory_log import StepRecord
 
-pytestmark = pytest.mark.sandbox
 T = timedelta(seconds=120)
 ONCE = RetryPolicy(maximum_attempts=1)
 STEPS = RecordLogRef(key="trajectories/wf/steps/v0", length=1)

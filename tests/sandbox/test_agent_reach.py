@@ -13,8 +13,6 @@ import pytest
 from belayer.sandbox.errors import CheckpointBlockedByAgent
 from belayer.sandbox.models import Action
 
-pytestmark = pytest.mark.sandbox
-
 TRAJ = "traj-reach"
 
 

@@ -5,12 +5,9 @@ from __future__ import annotations
 
 import json
 
-import pytest
 from click.testing import CliRunner
 
 from tests.storage.helpers import RawBucket, storage_env
-
-pytestmark = pytest.mark.sandbox
 
 WORKLOAD = """
 tasks:

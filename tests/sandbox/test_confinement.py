@@ -101,7 +101,6 @@ def _sandbox_in(sandboxes, where: str):
     return outcome.handle, target.trajectory, 2, pid  # a fork goes on from its origin's step
 
 
-@pytest.mark.sandbox
 @pytest.mark.parametrize("where", ["fresh", "restored", "forked"])
 def test_the_agents_processes_run_under_belayers_seccomp_filter(sandboxes, where):
     host = sandboxes.host
@@ -116,9 +115,6 @@ def test_the_agents_processes_run_under_belayers_seccomp_filter(sandboxes, where
 
 
 # ------------------------------------------------------------------ tmpfs sizes
-
-
-@pytest.mark.sandbox
 @pytest.mark.sandbox_config(run_mb=4, shm_mb=16)
 @pytest.mark.parametrize("mount, field", [("/dev/shm", "shm_mb"), ("/run", "run_mb")])
 def test_filling_a_tmpfs_stops_at_its_size_and_the_sandbox_goes_on(sandboxes, mount, field):
@@ -139,9 +135,6 @@ def test_tmpfs_sizes_that_leave_no_memory_for_processes_are_refused():
 
 
 # ------------------------------------------------------------------ environment
-
-
-@pytest.mark.sandbox
 def test_the_hosts_proxy_variables_do_not_reach_the_sandbox(sandboxes, monkeypatch):
     proxies = {"HTTP_PROXY": "http://proxy.invalid:3128", "http_proxy": "http://proxy.invalid:3128",
                "HTTPS_PROXY": "http://proxy.invalid:3129", "NO_PROXY": "internal.invalid"}  # fmt: skip

@@ -16,8 +16,6 @@ from belayer.sandbox.errors import HostDraining, SandboxNotFound
 from belayer.sandbox.models import LoggedAction
 from tests.sandbox.test_lineage_fencing import HOST_A, HOST_B, TRAJ, act, two_hosts  # noqa: F401 (fixture)
 
-pytestmark = pytest.mark.sandbox
-
 STEPS = [
     "echo first > /workspace/a && echo ok",
     "nohup sh -c 'while true; do date +%s%N >> /tmp/ticks; sleep 0.05; done' >/dev/null 2>&1 & echo started",

@@ -7,10 +7,7 @@ from __future__ import annotations
 
 import json
 
-import pytest
 from click.testing import CliRunner
-
-pytestmark = pytest.mark.sandbox
 
 
 def test_env_recovery_json(sandbox_runtime, tmp_path, monkeypatch):

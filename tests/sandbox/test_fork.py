@@ -12,8 +12,6 @@ import pytest
 from belayer.sandbox.errors import CheckpointCorrupt, SupervisorRefused
 from belayer.sandbox.models import Action, ForkTarget, LoggedAction
 
-pytestmark = pytest.mark.sandbox
-
 SETUP = [
     "mkdir -p /workspace/repo && cd /workspace/repo && echo 'v1' > VERSION && export BUILD=7",
     "python3 -m http.server 8124 --bind 127.0.0.1 --directory /workspace/repo >/tmp/http.log 2>&1 &\n"

@@ -74,6 +74,7 @@ def downloading(path):
 
 
 @pytest.mark.parametrize("method", ["zstd", "gzip"])
+@pytest.mark.usefixtures("local_processes")
 def test_unpack_decompresses_as_it_downloads_and_refuses_what_is_not_an_export(tmp_path, method):
     export(tmp_path / "plain.tar")
     packed = tmp_path / f"a.tar.{method}"

@@ -23,8 +23,6 @@ from belayer.sandbox.models import Action, LoggedAction, SandboxHandle, SandboxS
 from belayer.storage.store import ObjectStore
 from tests.sandbox.conftest import TEST_LABEL, Sandboxes, TrackingBackend, small_config
 
-pytestmark = pytest.mark.sandbox
-
 TRAJ = "traj-fence"
 HOST_A, HOST_B = "belayer-sandbox-test-host-a", "belayer-sandbox-test-host-b"
 STEP1 = "echo one > /workspace/one; echo one"

@@ -47,7 +47,6 @@ def test_equally_loaded_hosts_share_a_burst_of_placements():
     assert chosen == [choose(loads, now=NOW, key=f"sbx-{i:04d}") for i in range(200)]  # deterministic
 
 
-@pytest.mark.sandbox
 def test_a_full_host_refuses_new_sandboxes_and_publishes_its_load(sandbox_runtime, storage_config):
     boxes = make_sandboxes(storage_config, max_sandboxes=1)
     store, queue = boxes.host.store, boxes.host.host_queue

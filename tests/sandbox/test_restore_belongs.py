@@ -13,8 +13,6 @@ import pytest
 
 from belayer.sandbox.models import Action, LoggedAction
 
-pytestmark = pytest.mark.sandbox
-
 TRAJ = "traj-branch"
 COMMANDS = ["mkdir -p /workspace/w && cd /workspace/w && echo one", "date +%s%N | tee stamp"]
 

@@ -27,6 +27,7 @@ from belayer.sandbox.runtime import (
     podman_env,
     run_podman,
 )
+from tests.tiers import needs
 
 
 def _name(tag: str) -> str:
@@ -72,6 +73,7 @@ def test_podman_args_and_env_are_belayer_only(tmp_path: Path) -> None:
     assert env["PATH"].split(os.pathsep)[:2] == [str(CRIU_TOOLS_DIR), str(tmp_path / "cache/bin")]
 
 
+@pytest.mark.usefixtures("local_processes")
 def test_defaults_follow_belayer_env(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
     monkeypatch.setenv("BELAYER_STATE_DIR", str(tmp_path / "s"))
     monkeypatch.setenv("BELAYER_CACHE_DIR", str(tmp_path / "c"))
@@ -84,11 +86,11 @@ def test_defaults_follow_belayer_env(monkeypatch: pytest.MonkeyPatch, tmp_path: 
 
 
 @pytest.fixture(scope="module")
+@needs("sandbox")
 def health() -> runtime.RuntimeHealth:
     return check_runtime()
 
 
-@pytest.mark.sandbox
 def test_runtime_healthy(health: runtime.RuntimeHealth) -> None:
     assert health.ok, health.summary()
     assert health.is_root
@@ -98,7 +100,6 @@ def test_runtime_healthy(health: runtime.RuntimeHealth) -> None:
     assert health.image_id
 
 
-@pytest.mark.sandbox
 def test_podman_uses_belayer_storage_and_runc(health: runtime.RuntimeHealth) -> None:
     if not health.can_run:
         pytest.fail(health.summary())
@@ -117,7 +118,6 @@ def test_podman_uses_belayer_storage_and_runc(health: runtime.RuntimeHealth) -> 
     assert cgroup_manager == "cgroupfs"
 
 
-@pytest.mark.sandbox
 def test_echo_in_base_image(health: runtime.RuntimeHealth) -> None:
     if not health.can_run:
         pytest.fail(health.summary())
@@ -158,7 +158,6 @@ def _signal_and_read(name: str, path: str, timeout: float = 10.0) -> int:
     raise AssertionError(f"{name}: no answer in {path}")
 
 
-@pytest.mark.sandbox
 def test_checkpoint_export_and_restore_import(health: runtime.RuntimeHealth, tmp_path: Path) -> None:
     if not health.can_checkpoint:
         pytest.fail(health.summary())
@@ -202,7 +201,6 @@ def test_checkpoint_export_and_restore_import(health: runtime.RuntimeHealth, tmp
         _rm(src, dst)
 
 
-@pytest.mark.sandbox
 def test_podman_and_runc_call_belayers_criu(health: runtime.RuntimeHealth, tmp_path: Path) -> None:
     """Both podman's own version check and runc's dump/restore go through criu_path()."""
     if not health.can_checkpoint:
@@ -249,6 +247,7 @@ def test_podman_and_runc_call_belayers_criu(health: runtime.RuntimeHealth, tmp_p
 
 
 @pytest.mark.parametrize("reached_by", ["its directory", "a symlink with a space in its path"])
+@pytest.mark.usefixtures("local_processes")
 def test_criu_tar_drops_gzip_from_dumps_and_reads_either_kind(tmp_path, reached_by):
     """CRIU's `tar --create --gzip` of a tmpfs runs with the container frozen: Belayer's tar
     (first on podman's PATH) writes it plain, and extracts plain and gzip images alike. It
@@ -289,6 +288,7 @@ def _extract_with(env: dict, out: Path, data: bytes, stdin: str) -> None:
         subprocess.run(extract, stdin=f, env=env, check=True, timeout=30)
 
 
+@pytest.mark.usefixtures("local_processes")
 def test_criu_tar_says_so_when_no_other_tar_is_on_path(tmp_path):
     env = {**os.environ, "PATH": str(CRIU_TOOLS_DIR)}
     done = subprocess.run(["/bin/sh", str(CRIU_TOOLS_DIR / "tar"), "--version"], env=env, capture_output=True,

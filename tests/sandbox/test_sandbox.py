@@ -19,8 +19,6 @@ from belayer.sandbox.errors import StaleGeneration
 from belayer.sandbox.models import Action, LoggedAction, SandboxHandle
 from belayer.sandbox.runtime import CRIU_CONFIG, podman_dirs
 
-pytestmark = pytest.mark.sandbox
-
 TRAJ = "traj-test"
 
 SCENARIO = [

@@ -15,8 +15,6 @@ import pytest
 from belayer.sandbox.errors import CheckpointCorrupt
 from belayer.sandbox.models import Action
 
-pytestmark = pytest.mark.sandbox
-
 TRAJ = "traj-staged"
 
 

@@ -20,6 +20,7 @@ import pytest
 from belayer.sandbox import channel
 from belayer.sandbox.errors import SandboxBusy, StaleGeneration, SupervisorRefused
 from belayer.sandbox.models import Observation
+from tests.tiers import needs
 
 SUPERVISOR = Path(__file__).resolve().parents[2] / "infra/sandbox/supervisor.py"
 
@@ -77,6 +78,7 @@ class Local:
 
 
 @pytest.fixture
+@needs("stack")
 def sup(tmp_path):
     s = Local(tmp_path)
     try:

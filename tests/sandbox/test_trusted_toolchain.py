@@ -31,7 +31,7 @@ import pytest
 from belayer.sandbox import toolchain
 from belayer.sandbox.models import Action, LoggedAction
 
-pytestmark = [pytest.mark.sandbox, pytest.mark.sandbox_config(read_only_root=False)]
+pytestmark = pytest.mark.sandbox_config(read_only_root=False)
 
 TRAJ = "traj-toolchain"
 FORGED_HASH = "0" * 64

@@ -17,14 +17,10 @@ import subprocess
 import sys
 from pathlib import Path
 
-import pytest
-
 from belayer.config import load_config
 from belayer.sandbox.models import Action, ForkTarget
 from belayer.sandbox.podman import USERNS_BASE, USERNS_SIZE
 from belayer.stack import sandbox_hosts
-
-pytestmark = pytest.mark.sandbox
 
 TRAJ = "traj-users"
 AGENT_UID = "1000"

@@ -4,15 +4,12 @@ from __future__ import annotations
 
 import json
 
-import pytest
 from click.testing import CliRunner
 
 from belayer.cli.bench.storage import storage
 from belayer.storage import ObjectStore
 
 from .helpers import RawBucket, storage_env
-
-pytestmark = pytest.mark.stack
 
 
 def test_bench_storage_json_and_cleanup(storage_config, tmp_path):

@@ -7,10 +7,6 @@ import subprocess
 import sys
 from pathlib import Path
 
-import pytest
-
-pytestmark = pytest.mark.stack
-
 MiB = 1 << 20
 REPO = Path(__file__).resolve().parents[2]
 

@@ -50,6 +50,8 @@ def test_encoding_is_a_header_version_runs_then_float32_logprobs():
         lambda d: d[:12] + struct.pack("<QI", 3, 2) + d[24:],  # runs cover 4 of 5 tokens
     ],
 )
+
+
 def test_damaged_encodings_are_refused(damage):
     with pytest.raises(ValueError):
         decode_generation(damage(encode_generation(SAMPLED.logprobs, SAMPLED.versions)))
@@ -74,7 +76,6 @@ def store(storage_config):
         yield store
 
 
-@pytest.mark.stack
 def test_written_beside_the_log_and_read_back_verified(store):
     ref, versions = write_generation(store, "traj/g/v0", 40, SAMPLED)
     assert ref.key == generation_key("traj/g/v0", 40) == "traj/g/v0.gen/000000000040"
@@ -83,7 +84,6 @@ def test_written_beside_the_log_and_read_back_verified(store):
     assert len(GenerationRef.model_validate_json(ref.model_dump_json()).model_dump_json()) < 200
 
 
-@pytest.mark.stack
 def test_a_corrupt_or_mismatched_object_is_refused(store, storage_config):
     ref, _ = write_generation(store, "traj/gc", 0, SAMPLED)
     with pytest.raises(CorruptObject):
@@ -97,7 +97,6 @@ def test_a_corrupt_or_mismatched_object_is_refused(store, storage_config):
         read_generation(store, ref)
 
 
-@pytest.mark.stack
 def test_the_first_record_of_a_position_stands(store):
     """A retried turn on newer weights that sampled the same tokens: the earlier attempt's
     record stays, and the retry reports what it says."""
@@ -117,7 +116,6 @@ def _turn(log: TokenLog, tokens: list[int], version: int, logprob: float = -0.5)
     return log.head
 
 
-@pytest.mark.stack
 def test_per_position_versions_and_logprobs_of_a_prefix(store):
     log = TokenLog.create(store, "traj/rg")
     log.append([1, 2, 3], source="env")
@@ -132,7 +130,6 @@ def test_per_position_versions_and_logprobs_of_a_prefix(store):
     assert read_generations(store, cut) == ([None] * 3 + [2, 2, None, 3], [None] * 3 + [-0.25] * 2 + [None, -1.5])
 
 
-@pytest.mark.stack
 def test_a_fork_reads_the_earlier_turns_from_its_base(store):
     base = TokenLog.create(store, "traj/rb")
     base.append([1, 2], source="env")
@@ -147,7 +144,6 @@ def test_a_fork_reads_the_earlier_turns_from_its_base(store):
     assert logprobs == [None, None, -0.5, -0.5, -2.0, -2.0, None]
 
 
-@pytest.mark.stack
 def test_a_model_turn_without_its_record_is_refused(store):
     log = TokenLog.create(store, "traj/rm")
     log.append([1, 2], source="env")
@@ -156,7 +152,6 @@ def test_a_model_turn_without_its_record_is_refused(store):
         read_generations(store, log.head)
 
 
-@pytest.mark.stack
 def test_a_record_over_environment_tokens_is_refused(store):
     log = TokenLog.create(store, "traj/re")
     log.append([1, 2], source="env")

@@ -17,8 +17,6 @@ from belayer.storage.s3client import make_s3_client
 
 from .helpers import CountingSleep, FaultyClient, RawBucket
 
-pytestmark = pytest.mark.stack
-
 MiB = 1 << 20
 
 

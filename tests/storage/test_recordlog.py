@@ -11,8 +11,6 @@ from belayer.storage.recordlog import RecordLog, RecordLogRef
 
 from .helpers import RawBucket
 
-pytestmark = pytest.mark.stack
-
 
 @pytest.fixture
 def store(storage_config):

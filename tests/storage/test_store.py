@@ -22,8 +22,6 @@ from belayer.storage.retry import RetryPolicy
 
 from .helpers import CountingSleep, RawBucket
 
-pytestmark = pytest.mark.stack
-
 MiB = 1 << 20
 
 
@@ -282,6 +280,8 @@ def test_failing_source_aborts_the_upload(store, raw):
         ("BELAYER_STORAGE__BUCKET", "bucket", "no-such-bucket"),
     ],
 )
+
+
 def test_wrong_settings_give_a_permanent_error_naming_the_setting(storage_config, setting, field, value):
     sleep = CountingSleep()
     cfg = storage_config.model_copy(update={field: value})

@@ -68,7 +68,6 @@ def turns(count: int, seed: int = 0) -> list[list[int]]:
     return [[rng.randrange(0, 200_000) for _ in range(rng.randrange(1, 400))] for _ in range(count)]
 
 
-@pytest.mark.stack
 def test_many_appends_read_back_as_exact_prefixes(store):
     log = TokenLog.create(store, "traj/42")
     everything: list[int] = []
@@ -86,7 +85,6 @@ def test_many_appends_read_back_as_exact_prefixes(store):
     assert log.append([], source="env") == refs[-1]
 
 
-@pytest.mark.stack
 def test_wrong_hash_or_length_is_refused(store):
     log = TokenLog.create(store, "traj/h")
     log.append([1, 2, 3], source="env")
@@ -101,7 +99,6 @@ def test_wrong_hash_or_length_is_refused(store):
         read_prefix(store, prefix_ref("traj/none", [1]))
 
 
-@pytest.mark.stack
 def test_retried_append_is_idempotent_and_divergence_conflicts(store):
     first = TokenLog.create(store, "traj/r")
     ref1 = first.append([10, 11], source="env")
@@ -119,7 +116,6 @@ def test_retried_append_is_idempotent_and_divergence_conflicts(store):
     assert again.append([10, 11], source="env") == ref1
 
 
-@pytest.mark.stack
 def test_fork_diverges_without_copying(store, storage_config):
     log = TokenLog.create(store, "traj/f/b0")
     log.append([1, 2, 3], source="env")
@@ -139,7 +135,6 @@ def test_fork_diverges_without_copying(store, storage_config):
     assert segments == ["traj/f/b1/seg/000000000004.u32"]
 
 
-@pytest.mark.stack
 def test_damaged_or_missing_segments_are_detected(store, storage_config):
     raw = RawBucket(storage_config)
     log = TokenLog.create(store, "traj/d")
@@ -155,7 +150,6 @@ def test_damaged_or_missing_segments_are_detected(store, storage_config):
         read_prefix(store, ref)
 
 
-@pytest.mark.stack
 def test_manifest_stays_small_with_many_turns(store, storage_config):
     log = TokenLog.create(store, "traj/m")
     for turn in turns(40, seed=3):
@@ -265,7 +259,6 @@ def a_turn_log(store, key: str) -> list[PrefixRef]:
     ]
 
 
-@pytest.mark.stack
 def test_marks_say_which_tokens_the_model_generated(store):
     refs = a_turn_log(store, "traj/marks")
     spans = read_marks(store, refs[-1])
@@ -278,7 +271,6 @@ def test_marks_say_which_tokens_the_model_generated(store):
     assert read_marks(store, prefix_ref("traj/marks", [])) == []
 
 
-@pytest.mark.stack
 def test_a_context_cut_keeps_the_marks_of_what_it_keeps(store):
     """The trajectory's cut: a new log forked at the end of a turn, continued with an
     observation and the next turns."""
@@ -295,7 +287,6 @@ def test_a_context_cut_keeps_the_marks_of_what_it_keeps(store):
     assert read_marks(store, refs[-1])[-1] == Span(9, 12, "model")  # the old branch is untouched
 
 
-@pytest.mark.stack
 def test_a_fork_inside_a_segment_keeps_the_truncated_span(store):
     a_turn_log(store, "traj/fk/b0")
     inside_model_turn = prefix_ref("traj/fk/b0", [1, 2, 3, 4, 5])
@@ -308,7 +299,6 @@ def test_a_fork_inside_a_segment_keeps_the_truncated_span(store):
     assert loss_mask(read_marks(store, head)) == [0, 0, 0, 1, 1, 1, 0]
 
 
-@pytest.mark.stack
 def test_segments_written_before_marks_existed_read_as_env(store):
     """A log written by the old code (segments without a mark), continued by the new."""
     TokenLog.create(store, "traj/old")
@@ -320,7 +310,6 @@ def test_segments_written_before_marks_existed_read_as_env(store):
     assert read_marks(store, head) == [Span(0, 5, "env"), Span(5, 6, "model")]
 
 
-@pytest.mark.stack
 def test_a_retry_that_names_another_source_conflicts(store):
     log = TokenLog.create(store, "traj/src")
     first = log.append([1, 2], source="env")
@@ -332,7 +321,6 @@ def test_a_retry_that_names_another_source_conflicts(store):
         log.append([5], source="observation")
 
 
-@pytest.mark.stack
 def test_marks_of_a_short_log_or_an_unknown_mark_are_refused(store):
     refs = a_turn_log(store, "traj/bad")
     with pytest.raises(CorruptObject, match="holds only 12 tokens"):

@@ -7,10 +7,10 @@ from temporalio.exceptions import ApplicationError
 from temporalio.testing import ActivityEnvironment
 
 from belayer.activities import train
+from belayer.rollout.faults import Fault
 from belayer.storage.errors import CorruptObject, ObjectNotFound
 from belayer.trainer.models import TrainStepArgs
 from belayer.trainer.step import TrainRequestError
-from belayer.workers.rollout.faults import Fault
 
 ARGS = TrainStepArgs(run_id="r", iteration=0, model="tiny", samples=[])
 

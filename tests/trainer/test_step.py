@@ -19,8 +19,6 @@ from belayer.trainer.step import Trainer
 
 from .conftest import batch, group, step_args
 
-pytestmark = pytest.mark.stack
-
 
 @pytest.fixture(scope="module")
 def trainer():

@@ -11,7 +11,6 @@ import sys
 import uuid
 from datetime import timedelta
 
-import pytest
 from temporalio import workflow
 from temporalio.common import RetryPolicy
 from temporalio.worker import Worker
@@ -23,8 +22,6 @@ from belayer.trainer.models import TrainStepArgs, TrainStepResult
 from belayer.trainer.step import Trainer
 
 from .conftest import batch, step_args
-
-pytestmark = pytest.mark.stack
 
 
 @workflow.defn(sandboxed=False)

@@ -9,11 +9,13 @@ import uuid
 import pytest
 
 from tests.test_stack import whole_stack
+from tests.tiers import needs
 
 MODEL = "tiny-warm"
 
 
 @pytest.fixture(scope="package")
+@needs("whole")
 def stack():
     """A whole private stack, shared by the package's modules."""
     with whole_stack("blt-", {"BELAYER_ROLLOUT__MODEL": MODEL,

@@ -10,10 +10,9 @@ import sys
 
 import pytest
 
-from belayer.workers.rollout import shm
+from belayer.rollout import shm
 from tests.test_stack import service_status
 
-pytestmark = [pytest.mark.stack, pytest.mark.engine]
 NODE = [sys.executable, "-m", "belayer.workers.rollout"]
 
 

@@ -23,7 +23,6 @@ from safetensors.torch import load_file
 from tests.test_stack import BELAYER, belayer
 from tests.training.conftest import MODEL
 
-pytestmark = [pytest.mark.stack, pytest.mark.sandbox, pytest.mark.engine]
 ROOT = Path(__file__).parents[2]
 
 # Every fault the chaos suite knows, plus the trainer's death, over the first three

@@ -25,8 +25,6 @@ from belayer.workflows.training import TrainingWorkflow, _advantages
 from belayer.workflows.training_models import IterationRecord, TrainingInput, TrainingQueues, TrainingResult
 from belayer.workloads.models import TraceTask, TraceTurn
 
-pytestmark = pytest.mark.stack
-
 TASKS = [TraceTask(id=f"task{i}", turns=[TraceTurn(think_tokens=1, bash="true")]) for i in range(4)]
 
 

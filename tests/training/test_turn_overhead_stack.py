@@ -11,8 +11,6 @@ import pytest
 
 from tests.test_stack import BELAYER
 
-pytestmark = [pytest.mark.stack, pytest.mark.sandbox, pytest.mark.engine]
-
 
 def test_the_bench_measures_both_loops_and_splits_belayers_turns(stack):
     done = subprocess.run([*BELAYER, "bench", "turn-overhead", "--repetitions", "1", "--json"], env=stack[1],

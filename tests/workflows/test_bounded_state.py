@@ -7,16 +7,12 @@ from __future__ import annotations
 import asyncio
 import uuid
 
-import pytest
-
 from belayer.bench.history import history_proto, history_sizes
 from belayer.policy.config import PolicyConfig
 from belayer.sandbox.observations import load_observation
 from belayer.trajectory_log import read_decisions, read_steps
 from belayer.workflows.models import TrajectoryInput, TrajectoryResult
 from belayer.workloads.models import TraceTask, TraceTurn
-
-pytestmark = [pytest.mark.stack, pytest.mark.sandbox]
 
 TURNS, EVERY = 24, 4
 

@@ -15,8 +15,6 @@ from tests.rollout.conftest import node_config, started_node, tiny_model  # noqa
 from tests.workflows.conftest import trajectory_stack
 from tests.workflows.test_trajectory import start, wait_for_step
 
-pytestmark = [pytest.mark.stack, pytest.mark.sandbox, pytest.mark.engine]
-
 LONG_THINKING = TraceTask(
     id="thinking",
     setup=["mkdir -p /workspace/t"],

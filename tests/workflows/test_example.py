@@ -5,10 +5,6 @@ from __future__ import annotations
 import importlib.util
 from pathlib import Path
 
-import pytest
-
-pytestmark = [pytest.mark.stack, pytest.mark.sandbox]
-
 EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "start_trajectory.py"
 
 

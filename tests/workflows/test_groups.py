@@ -5,8 +5,6 @@ from __future__ import annotations
 
 import uuid
 
-import pytest
-
 from belayer.policy.config import PolicyConfig
 from belayer.sandbox.checkpoints import checkpoints_at_or_before
 from belayer.trajectory_log import read_steps
@@ -14,8 +12,6 @@ from belayer.workflows.groups import GroupInput, GroupResult
 from belayer.workflows.models import ForkStart, TrajectoryInput, TrajectoryProgress, TrajectoryResult
 from belayer.workloads.models import TraceTask, TraceTurn
 from tests.workflows.test_trajectory import start
-
-pytestmark = [pytest.mark.stack, pytest.mark.sandbox]
 
 SET_UP = TraceTask(
     id="set-up",

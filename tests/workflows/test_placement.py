@@ -6,14 +6,10 @@ from __future__ import annotations
 
 import asyncio
 
-import pytest
-
 from belayer.sandbox.placement import LoadPublisher
 from belayer.workflows.models import TrajectoryProgress
 from belayer.workloads.models import TraceTask, TraceTurn
 from tests.workflows.test_trajectory import start
-
-pytestmark = [pytest.mark.stack, pytest.mark.sandbox]
 
 SHORT = TraceTask(
     id="placed",

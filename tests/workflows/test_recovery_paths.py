@@ -13,7 +13,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 
-import pytest
 from temporalio.client import WorkflowHandle
 
 from belayer.sandbox import faults
@@ -21,8 +20,6 @@ from belayer.workflows.models import TrajectoryProgress, TrajectoryResult
 from belayer.workloads.models import ModelTask, TraceTask, TraceTurn
 from tests.workflows.conftest import trajectory_stack
 from tests.workflows.test_trajectory import start, wait_for_progress, wait_for_step
-
-pytestmark = [pytest.mark.stack, pytest.mark.sandbox]
 
 RESULT_TIMEOUT_S = 240
 

@@ -13,8 +13,6 @@ from belayer.trajectory_log import read_decisions
 from belayer.workflows.models import TrajectoryInput, TrajectoryProgress, TrajectoryResult
 from belayer.workloads.models import TraceTask, TraceTurn
 
-pytestmark = [pytest.mark.stack, pytest.mark.sandbox]
-
 STATEFUL_TRACE = TraceTask(
     id="stateful",
     setup=["mkdir -p /workspace/w"],

@@ -15,8 +15,6 @@ import pytest
 from belayer.stack.workers import write_effective_config
 from tests.workflows.test_trajectory import STATEFUL_TRACE, start, wait_for_step
 
-pytestmark = [pytest.mark.stack, pytest.mark.sandbox]
-
 
 def spawn(module: str, config, config_dir) -> subprocess.Popen:
     """`python -m module` with `config`, written to a file of its own in `config_dir`."""

@@ -14,9 +14,26 @@ import functools
 import json
 import logging
 import os
+import socket
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
+from belayer.activities.generate import RolloutActivities
+from belayer.activities.publish import PublishActivities
 from belayer.config import BelayerConfig
+from belayer.model.build import model_path
+from belayer.rollout.identity import (
+    LIVE_POLLER_S,
+    DuplicateNodeIdError,
+    claim_on_this_machine,
+    other_host_pollers,
+)
+from belayer.rollout.node import RolloutNode
+from belayer.storage.store import ObjectStore
+from belayer.temporal_client import pollers
+from belayer.trajectory_log import open_store
+from belayer.workers.runner import RefusedToServe, run_worker
 
 log = logging.getLogger("belayer.rollout")
 
@@ -25,16 +42,37 @@ def node_task_queue(config: BelayerConfig) -> str:
     return f"{config.temporal.rollout_task_queue}-{config.rollout.node_id}"
 
 
-async def serve(config: BelayerConfig) -> None:
-    from belayer.activities.generate import RolloutActivities
-    from belayer.activities.publish import PublishActivities
-    from belayer.model.build import model_path
-    from belayer.storage.store import ObjectStore
-    from belayer.trajectory_log import open_store
-    from belayer.workers.rollout.identity import refuse_a_live_twin
-    from belayer.workers.rollout.node import RolloutNode
-    from belayer.workers.runner import run_worker
+def banner(config: BelayerConfig) -> str:
+    return (f"belayer rollout node {config.rollout.node_id}: serving {node_task_queue(config)} "
+            f"and {config.temporal.rollout_task_queue}")
 
+
+@contextmanager
+def node_id_claimed(config: BelayerConfig) -> Iterator[None]:
+    """Hold the node's id on this machine for as long as the process serves. A node whose
+    id a live node has, here or (`refuse_a_live_twin`, once serving starts) on another
+    host, is refused with exit status 1."""
+    try:
+        with claim_on_this_machine(config.rollout.node_id):
+            yield
+    except DuplicateNodeIdError as exc:
+        raise RefusedToServe(f"error: {exc}") from None
+
+
+async def refuse_a_live_twin(config: BelayerConfig, own_queue: str) -> None:
+    """Raise `DuplicateNodeIdError` when a node on another host serves `own_queue` now
+    (the check across machines of belayer/rollout/identity.py: Temporal lists the pollers)."""
+    seen = await pollers(config.temporal, own_queue, "activity", config.storage.encryption_key)
+    twins = other_host_pollers(seen, socket.gethostname())
+    if twins:
+        raise DuplicateNodeIdError(
+            f"rollout node id {config.rollout.node_id!r} is served by a live node on another host "
+            f"({', '.join(twins)}, polling {own_queue}); give this node its own BELAYER_ROLLOUT__NODE_ID "
+            f"(rollout.node_id), or stop that node and start this one {LIVE_POLLER_S:.0f} s later"
+        )
+
+
+async def serve(config: BelayerConfig) -> None:
     own_queue = node_task_queue(config)
     await refuse_a_live_twin(config, own_queue)  # before the node takes its id's segments
     model_dir = model_path(config.rollout.model, config.cache_dir)
@@ -119,20 +157,3 @@ def describe_roles(state: dict) -> str:
         parts.append(f"protected again {owner['protected_again_s']:.1f} s after the owner died")
     line = "; ".join(parts)
     return f"DEGRADED: {state['degraded']}; {line}" if state.get("degraded") else line
-
-
-def cleanup_node(node_id: str) -> list[str]:
-    """What `belayer down` calls after stopping the node worker: remove the node's shared
-    memory if the worker could not (SIGKILLed). Its children die with it (PDEATHSIG).
-
-    Only while no live node holds the id on this machine: another stack's node with the
-    same id (a test stack beside a developer's) owns those segments, and unlinking them
-    breaks it at its next takeover."""
-    from belayer.workers.rollout import shm
-    from belayer.workers.rollout.identity import DuplicateNodeIdError, claim_on_this_machine
-
-    try:
-        with claim_on_this_machine(node_id):
-            return [str(p) for p in shm.unlink_segments(node_id)]
-    except DuplicateNodeIdError:
-        return []

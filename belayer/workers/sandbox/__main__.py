@@ -2,6 +2,7 @@
 
 import sys
 
-from belayer.workers.sandbox.worker import main
+from belayer.workers.runner import main
+from belayer.workers.sandbox.worker import able_host, banner, serve
 
-sys.exit(main(sys.argv[1:]))
+sys.exit(main(serve, banner, hold=able_host))

@@ -22,17 +22,17 @@ from __future__ import annotations
 
 import asyncio
 import json
-import logging
 import signal
-import sys
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 from belayer.activities.sandbox import SHARED_QUEUE, SandboxActivities
-from belayer.config import BelayerConfig, load_config
+from belayer.config import BelayerConfig
 from belayer.sandbox.drain import DrainReport, drain_host
 from belayer.sandbox.host import SandboxHost, default_host_queue, make_host
 from belayer.sandbox.placement import LoadPublisher
+from belayer.workers.runner import RefusedToServe, run_worker
 
 
 def host_queue(config: BelayerConfig) -> str:
@@ -113,8 +113,6 @@ async def drain_on_sigterm(config: BelayerConfig, host: SandboxHost, sig: int,
 
 
 async def serve(config: BelayerConfig) -> None:
-    from belayer.workers.runner import run_worker
-
     host = make_host(config, host_queue=host_queue(config))
     # A host coming back after its sandboxes were recovered elsewhere: remove what they left.
     fenced = await asyncio.to_thread(host.sweep_stale)
@@ -136,15 +134,17 @@ async def serve(config: BelayerConfig) -> None:
         await asyncio.to_thread(publisher.stop)  # placement stops choosing this host
 
 
-def main(argv: list[str] | None = None) -> int:
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
-    config = load_config()
+def banner(config: BelayerConfig) -> str:
+    return f"belayer sandbox worker: serving {host_queue(config)} and {SHARED_QUEUE}"
+
+
+@contextmanager
+def able_host(config: BelayerConfig) -> Iterator[None]:
+    """Refuse to serve (exit status 2, the fixes printed) on a host that cannot run
+    sandboxes, instead of accepting work it would fail; else tidy what a crashed
+    predecessor left."""
     problems = check_host(config)
     if problems:
-        for p in problems:
-            print(f"belayer sandbox worker: {p}", file=sys.stderr)
-        return 2
+        raise RefusedToServe("\n".join(f"belayer sandbox worker: {p}" for p in problems), exit_code=2)
     remove_stale_temp_files(config)
-    print(f"belayer sandbox worker: serving {host_queue(config)} and {SHARED_QUEUE}", flush=True)
-    asyncio.run(serve(config))
-    return 0
+    yield

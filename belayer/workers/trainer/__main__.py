@@ -4,23 +4,18 @@ Serves `trainer.train_step` on `trainer.task_queue`, one activity at a time (a s
 every thread it is given, and the trainer holds one state in memory).
 """
 
-from __future__ import annotations
-
-import asyncio
-import logging
 import sys
 
-from belayer.config import BelayerConfig, load_config
+import torch
+
+from belayer.activities.train import TrainerActivities, active_fault
+from belayer.config import BelayerConfig
+from belayer.storage.store import ObjectStore
+from belayer.trainer.step import Trainer
+from belayer.workers.runner import main, run_worker
 
 
 async def serve(config: BelayerConfig) -> None:
-    import torch
-
-    from belayer.activities.train import TrainerActivities, active_fault
-    from belayer.storage.store import ObjectStore
-    from belayer.trainer.step import Trainer
-    from belayer.workers.runner import run_worker
-
     active_fault()  # a mistyped fault spec stops the worker here, not in the first step
     torch.set_num_threads(config.trainer.threads)
     trainer = Trainer(cache_dir=config.cache_dir, device=config.trainer.device)
@@ -34,13 +29,8 @@ async def serve(config: BelayerConfig) -> None:
     )
 
 
-def main() -> int:
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
-    config = load_config()
-    print(f"belayer trainer worker: serving {config.trainer.task_queue}", flush=True)
-    asyncio.run(serve(config))
-    return 0
+def banner(config: BelayerConfig) -> str:
+    return f"belayer trainer worker: serving {config.trainer.task_queue}"
 
 
-if __name__ == "__main__":
-    sys.exit(main())
+sys.exit(main(serve, banner))

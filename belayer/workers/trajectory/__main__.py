@@ -4,25 +4,20 @@ Serves `TrajectoryWorkflow`, `TrajectoryGroupWorkflow`, `TrainingWorkflow`, the 
 the training runs' iteration log on the workflow task queue. Deterministic workflow code only runs here; every side effect is an activity.
 """
 
-from __future__ import annotations
-
-import asyncio
-import logging
 import sys
 
-from belayer.config import BelayerConfig, load_config
+from belayer.activities.context import ContextActivities
+from belayer.activities.training_log import TrainingLogActivities
+from belayer.config import BelayerConfig
+from belayer.model.build import model_path
+from belayer.trajectory_log import open_store
+from belayer.workers.runner import main, run_worker
+from belayer.workflows.groups import TrajectoryGroupWorkflow
+from belayer.workflows.training import TrainingWorkflow
+from belayer.workflows.trajectory import TrajectoryWorkflow
 
 
 async def serve(config: BelayerConfig) -> None:
-    from belayer.activities.context import ContextActivities
-    from belayer.activities.training_log import TrainingLogActivities
-    from belayer.model.build import model_path
-    from belayer.trajectory_log import open_store
-    from belayer.workers.runner import run_worker
-    from belayer.workflows.groups import TrajectoryGroupWorkflow
-    from belayer.workflows.training import TrainingWorkflow
-    from belayer.workflows.trajectory import TrajectoryWorkflow
-
     tokenizer = model_path(config.rollout.model, config.cache_dir) / "tokenizer.json"
     store = open_store(config.storage)
     context = ContextActivities(store, tokenizer)
@@ -36,13 +31,8 @@ async def serve(config: BelayerConfig) -> None:
     )
 
 
-def main() -> int:
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
-    config = load_config()
-    print(f"belayer trajectory worker: serving {config.temporal.workflow_task_queue}", flush=True)
-    asyncio.run(serve(config))
-    return 0
+def banner(config: BelayerConfig) -> str:
+    return f"belayer trajectory worker: serving {config.temporal.workflow_task_queue}"
 
 
-if __name__ == "__main__":
-    sys.exit(main())
+sys.exit(main(serve, banner))

@@ -26,14 +26,14 @@ from multiprocessing.connection import wait
 from pathlib import Path
 from typing import Any
 
-from belayer.workers.rollout import children, recovery, shm
-from belayer.workers.rollout.children import Child
-from belayer.workers.rollout.config import RolloutConfig
-from belayer.workers.rollout.errors import BadRequestError, EngineStartError, NodeClosedError, RolloutError
-from belayer.workers.rollout.hang import Deadlines, HangDeadline
-from belayer.workers.rollout.inflight import Completion, InFlight, InFlightLog, completion, new_record
-from belayer.workers.rollout.procutil import memory_of
-from belayer.workers.rollout.protocol import (
+from belayer.rollout import children, recovery, shm
+from belayer.rollout.children import Child
+from belayer.rollout.config import RolloutConfig
+from belayer.rollout.errors import BadRequestError, EngineStartError, NodeClosedError, RolloutError
+from belayer.rollout.hang import Deadlines, HangDeadline
+from belayer.rollout.inflight import Completion, InFlight, InFlightLog, completion, new_record
+from belayer.rollout.procutil import memory_of
+from belayer.rollout.protocol import (
     AbortRequest,
     DropWeights,
     EngineReady,
@@ -56,15 +56,15 @@ from belayer.workers.rollout.protocol import (
     WeightsSwitched,
     WeightsVerified,
 )
-from belayer.workers.rollout.publish import (
+from belayer.rollout.publish import (
     Publish,
     PublishRefusedError,
     PublishReport,
     check_policy,
     write_staged,
 )
-from belayer.workers.rollout.recovery import RecoveryEvent
-from belayer.workers.rollout.restarts import Restarts
+from belayer.rollout.recovery import RecoveryEvent
+from belayer.rollout.restarts import Restarts
 
 __all__ = ["Completion", "PublishReport", "RecoveryEvent", "RequestHandle", "RolloutNode"]
 
@@ -168,13 +168,13 @@ class RolloutNode:
         if stale:
             log.warning("removed stale shared memory of node %s: %s", self.config.node_id, stale)
         try:
-            self._replace_owner(wait=True)
+            self.replace_owner(wait=True)
             self.target_version = self.owner.ready.current_version
-            leader = self._spawn_engine("primary")
-            self._await_engine(leader)
+            leader = self.spawn_engine("primary")
+            self.await_engine(leader)
             self.reference_digest = leader.ready.device_digest
-            self._take_lease(leader)
-            self._set_role("leader", leader)
+            self.take_lease(leader)
+            self.set_role("leader", leader)
             self.start_shadow_if_due()
             if self.shadow is not None and wait_shadow:
                 self._await_start_shadow()
@@ -360,7 +360,7 @@ class RolloutNode:
 
     def _owner_request(self, msg, timeout: float):
         """Send `msg` (numbered here) to the owner from the loop; the reply with the same
-        request id and version resolves the future in `_dispatch`, so the loop never blocks
+        request id and version resolves the future in `dispatch`, so the loop never blocks
         while the owner hashes, and a reply that comes after its request timed out is
         dropped instead of answering a later request."""
         msg = replace(msg, request_id=next(self._owner_request_ids))
@@ -498,6 +498,19 @@ class RolloutNode:
         with self._lock:
             self._forced_fallback = f"full cold start requested: {why}"
 
+    def take_forced_fallback(self) -> str | None:
+        """Why `force_full_cold_start_next` asked for a cold start, handed out once: to the
+        recovery that does it."""
+        with self._lock:
+            fallback, self._forced_fallback = self._forced_fallback, None
+        return fallback
+
+    @property
+    def lock(self) -> threading.RLock:
+        """The node lock (reentrant), held by whoever reads or changes the in-flight log,
+        `recoveries` or `broken` outside the node's own methods: a recovery does."""
+        return self._lock
+
     def memory(self) -> dict[str, tuple[int, int, int]]:
         """(rss, private, shared) bytes per child process, by role."""
         out = {}
@@ -550,7 +563,7 @@ class RolloutNode:
         self._run_pending()
         for child in watched:
             if child.conn in ready:
-                children.drain(child, self._dispatch)  # _dispatch takes the node lock itself
+                children.drain(child, self.dispatch)  # dispatch takes the node lock itself
         if self._closed.is_set():
             return
         if self.owner is not None and self.owner.process.sentinel in ready and self.owner is not self._dead_owner:
@@ -564,10 +577,10 @@ class RolloutNode:
             recovery.recover(self, failure)
         self.start_shadow_if_due()
         self._advance_publish()
-        self._send_unsent()
+        self.send_unsent()
         self._note_protected_again()
         if time.monotonic() - self._state_published_at > STATE_REFRESH_S:
-            self._notify_state()  # the hang deadline moves with every step
+            self.notify_state()  # the hang deadline moves with every step
 
     def _note_protected_again(self) -> None:
         """Once the node is protected after its owner died, record how long that took."""
@@ -579,7 +592,7 @@ class RolloutNode:
                                     "owner_generation": self.generation}
         log.warning("rollout node %s: protected again %.2f s after %s", self.config.node_id,
                     self.last_owner_recovery["protected_again_s"], reason)
-        self._notify_state()
+        self.notify_state()
 
     def _leader_failure(self, ready: list) -> str | None:
         leader = self.leader
@@ -603,7 +616,7 @@ class RolloutNode:
         with self._lock:  # submits add records from other threads, status reads from any
             return self.hang.deadlines({r.engine_request_id for r in self.inflight.on_leader()})
 
-    def _dispatch(self, child: Child, msg: Any) -> None:
+    def dispatch(self, child: Child, msg: Any) -> None:
         """Handle one message from a child (under the node lock: it may touch the records,
         and control calls during a recovery dispatch from the loop without holding it)."""
         with self._lock:
@@ -631,7 +644,7 @@ class RolloutNode:
                         msg.pid,
                         msg.init_s,
                     )
-                self._notify_state()
+                self.notify_state()
             elif isinstance(msg, (WeightsSwitched, SwitchFailed)):
                 self._on_switched(child, msg)
             elif isinstance(msg, (Staged, Sealed, SealRefused)) and child is self.owner:
@@ -682,7 +695,7 @@ class RolloutNode:
         text = self._decode(record.tokens)
         return any(s in text for s in record.spec.stop)
 
-    def _send_unsent(self) -> None:
+    def send_unsent(self) -> None:
         """Send every logged request the leader does not have yet, if it may serve it: the
         one path for new submissions, replays after a recovery and re-sends after a publish."""
         leader = self.leader
@@ -708,9 +721,9 @@ class RolloutNode:
                     record.pinned_version = self.leader.version
                     pub.drained_requests += 1
             self.target_version = version
-        self._notify_state()
+        self.notify_state()
 
-    def _pinned_versions(self) -> set[int]:
+    def pinned_versions(self) -> set[int]:
         with self._lock:  # submits add records from other threads
             return {r.pinned_version for r in self.inflight.open() if r.pinned_version is not None}
 
@@ -722,7 +735,7 @@ class RolloutNode:
             and leader.version != target
             and leader.switching_to is None
         ):
-            if not self._pinned_versions() & {leader.version}:
+            if not self.pinned_versions() & {leader.version}:
                 self._pause_leader_requests()
                 self._send_switch(leader)
         leader_moving = leader is not None and (leader.switching_to == target or leader.version == target)
@@ -734,7 +747,7 @@ class RolloutNode:
         ):
             # finish_on_old: the shadow stays on the old version while the leader drains, so a
             # takeover meanwhile can still finish the old requests.
-            if leader_moving or not self._pinned_versions():
+            if leader_moving or not self.pinned_versions():
                 self._send_switch(shadow)
         pub = self.publishing
         settled = (
@@ -744,7 +757,7 @@ class RolloutNode:
             pub.mark("switched")
             self._drop_unused(keep={target, pub.previous_version})
             pub.done.set_result(None)
-            self._notify_state()
+            self.notify_state()
 
     def _pause_leader_requests(self) -> None:
         """continue_on_new: abort what the leader is decoding; the records are re-sent (prompt
@@ -775,7 +788,7 @@ class RolloutNode:
                 msg.version,
                 msg.seconds,
             )
-            self._notify_state()
+            self.notify_state()
             return
         log.error(
             "rollout node %s: %s (pid %s) could not switch to version %d: %s",
@@ -797,7 +810,7 @@ class RolloutNode:
 
     def _replace_behind_shadow(self, behind: Child) -> None:
         if self.shadow is behind:
-            children.stop(self._set_role("shadow", None))
+            children.stop(self.set_role("shadow", None))
             self.start_shadow_if_due()
 
     # -- shadow ---------------------------------------------------------------------------
@@ -805,13 +818,13 @@ class RolloutNode:
     def _await_start_shadow(self) -> None:
         """The first shadow: a node whose shadow cannot start still serves (degraded later)."""
         try:
-            self._await_engine(self.shadow)
+            self.await_engine(self.shadow)
             self.shadow_restarts.ready()
         except EngineStartError as exc:
             self._on_shadow_death(str(exc))
 
     def _on_shadow_death(self, why: str | None = None) -> None:
-        shadow = self._set_role("shadow", None)
+        shadow = self.set_role("shadow", None)
         children.stop(shadow)
         why = why or f"pid {shadow.pid} exited with {shadow.process.exitcode}" + (
             "" if shadow.ready else " while starting")
@@ -819,7 +832,7 @@ class RolloutNode:
         log.error("rollout node %s: shadow %s; next shadow start in %.0f s", self.config.node_id, why, delay)
         if self.shadow_restarts.degraded:
             log.error("rollout node %s: degraded: %s", self.config.node_id, self.shadow_restarts.degraded)
-        self._notify_state()
+        self.notify_state()
 
     def start_shadow_if_due(self) -> None:
         """Start a shadow if the node should have one and has none, once its backoff allows
@@ -830,7 +843,7 @@ class RolloutNode:
                 or not self.shadow_restarts.due()):
             return
         self.shadow_restarts.started()
-        self._set_role("shadow", self._spawn_engine("shadow", version))
+        self.set_role("shadow", self.spawn_engine("shadow", version))
 
     def _shadow_version(self) -> int:
         """What a new shadow loads: while a finish-on-old drain keeps the leader on the
@@ -838,12 +851,12 @@ class RolloutNode:
         them on it; a shadow on the new one would un-pin them), and the shadow follows the
         leader to the new one afterwards; otherwise the version the node serves."""
         leader = self.leader
-        if leader is not None and leader.version in self._pinned_versions():
+        if leader is not None and leader.version in self.pinned_versions():
             return leader.version
         return self.target_version
 
     def _drop_unused(self, keep: set[int]) -> None:
-        in_use = ({c.version for c in (self.leader, self.shadow) if c is not None} | self._pinned_versions()
+        in_use = ({c.version for c in (self.leader, self.shadow) if c is not None} | self.pinned_versions()
                   | {self.target_version})
         drop = tuple(v for v in self.owner_versions if v not in keep | in_use)
         if drop and self.owner is not None and self.owner_failure is None:
@@ -872,14 +885,14 @@ class RolloutNode:
             for reply in self._owner_replies.values():
                 reply.set_exception(RolloutError(f"{self.owner_failure} during the publish; publish again"))
             self._owner_replies = {}
-        self._notify_state()
+        self.notify_state()
 
     def _replace_dead_owner_if_due(self) -> None:
         owner = self.owner
         if owner is not None and not owner.process.is_alive() and self.owner_restarts.due():
-            self._replace_owner()  # a staged, unsealed segment is not adopted
+            self.replace_owner()  # a staged, unsealed segment is not adopted
 
-    def _replace_owner(self, wait: bool = False) -> None:
+    def replace_owner(self, wait: bool = False) -> None:
         """Start an owner that adopts the current one's sealed segments and arena (verifying
         every tensor) or, for a new node, loads the weights from disk."""
         old = self.owner
@@ -893,13 +906,13 @@ class RolloutNode:
         self.owner_restarts.started()
         self.generation += 1
         owner = children.spawn_owner(self.config, self.model_dir, self.generation, **adopt)
-        self._set_role("owner", owner)
+        self.set_role("owner", owner)
         if wait:
-            self._await_owner()
+            self.await_owner()
 
-    def _await_owner(self) -> None:
+    def await_owner(self) -> None:
         if self.owner.ready is None:
-            children.await_ready(self.owner, self.config.engine_start_timeout_s, self._dispatch)
+            children.await_ready(self.owner, self.config.engine_start_timeout_s, self.dispatch)
             self._owner_ready(self.owner.ready)
 
     def _owner_ready(self, ready: OwnerReady) -> None:
@@ -958,14 +971,14 @@ class RolloutNode:
 
     # -- children (loop thread) ---------------------------------------------------------
 
-    def _set_role(self, role: str, child: Child | None) -> Child | None:
+    def set_role(self, role: str, child: Child | None) -> Child | None:
         with self._lock:
             old = getattr(self, role)
             setattr(self, role, child)
-        self._notify_state()
+        self.notify_state()
         return old
 
-    def _spawn_engine(self, role: str, version: int | None = None) -> Child:
+    def spawn_engine(self, role: str, version: int | None = None) -> Child:
         """An engine on `version` (default: the version the node serves)."""
         version = self.target_version if version is None else version
         if version not in self.owner_versions:
@@ -976,27 +989,27 @@ class RolloutNode:
             self.config, self.model_dir, weights, self.owner.ready.arena_path, self.generation, role
         )
 
-    def _await_engine(self, engine: Child) -> None:
-        children.await_ready(engine, self.config.engine_start_timeout_s, self._dispatch)
+    def await_engine(self, engine: Child) -> None:
+        children.await_ready(engine, self.config.engine_start_timeout_s, self.dispatch)
         if engine.switching_to is not None:
             deadline = time.monotonic() + self.config.engine_start_timeout_s
             while engine.switching_to is not None and time.monotonic() < deadline:
                 if engine.conn.poll(0.05):
-                    children.drain(engine, self._dispatch)
+                    children.drain(engine, self.dispatch)
                 elif not engine.process.is_alive():
                     raise RolloutError(f"{engine.role} (pid {engine.pid}) died while switching weights")
 
-    def _take_lease(self, engine: Child) -> None:
-        reply = children.call(engine, TakeLease(), LeaseTaken, self.config.control_timeout_s, self._dispatch)
+    def take_lease(self, engine: Child) -> None:
+        reply = children.call(engine, TakeLease(), LeaseTaken, self.config.control_timeout_s, self.dispatch)
         self.epoch = reply.epoch
         engine.last_heard = time.monotonic()  # its silence is measured from becoming leader
 
     def _verify_weights(self) -> WeightsVerified:
         result = children.call(
-            self.owner, VerifyWeights(), WeightsVerified, self.config.control_timeout_s + 60, self._dispatch
+            self.owner, VerifyWeights(), WeightsVerified, self.config.control_timeout_s + 60, self.dispatch
         )
         if not result.ok:
-            self._dispatch(self.owner, result)
+            self.dispatch(self.owner, result)
         return result
 
     def _in_loop(self, fn: Callable[[], Any]) -> Future:
@@ -1029,7 +1042,7 @@ class RolloutNode:
         except OSError:
             pass
 
-    def _notify_state(self) -> None:
+    def notify_state(self) -> None:
         self._state_published_at = time.monotonic()
         if not self._state_listeners:
             return

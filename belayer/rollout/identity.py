@@ -10,23 +10,24 @@ publishes. So a node claims its id first:
 * on its machine, with an exclusive `flock` on `/run/lock/belayer-rollout-<id>.lock`,
   held for the life of the process. The kernel releases it when the process dies, so a
   restart after a crash is never refused;
-* across machines, by asking Temporal who polls the node's queue: a Belayer rollout node
-  on another host that polled within `LIVE_POLLER_S` is alive (a live worker polls again
-  as soon as its long poll of at most a minute ends). A node of the same host name is this
-  node's own predecessor (a restarted process or pod), whose lock the kernel has released.
+* across machines, by asking Temporal who polls the node's queue (the node's worker asks,
+  belayer/workers/rollout/worker.py; `other_host_pollers` judges the answer): a Belayer
+  rollout node on another host that polled within `LIVE_POLLER_S` is alive (a live worker
+  polls again as soon as its long poll of at most a minute ends). A node of the same host
+  name is this node's own predecessor (a restarted process or pod), whose lock the kernel
+  has released.
 """
 
 from __future__ import annotations
 
 import fcntl
 import os
-import socket
 import tempfile
 from pathlib import Path
 from typing import IO
 
-from belayer.config import BelayerConfig
-from belayer.workers.rollout.errors import RolloutError
+from belayer.rollout import shm
+from belayer.rollout.errors import RolloutError
 
 LOCK_DIR = Path("/run/lock")
 LIVE_POLLER_S = 70.0
@@ -78,15 +79,15 @@ def other_host_pollers(identities_seen: list[tuple[str, float]], host: str) -> l
     return live
 
 
-async def refuse_a_live_twin(config: BelayerConfig, own_queue: str) -> None:
-    """Raise `DuplicateNodeIdError` when a node on another host serves `own_queue` now."""
-    from belayer.stack.workers import pollers
+def cleanup_node(node_id: str) -> list[str]:
+    """What `belayer down` calls after stopping the node worker: remove the node's shared
+    memory if the worker could not (SIGKILLed). Its children die with it (PDEATHSIG).
 
-    seen = await pollers(config.temporal, own_queue, "activity", config.storage.encryption_key)
-    twins = other_host_pollers(seen, socket.gethostname())
-    if twins:
-        raise DuplicateNodeIdError(
-            f"rollout node id {config.rollout.node_id!r} is served by a live node on another host "
-            f"({', '.join(twins)}, polling {own_queue}); give this node its own BELAYER_ROLLOUT__NODE_ID "
-            f"(rollout.node_id), or stop that node and start this one {LIVE_POLLER_S:.0f} s later"
-        )
+    Only while no live node holds the id on this machine: another stack's node with the
+    same id (a test stack beside a developer's) owns those segments, and unlinking them
+    breaks it at its next takeover."""
+    try:
+        with claim_on_this_machine(node_id):
+            return [str(p) for p in shm.unlink_segments(node_id)]
+    except DuplicateNodeIdError:
+        return []

@@ -31,9 +31,9 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Literal
 
-from belayer.workers.rollout import shm
-from belayer.workers.rollout.errors import BadRequestError, RolloutError
-from belayer.workers.rollout.owner import vllm_parts
+from belayer.rollout import shm
+from belayer.rollout.errors import BadRequestError, RolloutError
+from belayer.rollout.owner import vllm_parts
 
 Policy = Literal["finish_on_old", "continue_on_new"]
 POLICIES = ("finish_on_old", "continue_on_new")

@@ -26,7 +26,7 @@ import struct
 from dataclasses import dataclass
 from pathlib import Path
 
-from belayer.workers.rollout.errors import SharedMemoryError
+from belayer.rollout.errors import SharedMemoryError
 
 SHM_DIR = Path("/dev/shm")
 PAGE = 4096

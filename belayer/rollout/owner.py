@@ -18,9 +18,9 @@ from concurrent.futures import ThreadPoolExecutor
 from multiprocessing.connection import Connection
 from pathlib import Path
 
-from belayer.workers.rollout import faults, shm
-from belayer.workers.rollout.procutil import die_with_parent
-from belayer.workers.rollout.protocol import (
+from belayer.rollout import faults, shm
+from belayer.rollout.procutil import die_with_parent
+from belayer.rollout.protocol import (
     DropWeights,
     Failed,
     OwnerReady,

@@ -14,15 +14,15 @@ import os
 import time
 from multiprocessing.connection import Connection
 
-from belayer.workers.rollout import faults
-from belayer.workers.rollout.procutil import (
+from belayer.rollout import faults
+from belayer.rollout.procutil import (
     BACKGROUND_NICENESS,
     die_with_parent,
     memory_of,
     run_in_background,
     set_niceness,
 )
-from belayer.workers.rollout.protocol import (
+from belayer.rollout.protocol import (
     AbortRequest,
     AddRequest,
     EngineReady,
@@ -54,7 +54,7 @@ def engine_main(spec: EngineSpec, conn: Connection) -> None:
         if "shadow_start_fail" in faults.active():
             faults.die_now()
         run_in_background()  # before torch starts its threads: they inherit the niceness
-    from belayer.workers.rollout.vllm_hooks import engine_environment
+    from belayer.rollout.vllm_hooks import engine_environment
 
     os.environ.update(engine_environment(spec.threads))
     t0 = time.perf_counter()
@@ -72,7 +72,7 @@ def engine_main(spec: EngineSpec, conn: Connection) -> None:
 
 class EngineLoop:
     def __init__(self, spec: EngineSpec, conn: Connection):
-        from belayer.workers.rollout import shm, vllm_hooks
+        from belayer.rollout import shm, vllm_hooks
 
         self.spec, self.conn = spec, conn
         self.hooks = vllm_hooks

@@ -3,22 +3,25 @@ and the shadow, move the lease, re-send everything in flight; a cold start when 
 cannot serve, recorded as such and with the reason.
 
 Runs on the node's loop thread without the node lock: submits, heartbeats and status go
-on during a cold start; the loop itself is the only thread that touches children.
+on during a cold start; the loop itself is the only thread that touches children. What it
+asks of the node is `RecoveringNode`, the part of `RolloutNode`'s interface that is public
+for it.
 """
 
 from __future__ import annotations
 
 import logging
+import threading
 import time
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from pathlib import Path
+from typing import Any, Protocol
 
-from belayer.workers.rollout import children, shm
-from belayer.workers.rollout.errors import RolloutError
-from belayer.workers.rollout.protocol import HealthCheck, HealthResult, SketchResult, VerifySketch
-
-if TYPE_CHECKING:
-    from belayer.workers.rollout.node import RolloutNode
+from belayer.rollout import children, shm
+from belayer.rollout.config import RolloutConfig
+from belayer.rollout.errors import RolloutError
+from belayer.rollout.inflight import InFlightLog
+from belayer.rollout.protocol import HealthCheck, HealthResult, SketchResult, VerifySketch
 
 log = logging.getLogger("belayer.rollout")
 
@@ -42,10 +45,55 @@ class RecoveryEvent:
     weights_version: int = 1  # what the new leader computes with
 
 
-def recover(node: RolloutNode, reason: str) -> None:
+class RecoveringNode(Protocol):
+    """What a recovery reads and does on the node (`RolloutNode`), from its loop thread."""
+
+    config: RolloutConfig
+    inflight: InFlightLog  # read and changed under `lock`
+    recoveries: list[RecoveryEvent]  # appended under `lock`
+    broken: str | None  # set under `lock`
+    owner: children.Child | None
+    leader: children.Child | None
+    shadow: children.Child | None
+    owner_failure: str | None
+    owner_versions: dict[int, Path]
+    target_version: int
+    generation: int
+    epoch: int
+    reference_digest: str | None
+
+    @property
+    def lock(self) -> threading.RLock: ...
+
+    def take_forced_fallback(self) -> str | None: ...
+
+    def pinned_versions(self) -> set[int]: ...
+
+    def set_role(self, role: str, child: children.Child | None) -> children.Child | None: ...
+
+    def dispatch(self, child: children.Child, msg: Any) -> None: ...
+
+    def take_lease(self, engine: children.Child) -> None: ...
+
+    def spawn_engine(self, role: str, version: int | None = None) -> children.Child: ...
+
+    def await_engine(self, engine: children.Child) -> None: ...
+
+    def await_owner(self) -> None: ...
+
+    def replace_owner(self, wait: bool = False) -> None: ...
+
+    def send_unsent(self) -> None: ...
+
+    def start_shadow_if_due(self) -> None: ...
+
+    def notify_state(self) -> None: ...
+
+
+def recover(node: RecoveringNode, reason: str) -> None:
     detected = time.monotonic()
     phases: dict[str, float] = {}
-    old = node._set_role("leader", None)
+    old = node.set_role("leader", None)
     t = time.perf_counter()
     try:
         children.fence(old)
@@ -53,9 +101,9 @@ def recover(node: RolloutNode, reason: str) -> None:
         _give_up(node, f"the failed leader could not be fenced: {exc}")
         return
     if old is not None:
-        children.drain(old, node._dispatch)  # tokens it streamed before dying are real
+        children.drain(old, node.dispatch)  # tokens it streamed before dying are real
     children.close_conn(old)
-    with node._lock:
+    with node.lock:
         node.inflight.detach_all()
     phases["fence_s"] = time.perf_counter() - t
     log.error(
@@ -66,7 +114,7 @@ def recover(node: RolloutNode, reason: str) -> None:
     )
 
     waited = 0.0
-    fallback, node._forced_fallback = node._forced_fallback, None
+    fallback = node.take_forced_fallback()
     if fallback is None:
         fallback = _owner_check(node, phases)
     if fallback is None:
@@ -75,9 +123,9 @@ def recover(node: RolloutNode, reason: str) -> None:
     if fallback is None:
         t = time.perf_counter()
         try:
-            node._take_lease(node.shadow)
-            node._set_role("leader", node.shadow)
-            node._set_role("shadow", None)
+            node.take_lease(node.shadow)
+            node.set_role("leader", node.shadow)
+            node.set_role("shadow", None)
         except RolloutError as exc:
             fallback = f"shadow could not take the lease: {exc}"
         phases["lease_s"] = time.perf_counter() - t
@@ -90,15 +138,15 @@ def recover(node: RolloutNode, reason: str) -> None:
             _give_up(node, f"cold start failed: {exc}")
             return
     if node.owner_failure is not None and node.owner is not None and kind != "cold_start":
-        node._replace_owner()  # in the background: the new owner adopts the verified segments
+        node.replace_owner()  # in the background: the new owner adopts the verified segments
 
-    with node._lock:
+    with node.lock:
         records = node.inflight.open()
         for record in records:
             record.recoveries.append(kind)
             if record.pinned_version is not None and record.pinned_version != node.leader.version:
                 record.pinned_version = None  # its version cannot be served any more: say so per token
-    node._send_unsent()
+    node.send_unsent()
     ready_at = time.monotonic()
     event = RecoveryEvent(
         kind=kind,
@@ -115,7 +163,7 @@ def recover(node: RolloutNode, reason: str) -> None:
         waited_for_shadow_s=waited,
         weights_version=node.leader.version,
     )
-    with node._lock:
+    with node.lock:
         node.recoveries.append(event)
     log.warning(
         "rollout node %s: %s done in %.3f s (epoch %d, version %d, %d requests re-prefilled)%s",
@@ -128,27 +176,27 @@ def recover(node: RolloutNode, reason: str) -> None:
         f"; cold start because {fallback}" if fallback else "",
     )
     node.start_shadow_if_due()  # the loop sees it ready
-    node._notify_state()
+    node.notify_state()
 
 
-def _give_up(node: RolloutNode, why: str) -> None:
+def _give_up(node: RecoveringNode, why: str) -> None:
     """Nothing left to serve on: tell every request, retryable elsewhere (Temporal retries
     the activity on another node, resuming from its heartbeat)."""
     log.error("rollout node %s: %s", node.config.node_id, why)
-    with node._lock:
+    with node.lock:
         node.broken = why
         for record in node.inflight.open():
             node.inflight.fail(
                 record, RolloutError(f"rollout node {node.config.node_id} lost its engine: {why}")
             )
-    node._notify_state()
+    node.notify_state()
 
 
-def _owner_bad(node: RolloutNode, fallback: str) -> bool:
+def _owner_bad(node: RecoveringNode, fallback: str) -> bool:
     return node.owner_failure is not None or "owner" in fallback or "full cold start" in fallback
 
 
-def _owner_check(node: RolloutNode, phases: dict[str, float]) -> str | None:
+def _owner_check(node: RecoveringNode, phases: dict[str, float]) -> str | None:
     """None when the owner's memory can back a takeover. A dead owner whose segments are
     still there does not force a cold start: the shadow's own weights are checked instead."""
     t = time.perf_counter()
@@ -157,14 +205,14 @@ def _owner_check(node: RolloutNode, phases: dict[str, float]) -> str | None:
             return node.owner_failure
         if node.owner is None:
             return "memory owner is not running"
-        node._await_owner()  # a replacement adopting the segments is nearly done
+        node.await_owner()  # a replacement adopting the segments is nearly done
         arena = node.owner.ready.arena_path
         header = shm.read_arena_header(arena)
         if header.epoch != node.epoch:
             return f"arena epoch is {header.epoch}, expected {node.epoch}: someone else wrote the lease"
         if node.owner_failure is None:
             # what the new leader may serve: the node's version, or one a drain is pinned to
-            servable = {node.target_version} | (node._pinned_versions() & set(node.owner_versions))
+            servable = {node.target_version} | (node.pinned_versions() & set(node.owner_versions))
             for version in sorted(servable):
                 weights = shm.map_readonly(node.owner_versions[version])
                 try:
@@ -179,7 +227,7 @@ def _owner_check(node: RolloutNode, phases: dict[str, float]) -> str | None:
         phases["owner_check_s"] = time.perf_counter() - t
 
 
-def _shadow_check(node: RolloutNode, phases: dict[str, float]) -> tuple[str | None, float]:
+def _shadow_check(node: RecoveringNode, phases: dict[str, float]) -> tuple[str | None, float]:
     """(why the shadow cannot take over, seconds spent waiting for it to be ready)."""
     t = time.perf_counter()
     waited = 0.0
@@ -192,20 +240,20 @@ def _shadow_check(node: RolloutNode, phases: dict[str, float]) -> tuple[str | No
                 "rollout node %s: shadow not ready yet (starting or switching); waiting", node.config.node_id
             )
             w = time.perf_counter()
-            node._await_engine(shadow)
+            node.await_engine(shadow)
             waited = time.perf_counter() - w
         behind = _behind(node, shadow)
         if behind is not None:
             return behind, waited
         timeout = node.config.control_timeout_s
         health = children.call(
-            shadow, HealthCheck(node.reference_digest), HealthResult, timeout, node._dispatch
+            shadow, HealthCheck(node.reference_digest), HealthResult, timeout, node.dispatch
         )
         if not health.ok:
             return f"device health check failed on the shadow (digest {health.digest[:12]})", waited
         if shadow.owner_generation != node.generation or node.owner_failure is not None:
             # The owner it loaded from died since: its own weights must prove themselves.
-            sketch = children.call(shadow, VerifySketch(), SketchResult, timeout, node._dispatch)
+            sketch = children.call(shadow, VerifySketch(), SketchResult, timeout, node.dispatch)
             phases["shadow_sketch_s"] = sketch.seconds
             if not sketch.ok:
                 return "the memory owner was lost and the shadow's own weights no longer verify", waited
@@ -216,33 +264,33 @@ def _shadow_check(node: RolloutNode, phases: dict[str, float]) -> tuple[str | No
         phases["shadow_check_s"] = time.perf_counter() - t
 
 
-def _behind(node: RolloutNode, shadow: children.Child) -> str | None:
+def _behind(node: RecoveringNode, shadow: children.Child) -> str | None:
     """A shadow serves only the version the node serves, or the one in-flight requests are
     pinned to while a finish-on-old publish drains: never a mix. One that failed a switch
     never serves (it is replaced on the loop's next iteration): the failure may have left
     its weights half replaced, whatever version it still reports."""
     if shadow.switch_failed:
         return f"shadow failed to switch weights (it reports version {shadow.version}); its weights are not trusted"
-    allowed = {node.target_version} | node._pinned_versions()
+    allowed = {node.target_version} | node.pinned_versions()
     if shadow.version not in allowed:
         return f"shadow computes with weights version {shadow.version}, the node serves {sorted(allowed)}"
     return None
 
 
-def _cold_start(node: RolloutNode, phases: dict[str, float], owner_bad: bool) -> None:
+def _cold_start(node: RecoveringNode, phases: dict[str, float], owner_bad: bool) -> None:
     t = time.perf_counter()
     if node.shadow is not None:
-        children.stop(node._set_role("shadow", None))
+        children.stop(node.set_role("shadow", None))
     if owner_bad or node.owner is None or not node.owner.process.is_alive():
-        node._replace_owner(wait=True)
+        node.replace_owner(wait=True)
     phases["owner_restart_s"] = time.perf_counter() - t
     t = time.perf_counter()
-    engine = node._spawn_engine("cold")
+    engine = node.spawn_engine("cold")
     try:
-        node._await_engine(engine)
-        node._take_lease(engine)
+        node.await_engine(engine)
+        node.take_lease(engine)
     except RolloutError:
         children.fence(engine)
         raise
-    node._set_role("leader", engine)
+    node.set_role("leader", engine)
     phases["engine_start_s"] = time.perf_counter() - t

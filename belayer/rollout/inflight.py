@@ -10,8 +10,8 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from belayer.workers.rollout.errors import RolloutError
-from belayer.workers.rollout.protocol import AddRequest, SamplingSpec, TokenDelta
+from belayer.rollout.errors import RolloutError
+from belayer.rollout.protocol import AddRequest, SamplingSpec, TokenDelta
 
 
 @dataclass(frozen=True)

@@ -13,11 +13,11 @@ from multiprocessing.connection import Connection
 from pathlib import Path
 from typing import Any
 
-from belayer.workers.rollout.config import RolloutConfig
-from belayer.workers.rollout.engine import engine_main
-from belayer.workers.rollout.errors import EngineStartError, RolloutError
-from belayer.workers.rollout.owner import owner_main
-from belayer.workers.rollout.protocol import (
+from belayer.rollout.config import RolloutConfig
+from belayer.rollout.engine import engine_main
+from belayer.rollout.errors import EngineStartError, RolloutError
+from belayer.rollout.owner import owner_main
+from belayer.rollout.protocol import (
     EngineReady,
     EngineSpec,
     Failed,

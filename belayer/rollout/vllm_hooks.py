@@ -42,8 +42,8 @@ from vllm.v1.sample.logits_processor import BatchUpdate, LogitsProcessor, MoveDi
 from vllm.v1.worker.cpu_model_runner import CPUModelRunner
 from vllm.v1.worker.cpu_worker import CPUWorker
 
-from belayer.workers.rollout import shm
-from belayer.workers.rollout.protocol import EngineSpec, SamplingSpec
+from belayer.rollout import shm
+from belayer.rollout.protocol import EngineSpec, SamplingSpec
 
 LOAD_FORMAT = "belayer_shm"
 EXTRA_KEY = "belayer"
@@ -376,7 +376,7 @@ def reset_worker_state(engine: LLMEngine) -> None:
 
 
 def private_memory(pid: int | None = None) -> tuple[int, int, int]:
-    from belayer.workers.rollout.procutil import memory_of
+    from belayer.rollout.procutil import memory_of
 
     return memory_of(pid or os.getpid())
 
