@@ -39,6 +39,9 @@ LAYERS: dict[str, set[str]] = {
     "config": {"config"},
     # Reaching Temporal and the object store: connection, payload encryption, namespace setup.
     "temporal": {"codec_server", "payload_codec", "prepare", "temporal_client"},
+    # What workflows and activities agree on: each activity's name, argument and result
+    # models, the error types workflows react to, the contract version.
+    "contracts": {"contracts"},
     # Deterministic workflow code.
     "workflows": {"workflows"},
     # Temporal activities: the adapters between workflows and the domain.
@@ -71,10 +74,15 @@ FORBIDDEN: dict[str, dict[str, str]] = {
         "workers": _DOMAIN_IS_CALLED,
         "cli": "a command belongs under cli/, which imports the domain code it runs",
     },
+    "contracts": {
+        "activities": "contracts are what activities implement: an activity imports its contract, never the reverse",
+        "workers": "a contract names values, not the processes that serve them",
+    },
     "workflows": {
         "activities": _CONTRACTS + ", not from the activity module",
         "workers": "rollout internals stay behind activities; " + _CONTRACTS,
         "sandbox": _CONTRACTS + ", not from the sandbox package",
+        "trainer": _CONTRACTS + ", not from the trainer package",
     },
 }
 
@@ -86,8 +94,6 @@ _CONFIG_FROM_CLI = "a tool takes config_from from cli.main until configuration l
 _COMMAND_OUTSIDE_CLI = "a command outside cli/ until CLI commands live under cli/"
 _EXPORT_READS_A_RUN = "export_run reads a run through Temporal: an application command inside the model " \
     "builder until it moves up (api or cli layer)"
-_NO_CONTRACTS_YET = "workflows take payload models from the modules that define them until a contracts " \
-    "package holds them"
 KNOWN_VIOLATIONS: dict[str, str] = {
     "belayer/activities/generate.py -> belayer.workers.rollout.errors": _ROLLOUT_IN_WORKERS,
     "belayer/activities/generate.py -> belayer.workers.rollout.node": _ROLLOUT_IN_WORKERS,
@@ -113,17 +119,6 @@ KNOWN_VIOLATIONS: dict[str, str] = {
     "belayer/model/export.py -> temporalio": _EXPORT_READS_A_RUN,
     "belayer/workers/rollout/identity.py -> belayer.stack.workers":
         "the duplicate-node check asks the stack for a queue's pollers; that query belongs in temporal_client",
-    "belayer/workflows/groups.py -> belayer.activities.context": _NO_CONTRACTS_YET,
-    "belayer/workflows/groups.py -> belayer.activities.sandbox": _NO_CONTRACTS_YET,
-    "belayer/workflows/groups.py -> belayer.sandbox.models": _NO_CONTRACTS_YET,
-    "belayer/workflows/models.py -> belayer.sandbox.models": _NO_CONTRACTS_YET,
-    "belayer/workflows/training.py -> belayer.activities.publish": _NO_CONTRACTS_YET,
-    "belayer/workflows/training.py -> belayer.activities.training_log": _NO_CONTRACTS_YET,
-    "belayer/workflows/trajectory.py -> belayer.activities.context": _NO_CONTRACTS_YET,
-    "belayer/workflows/trajectory.py -> belayer.activities.generate": _NO_CONTRACTS_YET,
-    "belayer/workflows/trajectory.py -> belayer.activities.sandbox": _NO_CONTRACTS_YET,
-    "belayer/workflows/trajectory.py -> belayer.sandbox.errors": _NO_CONTRACTS_YET,
-    "belayer/workflows/trajectory.py -> belayer.sandbox.models": _NO_CONTRACTS_YET,
     "cycle: bench, chaos": "chaos.soak takes bench.machine's spread and the benchmarks run chaos; the "
         "shared measuring helpers belong below both",
     "cycle: model, trainer": "the trainer loads the built model (model.build) and model.export reads trainer "
@@ -351,3 +346,23 @@ def test_the_check_sees_imports_in_functions_relative_and_through_importlib(tmp_
         (1, "importlib"), (3, "belayer.storage.weights"), (4, "belayer.workflows.models"),
         (5, "temporalio"), (6, "belayer.cli.run"),
     ]
+
+
+def test_contracts_hold_no_activity_side_code():
+    """Workflows import the contracts into their sandbox, so nothing there may pull in what
+    only an activity worker runs: `temporalio.activity` or the worker, or the sandbox beyond
+    its value types and error names (the layers alone see packages, not these modules)."""
+    found = []
+    for path in sorted((PACKAGE / "contracts").rglob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.ImportFrom) and node.module:
+                names = [f"{node.module}.{alias.name}" for alias in node.names]
+            elif isinstance(node, ast.Import):
+                names = [alias.name for alias in node.names]
+            else:
+                continue
+            found += [f"{path.relative_to(PACKAGE.parent)}:{node.lineno} imports {name}" for name in names
+                      if name.startswith(("temporalio.activity", "temporalio.worker"))
+                      or (name.startswith("belayer.sandbox.")
+                          and not name.startswith(("belayer.sandbox.models.", "belayer.sandbox.errors.")))]
+    assert not found, "contracts must stay workflow-safe:\n" + "\n".join(found)
