@@ -85,13 +85,15 @@ async def prepare(group_id: str, task: Task, trajectory_ids: list[str], queues: 
         record.setup_sandbox = parent.handle
         record.setup_s, at, stage = _since(at), workflow.now(), "checkpoint it"
         checkpoint = await _activity(
-            sandbox.CHECKPOINT, CheckpointArgs(handle=parent.handle), queue=parent.handle.host_queue, summary=f"group {group_id}: checkpoint the set-up sandbox",
+            sandbox.CHECKPOINT, CheckpointArgs(handle=parent.handle), queue=parent.handle.host_queue,
+            summary=f"group {group_id}: checkpoint the set-up sandbox",
         )
         record.origin = checkpoint.checkpoint
         record.checkpoint_s, at, stage = _since(at), workflow.now(), "fork it"
         targets = [ForkTarget(sandbox_id=_sandbox_id(), trajectory=t) for t in trajectory_ids]
         forked = await _activity(
-            sandbox.FORK, ForkArgs(checkpoint=record.origin, targets=targets), queue=parent.handle.host_queue, summary=f"group {group_id}: fork {len(targets)} sandboxes",
+            sandbox.FORK, ForkArgs(checkpoint=record.origin, targets=targets), queue=parent.handle.host_queue,
+            summary=f"group {group_id}: fork {len(targets)} sandboxes",
         )
         record.fork_s = _since(at)
     except ActivityError as err:

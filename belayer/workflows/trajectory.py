@@ -909,7 +909,8 @@ class TrajectoryWorkflow:
             return None
         try:
             return await sandbox.PLACE.execute(
-                PlaceArgs(key=key, avoid=avoid), task_queue=self.input.queues.sandbox, start_to_close_timeout=timedelta(seconds=30),
+                PlaceArgs(key=key, avoid=avoid), task_queue=self.input.queues.sandbox,
+                start_to_close_timeout=timedelta(seconds=30),
                 schedule_to_start_timeout=SHARED_SCHEDULE_TO_START, retry_policy=STORAGE_RETRY,
                 summary=f"place sandbox {key}",
             )
@@ -939,7 +940,8 @@ class TrajectoryWorkflow:
         last log entries): local unless the input's queues say otherwise, so it costs no
         round trip of its own. Histories from before `OBSERVATION_WITH_GENERATION_PATCH`
         replay as activities on the context queue."""
-        options = {"start_to_close_timeout": timedelta(seconds=30), "retry_policy": STORAGE_RETRY, "summary": summary}
+        options = {"start_to_close_timeout": timedelta(seconds=30), "retry_policy": STORAGE_RETRY,
+                   "summary": summary}
         try:
             if self.input.queues.context_local and self._observation_with_generation():
                 return await activity.execute_local(args, **options)

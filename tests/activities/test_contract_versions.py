@@ -63,9 +63,18 @@ class Args(BaseModel):
 
 
 def test_unknown_fields_are_dropped_at_any_depth():
-    payload = written_by(NEWER, {"handle": {"key": "a", "host": "h1"}, "handles": [{"key": "b", "zone": 2}],
-                                 "count": 3, "priority": "high"})  # fmt: skip
-    assert read(payload, Args, CONVERTER, what="x") == Args(handle=Handle(key="a"), handles=[Handle(key="b")], count=3)
+    payload = written_by(
+        NEWER,
+        {
+            "handle": {"key": "a", "host": "h1"},
+            "handles": [{"key": "b", "zone": 2}],
+            "count": 3,
+            "priority": "high",
+        },
+    )
+    assert read(payload, Args, CONVERTER, what="x") == Args(
+        handle=Handle(key="a"), handles=[Handle(key="b")], count=3
+    )
 
 
 def test_a_payload_from_before_versions_is_read_as_version_one():
@@ -104,15 +113,21 @@ class NewerWriter:
     async def run(self, data: dict, version: int) -> dict:
         try:
             ref = await workflow.execute_activity(
-                START_RUN_LOG.name, RawValue(written_by(version, data)), result_type=RecordLogRef,
+                START_RUN_LOG.name,
+                RawValue(written_by(version, data)),
+                result_type=RecordLogRef,
                 start_to_close_timeout=timedelta(seconds=30),
                 retry_policy=RetryPolicy(initial_interval=timedelta(milliseconds=100), maximum_attempts=3),
             )
         except ActivityError as err:
             cause = err.cause
             assert isinstance(cause, ApplicationError)
-            return {"failed": cause.type, "non_retryable": cause.non_retryable, "message": cause.message,
-                    "retry_state": err.retry_state.name if err.retry_state else None}  # fmt: skip
+            return {
+                "failed": cause.type,
+                "non_retryable": cause.non_retryable,
+                "message": cause.message,
+                "retry_state": err.retry_state.name if err.retry_state else None,
+            }
         return {"log": ref.key}
 
 
@@ -132,20 +147,31 @@ async def client_and_queue(temporal_server, seaweedfs, stack_config, storage_con
     queue = f"contracts-{uuid.uuid4().hex[:8]}"
     client = await connect(stack_config.temporal, stack_config.storage.encryption_key)
     store = ObjectStore(storage_config)
-    async with Worker(client, task_queue=queue, workflows=[NewerWriter, StampedByTheHelper],
-                      activities=TrainingLogActivities(store).all()):  # fmt: skip
+    async with Worker(
+        client,
+        task_queue=queue,
+        workflows=[NewerWriter, StampedByTheHelper],
+        activities=TrainingLogActivities(store).all(),
+    ):
         yield client, queue
     store.close()
 
 
 async def send(client_and_queue, data: dict, version: int) -> dict:
     client, queue = client_and_queue
-    return await client.execute_workflow(NewerWriter.run, args=[data, version], id=f"{queue}-{uuid.uuid4().hex[:6]}",
-                                         task_queue=queue, result_type=dict)  # fmt: skip
+    return await client.execute_workflow(
+        NewerWriter.run,
+        args=[data, version],
+        id=f"{queue}-{uuid.uuid4().hex[:6]}",
+        task_queue=queue,
+        result_type=dict,
+    )
 
 
 @pytest.mark.stack
-async def test_a_newer_payload_with_a_changed_required_field_fails_at_once_naming_both_versions(client_and_queue):
+async def test_a_newer_payload_with_a_changed_required_field_fails_at_once_naming_both_versions(
+    client_and_queue,
+):
     run_id = f"run-{uuid.uuid4().hex[:8]}"
     outcome = await send(client_and_queue, {"run": run_id}, NEWER)  # `run_id` renamed: not an additive change
     assert outcome["failed"] == UNREADABLE_PAYLOAD
