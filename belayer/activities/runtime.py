@@ -7,8 +7,11 @@ non-retryably (`UNREADABLE_PAYLOAD`), with a message naming the contract version
 wrote it and the one this worker reads: retrying on the same worker could never
 succeed, and an older worker must not burn a newer workflow's retries on it.
 
-A method called directly (tests, a rollout node appending in-process) takes and returns
-the models as they are.
+Its result goes back stamped with the worker's contract version, as the arguments came
+(belayer/contracts/activity.py), so a workflow worker that cannot read it names both
+versions too. A method called directly (tests, a rollout node appending in-process)
+takes and returns the models as they are, and so does an activity without arguments
+(its result is read as version 1).
 """
 
 from __future__ import annotations
@@ -17,10 +20,11 @@ from collections.abc import Awaitable, Callable
 from typing import Any
 
 from temporalio import activity
+from temporalio.api.common.v1 import Payload
 from temporalio.common import RawValue
 from temporalio.exceptions import ApplicationError
 
-from belayer.contracts.activity import Activity, UnreadablePayload
+from belayer.contracts.activity import Activity, UnreadablePayload, stamped
 from belayer.contracts.errors import UNREADABLE_PAYLOAD
 
 Method = Callable[..., Awaitable[Any]]
@@ -40,7 +44,10 @@ def implements(contract: Activity) -> Callable[[Method], Method]:
         else:
 
             async def run(self, args):
-                return await method(self, _read_args(contract, args))
+                if not isinstance(args, RawValue):
+                    return await method(self, args)  # called directly, with the model
+                result = await method(self, _read_args(contract, args.payload))
+                return RawValue(stamped(activity.payload_converter().to_payload(result)))
 
             # What the worker decodes the argument to: the payload itself, read above.
             run.__annotations__ = {"args": RawValue, "return": contract.result}
@@ -51,10 +58,8 @@ def implements(contract: Activity) -> Callable[[Method], Method]:
     return decorate
 
 
-def _read_args(contract: Activity, args: Any) -> Any:
-    if not isinstance(args, RawValue):
-        return args  # called directly, with the model
+def _read_args(contract: Activity, payload: Payload) -> Any:
     try:
-        return contract.read_args(args.payload, activity.payload_converter())
+        return contract.read_args(payload, activity.payload_converter())
     except UnreadablePayload as exc:
         raise ApplicationError(str(exc), type=UNREADABLE_PAYLOAD, non_retryable=True) from exc

@@ -107,15 +107,15 @@ def test_results_without_a_body_and_plain_values_read_as_before():
 @workflow.defn(name="NewerWriter", sandboxed=False)  # a stand-in caller: nothing to guard
 class NewerWriter:
     """Sends `training.start_log` the JSON `data` stamped as written by contract `version`;
-    returns the result, or how the activity failed."""
+    returns the result and the version the worker stamped it with, or how the activity failed."""
 
     @workflow.run
     async def run(self, data: dict, version: int) -> dict:
         try:
-            ref = await workflow.execute_activity(
+            raw = await workflow.execute_activity(
                 START_RUN_LOG.name,
                 RawValue(written_by(version, data)),
-                result_type=RecordLogRef,
+                result_type=RawValue,
                 start_to_close_timeout=timedelta(seconds=30),
                 retry_policy=RetryPolicy(initial_interval=timedelta(milliseconds=100), maximum_attempts=3),
             )
@@ -128,7 +128,8 @@ class NewerWriter:
                 "message": cause.message,
                 "retry_state": err.retry_state.name if err.retry_state else None,
             }
-        return {"log": ref.key}
+        ref = RecordLogRef.model_validate_json(raw.payload.data)
+        return {"log": ref.key, "result_version": raw.payload.metadata[VERSION_KEY].decode()}
 
 
 @workflow.defn(name="StampedByTheHelper", sandboxed=False)
@@ -185,7 +186,7 @@ async def test_a_newer_payload_with_a_changed_required_field_fails_at_once_namin
 async def test_a_newer_payload_with_only_an_extra_field_is_served(client_and_queue):
     run_id = f"run-{uuid.uuid4().hex[:8]}"
     outcome = await send(client_and_queue, {"run_id": run_id, "labels": {"team": "rl"}}, NEWER)
-    assert outcome == {"log": f"runs/{run_id}/iterations"}
+    assert outcome == {"log": f"runs/{run_id}/iterations", "result_version": str(CONTRACT_VERSION)}
 
 
 @pytest.mark.stack
