@@ -169,7 +169,6 @@ async def send(client_and_queue, data: dict, version: int) -> dict:
     )
 
 
-@pytest.mark.stack
 async def test_a_newer_payload_with_a_changed_required_field_fails_at_once_naming_both_versions(
     client_and_queue,
 ):
@@ -182,14 +181,12 @@ async def test_a_newer_payload_with_a_changed_required_field_fails_at_once_namin
     assert "training.start_log" in outcome["message"]
 
 
-@pytest.mark.stack
 async def test_a_newer_payload_with_only_an_extra_field_is_served(client_and_queue):
     run_id = f"run-{uuid.uuid4().hex[:8]}"
     outcome = await send(client_and_queue, {"run_id": run_id, "labels": {"team": "rl"}}, NEWER)
     assert outcome == {"log": f"runs/{run_id}/iterations", "result_version": str(CONTRACT_VERSION)}
 
 
-@pytest.mark.stack
 async def test_what_a_workflow_sends_through_a_contract_carries_its_version(client_and_queue):
     client, queue = client_and_queue
     stamped = await client.execute_workflow(StampedByTheHelper.run, id=f"{queue}-stamped", task_queue=queue)
