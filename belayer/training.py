@@ -62,8 +62,8 @@ async def start_training(client: Client, config: BelayerConfig, input: TrainingI
         "TrainingWorkflow", input, id=input.run_id, task_queue=config.temporal.workflow_task_queue,
         result_type=TrainingResult,
         search_attributes=TypedSearchAttributes([SearchAttributePair(RUN_KEY, input.run_id)]),
-        static_summary=f"GRPO: {input.iterations} iterations, {input.tasks_per_iteration} tasks x "
-                       f"{input.group_size} trajectories",
+        static_summary=f"{input.trainer.algorithm.upper()}: {input.iterations} iterations, "
+                       f"{input.tasks_per_iteration} tasks x {input.group_size} trajectories",
     )
 
 

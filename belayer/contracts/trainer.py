@@ -1,10 +1,12 @@
-"""`trainer.train_step`: one GRPO iteration on the trainer's queue. Its argument and
-result are the trainer's own models (belayer/trainer/models.py, which the trainer steps
-with), re-exported here for workflows."""
+"""`trainer.train_step`: one iteration's policy update on the trainer's queue. Its argument
+and result are the trainer's own models (belayer/trainer/models.py, which the trainer
+steps with), re-exported here for workflows, with the algorithms by name: the workflow
+computes a group's advantages with the run's algorithm, the trainer takes its loss."""
 
 from __future__ import annotations
 
 from belayer.contracts.activity import Activity
+from belayer.trainer.algorithms import Algorithm, algorithm
 from belayer.trainer.models import (
     SkippedGroup,
     TrainerCheckpointRef,
@@ -16,12 +18,14 @@ from belayer.trainer.models import (
 
 __all__ = [
     "TRAIN_STEP",
+    "Algorithm",
     "SkippedGroup",
     "TrainSample",
     "TrainStepArgs",
     "TrainStepResult",
     "TrainerCheckpointRef",
     "TrainerSettings",
+    "algorithm",
 ]
 
 TRAIN_STEP = Activity("trainer.train_step", TrainStepArgs, TrainStepResult)

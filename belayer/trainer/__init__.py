@@ -1,2 +1,2 @@
-"""The trainer side of the GRPO loop: samples read from token logs, a torch policy, the
+"""The trainer side of the training loop: samples read from token logs, a torch policy, the
 optimizer step, and write-once checkpoints in the object store."""

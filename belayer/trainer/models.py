@@ -10,10 +10,11 @@ from __future__ import annotations
 
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from belayer.storage.store import ObjectRef
 from belayer.storage.tokenlog import PrefixRef
+from belayer.trainer.algorithms import ALGORITHMS, DEFAULT, algorithm
 
 
 class _Model(BaseModel):
@@ -21,7 +22,7 @@ class _Model(BaseModel):
 
 
 class TrainerSettings(_Model):
-    """The GRPO objective and its optimizer; fixed for a run (a checkpoint records them)."""
+    """The objective (an algorithm) and its optimizer; fixed for a run (a checkpoint records them)."""
 
     lr: float = Field(1e-5, ge=0, description="AdamW learning rate; 0 leaves the weights as they are.")
     lr_decay_iterations: int = Field(
@@ -43,15 +44,25 @@ class TrainerSettings(_Model):
         2, ge=1, le=256, description="torch CPU threads; fixed, because the summation order (and so the "
         "last bits of every result) depends on it."
     )
+    algorithm: str = Field(
+        DEFAULT, description="How group rewards become advantages (in the training workflow) and what loss "
+        f"the trainer takes: one of {', '.join(sorted(ALGORITHMS))} (belayer/trainer/algorithms/)."
+    )
+
+    @field_validator("algorithm")
+    @classmethod
+    def _known_algorithm(cls, name: str) -> str:
+        return algorithm(name).name
 
 
 class TrainSample(_Model):
     """One trajectory to learn from: its final context and the advantage of its group."""
 
     trajectory_id: str
-    group: str = Field(description="Members of one group share it (GRPO normalises within a group).")
+    group: str = Field(description="Members of one group share it (advantages are relative within a group).")
     context: PrefixRef = Field(description="The trajectory's whole token log (tokens, marks, generations).")
-    advantage: float = Field(description="Group-normalised reward, applied to every model token.")
+    advantage: float = Field(description="The algorithm's advantage for this member of its group, applied to "
+                             "every model token.")
 
 
 class TrainerCheckpointRef(_Model):
@@ -90,7 +101,7 @@ class SkippedGroup(_Model):
 class TrainStepResult(_Model):
     checkpoint: TrainerCheckpointRef
     weights_sha256: str = Field(description="sha256 of the published weights object.")
-    loss: float = Field(description="Mean over the minibatches that stepped of their GRPO loss (0: none did).")
+    loss: float = Field(description="Mean over the minibatches that stepped of their loss (0: none did).")
     kl: float = Field(
         description="Mean k3 estimate of the KL to the initial weights per trained token; 0 when kl_coef is 0."
     )

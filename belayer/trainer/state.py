@@ -29,9 +29,9 @@ import torch
 
 from belayer.storage.errors import CorruptObject
 from belayer.storage.store import ObjectRef
-from belayer.trainer.grpo import StepStats
 from belayer.trainer.models import SkippedGroup, TrainerCheckpointRef, TrainerSettings
 from belayer.trainer.policy import load_policy
+from belayer.trainer.update import StepStats
 
 FORMAT = "belayer-trainer-checkpoint/1"
 _OPTIM = "optim/"

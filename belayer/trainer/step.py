@@ -27,7 +27,6 @@ from belayer.errors import BelayerError
 from belayer.model.build import model_path
 from belayer.storage.errors import ObjectConflict
 from belayer.storage.weights import store_weights
-from belayer.trainer.grpo import StepStats, grpo_step
 from belayer.trainer.models import TrainerCheckpointRef, TrainStepArgs, TrainStepResult
 from belayer.trainer.policy import load_policy, make_deterministic, resolve_device
 from belayer.trainer.samples import load_sample
@@ -42,6 +41,7 @@ from belayer.trainer.state import (
     restore,
     weights_key,
 )
+from belayer.trainer.update import StepStats, update_policy
 
 Events = Callable[[str], None]  # "stepped" (before the checkpoint), "checkpointed" (after)
 
@@ -74,8 +74,8 @@ class Trainer:
             self._state = None  # half-stepped until its checkpoint is written
             samples = [load_sample(store, s) for s in args.samples]
             configure(state.optimizer, args.settings, args.iteration)
-            stats = grpo_step(state.model, state.optimizer, self._reference_for(args),
-                              state.weights_version, samples, args.settings)
+            stats = update_policy(state.model, state.optimizer, self._reference_for(args),
+                                  state.weights_version, samples, args.settings)
             events("stepped")
             ref, stats = self._write(store, state, args, stats)
             events("checkpointed")

@@ -1,8 +1,9 @@
-"""`TrainingWorkflow`: the durable GRPO loop of one training run.
+"""`TrainingWorkflow`: the durable RL loop of one training run (GRPO unless its
+`trainer.algorithm` names another, belayer/trainer/algorithms/).
 
 Each iteration: pick tasks (seeded) → a group of `group_size` child `TrajectoryWorkflow`s
 per task (search attributes BelayerRun and BelayerIteration; `concurrency` at once) →
-group-normalised advantages → one `trainer.train_step` on the trainer's queue, which
+each group's advantages (the algorithm's estimator) → one `trainer.train_step` on the trainer's queue, which
 checkpoints the trainer state write-once before it returns → the new weights published
 to every rollout node → the iteration's record in the run's record log.
 
@@ -47,10 +48,12 @@ with workflow.unsafe.imports_passed_through():
     )
     from belayer.contracts.trainer import (
         TRAIN_STEP,
+        Algorithm,
         SkippedGroup,
         TrainSample,
         TrainStepArgs,
         TrainStepResult,
+        algorithm,
     )
     from belayer.contracts.training_log import (
         RECORD_ITERATION,
@@ -93,7 +96,6 @@ TRAINER_HEARTBEAT = timedelta(seconds=20)
 STORAGE_RETRY = RetryPolicy(initial_interval=timedelta(seconds=1), maximum_attempts=10)
 # A queue nobody polls this long has no worker: the run ends failed_infra and says which.
 NO_WORKER_AFTER = timedelta(minutes=10)
-ADVANTAGE_EPS = 1e-6
 
 
 class RunFailure(Exception):
@@ -105,6 +107,7 @@ class TrainingWorkflow:
     @workflow.init
     def __init__(self, input: TrainingInput) -> None:
         self.input = input
+        self.algorithm: Algorithm = algorithm(input.trainer.algorithm)
         self.state = input.carried or TrainingState()
         self.status: TrainingStatus = "running"
         self.phase: Phase = "starting"
@@ -315,7 +318,8 @@ class TrainingWorkflow:
                     f"{self.input.max_infra_retries} retries: {lost[0].reason[:200]}"
                 )))
                 continue
-            for member, advantage in zip(members, _advantages([m.reward for m in members]), strict=True):
+            advantages = self.algorithm.advantages([m.reward for m in members])
+            for member, advantage in zip(members, advantages, strict=True):
                 samples.append(TrainSample(
                     trajectory_id=member.trajectory_id, group=task.id, context=member.context, advantage=advantage,
                 ))
@@ -332,7 +336,7 @@ class TrainingWorkflow:
                 args, task_queue=self.input.queues.trainer,
                 schedule_to_start_timeout=NO_WORKER_AFTER, start_to_close_timeout=timedelta(hours=2),
                 heartbeat_timeout=TRAINER_HEARTBEAT, retry_policy=TRAINER_RETRY,
-                summary=f"iteration {iteration}: GRPO step on {len(samples)} trajectories",
+                summary=f"iteration {iteration}: {self.algorithm.name.upper()} step on {len(samples)} trajectories",
             )
         except ActivityError as err:
             raise RunFailure(f"train step of iteration {iteration} failed: {cause_of(err)}") from None
@@ -405,14 +409,6 @@ def _details(record: IterationRecord) -> str:
     heldout = "" if record.heldout_reward is None else f", held-out {record.heldout_reward:.3f}"
     return (f"iteration {record.iteration} done: reward {reward}{heldout}, groups {record.groups_kept} kept / "
             f"{record.groups_dropped} dropped, weights v{record.weights_version} {record.weights_sha256[:12]}")
-
-
-def _advantages(rewards: list[float]) -> list[float]:
-    """GRPO: each reward against its group's mean, in units of the group's spread (zero
-    when every member scored the same: such a group teaches nothing)."""
-    mean = sum(rewards) / len(rewards)
-    std = (sum((r - mean) ** 2 for r in rewards) / len(rewards)) ** 0.5
-    return [(r - mean) / (std + ADVANTAGE_EPS) for r in rewards]
 
 
 def _digest(*parts) -> int:

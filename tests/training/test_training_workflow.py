@@ -26,8 +26,9 @@ from belayer.contracts.trainer import TRAIN_STEP, TrainerCheckpointRef, TrainSte
 from belayer.storage.store import ObjectRef, ObjectStore
 from belayer.storage.tokenlog import PrefixRef
 from belayer.temporal_client import connect
+from belayer.trainer.algorithms import grpo
 from belayer.workflows.models import TaskQueues, TrajectoryInput, TrajectoryResult
-from belayer.workflows.training import TrainingWorkflow, _advantages
+from belayer.workflows.training import TrainingWorkflow
 from belayer.workflows.training_models import IterationRecord, TrainingInput, TrainingQueues, TrainingResult
 from belayer.workloads.models import TraceTask, TraceTurn
 
@@ -147,7 +148,7 @@ async def test_iterations_train_on_group_advantages_and_publish_each_version(har
         for group in record.tasks:
             members = [s for s in step.samples if s.group == group]
             rewards = record.rewards[record.tasks.index(group)]
-            assert [s.advantage for s in members] == pytest.approx(_advantages(rewards))
+            assert [s.advantage for s in members] == pytest.approx(grpo.advantages(rewards))
             assert abs(sum(s.advantage for s in members)) < 1e-6
     assert records[0].mean_reward == pytest.approx(
         sum(r for group in records[0].rewards for r in group) / 6)

@@ -1,4 +1,6 @@
-"""One GRPO iteration: a clipped policy-gradient update on group-normalised advantages.
+"""One iteration's policy update, with the loss of the run's algorithm
+(`TrainerSettings.algorithm`, belayer/trainer/algorithms/) on the advantages the
+training workflow computed with the same algorithm's estimator.
 
 The importance ratio is taken against the sampling policy *recomputed by the trainer*
 (no grad, before any update), not against the engines' logprobs:
@@ -12,13 +14,13 @@ The importance ratio is taken against the sampling policy *recomputed by the tra
   fault happened. The engines' numbers are compared with the recomputed ones instead and
   reported as `engine_logprob_drift`.
 
-A group with any model token from another version is left out whole (GRPO's advantages
-are relative within a group: a partial group would bias them). The loss of a minibatch
-is the token-level mean, over its model tokens, of
-`-min(ratio * A, clip(ratio, 1 - eps, 1 + eps) * A)`, plus `kl_coef` times the k3
-estimate of the KL to the initial weights when `kl_coef > 0`. Gradients accumulate one
-sample at a time in the order given, then are clipped to `max_grad_norm`, and AdamW
-steps once per minibatch.
+A group with any model token from another version is left out whole (advantages are
+relative within a group: a partial group would bias them). The loss of a minibatch is
+the sum of its samples' algorithm losses, each its share of the minibatch (GRPO: the
+token-level mean over the minibatch's model tokens of the clipped surrogate), plus
+`kl_coef` times the k3 estimate of the KL to the initial weights when `kl_coef > 0`.
+Gradients accumulate one sample at a time in the order given, then are clipped to
+`max_grad_norm`, and AdamW steps once per minibatch.
 
 An empty batch (every group skipped, or no model tokens) takes no optimizer step: the
 weights stay as they are, yet the caller still writes a new checkpoint under the next
@@ -32,6 +34,7 @@ from dataclasses import dataclass
 import torch
 
 from belayer.storage.errors import CorruptObject
+from belayer.trainer.algorithms import PolicyLoss, TokenTerms, algorithm
 from belayer.trainer.models import SkippedGroup, TrainerSettings
 from belayer.trainer.policy import token_logprobs
 from belayer.trainer.samples import LoadedSample
@@ -60,16 +63,17 @@ class _Prepared:
     reference: torch.Tensor | None  # the initial weights' logprobs, when the KL term is on
 
 
-def grpo_step(model, optimizer, reference_model, version: int, samples: list[LoadedSample],
-              settings: TrainerSettings) -> StepStats:
-    """Train `model` in place on `samples` (advantages already group-normalised)."""
+def update_policy(model, optimizer, reference_model, version: int, samples: list[LoadedSample],
+                  settings: TrainerSettings) -> StepStats:
+    """Train `model` in place on `samples` (advantages already computed by the workflow)."""
     kept, skipped = split_by_version(samples, version)
     check_vocabulary(kept, model.config.vocab_size)
     prepared = [_prepare(model, reference_model, s, settings) for s in kept]
     drift = engine_drift(prepared)
     totals = {"loss": 0.0, "kl": 0.0, "clipped": 0, "tokens": 0, "steps": 0}
+    loss = algorithm(settings.algorithm).loss
     for part in contiguous_slices(prepared, settings.minibatches):
-        _minibatch(model, optimizer, part, settings, totals)
+        _minibatch(model, optimizer, part, loss, settings, totals)
     tokens, steps = totals["tokens"], totals["steps"]
     return StepStats(
         loss=totals["loss"] / steps if steps else 0.0,
@@ -143,7 +147,8 @@ def _prepare(model, reference_model, sample: LoadedSample, settings: TrainerSett
     return _Prepared(sample, mask, old, reference)
 
 
-def _minibatch(model, optimizer, part: list[_Prepared], settings: TrainerSettings, totals: dict) -> None:
+def _minibatch(model, optimizer, part: list[_Prepared], loss_of: PolicyLoss, settings: TrainerSettings,
+               totals: dict) -> None:
     """Accumulate the gradients of `part`'s samples, clip, step; no step without model tokens."""
     tokens = int(sum(p.mask.sum().item() for p in part))
     if tokens == 0:
@@ -152,7 +157,7 @@ def _minibatch(model, optimizer, part: list[_Prepared], settings: TrainerSetting
     for p in part:
         if p.mask.sum().item() == 0:
             continue  # nothing of it is trained on; skipping it changes no number
-        loss, kl, clipped = _sample_loss(model, p, settings, tokens)
+        loss, kl, clipped = _sample_loss(model, p, loss_of, settings, tokens)
         loss.backward()
         loss_total += loss.item()
         totals["kl"] += kl
@@ -165,19 +170,16 @@ def _minibatch(model, optimizer, part: list[_Prepared], settings: TrainerSetting
     totals["steps"] += 1
 
 
-def _sample_loss(model, p: _Prepared, settings: TrainerSettings, tokens: int) -> tuple[torch.Tensor, float, int]:
+def _sample_loss(model, p: _Prepared, loss_of: PolicyLoss, settings: TrainerSettings,
+                 tokens: int) -> tuple[torch.Tensor, float, int]:
     """(this sample's share of the minibatch loss, its summed k3 KL, its clipped tokens)."""
     logp = token_logprobs(model, p.sample.tokens, settings.temperature)
-    ratio = torch.exp(logp - p.old)
-    advantage = p.sample.sample.advantage
-    clipped_ratio = ratio.clamp(1 - settings.clip_eps, 1 + settings.clip_eps)
-    surrogate = torch.minimum(ratio * advantage, clipped_ratio * advantage)
-    loss = -(surrogate * p.mask).sum() / tokens
+    terms = TokenTerms(logp=logp, old=p.old, mask=p.mask, advantage=p.sample.sample.advantage)
+    loss, clipped = loss_of(terms, settings, tokens)
     kl = 0.0
     if p.reference is not None:
         log_r = p.reference - logp
         k3 = (torch.exp(log_r) - log_r - 1) * p.mask
         loss = loss + settings.kl_coef * k3.sum() / tokens
         kl = k3.sum().item()
-    clipped = int((((ratio - 1).abs() > settings.clip_eps).float() * p.mask).sum().item())
     return loss, kl, clipped
