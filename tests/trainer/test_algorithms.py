@@ -1,0 +1,97 @@
+"""The algorithm seam: each registered algorithm's advantages, the refusal of an unknown
+name, the halves the workflow imports staying torch-free, and the trainer taking the
+loss of the algorithm its settings name."""
+
+from __future__ import annotations
+
+import ast
+import uuid
+from pathlib import Path
+
+import pytest
+import torch
+from pydantic import ValidationError
+from safetensors.torch import load_file
+
+from belayer.model.build import model_path
+from belayer.storage.weights import load_weights
+from belayer.trainer import algorithms
+from belayer.trainer.algorithms import ALGORITHMS, Algorithm, UnknownAlgorithm, algorithm, grpo, rloo
+from belayer.trainer.models import TrainerSettings
+from belayer.trainer.step import Trainer
+
+from .conftest import batch, step_args
+
+ALGORITHMS_DIR = Path(algorithms.__file__).parent
+
+
+def test_grpo_normalises_each_reward_by_its_groups_mean_and_spread():
+    assert grpo.advantages([1.0, 0.0]) == [0.5 / (0.5 + 1e-6), -0.5 / (0.5 + 1e-6)]
+    assert grpo.advantages([0.3, 0.3, 0.3]) == [0.0, 0.0, 0.0]
+
+
+def test_rloo_takes_each_reward_against_the_mean_of_the_others():
+    assert rloo.advantages([1.0, 0.0, 0.5]) == [0.75, -0.75, 0.0]
+    assert rloo.advantages([2.0, 0.0]) == [2.0, -2.0]  # not scaled by the spread, unlike GRPO
+    assert rloo.advantages([0.3, 0.3]) == [0.0, 0.0]
+
+
+def test_grpo_is_the_default_and_an_unknown_algorithm_is_refused_naming_the_known_ones():
+    assert TrainerSettings().algorithm == "grpo"
+    assert TrainerSettings(algorithm="rloo").algorithm == "rloo"
+    with pytest.raises(ValidationError, match="unknown algorithm 'ppo'; known: grpo, rloo"):
+        TrainerSettings(algorithm="ppo")
+    with pytest.raises(UnknownAlgorithm, match="known: grpo, rloo"):
+        algorithm("ppo")
+
+
+def test_every_algorithm_is_registered_under_its_own_name():
+    assert sorted(ALGORITHMS) == ["grpo", "rloo"]
+    assert all(a.name == name for name, a in ALGORITHMS.items())
+
+
+def test_the_algorithms_import_no_torch_so_the_training_workflow_can_import_them():
+    """Only under TYPE_CHECKING: the workflow sandbox imports this package for the advantages."""
+    for path in sorted(ALGORITHMS_DIR.glob("*.py")):
+        tree = ast.parse(path.read_text())
+        for node in tree.body:  # module level; TYPE_CHECKING blocks are `if` statements, not imports
+            names = [a.name for a in node.names] if isinstance(node, ast.Import) else \
+                [node.module or ""] if isinstance(node, ast.ImportFrom) else []
+            assert not any(n.split(".")[0] == "torch" for n in names), f"{path.name} imports torch"
+
+
+@pytest.fixture(scope="module")
+def trainer():
+    return Trainer(device="cpu")
+
+
+def _step_weights(trainer, store, samples, **settings) -> dict:
+    result = trainer.step(store, step_args(f"algo-{uuid.uuid4().hex[:8]}", samples, **settings))
+    return load_weights(store, result.checkpoint.weights)
+
+
+def _same(a: dict, b: dict) -> bool:
+    return a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+
+
+def test_the_trainer_takes_the_loss_of_the_algorithm_its_settings_name(trainer, store, monkeypatch):
+    samples = batch(store)
+    grpo_weights = _step_weights(trainer, store, samples)
+    # RLOO shares GRPO's loss: on the same samples (the same advantages) the update is the same.
+    assert _same(_step_weights(trainer, store, samples, algorithm="rloo"), grpo_weights)
+    # A loss with no gradient leaves the weights as they were built, so the step used it.
+    monkeypatch.setitem(ALGORITHMS, "still", Algorithm("still", grpo.advantages, _no_gradient))
+    assert _same(_step_weights(trainer, store, samples, algorithm="still"), _built_weights())
+    # The same trajectories with RLOO's advantages (conftest.batch's rewards through its
+    # estimator) instead of GRPO's: another update.
+    advantages = rloo.advantages([1.0, 0.0, 0.5]) + rloo.advantages([0.0, 1.0])
+    rloo_samples = [s.model_copy(update={"advantage": a}) for s, a in zip(samples, advantages, strict=True)]
+    assert not _same(_step_weights(trainer, store, rloo_samples, algorithm="rloo"), grpo_weights)
+
+
+def _built_weights() -> dict:
+    return load_file(str(model_path("tiny") / "model.safetensors"))
+
+
+def _no_gradient(terms, settings, tokens):
+    return (terms.logp * 0.0).sum(), 0
