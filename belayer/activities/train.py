@@ -1,4 +1,4 @@
-"""`trainer.train_step`: one GRPO iteration, served on the trainer's own queue.
+"""`trainer.train_step`: one iteration's policy update, served on the trainer's own queue.
 
 The work runs in a thread while the activity heartbeats every second, so a trainer that
 dies is noticed within the heartbeat timeout and the step is retried on the restarted

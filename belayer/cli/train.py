@@ -14,6 +14,7 @@ import click
 from rich.console import Console
 
 from belayer.cli.context import config_from
+from belayer.trainer.algorithms import ALGORITHMS, DEFAULT
 
 console = Console(stderr=True)
 POLL_S = 1.0
@@ -30,7 +31,7 @@ class _TrainGroup(click.Group):
 
 @click.group(cls=_TrainGroup)
 def train() -> None:
-    """Train with GRPO on a workload's tasks, durably (Temporal), starting from the workload's
+    """Train with GRPO (or another --algorithm) on a workload's tasks, durably (Temporal), starting from the workload's
     `model:` (default: the model the engines serve), published into the running engines.
 
     \b
@@ -49,6 +50,9 @@ def train() -> None:
               help="Tasks drawn (seeded) for each iteration.")
 @click.option("--seed", default=0, show_default=True, type=click.IntRange(0, 2**31 - 1),
               help="Fixes the task draws and every sampling seed.")
+@click.option("--algorithm", type=click.Choice(sorted(ALGORITHMS)), default=DEFAULT, show_default=True,
+              help="How group rewards become advantages and which loss the trainer takes "
+              "(docs/design.md §10, where to add an algorithm).")
 @click.option("--lr", default=1e-4, show_default=True, type=click.FloatRange(0), help="AdamW learning rate.")
 @click.option("--lr-decay", type=click.Choice(["constant", "linear"]), default="linear", show_default=True,
               help="linear: the learning rate falls linearly from --lr to 0 over the run's iterations.")
@@ -76,7 +80,7 @@ def train() -> None:
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object when the run ends.")
 @click.pass_context
 def start(ctx: click.Context, workload: Path, iterations: int, group_size: int, tasks_per_iteration: int,
-          seed: int, lr: float, lr_decay: str, minibatches: int, kl_coef: float, temperature: float, heldout: Path | None, no_heldout: bool, max_infra_retries: int,
+          seed: int, algorithm: str, lr: float, lr_decay: str, minibatches: int, kl_coef: float, temperature: float, heldout: Path | None, no_heldout: bool, max_infra_retries: int,
           fork_groups: bool, reuse_setup: bool, run_id: str | None, chaos_plan: str | None, chaos_rate: float | None, chaos_seed: int, as_json: bool) -> None:
     """Start a training run on WORKLOAD (.yaml or .jsonl) and follow it to its end.
 
@@ -96,7 +100,8 @@ def start(ctx: click.Context, workload: Path, iterations: int, group_size: int, 
     if heldout and no_heldout:
         raise click.UsageError("--heldout and --no-heldout contradict each other; give one")
     heldout = None if no_heldout else heldout or loaded.heldout
-    settings = TrainerSettings(lr=lr, lr_decay_iterations=iterations if lr_decay == "linear" else 0,
+    settings = TrainerSettings(algorithm=algorithm, lr=lr,
+                               lr_decay_iterations=iterations if lr_decay == "linear" else 0,
                                minibatches=minibatches, kl_coef=kl_coef, temperature=temperature)
     input = training_input(
         config, tasks, iterations=iterations, group_size=group_size, tasks_per_iteration=tasks_per_iteration,
@@ -227,7 +232,7 @@ def run_settings(input, workload: Path) -> dict:
     return {
         "workload": str(workload), "model": input.model, "iterations": input.iterations,
         "group_size": input.group_size, "tasks_per_iteration": input.tasks_per_iteration, "seed": input.seed,
-        "lr": input.trainer.lr, "lr_decay_iterations": input.trainer.lr_decay_iterations,
+        "algorithm": input.trainer.algorithm, "lr": input.trainer.lr, "lr_decay_iterations": input.trainer.lr_decay_iterations,
         "minibatches": input.trainer.minibatches, "kl_coef": input.trainer.kl_coef,
         "temperature": input.trainer.temperature,
         "heldout_tasks": len(input.heldout), "fork_groups": input.fork_groups, "reuse_setup": input.reuse_setup,
