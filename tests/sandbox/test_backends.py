@@ -110,12 +110,17 @@ def test_the_host_gets_the_configured_backend_and_drives_it(recording, tmp_path)
     moved = backend.start("sbx-moved", 1)
     host.adopt_existing()
     assert host.load().sandboxes == 2
-    lineage.write(host.store, config.sandbox.checkpoint_prefix, "sbx-moved", 2, "belayer-sandbox-there", "sbx-moved-g2")
+    lineage.write(
+        host.store, config.sandbox.checkpoint_prefix, "sbx-moved", 2, "belayer-sandbox-there", "sbx-moved-g2"
+    )
     assert host.sweep_stale() == [moved]
     host.remove("sbx-stays")
 
     assert backend.containers == {} and host.load().sandboxes == 0
-    assert [call for call in backend.calls if call[0] == "destroy"] == [("destroy", "sbx-moved"), ("destroy", "sbx-stays")]
+    assert [call for call in backend.calls if call[0] == "destroy"] == [
+        ("destroy", "sbx-moved"),
+        ("destroy", "sbx-stays"),
+    ]
 
 
 def test_the_stack_chaos_and_the_worker_get_the_configured_backend(recording, tmp_path):
