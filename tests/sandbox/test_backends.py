@@ -1,6 +1,7 @@
 """The sandbox-backend registry: `sandbox.backend` names a registered backend or is refused,
 and the backend it names is the one the sandbox host, the stack and its status, chaos
-(through the stack's sandbox hosts) and the sandbox worker's host check all get.
+(through the stack's sandbox hosts) and the sandbox worker's host check all get; chaos
+finds, kills and counts real podman containers through it.
 
 The second backend here is a test double registered for the test only: it keeps its
 containers in a dict and records every call, so what the real `SandboxHost` and the
@@ -12,9 +13,11 @@ from pathlib import Path
 
 import pytest
 
+from belayer.chaos.faults import Chaos, ChaosError
+from belayer.chaos.leaks import sandbox_containers
 from belayer.config import load_config
 from belayer.errors import ConfigError
-from belayer.sandbox import backends, lineage
+from belayer.sandbox import backends, lineage, runtime
 from belayer.sandbox.backend import BackendHealth
 from belayer.sandbox.host import make_host
 from belayer.sandbox.localstore import LocalDirStore
@@ -133,3 +136,24 @@ def test_the_stack_chaos_and_the_worker_get_the_configured_backend(recording, tm
     row = sandbox_runtime_status(config)
     assert (row.healthy, row.address, row.detail) == (False, "a dict", backend.health().problems[0])
     assert check_host(config) == backend.health().problems
+
+
+def test_chaos_finds_kills_and_counts_a_sandbox_through_the_backend(sandboxes):
+    """`belayer chaos sandbox-crash` and the leak check on a real container, with no podman
+    command of their own: the configured backend (podman) lists and kills it."""
+    config = load_config(
+        state_dir=runtime.default_state_dir(), sandbox={"channel_root": sandboxes.host.cfg.channel_root}
+    )
+    container = sandboxes.create().container
+    chaos = Chaos(config)
+    assert sandbox_hosts.host_of_container(config, 1, container) == 0
+    assert container in sandbox_containers(config) and not chaos.container_gone(container)
+
+    report = chaos.inject("sandbox-crash", sandbox_container=container)
+    assert (report.target, report.detail) == (
+        f"container {container}",
+        "podman kill (SIGKILL to every process in it)",
+    )
+    assert chaos.container_gone(container) and container in sandbox_containers(config)  # killed, left behind
+    with pytest.raises(ChaosError, match=f"container {container} is not running: nothing to kill"):
+        chaos.inject("sandbox-crash", sandbox_container=container)
