@@ -59,7 +59,7 @@ async def _parent(client, parent_id: str):
     from temporalio.api.enums.v1 import EventType
     from temporalio.service import RPCError
 
-    from belayer.activities.sandbox import DestroyArgs
+    from belayer.contracts import sandbox
     from belayer.workflows.models import TrajectoryInput, TrajectoryResult
 
     handle = client.get_workflow_handle(parent_id)
@@ -73,8 +73,9 @@ async def _parent(client, parent_id: str):
                 parent = (await converter.decode(payloads, [TrajectoryInput]))[0]
             elif kind == EventType.EVENT_TYPE_ACTIVITY_TASK_SCHEDULED:
                 attrs = event.activity_task_scheduled_event_attributes
-                if attrs.activity_type.name == "sandbox.destroy":
-                    sandbox_id = (await converter.decode(attrs.input.payloads, [DestroyArgs]))[0].handle.sandbox_id
+                if attrs.activity_type.name == sandbox.DESTROY.name:
+                    destroyed = (await converter.decode(attrs.input.payloads, [sandbox.DESTROY.args]))[0]
+                    sandbox_id = destroyed.handle.sandbox_id
             elif kind == EventType.EVENT_TYPE_WORKFLOW_EXECUTION_COMPLETED:
                 payloads = event.workflow_execution_completed_event_attributes.result.payloads
                 result = (await converter.decode(payloads, [TrajectoryResult]))[0]

@@ -17,7 +17,8 @@ from pathlib import Path
 
 from temporalio import activity
 
-from belayer.activities.generate import EngineTiming, GenerateArgs, GenerateResult
+from belayer.activities.runtime import implements
+from belayer.contracts.generate import GENERATE, EngineTiming, GenerateArgs, GenerateResult
 
 
 class ScriptedRollout:
@@ -44,7 +45,7 @@ class ScriptedRollout:
 
         return ContextActivities(self.store, self.tokenizer_path)
 
-    @activity.defn(name="generate")
+    @implements(GENERATE)
     async def generate(self, args: GenerateArgs) -> GenerateResult:
         from belayer.storage.tokenlog import TokenLog
 

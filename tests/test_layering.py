@@ -43,6 +43,9 @@ LAYERS: dict[str, set[str]] = {
     "config": {"config"},
     # Reaching Temporal and the object store: connection, payload encryption, namespace setup.
     "temporal": {"codec_server", "payload_codec", "prepare", "temporal_client"},
+    # What workflows and activities agree on: each activity's name, argument and result
+    # models, the error types workflows react to, the contract version.
+    "contracts": {"contracts"},
     # Deterministic workflow code.
     "workflows": {"workflows"},
     # Temporal activities: the adapters between workflows and the domain.
@@ -81,11 +84,16 @@ FORBIDDEN: dict[str, dict[str, str]] = {
         "workers": _DOMAIN_IS_CALLED,
         "cli": "a command belongs under cli/, which imports the domain code it runs",
     },
+    "contracts": {
+        "activities": "contracts are what activities implement: an activity imports its contract, never the reverse",
+        "workers": "a contract names values, not the processes that serve them",
+    },
     "workflows": {
         "activities": _CONTRACTS + ", not from the activity module",
         "workers": "worker processes are not a workflow's business; " + _CONTRACTS,
         "rollout": "rollout internals stay behind activities; " + _CONTRACTS,
         "sandbox": _CONTRACTS + ", not from the sandbox package",
+        "trainer": _CONTRACTS + ", not from the trainer package",
     },
     **{layer: dict(_BACKEND_MODULES) for layer in ("activities", "workers", "api", "operations", "cli")},
     # Programs built on the system measure and break sandboxes through the backend, never
@@ -95,21 +103,7 @@ FORBIDDEN: dict[str, dict[str, str]] = {
 
 # Violations of today, each with why it is still there; remove an entry with the import it names.
 # Keys: "FILE -> MODULE" (an import), or "cycle: PART, PART, ..." (parts of one layer in a cycle).
-_NO_CONTRACTS_YET = "workflows take payload models from the modules that define them until a contracts " \
-    "package holds them"
-KNOWN_VIOLATIONS: dict[str, str] = {
-    "belayer/workflows/groups.py -> belayer.activities.context": _NO_CONTRACTS_YET,
-    "belayer/workflows/groups.py -> belayer.activities.sandbox": _NO_CONTRACTS_YET,
-    "belayer/workflows/groups.py -> belayer.sandbox.models": _NO_CONTRACTS_YET,
-    "belayer/workflows/models.py -> belayer.sandbox.models": _NO_CONTRACTS_YET,
-    "belayer/workflows/training.py -> belayer.activities.publish": _NO_CONTRACTS_YET,
-    "belayer/workflows/training.py -> belayer.activities.training_log": _NO_CONTRACTS_YET,
-    "belayer/workflows/trajectory.py -> belayer.activities.context": _NO_CONTRACTS_YET,
-    "belayer/workflows/trajectory.py -> belayer.activities.generate": _NO_CONTRACTS_YET,
-    "belayer/workflows/trajectory.py -> belayer.activities.sandbox": _NO_CONTRACTS_YET,
-    "belayer/workflows/trajectory.py -> belayer.sandbox.errors": _NO_CONTRACTS_YET,
-    "belayer/workflows/trajectory.py -> belayer.sandbox.models": _NO_CONTRACTS_YET,
-}
+KNOWN_VIOLATIONS: dict[str, str] = {}
 
 
 @dataclass(frozen=True)
@@ -343,3 +337,23 @@ def test_a_rule_can_forbid_one_module_of_a_part_it_may_otherwise_import():
     [violation] = rule_violations([allowed, backend])
     assert violation.key == "belayer/bench/example.py -> belayer.sandbox.podman"
     assert "must not import belayer.sandbox.podman; fix: get the configured backend" in violation.message
+
+
+def test_contracts_hold_no_activity_side_code():
+    """Workflows import the contracts into their sandbox, so nothing there may pull in what
+    only an activity worker runs: `temporalio.activity` or the worker, or the sandbox beyond
+    its value types and error names (the layers alone see packages, not these modules)."""
+    found = []
+    for path in sorted((PACKAGE / "contracts").rglob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.ImportFrom) and node.module:
+                names = [f"{node.module}.{alias.name}" for alias in node.names]
+            elif isinstance(node, ast.Import):
+                names = [alias.name for alias in node.names]
+            else:
+                continue
+            found += [f"{path.relative_to(PACKAGE.parent)}:{node.lineno} imports {name}" for name in names
+                      if name.startswith(("temporalio.activity", "temporalio.worker"))
+                      or (name.startswith("belayer.sandbox.")
+                          and not name.startswith(("belayer.sandbox.models.", "belayer.sandbox.errors.")))]
+    assert not found, "contracts must stay workflow-safe:\n" + "\n".join(found)

@@ -24,69 +24,20 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
-from pydantic import BaseModel, Field
-from temporalio import activity
-
 from belayer import trajectory_log
+from belayer.activities.runtime import implements
 from belayer.agent_format import OBSERVATION_TEMPLATE, PROMPT_TEMPLATE, observation_text
-from belayer.storage.recordlog import RecordLogRef
-from belayer.storage.tokenlog import PrefixRef
-from belayer.trajectory_log import LogEntries, StepRecord
-
-
-class StartContextArgs(BaseModel):
-    """A new token log at `log_key` holding the rendered prompt, and the trajectory's empty
-    log (steps at `steps_key`, decisions, recoveries)."""
-
-    log_key: str = Field(min_length=1)
-    trajectory_id: str
-    steps_key: str = Field(min_length=1, description="Key of the trajectory's first step-log branch.")
-    instruction: str
-    prompt_only: bool = Field(False, description="Only the prompt's token log (a group's, which its members "
-                              "fork): no trajectory log.")
-
-
-class ForkContextArgs(BaseModel):
-    """A trajectory that continues another context: a token log at `log_key` forked from
-    `prefix` (a group's shared prompt, or the context a branch continues; nothing is
-    copied), and the trajectory's log, its step-log branch inheriting `steps_from` (a
-    branch's earlier steps) or empty."""
-
-    log_key: str = Field(min_length=1)
-    trajectory_id: str
-    steps_key: str = Field(min_length=1)
-    prefix: PrefixRef
-    steps_from: RecordLogRef | None = None
-
-
-class AppendObservationArgs(BaseModel):
-    """Append the observation of `step` (already capped by the sandbox) after `prefix`, and
-    record `step` in the step-log branch `steps_key`.
-
-    When `fork_to` is set the append goes to a new token log forked from `prefix` (a
-    context cut after a restore), and `steps_fork_from` starts the new step-log branch
-    from the steps the cut keeps: the old logs keep their history, untouched.
-    """
-
-    trajectory_id: str
-    prefix: PrefixRef
-    step: StepRecord
-    steps_key: str
-    fork_to: str | None = None
-    steps_fork_from: RecordLogRef | None = None
-    entries: LogEntries = LogEntries()
-
-
-class FlushLogArgs(BaseModel):
-    """Decisions and recoveries the trajectory's last step left unwritten."""
-
-    trajectory_id: str
-    entries: LogEntries
-
-
-class ContextResult(BaseModel):
-    prefix: PrefixRef
-    appended_tokens: int
+from belayer.contracts.context import (
+    APPEND_OBSERVATION,
+    FLUSH_LOG,
+    FORK_CONTEXT,
+    START_CONTEXT,
+    AppendObservationArgs,
+    ContextResult,
+    FlushLogArgs,
+    ForkContextArgs,
+    StartContextArgs,
+)
 
 
 class ContextActivities:
@@ -106,19 +57,19 @@ class ContextActivities:
     def encode(self, text: str) -> list[int]:
         return self.tokenizer.encode(text, add_special_tokens=False).ids
 
-    @activity.defn(name="start_context")
+    @implements(START_CONTEXT)
     async def start_context(self, args: StartContextArgs) -> ContextResult:
         return await asyncio.to_thread(self._start_context, args)
 
-    @activity.defn(name="fork_context")
+    @implements(FORK_CONTEXT)
     async def fork_context(self, args: ForkContextArgs) -> ContextResult:
         return await asyncio.to_thread(self._fork_context, args)
 
-    @activity.defn(name="append_observation")
+    @implements(APPEND_OBSERVATION)
     async def append_observation(self, args: AppendObservationArgs) -> ContextResult:
         return await asyncio.to_thread(self._append_observation, args)
 
-    @activity.defn(name="flush_log")
+    @implements(FLUSH_LOG)
     async def flush_log(self, args: FlushLogArgs) -> None:
         await asyncio.to_thread(trajectory_log.write_entries, self.store, args.trajectory_id, args.entries)
 

@@ -13,8 +13,8 @@ position draws from (seed, absolute position), so the resumed attempt produces e
 the tokens the failed one would have, and the turn's record covers all of its tokens.
 
 Served by a rollout node worker (`python -m belayer.workers.rollout`) on the node's own
-task queue and on the shared rollout queue. No workflow code imports this module's
-dependencies at import time: it only imports pydantic models and temporalio here.
+task queue and on the shared rollout queue. Its arguments and result are the contract
+`belayer.contracts.generate.GENERATE`, which is what workflows import.
 """
 
 from __future__ import annotations
@@ -26,12 +26,15 @@ import time
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel, ConfigDict, Field
 from temporalio import activity
 from temporalio.exceptions import ApplicationError
 
-from belayer.activities.context import AppendObservationArgs, PreparedAppend, StartedAppend
-from belayer.storage.generation import GenerationRef, SampledTokens
+from belayer.activities.context import PreparedAppend, StartedAppend
+from belayer.activities.runtime import implements
+from belayer.contracts.errors import BAD_REQUEST, CORRUPT_PREFIX
+from belayer.contracts.generate import GENERATE, EngineTiming, GenerateArgs, GenerateResult, SamplingParams
+from belayer.storage.generation import SampledTokens
 from belayer.storage.tokenlog import PrefixRef
 
 if TYPE_CHECKING:
@@ -42,80 +45,6 @@ MAX_HEARTBEAT_EVERY_S = 1.0
 
 class _Model(BaseModel):
     model_config = ConfigDict(extra="forbid")
-
-
-class SamplingParams(_Model):
-    """Sampling of one turn. With temperature > 0 every position draws from (seed, position)."""
-
-    max_tokens: int = Field(ge=1, le=32768, description="Tokens to generate at most in this turn.")
-    temperature: float = Field(0.0, ge=0, le=5, description="0 is greedy.")
-    top_p: float = Field(1.0, gt=0, le=1, description="Nucleus sampling mass.")
-    top_k: int = Field(0, ge=0, description="Keep the k most likely tokens; 0 keeps all.")
-    seed: int = Field(0, ge=0, lt=2**63, description="With the absolute position, fixes every draw.")
-    stop: list[str] = Field(default_factory=list, description="Stop when the text contains one of these.")
-    ignore_eos: bool = Field(False, description="Generate exactly max_tokens (trace replays).")
-
-
-class GenerateArgs(_Model):
-    prefix: PrefixRef = Field(description="The context so far, verified by its sha256 before use.")
-    sampling: SamplingParams
-    observation: AppendObservationArgs | None = Field(
-        None, description="The previous action's observation, appended after `prefix` (and its step recorded "
-        "in the trajectory's log) before generating: a turn is then one activity here, not two. Its own "
-        "`prefix` is this one.")
-    max_context: int | None = Field(
-        None, ge=1, description="The context's token budget: the turn generates at most what is left of it "
-        "after the observation (nothing when nothing is left).")
-
-    def max_tokens_after(self, prefix: PrefixRef) -> int:
-        """Tokens this turn may generate after `prefix` (its context, observation appended)."""
-        if self.max_context is None:
-            return self.sampling.max_tokens
-        return max(0, min(self.sampling.max_tokens, self.max_context - prefix.length))
-
-    @model_validator(mode="after")
-    def _observation_follows_prefix(self) -> GenerateArgs:
-        if self.observation is not None and self.observation.prefix != self.prefix:
-            raise ValueError("the observation must be appended after this turn's prefix")
-        return self
-
-
-class EngineTiming(_Model):
-    """What the engine measured; the checkpoint policy predicts from it."""
-
-    prefill_s: float = Field(ge=0, description="Request sent → first token (includes queueing on the node).")
-    per_token_s: float = Field(ge=0, description="Mean decode latency per token after the first.")
-    queue_s: float = Field(ge=0, description="Time not explained by prefill and decode (storage, waiting).")
-    total_s: float = Field(ge=0, description="Whole activity attempt.")
-
-
-class GenerateResult(_Model):
-    prefix: PrefixRef = Field(description="The context including this turn's tokens.")
-    segment_start: int = Field(0, ge=0, description="Position of this turn's first token in prefix's log.")
-    text: str = Field(description="This turn's tokens, decoded (stop string excluded).")
-    output_tokens: int = Field(ge=0)
-    finish_reason: str = Field(
-        description="'length' (max_tokens or context full) or 'stop' (EOS / stop string)."
-    )
-    timing: EngineTiming
-    node_queue: str = Field(description="The node's own queue: send the next turn there (prefix cache).")
-    resumed_tokens: int = Field(
-        0, ge=0, description="Tokens carried over from a previous attempt's heartbeat."
-    )
-    observation_tokens: int = Field(0, ge=0, description="Tokens the observation appended before this turn's.")
-    engine_recoveries: list[str] = Field(
-        default_factory=list, description="Takeovers / cold starts during this turn."
-    )
-    generation: GenerationRef | None = Field(
-        None,
-        description="Where this turn's logprobs and weights versions are stored, one per token "
-        "(None when the turn produced no tokens, and in results recorded before they were kept).",
-    )
-    weights_versions: list[int] = Field(
-        default_factory=list,
-        description="The weights versions that produced this turn's tokens, in order (one unless "
-        "a publish landed during the turn).",
-    )
 
 
 class PartialTokens(_Model):
@@ -151,7 +80,7 @@ class RolloutActivities:
 
         return ContextActivities(self.store, self.node.model_dir / "tokenizer.json")
 
-    @activity.defn(name="generate")
+    @implements(GENERATE)
     async def generate(self, args: GenerateArgs) -> GenerateResult:
         try:
             return await self._generate(args)
@@ -410,10 +339,10 @@ def translate_error(exc: BaseException) -> ApplicationError:
     from belayer.storage.errors import CorruptObject, StorageError
 
     if isinstance(exc, BadRequestError):
-        return ApplicationError(str(exc), type="BadRequest", non_retryable=True)
+        return ApplicationError(str(exc), type=BAD_REQUEST, non_retryable=True)
     if isinstance(exc, CorruptObject):
         return ApplicationError(
-            f"context reference does not verify: {exc}", type="CorruptPrefix", non_retryable=True
+            f"context reference does not verify: {exc}", type=CORRUPT_PREFIX, non_retryable=True
         )
     if isinstance(exc, StorageError):
         return ApplicationError(

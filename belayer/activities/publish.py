@@ -13,12 +13,19 @@ import asyncio
 import os
 import time
 from pathlib import Path
-from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict
 from temporalio import activity
 from temporalio.exceptions import ApplicationError
 
+from belayer.activities.runtime import implements
+from belayer.contracts.errors import CORRUPT_WEIGHTS, MODEL_NOT_BUILT, STALE_WEIGHTS_VERSION
+from belayer.contracts.publish import (
+    PUBLISH_WEIGHTS,
+    WEIGHTS_VERSION,
+    PublishWeightsArgs,
+    PublishWeightsResult,
+)
 from belayer.storage.store import ObjectRef
 from belayer.storage.weights import load_weights
 
@@ -27,36 +34,6 @@ HEARTBEAT_EVERY_S = 1.0
 
 class _Model(BaseModel):
     model_config = ConfigDict(extra="forbid")
-
-
-class PublishWeightsArgs(_Model):
-    version: int = Field(ge=2, description="The new version; versions only grow (1 is the built model).")
-    weights: ObjectRef | None = Field(
-        description="A safetensors file of the model's full state dict (`store_weights`); None: a "
-        "project-built model (how a training run puts every node on the weights it starts from)."
-    )
-    model: str | None = Field(
-        None, description="With weights None: the project-built model to serve (same layout as the node's "
-        "own, built on the node's host); None: the model the node was built from."
-    )
-    policy: Literal["finish_on_old", "continue_on_new"] | None = Field(
-        None, description="In-flight requests during the switch; None uses the node's rollout.publish_policy."
-    )
-
-
-class PublishWeightsResult(_Model):
-    node_id: str
-    version: int
-    previous_version: int
-    policy: str
-    fetch_s: float = Field(description="Reading the weights from the object store.")
-    staged_s: float
-    written_s: float
-    sealed_s: float
-    switched_s: float = Field(description="Seconds from the hand-over until both engines serve the version.")
-    paused_requests: int
-    drained_requests: int
-    already_published: bool = False
 
 
 class PublishedWeights(_Model):
@@ -105,7 +82,7 @@ class PublishActivities:
         tmp.write_text(published.model_dump_json())
         os.replace(tmp, self.remember)
 
-    @activity.defn(name="rollout.publish_weights")
+    @implements(PUBLISH_WEIGHTS)
     async def publish_weights(self, args: PublishWeightsArgs) -> PublishWeightsResult:
         if self._took_effect(args.version):
             settled = await self._settled(args.version)
@@ -123,7 +100,7 @@ class PublishActivities:
         self._remember(args)
         return PublishWeightsResult(node_id=self.node.config.node_id, fetch_s=fetch_s, **report.__dict__)
 
-    @activity.defn(name="rollout.weights_version")
+    @implements(WEIGHTS_VERSION)
     async def weights_version(self) -> int:
         """The version the node serves now (1: the model it was built from)."""
         return self.node.roles()["weights_version"]
@@ -149,7 +126,7 @@ class PublishActivities:
             raise ApplicationError(
                 f"model {model!r} is not built on node {self.node.config.node_id}'s host (no {path}); "
                 f"build it there with `belayer model build --size {model}`",
-                type="ModelNotBuilt", non_retryable=True,
+                type=MODEL_NOT_BUILT, non_retryable=True,
             )
         return path
 
@@ -160,7 +137,7 @@ class PublishActivities:
             raise ApplicationError(
                 f"node {roles['node_id']} already serves weights version {roles['weights_version']}; "
                 "versions only grow",
-                type="StaleWeightsVersion",
+                type=STALE_WEIGHTS_VERSION,
                 non_retryable=True,
             )
         return version == roles["weights_version"] and version > 1
@@ -200,6 +177,6 @@ def _translate(exc: BaseException) -> ApplicationError:
         return exc
     if isinstance(exc, CorruptObject):
         return ApplicationError(
-            f"weights object does not verify: {exc}", type="CorruptWeights", non_retryable=True
+            f"weights object does not verify: {exc}", type=CORRUPT_WEIGHTS, non_retryable=True
         )
     return translate_error(exc)

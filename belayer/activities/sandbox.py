@@ -1,4 +1,4 @@
-"""Sandbox activities: one *Args and one *Result model per activity, one error translator.
+"""Sandbox activities: the contracts of belayer/contracts/sandbox.py served, one error translator.
 
 The workflow holds a `SandboxHandle` (sandbox id, host task queue, generation) and
 schedules exec / checkpoint (or its capture and publish halves) / workspace_hash /
@@ -20,144 +20,42 @@ import asyncio
 import functools
 import time
 from collections.abc import Callable
-from typing import Any, Literal, TypeVar
+from typing import Any, TypeVar
 
-from pydantic import BaseModel, ConfigDict, Field
 from temporalio import activity
 from temporalio.exceptions import ApplicationError
 
-from belayer.sandbox import placement
-from belayer.sandbox.models import (
-    Action,
-    CheckpointRef,
-    ForkOutcome,
-    ForkTarget,
-    LoggedAction,
+from belayer.activities.runtime import implements
+from belayer.contracts import sandbox as contract
+from belayer.contracts.sandbox import (
+    CaptureResult,
+    CheckpointArgs,
+    CheckpointResult,
+    CreateSandboxArgs,
+    CreateSandboxResult,
+    DestroyArgs,
+    DestroyResult,
+    ExecArgs,
+    ExecResult,
+    ForkArgs,
+    ForkResult,
     ObservationRef,
-    RecoverOutcome,
-    SandboxHandle,
-    SandboxId,
-    SandboxSpec,
-    StagedCheckpoint,
+    PlaceArgs,
+    PlaceResult,
+    PublishArgs,
+    RecoverArgs,
+    RecoverResult,
+    WorkspaceHashArgs,
+    WorkspaceHashResult,
 )
+from belayer.sandbox import placement
+from belayer.sandbox.models import LoggedAction
 from belayer.sandbox.observations import store_observation
-from belayer.storage.recordlog import RecordLogRef
-from belayer.trajectory_log import StepRecord, read_steps
+from belayer.trajectory_log import read_steps
 
 SHARED_QUEUE = "belayer-sandbox"
 HEARTBEAT_EVERY_S = 5.0
 T = TypeVar("T")
-
-
-class _Model(BaseModel):
-    model_config = ConfigDict(extra="forbid")
-
-
-class CreateSandboxArgs(_Model):
-    spec: SandboxSpec = Field(default_factory=SandboxSpec, description="Setup commands and labels.")
-    sandbox_id: SandboxId | None = Field(
-        None,
-        description="Lineage id chosen by the workflow (workflow.uuid4()) so a retried create replaces "
-        "its own earlier attempt instead of leaking it; default: a fresh one.",
-    )
-
-
-class CreateSandboxResult(_Model):
-    handle: SandboxHandle
-
-
-class ExecArgs(_Model):
-    handle: SandboxHandle
-    action: Action
-    isolated: bool = Field(
-        False, description="Run in a clean process that inherits nothing from the agent's shell "
-        "(fixed PATH/HOME/locale, no variables, functions or options of the agent): the reward check.",
-    )
-    processes: Literal["frozen", "running"] = Field(
-        "frozen", description="With `isolated`: whether the agent's processes are frozen while the check "
-        "runs (and through the workspace hash), or keep running (a task that needs its servers).",
-    )
-
-
-class ExecResult(_Model):
-    observation: ObservationRef = Field(description="The observation, stored; its text never enters a payload.")
-
-
-class CheckpointArgs(_Model):
-    handle: SandboxHandle
-    token_prefix_len: int | None = Field(None, ge=0, description="Context length at this step.")
-    token_prefix_sha256: str | None = Field(None, description="Hash of that token prefix.")
-    fs_snapshot: bool = Field(False, description="Also keep a files-only snapshot (fs-only baseline).")
-
-
-class CheckpointResult(_Model):
-    checkpoint: CheckpointRef
-
-
-class CaptureResult(_Model):
-    staged: StagedCheckpoint = Field(description="The captured archive on its host; publish it there.")
-
-
-class PublishArgs(_Model):
-    staged: StagedCheckpoint
-
-
-class ForkArgs(_Model):
-    checkpoint: CheckpointRef = Field(description="A checkpoint of the set-up sandbox (any lineage).")
-    targets: list[ForkTarget] = Field(min_length=1, max_length=256, description="One per fork to start.")
-    generation: int = Field(1, ge=1, description="Generation each fork's lineage starts at.")
-
-
-class ForkResult(_Model):
-    forks: list[ForkOutcome] = Field(description="In the order of the targets; a failed one says why.")
-
-
-class RecoverArgs(_Model):
-    handle: SandboxHandle
-    trajectory_id: str
-    checkpoints: list[CheckpointRef] = Field(default_factory=list, description="Newest first.")
-    steps: RecordLogRef = Field(
-        description="The trajectory's step log (read here, never sent inline): the actions to replay, their "
-        "observation hashes, and the context after each -- a checkpoint whose recorded prefix or journal "
-        "disagrees with them is skipped as unusable.",
-    )
-    spec: SandboxSpec = Field(default_factory=SandboxSpec, description="For a replay from the start.")
-
-
-class RecoverResult(_Model):
-    outcome: RecoverOutcome = Field(description="Without the mismatching observation's text (see below).")
-    mismatch_observation: ObservationRef | None = Field(None, description="The new observation, stored.")
-    mismatch_step: StepRecord | None = Field(None, description="The logged step that no longer matches.")
-
-
-class PlaceArgs(_Model):
-    key: str = Field(min_length=1, max_length=200, description="The sandbox id: spreads equally loaded hosts.")
-    avoid: list[str] = Field(default_factory=list, max_length=64,
-                             description="Host queues to take only when no other host has room.")
-
-
-class PlaceResult(_Model):
-    host_queue: str | None = Field(None, description="The host to use; None: see `full`.")
-    full: bool = Field(False, description="Hosts publish their load but none has room: wait and ask again. "
-                       "False with no host_queue: no host publishes its load; use the shared queue.")
-
-
-class DestroyArgs(_Model):
-    handle: SandboxHandle
-    delete_checkpoints: bool = Field(False, description="Also delete the lineage's checkpoint objects.")
-
-
-class DestroyResult(_Model):
-    deleted_objects: int = 0
-
-
-class WorkspaceHashArgs(_Model):
-    handle: SandboxHandle
-    path: str = "/workspace"
-
-
-class WorkspaceHashResult(_Model):
-    sha256: str
 
 
 def to_application_error(exc: BaseException) -> BaseException:
@@ -209,7 +107,7 @@ class SandboxActivities:
         return [self.place, self.create, self.exec, self.checkpoint, self.capture_checkpoint, self.publish_checkpoint,
                 self.fork, self.recover, self.destroy, self.workspace_hash]
 
-    @activity.defn(name="sandbox.place")
+    @implements(contract.PLACE)
     @_translated
     async def place(self, args: PlaceArgs) -> PlaceResult:
         """The least loaded host with room, from the hosts' load records (any host answers)."""
@@ -218,12 +116,12 @@ class SandboxActivities:
         queue = placement.choose(loads, now=now, key=args.key, avoid=frozenset(args.avoid))
         return PlaceResult(host_queue=queue, full=queue is None and placement.any_fresh(loads, now=now))
 
-    @activity.defn(name="sandbox.create")
+    @implements(contract.CREATE)
     @_translated
     async def create(self, args: CreateSandboxArgs) -> CreateSandboxResult:
         return CreateSandboxResult(handle=await _blocking(self.host.create, args.spec, sandbox_id=args.sandbox_id))
 
-    @activity.defn(name="sandbox.exec")
+    @implements(contract.EXEC)
     @_translated
     async def exec(self, args: ExecArgs) -> ExecResult:
         return ExecResult(observation=await _blocking(self._exec_and_store, args))
@@ -234,7 +132,7 @@ class SandboxActivities:
         return store_observation(self.host.store, args.action.trajectory, args.action.step,
                                  args.handle.generation, observation)  # fmt: skip
 
-    @activity.defn(name="sandbox.checkpoint")
+    @implements(contract.CHECKPOINT)
     @_translated
     async def checkpoint(self, args: CheckpointArgs) -> CheckpointResult:
         ref = await _blocking(
@@ -243,7 +141,7 @@ class SandboxActivities:
         )  # fmt: skip
         return CheckpointResult(checkpoint=ref)
 
-    @activity.defn(name="sandbox.capture_checkpoint")
+    @implements(contract.CAPTURE_CHECKPOINT)
     @_translated
     async def capture_checkpoint(self, args: CheckpointArgs) -> CaptureResult:
         """A checkpoint's first half: the sandbox's state to a file here; its next action may
@@ -252,20 +150,20 @@ class SandboxActivities:
                                  token_prefix_sha256=args.token_prefix_sha256)  # fmt: skip
         return CaptureResult(staged=staged)
 
-    @activity.defn(name="sandbox.publish_checkpoint")
+    @implements(contract.PUBLISH_CHECKPOINT)
     @_translated
     async def publish_checkpoint(self, args: PublishArgs) -> CheckpointResult:
         """The second half: the captured file compressed into the store."""
         return CheckpointResult(checkpoint=await _blocking(self.host.publish_checkpoint, args.staged))
 
-    @activity.defn(name="sandbox.fork")
+    @implements(contract.FORK)
     @_translated
     async def fork(self, args: ForkArgs) -> ForkResult:
         """Start the targets from one checkpoint on this host (downloaded once)."""
         forks = await _blocking(self.host.fork, args.checkpoint, args.targets, generation=args.generation)
         return ForkResult(forks=forks)
 
-    @activity.defn(name="sandbox.recover")
+    @implements(contract.RECOVER)
     @_translated
     async def recover(self, args: RecoverArgs) -> RecoverResult:
         return await _blocking(self._recover, args)
@@ -288,7 +186,7 @@ class SandboxActivities:
         return RecoverResult(outcome=outcome.model_copy(update={"mismatch_observation": None}),
                              mismatch_observation=ref, mismatch_step=step)  # fmt: skip
 
-    @activity.defn(name="sandbox.destroy")
+    @implements(contract.DESTROY)
     @_translated
     async def destroy(self, args: DestroyArgs) -> DestroyResult:
         await _blocking(self.host.destroy, args.handle)
@@ -297,7 +195,7 @@ class SandboxActivities:
             deleted = await _blocking(self.host.delete_checkpoints, args.handle.sandbox_id)
         return DestroyResult(deleted_objects=deleted)
 
-    @activity.defn(name="sandbox.workspace_hash")
+    @implements(contract.WORKSPACE_HASH)
     @_translated
     async def workspace_hash(self, args: WorkspaceHashArgs) -> WorkspaceHashResult:
         return WorkspaceHashResult(sha256=await _blocking(self.host.workspace_hash, args.handle, args.path))

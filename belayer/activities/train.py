@@ -37,9 +37,11 @@ from pydantic import ValidationError
 from temporalio import activity
 from temporalio.exceptions import ApplicationError
 
+from belayer.activities.runtime import implements
+from belayer.contracts.errors import BAD_TRAIN_REQUEST, CORRUPT_SAMPLE
+from belayer.contracts.trainer import TRAIN_STEP, TrainStepArgs, TrainStepResult
 from belayer.rollout.faults import Fault, die_now
 from belayer.storage.errors import CorruptObject
-from belayer.trainer.models import TrainStepArgs, TrainStepResult
 from belayer.trainer.step import Trainer, TrainRequestError
 
 FAULT_ENV = "BELAYER_TRAINER_FAULT"
@@ -51,7 +53,7 @@ class TrainerActivities:
     def __init__(self, trainer: Trainer, store):
         self.trainer, self.store = trainer, store
 
-    @activity.defn(name="trainer.train_step")
+    @implements(TRAIN_STEP)
     async def train_step(self, args: TrainStepArgs) -> TrainStepResult:
         events = fault_hook(active_fault(), args.run_id, args.iteration)
         work = asyncio.ensure_future(asyncio.to_thread(self.trainer.step, self.store, args, events))
@@ -61,10 +63,10 @@ class TrainerActivities:
         try:
             return work.result()
         except CorruptObject as exc:
-            raise ApplicationError(f"a sample does not verify: {exc}", type="CorruptSample",
+            raise ApplicationError(f"a sample does not verify: {exc}", type=CORRUPT_SAMPLE,
                                    non_retryable=True) from exc
         except (TrainRequestError, ValidationError) as exc:
-            raise ApplicationError(str(exc), type="BadTrainRequest", non_retryable=True) from exc
+            raise ApplicationError(str(exc), type=BAD_TRAIN_REQUEST, non_retryable=True) from exc
 
     def all(self) -> list:
         return [self.train_step]

@@ -9,24 +9,14 @@ from __future__ import annotations
 
 import asyncio
 
-from pydantic import BaseModel, ConfigDict, Field
-from temporalio import activity
-
+from belayer.activities.runtime import implements
+from belayer.contracts.training_log import (
+    RECORD_ITERATION,
+    START_RUN_LOG,
+    RecordIterationArgs,
+    StartRunLogArgs,
+)
 from belayer.storage.recordlog import RecordLog, RecordLogRef
-
-
-class _Model(BaseModel):
-    model_config = ConfigDict(extra="forbid")
-
-
-class StartRunLogArgs(_Model):
-    run_id: str = Field(min_length=1)
-
-
-class RecordIterationArgs(_Model):
-    log: RecordLogRef
-    position: int = Field(ge=1, description="Iteration + 1 (record logs count from 1).")
-    record: dict = Field(description="An `IterationRecord`, as JSON.")
 
 
 def run_log_key(run_id: str) -> str:
@@ -44,13 +34,13 @@ class TrainingLogActivities:
     def __init__(self, store):
         self.store = store
 
-    @activity.defn(name="training.start_log")
+    @implements(START_RUN_LOG)
     async def start_log(self, args: StartRunLogArgs) -> RecordLogRef:
         key = run_log_key(args.run_id)
         await asyncio.to_thread(RecordLog.create, self.store, key)
         return RecordLogRef(key=key, length=0)
 
-    @activity.defn(name="training.record_iteration")
+    @implements(RECORD_ITERATION)
     async def record_iteration(self, args: RecordIterationArgs) -> None:
         await asyncio.to_thread(RecordLog(self.store, args.log.key).put, args.position, args.record)
 

@@ -44,6 +44,8 @@ from pathlib import Path
 
 import click
 
+from belayer.contracts.generate import GENERATE, GenerateResult
+from belayer.contracts.sandbox import EXEC, ExecResult
 from belayer.measure import machine_load, rotated, spread
 from belayer.workloads.models import TraceTask
 
@@ -86,8 +88,8 @@ def split_turn_loop(spans: list[ActivitySpan], turns: int) -> LoopSplit:
     the final check), and its parts. Activities of the loop run one after another (policy
     `none`), so consecutive spans tile the window."""
     spans = sorted(spans, key=lambda s: s.scheduled)
-    first = next(i for i, s in enumerate(spans) if s.name == "generate")
-    actions = [i for i, s in enumerate(spans) if s.name == "sandbox.exec" and i > first]
+    first = next(i for i, s in enumerate(spans) if s.name == GENERATE.name)
+    actions = [i for i, s in enumerate(spans) if s.name == EXEC.name and i > first]
     if len(actions) < turns:
         raise click.ClickException(f"the workflow ran {len(actions)} actions, the trace has {turns} turns")
     last = actions[turns - 1]
@@ -114,8 +116,6 @@ async def activity_spans(client, handle) -> list[ActivitySpan]:
     the work it reports (the engine's time for `generate`, the action's for `sandbox.exec`)."""
     from temporalio.api.enums.v1 import EventType
 
-    from belayer.activities.generate import GenerateResult
-    from belayer.activities.sandbox import ExecResult
 
     history = await handle.fetch_history()
     scheduled: dict[int, tuple[str, float]] = {}
@@ -131,10 +131,10 @@ async def activity_spans(client, handle) -> list[ActivitySpan]:
             attrs = event.activity_task_completed_event_attributes
             name, when = scheduled[attrs.scheduled_event_id]
             span = ActivitySpan(name, when, started[attrs.scheduled_event_id], at)
-            if name == "generate":
+            if name == GENERATE.name:
                 (result,) = await client.data_converter.decode(attrs.result.payloads, [GenerateResult])
                 span.work_s = max(result.timing.total_s - result.timing.queue_s, 0.0)
-            elif name == "sandbox.exec":
+            elif name == EXEC.name:
                 (result,) = await client.data_converter.decode(attrs.result.payloads, [ExecResult])
                 span.work_s = result.observation.duration_s
             spans.append(span)

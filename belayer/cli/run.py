@@ -406,7 +406,14 @@ async def _walk_history(handle, converter, store):
     the decision log are read from `store`, where the workers wrote them."""
     from temporalio.api.enums.v1 import EventType
 
-    from belayer.activities.sandbox import CheckpointResult, ExecArgs, ExecResult
+    from belayer.contracts.sandbox import (
+        CHECKPOINT,
+        EXEC,
+        PUBLISH_CHECKPOINT,
+        CheckpointResult,
+        ExecArgs,
+        ExecResult,
+    )
     from belayer.sandbox.observations import load_observation
     from belayer.trajectory_log import read_decisions
     from belayer.workflows.models import TrajectoryResult
@@ -420,20 +427,20 @@ async def _walk_history(handle, converter, store):
             attrs = event.activity_task_scheduled_event_attributes
             name = attrs.activity_type.name
             arg = None
-            if name == "sandbox.exec" and attrs.input.payloads:
+            if name == EXEC.name and attrs.input.payloads:
                 arg = (await converter.decode(attrs.input.payloads, [ExecArgs]))[0]
             scheduled[event.event_id] = (name, arg)
         elif event.event_type == EventType.EVENT_TYPE_ACTIVITY_TASK_COMPLETED:
             attrs = event.activity_task_completed_event_attributes
             name, arg = scheduled.get(attrs.scheduled_event_id, ("?", None))
-            if name == "sandbox.exec":
+            if name == EXEC.name:
                 ref = (await converter.decode(attrs.result.payloads, [ExecResult]))[0].observation
                 obs = await asyncio.to_thread(load_observation, store, ref)
                 steps.append({"step": arg.action.step, "command": arg.action.command,
                               "exit_code": obs.exit_code, "stdout": obs.stdout[:300],
                               "stderr": obs.stderr[:300], "duration_s": round(obs.duration_s, 3),
                               "replayed": obs.replayed_from_journal})
-            elif name in ("sandbox.checkpoint", "sandbox.publish_checkpoint"):
+            elif name in (CHECKPOINT.name, PUBLISH_CHECKPOINT.name):
                 ref = (await converter.decode(attrs.result.payloads, [CheckpointResult]))[0].checkpoint
                 checkpoints.append({"step": ref.step, "bytes": ref.archive_bytes, "key": ref.meta_key})
         elif event.event_type == EventType.EVENT_TYPE_WORKFLOW_EXECUTION_COMPLETED:

@@ -27,17 +27,18 @@ from temporalio.common import RetryPolicy, SearchAttributePair, TypedSearchAttri
 from temporalio.exceptions import ActivityError, ApplicationError, ChildWorkflowError
 
 with workflow.unsafe.imports_passed_through():
-    from belayer.activities.context import ContextResult, StartContextArgs
-    from belayer.activities.sandbox import (
+    from belayer.contracts import sandbox
+    from belayer.contracts.activity import Activity
+    from belayer.contracts.context import START_CONTEXT, StartContextArgs
+    from belayer.contracts.sandbox import (
         CheckpointArgs,
-        CheckpointResult,
         CreateSandboxArgs,
-        CreateSandboxResult,
         DestroyArgs,
         ForkArgs,
-        ForkResult,
+        ForkTarget,
+        SandboxHandle,
+        SandboxSpec,
     )
-    from belayer.sandbox.models import ForkTarget, SandboxHandle, SandboxSpec
     from belayer.workflows.models import ForkStart, GroupRecord, TaskQueues, TrajectoryInput, TrajectoryResult
     from belayer.workflows.trajectory import STATUS_KEY, TASK_KEY
     from belayer.workloads.models import ModelTask, Task
@@ -77,22 +78,22 @@ async def prepare(group_id: str, task: Task, trajectory_ids: list[str], queues: 
     try:
         at = workflow.now()
         parent = await _activity(
-            "sandbox.create", CreateSandboxArgs(sandbox_id=_sandbox_id(), spec=SandboxSpec(setup_commands=task.setup)),
-            CreateSandboxResult, queue=queues.sandbox, on_host=False,
+            sandbox.CREATE, CreateSandboxArgs(sandbox_id=_sandbox_id(), spec=SandboxSpec(setup_commands=task.setup)),
+            queue=queues.sandbox, on_host=False,
             summary=f"group {group_id}: create and set up the sandbox its {len(trajectory_ids)} members fork",
         )
         record.setup_sandbox = parent.handle
         record.setup_s, at, stage = _since(at), workflow.now(), "checkpoint it"
         checkpoint = await _activity(
-            "sandbox.checkpoint", CheckpointArgs(handle=parent.handle), CheckpointResult,
-            queue=parent.handle.host_queue, summary=f"group {group_id}: checkpoint the set-up sandbox",
+            sandbox.CHECKPOINT, CheckpointArgs(handle=parent.handle), queue=parent.handle.host_queue,
+            summary=f"group {group_id}: checkpoint the set-up sandbox",
         )
         record.origin = checkpoint.checkpoint
         record.checkpoint_s, at, stage = _since(at), workflow.now(), "fork it"
         targets = [ForkTarget(sandbox_id=_sandbox_id(), trajectory=t) for t in trajectory_ids]
         forked = await _activity(
-            "sandbox.fork", ForkArgs(checkpoint=record.origin, targets=targets), ForkResult,
-            queue=parent.handle.host_queue, summary=f"group {group_id}: fork {len(targets)} sandboxes",
+            sandbox.FORK, ForkArgs(checkpoint=record.origin, targets=targets), queue=parent.handle.host_queue,
+            summary=f"group {group_id}: fork {len(targets)} sandboxes",
         )
         record.fork_s = _since(at)
     except ActivityError as err:
@@ -110,7 +111,7 @@ async def _fork_reused(record: GroupRecord, reuse: GroupRecord, prompt, trajecto
     targets = [ForkTarget(sandbox_id=_sandbox_id(), trajectory=t) for t in trajectory_ids]
     try:
         forked = await _activity(
-            "sandbox.fork", ForkArgs(checkpoint=reuse.origin, targets=targets), ForkResult, queue=queues.sandbox,
+            sandbox.FORK, ForkArgs(checkpoint=reuse.origin, targets=targets), queue=queues.sandbox,
             on_host=False, summary=f"group {record.group}: fork {len(targets)} sandboxes from {reuse.group}'s setup",
         )
     except ActivityError as err:
@@ -164,19 +165,18 @@ async def run_member(input: TrajectoryInput, *, task_queue: str, summary: str,
 
 async def _prompt(group_id: str, task: Task, queues: TaskQueues):
     instruction = task.instruction if isinstance(task, ModelTask) else f"replay trace {task.id}"
-    result = await workflow.execute_activity(
-        "start_context", StartContextArgs(log_key=f"groups/{group_id}/prompt", trajectory_id=group_id,
-                                          steps_key=f"groups/{group_id}/unused", instruction=instruction,
-                                          prompt_only=True),
-        result_type=ContextResult, task_queue=queues.context, start_to_close_timeout=timedelta(seconds=30),
+    result = await START_CONTEXT.execute(
+        StartContextArgs(log_key=f"groups/{group_id}/prompt", trajectory_id=group_id,
+                         steps_key=f"groups/{group_id}/unused", instruction=instruction, prompt_only=True),
+        task_queue=queues.context, start_to_close_timeout=timedelta(seconds=30),
         retry_policy=RETRY, summary=f"group {group_id}: tokenize the prompt its members share",
     )  # fmt: skip
     return result.prefix
 
 
-async def _activity(name, args, result_type, *, queue, summary, on_host=True):
-    return await workflow.execute_activity(
-        name, args, result_type=result_type, task_queue=queue, start_to_close_timeout=timedelta(minutes=10),
+async def _activity(activity: Activity, args, *, queue, summary, on_host=True):
+    return await activity.execute(
+        args, task_queue=queue, start_to_close_timeout=timedelta(minutes=10),
         schedule_to_start_timeout=ON_HOST_SCHEDULE_TO_START if on_host else ANY_HOST_SCHEDULE_TO_START,
         heartbeat_timeout=timedelta(seconds=15), retry_policy=RETRY, summary=summary,
     )
@@ -188,7 +188,7 @@ async def _discard(handle: SandboxHandle | None, queues: TaskQueues, *, delete_c
         return
     queue = queues.sandbox if delete_checkpoints else handle.host_queue
     try:
-        await _activity("sandbox.destroy", DestroyArgs(handle=handle, delete_checkpoints=delete_checkpoints), None,
+        await _activity(sandbox.DESTROY, DestroyArgs(handle=handle, delete_checkpoints=delete_checkpoints),
                         queue=queue, on_host=not delete_checkpoints, summary="destroy the group's set-up sandbox")
     except ActivityError:
         pass  # gone with its host; the bucket's lifecycle rule expires what is left

@@ -10,9 +10,9 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
+from belayer.contracts.sandbox import CheckpointRef, SandboxHandle
 from belayer.policy.adaptive import CheckpointPolicy, DecisionRecord
 from belayer.policy.config import PolicyConfig
-from belayer.sandbox.models import CheckpointRef, SandboxHandle
 from belayer.storage.recordlog import RecordLogRef
 from belayer.storage.tokenlog import PrefixRef
 from belayer.trajectory_log import RecoveryRecord, StepRecord, TrajectoryLogRef  # noqa: F401 (re-exported)

@@ -31,10 +31,34 @@ from temporalio.common import RetryPolicy, SearchAttributeKey, SearchAttributePa
 from temporalio.exceptions import ActivityError
 
 with workflow.unsafe.imports_passed_through():
-    from belayer.activities.publish import PublishWeightsArgs, PublishWeightsResult
-    from belayer.activities.training_log import RecordIterationArgs, StartRunLogArgs
+    from belayer.contracts.activity import Activity
+    from belayer.contracts.errors import (
+        BAD_TRAIN_REQUEST,
+        CORRUPT_SAMPLE,
+        CORRUPT_WEIGHTS,
+        MODEL_NOT_BUILT,
+        STALE_WEIGHTS_VERSION,
+    )
+    from belayer.contracts.publish import (
+        PUBLISH_WEIGHTS,
+        WEIGHTS_VERSION,
+        PublishWeightsArgs,
+        PublishWeightsResult,
+    )
+    from belayer.contracts.trainer import (
+        TRAIN_STEP,
+        SkippedGroup,
+        TrainSample,
+        TrainStepArgs,
+        TrainStepResult,
+    )
+    from belayer.contracts.training_log import (
+        RECORD_ITERATION,
+        START_RUN_LOG,
+        RecordIterationArgs,
+        StartRunLogArgs,
+    )
     from belayer.storage.recordlog import RecordLogRef
-    from belayer.trainer.models import SkippedGroup, TrainSample, TrainStepArgs, TrainStepResult
     from belayer.workflows.groups import GroupRecord, cause_of, run_member
     from belayer.workflows.groups import prepare as prepare_group
     from belayer.workflows.groups import release as release_group
@@ -58,11 +82,11 @@ ITERATION_KEY = SearchAttributeKey.for_int("BelayerIteration")
 
 TRAINER_RETRY = RetryPolicy(
     initial_interval=timedelta(seconds=1), backoff_coefficient=2, maximum_interval=timedelta(seconds=30),
-    maximum_attempts=20, non_retryable_error_types=["CorruptSample", "BadTrainRequest"],
+    maximum_attempts=20, non_retryable_error_types=[CORRUPT_SAMPLE, BAD_TRAIN_REQUEST],
 )
 PUBLISH_RETRY = RetryPolicy(
     initial_interval=timedelta(seconds=1), backoff_coefficient=2, maximum_interval=timedelta(seconds=30),
-    maximum_attempts=10, non_retryable_error_types=["StaleWeightsVersion", "CorruptWeights", "ModelNotBuilt"],
+    maximum_attempts=10, non_retryable_error_types=[STALE_WEIGHTS_VERSION, CORRUPT_WEIGHTS, MODEL_NOT_BUILT],
 )
 # The trainer heartbeats every second while it steps: a dead one is noticed within this.
 TRAINER_HEARTBEAT = timedelta(seconds=20)
@@ -127,7 +151,7 @@ class TrainingWorkflow:
         or have been built from another model than the run's (say `tiny`, for a `tiny-warm` run),
         so the first iteration samples exactly the trainer's start."""
         log = await self._record_activity(
-            "training.start_log", StartRunLogArgs(run_id=self.input.run_id), RecordLogRef,
+            START_RUN_LOG, StartRunLogArgs(run_id=self.input.run_id),
             summary="create the run's iteration log",
         )
         versions = await asyncio.gather(*(self._node_version(queue) for queue in self.input.queues.nodes))
@@ -137,8 +161,8 @@ class TrainingWorkflow:
 
     async def _node_version(self, queue: str) -> int:
         try:
-            return await workflow.execute_activity(
-                "rollout.weights_version", result_type=int, task_queue=queue,
+            return await WEIGHTS_VERSION.execute(
+                task_queue=queue,
                 schedule_to_start_timeout=NO_WORKER_AFTER, start_to_close_timeout=timedelta(seconds=30),
                 retry_policy=STORAGE_RETRY, summary=f"weights version served by {queue}",
             )
@@ -174,9 +198,9 @@ class TrainingWorkflow:
             (published - trained).total_seconds(), (published - self.state.started_at).total_seconds(),
         ))
         await self._record_activity(
-            "training.record_iteration",
+            RECORD_ITERATION,
             RecordIterationArgs(log=self.state.log, position=iteration + 1, record=record.model_dump(mode="json")),
-            None, summary=f"record iteration {iteration}",
+            summary=f"record iteration {iteration}",
         )
         workflow.set_current_details(_details(record))
         self.state = self.state.model_copy(update={
@@ -304,8 +328,8 @@ class TrainingWorkflow:
             sampled_version=self.state.serving_version, weights_version=self.state.serving_version + 1,
         )
         try:
-            return await workflow.execute_activity(
-                "trainer.train_step", args, result_type=TrainStepResult, task_queue=self.input.queues.trainer,
+            return await TRAIN_STEP.execute(
+                args, task_queue=self.input.queues.trainer,
                 schedule_to_start_timeout=NO_WORKER_AFTER, start_to_close_timeout=timedelta(hours=2),
                 heartbeat_timeout=TRAINER_HEARTBEAT, retry_policy=TRAINER_RETRY,
                 summary=f"iteration {iteration}: GRPO step on {len(samples)} trajectories",
@@ -321,9 +345,8 @@ class TrainingWorkflow:
     async def _publish_to(self, queue: str, args: PublishWeightsArgs, summary: str) -> PublishWeightsResult:
         version = args.version
         try:
-            return await workflow.execute_activity(
-                "rollout.publish_weights", args,
-                result_type=PublishWeightsResult, task_queue=queue,
+            return await PUBLISH_WEIGHTS.execute(
+                args, task_queue=queue,
                 schedule_to_start_timeout=NO_WORKER_AFTER, start_to_close_timeout=timedelta(minutes=10),
                 heartbeat_timeout=timedelta(seconds=30), retry_policy=PUBLISH_RETRY,
                 summary=f"publish weights v{version} ({summary}) to {queue}",
@@ -358,14 +381,14 @@ class TrainingWorkflow:
         done_this_run = self.state.iteration - self.first_iteration_of_run
         return done_this_run >= self.input.continue_as_new_every or workflow.info().is_continue_as_new_suggested()
 
-    async def _record_activity(self, name, args, result_type, *, summary):
+    async def _record_activity(self, activity: Activity, args, *, summary):
         try:
-            return await workflow.execute_activity(
-                name, args, result_type=result_type, task_queue=self.input.queues.workflows,
+            return await activity.execute(
+                args, task_queue=self.input.queues.workflows,
                 start_to_close_timeout=timedelta(seconds=60), retry_policy=STORAGE_RETRY, summary=summary,
             )
         except ActivityError as err:
-            raise RunFailure(f"{name} failed: {cause_of(err)}") from None
+            raise RunFailure(f"{activity.name} failed: {cause_of(err)}") from None
 
     def _result(self, reason: str = "") -> TrainingResult:
         checkpoint = self.state.checkpoint

@@ -13,10 +13,10 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
+from belayer.contracts.trainer import SkippedGroup, TrainerCheckpointRef, TrainerSettings
 from belayer.policy.config import PolicyConfig
 from belayer.storage.recordlog import RecordLogRef
 from belayer.storage.tokenlog import PrefixRef
-from belayer.trainer.models import SkippedGroup, TrainerCheckpointRef, TrainerSettings
 from belayer.workflows.models import GroupRecord, TaskQueues
 from belayer.workloads.models import Task
 

@@ -29,35 +29,48 @@ from temporalio.common import RetryPolicy, SearchAttributeKey
 from temporalio.exceptions import ActivityError, ApplicationError
 
 with workflow.unsafe.imports_passed_through():
-    from belayer.activities.context import (
+    from belayer.agent_format import malformed_observation, parse_action
+    from belayer.contracts import sandbox
+    from belayer.contracts.activity import Activity
+    from belayer.contracts.context import (
+        APPEND_OBSERVATION,
+        FLUSH_LOG,
+        FORK_CONTEXT,
+        START_CONTEXT,
         AppendObservationArgs,
         ContextResult,
         FlushLogArgs,
         ForkContextArgs,
         StartContextArgs,
     )
-    from belayer.activities.generate import GenerateArgs, GenerateResult, SamplingParams
-    from belayer.activities.sandbox import (
-        CaptureResult,
+    from belayer.contracts.errors import (
+        ACTIVITY_NOT_REGISTERED,
+        BAD_REQUEST,
+        CAUSED_BY_AGENT,
+        CORRUPT_PREFIX,
+        HOST_REFUSED,
+        LOST_UNEXPLAINED,
+        PODMAN_FAILED,
+        SANDBOX_LOST,
+    )
+    from belayer.contracts.generate import GENERATE, GenerateArgs, GenerateResult, SamplingParams
+    from belayer.contracts.sandbox import (
+        Action,
         CheckpointArgs,
-        CheckpointResult,
+        CheckpointRef,
         CreateSandboxArgs,
-        CreateSandboxResult,
         DestroyArgs,
         ExecArgs,
-        ExecResult,
+        ObservationRef,
         PlaceArgs,
         PlaceResult,
         PublishArgs,
         RecoverArgs,
-        RecoverResult,
+        SandboxHandle,
+        SandboxSpec,
         WorkspaceHashArgs,
-        WorkspaceHashResult,
     )
-    from belayer.agent_format import malformed_observation, parse_action
     from belayer.policy.adaptive import CheckpointSample, GenerationSample
-    from belayer.sandbox.errors import CAUSED_BY_AGENT, LOST_UNEXPLAINED
-    from belayer.sandbox.models import Action, CheckpointRef, ObservationRef, SandboxHandle, SandboxSpec
     from belayer.storage.recordlog import RecordLogRef
     from belayer.trajectory_log import LogEntries, TrajectoryLogRef, steps_key
     from belayer.workflows.models import (
@@ -76,9 +89,8 @@ with workflow.unsafe.imports_passed_through():
 TASK_KEY = SearchAttributeKey.for_keyword("BelayerTask")
 STATUS_KEY = SearchAttributeKey.for_keyword("BelayerStatus")
 
-# Sandbox failures that `recover` repairs. Anything else from a sandbox is a bug or a
-# hostile input and is reported, not papered over.
-SANDBOX_LOST = {"SandboxNotFound", "SandboxUnreachable", "StaleGeneration"}
+# Sandbox failures that `recover` repairs (SANDBOX_LOST). Anything else from a sandbox is a
+# bug or a hostile input and is reported, not papered over.
 CHECKPOINTS_KEPT = 3
 
 SANDBOX_RETRY = RetryPolicy(
@@ -94,7 +106,7 @@ AFFINITY_SCHEDULE_TO_START = timedelta(seconds=10)
 # A node from before `LAST_APPEND_PATCH` does not have the append: the workflow's own
 # worker appends at once instead of retrying it there.
 NODE_APPEND_RETRY = RetryPolicy(initial_interval=timedelta(seconds=1), maximum_attempts=3,
-                                non_retryable_error_types=["NotFoundError"])
+                                non_retryable_error_types=[ACTIVITY_NOT_REGISTERED])
 # Both sides heartbeat about every second: a dead worker is noticed within these.
 GENERATE_HEARTBEAT = timedelta(seconds=10)
 SANDBOX_HEARTBEAT = timedelta(seconds=15)
@@ -125,8 +137,7 @@ BOUND_WAITS_FOR_STORING_PATCH = "bound-waits-for-a-checkpoint-being-stored"
 # the agent caused, or one with no cause found that the same action brings about again
 # after a restore, ends the trajectory failed_policy (`_judge_loss`).
 SANDBOX_BROKEN_BY_AGENT_PATCH = "sandbox-broken-by-its-agent-fails-the-policy"
-# A placed host that is full or draining says so at once; placement is asked again.
-HOST_REFUSED = {"HostFull", "HostDraining"}
+# A placed host that is full or draining says so at once (HOST_REFUSED); placement is asked again.
 PLACEMENT_TRIES = 3
 ROOM_WAIT = timedelta(seconds=5)
 PLACED_RETRY = RetryPolicy(
@@ -251,7 +262,7 @@ class TrajectoryWorkflow:
             self.state.sandbox = await self._create_sandbox()
         if start is not None:
             started = await self._context_activity(
-                "fork_context",
+                FORK_CONTEXT,
                 ForkContextArgs(log_key=self._log_key(), trajectory_id=self.input.trajectory_id,
                                 steps_key=self._steps_key(), prefix=start.prompt),
                 summary=f"fork the token log of group {start.parent}'s prompt",
@@ -260,7 +271,7 @@ class TrajectoryWorkflow:
             task = self.input.task
             instruction = task.instruction if isinstance(task, ModelTask) else f"replay trace {task.id}"
             started = await self._context_activity(
-                "start_context",
+                START_CONTEXT,
                 StartContextArgs(log_key=self._log_key(), trajectory_id=self.input.trajectory_id,
                                  steps_key=self._steps_key(), instruction=instruction),
                 summary="tokenize the prompt into a new token log",
@@ -277,13 +288,13 @@ class TrajectoryWorkflow:
         sandbox_id = f"sbx-{workflow.uuid4().hex[:12]}"
         try:
             created = await self._on_placed_host(
-                "sandbox.create",
+                sandbox.CREATE,
                 CreateSandboxArgs(sandbox_id=sandbox_id, spec=SandboxSpec(setup_commands=task.setup)),
-                CreateSandboxResult, key=sandbox_id,
+                key=sandbox_id,
                 summary=f"create sandbox for {task.id} ({len(task.setup)} setup commands)",
             )
         except SandboxLost as lost:
-            raise InfraFailure(f"sandbox.create failed: {lost.reason}") from None
+            raise InfraFailure(f"{sandbox.CREATE.name} failed: {lost.reason}") from None
         return created.handle
 
     async def _start_branch(self, start: ForkStart) -> None:
@@ -295,7 +306,7 @@ class TrajectoryWorkflow:
         the parent's were (one generation per step), so the parent's seed replays its turns."""
         at = start.at_step
         forked = await self._context_activity(
-            "fork_context",
+            FORK_CONTEXT,
             ForkContextArgs(log_key=self._log_key(), trajectory_id=self.input.trajectory_id,
                             steps_key=self._steps_key(), prefix=at.context_after_action,
                             steps_from=RecordLogRef(key=start.steps.key, length=at.step - 1)),
@@ -336,7 +347,7 @@ class TrajectoryWorkflow:
         self.state.step += 1
         action = Action(trajectory=self.input.trajectory_id, step=self.state.step, command=command)
         executed = await self._on_sandbox(
-            "sandbox.exec", lambda handle: ExecArgs(handle=handle, action=action), ExecResult,
+            sandbox.EXEC, lambda handle: ExecArgs(handle=handle, action=action),
             summary=f"step {action.step}: {_first_line(command)}",
         )
         await self._record_step(StepRecord(
@@ -413,19 +424,19 @@ class TrajectoryWorkflow:
         summary = f"turn {self.state.step + 1}: generate up to {args.sampling.max_tokens} tokens"
         if self.state.node_queue:
             try:
-                return await workflow.execute_activity(
-                    "generate", args, result_type=GenerateResult, task_queue=self.state.node_queue,
+                return await GENERATE.execute(
+                    args, task_queue=self.state.node_queue,
                     schedule_to_start_timeout=AFFINITY_SCHEDULE_TO_START,
                     start_to_close_timeout=timedelta(minutes=30), heartbeat_timeout=GENERATE_HEARTBEAT,
                     retry_policy=ENGINE_RETRY, summary=summary + f" on {self.state.node_queue}",
                 )
             except ActivityError as err:
-                if _error_type(err) in ("BadRequest", "CorruptPrefix"):
+                if _error_type(err) in (BAD_REQUEST, CORRUPT_PREFIX):
                     raise InfraFailure(f"generation refused: {_cause(err)}") from None
                 self.state.node_queue = None  # that node is gone or stuck: any node will do
         try:
-            return await workflow.execute_activity(
-                "generate", args, result_type=GenerateResult, task_queue=self.input.queues.rollout,
+            return await GENERATE.execute(
+                args, task_queue=self.input.queues.rollout,
                 start_to_close_timeout=timedelta(minutes=30), heartbeat_timeout=GENERATE_HEARTBEAT,
                 retry_policy=ENGINE_RETRY, summary=summary,
             )
@@ -434,7 +445,7 @@ class TrajectoryWorkflow:
 
     # ---------------------------------------------------------------- actions and recovery
 
-    async def _on_sandbox(self, name, make_args, result_type, *, summary, before_recovery=None):
+    async def _on_sandbox(self, activity: Activity, make_args, *, summary, before_recovery=None):
         """Call the sandbox that holds the trajectory; when it is lost, recover it and call
         again. A recovery that cuts the context raises `ContextCut` out of here, for the turn
         loop to resume from: actions, the reward check and the hash all go this one way.
@@ -444,7 +455,7 @@ class TrajectoryWorkflow:
         while True:
             try:
                 result = await self._sandbox_activity(
-                    name, make_args(self.state.sandbox), result_type,
+                    activity, make_args(self.state.sandbox),
                     queue=self.state.sandbox.host_queue, on_host=True, summary=summary,
                 )
             except SandboxLost as lost:
@@ -487,7 +498,7 @@ class TrajectoryWorkflow:
             started = workflow.now()
             try:
                 result = await self._on_placed_host(
-                    "sandbox.recover", self._recover_args(), RecoverResult, key=self.state.sandbox.sandbox_id,
+                    sandbox.RECOVER, self._recover_args(), key=self.state.sandbox.sandbox_id,
                     avoid=[self.state.sandbox.host_queue],
                     summary=f"recover sandbox at step {self.state.step}: {reason[:80]}",
                 )
@@ -559,19 +570,19 @@ class TrajectoryWorkflow:
         (the wait between them is not its work)."""
         queue, step = args.handle.host_queue, pending.step
         if not pending.staged:
-            result = await self._sandbox_activity("sandbox.checkpoint", args, CheckpointResult, queue=queue,
-                                                  on_host=True, summary=f"checkpoint after step {step}")
+            result = await self._sandbox_activity(sandbox.CHECKPOINT, args, queue=queue, on_host=True,
+                                                  summary=f"checkpoint after step {step}")
             return result.checkpoint, (workflow.now() - pending.started).total_seconds(), None
         try:
-            capture = await self._sandbox_activity("sandbox.capture_checkpoint", args, CaptureResult, queue=queue,
-                                                   on_host=True, summary=f"capture a checkpoint after step {step}")
+            capture = await self._sandbox_activity(sandbox.CAPTURE_CHECKPOINT, args, queue=queue, on_host=True,
+                                                   summary=f"capture a checkpoint after step {step}")
         finally:
             pending.captured.set()
         capture_s = (workflow.now() - pending.started).total_seconds()
         await pending.action_started.wait()
         publish_started = workflow.now()
-        result = await self._sandbox_activity("sandbox.publish_checkpoint", PublishArgs(staged=capture.staged),
-                                              CheckpointResult, queue=queue, on_host=True,
+        result = await self._sandbox_activity(sandbox.PUBLISH_CHECKPOINT, PublishArgs(staged=capture.staged),
+                                              queue=queue, on_host=True,
                                               summary=f"publish the checkpoint after step {step}")
         return result.checkpoint, capture_s + (workflow.now() - publish_started).total_seconds(), capture_s
 
@@ -668,7 +679,7 @@ class TrajectoryWorkflow:
         summary = f"step {args.step.step}: append observation (exit {args.step.observation.exit_code})"
         result = await self._append_on_node(args, summary) if workflow.patched(LAST_APPEND_PATCH) else None
         if result is None:
-            result = await self._context_activity("append_observation", args, summary=summary)
+            result = await self._context_activity(APPEND_OBSERVATION, args, summary=summary)
         self.state.context = result.prefix
         self._observation_written(args)
 
@@ -681,8 +692,8 @@ class TrajectoryWorkflow:
         if not self.state.node_queue:
             return None
         try:
-            return await workflow.execute_activity(
-                "append_observation", args, result_type=ContextResult, task_queue=self.state.node_queue,
+            return await APPEND_OBSERVATION.execute(
+                args, task_queue=self.state.node_queue,
                 schedule_to_start_timeout=AFFINITY_SCHEDULE_TO_START, start_to_close_timeout=timedelta(seconds=30),
                 retry_policy=NODE_APPEND_RETRY, summary=f"{summary} on {self.state.node_queue}",
             )
@@ -722,8 +733,8 @@ class TrajectoryWorkflow:
         entries = self._unwritten_entries(keep_latest_decision=False)
         if entries.decisions or entries.recoveries:
             await self._context_activity(
-                "flush_log", FlushLogArgs(trajectory_id=self.input.trajectory_id, entries=entries),
-                summary="write the last decisions and recoveries to the trajectory's log", result_type=None,
+                FLUSH_LOG, FlushLogArgs(trajectory_id=self.input.trajectory_id, entries=entries),
+                summary="write the last decisions and recoveries to the trajectory's log",
             )
             self._entries_written(entries)
 
@@ -785,17 +796,16 @@ class TrajectoryWorkflow:
         # check return the same verdict.
         action = Action(trajectory=self.input.trajectory_id, step=self.state.step + 1, command=check)
         executed = await self._on_sandbox(
-            "sandbox.exec",
+            sandbox.EXEC,
             lambda handle: ExecArgs(handle=handle, action=action, isolated=True,
                                     processes=self.input.task.verify_with_processes),
-            ExecResult,
             summary=f"check: {_first_line(check)}", before_recovery=before_recovery,
         )
         return 1.0 if executed.observation.exit_code == 0 else 0.0
 
     async def _workspace_hash(self) -> str:
         hashed = await self._on_sandbox(
-            "sandbox.workspace_hash", lambda handle: WorkspaceHashArgs(handle=handle), WorkspaceHashResult,
+            sandbox.WORKSPACE_HASH, lambda handle: WorkspaceHashArgs(handle=handle),
             summary="hash /workspace",
         )
         return hashed.sha256
@@ -805,9 +815,9 @@ class TrajectoryWorkflow:
             return
         try:
             await self._sandbox_activity(
-                "sandbox.destroy",
+                sandbox.DESTROY,
                 DestroyArgs(handle=self.state.sandbox, delete_checkpoints=not self.input.keep_checkpoints),
-                None, queue=self.state.sandbox.host_queue, on_host=True, summary="destroy sandbox",
+                queue=self.state.sandbox.host_queue, on_host=True, summary="destroy sandbox",
             )
         except (SandboxLost, InfraFailure):
             pass  # the sandbox is gone already; its checkpoints expire with the bucket's lifecycle
@@ -865,8 +875,8 @@ class TrajectoryWorkflow:
         carried = self.state.model_copy(update={"runs": self.state.runs + 1})
         workflow.continue_as_new(self.input.model_copy(update={"carried": carried}))
 
-    async def _on_placed_host(self, name, args, result_type, *, key: str, avoid=(), summary: str):
-        """`name` (create or recover) on the host placement names for sandbox `key`. A host
+    async def _on_placed_host(self, activity: Activity, args, *, key: str, avoid=(), summary: str):
+        """`activity` (create or recover) on the host placement names for sandbox `key`. A host
         that refuses (full, draining) or does not answer is avoided and placement asked
         again, up to `PLACEMENT_TRIES` times; while every host is full the call waits for
         room, up to `SHARED_SCHEDULE_TO_START`. With no host publishing its load, or after
@@ -881,7 +891,7 @@ class TrajectoryWorkflow:
             if placed is None or placed.host_queue is None:
                 break
             try:
-                return await self._sandbox_activity(name, args, result_type, queue=placed.host_queue, on_host=True,
+                return await self._sandbox_activity(activity, args, queue=placed.host_queue, on_host=True,
                                                     summary=f"{summary} on {placed.host_queue}",
                                                     retry=PLACED_RETRY)  # fmt: skip
             except SandboxLost as refused:
@@ -889,7 +899,7 @@ class TrajectoryWorkflow:
                     raise  # the agent's replayed actions broke it: another host would replay them too
                 avoid.append(placed.host_queue)
                 summary = f"{summary} (refused by {placed.host_queue}: {refused.reason[:60]})"
-        return await self._sandbox_activity(name, args, result_type, queue=self.input.queues.sandbox,
+        return await self._sandbox_activity(activity, args, queue=self.input.queues.sandbox,
                                             summary=summary)  # fmt: skip
 
     async def _place(self, key: str, avoid) -> PlaceResult | None:
@@ -898,22 +908,22 @@ class TrajectoryWorkflow:
         if not workflow.patched(PLACEMENT_PATCH):
             return None
         try:
-            return await workflow.execute_activity(
-                "sandbox.place", PlaceArgs(key=key, avoid=avoid), result_type=PlaceResult,
-                task_queue=self.input.queues.sandbox, start_to_close_timeout=timedelta(seconds=30),
+            return await sandbox.PLACE.execute(
+                PlaceArgs(key=key, avoid=avoid), task_queue=self.input.queues.sandbox,
+                start_to_close_timeout=timedelta(seconds=30),
                 schedule_to_start_timeout=SHARED_SCHEDULE_TO_START, retry_policy=STORAGE_RETRY,
                 summary=f"place sandbox {key}",
             )
         except ActivityError:
             return None
 
-    async def _sandbox_activity(self, name, args, result_type, *, queue, summary, on_host=False,
+    async def _sandbox_activity(self, activity: Activity, args, *, queue, summary, on_host=False,
                                 retry: RetryPolicy = SANDBOX_RETRY):  # fmt: skip
         """A sandbox activity; a lost sandbox or dead host surfaces as `SandboxLost`, and so
         does a host that refuses a new sandbox (`HOST_REFUSED`)."""
         try:
-            return await workflow.execute_activity(
-                name, args, result_type=result_type, task_queue=queue,
+            return await activity.execute(
+                args, task_queue=queue,
                 start_to_close_timeout=timedelta(minutes=10),
                 schedule_to_start_timeout=HOST_SCHEDULE_TO_START if on_host else SHARED_SCHEDULE_TO_START,
                 heartbeat_timeout=SANDBOX_HEARTBEAT,
@@ -921,23 +931,23 @@ class TrajectoryWorkflow:
             )
         except ActivityError as err:
             kind = _error_type(err)
-            if kind in SANDBOX_LOST or (on_host and (kind in {"PodmanFailed", *HOST_REFUSED} or _timed_out(err))):
+            if kind in SANDBOX_LOST or (on_host and (kind in {PODMAN_FAILED, *HOST_REFUSED} or _timed_out(err))):
                 raise SandboxLost(f"{kind or 'host timeout'}: {_cause(err)}", **_loss_found(err)) from None
-            raise InfraFailure(f"{name} failed: {_cause(err)}") from None
+            raise InfraFailure(f"{activity.name} failed: {_cause(err)}") from None
 
-    async def _context_activity(self, name, args, *, summary, result_type=ContextResult):
+    async def _context_activity(self, activity: Activity, args, *, summary):
         """A context activity (a prompt, a fork, an observation nothing generates after, the
         last log entries): local unless the input's queues say otherwise, so it costs no
         round trip of its own. Histories from before `OBSERVATION_WITH_GENERATION_PATCH`
         replay as activities on the context queue."""
-        options = {"result_type": result_type, "start_to_close_timeout": timedelta(seconds=30),
-                   "retry_policy": STORAGE_RETRY, "summary": summary}
+        options = {"start_to_close_timeout": timedelta(seconds=30), "retry_policy": STORAGE_RETRY,
+                   "summary": summary}
         try:
             if self.input.queues.context_local and self._observation_with_generation():
-                return await workflow.execute_local_activity(name, args, **options)
-            return await workflow.execute_activity(name, args, task_queue=self.input.queues.context, **options)
+                return await activity.execute_local(args, **options)
+            return await activity.execute(args, task_queue=self.input.queues.context, **options)
         except ActivityError as err:
-            raise InfraFailure(f"{name} failed: {_cause(err)}") from None
+            raise InfraFailure(f"{activity.name} failed: {_cause(err)}") from None
 
 
 class SandboxLost(Exception):

@@ -11,15 +11,21 @@ import uuid
 from dataclasses import dataclass, field
 
 import pytest
-from temporalio import activity, workflow
+from temporalio import workflow
 from temporalio.worker import Worker
 
-from belayer.activities.publish import PublishWeightsArgs, PublishWeightsResult
+from belayer.activities.runtime import implements
 from belayer.activities.training_log import TrainingLogActivities, read_iterations
+from belayer.contracts.publish import (
+    PUBLISH_WEIGHTS,
+    WEIGHTS_VERSION,
+    PublishWeightsArgs,
+    PublishWeightsResult,
+)
+from belayer.contracts.trainer import TRAIN_STEP, TrainerCheckpointRef, TrainStepArgs, TrainStepResult
 from belayer.storage.store import ObjectRef, ObjectStore
 from belayer.storage.tokenlog import PrefixRef
 from belayer.temporal_client import connect
-from belayer.trainer.models import TrainerCheckpointRef, TrainStepArgs, TrainStepResult
 from belayer.workflows.models import TaskQueues, TrajectoryInput, TrajectoryResult
 from belayer.workflows.training import TrainingWorkflow, _advantages
 from belayer.workflows.training_models import IterationRecord, TrainingInput, TrainingQueues, TrainingResult
@@ -63,7 +69,7 @@ class StandIns:
     node_version: int = 1
     fail_publish_once: bool = False
 
-    @activity.defn(name="trainer.train_step")
+    @implements(TRAIN_STEP)
     async def train_step(self, args: TrainStepArgs) -> TrainStepResult:
         self.steps.append(args)
         sha = hashlib.sha256(f"{args.iteration}".encode()).hexdigest()
@@ -76,7 +82,7 @@ class StandIns:
                                trained_tokens=len(args.samples), samples=len(args.samples),
                                resumed_from="memory", train_s=0.0)
 
-    @activity.defn(name="rollout.publish_weights")
+    @implements(PUBLISH_WEIGHTS)
     async def publish_weights(self, args: PublishWeightsArgs) -> PublishWeightsResult:
         if self.fail_publish_once:
             self.fail_publish_once = False
@@ -88,7 +94,7 @@ class StandIns:
                                     fetch_s=0, staged_s=0, written_s=0, sealed_s=0, switched_s=0,
                                     paused_requests=0, drained_requests=0)
 
-    @activity.defn(name="rollout.weights_version")
+    @implements(WEIGHTS_VERSION)
     async def weights_version(self) -> int:
         return self.node_version
 
