@@ -31,10 +31,7 @@ def driver_for_kind(kind: str) -> TaskDriver:
     try:
         return _BY_KIND[kind]
     except (KeyError, TypeError):
-        raise UnknownTaskKind(
-            f"unknown task kind {kind!r}: Belayer knows {', '.join(KINDS)} "
-            "(a new kind registers its driver in belayer/workloads/registry.py)"
-        ) from None
+        raise UnknownTaskKind(f"unknown task kind {kind!r}: use one of {', '.join(KINDS)}") from None
 
 
 def driver_for(task: TaskBase) -> TaskDriver:
