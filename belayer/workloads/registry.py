@@ -48,6 +48,7 @@ def task_kind(value: Any) -> str | None:
         return None
     if "kind" in value:
         return value["kind"]
-    implied = (driver.kind for driver in DRIVERS if driver.implied_by is not None and driver.implied_by in value)
+    implied = (
+        driver.kind for driver in DRIVERS if driver.implied_by is not None and driver.implied_by in value
+    )
     return next(implied, DEFAULT_KIND)
-

@@ -37,7 +37,8 @@ class TaskBase(_Strict):
     setup: list[str] = Field(default_factory=list, description="Commands run when the sandbox is created.")
     check: str | None = Field(None, description="Command whose exit status 0 means reward 1.")
     verify_with_processes: Literal["frozen", "running"] = Field(
-        "frozen", description="The agent's processes during the check: frozen (default: nothing the agent "
+        "frozen",
+        description="The agent's processes during the check: frozen (default: nothing the agent "
         "left running can change what the check reads or writes), or running (a check that queries a "
         "server the agent started; such a check can be raced by the agent's processes).",
     )
