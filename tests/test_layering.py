@@ -5,8 +5,10 @@ Every subpackage and top-level module of `belayer/` (a "part") sits in one layer
 
 * no part imports a part of a higher layer;
 * `FORBIDDEN` names lower parts a layer must not import either (workflows reach the
-  sandbox, activities and rollout internals only through the Temporal boundary) and the
-  third-party packages it must not know (domain code knows nothing of Temporal);
+  sandbox, activities and rollout internals only through the Temporal boundary), single
+  modules it must not import (a container engine's backend: everything above the domain
+  gets the configured one from the sandbox-backend registry) and the third-party packages
+  it must not know (domain code knows nothing of Temporal);
 * no import cycle among parts. With no import going up, a cycle can only lie inside one
   layer, so the cycle check looks at the imports between parts of one layer.
 
@@ -64,10 +66,15 @@ LAYERS: dict[str, set[str]] = {
 
 # What a layer must not import, named even where the layer order alone already forbids it (so
 # the rule outlives a change of order), with the fix: {layer: {target: fix}}. A target is a
-# part of `belayer/` or a third-party package's top-level name.
+# part of `belayer/`, a module of it by its dotted name, or a third-party package's top-level name.
 _CONTRACTS = "import the payload models and error-type names from the contracts at the Temporal boundary"
 _NO_TEMPORAL = "keep Temporal in workflows, activities and workers; take plain values as arguments"
 _DOMAIN_IS_CALLED = "domain code is called by activities, workers and commands; pass what it needs in"
+# Every sandbox backend's own module: only the registry (belayer/sandbox/backends.py) names one.
+_BACKEND_MODULES = {
+    "belayer.sandbox.podman": "get the configured backend from belayer.sandbox.backends.open_backend (or a "
+    "SandboxHost's) and use the SandboxBackend interface; add a method to it where one is missing",
+}
 FORBIDDEN: dict[str, dict[str, str]] = {
     "base": {"temporalio": _NO_TEMPORAL},
     "domain": {
@@ -88,6 +95,10 @@ FORBIDDEN: dict[str, dict[str, str]] = {
         "sandbox": _CONTRACTS + ", not from the sandbox package",
         "trainer": _CONTRACTS + ", not from the trainer package",
     },
+    **{layer: dict(_BACKEND_MODULES) for layer in ("activities", "workers", "api", "operations", "cli")},
+    # Programs built on the system measure and break sandboxes through the backend, never
+    # by driving podman themselves (the stack's host set-up may use the runtime).
+    "tools": {**_BACKEND_MODULES, "belayer.sandbox.runtime": _BACKEND_MODULES["belayer.sandbox.podman"]},
 }
 
 # Violations of today, each with why it is still there; remove an entry with the import it names.
@@ -192,9 +203,11 @@ def rule_violations(imports: list[Import]) -> list[Violation]:
             continue  # reported by the classification test
         target = part_of(imp.target) if imp.target.startswith("belayer") else imp.target
         where = f"{imp.file}:{imp.line} imports {imp.target}"
-        if target in FORBIDDEN.get(layer, {}):
+        forbidden = FORBIDDEN.get(layer, {})
+        rule = next((name for name in (imp.target, target) if name in forbidden), None)
+        if rule is not None:
             found.append(Violation(f"{imp.file} -> {imp.target}", f"{where}: {source} ({layer} layer) must not "
-                                   f"import {target}; fix: {FORBIDDEN[layer][target]}"))
+                                   f"import {rule}; fix: {forbidden[rule]}"))
             continue
         target_layer = layer_of(target) if imp.target.startswith("belayer") else None
         if target_layer is not None and _rank(target_layer) > _rank(layer):
@@ -315,6 +328,15 @@ def test_the_check_sees_imports_in_functions_relative_and_through_importlib(tmp_
         (1, "importlib"), (3, "belayer.storage.weights"), (4, "belayer.workflows.models"),
         (5, "temporalio"), (6, "belayer.cli.run"),
     ]
+
+
+def test_a_rule_can_forbid_one_module_of_a_part_it_may_otherwise_import():
+    """Tools may import the sandbox package, but not a backend's own module."""
+    allowed = Import("belayer/bench/example.py", 1, "belayer.sandbox.backends")
+    backend = Import("belayer/bench/example.py", 2, "belayer.sandbox.podman")
+    [violation] = rule_violations([allowed, backend])
+    assert violation.key == "belayer/bench/example.py -> belayer.sandbox.podman"
+    assert "must not import belayer.sandbox.podman; fix: get the configured backend" in violation.message
 
 
 def test_contracts_hold_no_activity_side_code():

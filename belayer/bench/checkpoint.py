@@ -17,6 +17,9 @@ a 4.5 MB data set and a virtual environment in the tmpfs workspace, a server hol
              the phases below.) It is the same container, so CRIU reads the
              configuration Belayer gave it (infra/podman/criu.conf) here too: without
              Belayer, each dump and restore would also lock the network (~0.05 s each).
+             The backend runs both commands (`SandboxBackend.baseline_checkpoint` and
+             `baseline_restore`), so this module drives no engine itself; the mode keeps
+             the name of the only backend there is, podman.
 
 Both clocks stop where a user stops waiting: the checkpoint stored, the sandbox ready to
 take the next action. Belayer's phases come from the checkpoint's metadata
@@ -26,8 +29,6 @@ Nothing here is simulated.
 
 from __future__ import annotations
 
-import os
-import subprocess
 import tempfile
 import time
 import uuid
@@ -108,8 +109,9 @@ class Bench:
         return Sample("belayer", checkpoint_s, restore_s, ref.archive_bytes / MiB, phases, restore_phases)
 
     def _podman(self) -> Sample:
+        """The baseline: the backend's checkpoint and restore as its user drives them without
+        Belayer (`SandboxBackend.baseline_checkpoint`), the archive through the same store."""
         from belayer.sandbox import channel
-        from belayer.sandbox.podman import dump_phases
 
         backend, store = self.host.backend, self.host.store
         container = self.handle.container
@@ -117,16 +119,15 @@ class Bench:
         # Resume what the last workspace hash froze, as the host does before its own dumps:
         # CRIU cannot dump a stopped process here (SandboxHost._idle_info says why).
         channel.call(backend.channel_path(self.handle.sandbox_id), {"op": "quiesce"})
-        with tempfile.TemporaryDirectory(dir=backend.state_dir / "tmp") as d:
+        with tempfile.TemporaryDirectory(dir=self.host.state_dir / "tmp") as d:
             archive = Path(d) / "archive.tar.zst"
             started = time.monotonic()
-            stats = self._podman_cmd("container", "checkpoint", "--leave-running", "--tcp-established",
-                                     "--print-stats", "-c", "zstd", f"--export={archive}", container)
+            baseline_phases = backend.baseline_checkpoint(container, archive)
             dumped = time.monotonic()
             with open(archive, "rb") as f:
                 store.upload_stream(key, iter(lambda: f.read(MiB), b""))
             checkpoint_s = time.monotonic() - started
-            checkpoint_phases = dump_phases(stats) | {"upload": time.monotonic() - dumped}
+            checkpoint_phases = baseline_phases | {"upload": time.monotonic() - dumped}
             size_mb = archive.stat().st_size / MiB
             archive.unlink()
             backend.kill(container)
@@ -134,27 +135,13 @@ class Bench:
             with open(archive, "wb") as f:
                 store.download_stream(key, f)
             fetched = time.monotonic()
-            backend.podman("rm", "-f", "-t", "0", container, check=False)
-            self._podman_cmd("container", "restore", "--tcp-established", f"--import={archive}")
+            backend.baseline_restore(container, archive)
             restored = time.monotonic()
             channel.wait_ready(backend.channel_path(self.handle.sandbox_id), self.host.cfg.start_timeout_s)
             restore_s = time.monotonic() - started
         store.delete_prefix(key)
         return Sample("podman", checkpoint_s, restore_s, size_mb, checkpoint_phases,
                       {"fetch": fetched - started, "podman": restored - fetched, "ready": started + restore_s - restored})
-
-    def _podman_cmd(self, *args: str) -> str:
-        """podman with Belayer's storage flags (the same containers) but the system's own
-        tools on PATH: CRIU gzips each tmpfs itself, as it does for any podman user."""
-        from belayer.sandbox.runtime import CRIU_TOOLS_DIR, podman_command, podman_env
-
-        dirs = {"state_dir": self.host.backend.state_dir, "cache_dir": self.host.backend.cache_dir}
-        env = podman_env(**dirs)
-        env["PATH"] = os.pathsep.join(p for p in env["PATH"].split(os.pathsep) if p != str(CRIU_TOOLS_DIR))
-        done = subprocess.run(podman_command(*args, **dirs), env=env, capture_output=True)
-        if done.returncode != 0:
-            raise click.ClickException(f"podman {args[0]} {args[1]} failed: {done.stderr.decode()[-500:]}")
-        return done.stdout.decode()
 
 
 def summarize(samples: list[Sample], repetitions: int, compression: str) -> dict:

@@ -19,6 +19,7 @@ from pydantic import BaseModel
 
 from belayer.config import BelayerConfig
 from belayer.errors import BelayerError
+from belayer.sandbox.backend import SandboxBackend
 from belayer.stack import sandbox_hosts
 from belayer.stack.workers import RolloutNodeService, sandbox_service_name
 from belayer.workers.rollout.worker import read_roles as node_roles  # noqa: F401 (the chaos modules' name)
@@ -164,19 +165,24 @@ class Chaos:
     def _kill_container(self, container: str | None) -> tuple[str, str]:
         if not container:
             raise ChaosError("sandbox-crash needs a target container (the trajectory's sandbox)")
-        k = self._host_of(container)
-        result = sandbox_hosts.run_podman_on(self.config, k, "kill", container)
-        if result.returncode != 0:
-            raise ChaosError(f"podman kill {container} failed: {result.stderr.strip()}")
-        return f"container {container}", "podman kill (SIGKILL to every process in it)"
+        backend = self._backend_on(self._host_of(container))
+        if not backend.is_running(container):
+            raise ChaosError(f"container {container} is not running: nothing to kill")
+        backend.kill(container)
+        return f"container {container}", f"{backend.name} kill (SIGKILL to every process in it)"
 
     def container_gone(self, container: str) -> bool:
         """Whether `container` no longer runs (its trajectory ended and destroyed it)."""
         k = sandbox_hosts.host_of_container(self.config, self.stack.sandbox_hosts, container)
-        if k is None:
-            return True
-        result = sandbox_hosts.run_podman_on(self.config, k, "inspect", "--format", "{{.State.Running}}", container)
-        return result.returncode != 0 or result.stdout.strip() != "true"
+        backend = None if k is None else sandbox_hosts.backend_on(self.config, k)
+        return backend is None or not backend.is_running(container)
+
+    def _backend_on(self, k: int) -> SandboxBackend:
+        """The sandbox backend as host k sees it."""
+        backend = sandbox_hosts.backend_on(self.config, k)
+        if backend is None:
+            raise ChaosError(f"sandbox host {sandbox_hosts.host_name(k)} is not running")
+        return backend
 
     def _host_of(self, container: str) -> int:
         """The host holding `container`: the machine itself when the stack has one host."""
@@ -193,8 +199,6 @@ class Chaos:
         several, the host holding `container` (or the first) is lost for good: its disk is
         wiped and it stays down, so its trajectories recover on another host from the object
         store; `belayer up` brings it back, empty."""
-        from belayer.sandbox.podman import LABEL_SANDBOX
-
         if host is not None:
             k = self.stack.sandbox_host(host).host_index
         else:
@@ -202,11 +206,11 @@ class Chaos:
         name = sandbox_service_name(k)
 
         def kill_containers() -> str:
-            listed = sandbox_hosts.run_podman_on(self.config, k, "ps", "-q", "--filter", f"label={LABEL_SANDBOX}")
-            containers = listed.stdout.split()
-            for found in containers:
-                sandbox_hosts.run_podman_on(self.config, k, "kill", found)
-            return f"{len(containers)} containers killed"
+            backend = self._backend_on(k)
+            running = [c for c in sandbox_hosts.containers_on(self.config, k) if backend.is_running(c)]
+            for container in running:
+                backend.kill(container)
+            return f"{len(running)} containers killed"
 
         if self.stack.sandbox_hosts == 1:
             return self._crash_service(name, while_down=kill_containers)
@@ -215,10 +219,9 @@ class Chaos:
             raise ChaosError(f"{name} is not running; start it with `belayer up`")
         if k == 0:  # the machine itself: its worker and its sandboxes go, the machine stays
             _kill(worker)
-            listed = sandbox_hosts.run_podman_on(self.config, 0, "ps", "-a", "-q", "--filter", f"label={LABEL_SANDBOX}")
-            if containers := listed.stdout.split():
-                sandbox_hosts.run_podman_on(self.config, 0, "rm", "--force", "--time", "0", *containers)
-            detail = f"worker SIGKILLed, {len(containers)} containers killed and removed"
+            backend = self._backend_on(0)
+            removed = [name for sandbox_id in backend.lineages() for name in backend.fence(sandbox_id)]
+            detail = f"worker SIGKILLed, {len(removed)} containers killed and removed"
         else:
             ended = sandbox_hosts.end(self.config, k)
             sandbox_hosts.wipe(self.config, k)

@@ -51,13 +51,10 @@ def find_leaks(config: BelayerConfig, before: Snapshot, sandbox_ids: set[str]) -
 def sandbox_containers(config: BelayerConfig) -> list[str]:
     """Names of every Belayer sandbox container of this state directory (any state), on
     every sandbox host of its stack."""
-    from belayer.sandbox.podman import LABEL_SANDBOX
     from belayer.stack import sandbox_hosts
     from belayer.stack.local import LocalStack
 
-    return [name for k in range(LocalStack(config).sandbox_hosts)
-            for name in sandbox_hosts.run_podman_on(config, k, "ps", "-a", "--filter", f"label={LABEL_SANDBOX}",
-                                                    "--format", "{{.Names}}").stdout.split()]
+    return [name for k in range(LocalStack(config).sandbox_hosts) for name in sandbox_hosts.containers_on(config, k)]
 
 
 def stack_processes(config: BelayerConfig) -> list[psutil.Process]:

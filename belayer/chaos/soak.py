@@ -33,6 +33,7 @@ from pydantic import BaseModel, Field
 from belayer.chaos.faults import FAULT_KINDS, Chaos, ChaosError, node_roles
 from belayer.config import BelayerConfig
 from belayer.measure import spread
+from belayer.workloads.registry import driver_for
 
 Reporter = Callable[[str], None]
 
@@ -414,7 +415,7 @@ def percentile(values: list[float], q: float) -> float | None:
 
 
 def _turns(task) -> int:
-    return len(task.turns) if getattr(task, "turns", None) else task.max_turns
+    return driver_for(task).turn_limit(task)
 
 
 async def _retrying(start, attempts: int = 30):

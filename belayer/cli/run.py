@@ -17,6 +17,7 @@ from rich.table import Table
 
 from belayer.chaos.faults import node_roles
 from belayer.cli.context import config_from
+from belayer.workloads.registry import driver_for
 
 console = Console(stderr=True)
 
@@ -97,7 +98,7 @@ def _chaos_plan(plan: str | None, rate: float | None, seed: int, tasks) -> list:
                                    "`belayer train --chaos`; trajectories take FAULT@step=N or FAULT@t=SECONDS")
         return parsed
     if rate is not None:
-        steps = max(len(t.turns) if hasattr(t, "turns") else t.max_turns for t in tasks)
+        steps = max(_turns_of(t) for t in tasks)
         return random_plan(rate, seed, steps)
     return []
 
@@ -310,7 +311,7 @@ class _Runner:
 
 
 def _turns_of(task) -> int:
-    return len(task.turns) if hasattr(task, "turns") else task.max_turns
+    return driver_for(task).turn_limit(task)
 
 
 def _server_went_away(task: asyncio.Future) -> bool:

@@ -2,17 +2,18 @@
 
 from typing import Literal
 
-from pydantic import Field, model_validator
+from pydantic import Field, field_validator, model_validator
 
-from belayer.sandbox import runtime
+from belayer.sandbox import backends, runtime
 from belayer.section import Section
 
 
 class SandboxConfig(Section):
     """Per-sandbox limits, the host's task queue and where checkpoints go."""
 
-    backend: Literal["podman"] = Field(
-        "podman", description="Container backend; only podman (+ runc + CRIU) can checkpoint processes here."
+    backend: str = Field(
+        "podman", description="Container backend, by its name in belayer/sandbox/backends.py; podman (+ runc + "
+        "CRIU), the default, is the one there today."
     )
     image: str = Field(
         default_factory=runtime.base_image_name,
@@ -106,6 +107,11 @@ class SandboxConfig(Section):
     podman_timeout_s: float = Field(
         300.0, gt=0, le=3600, description="Upper bound of one podman call (checkpoint and restore included)."
     )
+
+    @field_validator("backend")
+    @classmethod
+    def _registered_backend(cls, name: str) -> str:
+        return backends.checked_name(name)
 
     @model_validator(mode="after")
     def _tmpfs_fit_in_memory(self) -> "SandboxConfig":

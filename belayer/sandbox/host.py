@@ -31,7 +31,8 @@ from pathlib import Path
 from typing import Protocol, TypeVar
 
 from belayer.sandbox import channel, compression, drain, faults, lineage, priority, toolchain
-from belayer.sandbox.backend import SandboxBackend
+from belayer.sandbox.backend import ContainerExit, SandboxBackend, oom_kills
+from belayer.sandbox.backends import open_backend
 from belayer.sandbox.config import SandboxConfig
 from belayer.sandbox.drain import DrainedSandbox
 from belayer.sandbox.errors import (
@@ -68,7 +69,6 @@ from belayer.sandbox.models import (
     path_under,
 )
 from belayer.sandbox.placement import HostLoad
-from belayer.sandbox.podman import ContainerExit, oom_kills
 
 HASH_SCRIPT = r"""
 import hashlib, os, stat, sys
@@ -1048,9 +1048,8 @@ def _damage(archive: Path) -> None:
 
 
 def make_host(config, *, store=None, host_queue: str | None = None) -> SandboxHost:
-    """A SandboxHost for the effective BelayerConfig (podman backend, its object store)."""
-    from belayer.sandbox.podman import PodmanBackend
-
+    """A SandboxHost for the effective BelayerConfig (the backend `sandbox.backend` names,
+    its object store)."""
     if store is None:
         from belayer.storage.store import ObjectStore
 
@@ -1058,5 +1057,5 @@ def make_host(config, *, store=None, host_queue: str | None = None) -> SandboxHo
     from belayer.storage.encryption import archive_store
 
     store = archive_store(store, config.storage.encryption_key)  # checkpoints hold process memory
-    backend = PodmanBackend(config.sandbox, config.state_dir, config.cache_dir)
+    backend = open_backend(config.sandbox, config.state_dir, config.cache_dir)
     return SandboxHost(config.sandbox, backend, store, state_dir=config.state_dir, host_queue=host_queue)

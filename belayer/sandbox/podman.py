@@ -59,12 +59,12 @@ import subprocess
 import tarfile
 import tempfile
 import time
-from collections.abc import Iterator
-from dataclasses import dataclass
+from collections.abc import Iterator, Sequence
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from belayer.sandbox import compression, fork_archive, runtime, seccomp, toolchain
-from belayer.sandbox.config import SandboxConfig
+from belayer.sandbox.backend import BackendHealth, ContainerExit
 from belayer.sandbox.dump_watchdog import DumpWatchdog
 from belayer.sandbox.errors import (
     CheckpointFailed,
@@ -75,6 +75,9 @@ from belayer.sandbox.errors import (
     SandboxNotFound,
 )
 from belayer.sandbox.models import checked_sandbox_id, path_under
+
+if TYPE_CHECKING:  # config.py validates `sandbox.backend` against the registry, which imports this
+    from belayer.sandbox.config import SandboxConfig
 
 GUARD_UID = 999  # owner of the journal and channel (see the supervisor)
 # The user namespace of every sandbox: container uid/gid N is host uid/gid USERNS_BASE + N.
@@ -128,28 +131,32 @@ class PodmanBackend:
 
     name = "podman"
 
-    def __init__(self, cfg: SandboxConfig, state_dir: Path, cache_dir: Path | None = None):
+    def __init__(self, cfg: SandboxConfig, state_dir: Path, cache_dir: Path | None = None, *,
+                 command_prefix: Sequence[str] = ()):  # fmt: skip
         self.cfg = cfg
         self.state_dir = Path(state_dir)
         self.cache_dir = cache_dir
+        self.command_prefix = list(command_prefix)  # `nsenter` into another host's namespaces (backend.py)
         self._image_id: str | None = None
         self._versions: dict[str, str] | None = None
         self._seccomp_profile: Path | None = None
 
     # ------------------------------------------------------------------ plumbing
     def _cmd(self, *args: str) -> list[str]:
-        return runtime.podman_command(*args, state_dir=self.state_dir, cache_dir=self.cache_dir)
+        return [*self.command_prefix, *runtime.podman_command(*args, state_dir=self.state_dir, cache_dir=self.cache_dir)]
 
     def _env(self) -> dict[str, str]:
         return runtime.podman_env(self.state_dir, self.cache_dir)
 
-    def podman(self, *args: str, check: bool = True, input: bytes | None = None) -> subprocess.CompletedProcess:
+    def podman(self, *args: str, check: bool = True, input: bytes | None = None,
+               env: dict[str, str] | None = None) -> subprocess.CompletedProcess:  # fmt: skip
+        """podman with Belayer's flags, in `env` (default: Belayer's, `runtime.podman_env`)."""
         # In the state dir: conmon writes an `oom` file into the directory podman ran in when
         # a process of the container is OOM-killed (a checkout or the user's cwd otherwise).
         self.state_dir.mkdir(parents=True, exist_ok=True)
         try:
             r = subprocess.run(
-                self._cmd(*args), env=self._env(), capture_output=True, input=input, cwd=self.state_dir,
+                self._cmd(*args), env=env or self._env(), capture_output=True, input=input, cwd=self.state_dir,
                 stdin=None if input is not None else subprocess.DEVNULL, timeout=self.cfg.podman_timeout_s,
             )  # fmt: skip
         except FileNotFoundError as exc:
@@ -459,33 +466,41 @@ class PodmanBackend:
             self._versions = {"podman": r.stdout.decode().strip() or "?", "criu": criu or "?"}
         return self._versions
 
+    def health(self) -> BackendHealth:
+        """podman, runc, Belayer's CRIU, the base image and the toolchain (`runtime.check_runtime`)."""
+        found = runtime.check_runtime(self.state_dir, self.cache_dir)
+        criu = ".".join(map(str, found.criu_version)) or "missing"
+        return BackendHealth(
+            problems=list(found.problems),
+            summary=f"podman {found.podman_version}, CRIU {criu} ({found.criu_route}), image {found.image}",
+            storage=f"podman storage {self.state_dir / 'podman'}",
+        )
+
+    # ------------------------------------------------------------------ the benchmark's baseline
+    def baseline_checkpoint(self, container: str, archive: Path) -> dict[str, float]:
+        """`podman container checkpoint --leave-running -c zstd --export=ARCHIVE`, as a podman
+        user writes it, with the system's tools: podman's own phases (`dump_phases`)."""
+        r = self.podman("container", "checkpoint", "--leave-running", "--tcp-established", "--print-stats",
+                        "-c", "zstd", f"--export={archive}", container, env=self._system_tools_env())  # fmt: skip
+        return dump_phases(r.stdout.decode(errors="replace"))
+
+    def baseline_restore(self, container: str, archive: Path) -> None:
+        """`podman rm -f` the killed container, then `podman container restore --import=ARCHIVE`."""
+        self.podman("rm", "-f", "-t", "0", container, check=False)
+        self.podman("container", "restore", "--tcp-established", f"--import={archive}", env=self._system_tools_env())
+
+    def _system_tools_env(self) -> dict[str, str]:
+        """Belayer's podman environment without its CRIU tools on PATH: CRIU gzips each tmpfs
+        itself, as it does for any podman user (infra/podman/criu-tools/tar says why Belayer's
+        own dumps do not)."""
+        env = self._env()
+        env["PATH"] = os.pathsep.join(p for p in env["PATH"].split(os.pathsep) if p != str(runtime.CRIU_TOOLS_DIR))
+        return env
+
 
 def host_id(container_id: int) -> int:
     """The host's uid (or gid) of a sandbox's `container_id`."""
     return USERNS_BASE + container_id
-
-
-@dataclass(frozen=True)
-class ContainerExit:
-    """A lost container as podman recorded it (`PodmanBackend.exit_state`)."""
-
-    found: bool  # False: no such container here any more (removed: a fence, a drain, a destroy)
-    running: bool = False  # still running: its supervisor merely does not answer
-    exit_code: int | None = None  # PID 1's: 128 + N when a signal N ended it
-    oom_killed: bool = False  # podman saw an OOM kill in its cgroup (conmon's record; not on every host)
-    stopped_from_outside: tuple[str, ...] = ()  # podman's kill / stop events for it
-
-
-def oom_kills(counter: Path | None) -> int | None:
-    """The `oom_kill` count of a memory cgroup's `memory.oom_control` / `memory.events`;
-    None when it cannot be read (the cgroup is gone, or was never found)."""
-    if counter is None:
-        return None
-    try:
-        text = counter.read_text()
-    except OSError:
-        return None
-    return next((int(line.split()[1]) for line in text.splitlines() if line.startswith("oom_kill ")), None)
 
 
 def _kill(procs: list[subprocess.Popen]) -> None:

@@ -19,6 +19,7 @@ import psutil
 
 from belayer.config import BelayerConfig
 from belayer.errors import StackError
+from belayer.sandbox.backends import open_backend
 from belayer.stack import sandbox_hosts
 from belayer.stack.process import ManagedProcess
 from belayer.stack.services import Health, SeaweedFS, TemporalDevServer, port_in_use
@@ -271,21 +272,15 @@ def belayer_workers(config: BelayerConfig, rollout_nodes: int = 1, sandbox_hosts
 
 
 def sandbox_runtime_status(config: BelayerConfig) -> ComponentStatus:
-    """podman + runc + CRIU + base image: not a process, but `status` must show it."""
-    from belayer.sandbox.runtime import check_runtime
-
-    health = check_runtime(config.state_dir, config.cache_dir)
-    criu = ".".join(map(str, health.criu_version)) or "missing"
-    if health.ok:
-        detail = f"podman {health.podman_version}, CRIU {criu} ({health.criu_route}), image {health.image}"
-    else:
-        detail = "; ".join(health.problems)
+    """The sandbox backend's runtime on this host (for podman: podman + runc + CRIU + base
+    image): not a process, but `status` must show it."""
+    health = open_backend(config.sandbox, config.state_dir, config.cache_dir).health()
     return ComponentStatus(
         name="sandbox-runtime",
         pid=None,
-        address=f"podman storage {config.state_dir / 'podman'}",
+        address=health.storage,
         healthy=health.ok,
-        detail=detail,
+        detail=health.summary if health.ok else "; ".join(health.problems),
         log=None,
     )
 

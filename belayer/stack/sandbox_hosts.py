@@ -37,6 +37,8 @@ import psutil
 
 from belayer.config import BelayerConfig
 from belayer.sandbox import freezer
+from belayer.sandbox.backend import SandboxBackend
+from belayer.sandbox.backends import open_backend
 from belayer.sandbox.runtime import INFRA_DIR, podman_dirs, run_podman
 
 # The inodes of the host's mount and UTS namespaces, written when it starts: a process is
@@ -172,23 +174,40 @@ def wipe(config: BelayerConfig, k: int) -> None:
     shutil.rmtree(host_dir(config, k), ignore_errors=True)
 
 
+def entry_prefix(config: BelayerConfig, k: int) -> list[str] | None:
+    """The command prefix that runs a command as host k sees it: none for the machine
+    itself, `nsenter` into its namespaces for k ≥ 1; None while host k is not running."""
+    if not k:
+        return []
+    inside = members(config, k)
+    return ["nsenter", "-t", str(inside[0].pid), "--mount", "--uts", "--"] if inside else None
+
+
+def backend_on(config: BelayerConfig, k: int) -> SandboxBackend | None:
+    """The configured sandbox backend as host k sees it; None while host k is not running."""
+    prefix = entry_prefix(config, k)
+    if prefix is None:
+        return None
+    return open_backend(config.sandbox, config.state_dir, config.cache_dir, command_prefix=prefix)
+
+
+def containers_on(config: BelayerConfig, k: int) -> list[str]:
+    """Every Belayer sandbox container on host k, in any state (none while it is down)."""
+    backend = backend_on(config, k)
+    return [] if backend is None else [name for names in backend.lineages().values() for name in names]
+
+
 def run_podman_on(config: BelayerConfig, k: int, *args: str, timeout: float = 60.0) -> subprocess.CompletedProcess:
     """podman with Belayer's flags as host k sees it (inside its namespaces for k ≥ 1)."""
-    prefix = []
-    if k:
-        inside = members(config, k)
-        if not inside:
-            return subprocess.CompletedProcess(["podman", *args], 125, "", f"sandbox host {host_name(k)} is not running")
-        prefix = ["nsenter", "-t", str(inside[0].pid), "--mount", "--uts", "--"]
+    prefix = entry_prefix(config, k)
+    if prefix is None:
+        return subprocess.CompletedProcess(["podman", *args], 125, "", f"sandbox host {host_name(k)} is not running")
     return run_podman(*args, state_dir=config.state_dir, cache_dir=config.cache_dir, timeout=timeout, prefix=prefix)
 
 
 def host_of_container(config: BelayerConfig, hosts: int, container: str) -> int | None:
     """Which of the stack's hosts holds `container`; None when none does."""
-    for k in range(hosts):
-        if run_podman_on(config, k, "container", "exists", container).returncode == 0:
-            return k
-    return None
+    return next((k for k in range(hosts) if container in containers_on(config, k)), None)
 
 
 def main(argv: list[str]) -> int:

@@ -41,7 +41,8 @@ with workflow.unsafe.imports_passed_through():
     )
     from belayer.workflows.models import ForkStart, GroupRecord, TaskQueues, TrajectoryInput, TrajectoryResult
     from belayer.workflows.trajectory import STATUS_KEY, TASK_KEY
-    from belayer.workloads.models import ModelTask, Task
+    from belayer.workloads.models import Task
+    from belayer.workloads.registry import driver_for
 
 RETRY = RetryPolicy(initial_interval=timedelta(seconds=1), maximum_attempts=3)
 ON_HOST_SCHEDULE_TO_START = timedelta(seconds=30)
@@ -164,10 +165,10 @@ async def run_member(input: TrajectoryInput, *, task_queue: str, summary: str,
 
 
 async def _prompt(group_id: str, task: Task, queues: TaskQueues):
-    instruction = task.instruction if isinstance(task, ModelTask) else f"replay trace {task.id}"
     result = await START_CONTEXT.execute(
         StartContextArgs(log_key=f"groups/{group_id}/prompt", trajectory_id=group_id,
-                         steps_key=f"groups/{group_id}/unused", instruction=instruction, prompt_only=True),
+                         steps_key=f"groups/{group_id}/unused", instruction=driver_for(task).instruction(task),
+                         prompt_only=True),
         task_queue=queues.context, start_to_close_timeout=timedelta(seconds=30),
         retry_policy=RETRY, summary=f"group {group_id}: tokenize the prompt its members share",
     )  # fmt: skip

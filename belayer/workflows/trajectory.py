@@ -29,7 +29,6 @@ from temporalio.common import RetryPolicy, SearchAttributeKey
 from temporalio.exceptions import ActivityError, ApplicationError
 
 with workflow.unsafe.imports_passed_through():
-    from belayer.agent_format import malformed_observation, parse_action
     from belayer.contracts import sandbox
     from belayer.contracts.activity import Activity
     from belayer.contracts.context import (
@@ -84,7 +83,8 @@ with workflow.unsafe.imports_passed_through():
         TrajectoryState,
         TrajectoryStatus,
     )
-    from belayer.workloads.models import ModelTask, TraceTask
+    from belayer.workloads.drivers import TaskDriver
+    from belayer.workloads.registry import driver_for
 
 TASK_KEY = SearchAttributeKey.for_keyword("BelayerTask")
 STATUS_KEY = SearchAttributeKey.for_keyword("BelayerStatus")
@@ -190,6 +190,8 @@ class TrajectoryWorkflow:
     @workflow.init
     def __init__(self, input: TrajectoryInput) -> None:
         self.input = input
+        # What the loop asks of the task (instruction, turns, actions, check) is its kind's.
+        self._driver: TaskDriver = driver_for(input.task)
         self.state = input.carried or TrajectoryState(policy={"config": input.policy})
         self.status: TrajectoryStatus = "running"
         self.pending_checkpoint: PendingCheckpoint | None = None
@@ -268,8 +270,7 @@ class TrajectoryWorkflow:
                 summary=f"fork the token log of group {start.parent}'s prompt",
             )
         else:
-            task = self.input.task
-            instruction = task.instruction if isinstance(task, ModelTask) else f"replay trace {task.id}"
+            instruction = self._driver.instruction(self.input.task)
             started = await self._context_activity(
                 START_CONTEXT,
                 StartContextArgs(log_key=self._log_key(), trajectory_id=self.input.trajectory_id,
@@ -326,14 +327,12 @@ class TrajectoryWorkflow:
         await self._append_observation(at)
 
     def _finished(self) -> bool:
-        task, state = self.input.task, self.state
+        state = self.state
         if state.stopped:
             return True
         if state.context and state.context.length >= self.input.max_total_tokens:
             return True
-        if isinstance(task, TraceTask):
-            return state.step >= len(task.turns)
-        return state.step >= task.max_turns
+        return state.step >= self._driver.turn_limit(self.input.task)
 
     async def _turn(self) -> None:
         generation = await self._generate()
@@ -362,27 +361,14 @@ class TrajectoryWorkflow:
         await self._append_observation(record)
 
     def _action_from(self, generation: GenerateResult) -> str | None:
-        task = self.input.task
-        if isinstance(task, TraceTask):
-            return task.turns[self.state.step].bash
-        parsed = parse_action(generation.text)
-        if parsed.kind == "stop":
-            return None
-        if parsed.kind == "malformed":
-            # A policy outcome: the model sees what was wrong, through a harmless action.
-            return "printf '%s\\n' " + _shell_quote(malformed_observation(parsed))
-        return parsed.command
+        return self._driver.next_action(self.input.task, self.state.step, generation.text)
 
     # ---------------------------------------------------------------- generation
 
     async def _generate(self) -> GenerateResult | None:
         """The next turn, after the pending observation (appended by the same activity);
         None when that observation left no room in the context for a turn."""
-        task = self.input.task
-        if isinstance(task, TraceTask):
-            max_tokens, ignore_eos = task.turns[self.state.step].think_tokens, True
-        else:
-            max_tokens, ignore_eos = task.max_tokens_per_turn, False
+        turn = self._driver.sampling(self.input.task, self.state.step)
         budget = self.input.max_total_tokens - self.state.context.length
         observation, self.pending_observation = self.pending_observation, None
         args = GenerateArgs(
@@ -390,10 +376,10 @@ class TrajectoryWorkflow:
             observation=observation,
             max_context=self.input.max_total_tokens if observation is not None else None,
             sampling=SamplingParams(
-                max_tokens=max(1, min(max_tokens, budget)),
+                max_tokens=max(1, min(turn.max_tokens, budget)),
                 temperature=self.input.sampling.temperature,
                 seed=self.input.sampling.seed + self.state.generations,
-                ignore_eos=ignore_eos,
+                ignore_eos=turn.ignore_eos,
             ),
         )
         try:
@@ -645,10 +631,9 @@ class TrajectoryWorkflow:
         """Tokens of the coming generation when the task says (a trace); 0 after its last
         turn, where no generation follows to hide a checkpoint in. None, the policy predicts
         from history: on a model task, or a trace whose lengths the policy is not to know."""
-        task = self.input.task
-        if isinstance(task, TraceTask) and self.state.policy.config.trace_lengths_known:
-            return task.turns[self.state.step].think_tokens if self.state.step < len(task.turns) else 0
-        return None
+        if not self.state.policy.config.trace_lengths_known:
+            return None
+        return self._driver.expected_output_tokens(self.input.task, self.state.step)
 
     # ---------------------------------------------------------------- context
 
@@ -788,18 +773,17 @@ class TrajectoryWorkflow:
         return f"context budget exhausted after {self.state.step} turns: {used} of {budget} tokens"
 
     async def _reward(self, before_recovery: asyncio.Future | None = None) -> float:
-        check = self.input.task.check
-        if not check:
+        verification = self._driver.verification(self.input.task)
+        if verification is None:
             return 1.0
         # The check is the trajectory's last action, run apart from the agent's shell (it
         # judges the agent, it must not inherit its state); the journal makes a retried
         # check return the same verdict.
-        action = Action(trajectory=self.input.trajectory_id, step=self.state.step + 1, command=check)
+        action = Action(trajectory=self.input.trajectory_id, step=self.state.step + 1, command=verification.command)
         executed = await self._on_sandbox(
             sandbox.EXEC,
-            lambda handle: ExecArgs(handle=handle, action=action, isolated=True,
-                                    processes=self.input.task.verify_with_processes),
-            summary=f"check: {_first_line(check)}", before_recovery=before_recovery,
+            lambda handle: ExecArgs(handle=handle, action=action, isolated=True, processes=verification.processes),
+            summary=f"check: {_first_line(verification.command)}", before_recovery=before_recovery,
         )
         return 1.0 if executed.observation.exit_code == 0 else 0.0
 
@@ -994,7 +978,3 @@ def _cause(err: ActivityError) -> str:
 def _first_line(text: str, limit: int = 60) -> str:
     line = text.strip().splitlines()[0] if text.strip() else ""
     return line if len(line) <= limit else line[: limit - 1] + "…"
-
-
-def _shell_quote(text: str) -> str:
-    return "'" + text.replace("'", "'\\''") + "'"

@@ -12,6 +12,7 @@ from pydantic import TypeAdapter, ValidationError
 from belayer.errors import BelayerError
 from belayer.model.build import ModelSize
 from belayer.workloads.models import Task, Workload
+from belayer.workloads.registry import DRIVERS, KINDS, UnknownTaskKind, driver_for_kind, task_kind
 
 
 class WorkloadError(BelayerError):
@@ -84,22 +85,39 @@ def _parse_json_line(path: Path, number: int, line: str) -> Any:
 
 
 def _validate_task(path: Path, index: int, raw: Any) -> Task:
+    """Validate `raw` into the model of its kind's driver (the registry's `Task` union)."""
     task_id = raw.get("id", f"#{index + 1}") if isinstance(raw, dict) else f"#{index + 1}"
+    _refuse_unknown_kind(path, task_id, raw)
     try:
         return _task_adapter.validate_python(raw)
     except ValidationError as exc:
         problems = []
         for error in exc.errors():
-            location = [str(p) for p in error["loc"] if p not in ("trace", "model")]
+            location = [str(p) for p in error["loc"] if p not in KINDS]
             field = ".".join(location) or "(task)"
             problems.append(f"  field {field}: {error['msg']}{_fix_for(error)}")
         raise WorkloadError(f"{path}: task {task_id!r} is invalid:\n" + "\n".join(problems)) from None
 
 
+def _refuse_unknown_kind(path: Path, task_id: str, raw: Any) -> None:
+    """A kind no driver is registered for, named as such (not as a failed union match)."""
+    if not isinstance(raw, dict):
+        return
+    try:
+        driver_for_kind(task_kind(raw))
+    except UnknownTaskKind as exc:
+        raise WorkloadError(f"{path}: task {task_id!r} is invalid:\n  field kind: {exc}") from None
+
+
+def _fields_by_kind() -> str:
+    """Each registered kind's fields, for the message about a field no kind has."""
+    return "; ".join(f"{driver.kind} tasks take {', '.join(f for f in driver.model.model_fields if f != 'kind')}"
+                     for driver in DRIVERS)
+
+
 def _fix_for(error: dict) -> str:
     if error["type"] == "extra_forbidden":
-        return " (unknown field: remove it; trace tasks take id, setup, turns, check; " \
-               "model tasks take id, setup, instruction, max_turns, max_tokens_per_turn, check)"
+        return f" (unknown field: remove it; {_fields_by_kind()})"
     if error["type"] == "missing":
         return " (add it)"
     if error["type"] == "string_pattern_mismatch":

@@ -22,9 +22,9 @@ import pytest
 
 from belayer.activities.sandbox import to_application_error
 from belayer.cli.run import _print_inspection, _walk_history
+from belayer.sandbox.backend import ContainerExit
 from belayer.sandbox.errors import SandboxUnreachable
 from belayer.sandbox.host import loss_cause
-from belayer.sandbox.podman import ContainerExit
 from belayer.workloads.models import TraceTask, TraceTurn
 from tests.hostile.test_trajectory_hostile import start, wait_for_step
 

@@ -74,6 +74,13 @@ def test_invalid_files_name_task_field_and_fix(tmp_path, text, expected):
         assert fragment in str(excinfo.value)
 
 
+def test_an_unknown_kind_is_named_with_the_kinds_there_are(tmp_path):
+    path = write(tmp_path, "w.yaml", "tasks:\n  - {id: h1, kind: harbor, instruction: x}\n")
+    with pytest.raises(WorkloadError, match=r"task 'h1' is invalid:\n  field kind: unknown task kind 'harbor': "
+                                            r"use one of trace, model"):
+        load_workload(path)
+
+
 def test_missing_file_and_unknown_format(tmp_path):
     with pytest.raises(WorkloadError, match="does not exist"):
         load_workload(tmp_path / "nope.yaml")

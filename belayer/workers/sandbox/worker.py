@@ -29,6 +29,7 @@ from pathlib import Path
 
 from belayer.activities.sandbox import SHARED_QUEUE, SandboxActivities
 from belayer.config import BelayerConfig
+from belayer.sandbox.backends import open_backend
 from belayer.sandbox.drain import DrainReport, drain_host
 from belayer.sandbox.host import SandboxHost, default_host_queue, make_host
 from belayer.sandbox.placement import LoadPublisher
@@ -41,10 +42,7 @@ def host_queue(config: BelayerConfig) -> str:
 
 def check_host(config: BelayerConfig) -> list[str]:
     """Problems that keep this host from running sandboxes (empty: fine)."""
-    from belayer.sandbox import runtime
-
-    health = runtime.check_runtime(config.state_dir, config.cache_dir)
-    return list(health.problems)
+    return open_backend(config.sandbox, config.state_dir, config.cache_dir).health().problems
 
 
 def remove_stale_temp_files(config: BelayerConfig) -> int:

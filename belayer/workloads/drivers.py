@@ -1,0 +1,144 @@
+"""Task drivers: what the trajectory loop asks of a task, one driver per task kind.
+
+The workflows never branch on a task's type: they ask its driver (`belayer.workloads.registry`)
+for the prompt's instruction, the sampling of each turn, the action a generation stands for,
+when the task is done and how it is verified. A new task format is a task model (its fields,
+in `tasks.py`) and a driver here, registered in `registry.DRIVERS`.
+
+Drivers run inside Temporal workflow code, so they are pure: no I/O, no clock, no randomness,
+the same answer for the same task and step on every replay. Changing what a driver answers
+for an existing kind changes the workflow's commands: the checked-in replay histories
+(tests/workflows/test_replay.py) are the check.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import ClassVar, Generic, Literal, Protocol, TypeVar
+
+from belayer.agent_format import malformed_observation, parse_action
+from belayer.workloads.tasks import ModelTask, TaskBase, TraceTask
+
+TaskT = TypeVar("TaskT", bound=TaskBase)
+TaskT_contra = TypeVar("TaskT_contra", bound=TaskBase, contravariant=True)
+
+
+@dataclass(frozen=True)
+class TurnSampling:
+    """How the engine generates one turn: its token cap, and whether it stops at EOS."""
+
+    max_tokens: int
+    ignore_eos: bool
+
+
+@dataclass(frozen=True)
+class Verification:
+    """The check run after the last turn, apart from the agent's shell; its exit status 0
+    is reward 1. `processes`: what the agent left running does meanwhile (frozen/running)."""
+
+    command: str
+    processes: Literal["frozen", "running"]
+
+
+class TaskDriver(Protocol[TaskT_contra]):
+    """The questions the trajectory and group workflows ask of one kind of task."""
+
+    kind: ClassVar[str]
+    """The `kind` field's value that selects this driver (also the pydantic union tag)."""
+    model: ClassVar[type[TaskBase]]
+    """The task model this driver reads; the workload loader validates tasks of `kind` into it."""
+    implied_by: ClassVar[str | None]
+    """A field whose presence selects this kind when a task names no `kind` (None: never implied)."""
+
+    def instruction(self, task: TaskT_contra) -> str:
+        """The instruction the prompt is tokenized from (one per trajectory or group)."""
+        ...
+
+    def turn_limit(self, task: TaskT_contra) -> int:
+        """Turns after which the task is done, whatever the agent does."""
+        ...
+
+    def sampling(self, task: TaskT_contra, step: int) -> TurnSampling:
+        """The generation of the turn after `step` turns have run."""
+        ...
+
+    def next_action(self, task: TaskT_contra, step: int, generated: str) -> str | None:
+        """The command the turn after `step` runs, given what the engine generated; None when
+        the agent stopped (the trajectory goes on to verification)."""
+        ...
+
+    def expected_output_tokens(self, task: TaskT_contra, step: int) -> int | None:
+        """Tokens the turn after `step` will generate when the task knows (0 after its last
+        turn); None when only the engine knows, and the checkpoint policy predicts."""
+        ...
+
+    def verification(self, task: TaskT_contra) -> Verification | None:
+        """The check that scores the trajectory; None: no check, reward 1."""
+        ...
+
+
+class _CheckedByCommand(Generic[TaskT]):
+    """Verification shared by today's kinds: the task's optional `check` command."""
+
+    def verification(self, task: TaskT) -> Verification | None:
+        if not task.check:
+            return None
+        return Verification(command=task.check, processes=task.verify_with_processes)
+
+
+class TraceDriver(_CheckedByCommand[TraceTask]):
+    """Replays a recorded run: each turn generates its recorded length (EOS ignored) and runs
+    its recorded command, whatever the engine said."""
+
+    kind: ClassVar[str] = "trace"
+    model: ClassVar[type[TaskBase]] = TraceTask
+    implied_by: ClassVar[str | None] = "turns"
+
+    def instruction(self, task: TraceTask) -> str:
+        return f"replay trace {task.id}"
+
+    def turn_limit(self, task: TraceTask) -> int:
+        return len(task.turns)
+
+    def sampling(self, task: TraceTask, step: int) -> TurnSampling:
+        return TurnSampling(max_tokens=task.turns[step].think_tokens, ignore_eos=True)
+
+    def next_action(self, task: TraceTask, step: int, generated: str) -> str | None:
+        return task.turns[step].bash
+
+    def expected_output_tokens(self, task: TraceTask, step: int) -> int | None:
+        return task.turns[step].think_tokens if step < len(task.turns) else 0
+
+
+class ModelDriver(_CheckedByCommand[ModelTask]):
+    """The model acts: its output is parsed for `<bash>COMMAND</bash>` (belayer.agent_format)."""
+
+    kind: ClassVar[str] = "model"
+    model: ClassVar[type[TaskBase]] = ModelTask
+    implied_by: ClassVar[str | None] = None
+
+    def instruction(self, task: ModelTask) -> str:
+        return task.instruction
+
+    def turn_limit(self, task: ModelTask) -> int:
+        return task.max_turns
+
+    def sampling(self, task: ModelTask, step: int) -> TurnSampling:
+        return TurnSampling(max_tokens=task.max_tokens_per_turn, ignore_eos=False)
+
+    def next_action(self, task: ModelTask, step: int, generated: str) -> str | None:
+        parsed = parse_action(generated)
+        if parsed.kind == "stop":
+            return None
+        if parsed.kind == "malformed":
+            # A policy outcome: the model sees what was wrong, through a harmless action.
+            return "printf '%s\\n' " + shell_quote(malformed_observation(parsed))
+        return parsed.command
+
+    def expected_output_tokens(self, task: ModelTask, step: int) -> int | None:
+        return None
+
+
+def shell_quote(text: str) -> str:
+    """`text` as one single-quoted shell word."""
+    return "'" + text.replace("'", "'\\''") + "'"

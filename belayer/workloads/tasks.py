@@ -1,0 +1,56 @@
+"""The task models of each kind: the fields a workload's task of that kind has.
+
+A workload is a YAML file (`tasks: [...]`) or a JSONL file (one task per line). Two
+kinds of task, told apart by their fields (or an explicit `kind`):
+
+- trace task — replays a recorded agent run: for each turn the engine really generates
+  `think_tokens` tokens (EOS ignored), then `bash` runs as the action.
+- model task — the model acts: its output is parsed for `<bash>COMMAND</bash>`.
+
+Both may have `setup` (commands run when the sandbox is created) and `check` (exit
+status 0 means reward 1). What the workflows do with each kind is its driver's
+(`drivers.py`); the kinds are registered in `registry.py`.
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+TASK_ID_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$"
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+class TraceTurn(_Strict):
+    """One recorded turn: generation length, then the action."""
+
+    think_tokens: int = Field(ge=0, le=32768, description="Tokens the engine generates (EOS ignored).")
+    bash: str = Field(min_length=1, description="The action run in the sandbox after generating.")
+
+
+class TaskBase(_Strict):
+    id: str = Field(pattern=TASK_ID_PATTERN, description="Unique within the workload; in workflow ids.")
+    setup: list[str] = Field(default_factory=list, description="Commands run when the sandbox is created.")
+    check: str | None = Field(None, description="Command whose exit status 0 means reward 1.")
+    verify_with_processes: Literal["frozen", "running"] = Field(
+        "frozen",
+        description="The agent's processes during the check: frozen (default: nothing the agent "
+        "left running can change what the check reads or writes), or running (a check that queries a "
+        "server the agent started; such a check can be raced by the agent's processes).",
+    )
+
+
+class TraceTask(TaskBase):
+    kind: Literal["trace"] = "trace"
+    turns: list[TraceTurn] = Field(min_length=1, description="The recorded turns, in order.")
+
+
+class ModelTask(TaskBase):
+    kind: Literal["model"] = "model"
+    instruction: str = Field(min_length=1, description="What the agent is asked to do.")
+    max_turns: int = Field(8, ge=1, le=10_000, description="Turns before the trajectory stops.")
+    max_tokens_per_turn: int = Field(256, ge=1, le=32768, description="Generation cap per turn.")
