@@ -26,4 +26,6 @@ def algorithm(name: str) -> Algorithm:
     try:
         return ALGORITHMS[name]
     except KeyError:
-        raise UnknownAlgorithm(f"unknown algorithm {name!r}; known: {', '.join(sorted(ALGORITHMS))}") from None
+        raise UnknownAlgorithm(
+            f"unknown algorithm {name!r}; known: {', '.join(sorted(ALGORITHMS))}"
+        ) from None
