@@ -214,6 +214,11 @@ def _from_run(path: Path, doc: dict) -> RunData:
     return RunData(source=str(path), kind="run", summary=summary, trajectories=trajectories, faults=faults)
 
 
+# Settings added after runs were recorded, with what a run recorded without them did: an
+# older control ran GRPO, so "grpo" against a missing value is no difference.
+_SETTINGS_ADDED_LATER = {"algorithm": "grpo"}
+
+
 def control_warnings(run: TrainingRun, control: TrainingRun) -> list[str]:
     """Why `control` may not be a fair baseline for `run`. A control is the same run with
     the learning rate at 0; any other difference is named, never refused: the page still
@@ -222,15 +227,16 @@ def control_warnings(run: TrainingRun, control: TrainingRun) -> list[str]:
     if not run.settings or not control.settings:
         return ["the run or the control has no settings (an older `belayer train --json`): "
                 "they could not be checked to be the same workload"]
+    ran, controlled = _SETTINGS_ADDED_LATER | run.settings, _SETTINGS_ADDED_LATER | control.settings
     warnings = []
     if Path(str(run.settings.get("workload"))).name != Path(str(control.settings.get("workload"))).name:
         warnings.append(f"the control ran a different workload ({control.settings.get('workload')}) "
                         f"than the run ({run.settings.get('workload')}): the curves do not compare like for like")
-    others = [key for key in sorted(run.settings.keys() | control.settings.keys())
-              if key not in ("workload", "lr", "iterations") and run.settings.get(key) != control.settings.get(key)]
+    others = [key for key in sorted(ran.keys() | controlled.keys())
+              if key not in ("workload", "lr", "iterations") and ran.get(key) != controlled.get(key)]
     if others:
         warnings.append("the control differs from the run in more than the learning rate: " + "; ".join(
-            f"{key} {run.settings.get(key)} in the run, {control.settings.get(key)} in the control" for key in others))
+            f"{key} {ran.get(key)} in the run, {controlled.get(key)} in the control" for key in others))
     if run.lr == control.lr:
         warnings.append(f"the control has the run's own learning rate ({run.lr}); a control usually has lr 0")
     return warnings

@@ -97,6 +97,17 @@ def test_a_control_started_from_another_directory_is_the_same_workload(tmp_path)
     assert control_warnings(load_training(TRAIN), load_training(moved)) == []
 
 
+def test_a_control_from_before_the_algorithm_setting_ran_the_default_one(tmp_path):
+    """Runs recorded before `algorithm` existed ran GRPO: against a GRPO run that is no
+    difference, against another algorithm it is named."""
+    run = rewritten(tmp_path, TRAIN, lambda d: d["settings"].update(algorithm="grpo"))
+    assert control_warnings(load_training(run), load_training(CONTROL)) == []
+    other = rewritten(tmp_path, TRAIN, lambda d: d["settings"].update(algorithm="rloo"))
+    assert control_warnings(load_training(other), load_training(CONTROL)) == [
+        "the control differs from the run in more than the learning rate: algorithm rloo in the run, grpo in "
+        "the control"]
+
+
 def test_a_control_with_the_runs_own_learning_rate_is_named():
     assert control_warnings(load_training(TRAIN), load_training(TRAIN)) == [
         "the control has the run's own learning rate (1e-05); a control usually has lr 0"]
