@@ -31,7 +31,9 @@ async def branch_inputs(client, config, parent_id: str, at_step: int, count: int
 
     parent, result, sandbox_id = await _parent(client, parent_id)
     if result.log is None:
-        raise BelayerError(f"{parent_id} ended before its first step ({result.reason}): nothing to branch from")
+        raise BelayerError(
+            f"{parent_id} ended before its first step ({result.reason}): nothing to branch from"
+        )
     store = open_store(config.storage)
     steps = read_steps(store, result.log.steps)
     if not 1 <= at_step <= len(steps):
@@ -41,7 +43,9 @@ async def branch_inputs(client, config, parent_id: str, at_step: int, count: int
         checkpoints = checkpoints_at_or_before(store, config.sandbox.checkpoint_prefix, sandbox_id, at_step)
     if parent.start_from is not None:  # the parent's own origin: its group's setup, or its parent's
         checkpoints += [c for c in parent.start_from.checkpoints if c.step <= at_step]
-    start = ForkStart(parent=parent_id, at_step=steps[at_step - 1], steps=result.log.steps, checkpoints=checkpoints)
+    start = ForkStart(
+        parent=parent_id, at_step=steps[at_step - 1], steps=result.log.steps, checkpoints=checkpoints
+    )
     first_seed = parent.sampling.seed + 1 if seed is None else seed
     token = uuid.uuid4().hex[:4]
     return [parent.model_copy(update={
@@ -80,10 +84,13 @@ async def _parent(client, parent_id: str):
                 payloads = event.workflow_execution_completed_event_attributes.result.payloads
                 result = (await converter.decode(payloads, [TrajectoryResult]))[0]
     except RPCError as exc:
-        raise BelayerError(f"no trajectory {parent_id!r} ({exc}); list them in the web UI or with "
-                           "`temporal workflow list`") from None
+        raise BelayerError(
+            f"no trajectory {parent_id!r} ({exc}); list them in the web UI or with `temporal workflow list`"
+        ) from None
     if parent is None or result is None:
-        raise BelayerError(f"{parent_id} has not ended (or is not a TrajectoryWorkflow): branch it once it has")
+        raise BelayerError(
+            f"{parent_id} has not ended (or is not a TrajectoryWorkflow): branch it once it has"
+        )
     if parent.carried is not None and parent.carried.sandbox is not None:
         sandbox_id = sandbox_id or parent.carried.sandbox.sandbox_id
     return parent.model_copy(update={"carried": None}), result, sandbox_id

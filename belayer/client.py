@@ -28,8 +28,9 @@ def task_queues(config: BelayerConfig) -> TaskQueues:
     )
 
 
-def trajectory_input(config: BelayerConfig, task: Task, *, repeat: int = 0, seed: int = 0,
-                     run_id: str | None = None) -> TrajectoryInput:
+def trajectory_input(
+    config: BelayerConfig, task: Task, *, repeat: int = 0, seed: int = 0, run_id: str | None = None
+) -> TrajectoryInput:
     """The input of one trajectory of `task`, with a readable, unique id."""
     run_id = run_id or uuid.uuid4().hex[:6]
     return TrajectoryInput(
@@ -50,10 +51,12 @@ async def start_trajectory(client: Client, config: BelayerConfig, input: Traject
         id=input.trajectory_id,
         task_queue=config.temporal.workflow_task_queue,
         result_type=TrajectoryResult,
-        search_attributes=TypedSearchAttributes([
-            SearchAttributePair(TASK_KEY, input.task.id),
-            SearchAttributePair(STATUS_KEY, "running"),
-        ]),
+        search_attributes=TypedSearchAttributes(
+            [
+                SearchAttributePair(TASK_KEY, input.task.id),
+                SearchAttributePair(STATUS_KEY, "running"),
+            ]
+        ),
         static_summary=f"trajectory of task {input.task.id}",
     )
 
@@ -64,7 +67,10 @@ async def start_group(client: Client, config: BelayerConfig, group) -> WorkflowH
     from belayer.workflows.groups import GroupResult
 
     return await client.start_workflow(
-        "TrajectoryGroupWorkflow", group, id=group.group_id, task_queue=config.temporal.workflow_task_queue,
+        "TrajectoryGroupWorkflow",
+        group,
+        id=group.group_id,
+        task_queue=config.temporal.workflow_task_queue,
         result_type=GroupResult,
         search_attributes=TypedSearchAttributes([SearchAttributePair(TASK_KEY, group.members[0].task.id)]),
         static_summary=f"group of {len(group.members)} trajectories of task {group.members[0].task.id}",

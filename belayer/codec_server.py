@@ -72,9 +72,15 @@ class _Handler(BaseHTTPRequestHandler):
         if origin not in self.server.origins:
             self._reply(403, {"error": f"origin {origin!r} is not the Temporal web UI's"})
             return
-        self._reply(204, None, extra={"Access-Control-Allow-Methods": "POST, OPTIONS",
-                                      "Access-Control-Allow-Headers": ALLOWED_HEADERS,
-                                      "Access-Control-Max-Age": "600"})
+        self._reply(
+            204,
+            None,
+            extra={
+                "Access-Control-Allow-Methods": "POST, OPTIONS",
+                "Access-Control-Allow-Headers": ALLOWED_HEADERS,
+                "Access-Control-Max-Age": "600",
+            },
+        )
 
     def do_POST(self) -> None:
         if not self._host_ok():
@@ -89,8 +95,10 @@ class _Handler(BaseHTTPRequestHandler):
             return
         namespace = self.headers.get("X-Namespace")
         if namespace and namespace != self.server.namespace:
-            self._reply(403, {"error": f"this codec server serves namespace {self.server.namespace!r}, "
-                                       f"not {namespace!r}"})
+            self._reply(
+                403,
+                {"error": f"this codec server serves namespace {self.server.namespace!r}, not {namespace!r}"},
+            )
             return
         try:
             payloads = self._read_payloads()
@@ -150,13 +158,20 @@ def make_server(config, port: int | None = None) -> CodecServer:
             "BELAYER_STORAGE__ENCRYPTION_KEY (or `storage.encryption_key` in the config file) to "
             "the key the workers use"
         )
-    codec = EncryptionCodec.from_setting(config.storage.encryption_key,
-                                         accept_plaintext=config.temporal.accept_plaintext_payloads)
+    codec = EncryptionCodec.from_setting(
+        config.storage.encryption_key, accept_plaintext=config.temporal.accept_plaintext_payloads
+    )
     ui_host = config.temporal.address.rpartition(":")[0] or HOST
     port = config.temporal.codec_port if port is None else port
     try:
-        return CodecServer(codec, port=port, origins=ui_origins(ui_host, config.temporal.ui_port),
-                           namespace=config.temporal.namespace)
+        return CodecServer(
+            codec,
+            port=port,
+            origins=ui_origins(ui_host, config.temporal.ui_port),
+            namespace=config.temporal.namespace,
+        )
     except OSError as exc:
-        raise StackError(f"the codec server cannot listen on {HOST}:{port} ({exc}); pass --port or set "
-                          "BELAYER_TEMPORAL__CODEC_PORT to a free port") from None
+        raise StackError(
+            f"the codec server cannot listen on {HOST}:{port} ({exc}); pass --port or set "
+            "BELAYER_TEMPORAL__CODEC_PORT to a free port"
+        ) from None

@@ -58,7 +58,9 @@ class TemporalConfig(Section):
         "only until the workflows started before encryption have ended.",
     )
     codec_port: int = Field(
-        8081, ge=1, le=65535,
+        8081,
+        ge=1,
+        le=65535,
         description="Port of `belayer codec-server` on 127.0.0.1; `belayer up` points the web UI "
         "at it when encrypt_payloads is on.",
     )
@@ -87,13 +89,17 @@ class StackConfig(Section):
     seaweedfs_volume_port: int = Field(9340, ge=1, le=55535, description="SeaweedFS volume port.")
     seaweedfs_admin_port: int = Field(23646, ge=1, le=55535, description="SeaweedFS admin port.")
     sandbox_hosts: int = Field(
-        1, ge=1, le=16,
+        1,
+        ge=1,
+        le=16,
         description="Sandbox hosts `belayer up` starts (also `up --sandbox-hosts`): the machine itself, then "
         "hosts in mount and UTS namespaces of their own (<machine>-h1, ...), each with its own podman storage, "
         "runc state, network namespaces, channels and queue (root only, like every sandbox host).",
     )
     rollout_nodes: int = Field(
-        1, ge=1, le=16,
+        1,
+        ge=1,
+        le=16,
         description="Rollout nodes `belayer up` starts (also `up --rollout-nodes`): ids rollout.node_id, then "
         "<node_id>.1, <node_id>.2, ..., each with its own engines, shared memory and task queue.",
     )
@@ -104,12 +110,16 @@ class TrainerConfig(Section):
 
     task_queue: str = Field("belayer-trainer", description="Queue `trainer.train_step` is served on.")
     threads: int = Field(
-        2, ge=1, le=256, description="torch CPU threads of the worker outside a step (loading, hashing); "
-        "a step runs on its run's `TrainerSettings.threads`, since its numbers depend on them."
+        2,
+        ge=1,
+        le=256,
+        description="torch CPU threads of the worker outside a step (loading, hashing); "
+        "a step runs on its run's `TrainerSettings.threads`, since its numbers depend on them.",
     )
     device: Literal["cpu", "cuda", "auto"] = Field(
-        "auto", description="Where the model trains; auto is CUDA when torch sees a GPU. Keep it fixed "
-        "for a run: CPU and GPU results differ in the last bits."
+        "auto",
+        description="Where the model trains; auto is CUDA when torch sees a GPU. Keep it fixed "
+        "for a run: CPU and GPU results differ in the last bits.",
     )
 
 

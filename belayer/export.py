@@ -54,8 +54,15 @@ class Exported:
     checkpoint_sha256: str
 
 
-def export_run(config: BelayerConfig, run_id: str, out: Path, *, iteration: int | None = None,
-               force: bool = False, progress: Progress | None = None) -> Exported:
+def export_run(
+    config: BelayerConfig,
+    run_id: str,
+    out: Path,
+    *,
+    iteration: int | None = None,
+    force: bool = False,
+    progress: Progress | None = None,
+) -> Exported:
     """Export run `run_id`'s weights after `iteration` (default: its last recorded one)
     into the folder `out`, looking the run up through Temporal."""
     from belayer.storage.store import ObjectStore
@@ -63,13 +70,21 @@ def export_run(config: BelayerConfig, run_id: str, out: Path, *, iteration: int 
     check_out(out, force)
     record = pick_iteration(run_id, asyncio.run(_run_records(config, run_id)), iteration)
     with ObjectStore(config.storage) as store:
-        return export_checkpoint(store, run_id, record.checkpoint, out, cache_dir=config.cache_dir,
-                                 force=force, progress=progress)
+        return export_checkpoint(
+            store, run_id, record.checkpoint, out, cache_dir=config.cache_dir, force=force, progress=progress
+        )
 
 
-def export_checkpoint(store, run_id: str, ref: TrainerCheckpointRef, out: Path, *,
-                      cache_dir: Path | None = None, force: bool = False,
-                      progress: Progress | None = None) -> Exported:
+def export_checkpoint(
+    store,
+    run_id: str,
+    ref: TrainerCheckpointRef,
+    out: Path,
+    *,
+    cache_dir: Path | None = None,
+    force: bool = False,
+    progress: Progress | None = None,
+) -> Exported:
     """Write the weights of the trainer checkpoint `ref` of run `run_id` into `out`, with the
     config and tokenizer of the built model it was trained from."""
     check_out(out, force)
@@ -78,9 +93,15 @@ def export_checkpoint(store, run_id: str, ref: TrainerCheckpointRef, out: Path, 
     model_dir = model_path(checkpoint.model_name, cache_dir, progress)
     check_layout(weights, model_dir, checkpoint.model_name)
     data = serialised_weights(run_id, ref, weights)
-    exported = Exported(run_id=run_id, iteration=ref.iteration, model=checkpoint.model_name,
-                        weights_version=ref.weights_version, weights_sha256=ref.weights.sha256,
-                        checkpoint_key=ref.key, checkpoint_sha256=ref.sha256)
+    exported = Exported(
+        run_id=run_id,
+        iteration=ref.iteration,
+        model=checkpoint.model_name,
+        weights_version=ref.weights_version,
+        weights_sha256=ref.weights.sha256,
+        checkpoint_key=ref.key,
+        checkpoint_sha256=ref.sha256,
+    )
     write_model_dir(model_dir, data, exported, out, force)
     return exported
 
@@ -94,8 +115,9 @@ def pick_iteration(run_id: str, records: list[IterationRecord], iteration: int |
     found = [r for r in records if r.iteration == iteration]
     if not found:
         first, last = records[0].iteration, records[-1].iteration
-        raise ExportError(f"run {run_id!r} has no iteration {iteration}; its recorded iterations are "
-                          f"{first}..{last}")
+        raise ExportError(
+            f"run {run_id!r} has no iteration {iteration}; its recorded iterations are {first}..{last}"
+        )
     return found[0]
 
 
@@ -104,8 +126,10 @@ def check_out(out: Path, force: bool) -> None:
     if out.exists() and not out.is_dir():
         raise ExportError(f"--out {out} exists and is not a folder")
     if out.is_dir() and any(out.iterdir()) and not force:
-        raise ExportError(f"--out {out} exists and is not empty; choose another folder, or pass --force "
-                          "to replace it and everything in it")
+        raise ExportError(
+            f"--out {out} exists and is not empty; choose another folder, or pass --force "
+            "to replace it and everything in it"
+        )
 
 
 def read_checkpoint(store, run_id: str, ref: TrainerCheckpointRef) -> Checkpoint:
@@ -113,14 +137,20 @@ def read_checkpoint(store, run_id: str, ref: TrainerCheckpointRef) -> Checkpoint
     try:
         checkpoint = decode_checkpoint(ref.key, store.get_bytes(ref.key, expected_sha256=ref.sha256))
     except CorruptObject as exc:
-        raise ExportError(f"run {run_id!r} iteration {ref.iteration}: the trainer checkpoint {ref.key!r} is "
-                          f"corrupt, not exported: {exc}") from None
+        raise ExportError(
+            f"run {run_id!r} iteration {ref.iteration}: the trainer checkpoint {ref.key!r} is "
+            f"corrupt, not exported: {exc}"
+        ) from None
     except ObjectNotFound:
-        raise ExportError(f"run {run_id!r} iteration {ref.iteration}: the trainer checkpoint {ref.key!r} is "
-                          f"missing from bucket {store.cfg.bucket!r}") from None
+        raise ExportError(
+            f"run {run_id!r} iteration {ref.iteration}: the trainer checkpoint {ref.key!r} is "
+            f"missing from bucket {store.cfg.bucket!r}"
+        ) from None
     if (checkpoint.run_id, checkpoint.iteration) != (run_id, ref.iteration):
-        raise ExportError(f"run {run_id!r} iteration {ref.iteration}: {ref.key!r} holds iteration "
-                          f"{checkpoint.iteration} of run {checkpoint.run_id!r}, not exported")
+        raise ExportError(
+            f"run {run_id!r} iteration {ref.iteration}: {ref.key!r} holds iteration "
+            f"{checkpoint.iteration} of run {checkpoint.run_id!r}, not exported"
+        )
     return checkpoint
 
 
@@ -130,14 +160,20 @@ def check_layout(weights: dict, model_dir: Path, model_name: str) -> None:
     from safetensors import safe_open
 
     with safe_open(str(model_dir / WEIGHTS_FILE), framework="pt") as f:
-        built = {name: (tuple(f.get_slice(name).get_shape()), f.get_slice(name).get_dtype()) for name in f.keys()}
-    trained = {name: (tuple(t.shape), _SAFETENSORS_DTYPES.get(str(t.dtype), str(t.dtype)))
-               for name, t in weights.items()}
+        built = {
+            name: (tuple(f.get_slice(name).get_shape()), f.get_slice(name).get_dtype()) for name in f.keys()
+        }
+    trained = {
+        name: (tuple(t.shape), _SAFETENSORS_DTYPES.get(str(t.dtype), str(t.dtype)))
+        for name, t in weights.items()
+    }
     if trained != built:
         differing = sorted(k for k in trained.keys() | built.keys() if trained.get(k) != built.get(k))
-        raise ExportError(f"the checkpoint's weights do not fit the built model {model_name!r} ({model_dir}): "
-                          f"{len(differing)} tensors differ, first {differing[:3]}; was the model rebuilt "
-                          "with another recipe since the run?")
+        raise ExportError(
+            f"the checkpoint's weights do not fit the built model {model_name!r} ({model_dir}): "
+            f"{len(differing)} tensors differ, first {differing[:3]}; was the model rebuilt "
+            "with another recipe since the run?"
+        )
 
 
 def serialised_weights(run_id: str, ref: TrainerCheckpointRef, weights: dict) -> bytes:
@@ -148,8 +184,10 @@ def serialised_weights(run_id: str, ref: TrainerCheckpointRef, weights: dict) ->
     data = save({k: v.contiguous() for k, v in weights.items()})
     sha256 = hashlib.sha256(data).hexdigest()
     if sha256 != ref.weights.sha256:
-        raise ExportError(f"run {run_id!r} iteration {ref.iteration}: the weights in {ref.key!r} have sha256 "
-                          f"{sha256}, not the {ref.weights.sha256} the record names; not exported")
+        raise ExportError(
+            f"run {run_id!r} iteration {ref.iteration}: the weights in {ref.key!r} have sha256 "
+            f"{sha256}, not the {ref.weights.sha256} the record names; not exported"
+        )
     return data
 
 
@@ -181,9 +219,12 @@ async def _run_records(config: BelayerConfig, run_id: str) -> list[IterationReco
         progress = await run_progress(client, run_id)
     except RPCError as exc:
         if exc.status == RPCStatusCode.NOT_FOUND:
-            raise ExportError(f"no training run {run_id!r} on Temporal at {config.temporal.address} "
-                              f"(namespace {config.temporal.namespace}); list runs in the web UI "
-                              "(filter BelayerRun)") from None
-        raise ExportError(f"Temporal at {config.temporal.address} could not tell about run {run_id!r}: "
-                          f"{exc}") from None
+            raise ExportError(
+                f"no training run {run_id!r} on Temporal at {config.temporal.address} "
+                f"(namespace {config.temporal.namespace}); list runs in the web UI "
+                "(filter BelayerRun)"
+            ) from None
+        raise ExportError(
+            f"Temporal at {config.temporal.address} could not tell about run {run_id!r}: {exc}"
+        ) from None
     return await asyncio.to_thread(read_iterations, config, progress)

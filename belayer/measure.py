@@ -16,8 +16,11 @@ def spread(values, digits: int = 3) -> dict | None:
     values = [v for v in values if v is not None]
     if not values:
         return None
-    return {"min": round(min(values), digits), "median": round(statistics.median(values), digits),
-            "max": round(max(values), digits)}
+    return {
+        "min": round(min(values), digits),
+        "median": round(statistics.median(values), digits),
+        "max": round(max(values), digits),
+    }
 
 
 def spread_cells(figures: dict | None) -> list[str]:
@@ -42,10 +45,14 @@ def machine_load() -> dict:
 def machine_description() -> dict:
     """What a reader needs to compare figures with their own machine: the CPU model, the
     cores this process may use, memory, kernel and OS, and the Belayer commit measured."""
-    return {"cpu": _proc_field("/proc/cpuinfo", "model name") or platform.processor() or "unknown",
-            "cores": len(os.sched_getaffinity(0)),
-            "memory_gib": round(int((_proc_field("/proc/meminfo", "MemTotal") or "0 kB").split()[0]) / 2**20, 1),
-            "kernel": platform.release(), "os": _os_name(), "commit": _commit()}
+    return {
+        "cpu": _proc_field("/proc/cpuinfo", "model name") or platform.processor() or "unknown",
+        "cores": len(os.sched_getaffinity(0)),
+        "memory_gib": round(int((_proc_field("/proc/meminfo", "MemTotal") or "0 kB").split()[0]) / 2**20, 1),
+        "kernel": platform.release(),
+        "os": _os_name(),
+        "commit": _commit(),
+    }
 
 
 def _proc_field(path: str, name: str) -> str | None:
@@ -70,10 +77,19 @@ def _commit() -> str:
     """The checkout's commit, with `+changes` when the work tree differs from it."""
     repo = Path(__file__).resolve().parents[1]
     try:
-        head = subprocess.run(["git", "-C", str(repo), "rev-parse", "--short=12", "HEAD"], capture_output=True,
-                              text=True, timeout=10, check=True).stdout.strip()
-        dirty = subprocess.run(["git", "-C", str(repo), "status", "--porcelain", "--untracked-files=no"],
-                               capture_output=True, text=True, timeout=10).stdout.strip()
+        head = subprocess.run(
+            ["git", "-C", str(repo), "rev-parse", "--short=12", "HEAD"],
+            capture_output=True,
+            text=True,
+            timeout=10,
+            check=True,
+        ).stdout.strip()
+        dirty = subprocess.run(
+            ["git", "-C", str(repo), "status", "--porcelain", "--untracked-files=no"],
+            capture_output=True,
+            text=True,
+            timeout=10,
+        ).stdout.strip()
     except (OSError, subprocess.SubprocessError):
         return "unknown (not a git checkout)"
     return head + ("+changes" if dirty else "")

@@ -53,8 +53,7 @@ def derive_payload_key(master: bytes) -> bytes:
     from cryptography.hazmat.primitives import hashes
     from cryptography.hazmat.primitives.kdf.hkdf import HKDF
 
-    return HKDF(algorithm=hashes.SHA256(), length=KEY_BYTES, salt=None,
-                info=PAYLOAD_KEY_LABEL).derive(master)
+    return HKDF(algorithm=hashes.SHA256(), length=KEY_BYTES, salt=None, info=PAYLOAD_KEY_LABEL).derive(master)
 
 
 def key_id(payload_key: bytes) -> str:
@@ -76,8 +75,11 @@ class EncryptionCodec(PayloadCodec):
     def from_setting(cls, encryption_key, *, accept_plaintext: bool = False) -> EncryptionCodec:
         """From the `storage.encryption_key` setting (a SecretStr or its text) and
         `temporal.accept_plaintext_payloads`."""
-        text = encryption_key.get_secret_value() if hasattr(encryption_key, "get_secret_value") \
+        text = (
+            encryption_key.get_secret_value()
+            if hasattr(encryption_key, "get_secret_value")
             else encryption_key
+        )
         return cls(parse_key(text), accept_plaintext=accept_plaintext)
 
     def __repr__(self) -> str:
@@ -94,8 +96,11 @@ class EncryptionCodec(PayloadCodec):
         from cryptography.hazmat.primitives.ciphers.aead import AESGCM
         from cryptography.hazmat.primitives.kdf.hkdf import HKDF
 
-        return AESGCM(HKDF(algorithm=hashes.SHA256(), length=KEY_BYTES, salt=salt,
-                           info=PAYLOAD_KEY_LABEL + b" object").derive(self._key))
+        return AESGCM(
+            HKDF(
+                algorithm=hashes.SHA256(), length=KEY_BYTES, salt=salt, info=PAYLOAD_KEY_LABEL + b" object"
+            ).derive(self._key)
+        )
 
     def _aad(self, kid: str) -> bytes:
         return ENCODING + b"|" + kid.encode() + b"|" + VERSION
@@ -123,7 +128,9 @@ class EncryptionCodec(PayloadCodec):
         from cryptography.exceptions import InvalidTag
 
         try:
-            plain = self._aead(data[1:1 + SALT_BYTES]).decrypt(NONCE, data[1 + SALT_BYTES:], self._aad(kid))
+            plain = self._aead(data[1 : 1 + SALT_BYTES]).decrypt(
+                NONCE, data[1 + SALT_BYTES :], self._aad(kid)
+            )
         except InvalidTag:
             raise PayloadDecryptError(
                 f"encrypted payload (key id {kid}) fails authentication: it was altered after "

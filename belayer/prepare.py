@@ -19,7 +19,10 @@ from belayer.storage.config import StorageConfig
 
 # Each search attribute the workflows set, with its Temporal type.
 SEARCH_ATTRIBUTES = {
-    "BelayerTask": "Keyword", "BelayerStatus": "Keyword", "BelayerRun": "Keyword", "BelayerIteration": "Int",
+    "BelayerTask": "Keyword",
+    "BelayerStatus": "Keyword",
+    "BelayerRun": "Keyword",
+    "BelayerIteration": "Int",
 }
 
 
@@ -32,12 +35,17 @@ async def add_missing_search_attributes(cfg: TemporalConfig) -> list[str]:
     # A bare client on purpose: these calls carry no payloads, so no payload key is needed.
     client = await Client.connect(cfg.address, namespace=cfg.namespace)
     listed = await client.operator_service.list_search_attributes(
-        ListSearchAttributesRequest(namespace=cfg.namespace))
-    missing = {key: IndexedValueType.Value(f"INDEXED_VALUE_TYPE_{kind.upper()}")
-               for key, kind in SEARCH_ATTRIBUTES.items() if key not in listed.custom_attributes}
+        ListSearchAttributesRequest(namespace=cfg.namespace)
+    )
+    missing = {
+        key: IndexedValueType.Value(f"INDEXED_VALUE_TYPE_{kind.upper()}")
+        for key, kind in SEARCH_ATTRIBUTES.items()
+        if key not in listed.custom_attributes
+    }
     if missing:
         await client.operator_service.add_search_attributes(
-            AddSearchAttributesRequest(namespace=cfg.namespace, search_attributes=missing))
+            AddSearchAttributesRequest(namespace=cfg.namespace, search_attributes=missing)
+        )
     return sorted(missing)
 
 

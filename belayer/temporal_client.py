@@ -41,7 +41,9 @@ def _log_through_python() -> None:
         filter=TelemetryFilter(core_level="WARN", other_level="ERROR"),
         forwarding=LogForwardingConfig(logger=logging.getLogger("temporalio.core")),
     )
-    Runtime.set_default(Runtime(telemetry=TelemetryConfig(logging=logging_config)), error_if_already_set=False)
+    Runtime.set_default(
+        Runtime(telemetry=TelemetryConfig(logging=logging_config)), error_if_already_set=False
+    )
 
 
 class TemporalUnreachable(BelayerError):
@@ -60,8 +62,9 @@ def data_converter(cfg: TemporalConfig, encryption_key=None) -> DataConverter:
         return pydantic_data_converter
     from belayer.payload_codec import EncryptionCodec
 
-    secret = encryption_key.get_secret_value() if hasattr(encryption_key, "get_secret_value") \
-        else encryption_key
+    secret = (
+        encryption_key.get_secret_value() if hasattr(encryption_key, "get_secret_value") else encryption_key
+    )
     if not secret:
         raise missing_key_error()
     return dataclasses.replace(
@@ -94,14 +97,21 @@ def server_went_away(exc: BaseException) -> bool:
     from temporalio.service import RPCError, RPCStatusCode
 
     return isinstance(exc, RPCError) and exc.status in (
-        RPCStatusCode.UNAVAILABLE, RPCStatusCode.DEADLINE_EXCEEDED, RPCStatusCode.UNKNOWN)
+        RPCStatusCode.UNAVAILABLE,
+        RPCStatusCode.DEADLINE_EXCEEDED,
+        RPCStatusCode.UNKNOWN,
+    )
 
 
-_QUEUE_KINDS = {"workflow": TaskQueueType.TASK_QUEUE_TYPE_WORKFLOW, "activity": TaskQueueType.TASK_QUEUE_TYPE_ACTIVITY}
+_QUEUE_KINDS = {
+    "workflow": TaskQueueType.TASK_QUEUE_TYPE_WORKFLOW,
+    "activity": TaskQueueType.TASK_QUEUE_TYPE_ACTIVITY,
+}
 
 
-async def pollers(cfg: TemporalConfig, task_queue: str, queue_kind: str,
-                  encryption_key=None) -> list[tuple[str, float]]:
+async def pollers(
+    cfg: TemporalConfig, task_queue: str, queue_kind: str, encryption_key=None
+) -> list[tuple[str, float]]:
     """The workers currently polling `task_queue` (`queue_kind` "workflow" or "activity"):
     (identity, seconds since its last poll). Temporal lists a worker for a while after it
     is gone; a live one polls again at least once a minute. The stack's readiness checks
@@ -109,7 +119,9 @@ async def pollers(cfg: TemporalConfig, task_queue: str, queue_kind: str,
     client = await connect(cfg, encryption_key)
     response = await client.workflow_service.describe_task_queue(
         DescribeTaskQueueRequest(
-            namespace=cfg.namespace, task_queue=TaskQueue(name=task_queue), task_queue_type=_QUEUE_KINDS[queue_kind]
+            namespace=cfg.namespace,
+            task_queue=TaskQueue(name=task_queue),
+            task_queue_type=_QUEUE_KINDS[queue_kind],
         )
     )
     now = time.time()

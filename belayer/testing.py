@@ -24,8 +24,15 @@ from belayer.contracts.generate import GENERATE, EngineTiming, GenerateArgs, Gen
 class ScriptedRollout:
     """A stand-in rollout node: deterministic tokens, optional scripted replies."""
 
-    def __init__(self, store, tokenizer_path: Path, *, replies: list[str] | None = None,
-                 per_token_s: float = 0.0, node_queue: str = "scripted-rollout"):
+    def __init__(
+        self,
+        store,
+        tokenizer_path: Path,
+        *,
+        replies: list[str] | None = None,
+        per_token_s: float = 0.0,
+        node_queue: str = "scripted-rollout",
+    ):
         self.store = store
         self.tokenizer_path = tokenizer_path
         self.replies = list(replies or [])
@@ -52,7 +59,9 @@ class ScriptedRollout:
         started = time.monotonic()
         prefix = args.prefix
         if args.observation is not None:  # appended first, as the real node does
-            prefix = (await asyncio.to_thread(lambda: self.context.start_append(args.observation).wait())).prefix
+            prefix = (
+                await asyncio.to_thread(lambda: self.context.start_append(args.observation).wait())
+            ).prefix
         log = await asyncio.to_thread(TokenLog.resume, self.store, prefix)
         max_tokens = args.max_tokens_after(prefix)
         turn = self.calls
@@ -69,8 +78,11 @@ class ScriptedRollout:
         head = await asyncio.to_thread(log.append, tokens, source="model")
         total = time.monotonic() - started
         return GenerateResult(
-            prefix=head, segment_start=prefix.length, text=self.tokenizer.decode(tokens, skip_special_tokens=True),
-            output_tokens=len(tokens), finish_reason="length",
+            prefix=head,
+            segment_start=prefix.length,
+            text=self.tokenizer.decode(tokens, skip_special_tokens=True),
+            output_tokens=len(tokens),
+            finish_reason="length",
             timing=EngineTiming(prefill_s=0.0, per_token_s=self.per_token_s, queue_s=0.0, total_s=total),
             node_queue=self.node_queue,
         )

@@ -38,20 +38,36 @@ def training_queues(config: BelayerConfig) -> TrainingQueues:
 
 
 def training_input(
-    config: BelayerConfig, tasks: list[Task], *, iterations: int, group_size: int, tasks_per_iteration: int,
-    seed: int = 0, heldout: list[Task] | None = None, settings: TrainerSettings | None = None,
-    run_id: str | None = None, model: str | None = None, **overrides,
+    config: BelayerConfig,
+    tasks: list[Task],
+    *,
+    iterations: int,
+    group_size: int,
+    tasks_per_iteration: int,
+    seed: int = 0,
+    heldout: list[Task] | None = None,
+    settings: TrainerSettings | None = None,
+    run_id: str | None = None,
+    model: str | None = None,
+    **overrides,
 ) -> TrainingInput:
     """The input of a run over `tasks` with the stack's queues and policy, starting from
     `model` (default: the model the stack's engines were built from)."""
     settings = settings or TrainerSettings()
     return TrainingInput(
         run_id=run_id or f"train-{uuid.uuid4().hex[:8]}",
-        tasks=tasks, heldout=heldout or [], model=model or config.rollout.model, iterations=iterations,
-        group_size=group_size, tasks_per_iteration=tasks_per_iteration, seed=seed,
+        tasks=tasks,
+        heldout=heldout or [],
+        model=model or config.rollout.model,
+        iterations=iterations,
+        group_size=group_size,
+        tasks_per_iteration=tasks_per_iteration,
+        seed=seed,
         trainer=settings.model_copy(update={"threads": config.trainer.threads}),
-        policy=config.policy, max_total_tokens=config.rollout.max_model_len,
-        queues=training_queues(config), **overrides,
+        policy=config.policy,
+        max_total_tokens=config.rollout.max_model_len,
+        queues=training_queues(config),
+        **overrides,
     )
 
 
@@ -59,11 +75,14 @@ async def start_training(client: Client, config: BelayerConfig, input: TrainingI
     """Start `TrainingWorkflow`; its id is the run id (the web UI finds it, and its
     trajectories by BelayerRun)."""
     return await client.start_workflow(
-        "TrainingWorkflow", input, id=input.run_id, task_queue=config.temporal.workflow_task_queue,
+        "TrainingWorkflow",
+        input,
+        id=input.run_id,
+        task_queue=config.temporal.workflow_task_queue,
         result_type=TrainingResult,
         search_attributes=TypedSearchAttributes([SearchAttributePair(RUN_KEY, input.run_id)]),
         static_summary=f"{input.trainer.algorithm.upper()}: {input.iterations} iterations, "
-                       f"{input.tasks_per_iteration} tasks x {input.group_size} trajectories",
+        f"{input.tasks_per_iteration} tasks x {input.group_size} trajectories",
     )
 
 

@@ -50,8 +50,11 @@ class RecoveryRecord(_Model):
     step: int = Field(description="Step whose action was in flight when the failure surfaced.")
     reason: str
     source: str = Field(description="Checkpoint step restored, replay from the start, or 'failed'.")
-    failed: bool = Field(False, description="The recover itself failed (its new sandbox was lost too, or "
-                         "nothing could be restored); `notes` says why.")
+    failed: bool = Field(
+        False,
+        description="The recover itself failed (its new sandbox was lost too, or "
+        "nothing could be restored); `notes` says why.",
+    )
     replayed_steps: int
     consistent: bool
     notes: list[str] = Field([], description="Checkpoints skipped as unusable and fallbacks taken, and why.")

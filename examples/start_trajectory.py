@@ -31,12 +31,13 @@ TASK = TraceTask(
         TraceTurn(think_tokens=16, bash="cd /workspace/hello && echo 'print(6 * 7)' > answer.py"),
         TraceTurn(think_tokens=16, bash="python3 answer.py | tee answer.txt"),
     ],
-    check="test \"$(cat /workspace/hello/answer.txt)\" = 42",
+    check='test "$(cat /workspace/hello/answer.txt)" = 42',
 )
 
 
-async def run_trajectory(client: Client, workflow_queue: str, queues: TaskQueues,
-                         task: TraceTask = TASK) -> TrajectoryResult:
+async def run_trajectory(
+    client: Client, workflow_queue: str, queues: TaskQueues, task: TraceTask = TASK
+) -> TrajectoryResult:
     """Start one trajectory, print its progress while it runs, return its result."""
     trajectory_id = f"{task.id}-{uuid.uuid4().hex[:6]}"
     handle = await client.start_workflow(
@@ -49,8 +50,10 @@ async def run_trajectory(client: Client, workflow_queue: str, queues: TaskQueues
     result_future = asyncio.ensure_future(handle.result())
     while not result_future.done():
         progress = await handle.query("progress", result_type=TrajectoryProgress)
-        print(f"{trajectory_id}: step {progress.step}, {progress.tokens} tokens, "
-              f"{progress.checkpoints_taken} checkpoints")
+        print(
+            f"{trajectory_id}: step {progress.step}, {progress.tokens} tokens, "
+            f"{progress.checkpoints_taken} checkpoints"
+        )
         await asyncio.wait({result_future}, timeout=1.0)
     return result_future.result()
 
@@ -58,11 +61,15 @@ async def run_trajectory(client: Client, workflow_queue: str, queues: TaskQueues
 async def main() -> None:
     config = load_config()
     client = await connect(config.temporal, config.storage.encryption_key)
-    result = await run_trajectory(client, config.temporal.workflow_task_queue,
-                                  TaskQueues(rollout=config.temporal.rollout_task_queue,
-                                             context=config.temporal.workflow_task_queue))
-    print(f"{result.trajectory_id}: {result.status}, reward {result.reward}, "
-          f"token_sha256 {result.token_sha256[:12]}, env_sha256 {result.env_sha256[:12]}")
+    result = await run_trajectory(
+        client,
+        config.temporal.workflow_task_queue,
+        TaskQueues(rollout=config.temporal.rollout_task_queue, context=config.temporal.workflow_task_queue),
+    )
+    print(
+        f"{result.trajectory_id}: {result.status}, reward {result.reward}, "
+        f"token_sha256 {result.token_sha256[:12]}, env_sha256 {result.env_sha256[:12]}"
+    )
 
 
 if __name__ == "__main__":

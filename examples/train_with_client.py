@@ -46,15 +46,27 @@ POLL_S = 1.0
 
 
 def parse_args() -> argparse.Namespace:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("workload", type=Path, help="A workload file (.yaml or .jsonl).")
     parser.add_argument("--iterations", type=int, default=2, help="Optimizer steps (default 2).")
-    parser.add_argument("--group-size", type=int, default=2, help="Trajectories per task per iteration (default 2).")
-    parser.add_argument("--tasks-per-iteration", type=int, default=2, help="Tasks drawn per iteration (default 2).")
-    parser.add_argument("--seed", type=int, default=0, help="Fixes the task draws and sampling seeds (default 0).")
+    parser.add_argument(
+        "--group-size", type=int, default=2, help="Trajectories per task per iteration (default 2)."
+    )
+    parser.add_argument(
+        "--tasks-per-iteration", type=int, default=2, help="Tasks drawn per iteration (default 2)."
+    )
+    parser.add_argument(
+        "--seed", type=int, default=0, help="Fixes the task draws and sampling seeds (default 0)."
+    )
     parser.add_argument("--lr", type=float, default=1e-4, help="AdamW learning rate (default 1e-4).")
-    parser.add_argument("--heldout", type=Path, default=None,
-                        help="Held-out tasks evaluated every iteration (default: the workload's `heldout:`).")
+    parser.add_argument(
+        "--heldout",
+        type=Path,
+        default=None,
+        help="Held-out tasks evaluated every iteration (default: the workload's `heldout:`).",
+    )
     parser.add_argument("--run-id", default=None, help="The run's id (default train-<random>).")
     return parser.parse_args()
 
@@ -64,17 +76,26 @@ def run_input(config: BelayerConfig, args: argparse.Namespace) -> TrainingInput:
     workload = load_workload(args.workload)
     heldout = args.heldout or workload.heldout
     return training_input(
-        config, workload.tasks, iterations=args.iterations, group_size=args.group_size,
-        tasks_per_iteration=args.tasks_per_iteration, seed=args.seed,
+        config,
+        workload.tasks,
+        iterations=args.iterations,
+        group_size=args.group_size,
+        tasks_per_iteration=args.tasks_per_iteration,
+        seed=args.seed,
         heldout=load_workload(heldout).tasks if heldout else None,
-        settings=TrainerSettings(lr=args.lr), run_id=args.run_id, model=workload.model,
+        settings=TrainerSettings(lr=args.lr),
+        run_id=args.run_id,
+        model=workload.model,
     )
 
 
 async def start(client: Client, config: BelayerConfig, input: TrainingInput) -> WorkflowHandle:
     """Start the run; the BelayerRun search attribute lets the web UI list it with its trajectories."""
     return await client.start_workflow(
-        "TrainingWorkflow", input, id=input.run_id, task_queue=config.temporal.workflow_task_queue,
+        "TrainingWorkflow",
+        input,
+        id=input.run_id,
+        task_queue=config.temporal.workflow_task_queue,
         result_type=TrainingResult,
         search_attributes=TypedSearchAttributes([SearchAttributePair(RUN_KEY, input.run_id)]),
     )
@@ -100,8 +121,11 @@ def print_new(records: list[IterationRecord], printed: int) -> int:
         if record.iteration >= printed:
             heldout = "-" if record.heldout_reward is None else f"{record.heldout_reward:.3f}"
             reward = "-" if record.mean_reward is None else f"{record.mean_reward:.3f}"
-            print(f"iteration {record.iteration}: mean reward {reward}, held-out reward {heldout}, "
-                  f"weights v{record.weights_version}", flush=True)
+            print(
+                f"iteration {record.iteration}: mean reward {reward}, held-out reward {heldout}, "
+                f"weights v{record.weights_version}",
+                flush=True,
+            )
             printed = record.iteration + 1
     return printed
 
@@ -112,14 +136,22 @@ async def main() -> int:
     input = run_input(config, args)
     client = await connect(config.temporal, config.storage.encryption_key)
     handle = await start(client, config, input)
-    print(f"run {input.run_id}: {input.iterations} iterations of {input.tasks_per_iteration} tasks x "
-          f"{input.group_size} trajectories, model {input.model}", flush=True)
+    print(
+        f"run {input.run_id}: {input.iterations} iterations of {input.tasks_per_iteration} tasks x "
+        f"{input.group_size} trajectories, model {input.model}",
+        flush=True,
+    )
     result = await follow(handle)
-    print(f"run {result.run_id}: {result.status}, {result.iterations_done} iterations, "
-          f"final weights sha256 {result.final_weights_sha256}" + (f"; {result.reason}" if result.reason else ""),
-          flush=True)
+    print(
+        f"run {result.run_id}: {result.status}, {result.iterations_done} iterations, "
+        f"final weights sha256 {result.final_weights_sha256}"
+        + (f"; {result.reason}" if result.reason else ""),
+        flush=True,
+    )
     return 1 if result.status == "failed_infra" else 0
 
 
 if __name__ == "__main__":
-    os._exit(asyncio.run(main()))  # the SDK can abort at interpreter exit in short scripts (docs/design.md §7)
+    os._exit(
+        asyncio.run(main())
+    )  # the SDK can abort at interpreter exit in short scripts (docs/design.md §7)

@@ -46,8 +46,9 @@ def test_every_documented_command_is_in_the_help(path):
     for name in path:
         assert isinstance(group, click.Group), f"`belayer {' '.join(path)}`: {group.name} takes no subcommand"
         group = group.commands.get(name)
-        assert group is not None and not group.hidden, \
+        assert group is not None and not group.hidden, (
             f"the README documents `belayer {' '.join(path)}`, which `belayer --help` does not list"
+        )
 
 
 @pytest.mark.usefixtures("local_processes")
@@ -56,10 +57,13 @@ def test_a_command_that_cannot_be_imported_is_an_error_not_a_missing_command(mod
     """A module a command is built on that fails to import (renamed, or a missing
     dependency) makes every `belayer` invocation fail naming it; it never drops the
     command from the CLI while the rest carries on."""
-    program = (f"import sys; sys.modules[{module!r}] = None\n"
-               "from belayer.cli.main import main\n"
-               "main(['bench', '--help'])\n")
-    done = subprocess.run([sys.executable, "-c", program], capture_output=True, text=True,
-                          stdin=subprocess.DEVNULL, timeout=60)
+    program = (
+        f"import sys; sys.modules[{module!r}] = None\n"
+        "from belayer.cli.main import main\n"
+        "main(['bench', '--help'])\n"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", program], capture_output=True, text=True, stdin=subprocess.DEVNULL, timeout=60
+    )
     assert done.returncode != 0, f"the CLI ran without {module}:\n{done.stdout}"
     assert "ModuleNotFoundError" in done.stderr and module in done.stderr, done.stderr

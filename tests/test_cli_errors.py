@@ -16,15 +16,21 @@ BELAYER = [sys.executable, "-m", "belayer.cli"]
 
 def run_cli(*args, env_extra=None, tmp_path=None):
     env = dict(os.environ, BELAYER_STATE_DIR=str(tmp_path), **(env_extra or {}))
-    return subprocess.run([*BELAYER, *args], env=env, capture_output=True, text=True,
-                          stdin=subprocess.DEVNULL, timeout=60)
+    return subprocess.run(
+        [*BELAYER, *args], env=env, capture_output=True, text=True, stdin=subprocess.DEVNULL, timeout=60
+    )
 
 
-@pytest.mark.parametrize("content, expected", [
-    ("tasks:\n  - id: t1\n    turns: [{think_tokens: 4, bash: ls}]\n    colour: red\n",
-     "task 't1' is invalid"),
-    ("tasks: []\n", "has no tasks"),
-])
+@pytest.mark.parametrize(
+    "content, expected",
+    [
+        (
+            "tasks:\n  - id: t1\n    turns: [{think_tokens: 4, bash: ls}]\n    colour: red\n",
+            "task 't1' is invalid",
+        ),
+        ("tasks: []\n", "has no tasks"),
+    ],
+)
 @pytest.mark.usefixtures("local_processes")
 def test_invalid_workload_starts_nothing(tmp_path, content, expected):
     workload = tmp_path / "w.yaml"
@@ -47,8 +53,9 @@ def test_unreachable_temporal_names_the_address_and_the_fix(tmp_path):
     (port,) = free_port_block(1, with_grpc=False)
     workload = tmp_path / "w.yaml"
     workload.write_text("tasks:\n  - id: t1\n    turns: [{think_tokens: 4, bash: ls}]\n")
-    result = run_cli("run", str(workload), tmp_path=tmp_path,
-                     env_extra={"BELAYER_TEMPORAL__ADDRESS": f"127.0.0.1:{port}"})
+    result = run_cli(
+        "run", str(workload), tmp_path=tmp_path, env_extra={"BELAYER_TEMPORAL__ADDRESS": f"127.0.0.1:{port}"}
+    )
     assert result.returncode == 1
     assert f"cannot reach Temporal at 127.0.0.1:{port}" in result.stderr
     assert "belayer up" in result.stderr and "Traceback" not in result.stderr

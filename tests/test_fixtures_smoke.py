@@ -1,4 +1,3 @@
-
 from belayer.storage.s3client import make_s3_client
 
 

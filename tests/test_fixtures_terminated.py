@@ -16,7 +16,7 @@ from belayer.stack.process import PidRecord
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 
-PROBE = '''
+PROBE = """
 import os, time
 from pathlib import Path
 
@@ -24,7 +24,7 @@ def test_waits_to_be_terminated(seaweedfs):
     proc = seaweedfs.process.running()
     Path(os.environ["PROBE_PID_FILE"]).write_text(str(proc.pid))
     time.sleep(120)
-'''
+"""
 
 
 @pytest.mark.usefixtures("local_processes")

@@ -36,7 +36,14 @@ LAYERS: dict[str, set[str]] = {
     # rollout nodes, the trainer, the model builder, the adaptive policy, workloads, the
     # agent's text format.
     "domain": {
-        "agent_format", "model", "policy", "rollout", "sandbox", "storage", "trainer", "trajectory_log",
+        "agent_format",
+        "model",
+        "policy",
+        "rollout",
+        "sandbox",
+        "storage",
+        "trainer",
+        "trajectory_log",
         "workloads",
     },
     # One configuration assembled from the domain packages' sections.
@@ -167,13 +174,16 @@ def imports_of(path: Path, module: str, known: dict[str, Path], source: str | No
             if node.level:
                 anchor = package.split(".")[: len(package.split(".")) - node.level + 1]
                 base = ".".join(anchor + ([base] if base else []))
-            names = [f"{base}.{alias.name}" if f"{base}.{alias.name}" in known else base for alias in node.names]
+            names = [
+                f"{base}.{alias.name}" if f"{base}.{alias.name}" in known else base for alias in node.names
+            ]
         else:
             continue
         found += [Import(file, node.lineno, _target(name, known)) for name in dict.fromkeys(names)]
     if "import_module" in source:
         found += [
-            Import(file, node.lineno, node.value) for node in ast.walk(tree)
+            Import(file, node.lineno, node.value)
+            for node in ast.walk(tree)
             if isinstance(node, ast.Constant) and isinstance(node.value, str) and node.value in known
         ]
     return found
@@ -206,16 +216,23 @@ def rule_violations(imports: list[Import]) -> list[Violation]:
         forbidden = FORBIDDEN.get(layer, {})
         rule = next((name for name in (imp.target, target) if name in forbidden), None)
         if rule is not None:
-            found.append(Violation(f"{imp.file} -> {imp.target}", f"{where}: {source} ({layer} layer) must not "
-                                   f"import {rule}; fix: {forbidden[rule]}"))
+            found.append(
+                Violation(
+                    f"{imp.file} -> {imp.target}",
+                    f"{where}: {source} ({layer} layer) must not import {rule}; fix: {forbidden[rule]}",
+                )
+            )
             continue
         target_layer = layer_of(target) if imp.target.startswith("belayer") else None
         if target_layer is not None and _rank(target_layer) > _rank(layer):
-            found.append(Violation(
-                f"{imp.file} -> {imp.target}",
-                f"{where}: {source} ({layer} layer) must not import {target} ({target_layer} layer, higher); "
-                f"fix: move the code that needs it up to the {target_layer} layer or above, or move what it "
-                f"uses down to the {layer} layer or below"))
+            found.append(
+                Violation(
+                    f"{imp.file} -> {imp.target}",
+                    f"{where}: {source} ({layer} layer) must not import {target} ({target_layer} layer, higher); "
+                    f"fix: move the code that needs it up to the {target_layer} layer or above, or move what it "
+                    f"uses down to the {layer} layer or below",
+                )
+            )
     return found
 
 
@@ -228,12 +245,20 @@ def cycle_violations(imports: list[Import]) -> list[Violation]:
             edges[source][target].append(imp)
     found = []
     for loop in strongly_connected(edges):
-        ties = [f"{imp.file}:{imp.line} imports {imp.target}"
-                for source in loop for target in loop for imp in edges[source].get(target, [])]
-        found.append(Violation(
-            f"cycle: {', '.join(loop)}",
-            f"{', '.join(loop)} ({layer_of(loop[0])} layer) import each other in a cycle: " + "; ".join(ties)
-            + "; fix: move what they share into a module both import, or move one of them to a layer above"))
+        ties = [
+            f"{imp.file}:{imp.line} imports {imp.target}"
+            for source in loop
+            for target in loop
+            for imp in edges[source].get(target, [])
+        ]
+        found.append(
+            Violation(
+                f"cycle: {', '.join(loop)}",
+                f"{', '.join(loop)} ({layer_of(loop[0])} layer) import each other in a cycle: "
+                + "; ".join(ties)
+                + "; fix: move what they share into a module both import, or move one of them to a layer above",
+            )
+        )
     return found
 
 
@@ -290,7 +315,9 @@ def test_every_part_of_the_package_has_a_layer():
     unclassified = sorted(on_disk - classified)
     assert not unclassified, "\n".join(
         f"belayer/{part} is in no layer: add {part!r} to the layer it belongs to in LAYERS "
-        "(tests/test_layering.py); it may import its own layer and those below" for part in unclassified)
+        "(tests/test_layering.py); it may import its own layer and those below"
+        for part in unclassified
+    )
     gone = sorted(classified - on_disk - {"__init__"})
     assert not gone, f"LAYERS names parts that belayer/ no longer has: {gone}; remove them"
     twice = sorted(part for part in classified if sum(part in parts for parts in LAYERS.values()) > 1)
@@ -299,8 +326,10 @@ def test_every_part_of_the_package_has_a_layer():
 
 def test_no_import_breaks_the_layering():
     new = {key: messages for key, messages in violations().items() if key not in KNOWN_VIOLATIONS}
-    assert not new, "imports that break the layering (see the rules at the top of tests/test_layering.py):\n" + (
-        "\n".join(message for messages in new.values() for message in messages))
+    assert not new, (
+        "imports that break the layering (see the rules at the top of tests/test_layering.py):\n"
+        + ("\n".join(message for messages in new.values() for message in messages))
+    )
 
 
 def test_every_known_violation_still_exists():
@@ -325,8 +354,11 @@ def test_the_check_sees_imports_in_functions_relative_and_through_importlib(tmp_
     )
     found = imports_of(path, "belayer.model.example", known, source=source)
     assert [(imp.line, imp.target) for imp in found] == [
-        (1, "importlib"), (3, "belayer.storage.weights"), (4, "belayer.workflows.models"),
-        (5, "temporalio"), (6, "belayer.cli.run"),
+        (1, "importlib"),
+        (3, "belayer.storage.weights"),
+        (4, "belayer.workflows.models"),
+        (5, "temporalio"),
+        (6, "belayer.cli.run"),
     ]
 
 
@@ -352,8 +384,13 @@ def test_contracts_hold_no_activity_side_code():
                 names = [alias.name for alias in node.names]
             else:
                 continue
-            found += [f"{path.relative_to(PACKAGE.parent)}:{node.lineno} imports {name}" for name in names
-                      if name.startswith(("temporalio.activity", "temporalio.worker"))
-                      or (name.startswith("belayer.sandbox.")
-                          and not name.startswith(("belayer.sandbox.models.", "belayer.sandbox.errors.")))]
+            found += [
+                f"{path.relative_to(PACKAGE.parent)}:{node.lineno} imports {name}"
+                for name in names
+                if name.startswith(("temporalio.activity", "temporalio.worker"))
+                or (
+                    name.startswith("belayer.sandbox.")
+                    and not name.startswith(("belayer.sandbox.models.", "belayer.sandbox.errors."))
+                )
+            ]
     assert not found, "contracts must stay workflow-safe:\n" + "\n".join(found)

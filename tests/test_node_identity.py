@@ -22,8 +22,10 @@ from belayer.rollout.identity import (
 from belayer.workers.rollout.worker import banner, node_id_claimed
 from belayer.workers.runner import main
 
-HOLD = "import sys, time; from belayer.rollout.identity import claim_on_this_machine as c; " \
-       "l = c(sys.argv[1]); print('held', flush=True); time.sleep(600)"
+HOLD = (
+    "import sys, time; from belayer.rollout.identity import claim_on_this_machine as c; "
+    "l = c(sys.argv[1]); print('held', flush=True); time.sleep(600)"
+)
 
 
 def holder(node_id: str) -> subprocess.Popen:
@@ -37,7 +39,9 @@ def test_a_second_claim_on_the_machine_is_refused_until_the_holder_dies():
     node_id = f"t{uuid.uuid4().hex[:8]}"
     proc = holder(node_id)
     try:
-        with pytest.raises(DuplicateNodeIdError, match=rf"'{node_id}' is in use on this machine by pid {proc.pid}") as err:
+        with pytest.raises(
+            DuplicateNodeIdError, match=rf"'{node_id}' is in use on this machine by pid {proc.pid}"
+        ) as err:
             claim_on_this_machine(node_id)
         assert "BELAYER_ROLLOUT__NODE_ID" in str(err.value)
     finally:
@@ -56,14 +60,16 @@ def test_other_ids_are_free_while_one_is_held():
 
 def test_only_live_rollout_nodes_of_other_hosts_count():
     seen = [
-        ("belayer-rollout-n1@host-b:41", 3.0),              # live, elsewhere: a twin
-        ("belayer-rollout-n1@host-a:40", 1.0),              # this host: a predecessor of this process
+        ("belayer-rollout-n1@host-b:41", 3.0),  # live, elsewhere: a twin
+        ("belayer-rollout-n1@host-a:40", 1.0),  # this host: a predecessor of this process
         ("belayer-rollout-n1@host-c:42", LIVE_POLLER_S + 5),  # gone: not seen for too long
-        ("temporal-cli@host-d:7", 1.0),                     # not a rollout node
+        ("temporal-cli@host-d:7", 1.0),  # not a rollout node
         ("belayer-rollout-n1@host-b.example.com:43", 2.0),  # a dotted host name
     ]
     assert other_host_pollers(seen, "host-a") == [
-        "belayer-rollout-n1@host-b:41", "belayer-rollout-n1@host-b.example.com:43"]
+        "belayer-rollout-n1@host-b:41",
+        "belayer-rollout-n1@host-b.example.com:43",
+    ]
     assert other_host_pollers(seen[1:2], "host-a") == []
 
 

@@ -70,8 +70,9 @@ class EncryptedEcho:
     async def run(self, args: EchoArgs) -> EchoResult:
         done = await workflow.execute_activity(echo, args, start_to_close_timeout=T)
         try:
-            await workflow.execute_activity(fail, args, start_to_close_timeout=T,
-                                            retry_policy=RetryPolicy(maximum_attempts=1))
+            await workflow.execute_activity(
+                fail, args, start_to_close_timeout=T, retry_policy=RetryPolicy(maximum_attempts=1)
+            )
         except ActivityError as err:
             done.failure = str(err.cause)
         return done
@@ -111,7 +112,9 @@ def test_wrong_key_is_refused_even_with_a_forged_key_id():
     sealed = writer.encrypt(plain_payload(SECRET))
     with pytest.raises(PayloadDecryptError, match=f"key id {writer.key_id}.*key id {reader.key_id}"):
         reader.decrypt(sealed)
-    forged = Payload(metadata={**sealed.metadata, "encryption-key-id": reader.key_id.encode()}, data=sealed.data)
+    forged = Payload(
+        metadata={**sealed.metadata, "encryption-key-id": reader.key_id.encode()}, data=sealed.data
+    )
     with pytest.raises(PayloadDecryptError, match="fails authentication"):
         reader.decrypt(forged)
 
@@ -148,8 +151,11 @@ def test_switch_without_key_names_both_settings():
 
 
 def test_local_stack_points_the_web_ui_at_the_codec_server(tmp_path):
-    config = load_config(state_dir=tmp_path, temporal={"encrypt_payloads": True, "codec_port": 18081},
-                         storage={"encryption_key": new_key()})
+    config = load_config(
+        state_dir=tmp_path,
+        temporal={"encrypt_payloads": True, "codec_port": 18081},
+        storage={"encryption_key": new_key()},
+    )
     argv, _ = TemporalDevServer(config.temporal, tmp_path).command()
     assert argv[argv.index("--ui-codec-endpoint") + 1] == "http://127.0.0.1:18081"
     assert "codec-server" in [s.name for s in LocalStack(config).services]
@@ -174,9 +180,14 @@ async def run_encrypted_echo(temporal_cfg, key) -> tuple[EchoResult, str]:
     queue = f"encrypted-echo-{uuid.uuid4().hex[:8]}"
     workflow_id = f"encrypted-echo-{uuid.uuid4().hex[:8]}"
     async with Worker(client, task_queue=queue, workflows=[EncryptedEcho], activities=[echo, fail]):
-        result = await client.execute_workflow(EncryptedEcho.run, EchoArgs(text=SECRET), id=workflow_id,
-                                               task_queue=queue, result_type=EchoResult,
-                                               execution_timeout=timedelta(minutes=2))
+        result = await client.execute_workflow(
+            EncryptedEcho.run,
+            EchoArgs(text=SECRET),
+            id=workflow_id,
+            task_queue=queue,
+            result_type=EchoResult,
+            execution_timeout=timedelta(minutes=2),
+        )
     return result, workflow_id
 
 
@@ -213,8 +224,11 @@ async def test_history_holds_no_plaintext_and_decodes_with_the_key(temporal_serv
     assert len(payloads) >= 6 and all(p.metadata["encoding"] == ENCODING for p in payloads)
 
     keyed = await connect(temporal_cfg, key)
-    texts = [json.loads(p.data) for p in await keyed.data_converter.payload_codec.decode(payloads)
-             if p.metadata.get("encoding") == b"json/plain"]
+    texts = [
+        json.loads(p.data)
+        for p in await keyed.data_converter.payload_codec.decode(payloads)
+        if p.metadata.get("encoding") == b"json/plain"
+    ]
     assert {"text": SECRET} in texts and any(t.get("text") == SECRET.upper() for t in texts)
     assert any(f"refused {SECRET}" in json.dumps(t) for t in texts)  # the encoded failure attributes
 
@@ -241,8 +255,12 @@ def codec_server_process(tmp_path):
     key = new_key()
     env = {**os.environ, "BELAYER_STORAGE__ENCRYPTION_KEY": key, "BELAYER_STATE_DIR": str(tmp_path)}
     env = {k: v for k, v in env.items() if not (k.startswith("BELAYER_TEMPORAL__") or k == "BELAYER_CONFIG")}
-    proc = subprocess.Popen([sys.executable, "-m", "belayer.cli", "codec-server", "--port", str(port)],
-                            env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "belayer.cli", "codec-server", "--port", str(port)],
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+    )
     try:
         for _ in range(150):
             if proc.poll() is not None:
@@ -266,8 +284,12 @@ def codec_server_process(tmp_path):
 
 def call(url: str, *, method: str = "POST", body: dict | None = None, headers: dict | None = None):
     data = None if body is None else json.dumps(body).encode()
-    request = urllib.request.Request(url, data=data, method=method, headers={
-        **({"Content-Type": "application/json"} if body is not None else {}), **(headers or {})})
+    request = urllib.request.Request(
+        url,
+        data=data,
+        method=method,
+        headers={**({"Content-Type": "application/json"} if body is not None else {}), **(headers or {})},
+    )
     try:
         with urllib.request.urlopen(request, timeout=10) as response:
             return response.status, dict(response.headers), response.read()
@@ -290,19 +312,28 @@ def as_json(payloads: list[Payload]) -> dict:
 
 
 async def test_codec_server_decodes_real_history_payloads_for_the_web_ui(
-        temporal_server, stack_config, codec_server_process):
+    temporal_server, stack_config, codec_server_process
+):
     from google.protobuf import json_format
 
     endpoint, key = codec_server_process
     temporal_cfg = stack_config.temporal.model_copy(update={"encrypt_payloads": True})
     _, workflow_id = await run_encrypted_echo(temporal_cfg, key)
     bare = await connect(temporal_cfg.model_copy(update={"encrypt_payloads": False}))
-    encoded = history_payloads(History(events=(await bare.get_workflow_handle(workflow_id).fetch_history()).events))
+    encoded = history_payloads(
+        History(events=(await bare.get_workflow_handle(workflow_id).fetch_history()).events)
+    )
     ui = {"Origin": "http://127.0.0.1:8233", "X-Namespace": stack_config.temporal.namespace}
 
-    status, headers, _ = call(f"{endpoint}/decode", method="OPTIONS", headers={
-        "Origin": "http://127.0.0.1:8233", "Access-Control-Request-Method": "POST",
-        "Access-Control-Request-Headers": "content-type,x-namespace"})
+    status, headers, _ = call(
+        f"{endpoint}/decode",
+        method="OPTIONS",
+        headers={
+            "Origin": "http://127.0.0.1:8233",
+            "Access-Control-Request-Method": "POST",
+            "Access-Control-Request-Headers": "content-type,x-namespace",
+        },
+    )
     assert status == 204 and headers["Access-Control-Allow-Origin"] == "http://127.0.0.1:8233"
     assert "X-Namespace" in headers["Access-Control-Allow-Headers"]
     assert "POST" in headers["Access-Control-Allow-Methods"]
@@ -318,12 +349,25 @@ async def test_codec_server_decodes_real_history_payloads_for_the_web_ui(
     again = json_format.ParseDict(json.loads(body), Payloads()).payloads
     assert again[0].metadata["encoding"] == ENCODING and SECRET.encode() not in again[0].data
 
-    tampered = Payload(metadata=encoded[0].metadata, data=encoded[0].data[:-1] + bytes([encoded[0].data[-1] ^ 1]))
+    tampered = Payload(
+        metadata=encoded[0].metadata, data=encoded[0].data[:-1] + bytes([encoded[0].data[-1] ^ 1])
+    )
     status, _, body = call(f"{endpoint}/decode", body=as_json([tampered]), headers=ui)
     assert status == 400 and b"fails authentication" in body
 
-    temporal_cli = [str(venv_binary("temporal")), "workflow", "show", "-w", workflow_id, "--output", "json",
-                    "--address", temporal_cfg.address, "--namespace", temporal_cfg.namespace]
+    temporal_cli = [
+        str(venv_binary("temporal")),
+        "workflow",
+        "show",
+        "-w",
+        workflow_id,
+        "--output",
+        "json",
+        "--address",
+        temporal_cfg.address,
+        "--namespace",
+        temporal_cfg.namespace,
+    ]
     shown = subprocess.run([*temporal_cli, "--codec-endpoint", endpoint], capture_output=True, timeout=60)
     assert shown.returncode == 0 and SECRET.encode() in cli_payload_bytes(shown.stdout), shown.stderr
     hidden = subprocess.run(temporal_cli, capture_output=True, timeout=60)
@@ -341,10 +385,12 @@ def test_belayer_up_serves_the_codec_to_the_web_ui(tmp_path):
 
     base = isolated_config(tmp_path / "state")
     (port,) = free_port_block(1, with_grpc=False)
-    config = base.model_copy(update={
-        "temporal": base.temporal.model_copy(update={"encrypt_payloads": True, "codec_port": port}),
-        "storage": base.storage.model_copy(update={"encryption_key": SecretStr(new_key())}),
-    })
+    config = base.model_copy(
+        update={
+            "temporal": base.temporal.model_copy(update={"encrypt_payloads": True, "codec_port": port}),
+            "storage": base.storage.model_copy(update={"encryption_key": SecretStr(new_key())}),
+        }
+    )
     stack = LocalStack(config)
     stack.select(["temporal", "codec-server"])
     try:

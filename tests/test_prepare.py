@@ -20,8 +20,14 @@ from tests.storage.helpers import storage_env
 
 
 def prepare(env: dict[str, str], *args: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "belayer.cli", "prepare", *args], env=dict(os.environ, **env),
-                          capture_output=True, text=True, stdin=subprocess.DEVNULL, timeout=120)
+    return subprocess.run(
+        [sys.executable, "-m", "belayer.cli", "prepare", *args],
+        env=dict(os.environ, **env),
+        capture_output=True,
+        text=True,
+        stdin=subprocess.DEVNULL,
+        timeout=120,
+    )
 
 
 async def new_namespace(address: str) -> str:
@@ -31,8 +37,9 @@ async def new_namespace(address: str) -> str:
 
     name = f"prepare-{uuid.uuid4().hex[:8]}"
     client = await Client.connect(address)
-    await client.workflow_service.register_namespace(RegisterNamespaceRequest(
-        namespace=name, workflow_execution_retention_period=Duration(seconds=86400)))
+    await client.workflow_service.register_namespace(
+        RegisterNamespaceRequest(namespace=name, workflow_execution_retention_period=Duration(seconds=86400))
+    )
     return name
 
 
@@ -41,7 +48,9 @@ async def custom_attributes(address: str, namespace: str) -> dict[str, int]:
     from temporalio.client import Client
 
     client = await Client.connect(address, namespace=namespace)
-    listed = await client.operator_service.list_search_attributes(ListSearchAttributesRequest(namespace=namespace))
+    listed = await client.operator_service.list_search_attributes(
+        ListSearchAttributesRequest(namespace=namespace)
+    )
     return dict(listed.custom_attributes)
 
 
@@ -55,13 +64,19 @@ def test_prepare_registers_the_attributes_and_creates_the_bucket_once(temporal_s
     address = temporal_server.stack.config.temporal.address
     namespace = asyncio.run(new_namespace(address))
     storage = seaweedfs.storage_config.model_copy(update={"bucket": f"prepare-{uuid.uuid4().hex[:8]}"})
-    env = storage_env(storage) | {"BELAYER_TEMPORAL__ADDRESS": address, "BELAYER_TEMPORAL__NAMESPACE": namespace}
+    env = storage_env(storage) | {
+        "BELAYER_TEMPORAL__ADDRESS": address,
+        "BELAYER_TEMPORAL__NAMESPACE": namespace,
+    }
     assert not set(SEARCH_ATTRIBUTES) & set(asyncio.run(custom_attributes(address, namespace)))
     s3 = make_s3_client(storage)
     try:
         first = prepare(env)
         assert first.returncode == 0, first.stderr
-        assert "search attributes added: BelayerIteration, BelayerRun, BelayerStatus, BelayerTask" in first.stderr
+        assert (
+            "search attributes added: BelayerIteration, BelayerRun, BelayerStatus, BelayerTask"
+            in first.stderr
+        )
         assert f"bucket {storage.bucket}" in first.stderr and "created" in first.stderr
         assert set(SEARCH_ATTRIBUTES) <= set(asyncio.run(custom_attributes(address, namespace)))
         assert storage.bucket in [b["Name"] for b in s3.list_buckets()["Buckets"]]

@@ -29,10 +29,19 @@ def config(tmp_path):
 def test_every_path_a_restore_depends_on_is_the_hosts_own_at_the_shared_place(config):
     mounts = dict((target, source) for source, target in sandbox_hosts.bind_mounts(config, 2))
     own = config.state_dir / "hosts" / "h2"
-    assert mounts == {config.state_dir / "podman": own / "podman", Path("/run/runc"): own / "runc",
-                      Path(config.sandbox.channel_root): own / "channels"}
+    assert mounts == {
+        config.state_dir / "podman": own / "podman",
+        Path("/run/runc"): own / "runc",
+        Path(config.sandbox.channel_root): own / "channels",
+    }
     assert sandbox_hosts.host_queue(config, 2) == f"belayer-sandbox-{socket.gethostname()}-h2"
-    assert sandbox_hosts.launcher(2, ["worker"])[:5] == ["unshare", "--mount", "--uts", "--propagation", "private"]
+    assert sandbox_hosts.launcher(2, ["worker"])[:5] == [
+        "unshare",
+        "--mount",
+        "--uts",
+        "--propagation",
+        "private",
+    ]
     assert sandbox_hosts.launcher(2, ["worker"])[-4:] == ["belayer.stack.sandbox_hosts", "2", "--", "worker"]
 
 
@@ -50,9 +59,13 @@ def test_a_hosts_processes_are_found_by_its_namespaces_and_ended_together(config
     own = sandbox_hosts.host_dir(config, 1)
     own.mkdir(parents=True)
     record = own / sandbox_hosts.NAMESPACES_FILE
-    script = (f"stat -L -c %i /proc/self/ns/mnt /proc/self/ns/uts | tr '\\n' ' ' > {record}.tmp && "
-              f"mv {record}.tmp {record} && sleep 600 & sleep 600")
-    host = subprocess.Popen(["unshare", "--mount", "--uts", "--propagation", "private", "--", "sh", "-c", script])
+    script = (
+        f"stat -L -c %i /proc/self/ns/mnt /proc/self/ns/uts | tr '\\n' ' ' > {record}.tmp && "
+        f"mv {record}.tmp {record} && sleep 600 & sleep 600"
+    )
+    host = subprocess.Popen(
+        ["unshare", "--mount", "--uts", "--propagation", "private", "--", "sh", "-c", script]
+    )
     outsider = subprocess.Popen(["sleep", "600"])
     try:
         deadline = time.monotonic() + 10
@@ -61,8 +74,9 @@ def test_a_hosts_processes_are_found_by_its_namespaces_and_ended_together(config
         found = {p.pid for p in sandbox_hosts.members(config, 1)}
         assert host.pid in found and len(found) == 3 and outsider.pid not in found  # sh and two sleeps
         assert sandbox_hosts.end(config, 1) == 3
-        assert not any(psutil.pid_exists(pid) and psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
-                       for pid in found)
+        assert not any(
+            psutil.pid_exists(pid) and psutil.Process(pid).status() != psutil.STATUS_ZOMBIE for pid in found
+        )
         assert outsider.poll() is None, "a process outside the host was touched"
         assert not record.exists() and sandbox_hosts.members(config, 1) == []
     finally:

@@ -27,25 +27,28 @@ ROOT = Path(__file__).parents[1]
 def cli_env(config) -> dict[str, str]:
     """Environment variables that point the CLI at `config`'s private services."""
     env = dict(os.environ)
-    env.update({
-        "BELAYER_STATE_DIR": str(config.state_dir),
-        "BELAYER_TEMPORAL__ADDRESS": config.temporal.address,
-        "BELAYER_TEMPORAL__UI_PORT": str(config.temporal.ui_port),
-        "BELAYER_STORAGE__ENDPOINT": config.storage.endpoint,
-        "BELAYER_STORAGE__BUCKET": config.storage.bucket,
-        "BELAYER_STORAGE__ACCESS_KEY": config.storage.access_key.get_secret_value(),
-        "BELAYER_STORAGE__SECRET_KEY": config.storage.secret_key.get_secret_value(),
-        "BELAYER_STACK__SEAWEEDFS_MASTER_PORT": str(config.stack.seaweedfs_master_port),
-        "BELAYER_STACK__SEAWEEDFS_VOLUME_PORT": str(config.stack.seaweedfs_volume_port),
-        "BELAYER_STACK__SEAWEEDFS_FILER_PORT": str(config.stack.seaweedfs_filer_port),
-        "BELAYER_STACK__SEAWEEDFS_ADMIN_PORT": str(config.stack.seaweedfs_admin_port),
-    })
+    env.update(
+        {
+            "BELAYER_STATE_DIR": str(config.state_dir),
+            "BELAYER_TEMPORAL__ADDRESS": config.temporal.address,
+            "BELAYER_TEMPORAL__UI_PORT": str(config.temporal.ui_port),
+            "BELAYER_STORAGE__ENDPOINT": config.storage.endpoint,
+            "BELAYER_STORAGE__BUCKET": config.storage.bucket,
+            "BELAYER_STORAGE__ACCESS_KEY": config.storage.access_key.get_secret_value(),
+            "BELAYER_STORAGE__SECRET_KEY": config.storage.secret_key.get_secret_value(),
+            "BELAYER_STACK__SEAWEEDFS_MASTER_PORT": str(config.stack.seaweedfs_master_port),
+            "BELAYER_STACK__SEAWEEDFS_VOLUME_PORT": str(config.stack.seaweedfs_volume_port),
+            "BELAYER_STACK__SEAWEEDFS_FILER_PORT": str(config.stack.seaweedfs_filer_port),
+            "BELAYER_STACK__SEAWEEDFS_ADMIN_PORT": str(config.stack.seaweedfs_admin_port),
+        }
+    )
     return env
 
 
 def belayer(env, *args, check=True) -> subprocess.CompletedProcess:
-    result = subprocess.run([*BELAYER, *args], env=env, capture_output=True, text=True,
-                            stdin=subprocess.DEVNULL, timeout=180)
+    result = subprocess.run(
+        [*BELAYER, *args], env=env, capture_output=True, text=True, stdin=subprocess.DEVNULL, timeout=180
+    )
     if check and result.returncode != 0:
         raise AssertionError(f"belayer {' '.join(args)} failed:\n{result.stdout}\n{result.stderr}")
     return result
@@ -67,8 +70,12 @@ def live_pids_under(state_dir: Path) -> list[int]:
 
 
 @contextlib.contextmanager
-def whole_stack(prefix: str, env_extra: dict[str, str], *up_args: str,
-                also_leaked: Callable[[object], list[int]] = lambda config: []):
+def whole_stack(
+    prefix: str,
+    env_extra: dict[str, str],
+    *up_args: str,
+    also_leaked: Callable[[object], list[int]] = lambda config: [],
+):
     """A whole private stack (`belayer up UP_ARGS`), yielding (config, env); then `down`,
     every process left killed and named, the podman storage emptied. Its state directory
     is short: podman refuses a run root path over 50 characters. The base image is
@@ -79,10 +86,14 @@ def whole_stack(prefix: str, env_extra: dict[str, str], *up_args: str,
     config = isolated_config(state_dir)
     env = cli_env(config) | env_extra
     try:
-        for step in (["bash", "infra/install/base-image.sh"], ["bash", "infra/install/toolchain.sh"],
-                     [*BELAYER, "up", *up_args]):
-            done = subprocess.run(step, env=env, capture_output=True, text=True, stdin=subprocess.DEVNULL,
-                                  timeout=900, cwd=ROOT)
+        for step in (
+            ["bash", "infra/install/base-image.sh"],
+            ["bash", "infra/install/toolchain.sh"],
+            [*BELAYER, "up", *up_args],
+        ):
+            done = subprocess.run(
+                step, env=env, capture_output=True, text=True, stdin=subprocess.DEVNULL, timeout=900, cwd=ROOT
+            )
             assert done.returncode == 0, f"{' '.join(step)} failed:\n{done.stdout}\n{done.stderr}"
         yield config, env
     finally:
@@ -173,9 +184,10 @@ def test_port_taken_fails_clearly_and_leaves_nothing_running(private_stack):
     assert "Traceback" not in result.stderr
     # Temporal had started before SeaweedFS failed: it must have been stopped again.
     assert live_pids_under(config.state_dir) == []
-    assert not any(p.exists() and json.loads(p.read_text()) and
-                   psutil.pid_exists(json.loads(p.read_text())["pid"])
-                   for p in (config.state_dir / "run").glob("*.pid"))
+    assert not any(
+        p.exists() and json.loads(p.read_text()) and psutil.pid_exists(json.loads(p.read_text())["pid"])
+        for p in (config.state_dir / "run").glob("*.pid")
+    )
 
 
 @pytest.mark.usefixtures("local_processes")
@@ -190,8 +202,7 @@ def test_invalid_setting_names_field_and_fix(tmp_path):
 
 @pytest.mark.usefixtures("local_processes")
 def test_config_show_masks_secrets(tmp_path):
-    env = dict(os.environ, BELAYER_STATE_DIR=str(tmp_path),
-               BELAYER_STORAGE__SECRET_KEY="very-secret-value")
+    env = dict(os.environ, BELAYER_STATE_DIR=str(tmp_path), BELAYER_STORAGE__SECRET_KEY="very-secret-value")
     result = belayer(env, "config", "show", "--json")
     shown = json.loads(result.stdout)
     assert shown["storage"]["secret_key"] == "***"

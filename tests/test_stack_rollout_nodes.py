@@ -37,15 +37,19 @@ def test_two_rollout_nodes_run_side_by_side_and_go_together(private_stack):
     # A fault aimed at the second node loses it (one of several: it stays down, its turns
     # would move to the first) and leaves the first alone; `up` brings it back.
     crash = json.loads(belayer(env, "chaos", "node-crash", "--node", ids[1]).stdout)
-    assert crash["target"] == f"{NODES[1]} pid {status[NODES[1]]['pid']}" and crash["detail"].endswith("left down")
+    assert crash["target"] == f"{NODES[1]} pid {status[NODES[1]]['pid']}" and crash["detail"].endswith(
+        "left down"
+    )
     assert not service_status(env)[NODES[1]]["healthy"] and not shm.leftover_segments(ids[1])
     belayer(env, "up", "--only", NODES[1])
     after = service_status(env)
     assert after[NODES[1]]["healthy"] and after[NODES[1]]["pid"] != status[NODES[1]]["pid"]
     assert after[NODES[0]]["pid"] == status[NODES[0]]["pid"]
     unknown = belayer(env, "chaos", "engine-crash", "--node", "nope", check=False)
-    assert unknown.returncode == 1 and f"no rollout node 'nope' in this stack; its nodes are {ids[0]}, {ids[1]}" \
-        in unknown.stderr
+    assert (
+        unknown.returncode == 1
+        and f"no rollout node 'nope' in this stack; its nodes are {ids[0]}, {ids[1]}" in unknown.stderr
+    )
     status = after
 
     shrink = belayer(env, "up", "--rollout-nodes", "1", check=False)

@@ -78,7 +78,11 @@ def resources_of_command(args) -> frozenset[str]:
         return frozenset({"stack"})
     if program in _SANDBOX_PROGRAMS or _SANDBOX_WORKER in words or "infra/install/" in line:
         return frozenset({"stack", "sandbox"})
-    if program == "vllm" or _ROLLOUT_WORKER in words or any(w == "vllm" or w.startswith("vllm.") for w in words):
+    if (
+        program == "vllm"
+        or _ROLLOUT_WORKER in words
+        or any(w == "vllm" or w.startswith("vllm.") for w in words)
+    ):
         return frozenset({"stack", "engine"})
     return frozenset({"stack"})
 

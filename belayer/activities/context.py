@@ -119,13 +119,19 @@ class ContextActivities:
                 trajectory_log.start_steps(self.store, args.steps_key, fork_from=args.steps_fork_from)
             trajectory_log.write_step(self.store, args.steps_key, args.step)
 
-        reading = [self._pool.submit(load_observation, self.store, args.step.observation), self._pool.submit(open_log)]
+        reading = [
+            self._pool.submit(load_observation, self.store, args.step.observation),
+            self._pool.submit(open_log),
+        ]
         observation, log = (future.result() for future in reading)
         tokens = self.encode(OBSERVATION_TEMPLATE.format(body=observation_text(observation)))
 
         def start_writes() -> list[Future]:
-            return [self._pool.submit(log.append, tokens, source="env"), self._pool.submit(write_step),
-                    self._pool.submit(trajectory_log.write_entries, self.store, args.trajectory_id, args.entries)]
+            return [
+                self._pool.submit(log.append, tokens, source="env"),
+                self._pool.submit(write_step),
+                self._pool.submit(trajectory_log.write_entries, self.store, args.trajectory_id, args.entries),
+            ]
 
         result = ContextResult(prefix=log.head_after(tokens), appended_tokens=len(tokens))
         return PreparedAppend(result, tokens, start_writes)

@@ -102,7 +102,9 @@ class RolloutActivities:
         finish_reason, prefill_s, per_token_s, recoveries = "length", 0.0, 0.0, []
         if turn.request is not None:
             try:
-                completion, stored_now = await self._await_with_heartbeats(turn.request, resumed, _partial_key(prefix))
+                completion, stored_now = await self._await_with_heartbeats(
+                    turn.request, resumed, _partial_key(prefix)
+                )
             except asyncio.CancelledError:
                 self.node.cancel(turn.request.request_id, "activity cancelled")
                 raise
@@ -111,7 +113,12 @@ class RolloutActivities:
             finish_reason, prefill_s = completion.finish_reason, completion.prefill_s
             per_token_s, recoveries = completion.decode_s_per_token, list(completion.recoveries)
         head, generation, versions = await asyncio.to_thread(
-            self._store_turn, log, context, prefix.length, produced, _partial_key(prefix) if stored else None,
+            self._store_turn,
+            log,
+            context,
+            prefix.length,
+            produced,
+            _partial_key(prefix) if stored else None,
             observation,
         )
         text = self.tokenizer.decode(produced.tokens, skip_special_tokens=True)
@@ -139,8 +146,15 @@ class RolloutActivities:
             weights_versions=versions,
         )
 
-    def _store_turn(self, log, context: list[int], start: int, produced: SampledTokens, partial_key: str | None,
-                    observation: StartedAppend | None):
+    def _store_turn(
+        self,
+        log,
+        context: list[int],
+        start: int,
+        produced: SampledTokens,
+        partial_key: str | None,
+        observation: StartedAppend | None,
+    ):
         """The observation's writes finished (they ran beside the generation and come
         first), the turn's segment, then its logprobs and versions (an object at this
         position then always describes these tokens), then the partial tokens dropped: one
@@ -170,7 +184,9 @@ class RolloutActivities:
         partial = _heartbeated_partial()
         resumed = (self._resumed(partial) if partial else SampledTokens()).first(max_tokens)
         spec = _sampling_spec(args.sampling, max_tokens - len(resumed))
-        request = self.node.submit(context + resumed.tokens, spec, _attempt_id()) if spec.max_tokens > 0 else None
+        request = (
+            self.node.submit(context + resumed.tokens, spec, _attempt_id()) if spec.max_tokens > 0 else None
+        )
         try:
             observation = prepared.start() if prepared is not None else None
         except BaseException:

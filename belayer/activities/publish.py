@@ -126,7 +126,8 @@ class PublishActivities:
             raise ApplicationError(
                 f"model {model!r} is not built on node {self.node.config.node_id}'s host (no {path}); "
                 f"build it there with `belayer model build --size {model}`",
-                type=MODEL_NOT_BUILT, non_retryable=True,
+                type=MODEL_NOT_BUILT,
+                non_retryable=True,
             )
         return path
 

@@ -104,8 +104,18 @@ class SandboxActivities:
         self.host = host
 
     def all(self) -> list[Callable[..., Any]]:
-        return [self.place, self.create, self.exec, self.checkpoint, self.capture_checkpoint, self.publish_checkpoint,
-                self.fork, self.recover, self.destroy, self.workspace_hash]
+        return [
+            self.place,
+            self.create,
+            self.exec,
+            self.checkpoint,
+            self.capture_checkpoint,
+            self.publish_checkpoint,
+            self.fork,
+            self.recover,
+            self.destroy,
+            self.workspace_hash,
+        ]
 
     @implements(contract.PLACE)
     @_translated
@@ -119,7 +129,9 @@ class SandboxActivities:
     @implements(contract.CREATE)
     @_translated
     async def create(self, args: CreateSandboxArgs) -> CreateSandboxResult:
-        return CreateSandboxResult(handle=await _blocking(self.host.create, args.spec, sandbox_id=args.sandbox_id))
+        return CreateSandboxResult(
+            handle=await _blocking(self.host.create, args.spec, sandbox_id=args.sandbox_id)
+        )
 
     @implements(contract.EXEC)
     @_translated
@@ -128,7 +140,9 @@ class SandboxActivities:
 
     def _exec_and_store(self, args: ExecArgs) -> ObservationRef:
         """The action, then its observation stored: one thread hop, as the turn waits on both."""
-        observation = self.host.exec(args.handle, args.action, isolated=args.isolated, processes=args.processes)
+        observation = self.host.exec(
+            args.handle, args.action, isolated=args.isolated, processes=args.processes
+        )
         return store_observation(self.host.store, args.action.trajectory, args.action.step,
                                  args.handle.generation, observation)  # fmt: skip
 
@@ -176,8 +190,9 @@ class SandboxActivities:
                          token_prefix_sha256=s.context_after_action.sha256)
             for s in steps
         ]  # fmt: skip
-        outcome = self.host.recover(args.handle, args.checkpoints, logged, spec=args.spec,
-                                    trajectory=args.trajectory_id)
+        outcome = self.host.recover(
+            args.handle, args.checkpoints, logged, spec=args.spec, trajectory=args.trajectory_id
+        )
         if outcome.mismatch_observation is None:
             return RecoverResult(outcome=outcome)
         ref = store_observation(self.host.store, args.trajectory_id, outcome.mismatch_step,

@@ -63,8 +63,9 @@ class TrainerActivities:
         try:
             return work.result()
         except CorruptObject as exc:
-            raise ApplicationError(f"a sample does not verify: {exc}", type=CORRUPT_SAMPLE,
-                                   non_retryable=True) from exc
+            raise ApplicationError(
+                f"a sample does not verify: {exc}", type=CORRUPT_SAMPLE, non_retryable=True
+            ) from exc
         except (TrainRequestError, ValidationError) as exc:
             raise ApplicationError(str(exc), type=BAD_TRAIN_REQUEST, non_retryable=True) from exc
 
@@ -80,7 +81,9 @@ def active_fault() -> Fault | None:
         return None
     name, _, rest = spec.partition(":")
     if name not in FAULT_EVENTS:
-        raise ValueError(f"unknown trainer fault point {name!r} in {FAULT_ENV}; known: {sorted(FAULT_EVENTS)}")
+        raise ValueError(
+            f"unknown trainer fault point {name!r} in {FAULT_ENV}; known: {sorted(FAULT_EVENTS)}"
+        )
     return Fault(name, dict(kv.split("=", 1) for kv in rest.split(";") if kv))
 
 

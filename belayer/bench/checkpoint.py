@@ -80,8 +80,9 @@ class Bench:
         for step, turn in enumerate(task.turns, 1):
             obs = self.host.exec(self.handle, Action(trajectory=trajectory, step=step, command=turn.bash))
             if obs.exit_code != 0:
-                raise click.ClickException(f"turn {step} of {task.id} failed (exit {obs.exit_code}): "
-                                           f"{obs.output[-300:]}")
+                raise click.ClickException(
+                    f"turn {step} of {task.id} failed (exit {obs.exit_code}): {obs.output[-300:]}"
+                )
         self.workspace_sha256 = self.host.workspace_hash(self.handle)
         self.say(f"sandbox {self.handle.sandbox_id} set up: {len(task.turns)} turns of {task.id}")
 
@@ -140,8 +141,18 @@ class Bench:
             channel.wait_ready(backend.channel_path(self.handle.sandbox_id), self.host.cfg.start_timeout_s)
             restore_s = time.monotonic() - started
         store.delete_prefix(key)
-        return Sample("podman", checkpoint_s, restore_s, size_mb, checkpoint_phases,
-                      {"fetch": fetched - started, "podman": restored - fetched, "ready": started + restore_s - restored})
+        return Sample(
+            "podman",
+            checkpoint_s,
+            restore_s,
+            size_mb,
+            checkpoint_phases,
+            {
+                "fetch": fetched - started,
+                "podman": restored - fetched,
+                "ready": started + restore_s - restored,
+            },
+        )
 
 
 def summarize(samples: list[Sample], repetitions: int, compression: str) -> dict:
@@ -160,7 +171,8 @@ def summarize(samples: list[Sample], repetitions: int, compression: str) -> dict
     for what in ("checkpoint_s", "restore_s"):
         ours, theirs = report["modes"]["belayer"][what], report["modes"]["podman"][what]
         report[f"{what.removesuffix('_s')}_speedup"] = (
-            round(theirs["median"] / ours["median"], 2) if ours and theirs and ours["median"] else None)
+            round(theirs["median"] / ours["median"], 2) if ours and theirs and ours["median"] else None
+        )
         report[f"belayer_{what}"] = ours["median"] if ours else None
     report["samples"] = [s.__dict__ for s in samples]
     return report
@@ -176,20 +188,29 @@ def print_report(report: dict) -> None:
     from rich.table import Table
 
     out = Console(width=max(Console().width, 120))
-    table = Table(title=f"checkpoint and restore of the overhead bench's sandbox, seconds over "
-                        f"{report['repetitions']} repetitions (min / median / max)")
+    table = Table(
+        title=f"checkpoint and restore of the overhead bench's sandbox, seconds over "
+        f"{report['repetitions']} repetitions (min / median / max)"
+    )
     for col in ("mode", "checkpoint", "restore to ready", "archive MiB", "consistent"):
         table.add_column(col)
     for mode, row in report["modes"].items():
-        table.add_row(mode, _cells(row["checkpoint_s"]), _cells(row["restore_s"]), _cells(row["archive_mb"]),
-                      "yes" if row["consistent"] else "NO")
+        table.add_row(
+            mode,
+            _cells(row["checkpoint_s"]),
+            _cells(row["restore_s"]),
+            _cells(row["archive_mb"]),
+            "yes" if row["consistent"] else "NO",
+        )
     out.print(table)
     for mode, row in report["modes"].items():
         for what in ("checkpoint_phases_s", "restore_phases_s"):
             parts = ", ".join(f"{name} {s['median']:.3f}" for name, s in row[what].items() if s)
             out.print(f"{mode} {what.split('_')[0]} phases (medians, s): {parts}")
-    out.print(f"speedup of the medians: checkpoint {report['checkpoint_speedup']}x, "
-              f"restore {report['restore_speedup']}x")
+    out.print(
+        f"speedup of the medians: checkpoint {report['checkpoint_speedup']}x, "
+        f"restore {report['restore_speedup']}x"
+    )
 
 
 def _cells(s: dict | None) -> str:

@@ -49,7 +49,7 @@ def rows(n, seed=7):
     for i in range(n):
         yield i, rng.choice(words), rng.randint(0, 10**6), hashlib.sha1(str(i).encode()).hexdigest()[:12]
 '''
-PKG_GEN = '''import csv, sys
+PKG_GEN = """import csv, sys
 from benchpkg import rows
 n, out = int(sys.argv[1]), sys.argv[2]
 with open(out, "w", newline="") as f:
@@ -57,8 +57,8 @@ with open(out, "w", newline="") as f:
     for r in rows(n):
         w.writerow(r)
 print("rows", n)
-'''
-PKG_INDEX = '''import csv, sqlite3, sys
+"""
+PKG_INDEX = """import csv, sqlite3, sys
 src, db = sys.argv[1], sys.argv[2]
 con = sqlite3.connect(db)
 con.execute("create table t (id integer, word text, value integer, tag text)")
@@ -67,8 +67,8 @@ with open(src) as f:
 con.execute("create index ix_word on t(word)")
 con.commit()
 print(con.execute("select word, count(*), sum(value) from t group by word order by word").fetchall())
-'''
-PKG_SERVE = '''import json, sqlite3, sys
+"""
+PKG_SERVE = """import json, sqlite3, sys
 from http.server import BaseHTTPRequestHandler, HTTPServer
 from urllib.parse import urlparse, parse_qs
 db, port = sys.argv[1], int(sys.argv[2])
@@ -92,8 +92,8 @@ class H(BaseHTTPRequestHandler):
         self.send_response(200); self.send_header("Content-Length", str(len(data))); self.end_headers()
         self.wfile.write(data)
 HTTPServer(("127.0.0.1", port), H).serve_forever()
-'''
-PKG_CLIENT = '''import sys, time, urllib.request
+"""
+PKG_CLIENT = """import sys, time, urllib.request
 port, path = sys.argv[1], sys.argv[2]
 for i in range(100):
     try:
@@ -102,16 +102,16 @@ for i in range(100):
         time.sleep(0.05)
 else:
     sys.exit("server not answering")
-'''
-PKG_SELFTEST = '''import sqlite3, sys, hashlib
+"""
+PKG_SELFTEST = """import sqlite3, sys, hashlib
 con = sqlite3.connect(sys.argv[1])
 h = hashlib.sha256()
 for rounds in range(int(sys.argv[2])):
     for row in con.execute("select id, word, value from t where value % 7 = ? order by id", (rounds % 7,)):
         h.update(repr(row).encode())
 print("selftest ok", h.hexdigest()[:16])
-'''
-PKG_FIT = '''import json, sqlite3, sys
+"""
+PKG_FIT = """import json, sqlite3, sys
 con = sqlite3.connect(sys.argv[1])
 xs = [v for (v,) in con.execute("select value from t order by id")]
 k, iters = 8, int(sys.argv[2])
@@ -124,7 +124,7 @@ for _ in range(iters):
     centers = [sums[j] / counts[j] if counts[j] else centers[j] for j in range(k)]
 json.dump({"centers": [round(c, 3) for c in sorted(centers)]}, open(sys.argv[3], "w"))
 print("model", [round(c) for c in sorted(centers)])
-'''
+"""
 
 
 def build_wheel() -> bytes:
@@ -207,7 +207,7 @@ def workloads(scale: float = 1.0) -> list[Workload]:
         "all: $(patsubst src/%.txt,out/%.sum,$(wildcard src/*.txt))\n"
         "out/%.sum: src/%.txt\n"
         "\t@mkdir -p out && python3 -c \"import hashlib,sys; d=open(sys.argv[1],'rb').read(); "
-        "print(hashlib.sha256(d*200).hexdigest())\" $< > $@\n"
+        'print(hashlib.sha256(d*200).hexdigest())" $< > $@\n'
     )
     make_build = Workload(
         name="make-build-and-kv-server",
@@ -215,8 +215,8 @@ def workloads(scale: float = 1.0) -> list[Workload]:
         actions=[
             "mkdir -p /workspace/proj/src && cd /workspace/proj && export BUILD=release JOBS=1",
             *INSTALL,
-            f"for i in $(seq {targets}); do python3 -c \"import benchpkg; "
-            f"[print(*r) for r in benchpkg.rows(2000, seed=$i)]\" > src/m$i.txt; done; ls src | wc -l",
+            f'for i in $(seq {targets}); do python3 -c "import benchpkg; '
+            f'[print(*r) for r in benchpkg.rows(2000, seed=$i)]" > src/m$i.txt; done; ls src | wc -l',
             f"cat > Makefile <<'EOF'\n{make_rules}EOF\nmake -j$JOBS all && ls out | wc -l",
             "tar --sort=name --mtime=@0 --owner=0 --group=0 -czf /workspace/proj/artefact.tgz out && "
             "python3 -c \"import hashlib; print(hashlib.sha256(open('artefact.tgz','rb').read()).hexdigest())\"",
@@ -236,8 +236,8 @@ def workloads(scale: float = 1.0) -> list[Workload]:
             "export GIT_AUTHOR_NAME=agent GIT_AUTHOR_EMAIL=a@b GIT_COMMITTER_NAME=agent GIT_COMMITTER_EMAIL=a@b "
             "GIT_AUTHOR_DATE=2024-01-01T00:00:00Z GIT_COMMITTER_DATE=2024-01-01T00:00:00Z",
             *INSTALL,
-            f"for i in $(seq {targets * 3}); do python3 -c \"import benchpkg; "
-            f"[print(*r) for r in benchpkg.rows(500, seed=$i)]\" > f$i.txt; done; git add -A && "
+            f'for i in $(seq {targets * 3}); do python3 -c "import benchpkg; '
+            f'[print(*r) for r in benchpkg.rows(500, seed=$i)]" > f$i.txt; done; git add -A && '
             "git commit -qm initial && git rev-parse HEAD",
             f"python3 -m benchpkg.gen {rows // 2} data.csv && python3 -m benchpkg.index data.csv db.sqlite && "
             "git add data.csv && git commit -qm data && git log --oneline | wc -l",
@@ -342,13 +342,16 @@ def recovery_figures(recoveries: dict[str, list[Recovery]], *, steps: int) -> di
     seconds = {method: [r.seconds for r in recoveries[method]] for method in METHODS}
     median = {method: spread(seconds[method])["median"] for method in METHODS}
     belayer = recoveries["belayer"]
-    mismatches = [r.outcome.mismatch_step for r in recoveries["fs_only"] if r.outcome.mismatch_step is not None]
+    mismatches = [
+        r.outcome.mismatch_step for r in recoveries["fs_only"] if r.outcome.mismatch_step is not None
+    ]
     return {
         "repetitions": len(belayer),
         **{f"{method}_s": median[method] for method in METHODS},
         "speedup_vs_replay": round(median["replay"] / median["belayer"], 2),
-        "state_identical": all(r.outcome.consistent and r.outcome.consistent_at == steps and r.same_workspace
-                               for r in belayer),
+        "state_identical": all(
+            r.outcome.consistent and r.outcome.consistent_at == steps and r.same_workspace for r in belayer
+        ),
         "fs_only_consistent": all(r.outcome.consistent for r in recoveries["fs_only"]),
         "belayer_restore_s": spread(r.outcome.restore_s for r in belayer)["median"],
         "belayer_replayed_steps": max(r.outcome.replayed_steps for r in belayer),
@@ -375,14 +378,23 @@ def run_bench(config, *, store=None, names: list[str] | None = None, scale: floa
 
     host = make_host(config, store=store)
     selected = [w for w in workloads(scale) if not names or w.name in names]
-    rows = [run_workload(host, w, trajectory=f"bench-{w.name}", repetitions=repetitions, log_fn=log_fn)
-            for w in selected]
+    rows = [
+        run_workload(host, w, trajectory=f"bench-{w.name}", repetitions=repetitions, log_fn=log_fn)
+        for w in selected
+    ]
     speedups = [r["speedup_vs_replay"] for r in rows]
     report = {}
     if realistic is not None:
         report["realistic"] = run_realistic(
-            host, selected, config.policy, failures=realistic.failures, seed=realistic.seed,
-            decode_s_per_token=realistic.decode_s_per_token, sweep_max=realistic.sweep_max, log_fn=log_fn)
+            host,
+            selected,
+            config.policy,
+            failures=realistic.failures,
+            seed=realistic.seed,
+            decode_s_per_token=realistic.decode_s_per_token,
+            sweep_max=realistic.sweep_max,
+            log_fn=log_fn,
+        )
         report["realistic_median_speedup_vs_replay"] = report["realistic"]["median_speedup_vs_replay"]
     return report | {
         "best_case": "the `workloads` rows: one checkpoint at a late step, the failure after the last action",
@@ -390,8 +402,11 @@ def run_bench(config, *, store=None, names: list[str] | None = None, scale: floa
         "workloads": rows,
         "speedup_vs_replay_min": min(speedups) if speedups else None,
         "speedup_vs_replay_max": max(speedups) if speedups else None,
-        "sandbox": {"cpus": config.sandbox.cpus, "memory_mb": config.sandbox.memory_mb,
-                    "image": config.sandbox.image},  # fmt: skip
+        "sandbox": {
+            "cpus": config.sandbox.cpus,
+            "memory_mb": config.sandbox.memory_mb,
+            "image": config.sandbox.image,
+        },  # fmt: skip
     }
 
 
@@ -400,34 +415,52 @@ def print_report(result: dict) -> None:
     from rich.table import Table
 
     out = Console()
-    table = Table(title="environment recovery, best case: checkpoint at a late step, failure at the end; "
-                        f"seconds over {result['repetitions']} repetitions")
+    table = Table(
+        title="environment recovery, best case: checkpoint at a late step, failure at the end; "
+        f"seconds over {result['repetitions']} repetitions"
+    )
     for col in ("workload", "method", "min", "median", "max", "consistent", "speedup"):
         table.add_column(col)
     for r in result["workloads"]:
-        verdicts = {"belayer": r["state_identical"], "replay": r["replay_consistent"],
-                    "fs_only": r["fs_only_consistent"]}
+        verdicts = {
+            "belayer": r["state_identical"],
+            "replay": r["replay_consistent"],
+            "fs_only": r["fs_only_consistent"],
+        }
         for method in METHODS:
-            table.add_row(r["name"] if method == METHODS[0] else "", method.replace("_", "-"),
-                          *spread_cells(r[f"{method}_s_spread"]), "yes" if verdicts[method] else "no",
-                          f"{r['speedup_vs_replay']:.1f}x" if method == "belayer" else "")
+            table.add_row(
+                r["name"] if method == METHODS[0] else "",
+                method.replace("_", "-"),
+                *spread_cells(r[f"{method}_s_spread"]),
+                "yes" if verdicts[method] else "no",
+                f"{r['speedup_vs_replay']:.1f}x" if method == "belayer" else "",
+            )
     out.print(table)
-    out.print("consistent: every recovery matched every replayed observation (belayer: and the /workspace "
-              "hash); speedup: replay's median over belayer's")
+    out.print(
+        "consistent: every recovery matched every replayed observation (belayer: and the /workspace "
+        "hash); speedup: replay's median over belayer's"
+    )
     real = result.get("realistic")
     if real:
-        table = Table(title=f"realistic: the adaptive policy's checkpoints, {real['failures']} failures at random "
-                            "steps; seconds")
+        table = Table(
+            title=f"realistic: the adaptive policy's checkpoints, {real['failures']} failures at random "
+            "steps; seconds"
+        )
         for col in ("method", "min", "median", "max", "consistent"):
             table.add_column(col)
         for method, figures in real["recovery_s"].items():
-            table.add_row(method.replace("_", "-"), *spread_cells(figures),
-                          f"{real['consistent_share'][method]:.0%}")
+            table.add_row(
+                method.replace("_", "-"), *spread_cells(figures), f"{real['consistent_share'][method]:.0%}"
+            )
         out.print(table)
         if real["speedup_vs_replay"]:
             speedup = real["speedup_vs_replay"]
-            out.print(f"speedup vs replay per failure: {speedup['min']:.1f}x / {speedup['median']:.1f}x / "
-                      f"{speedup['max']:.1f}x (min / median / max)")
+            out.print(
+                f"speedup vs replay per failure: {speedup['min']:.1f}x / {speedup['median']:.1f}x / "
+                f"{speedup['max']:.1f}x (min / median / max)"
+            )
     machine = result["machine"]
-    out.print(f"machine: {machine['cores']} cores, load average {machine['load_avg']} before, "
-              f"{machine['after']} after")
+    out.print(
+        f"machine: {machine['cores']} cores, load average {machine['load_avg']} before, "
+        f"{machine['after']} after"
+    )

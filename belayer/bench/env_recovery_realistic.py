@@ -57,8 +57,15 @@ def run_under_policy(host, workload, trajectory: str, policy_config, tokens: lis
 
     handle = host.create(SandboxSpec(setup_commands=workload.setup, labels={"belayer.bench": "env-recovery"}))
     try:
-        return _steps_under_policy(host, handle, workload, trajectory, CheckpointPolicy(config=policy_config),
-                                   tokens, decode_s_per_token)
+        return _steps_under_policy(
+            host,
+            handle,
+            workload,
+            trajectory,
+            CheckpointPolicy(config=policy_config),
+            tokens,
+            decode_s_per_token,
+        )
     except BaseException:
         host.destroy(handle)
         host.delete_checkpoints(handle.sandbox_id)
@@ -73,12 +80,18 @@ def _steps_under_policy(host, handle, workload, trajectory: str, policy, tokens:
     log, checkpoints, verdicts = [], [], []
     for step, command in enumerate(workload.actions, start=1):
         generated = tokens[step - 1]
-        policy.observe_generation(GenerationSample(output_tokens=generated, per_token_s=decode_s_per_token,
-                                                   total_s=generated * decode_s_per_token))
+        policy.observe_generation(
+            GenerationSample(
+                output_tokens=generated,
+                per_token_s=decode_s_per_token,
+                total_s=generated * decode_s_per_token,
+            )
+        )
         obs = host.exec(handle, Action(trajectory=trajectory, step=step, command=command, timeout_s=600))
         if obs.exit_code != 0:
-            raise RuntimeError(f"workload {workload.name} step {step} failed (exit {obs.exit_code}): "
-                               f"{obs.stderr[-1500:]}")
+            raise RuntimeError(
+                f"workload {workload.name} step {step} failed (exit {obs.exit_code}): {obs.stderr[-1500:]}"
+            )
         log.append(LoggedAction(trajectory=trajectory, step=step, command=command, timeout_s=600,
                                 observation_sha256=obs.sha256))  # fmt: skip
         policy.observe_action(obs.duration_s)
@@ -88,8 +101,9 @@ def _steps_under_policy(host, handle, workload, trajectory: str, policy, tokens:
         if decision.checkpointed:
             started = time.monotonic()
             ref = host.checkpoint(handle, fs_snapshot=True)
-            policy.observe_checkpoint(CheckpointSample(duration_s=time.monotonic() - started,
-                                                       size_mb=ref.archive_bytes / 2**20))
+            policy.observe_checkpoint(
+                CheckpointSample(duration_s=time.monotonic() - started, size_mb=ref.archive_bytes / 2**20)
+            )
             checkpoints.append(ref)
     return PolicyRun(log, checkpoints, verdicts, handle)
 
@@ -124,8 +138,11 @@ def summarize(failures: list[dict], sweep: list[dict]) -> dict:
     return {
         "failures": len(failures),
         "recovery_s": {m: spread([f[f"{m}_s"] for f in failures]) for m in METHODS},
-        "consistent_share": {m: round(sum(f[f"{m}_consistent"] for f in failures) / len(failures), 3)
-                             for m in METHODS} if failures else {},
+        "consistent_share": {
+            m: round(sum(f[f"{m}_consistent"] for f in failures) / len(failures), 3) for m in METHODS
+        }
+        if failures
+        else {},
         "median_speedup_vs_replay": round(statistics.median(speedups), 2) if speedups else None,
         "speedup_vs_replay": spread(speedups, digits=2),
         "rows": failures,
@@ -142,18 +159,27 @@ def run_realistic(host, workloads: list, policy_config, *, failures: int, seed: 
     for workload in workloads:
         spec = SandboxSpec(setup_commands=workload.setup, labels={"belayer.bench": "env-recovery"})
         tokens = think_tokens(len(workload.actions), seed, workload.name)
-        run = run_under_policy(host, workload, f"bench-real-{workload.name}", policy_config, tokens,
-                               decode_s_per_token)
+        run = run_under_policy(
+            host, workload, f"bench-real-{workload.name}", policy_config, tokens, decode_s_per_token
+        )
         steps = [c.step for c in run.checkpoints]
-        policies.append({"workload": workload.name, "checkpoint_steps": steps, "verdicts": run.verdicts,
-                         "think_tokens": tokens})
+        policies.append(
+            {
+                "workload": workload.name,
+                "checkpoint_steps": steps,
+                "verdicts": run.verdicts,
+                "think_tokens": tokens,
+            }
+        )
         log_fn(f"{workload.name}: the policy checkpointed after steps {steps} of {len(run.log)}")
         try:
             for failed_at in failure_steps(len(run.log), failures, seed, workload.name):
                 row = recover_three_ways(host, run, spec, failed_at, usable(run.checkpoints, failed_at))
                 rows.append({"workload": workload.name, **row})
-                log_fn(f"{workload.name}: failure after step {failed_at}: belayer {row['belayer_s']:.2f}s "
-                       f"({row['belayer_source']}), replay {row['replay_s']:.2f}s, fs-only {row['fs_only_s']:.2f}s")
+                log_fn(
+                    f"{workload.name}: failure after step {failed_at}: belayer {row['belayer_s']:.2f}s "
+                    f"({row['belayer_source']}), replay {row['replay_s']:.2f}s, fs-only {row['fs_only_s']:.2f}s"
+                )
             if run.checkpoints:
                 first = run.checkpoints[0]
                 for failed_at in range(first.step, min(len(run.log), first.step + sweep_max) + 1):
@@ -162,4 +188,8 @@ def run_realistic(host, workloads: list, policy_config, *, failures: int, seed: 
         finally:
             host.remove(run.handle.sandbox_id)
             host.delete_checkpoints(run.handle.sandbox_id)
-    return summarize(rows, sweep) | {"policy": policies, "decode_s_per_token": decode_s_per_token, "seed": seed}
+    return summarize(rows, sweep) | {
+        "policy": policies,
+        "decode_s_per_token": decode_s_per_token,
+        "seed": seed,
+    }

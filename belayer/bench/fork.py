@@ -47,9 +47,9 @@ def setup_commands(scale: float) -> list[str]:
         "export GIT_AUTHOR_NAME=setup GIT_AUTHOR_EMAIL=s@b GIT_COMMITTER_NAME=setup GIT_COMMITTER_EMAIL=s@b "
         "GIT_AUTHOR_DATE=2024-01-01T00:00:00Z GIT_COMMITTER_DATE=2024-01-01T00:00:00Z",
         *INSTALL,
-        f"for i in $(seq {files}); do python3 -c \"import benchpkg; "
-        f"[print(*r) for r in benchpkg.rows(400, seed=$i)]\" > f$i.txt; git add f$i.txt; "
-        "git commit -qm \"file $i\"; done; git log --oneline | wc -l",
+        f'for i in $(seq {files}); do python3 -c "import benchpkg; '
+        f'[print(*r) for r in benchpkg.rows(400, seed=$i)]" > f$i.txt; git add f$i.txt; '
+        'git commit -qm "file $i"; done; git log --oneline | wc -l',
         f"python3 -m benchpkg.gen {rows} data.csv && python3 -m benchpkg.index data.csv db.sqlite >/dev/null && ls",
         "python3 -m benchpkg.serve db.sqlite 8500 >/tmp/serve.log 2>&1 &\n"
         "python3 -m benchpkg.client 8500 /stats",
@@ -112,7 +112,9 @@ def run_fork(host, spec, group_size: int, token: str) -> dict:
     setup_s = time.monotonic() - t0
     origin = host.checkpoint(parent)
     checkpoint_s = time.monotonic() - t0 - setup_s
-    targets = [ForkTarget(sandbox_id=f"sbx-bf{i}-{token}", trajectory=f"bench-fork-{i}") for i in range(group_size)]
+    targets = [
+        ForkTarget(sandbox_id=f"sbx-bf{i}-{token}", trajectory=f"bench-fork-{i}") for i in range(group_size)
+    ]
     outcomes = host.fork(origin, targets)
     ready_s = time.monotonic() - t0
     hashes = _hashes_of_forks(host, outcomes) | {host.workspace_hash(parent)}
@@ -135,7 +137,9 @@ def run_fork_reused(host, origin, group_size: int, token: str) -> dict:
     from belayer.sandbox.models import ForkTarget
 
     t0 = time.monotonic()
-    targets = [ForkTarget(sandbox_id=f"sbx-br{i}-{token}", trajectory=f"bench-fork-{i}") for i in range(group_size)]
+    targets = [
+        ForkTarget(sandbox_id=f"sbx-br{i}-{token}", trajectory=f"bench-fork-{i}") for i in range(group_size)
+    ]
     outcomes = host.fork(origin, targets)
     return {"ready_s": time.monotonic() - t0, "hashes": _hashes_of_forks(host, outcomes)}
 
@@ -179,7 +183,7 @@ def run_bench(config, *, group_size: int, repetitions: int, scale: float, concur
     independent_hashes: set[str] = set()
     for rep in range(repetitions):
         origins = []  # (checkpoint, its sandbox id): a reused fork takes this repetition's
-        for mode in modes[rep % 3:] + modes[:rep % 3]:
+        for mode in modes[rep % 3 :] + modes[: rep % 3]:
             if mode == "fork_reused" and not origins:
                 origins.append(make_origin(host, spec))  # the earlier group's setup: not timed
             with PeakSampler(config.state_dir) as peaks:
@@ -198,9 +202,11 @@ def run_bench(config, *, group_size: int, repetitions: int, scale: float, concur
             else:
                 row["identical"] = len(hashes) == 1  # the forks of one checkpoint (and its sandbox)
             runs[mode].append(row)
-            log_fn(f"repetition {rep + 1}/{repetitions} {mode:11s}: {group_size} sandboxes ready in "
-                   f"{row['ready_s']:.2f}s, host CPU {row['cpu_s']:.1f}s, peak memory +{row['peak_memory_mb']} MiB, "
-                   f"disk +{row['peak_disk_mb']} MiB")
+            log_fn(
+                f"repetition {rep + 1}/{repetitions} {mode:11s}: {group_size} sandboxes ready in "
+                f"{row['ready_s']:.2f}s, host CPU {row['cpu_s']:.1f}s, peak memory +{row['peak_memory_mb']} MiB, "
+                f"disk +{row['peak_disk_mb']} MiB"
+            )
         for _, sandbox_id in origins:
             host.delete_checkpoints(sandbox_id)
     median = {mode: statistics.median(r["ready_s"] for r in runs[mode]) for mode in modes}
@@ -227,4 +233,5 @@ def run_bench(config, *, group_size: int, repetitions: int, scale: float, concur
 def _summary(rows: list[dict]) -> dict:
     keys = [k for k, v in rows[0].items() if isinstance(v, float) and k != "archive_mb"]
     return {k: spread([r[k] for r in rows]) for k in keys} | (
-        {"archive_mb": rows[0]["archive_mb"]} if "archive_mb" in rows[0] else {})
+        {"archive_mb": rows[0]["archive_mb"]} if "archive_mb" in rows[0] else {}
+    )

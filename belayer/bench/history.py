@@ -30,7 +30,13 @@ from belayer.measure import spread
 TEMPORAL_PAYLOAD_LIMIT = 2 * 1024 * 1024
 TEMPORAL_HISTORY_LIMIT = 50 * 1024 * 1024
 # A trajectory's size figures (history_sizes) that the report gives as their largest.
-SIZE_FIGURES = ("runs", "largest_history_bytes", "largest_payload_bytes", "first_input_bytes", "last_input_bytes")
+SIZE_FIGURES = (
+    "runs",
+    "largest_history_bytes",
+    "largest_payload_bytes",
+    "first_input_bytes",
+    "last_input_bytes",
+)
 
 
 async def history_sizes(client, workflow_id: str) -> dict:
@@ -41,9 +47,16 @@ async def history_sizes(client, workflow_id: str) -> dict:
         history = await handle.fetch_history()
         payloads = [len(p.SerializeToString()) for event in history.events for p in _payloads(event)]
         carried = _carried_state_bytes(history)
-        runs.append({"run_id": execution.run_id, "started": execution.start_time.isoformat(),
-                     "events": len(history.events), "history_bytes": history_proto(history).ByteSize(),
-                     "largest_payload_bytes": max(payloads, default=0), "input_bytes": carried})
+        runs.append(
+            {
+                "run_id": execution.run_id,
+                "started": execution.start_time.isoformat(),
+                "events": len(history.events),
+                "history_bytes": history_proto(history).ByteSize(),
+                "largest_payload_bytes": max(payloads, default=0),
+                "input_bytes": carried,
+            }
+        )
     runs.sort(key=lambda r: r["started"])
     return {
         "runs": len(runs),
@@ -111,11 +124,15 @@ async def run_one(client, config, task, *, every: int, engine_queue: str, trajec
 
     input = trajectory_input(config, task)
     # A context budget that the trace cannot exhaust: this measures histories, not budgets.
-    input = input.model_copy(update={
-        "trajectory_id": trajectory_id, "continue_as_new_every": every, "max_total_tokens": 100_000_000,
-        "policy": PolicyConfig(mode="adaptive"),
-        "queues": input.queues.model_copy(update={"rollout": engine_queue}),
-    })
+    input = input.model_copy(
+        update={
+            "trajectory_id": trajectory_id,
+            "continue_as_new_every": every,
+            "max_total_tokens": 100_000_000,
+            "policy": PolicyConfig(mode="adaptive"),
+            "queues": input.queues.model_copy(update={"rollout": engine_queue}),
+        }
+    )
     started = time.monotonic()
     handle = await start_trajectory(client, config, input)
     waiter = asyncio.ensure_future(handle.result())
@@ -126,9 +143,14 @@ async def run_one(client, config, task, *, every: int, engine_queue: str, trajec
     result = waiter.result()
     wall_s = time.monotonic() - started
     sizes = await history_sizes(client, trajectory_id)
-    return {"trajectory_id": trajectory_id, "status": result.status, "reason": result.reason,
-            "tokens": result.tokens, "wall_s": round(wall_s, 1),
-            **{k: v for k, v in sizes.items() if k != "per_run"}}
+    return {
+        "trajectory_id": trajectory_id,
+        "status": result.status,
+        "reason": result.reason,
+        "tokens": result.tokens,
+        "wall_s": round(wall_s, 1),
+        **{k: v for k, v in sizes.items() if k != "per_run"},
+    }
 
 
 def summarize(trajectories: list[dict], *, turns: int, every: int) -> dict:
@@ -164,8 +186,10 @@ def print_report(report: dict) -> None:
             value = f"{value['min']} / {value['median']} / {value['max']} (min / median / max)"
         click.echo(f"{key:28} {value}")
     for t in report["trajectories"]:
-        click.echo(f"  {t['trajectory_id']}: {t['status']} in {t['wall_s']} s, {t['runs']} runs, largest history "
-                   f"{t['largest_history_bytes']} bytes, largest payload {t['largest_payload_bytes']} bytes")
+        click.echo(
+            f"  {t['trajectory_id']}: {t['status']} in {t['wall_s']} s, {t['runs']} runs, largest history "
+            f"{t['largest_history_bytes']} bytes, largest payload {t['largest_payload_bytes']} bytes"
+        )
 
 
 async def _progress(client, trajectory_id: str) -> int | str:
@@ -175,7 +199,9 @@ async def _progress(client, trajectory_id: str) -> int | str:
     from belayer.workflows.models import TrajectoryProgress
 
     try:
-        progress = await client.get_workflow_handle(trajectory_id).query("progress", result_type=TrajectoryProgress)
+        progress = await client.get_workflow_handle(trajectory_id).query(
+            "progress", result_type=TrajectoryProgress
+        )
     except (RPCError, WorkflowQueryFailedError) as exc:  # between two runs of the chain: keep waiting
         return f"? ({type(exc).__name__})"
     return progress.step

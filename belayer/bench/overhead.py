@@ -110,8 +110,9 @@ def default_fail_step(task: TraceTask) -> int:
 # ---------------------------------------------------------------- running
 
 
-async def run_trial(target: Target, task: TraceTask, policy: PolicyConfig, trial: Trial, *,
-                    fail_at: int, run_id: str) -> TrialResult:
+async def run_trial(
+    target: Target, task: TraceTask, policy: PolicyConfig, trial: Trial, *, fail_at: int, run_id: str
+) -> TrialResult:
     """Run one trajectory to its end; when faulted, kill its sandbox once it reaches `fail_at`."""
     suffix = "-fault" if trial.faulted else ""
     trajectory_id = f"{task.id}-{run_id}-r{trial.round}-{trial.mode}{suffix}"
@@ -125,9 +126,16 @@ async def run_trial(target: Target, task: TraceTask, policy: PolicyConfig, trial
     wall = time.monotonic() - started
     decisions = await asyncio.to_thread(read_decisions, target.store, result.log) if result.log else []
     return TrialResult(
-        **trial.model_dump(), trajectory_id=trajectory_id, status=result.status, reason=result.reason,
-        wall_s=round(wall, 3), checkpoints=result.checkpoints, decisions=decisions,
-        recoveries=result.recoveries, fault_step=fault_step, fault_detail=fault_detail,
+        **trial.model_dump(),
+        trajectory_id=trajectory_id,
+        status=result.status,
+        reason=result.reason,
+        wall_s=round(wall, 3),
+        checkpoints=result.checkpoints,
+        decisions=decisions,
+        recoveries=result.recoveries,
+        fault_step=fault_step,
+        fault_detail=fault_detail,
     )
 
 
@@ -146,9 +154,16 @@ async def _kill_at_step(handle, target: Target, step: int) -> tuple[int | None, 
         await asyncio.sleep(0.1)
 
 
-async def run_bench(target: Target, task: TraceTask, policy: PolicyConfig, *, rounds: int,
-                    inject: bool, fail_at: int | None = None,
-                    say: Callable[[str], None] = lambda _m: None) -> dict:
+async def run_bench(
+    target: Target,
+    task: TraceTask,
+    policy: PolicyConfig,
+    *,
+    rounds: int,
+    inject: bool,
+    fail_at: int | None = None,
+    say: Callable[[str], None] = lambda _m: None,
+) -> dict:
     """Every trial of the schedule, one after another, then the summary."""
     fail_at = fail_at or default_fail_step(task)
     run_id = uuid.uuid4().hex[:6]
@@ -156,17 +171,25 @@ async def run_bench(target: Target, task: TraceTask, policy: PolicyConfig, *, ro
     for trial in schedule(rounds, inject):
         result = await run_trial(target, task, policy, trial, fail_at=fail_at, run_id=run_id)
         results.append(result)
-        say(f"round {trial.round} {trial.mode:14s}{' faulted' if trial.faulted else '        '} "
+        say(
+            f"round {trial.round} {trial.mode:14s}{' faulted' if trial.faulted else '        '} "
             f"{result.wall_s:7.1f}s {result.status}, {result.checkpoints} checkpoints, "
-            f"{len(result.recoveries)} recoveries  ({result.trajectory_id})")
+            f"{len(result.recoveries)} recoveries  ({result.trajectory_id})"
+        )
     return summarize(task, policy, results, rounds=rounds, fail_at=fail_at if inject else None)
 
 
 # ---------------------------------------------------------------- summarising (pure)
 
 
-def summarize(task: TraceTask, policy: PolicyConfig, results: list[TrialResult], *, rounds: int,
-              fail_at: int | None = None) -> dict:
+def summarize(
+    task: TraceTask,
+    policy: PolicyConfig,
+    results: list[TrialResult],
+    *,
+    rounds: int,
+    fail_at: int | None = None,
+) -> dict:
     """The benchmark's JSON: wall times, overheads, checkpoints, phases, failures, estimate.
 
     The top-level `*_s` and `*_overhead_pct` figures are means over the failure-free runs;
@@ -174,8 +197,9 @@ def summarize(task: TraceTask, policy: PolicyConfig, results: list[TrialResult],
     round's run against the same round's `none`). `adaptive` figures are the policy told
     the trace's generation lengths; `adaptive_model` and `*_model` ones are the same policy
     predicting them from history."""
-    clean = {m: [r for r in results if r.mode == m and not r.faulted and r.status == "completed"]
-             for m in MODES}
+    clean = {
+        m: [r for r in results if r.mode == m and not r.faulted and r.status == "completed"] for m in MODES
+    }
     walls = {m: _mean([r.wall_s for r in clean[m]]) for m in MODES}
     none_s = walls["none"]
     per_round = _per_round(results)
@@ -193,8 +217,10 @@ def summarize(task: TraceTask, policy: PolicyConfig, results: list[TrialResult],
         "max_unprotected_replay_s": _max_unprotected_replay(clean["adaptive"]),
         "max_unprotected_replay_s_model": _max_unprotected_replay(clean["adaptive-model"]),
         "wall_s": {KEY[m]: spread([r.wall_s for r in clean[m]]) for m in MODES},
-        "overhead_pct": {KEY[m]: spread([row.get(f"{KEY[m]}_overhead_pct") for row in per_round], digits=2)
-                         for m in CHECKPOINTING},
+        "overhead_pct": {
+            KEY[m]: spread([row.get(f"{KEY[m]}_overhead_pct") for row in per_round], digits=2)
+            for m in CHECKPOINTING
+        },
         "workload": task.id,
         "turns": len(task.turns),
         "think_tokens": sum(t.think_tokens for t in task.turns),
@@ -210,8 +236,11 @@ def summarize(task: TraceTask, policy: PolicyConfig, results: list[TrialResult],
         KEY[m]: _pct((none_s or 0) + (report["phases"][KEY[m]]["wait_s_per_trajectory"] or 0), none_s)
         for m in CHECKPOINTING
     }
-    incomplete = [{"id": r.trajectory_id, "status": r.status, "reason": r.reason}
-                  for r in results if r.status != "completed"]
+    incomplete = [
+        {"id": r.trajectory_id, "status": r.status, "reason": r.reason}
+        for r in results
+        if r.status != "completed"
+    ]
     if incomplete:
         report["incomplete"] = incomplete
     if fail_at is not None:
@@ -270,11 +299,14 @@ def _phases(task: TraceTask, trials: list[TrialResult], baseline: list[TrialResu
         "generation_slowdown_pct": _pct(per_token, base_per_token),
         "action_s_per_turn": _round(_mean(actions)),
         "checkpoint_s": _round(_mean([d.actual_checkpoint_s for d in checkpoints])),
-        "checkpoint_mb": _round(_mean([d.actual_checkpoint_mb for d in checkpoints
-                                       if d.actual_checkpoint_mb is not None]), 2),
+        "checkpoint_mb": _round(
+            _mean([d.actual_checkpoint_mb for d in checkpoints if d.actual_checkpoint_mb is not None]), 2
+        ),
         "wait_s_per_trajectory": _round(sum(waits) / n if n else None),
         "waited_checkpoints_per_trajectory": _round(sum(1 for w in waits if w > 0.05) / n if n else None, 2),
-        "verdicts": {v: sum(1 for d in decisions if d.verdict == v) for v in ("checkpoint", "forced", "skip")},
+        "verdicts": {
+            v: sum(1 for d in decisions if d.verdict == v) for v in ("checkpoint", "forced", "skip")
+        },
         "max_unprotected_steps": _max_unprotected(trials),
         "max_unprotected_replay_s": _max_unprotected_replay(trials),
         "predictor_error": {
@@ -290,7 +322,9 @@ def _failures(results: list[TrialResult], clean_walls: dict, fail_at: int) -> di
     for m in MODES:
         faulted = [r for r in results if r.mode == m and r.faulted]
         hit = [r for r in faulted if r.fault_step is not None]
-        lost = [r.wall_s - clean_walls[m] for r in hit if r.status == "completed" and clean_walls[m] is not None]
+        lost = [
+            r.wall_s - clean_walls[m] for r in hit if r.status == "completed" and clean_walls[m] is not None
+        ]
         recs = [rec for r in hit for rec in r.recoveries]
         out[KEY[m]] = {
             "injected": len(hit),
@@ -320,7 +354,9 @@ def _max_unprotected_replay(trials: list[TrialResult]) -> float | None:
 # ---------------------------------------------------------------- the accelerator estimate
 
 
-def measured_trace(task: TraceTask, none: list[TrialResult], every: list[TrialResult]) -> list[TraceStep] | None:
+def measured_trace(
+    task: TraceTask, none: list[TrialResult], every: list[TrialResult]
+) -> list[TraceStep] | None:
     """Per turn: generation and action durations from the `none` runs (no checkpoint beside
     the engine), checkpoint duration, its capture's share and size from the `every-step` runs."""
     if not none or not every:
@@ -354,14 +390,18 @@ def measured_trace(task: TraceTask, none: list[TrialResult], every: list[TrialRe
         tokens = turn.think_tokens
         # The first turn has no decision before it: the fit stands in for its measurement.
         seconds = means.get(i, fixed + per_token * tokens)
-        trace.append(TraceStep(
-            output_tokens=tokens, per_token_s=per_token, fixed_s=max(seconds - per_token * tokens, 0.0),
-            action_s=statistics.mean(act.get(i, [0.0])),
-            checkpoint_s=statistics.mean(ckpt.get(i) or all_ckpt or [0.0]),
-            # staged checkpoints: the next action waits for the capture only
-            capture_s=statistics.mean(capture.get(i) or all_capture) if all_capture else None,
-            size_mb=statistics.mean(size.get(i, [0.0])),
-        ))
+        trace.append(
+            TraceStep(
+                output_tokens=tokens,
+                per_token_s=per_token,
+                fixed_s=max(seconds - per_token * tokens, 0.0),
+                action_s=statistics.mean(act.get(i, [0.0])),
+                checkpoint_s=statistics.mean(ckpt.get(i) or all_ckpt or [0.0]),
+                # staged checkpoints: the next action waits for the capture only
+                capture_s=statistics.mean(capture.get(i) or all_capture) if all_capture else None,
+                size_mb=statistics.mean(size.get(i, [0.0])),
+            )
+        )
     return trace
 
 
@@ -379,7 +419,9 @@ def _affine_fit(points: list[tuple[int, float]]) -> tuple[float, float]:
     return max(mean_y - slope * mean_x, 0.0), slope
 
 
-def accelerator_estimate(task: TraceTask, policy: PolicyConfig, clean: dict[str, list[TrialResult]]) -> dict | None:
+def accelerator_estimate(
+    task: TraceTask, policy: PolicyConfig, clean: dict[str, list[TrialResult]]
+) -> dict | None:
     """The same trace with the engine on its own accelerator: generation as measured without
     a checkpoint beside it, checkpoints as measured, the workflow's overlap rule replayed by
     the simulator. Work the simulator does not model (Temporal round trips, tokenizing
@@ -406,8 +448,8 @@ def accelerator_estimate(task: TraceTask, policy: PolicyConfig, clean: dict[str,
         "unmodelled_s": _round(unmodelled),
         # The same, if the workflow told the policy that no generation follows the last turn.
         "adaptive_overhead_pct_if_end_known": _pct(
-            simulate(trace, mode_policy(policy, "adaptive"), end_tokens=0).wall_s + unmodelled,
-            walls["none"]),
+            simulate(trace, mode_policy(policy, "adaptive"), end_tokens=0).wall_s + unmodelled, walls["none"]
+        ),
         "measured_trace": [step.model_dump() for step in trace],
     }
 
@@ -437,8 +479,10 @@ def load_trace_task(workload: Path, task_id: str | None) -> TraceTask:
     if task_id:
         traces = [t for t in traces if t.id == task_id]
     if not traces:
-        raise click.UsageError(f"{workload} has no trace task{f' {task_id!r}' if task_id else ''}; "
-                               "the benchmark needs recorded turns (think_tokens + bash)")
+        raise click.UsageError(
+            f"{workload} has no trace task{f' {task_id!r}' if task_id else ''}; "
+            "the benchmark needs recorded turns (think_tokens + bash)"
+        )
     return traces[0]
 
 
@@ -449,55 +493,92 @@ def stack_target(config, client) -> Target:
     chaos = Chaos(config)
 
     def make_input(task: TraceTask, policy: PolicyConfig, trajectory_id: str) -> TrajectoryInput:
-        return trajectory_input(config, task).model_copy(update={"trajectory_id": trajectory_id, "policy": policy})
+        return trajectory_input(config, task).model_copy(
+            update={"trajectory_id": trajectory_id, "policy": policy}
+        )
 
     def kill(container: str) -> str:
         report = chaos.inject("sandbox-crash", sandbox_container=container)
         return report.detail
 
-    return Target(start=lambda input: start_trajectory(client, config, input), make_input=make_input,
-                  kill_sandbox=kill, store=open_store(config.storage))
+    return Target(
+        start=lambda input: start_trajectory(client, config, input),
+        make_input=make_input,
+        kill_sandbox=kill,
+        store=open_store(config.storage),
+    )
 
 
 def print_report(report: dict) -> None:
     from rich.console import Console
     from rich.table import Table
 
-    table = Table(title=f"checkpoint overhead: {report['workload']}, {report['turns']} turns, "
-                        f"{report['rounds']} rounds (wall and overhead: min/median/max; the rest: means)")
-    columns = ["mode", "wall s", "overhead %", "checkpoints", "gen s/turn", "gen slowdown %",
-               "ckpt s", "wait s", "max unprotected steps", "max unprotected s"]
+    table = Table(
+        title=f"checkpoint overhead: {report['workload']}, {report['turns']} turns, "
+        f"{report['rounds']} rounds (wall and overhead: min/median/max; the rest: means)"
+    )
+    columns = [
+        "mode",
+        "wall s",
+        "overhead %",
+        "checkpoints",
+        "gen s/turn",
+        "gen slowdown %",
+        "ckpt s",
+        "wait s",
+        "max unprotected steps",
+        "max unprotected s",
+    ]
     failures = report.get("failures")
     if failures:
         columns += ["lost s / failure", "recovery s", "recovered from"]
     for col in columns:
-        table.add_column(col, no_wrap=col in ("mode", "wall s", "overhead %"))  # min/median/max stay on one line
+        table.add_column(
+            col, no_wrap=col in ("mode", "wall s", "overhead %")
+        )  # min/median/max stay on one line
     for mode in MODES:
         key = KEY[mode]
         phases = report["phases"][key]
-        row = [mode, _fmt_spread(report["wall_s"][key]), _fmt_spread(report["overhead_pct"].get(key)),
-               _fmt(report["checkpoints"].get(key, 0)), _fmt(phases["generation_s_per_turn"]),
-               _fmt(phases["generation_slowdown_pct"]), _fmt(phases["checkpoint_s"]),
-               _fmt(phases["wait_s_per_trajectory"]), _fmt(phases["max_unprotected_steps"]),
-               _fmt(phases["max_unprotected_replay_s"])]
+        row = [
+            mode,
+            _fmt_spread(report["wall_s"][key]),
+            _fmt_spread(report["overhead_pct"].get(key)),
+            _fmt(report["checkpoints"].get(key, 0)),
+            _fmt(phases["generation_s_per_turn"]),
+            _fmt(phases["generation_slowdown_pct"]),
+            _fmt(phases["checkpoint_s"]),
+            _fmt(phases["wait_s_per_trajectory"]),
+            _fmt(phases["max_unprotected_steps"]),
+            _fmt(phases["max_unprotected_replay_s"]),
+        ]
         if failures:
-            row += [_fmt(failures[key]["lost_s_per_failure"]), _fmt(failures[key]["recovery_s"]),
-                    ", ".join(failures[key]["sources"])]
+            row += [
+                _fmt(failures[key]["lost_s_per_failure"]),
+                _fmt(failures[key]["recovery_s"]),
+                ", ".join(failures[key]["sources"]),
+            ]
         table.add_row(*row)
     out = Console(width=max(Console().width, 200))
     out.print(table)
-    out.print(f"mean failure-free overhead of adaptive: {_fmt(report['adaptive_overhead_pct'])}% told the "
-              f"trace's lengths, {_fmt(report['adaptive_overhead_pct_model'])}% predicting them (model task)")
+    out.print(
+        f"mean failure-free overhead of adaptive: {_fmt(report['adaptive_overhead_pct'])}% told the "
+        f"trace's lengths, {_fmt(report['adaptive_overhead_pct_model'])}% predicting them (model task)"
+    )
     waits = report.get("wait_overhead_pct") or {}
-    out.print("waiting for checkpoints on the critical path: "
-              + ", ".join(f"{m} {_fmt(waits.get(KEY[m]))}%" for m in CHECKPOINTING) + " of the none wall time")
+    out.print(
+        "waiting for checkpoints on the critical path: "
+        + ", ".join(f"{m} {_fmt(waits.get(KEY[m]))}%" for m in CHECKPOINTING)
+        + " of the none wall time"
+    )
     estimate = report.get("accelerator_estimate")
     if estimate:
-        out.print(f"engine on its own accelerator (simulated from the measured phases): every-step "
-                  f"{_fmt(estimate['every_step_overhead_pct'])}%, adaptive {_fmt(estimate['adaptive_overhead_pct'])}% "
-                  f"({estimate['checkpoints']['adaptive']} checkpoints), adaptive-model "
-                  f"{_fmt(estimate['adaptive_overhead_pct_model'])}% "
-                  f"({estimate['checkpoints']['adaptive_model']} checkpoints)")
+        out.print(
+            f"engine on its own accelerator (simulated from the measured phases): every-step "
+            f"{_fmt(estimate['every_step_overhead_pct'])}%, adaptive {_fmt(estimate['adaptive_overhead_pct'])}% "
+            f"({estimate['checkpoints']['adaptive']} checkpoints), adaptive-model "
+            f"{_fmt(estimate['adaptive_overhead_pct_model'])}% "
+            f"({estimate['checkpoints']['adaptive_model']} checkpoints)"
+        )
 
 
 def _fmt(value) -> str:

@@ -80,8 +80,13 @@ def run_one(bench: Bench, out_dir: Path, repetitions: int | None) -> Outcome:
     log = out_dir / f"{bench.name}.log"
     started = time.monotonic()
     with log.open("w") as stderr:
-        done = subprocess.run([sys.executable, "-m", "belayer.cli", *command[1:]], stdout=subprocess.PIPE,
-                              stderr=stderr, stdin=subprocess.DEVNULL, text=True)
+        done = subprocess.run(
+            [sys.executable, "-m", "belayer.cli", *command[1:]],
+            stdout=subprocess.PIPE,
+            stderr=stderr,
+            stdin=subprocess.DEVNULL,
+            text=True,
+        )
     wall_s = round(time.monotonic() - started, 1)
     try:
         report = json.loads(done.stdout)
@@ -94,8 +99,14 @@ def run_one(bench: Bench, out_dir: Path, repetitions: int | None) -> Outcome:
     # trajectory): its figures are kept beside the failure, not thrown away with it.
     (out_dir / f"{bench.name}.json").write_text(json.dumps(report, indent=2))
     if done.returncode != 0:
-        return Outcome(bench.name, command, False, wall_s, report=report,
-                       error=f"exit {done.returncode}: its own verdict failed (see {bench.name}.json):\n{tail}")
+        return Outcome(
+            bench.name,
+            command,
+            False,
+            wall_s,
+            report=report,
+            error=f"exit {done.returncode}: its own verdict failed (see {bench.name}.json):\n{tail}",
+        )
     return Outcome(bench.name, command, True, wall_s, report=report)
 
 
@@ -103,7 +114,9 @@ def selected(only: tuple[str, ...], skip: tuple[str, ...]) -> list[Bench]:
     known = {b.name for b in BENCHES}
     unknown = sorted((set(only) | set(skip)) - known)
     if unknown:
-        raise click.UsageError(f"no benchmark named {', '.join(unknown)}; the suite has {', '.join(sorted(known))}")
+        raise click.UsageError(
+            f"no benchmark named {', '.join(unknown)}; the suite has {', '.join(sorted(known))}"
+        )
     return [b for b in BENCHES if (not only or b.name in only) and b.name not in skip]
 
 
@@ -111,16 +124,24 @@ def selected(only: tuple[str, ...], skip: tuple[str, ...]) -> list[Bench]:
 
 
 def is_spread(value) -> bool:
-    return isinstance(value, dict) and {"min", "median", "max"} <= value.keys() and all(
-        isinstance(value[k], (int, float)) for k in ("min", "median", "max"))
+    return (
+        isinstance(value, dict)
+        and {"min", "median", "max"} <= value.keys()
+        and all(isinstance(value[k], (int, float)) for k in ("min", "median", "max"))
+    )
 
 
 def is_named_rows(value) -> bool:
-    return isinstance(value, list) and bool(value) and all(
-        isinstance(row, dict) and isinstance(row.get("name"), str) for row in value)
+    return (
+        isinstance(value, list)
+        and bool(value)
+        and all(isinstance(row, dict) and isinstance(row.get("name"), str) for row in value)
+    )
 
 
-def figures(report: dict, prefix: str = "", depth: int = 3) -> tuple[list[tuple[str, dict]], list[tuple[str, object]]]:
+def figures(
+    report: dict, prefix: str = "", depth: int = 3
+) -> tuple[list[tuple[str, dict]], list[tuple[str, object]]]:
     """The report's min / median / max figures and its single numbers, by dotted path
     (lists of per-run records are left to the JSON file; a list of named rows, such as
     env-recovery's workloads, is read as a dict by name)."""
@@ -154,8 +175,11 @@ def markdown(outcomes: list[Outcome], machine: dict) -> str:
         "",
     ]
     if described := machine.get("description"):
-        lines[2:2] = [f"Machine: {described['cpu']}, {described['cores']} cores, {described['memory_gib']} GiB, "
-                      f"Linux {described['kernel']}, {described['os']}; Belayer {described['commit']}.", ""]
+        lines[2:2] = [
+            f"Machine: {described['cpu']}, {described['cores']} cores, {described['memory_gib']} GiB, "
+            f"Linux {described['kernel']}, {described['os']}; Belayer {described['commit']}.",
+            "",
+        ]
     for outcome in outcomes:
         lines += [f"## {outcome.name}", "", f"`{' '.join(outcome.command)}` ({outcome.wall_s:.0f} s)", ""]
         if not outcome.ok:
@@ -163,7 +187,9 @@ def markdown(outcomes: list[Outcome], machine: dict) -> str:
         spreads, numbers = figures(outcome.report)
         if spreads:
             lines += ["| figure | median | min | max |", "|---|---|---|---|"]
-            lines += [f"| {p} | {_num(s['median'])} | {_num(s['min'])} | {_num(s['max'])} |" for p, s in spreads]
+            lines += [
+                f"| {p} | {_num(s['median'])} | {_num(s['min'])} | {_num(s['max'])} |" for p, s in spreads
+            ]
             lines.append("")
         if numbers:
             lines += ["| figure | value |", "|---|---|"]
@@ -180,14 +206,20 @@ def plots_page(outcomes: list[Outcome], machine: dict, out_dir: Path) -> str:
     from belayer.report import plots
     from belayer.report.html import document, figure
 
-    parts = [f"<h1>Belayer benchmarks</h1><p>{machine['cores']} cores; load average "
-             f"{html.escape(_loads(machine['before']))} before, {html.escape(_loads(machine['after']))} after.</p>"]
+    parts = [
+        f"<h1>Belayer benchmarks</h1><p>{machine['cores']} cores; load average "
+        f"{html.escape(_loads(machine['before']))} before, {html.escape(_loads(machine['after']))} after.</p>"
+    ]
     for outcome in outcomes:
         spreads = figures(outcome.report)[0]
         command = f"<p><code>{html.escape(' '.join(outcome.command))}</code></p>"
         failed = [] if outcome.ok else ["<p>failed; see its log</p>"]
         if spreads:
-            parts += [figure(outcome.name, plots.spreads(spreads, out_dir / f"{outcome.name}.png")), command, *failed]
+            parts += [
+                figure(outcome.name, plots.spreads(spreads, out_dir / f"{outcome.name}.png")),
+                command,
+                *failed,
+            ]
             continue
         why = "failed; see its log" if not outcome.ok else "no repeated figures (see the JSON)"
         parts += [f"<h2>{html.escape(outcome.name)}</h2>", command, f"<p>{why}</p>"]
@@ -206,9 +238,19 @@ def _loads(loads: list[float]) -> str:
 
 
 def write_outputs(out_dir: Path, outcomes: list[Outcome], machine: dict) -> None:
-    summary = {"machine": machine, "benchmarks": [
-        {"name": o.name, "command": " ".join(o.command), "ok": o.ok, "wall_s": o.wall_s, "error": o.error or None}
-        for o in outcomes]}
+    summary = {
+        "machine": machine,
+        "benchmarks": [
+            {
+                "name": o.name,
+                "command": " ".join(o.command),
+                "ok": o.ok,
+                "wall_s": o.wall_s,
+                "error": o.error or None,
+            }
+            for o in outcomes
+        ],
+    }
     (out_dir / "summary.json").write_text(json.dumps(summary, indent=2))
     (out_dir / "benchmarks.md").write_text(markdown(outcomes, machine))
     (out_dir / "plots.html").write_text(plots_page(outcomes, machine, out_dir))

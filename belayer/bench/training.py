@@ -78,29 +78,30 @@ NOTES = [
 ]
 CLOCKS = {
     "wall_s": "client clock (monotonic): from the request that starts the run until its result is back, "
-              "i.e. past the last iteration's publish and its record (the user stops waiting then)",
+    "i.e. past the last iteration's publish and its record (the user stops waiting then)",
     "iterations_s": "workflow clock (Temporal's): sum over iterations of rollout_s + train_s + publish_s",
     "failure_free_overhead_pct": "(protected wall_s - unprotected wall_s) / unprotected wall_s x 100, per "
-                                 "repetition",
+    "repetition",
     "goodput_ratio": "baseline_faulted wall_s / belayer_faulted wall_s, per repetition: the same result "
-                     "(same iterations, same batch) from the same faults, how much sooner Belayer delivers it",
+    "(same iterations, same batch) from the same faults, how much sooner Belayer delivers it",
     "thrown_away_trajectory_s": "Temporal's clock (child workflow start -> close, from describe) summed over "
-                                "trajectory attempts that ended failed_infra: trajectory-seconds, not wall time",
+    "trajectory attempts that ended failed_infra: trajectory-seconds, not wall time",
     "recovery_wait_s": "client wall clock: per injected fault, from the injection until what it hit moves on "
-                       "(its trajectory's next step or end), summed",
+    "(its trajectory's next step or end), summed",
     "wasted_s": "wall time of the union of (a) per iteration, the gating member's (the last to finish) time "
-                "from its first attempt's start to its counted attempt's start (failed attempts + retry "
-                "wait) and (b) each fault's recovery wait; clipped to the run",
+    "from its first attempt's start to its counted attempt's start (failed attempts + retry "
+    "wait) and (b) each fault's recovery wait; clipped to the run",
     "effective_training_time_ratio": "(wall_s - wasted_s) / wall_s: the share of the run's wall time spent "
-                                     "on work that contributes to its result",
+    "on work that contributes to its result",
 }
 
 
 # ----------------------------------------------------------------------------- plan and schedule
 
 
-def fault_plan(iterations: int, chaos_seed: int, chaos_rate: float | None = None,
-               kinds: tuple[str, ...] = FIXED_FAULTS) -> list:
+def fault_plan(
+    iterations: int, chaos_seed: int, chaos_rate: float | None = None, kinds: tuple[str, ...] = FIXED_FAULTS
+) -> list:
     """The faults both faulted runs get: `random_training_plan` when a rate is given, else
     every kind of `kinds` once, in a seeded order, spread over the iterations in turn."""
     from belayer.chaos.plan import PlannedFault, random_training_plan
@@ -133,8 +134,12 @@ def parse_attempt(workflow_id: str) -> dict | None:
     match = ATTEMPT_ID.match(workflow_id)
     if match is None:
         return None
-    return {"iteration": int(match["iteration"]), "task": match["task"], "member": int(match["member"]),
-            "attempt": int(match["attempt"])}
+    return {
+        "iteration": int(match["iteration"]),
+        "task": match["task"],
+        "member": int(match["member"]),
+        "attempt": int(match["attempt"]),
+    }
 
 
 def union_s(intervals: list[tuple[float, float]], lo: float | None = None, hi: float | None = None) -> float:
@@ -222,8 +227,10 @@ def summarize(runs: list[dict], *, settings: dict, plan: list) -> dict:
         pairs = [(x, y) for x, y in pairs if x and y]
         if not pairs:
             return None
-        return all(x["final_weights_sha256"] is not None and x["final_weights_sha256"] == y["final_weights_sha256"]
-                   for x, y in pairs)
+        return all(
+            x["final_weights_sha256"] is not None and x["final_weights_sha256"] == y["final_weights_sha256"]
+            for x, y in pairs
+        )
 
     modes = {}
     for mode in MODES:
@@ -231,7 +238,8 @@ def summarize(runs: list[dict], *, settings: dict, plan: list) -> dict:
         if not mine:
             continue
         modes[mode] = {
-            "shadow": SHADOW[mode], "faulted": FAULTED[mode],
+            "shadow": SHADOW[mode],
+            "faulted": FAULTED[mode],
             "wall_s": spread(of(mode, "wall_s")),
             "iterations_s": spread(of(mode, "iterations_s")),
             "effective_training_time_ratio": spread(of(mode, "effective_training_time_ratio")),
@@ -258,14 +266,18 @@ def summarize(runs: list[dict], *, settings: dict, plan: list) -> dict:
             "all_runs_completed": all(r["status"] == "completed" for r in runs),
             "groups_dropped": sum(r["groups_dropped"] for r in runs),
             "what": "final weights sha256 of runs with the same seeds compared per repetition; with a "
-                    "deterministic workload all four are expected equal (a baseline group dropped after "
-                    "max_infra_retries would change its batch, and shows here). learning_signal is false when "
-                    "no group had differing rewards: every advantage was 0, the weights did not move, and the "
-                    "comparison is vacuous (a model that solves some tasks, e.g. tiny-warm on learn.yaml, gives one)",
+            "deterministic workload all four are expected equal (a baseline group dropped after "
+            "max_infra_retries would change its batch, and shows here). learning_signal is false when "
+            "no group had differing rewards: every advantage was 0, the weights did not move, and the "
+            "comparison is vacuous (a model that solves some tasks, e.g. tiny-warm on learn.yaml, gives one)",
         },
         "faults_landed_equally": all(
-            row.get("faults_injected", {}).get(side) == len(plan) for row in per_rep for side in ("belayer", "baseline")
-        ) if plan else None,
+            row.get("faults_injected", {}).get(side) == len(plan)
+            for row in per_rep
+            for side in ("belayer", "baseline")
+        )
+        if plan
+        else None,
         "repetitions": len(reps),
         **settings,
         "fault_plan": [p.model_dump(exclude_none=True) for p in plan],
@@ -315,7 +327,9 @@ def wait_ready(config, shadow: bool, say: Callable[[str], None]) -> None:
         roles = node_roles(config)
         ok = all(r.healthy for r in rows)
         if ok and shadow:
-            ok = bool(roles.get("shadow_ready")) and roles.get("shadow_version") == roles.get("weights_version")
+            ok = bool(roles.get("shadow_ready")) and roles.get("shadow_version") == roles.get(
+                "weights_version"
+            )
         if ok and not shadow:
             ok = roles.get("shadow") is None
         if ok:
@@ -325,7 +339,9 @@ def wait_ready(config, shadow: bool, say: Callable[[str], None]) -> None:
             said = True
         time.sleep(1)
     bad = [f"{r.name}: {r.detail}" for r in LocalStack(config).status() if not r.healthy]
-    raise click.ClickException(f"the stack did not become ready within {READY_TIMEOUT_S}s: {bad or node_roles(config)}")
+    raise click.ClickException(
+        f"the stack did not become ready within {READY_TIMEOUT_S}s: {bad or node_roles(config)}"
+    )
 
 
 # ----------------------------------------------------------------------------- one run
@@ -334,15 +350,31 @@ def wait_ready(config, shadow: bool, say: Callable[[str], None]) -> None:
 class BenchRun:
     """Runs the schedule on the stack of `config` (whose rollout.shadow must be on)."""
 
-    def __init__(self, config, tasks, *, iterations: int, group_size: int, tasks_per_iteration: int,
-                 seed: int, lr: float, plan: list, say: Callable[[str], None], model: str | None = None):
+    def __init__(
+        self,
+        config,
+        tasks,
+        *,
+        iterations: int,
+        group_size: int,
+        tasks_per_iteration: int,
+        seed: int,
+        lr: float,
+        plan: list,
+        say: Callable[[str], None],
+        model: str | None = None,
+    ):
         """`model`: the workload's start model (`belayer train` starts from it too); the
         engines' when None."""
         self.config = config
         self.model = model
         self.off_config = _with_shadow(config, False)
         self.tasks, self.plan, self.say = tasks, plan, say
-        self.iterations, self.group_size, self.tasks_per_iteration = iterations, group_size, tasks_per_iteration
+        self.iterations, self.group_size, self.tasks_per_iteration = (
+            iterations,
+            group_size,
+            tasks_per_iteration,
+        )
         self.seed, self.lr = seed, lr
         self.tag = f"bt{os.getpid() % 100000:05d}{int(time.time()) % 100000:05d}"
 
@@ -377,9 +409,16 @@ class BenchRun:
         policy = config.policy.model_copy(update={"mode": "adaptive" if protected else "none"})
         overrides = {} if protected else {"max_recoveries": 0}
         input = training_input(
-            config.model_copy(update={"policy": policy}), self.tasks, iterations=self.iterations, group_size=self.group_size,
-            tasks_per_iteration=self.tasks_per_iteration, seed=self.seed, settings=TrainerSettings(lr=self.lr),
-            run_id=f"{self.tag}-r{rep}-{mode.replace('_', '-')}", model=self.model, **overrides,
+            config.model_copy(update={"policy": policy}),
+            self.tasks,
+            iterations=self.iterations,
+            group_size=self.group_size,
+            tasks_per_iteration=self.tasks_per_iteration,
+            seed=self.seed,
+            settings=TrainerSettings(lr=self.lr),
+            run_id=f"{self.tag}-r{rep}-{mode.replace('_', '-')}",
+            model=self.model,
+            **overrides,
         )
         plan = self.plan if FAULTED[mode] else []
         chaos = TrainingChaos(config, client, input.run_id, plan)
@@ -407,10 +446,17 @@ class BenchRun:
             if not protected:
                 _baseline_recovery(fault, attempts)
         return {
-            "repetition": rep, "mode": mode, "run_id": input.run_id, "status": result.status,
-            "reason": result.reason, "wall_s": round(wall, 3),
+            "repetition": rep,
+            "mode": mode,
+            "run_id": input.run_id,
+            "status": result.status,
+            "reason": result.reason,
+            "wall_s": round(wall, 3),
             "iterations_s": round(sum(r.rollout_s + r.train_s + r.publish_s for r in records), 3),
-            "phases_s": {k: round(sum(getattr(r, k) for r in records), 3) for k in ("rollout_s", "train_s", "publish_s")},
+            "phases_s": {
+                k: round(sum(getattr(r, k) for r in records), 3)
+                for k in ("rollout_s", "train_s", "publish_s")
+            },
             "iterations_done": result.iterations_done,
             "groups_dropped": sum(r.groups_dropped for r in records),
             "infra_retries": sum(r.infra_retries for r in records),
@@ -432,8 +478,10 @@ def _baseline_recovery(fault: dict, attempts: list[dict]) -> None:
     target = str(fault.get("target") or "").split(" ")[0]
     hit = next((a for a in attempts if a["id"] == target), None)
     if hit is not None and hit["failed"]:
-        fault["recovered_by"] = ("none (max_recoveries 0): the trajectory ended failed_infra and the training "
-                                 "loop ran it again from its first turn in a fresh sandbox")
+        fault["recovered_by"] = (
+            "none (max_recoveries 0): the trajectory ended failed_infra and the training "
+            "loop ran it again from its first turn in a fresh sandbox"
+        )
     else:
         fault["recovered_by"] = "none needed: the trajectory it hit was not lost"
 
@@ -474,10 +522,16 @@ async def trajectory_attempts(client, run_id: str) -> list[dict]:
             continue
         described = await client.get_workflow_handle(workflow_id).describe()
         status = described.typed_search_attributes.get(STATUS_KEY)
-        attempts.append({**parsed, "id": workflow_id, "start": _epoch(described.start_time),
-                         "close": _epoch(described.close_time), "status": status,
-                         "failed": status == "failed_infra"
-                         or described.status != WorkflowExecutionStatus.COMPLETED})
+        attempts.append(
+            {
+                **parsed,
+                "id": workflow_id,
+                "start": _epoch(described.start_time),
+                "close": _epoch(described.close_time),
+                "status": status,
+                "failed": status == "failed_infra" or described.status != WorkflowExecutionStatus.COMPLETED,
+            }
+        )
     latest: dict[tuple, int] = {}
     for a in attempts:
         key = (a["iteration"], a["task"], a["member"])
@@ -494,9 +548,11 @@ def _epoch(when: datetime | None) -> float | None:
 def progress_line(run: dict, repetitions: int) -> str:
     faults = f", faults {run['faults_injected']}/{len(run['faults'])} injected" if run["faults"] else ""
     sha = (run["final_weights_sha256"] or "-")[:12]
-    return (f"repetition {run['repetition'] + 1}/{repetitions} {run['mode']:<16} {run['wall_s']:7.1f}s "
-            f"{run['status']}{faults}, {run['failed_attempts']} thrown-away attempts, effective "
-            f"{run['effective_training_time_ratio']}, dropped {run['groups_dropped']}, weights {sha}")
+    return (
+        f"repetition {run['repetition'] + 1}/{repetitions} {run['mode']:<16} {run['wall_s']:7.1f}s "
+        f"{run['status']}{faults}, {run['failed_attempts']} thrown-away attempts, effective "
+        f"{run['effective_training_time_ratio']}, dropped {run['groups_dropped']}, weights {sha}"
+    )
 
 
 # ----------------------------------------------------------------------------- the report
@@ -508,8 +564,10 @@ def print_report(report: dict) -> None:
 
     click.echo(f"{report['repetitions']} repetitions (min/median/max)")
     for mode, m in report["modes"].items():
-        click.echo(f"  {mode:<17} wall {mmm(m['wall_s'])} s, effective {mmm(m['effective_training_time_ratio'])}, "
-                   f"failed attempts {mmm(m['failed_attempts'])}, faults {mmm(m['faults_injected'])}")
+        click.echo(
+            f"  {mode:<17} wall {mmm(m['wall_s'])} s, effective {mmm(m['effective_training_time_ratio'])}, "
+            f"failed attempts {mmm(m['failed_attempts'])}, faults {mmm(m['faults_injected'])}"
+        )
     click.echo(f"failure-free overhead of the protections: {mmm(report['failure_free_overhead_pct'])} %")
     click.echo(f"goodput ratio under faults (baseline / Belayer time): {mmm(report['goodput_ratio'])}")
     click.echo(f"correctness: {json.dumps({k: v for k, v in report['correctness'].items() if k != 'what'})}")

@@ -93,19 +93,25 @@ def split_turn_loop(spans: list[ActivitySpan], turns: int) -> LoopSplit:
     if len(actions) < turns:
         raise click.ClickException(f"the workflow ran {len(actions)} actions, the trace has {turns} turns")
     last = actions[turns - 1]
-    after = spans[last + 1:]
-    if after and after[0].name == "append_observation" and all(s.scheduled >= after[0].completed for s in after[1:]):
+    after = spans[last + 1 :]
+    if (
+        after
+        and after[0].name == "append_observation"
+        and all(s.scheduled >= after[0].completed for s in after[1:])
+    ):
         last, after = last + 1, after[1:]
     following = next((s for s in after if s.name != "append_observation"), None)
     if following is None:
         raise click.ClickException("the workflow scheduled nothing after its last turn")
-    loop = spans[first:last + 1]
+    loop = spans[first : last + 1]
     end = following.scheduled
     return LoopSplit(
         turns=turns,
         loop_s=end - loop[0].scheduled,
         dispatch_s=sum(s.started - s.scheduled for s in loop),
-        workflow_tasks_s=sum(nxt.scheduled - s.completed for s, nxt in zip(loop, [*loop[1:], following], strict=True)),
+        workflow_tasks_s=sum(
+            nxt.scheduled - s.completed for s, nxt in zip(loop, [*loop[1:], following], strict=True)
+        ),
         in_activities_s=sum(s.completed - s.started - s.work_s for s in loop),
         work_s=sum(s.work_s for s in loop),
     )
@@ -116,7 +122,6 @@ async def activity_spans(client, handle) -> list[ActivitySpan]:
     the work it reports (the engine's time for `generate`, the action's for `sandbox.exec`)."""
     from temporalio.api.enums.v1 import EventType
 
-
     history = await handle.fetch_history()
     scheduled: dict[int, tuple[str, float]] = {}
     started: dict[int, float] = {}
@@ -124,7 +129,10 @@ async def activity_spans(client, handle) -> list[ActivitySpan]:
     for event in history.events:
         at = event.event_time.ToDatetime().timestamp()
         if event.event_type == EventType.EVENT_TYPE_ACTIVITY_TASK_SCHEDULED:
-            scheduled[event.event_id] = (event.activity_task_scheduled_event_attributes.activity_type.name, at)
+            scheduled[event.event_id] = (
+                event.activity_task_scheduled_event_attributes.activity_type.name,
+                at,
+            )
         elif event.event_type == EventType.EVENT_TYPE_ACTIVITY_TASK_STARTED:
             started[event.activity_task_started_event_attributes.scheduled_event_id] = at
         elif event.event_type == EventType.EVENT_TYPE_ACTIVITY_TASK_COMPLETED:
@@ -146,11 +154,14 @@ async def run_belayer(config, client, task: TraceTask) -> LoopSplit:
 
     policy = config.policy.model_copy(update={"mode": "none"})
     started = trajectory_input(config, task).model_copy(
-        update={"trajectory_id": f"bench-turns-{uuid.uuid4().hex[:8]}", "policy": policy})
+        update={"trajectory_id": f"bench-turns-{uuid.uuid4().hex[:8]}", "policy": policy}
+    )
     handle = await start_trajectory(client, config, started)
     result = await asyncio.wait_for(handle.result(), RUN_TIMEOUT_S)
     if result.status not in ("completed", "failed_policy"):
-        raise click.ClickException(f"trajectory {result.trajectory_id} ended {result.status}: {result.reason}")
+        raise click.ClickException(
+            f"trajectory {result.trajectory_id} ended {result.status}: {result.reason}"
+        )
     return split_turn_loop(await activity_spans(client, handle), len(task.turns))
 
 
@@ -198,9 +209,15 @@ class PlainLoop:
         from belayer.sandbox.models import Observation
 
         cfg = self.host.cfg
-        reply = channel.run_action(self.host.backend.channel_path(handle.sandbox_id), trajectory=trajectory,
-                                   step=step, generation=handle.generation, command=command,
-                                   timeout_s=cfg.action_timeout_s, output_cap=cfg.output_cap_bytes)
+        reply = channel.run_action(
+            self.host.backend.channel_path(handle.sandbox_id),
+            trajectory=trajectory,
+            step=step,
+            generation=handle.generation,
+            command=command,
+            timeout_s=cfg.action_timeout_s,
+            output_cap=cfg.output_cap_bytes,
+        )
         return Observation.from_supervisor(reply["observation"], replayed=False)
 
     async def run(self, task: TraceTask) -> PlainRun:
@@ -263,8 +280,10 @@ def summarize(belayer: list[LoopSplit], plain: list[PlainRun], *, task: TraceTas
         "accelerator_turn_pct": round(overhead / (accelerator_ms + overhead) * 100, 1),
         "belayer_turn_ms": loop_b,
         "plain_turn_ms": loop_p,
-        "work_turn_ms": {"belayer": per_turn_ms(s.work_s for s in belayer),
-                         "plain": per_turn_ms(r.work_s for r in plain)},
+        "work_turn_ms": {
+            "belayer": per_turn_ms(s.work_s for s in belayer),
+            "plain": per_turn_ms(r.work_s for r in plain),
+        },
         "split_ms_per_turn": {**parts, "other_ms": round(other, 1)},
         "machine": load,
     }
@@ -290,8 +309,10 @@ async def run_bench(config, task: TraceTask, repetitions: int, say) -> dict:
                 run = await plain_loop.run(task)
                 plain.append(run)
                 loop_s = run.loop_s
-            say(f"repetition {rep + 1}/{repetitions} {mode:8s}: {len(task.turns)} turns in {loop_s:.2f}s "
-                f"({loop_s / len(task.turns) * 1000:.0f} ms/turn)")
+            say(
+                f"repetition {rep + 1}/{repetitions} {mode:8s}: {len(task.turns)} turns in {loop_s:.2f}s "
+                f"({loop_s / len(task.turns) * 1000:.0f} ms/turn)"
+            )
     finally:
         await asyncio.to_thread(plain_loop.close)
     return summarize(belayer, plain, task=task, load=load | {"after": machine_load()["load_avg"]})
@@ -302,8 +323,10 @@ def print_report(report: dict) -> None:
     from rich.table import Table
 
     n = report["repetitions"]
-    table = Table(title=f"turn loop, {report['turns']} turns of ~{report['think_tokens_per_turn']} tokens "
-                        f"(ms per turn; min / median / max of {n})")
+    table = Table(
+        title=f"turn loop, {report['turns']} turns of ~{report['think_tokens_per_turn']} tokens "
+        f"(ms per turn; min / median / max of {n})"
+    )
     for column in ("", "min", "median", "max"):
         table.add_column(column)
 
@@ -317,10 +340,14 @@ def print_report(report: dict) -> None:
             row(f"  {name.removesuffix('_ms')}", figures)
     out = Console()
     out.print(table)
-    out.print(f"orchestration {report['orchestration_ms_per_turn']} ms per turn "
-              f"({report['orchestration_pct']}% of the plain loop's turn; other "
-              f"{report['split_ms_per_turn']['other_ms']} ms); on an accelerator's 1-second turn it would be "
-              f"{report['accelerator_turn_pct']}%")
+    out.print(
+        f"orchestration {report['orchestration_ms_per_turn']} ms per turn "
+        f"({report['orchestration_pct']}% of the plain loop's turn; other "
+        f"{report['split_ms_per_turn']['other_ms']} ms); on an accelerator's 1-second turn it would be "
+        f"{report['accelerator_turn_pct']}%"
+    )
     machine = report["machine"]
-    out.print(f"machine: {machine['cores']} cores, load average {machine['load_avg']} before, "
-              f"{machine['after']} after")
+    out.print(
+        f"machine: {machine['cores']} cores, load average {machine['load_avg']} before, "
+        f"{machine['after']} after"
+    )

@@ -521,4 +521,3 @@ def print_report(result: dict) -> None:
 
 def _mmm(spread: dict) -> str:
     return f"{spread['min']:.3f}/{spread['median']:.3f}/{spread['max']:.3f}"
-

@@ -25,8 +25,15 @@ from belayer.stack.workers import RolloutNodeService, sandbox_service_name
 from belayer.workers.rollout.worker import read_roles as node_roles  # noqa: F401 (the chaos modules' name)
 
 FaultKind = Literal[
-    "engine-crash", "engine-hang", "owner-crash", "node-crash", "sandbox-crash",
-    "sandbox-host-crash", "temporal-worker-crash", "temporal-restart", "s3-outage",
+    "engine-crash",
+    "engine-hang",
+    "owner-crash",
+    "node-crash",
+    "sandbox-crash",
+    "sandbox-host-crash",
+    "temporal-worker-crash",
+    "temporal-restart",
+    "s3-outage",
 ]
 FAULT_KINDS: tuple[str, ...] = FaultKind.__args__
 # A training run also has a trainer to lose (`belayer train --chaos`).
@@ -53,8 +60,16 @@ class Chaos:
         self.config = config
         self.stack = LocalStack(config)
 
-    def inject(self, kind: str, *, sandbox_container: str | None = None, duration_s: float = 5.0,
-               node: str | None = None, node_queue: str | None = None, host: str | None = None) -> FaultReport:
+    def inject(
+        self,
+        kind: str,
+        *,
+        sandbox_container: str | None = None,
+        duration_s: float = 5.0,
+        node: str | None = None,
+        node_queue: str | None = None,
+        host: str | None = None,
+    ) -> FaultReport:
         """`node`: the rollout node id a node fault hits (engine, owner, node), or
         `node_queue`, the queue of the node serving the target trajectory; by default the
         stack's first node. `host`: the sandbox host sandbox-host-crash hits; by default the
@@ -88,14 +103,22 @@ class Chaos:
         for config in nodes:
             if config.rollout.node_id == node:
                 return config
-        raise ChaosError(f"no rollout node {node!r} in this stack; its nodes are "
-                         f"{', '.join(c.rollout.node_id for c in nodes)}")
+        raise ChaosError(
+            f"no rollout node {node!r} in this stack; its nodes are "
+            f"{', '.join(c.rollout.node_id for c in nodes)}"
+        )
 
     def _node_serving(self, node_queue: str | None) -> str | None:
         from belayer.workers.rollout.worker import node_task_queue
 
-        return next((c.rollout.node_id for c in self.stack.rollout_node_configs()
-                     if node_queue and node_task_queue(c) == node_queue), None)
+        return next(
+            (
+                c.rollout.node_id
+                for c in self.stack.rollout_node_configs()
+                if node_queue and node_task_queue(c) == node_queue
+            ),
+            None,
+        )
 
     def roles(self, node: str | None = None) -> dict:
         roles = node_roles(self.node_config(node))
@@ -115,8 +138,11 @@ class Chaos:
         comes back at once, as a supervisor would restart it; with several it is lost and
         stays down, so its turns move to another node (`belayer up` brings it back)."""
         node_id = self.node_config(node).rollout.node_id
-        service = next(s for s in self.stack.services if isinstance(s, RolloutNodeService)
-                       and s.node_config.rollout.node_id == node_id)
+        service = next(
+            s
+            for s in self.stack.services
+            if isinstance(s, RolloutNodeService) and s.node_config.rollout.node_id == node_id
+        )
         return self._crash_service(service.name, restart=self.stack.rollout_nodes == 1)
 
     # -- processes the stack supervises --------------------------------------------------
@@ -127,8 +153,9 @@ class Chaos:
                 return service
         raise ChaosError(f"no component {name!r} in this stack")
 
-    def _crash_service(self, name: str, while_down: Callable[[], str] | None = None,
-                       restart: bool = True) -> tuple[str, str]:
+    def _crash_service(
+        self, name: str, while_down: Callable[[], str] | None = None, restart: bool = True
+    ) -> tuple[str, str]:
         """SIGKILL a supervised process and its children, then restart it like a supervisor
         (unless told it is lost for good)."""
         service = self._service(name)

@@ -23,7 +23,9 @@ class Leaks(BaseModel):
     objects: list[str] = []
 
     def counts(self) -> dict[str, int]:
-        return {name: len(getattr(self, name)) for name in ("containers", "processes", "shm_segments", "objects")}
+        return {
+            name: len(getattr(self, name)) for name in ("containers", "processes", "shm_segments", "objects")
+        }
 
 
 class Snapshot(BaseModel):
@@ -32,7 +34,9 @@ class Snapshot(BaseModel):
 
 
 def snapshot(config: BelayerConfig) -> Snapshot:
-    return Snapshot(containers=set(sandbox_containers(config)), processes={p.pid for p in stack_processes(config)})
+    return Snapshot(
+        containers=set(sandbox_containers(config)), processes={p.pid for p in stack_processes(config)}
+    )
 
 
 def find_leaks(config: BelayerConfig, before: Snapshot, sandbox_ids: set[str]) -> Leaks:
@@ -44,8 +48,12 @@ def find_leaks(config: BelayerConfig, before: Snapshot, sandbox_ids: set[str]) -
         for p in stack_processes(config)
         if p.pid not in before.processes and p.pid not in live
     ]
-    return Leaks(containers=containers, processes=processes, shm_segments=unmapped_segments(config),
-                 objects=leftover_objects(config, sandbox_ids))
+    return Leaks(
+        containers=containers,
+        processes=processes,
+        shm_segments=unmapped_segments(config),
+        objects=leftover_objects(config, sandbox_ids),
+    )
 
 
 def sandbox_containers(config: BelayerConfig) -> list[str]:
@@ -54,7 +62,11 @@ def sandbox_containers(config: BelayerConfig) -> list[str]:
     from belayer.stack import sandbox_hosts
     from belayer.stack.local import LocalStack
 
-    return [name for k in range(LocalStack(config).sandbox_hosts) for name in sandbox_hosts.containers_on(config, k)]
+    return [
+        name
+        for k in range(LocalStack(config).sandbox_hosts)
+        for name in sandbox_hosts.containers_on(config, k)
+    ]
 
 
 def stack_processes(config: BelayerConfig) -> list[psutil.Process]:
@@ -108,8 +120,11 @@ def unmapped_segments(config: BelayerConfig) -> list[str]:
     from belayer.rollout.shm import leftover_segments
     from belayer.stack.local import LocalStack
 
-    segments = {str(p) for node in LocalStack(config).rollout_node_configs()
-                for p in leftover_segments(node.rollout.node_id)}
+    segments = {
+        str(p)
+        for node in LocalStack(config).rollout_node_configs()
+        for p in leftover_segments(node.rollout.node_id)
+    }
     if not segments:
         return []
     used: set[str] = set()
@@ -147,7 +162,8 @@ def leftover_objects(config: BelayerConfig, sandbox_ids: set[str]) -> list[str]:
             # hash records of multipart archives live apart from their objects
             found.extend(store._list_full(config.storage.key_prefix + RECORD_ROOT + prefix))
             uploads = store.client.list_multipart_uploads(
-                Bucket=config.storage.bucket, Prefix=config.storage.key_prefix + prefix).get("Uploads", [])
+                Bucket=config.storage.bucket, Prefix=config.storage.key_prefix + prefix
+            ).get("Uploads", [])
             found.extend(f"incomplete upload {u['Key']}" for u in uploads)
     return found + unpublished_captures(config, sandbox_ids)
 
@@ -158,8 +174,11 @@ def unpublished_captures(config: BelayerConfig, sandbox_ids: set[str]) -> list[s
     from belayer.sandbox.host import STAGED_DIR
 
     staged = config.state_dir / STAGED_DIR
-    return [f"unpublished capture {path}" for sandbox_id in sorted(sandbox_ids)
-            for path in sorted(staged.glob(f"{sandbox_id}--*.tar"))]
+    return [
+        f"unpublished capture {path}"
+        for sandbox_id in sorted(sandbox_ids)
+        for path in sorted(staged.glob(f"{sandbox_id}--*.tar"))
+    ]
 
 
 def _cmdline(proc: psutil.Process) -> list[str]:

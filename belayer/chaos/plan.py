@@ -66,11 +66,15 @@ def _parse_inline(part: str) -> PlannedFault:
 def random_training_plan(rate: float, seed: int, iterations: int) -> list[PlannedFault]:
     """`random_plan` over a training run: about `rate` faults per iteration, the trainer's
     crash among the kinds."""
-    return [PlannedFault(fault=p.fault, iteration=p.step - 1)
-            for p in random_plan(rate, seed, iterations, TRAINING_FAULT_KINDS)]
+    return [
+        PlannedFault(fault=p.fault, iteration=p.step - 1)
+        for p in random_plan(rate, seed, iterations, TRAINING_FAULT_KINDS)
+    ]
 
 
-def random_plan(rate: float, seed: int, steps: int, kinds: tuple[str, ...] = FAULT_KINDS) -> list[PlannedFault]:
+def random_plan(
+    rate: float, seed: int, steps: int, kinds: tuple[str, ...] = FAULT_KINDS
+) -> list[PlannedFault]:
     """About `rate` faults per step over `steps` steps, kinds drawn in turn from a seeded shuffle."""
     if not 0 < rate <= 1:
         raise ChaosError(f"--chaos-rate must be in (0, 1], got {rate}")

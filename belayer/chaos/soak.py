@@ -107,7 +107,9 @@ def schedule(settings: SoakSettings, turns: list[int]) -> list[list[ScheduledFau
             if rng.random() < settings.time_trigger_share:
                 faults.append(ScheduledFault(kind=kind, target=target, t=round(rng.uniform(2, 20), 1)))
             else:
-                faults.append(ScheduledFault(kind=kind, target=target, step=rng.randint(1, max(1, turns[target] - 1))))
+                faults.append(
+                    ScheduledFault(kind=kind, target=target, step=rng.randint(1, max(1, turns[target] - 1)))
+                )
         plan.append(faults)
     return plan
 
@@ -149,7 +151,9 @@ class Soak:
             self.carried = []
             if number > self.settings.rounds and not faults:
                 break
-            self.report(f"round {number}/{self.settings.rounds}: {', '.join(f.kind for f in faults) or 'no faults'}")
+            self.report(
+                f"round {number}/{self.settings.rounds}: {', '.join(f.kind for f in faults) or 'no faults'}"
+            )
             await self._wait_healthy()
             self.outcomes.extend(await self._round(number, faults))
         await self._wait_healthy()
@@ -162,11 +166,16 @@ class Soak:
     async def _round(self, number: int, faults: list[ScheduledFault]) -> list[TrajectoryOutcome]:
         from belayer.client import trajectory_input
 
-        inputs = [trajectory_input(self.config, task, repeat=repeat, run_id=f"soak{self.run_id}r{number}")
-                  for task in self.tasks for repeat in range(self.settings.repeats)]
+        inputs = [
+            trajectory_input(self.config, task, repeat=repeat, run_id=f"soak{self.run_id}r{number}")
+            for task in self.tasks
+            for repeat in range(self.settings.repeats)
+        ]
         begun = time.monotonic()
         jobs = [asyncio.ensure_future(self._follow(number, item)) for item in inputs]
-        chaos = asyncio.ensure_future(self._inject_all(number, faults, [i.trajectory_id for i in inputs], begun))
+        chaos = asyncio.ensure_future(
+            self._inject_all(number, faults, [i.trajectory_id for i in inputs], begun)
+        )
         outcomes = await asyncio.gather(*jobs)
         # Every trajectory has ended, so each pending fault finds no target and an injected
         # one stops measuring: let it write its record (an injection under way completes).
@@ -188,8 +197,9 @@ class Soak:
         from belayer.workflows.models import TrajectoryProgress
 
         tid = input.trajectory_id
-        outcome = TrajectoryOutcome(id=tid, task=input.task.id, round=number, status="running", verdict="",
-                                    started_at=time.time())
+        outcome = TrajectoryOutcome(
+            id=tid, task=input.task.id, round=number, status="running", verdict="", started_at=time.time()
+        )
         deadline = time.monotonic() + self.settings.round_timeout_s
         handle = await _retrying(lambda: start_trajectory(self.client, self.config, input))
         result_task = asyncio.ensure_future(handle.result())
@@ -208,7 +218,10 @@ class Soak:
                         continue
                     outcome.status, outcome.reason = result.status, result.reason
                     outcome.turns, outcome.token_sha256, outcome.env_sha256 = (
-                        result.turns, result.token_sha256, result.env_sha256)
+                        result.turns,
+                        result.token_sha256,
+                        result.env_sha256,
+                    )
                     outcome.recoveries = [r.model_dump() for r in result.recoveries]
                     outcome.checkpoints = result.checkpoints
                     break
@@ -222,7 +235,10 @@ class Soak:
                 if seen.sandbox and seen.sandbox.sandbox_id not in outcome.sandbox_ids:
                     outcome.sandbox_ids.append(seen.sandbox.sandbox_id)
             else:
-                outcome.status, outcome.reason = "lost", f"no result within {self.settings.round_timeout_s:.0f}s"
+                outcome.status, outcome.reason = (
+                    "lost",
+                    f"no result within {self.settings.round_timeout_s:.0f}s",
+                )
                 await _terminate(handle, "belayer bench chaos: round timeout")
         finally:
             result_task.cancel()
@@ -238,18 +254,27 @@ class Soak:
         if any(r.get("cut_after_step") for r in outcome.recoveries):
             return "context_cut"
         reference = self.references.get(outcome.task)
-        if reference is None or reference.status != outcome.status or \
-                (reference.token_sha256, reference.env_sha256) != (outcome.token_sha256, outcome.env_sha256):
+        if (
+            reference is None
+            or reference.status != outcome.status
+            or (reference.token_sha256, reference.env_sha256) != (outcome.token_sha256, outcome.env_sha256)
+        ):
             return "mismatched"
         return "ok"
 
     # ---------------------------------------------------------------- faults
 
-    async def _inject_all(self, number: int, faults: list[ScheduledFault], ids: list[str], begun: float) -> None:
+    async def _inject_all(
+        self, number: int, faults: list[ScheduledFault], ids: list[str], begun: float
+    ) -> None:
         for planned in faults:
             target = ids[planned.target]
-            record = FaultRecord(kind=planned.kind, round=number, target=target,
-                                 trigger=f"step={planned.step}" if planned.step is not None else f"t={planned.t}")
+            record = FaultRecord(
+                kind=planned.kind,
+                round=number,
+                target=target,
+                trigger=f"step={planned.step}" if planned.step is not None else f"t={planned.t}",
+            )
             self.faults.append(record)
             seen = await self._trigger(planned, target, begun)
             if seen is None:  # the target ended first: any trajectory still running will do
@@ -283,8 +308,12 @@ class Soak:
         recoveries_before = len(seen.recoveries)
         try:
             report = await asyncio.to_thread(
-                self.chaos.inject, record.kind, sandbox_container=seen.sandbox.container,
-                duration_s=self.settings.s3_outage_s, node_queue=seen.node_queue)
+                self.chaos.inject,
+                record.kind,
+                sandbox_container=seen.sandbox.container,
+                duration_s=self.settings.s3_outage_s,
+                node_queue=seen.node_queue,
+            )
         except ChaosError as exc:
             record.recovered_by = f"not injected: {exc}"
             return
@@ -315,7 +344,9 @@ class Soak:
         if record.kind.startswith(("engine", "owner")):
             if roles_after.get("recoveries", 0) > roles_before.get("recoveries", 0):
                 return str(roles_after.get("last_recovery", {}).get("kind", "takeover"))
-            if record.kind == "owner-crash" and roles_after.get("generation", 0) > roles_before.get("generation", 0):
+            if record.kind == "owner-crash" and roles_after.get("generation", 0) > roles_before.get(
+                "generation", 0
+            ):
                 return "owner replaced: it adopted the verified segments; the leader kept serving"
             return "no node recovery seen"
         now = self.progress.get(record.target)
@@ -390,11 +421,18 @@ def recovery_figures(injected: list[FaultRecord], kinds: list[str]) -> dict:
     for kind in kinds:
         mine = [f for f in injected if f.kind == kind]
         kind_times = [f.recovery_s for f in mine if f.recovery_s is not None]
-        by_kind[kind] = {"injected": len(mine), "p50_recovery_s": percentile(kind_times, 0.5),
-                         "max_recovery_s": max(kind_times) if kind_times else None,
-                         "recovery_s_spread": spread(kind_times)}
-    return {"by_kind": by_kind, "p50_recovery_s": percentile(times, 0.5), "p99_recovery_s": percentile(times, 0.99),
-            "recovery_s_spread": spread(times)}
+        by_kind[kind] = {
+            "injected": len(mine),
+            "p50_recovery_s": percentile(kind_times, 0.5),
+            "max_recovery_s": max(kind_times) if kind_times else None,
+            "recovery_s_spread": spread(kind_times),
+        }
+    return {
+        "by_kind": by_kind,
+        "p50_recovery_s": percentile(times, 0.5),
+        "p99_recovery_s": percentile(times, 0.99),
+        "recovery_s_spread": spread(times),
+    }
 
 
 def round_wall_s(outcomes: list[TrajectoryOutcome]) -> list[float]:
@@ -402,8 +440,10 @@ def round_wall_s(outcomes: list[TrajectoryOutcome]) -> list[float]:
     rounds: dict[int, list[TrajectoryOutcome]] = {}
     for outcome in outcomes:
         rounds.setdefault(outcome.round, []).append(outcome)
-    return [round(max(o.ended_at or o.started_at for o in mine) - min(o.started_at for o in mine), 1)
-            for _, mine in sorted(rounds.items())]
+    return [
+        round(max(o.ended_at or o.started_at for o in mine) - min(o.started_at for o in mine), 1)
+        for _, mine in sorted(rounds.items())
+    ]
 
 
 def percentile(values: list[float], q: float) -> float | None:

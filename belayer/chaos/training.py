@@ -63,8 +63,15 @@ class TrainingChaos:
 
     def settle(self) -> list[dict]:
         for planned in self.pending:
-            self.faults.append({"kind": planned.fault, "at": None, "target": None, "recovery_s": None,
-                                "recovered_by": "not injected: the run finished first"})
+            self.faults.append(
+                {
+                    "kind": planned.fault,
+                    "at": None,
+                    "target": None,
+                    "recovery_s": None,
+                    "recovered_by": "not injected: the run finished first",
+                }
+            )
         self.pending = []
         return self.faults
 
@@ -87,7 +94,12 @@ class TrainingChaos:
             return ("trainer", None) if progress.phase == "train" else None
         for trajectory_id in progress.running:
             seen = await self._trajectory_progress(trajectory_id)
-            if seen is not None and seen.status == "running" and seen.step >= (planned.step or 1) and seen.sandbox:
+            if (
+                seen is not None
+                and seen.status == "running"
+                and seen.step >= (planned.step or 1)
+                and seen.sandbox
+            ):
                 return trajectory_id, seen
         return None
 
@@ -96,21 +108,31 @@ class TrainingChaos:
 
         try:
             return await self.client.get_workflow_handle(trajectory_id).query(
-                "progress", result_type=TrajectoryProgress)
+                "progress", result_type=TrajectoryProgress
+            )
         except Exception:  # it is ending, or its worker is restarting
             return None
 
     async def _inject(self, planned: PlannedFault, target: tuple[str, object]) -> None:
         trajectory_id, seen = target
         progress = await self._progress()
-        record = {"kind": planned.fault, "at": progress.iteration if progress else None,
-                  "target": trajectory_id, "recovered_by": None, "recovery_s": None}
+        record = {
+            "kind": planned.fault,
+            "at": progress.iteration if progress else None,
+            "target": trajectory_id,
+            "recovered_by": None,
+            "recovery_s": None,
+        }
         self.faults.append(record)
         recoveries_before = node_roles(self.config).get("recoveries", 0)
         container = seen.sandbox.container if seen is not None and seen.sandbox else None
         try:
-            report = await asyncio.to_thread(self.chaos.inject, planned.fault, sandbox_container=container,
-                                             node_queue=seen.node_queue if seen is not None else None)
+            report = await asyncio.to_thread(
+                self.chaos.inject,
+                planned.fault,
+                sandbox_container=container,
+                node_queue=seen.node_queue if seen is not None else None,
+            )
         except ChaosError as exc:
             if container and await asyncio.to_thread(self.chaos.container_gone, container):
                 # the target ended between the look and the fault and its sandbox went with it:
@@ -121,16 +143,20 @@ class TrainingChaos:
             record["recovered_by"] = f"not injected: {exc}"
             self.say(f"fault {record['kind']}: {record['recovered_by']}")
             return
-        record.update(target=report.target if seen is None else f"{trajectory_id} ({report.target})",
-                      detail=report.detail)
+        record.update(
+            target=report.target if seen is None else f"{trajectory_id} ({report.target})",
+            detail=report.detail,
+        )
         if seen is None:
             await self._until_trained(record["at"])
         else:
             await self._until_moves_on(trajectory_id, seen.step)
         record["recovery_s"] = round(time.time() - report.at, 3)
         record["recovered_by"] = self._recovered_by(planned.fault, recoveries_before)
-        self.say(f"fault {record['kind']} in iteration {record['at']} on {record['target']}: "
-                 f"recovered by {record['recovered_by']} in {record['recovery_s']:.2f}s")
+        self.say(
+            f"fault {record['kind']} in iteration {record['at']} on {record['target']}: "
+            f"recovered by {record['recovered_by']} in {record['recovery_s']:.2f}s"
+        )
 
     async def _until_moves_on(self, trajectory_id: str, step: int) -> None:
         while True:

@@ -11,8 +11,13 @@ from belayer.cli.context import config_from, console, leave
 
 @click.command()
 @click.argument("host")
-@click.option("--deadline", "deadline_s", type=click.FloatRange(1, 3600), default=None,
-              help="Seconds the host has left [default: sandbox.drain_deadline_s, 60].")
+@click.option(
+    "--deadline",
+    "deadline_s",
+    type=click.FloatRange(1, 3600),
+    default=None,
+    help="Seconds the host has left [default: sandbox.drain_deadline_s, 60].",
+)
 @click.option("--json", "as_json", is_flag=True, help="Print the drain report as JSON.")
 @click.pass_context
 def drain(ctx: click.Context, host: str, deadline_s: float | None, as_json: bool) -> None:

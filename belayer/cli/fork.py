@@ -17,20 +17,48 @@ console = Console(stderr=True)
 
 @click.command()
 @click.argument("trajectory")
-@click.option("--at-step", "at_step", required=True, type=click.IntRange(1),
-              help="The last step of TRAJECTORY the branches keep.")
-@click.option("-n", "count", default=1, show_default=True, type=click.IntRange(1, 256), help="Branches to start.")
-@click.option("--seed", type=click.IntRange(0), default=None,
-              help="Sampling seed of the first branch, the next ones count up from it "
-                   "[default: the parent's seed + 1; the parent's own seed replays its later steps].")
-@click.option("--temperature", type=click.FloatRange(0, 5), default=None,
-              help="Sampling temperature [default: the parent's].")
-@click.option("--concurrency", default=8, show_default=True, type=click.IntRange(1, 1000),
-              help="Branches running at once.")
+@click.option(
+    "--at-step",
+    "at_step",
+    required=True,
+    type=click.IntRange(1),
+    help="The last step of TRAJECTORY the branches keep.",
+)
+@click.option(
+    "-n", "count", default=1, show_default=True, type=click.IntRange(1, 256), help="Branches to start."
+)
+@click.option(
+    "--seed",
+    type=click.IntRange(0),
+    default=None,
+    help="Sampling seed of the first branch, the next ones count up from it "
+    "[default: the parent's seed + 1; the parent's own seed replays its later steps].",
+)
+@click.option(
+    "--temperature",
+    type=click.FloatRange(0, 5),
+    default=None,
+    help="Sampling temperature [default: the parent's].",
+)
+@click.option(
+    "--concurrency",
+    default=8,
+    show_default=True,
+    type=click.IntRange(1, 1000),
+    help="Branches running at once.",
+)
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object with every branch.")
 @click.pass_context
-def fork(ctx: click.Context, trajectory: str, at_step: int, count: int, seed: int | None, temperature: float | None,
-         concurrency: int, as_json: bool) -> None:
+def fork(
+    ctx: click.Context,
+    trajectory: str,
+    at_step: int,
+    count: int,
+    seed: int | None,
+    temperature: float | None,
+    concurrency: int,
+    as_json: bool,
+) -> None:
     """Start N trajectories (-n) that continue TRAJECTORY after its step K.
 
     Each branch's sandbox is restored from TRAJECTORY's latest checkpoint at or before
@@ -47,13 +75,18 @@ def fork(ctx: click.Context, trajectory: str, at_step: int, count: int, seed: in
 
     async def prepare():
         client = await connect(config.temporal, config.storage.encryption_key)
-        return await branch_inputs(client, config, trajectory, at_step, count, seed=seed, temperature=temperature)
+        return await branch_inputs(
+            client, config, trajectory, at_step, count, seed=seed, temperature=temperature
+        )
 
     inputs = asyncio.run(prepare())
     start = inputs[0].start_from
     if not as_json:
-        restore = (f"the checkpoint at step {start.checkpoints[0].step} + replay to step {at_step}"
-                   if start.checkpoints else f"a replay of steps 1..{at_step} (no kept checkpoint)")
+        restore = (
+            f"the checkpoint at step {start.checkpoints[0].step} + replay to step {at_step}"
+            if start.checkpoints
+            else f"a replay of steps 1..{at_step} (no kept checkpoint)"
+        )
         console.print(f"{count} branch(es) of {trajectory} after step {at_step}: sandboxes from {restore}")
     started_at = time.monotonic()
     results = asyncio.run(_Runner(config, inputs, concurrency).run(quiet=as_json))

@@ -37,7 +37,10 @@ class BelayerGroup(click.Group):
 
 @click.group(cls=BelayerGroup, context_settings={"help_option_names": ["-h", "--help"]})
 @click.option(
-    "--config", "config_file", type=click.Path(path_type=Path), default=None,
+    "--config",
+    "config_file",
+    type=click.Path(path_type=Path),
+    default=None,
     help="TOML config file (default: $BELAYER_CONFIG or ~/.config/belayer/config.toml).",
 )
 @click.pass_context
@@ -50,23 +53,35 @@ def main(ctx: click.Context, config_file: Path | None) -> None:
 
 
 @main.command()
-@click.option("--wait/--no-wait", default=True, show_default=True,
-              help="Wait until every component answers.")
-@click.option("--only", default=None, metavar="NAME,...",
-              help="Start only these components (temporal, codec-server, seaweedfs, sandbox-worker, "
-                   "rollout-node, trajectory-worker, trainer-worker; codec-server only with "
-                   "temporal.encrypt_payloads; rollout-node.K and sandbox-worker.K for the nodes and "
-                   "hosts after the first).")
-@click.option("--sandbox-hosts", type=click.IntRange(1, 16), default=None,
-              help="Sandbox hosts to run (default: as many as the running stack has, else "
-                   "stack.sandbox_hosts, 1): this machine, then hosts with their own name, storage and "
-                   "namespaces (<machine>-h1, ...).")
-@click.option("--rollout-nodes", type=click.IntRange(1, 16), default=None,
-              help="Rollout nodes to run (default: as many as the running stack has, else "
-                   "stack.rollout_nodes, 1); their ids are rollout.node_id, then <node_id>.1, ...")
+@click.option("--wait/--no-wait", default=True, show_default=True, help="Wait until every component answers.")
+@click.option(
+    "--only",
+    default=None,
+    metavar="NAME,...",
+    help="Start only these components (temporal, codec-server, seaweedfs, sandbox-worker, "
+    "rollout-node, trajectory-worker, trainer-worker; codec-server only with "
+    "temporal.encrypt_payloads; rollout-node.K and sandbox-worker.K for the nodes and "
+    "hosts after the first).",
+)
+@click.option(
+    "--sandbox-hosts",
+    type=click.IntRange(1, 16),
+    default=None,
+    help="Sandbox hosts to run (default: as many as the running stack has, else "
+    "stack.sandbox_hosts, 1): this machine, then hosts with their own name, storage and "
+    "namespaces (<machine>-h1, ...).",
+)
+@click.option(
+    "--rollout-nodes",
+    type=click.IntRange(1, 16),
+    default=None,
+    help="Rollout nodes to run (default: as many as the running stack has, else "
+    "stack.rollout_nodes, 1); their ids are rollout.node_id, then <node_id>.1, ...",
+)
 @click.pass_context
-def up(ctx: click.Context, wait: bool, only: str | None, sandbox_hosts: int | None,
-       rollout_nodes: int | None) -> None:
+def up(
+    ctx: click.Context, wait: bool, only: str | None, sandbox_hosts: int | None, rollout_nodes: int | None
+) -> None:
     """Start the local stack in the background: Temporal dev server and web UI, SeaweedFS,
     and Belayer's workers (sandbox host, rollout nodes, trajectory worker, trainer)."""
     from belayer.stack.local import LocalStack, root_warning
@@ -78,13 +93,16 @@ def up(ctx: click.Context, wait: bool, only: str | None, sandbox_hosts: int | No
     if warning:
         console.print(f"[yellow]warning:[/] {warning}")
     with console.status("starting the local stack") as spinner:
+
         def report(message: str) -> None:
             spinner.update(message)
             console.print(f"  {message}", highlight=False)
 
         stack.up(report, wait=wait)
-    console.print(f"[green]up[/]: state in {config.state_dir}; "
-                  f"Temporal UI http://{config.temporal.address.rpartition(':')[0]}:{config.temporal.ui_port}")
+    console.print(
+        f"[green]up[/]: state in {config.state_dir}; "
+        f"Temporal UI http://{config.temporal.address.rpartition(':')[0]}:{config.temporal.ui_port}"
+    )
     leave(0)
 
 
@@ -106,8 +124,11 @@ def status(ctx: click.Context, as_json: bool) -> None:
 
     rows = LocalStack(config_from(ctx)).status()
     if as_json:
-        click.echo(json.dumps({"components": status_as_dicts(rows),
-                               "healthy": all(r.healthy for r in rows)}, indent=2))
+        click.echo(
+            json.dumps(
+                {"components": status_as_dicts(rows), "healthy": all(r.healthy for r in rows)}, indent=2
+            )
+        )
     else:
         table = Table("component", "pid", "address", "health", "detail")
         for row in rows:
@@ -121,8 +142,14 @@ def status(ctx: click.Context, as_json: bool) -> None:
 
 
 @main.command()
-@click.option("--wait", "wait_s", type=click.FloatRange(0, 3600), default=120.0, show_default=True,
-              help="Seconds to keep retrying while Temporal or the object store does not answer yet.")
+@click.option(
+    "--wait",
+    "wait_s",
+    type=click.FloatRange(0, 3600),
+    default=120.0,
+    show_default=True,
+    help="Seconds to keep retrying while Temporal or the object store does not answer yet.",
+)
 @click.pass_context
 def prepare(ctx: click.Context, wait_s: float) -> None:
     """Make an existing Temporal and object store ready for Belayer (idempotent).
@@ -138,12 +165,18 @@ def prepare(ctx: click.Context, wait_s: float) -> None:
 
     config = config_from(ctx)
     steps = [
-        (f"Temporal at {config.temporal.address} (namespace {config.temporal.namespace})",
-         lambda: asyncio.run(add_missing_search_attributes(config.temporal)),
-         lambda added: f"search attributes added: {', '.join(added)}" if added else "search attributes present"),
-        (f"bucket {config.storage.bucket} at {config.storage.endpoint}",
-         lambda: create_bucket_if_missing(config.storage),
-         lambda created: "created" if created else "present"),
+        (
+            f"Temporal at {config.temporal.address} (namespace {config.temporal.namespace})",
+            lambda: asyncio.run(add_missing_search_attributes(config.temporal)),
+            lambda added: (
+                f"search attributes added: {', '.join(added)}" if added else "search attributes present"
+            ),
+        ),
+        (
+            f"bucket {config.storage.bucket} at {config.storage.endpoint}",
+            lambda: create_bucket_if_missing(config.storage),
+            lambda created: "created" if created else "present",
+        ),
     ]
     deadline = time.monotonic() + wait_s
     for what, step, said in steps:
@@ -155,15 +188,20 @@ def prepare(ctx: click.Context, wait_s: float) -> None:
                 if time.monotonic() >= deadline:
                     raise StackError(
                         f"{what} did not answer within {wait_s:.0f} s: {exc}; check the address and "
-                        "credentials (BELAYER_TEMPORAL__*, BELAYER_STORAGE__*) or raise --wait") from None
+                        "credentials (BELAYER_TEMPORAL__*, BELAYER_STORAGE__*) or raise --wait"
+                    ) from None
                 time.sleep(2)
     console.print("[green]prepared[/]", highlight=False)
     leave(0)
 
 
 @main.command("codec-server")
-@click.option("--port", type=click.IntRange(1, 65535), default=None,
-              help="Port on 127.0.0.1 (default: temporal.codec_port, 8081).")
+@click.option(
+    "--port",
+    type=click.IntRange(1, 65535),
+    default=None,
+    help="Port on 127.0.0.1 (default: temporal.codec_port, 8081).",
+)
 @click.pass_context
 def codec_server(ctx: click.Context, port: int | None) -> None:
     """Decode encrypted Temporal payloads for the web UI (Temporal's remote codec protocol).
@@ -180,9 +218,12 @@ def codec_server(ctx: click.Context, port: int | None) -> None:
     server = make_server(config, port)
     # SystemExit unwinds serve_forever in this thread; server.shutdown() would wait on itself.
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))
-    console.print(f"codec server on {server.endpoint} (key id {server.codec.key_id}, "
-                  f"namespace {config.temporal.namespace}); web UI origins: "
-                  f"{', '.join(sorted(server.origins))}", highlight=False)
+    console.print(
+        f"codec server on {server.endpoint} (key id {server.codec.key_id}, "
+        f"namespace {config.temporal.namespace}); web UI origins: "
+        f"{', '.join(sorted(server.origins))}",
+        highlight=False,
+    )
     try:
         server.serve_forever()
     except KeyboardInterrupt:

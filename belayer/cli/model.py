@@ -47,10 +47,18 @@ def build(size: str, cache_dir: Path | None, force: bool) -> None:
 
 @model.command("export")
 @click.argument("run_id", metavar="RUN")
-@click.option("--iteration", type=click.IntRange(0), default=None,
-              help="The iteration whose trained weights to export (default: the last one recorded).")
-@click.option("--out", required=True, type=click.Path(path_type=Path),
-              help="The folder to write; it must not exist or be empty.")
+@click.option(
+    "--iteration",
+    type=click.IntRange(0),
+    default=None,
+    help="The iteration whose trained weights to export (default: the last one recorded).",
+)
+@click.option(
+    "--out",
+    required=True,
+    type=click.Path(path_type=Path),
+    help="The folder to write; it must not exist or be empty.",
+)
 @click.option("--force", is_flag=True, help="Replace --out, and everything in it, when it is not empty.")
 @click.pass_context
 def export(ctx: click.Context, run_id: str, iteration: int | None, out: Path, force: bool) -> None:
@@ -64,10 +72,19 @@ def export(ctx: click.Context, run_id: str, iteration: int | None, out: Path, fo
     """
     from belayer.export import export_run
 
-    exported = export_run(config_from(ctx.find_root()), run_id, out, iteration=iteration, force=force,
-                          progress=lambda msg: click.echo(f"[model] {msg}", err=True))
-    click.echo(f"[model] run {run_id} iteration {exported.iteration}: weights v{exported.weights_version} "
-               f"sha256 {exported.weights_sha256} ({exported.model})", err=True)
+    exported = export_run(
+        config_from(ctx.find_root()),
+        run_id,
+        out,
+        iteration=iteration,
+        force=force,
+        progress=lambda msg: click.echo(f"[model] {msg}", err=True),
+    )
+    click.echo(
+        f"[model] run {run_id} iteration {exported.iteration}: weights v{exported.weights_version} "
+        f"sha256 {exported.weights_sha256} ({exported.model})",
+        err=True,
+    )
     click.echo(str(out))
     sys.stdout.flush()
     os._exit(0)  # the Temporal SDK can abort at interpreter exit in short commands (docs/design.md §7)

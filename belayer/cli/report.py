@@ -15,17 +15,42 @@ from belayer.cli.context import config_from
 
 @click.command()
 @click.argument("run_json", type=click.Path(path_type=Path))
-@click.option("--out", "out_dir", required=True, type=click.Path(path_type=Path),
-              help="Directory for report.html and the PNG figures (created).")
-@click.option("--bench", "benches", multiple=True, type=click.Path(path_type=Path),
-              help="A `belayer bench ... --json` result to show side by side (repeatable).")
-@click.option("--history/--no-history", default=True, show_default=True,
-              help="Read each trajectory's Temporal history for the timeline (run and soak reports).")
-@click.option("--control", "control_json", type=click.Path(path_type=Path), default=None,
-              help="A `belayer train --json` result to draw dashed beside a training run (typically lr 0).")
+@click.option(
+    "--out",
+    "out_dir",
+    required=True,
+    type=click.Path(path_type=Path),
+    help="Directory for report.html and the PNG figures (created).",
+)
+@click.option(
+    "--bench",
+    "benches",
+    multiple=True,
+    type=click.Path(path_type=Path),
+    help="A `belayer bench ... --json` result to show side by side (repeatable).",
+)
+@click.option(
+    "--history/--no-history",
+    default=True,
+    show_default=True,
+    help="Read each trajectory's Temporal history for the timeline (run and soak reports).",
+)
+@click.option(
+    "--control",
+    "control_json",
+    type=click.Path(path_type=Path),
+    default=None,
+    help="A `belayer train --json` result to draw dashed beside a training run (typically lr 0).",
+)
 @click.pass_context
-def report(ctx: click.Context, run_json: Path, out_dir: Path, benches: tuple[Path, ...], history: bool,
-           control_json: Path | None) -> None:
+def report(
+    ctx: click.Context,
+    run_json: Path,
+    out_dir: Path,
+    benches: tuple[Path, ...],
+    history: bool,
+    control_json: Path | None,
+) -> None:
     """Report on RUN_JSON (from `belayer run --json` or `belayer bench chaos --json`): a timeline
     per trajectory (turns, checkpoints, faults, recoveries), recovery times per fault kind,
     the outcome of every trajectory, and benchmark tables side by side.

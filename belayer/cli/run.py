@@ -24,26 +24,60 @@ console = Console(stderr=True)
 
 @click.command()
 @click.argument("workload", type=click.Path(path_type=Path))
-@click.option("-n", "--repeats", default=1, show_default=True, type=click.IntRange(1, 10_000),
-              help="Trajectories per task.")
-@click.option("--concurrency", default=4, show_default=True, type=click.IntRange(1, 1000),
-              help="Trajectories running at once.")
+@click.option(
+    "-n",
+    "--repeats",
+    default=1,
+    show_default=True,
+    type=click.IntRange(1, 10_000),
+    help="Trajectories per task.",
+)
+@click.option(
+    "--concurrency",
+    default=4,
+    show_default=True,
+    type=click.IntRange(1, 1000),
+    help="Trajectories running at once.",
+)
 @click.option("--seed", default=0, show_default=True, type=click.IntRange(0), help="Sampling seed.")
-@click.option("--fork/--no-fork", "fork", default=True, show_default=True,
-              help="With -n > 1, set up one sandbox per task and fork the task's trajectories from it "
-                   "(else each creates and sets up its own).")
-@click.option("--keep-checkpoints", is_flag=True,
-              help="Keep the checkpoints (and each group's set-up checkpoint) when trajectories end, to branch "
-                   "from them later (`belayer fork`); the bucket's lifecycle rule expires them.")
+@click.option(
+    "--fork/--no-fork",
+    "fork",
+    default=True,
+    show_default=True,
+    help="With -n > 1, set up one sandbox per task and fork the task's trajectories from it "
+    "(else each creates and sets up its own).",
+)
+@click.option(
+    "--keep-checkpoints",
+    is_flag=True,
+    help="Keep the checkpoints (and each group's set-up checkpoint) when trajectories end, to branch "
+    "from them later (`belayer fork`); the bucket's lifecycle rule expires them.",
+)
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object with every trajectory.")
-@click.option("--chaos", "chaos_plan", default=None, metavar="PLAN",
-              help="Inject real faults: a .yaml plan or e.g. 'engine-crash@step=2,sandbox-crash@step=4'.")
+@click.option(
+    "--chaos",
+    "chaos_plan",
+    default=None,
+    metavar="PLAN",
+    help="Inject real faults: a .yaml plan or e.g. 'engine-crash@step=2,sandbox-crash@step=4'.",
+)
 @click.option("--chaos-rate", type=float, default=None, help="Seeded random faults per step (0-1).")
 @click.option("--chaos-seed", type=int, default=0, show_default=True, help="Seed of --chaos-rate.")
 @click.pass_context
-def run(ctx: click.Context, workload: Path, repeats: int, concurrency: int, seed: int, fork: bool,
-        keep_checkpoints: bool, as_json: bool, chaos_plan: str | None, chaos_rate: float | None,
-        chaos_seed: int) -> None:
+def run(
+    ctx: click.Context,
+    workload: Path,
+    repeats: int,
+    concurrency: int,
+    seed: int,
+    fork: bool,
+    keep_checkpoints: bool,
+    as_json: bool,
+    chaos_plan: str | None,
+    chaos_rate: float | None,
+    chaos_seed: int,
+) -> None:
     """Run every task of WORKLOAD (.yaml or .jsonl) as durable trajectories.
 
     With -n G > 1 each task's G trajectories are a group: one sandbox is set up and
@@ -58,12 +92,19 @@ def run(ctx: click.Context, workload: Path, repeats: int, concurrency: int, seed
     tasks = load_workload(workload).tasks
     plan = _chaos_plan(chaos_plan, chaos_rate, chaos_seed, tasks)
     started_at = time.monotonic()
-    runner = _Runner(config, _inputs(config, tasks, repeats, seed, keep_checkpoints), concurrency, plan,
-                     groups=fork and repeats > 1)
+    runner = _Runner(
+        config,
+        _inputs(config, tasks, repeats, seed, keep_checkpoints),
+        concurrency,
+        plan,
+        groups=fork and repeats > 1,
+    )
     try:
         results = asyncio.run(runner.run(quiet=as_json))
     except KeyboardInterrupt:
-        console.print("\n[yellow]interrupted[/]: the trajectories keep running on the workers. Follow them with")
+        console.print(
+            "\n[yellow]interrupted[/]: the trajectories keep running on the workers. Follow them with"
+        )
         for workflow_id in runner.started:
             console.print(f"  belayer inspect {workflow_id}")
         console.print(f"or in the web UI: {runner.ui_root()}")
@@ -94,8 +135,10 @@ def _chaos_plan(plan: str | None, rate: float | None, seed: int, tasks) -> list:
         parsed = parse_plan(plan)
         training_only = [p.fault for p in parsed if p.iteration is not None or p.fault == "trainer-crash"]
         if training_only:
-            raise click.UsageError(f"{training_only[0]}: iteration triggers and trainer-crash are for "
-                                   "`belayer train --chaos`; trajectories take FAULT@step=N or FAULT@t=SECONDS")
+            raise click.UsageError(
+                f"{training_only[0]}: iteration triggers and trainer-crash are for "
+                "`belayer train --chaos`; trajectories take FAULT@step=N or FAULT@t=SECONDS"
+            )
         return parsed
     if rate is not None:
         steps = max(_turns_of(t) for t in tasks)
@@ -107,7 +150,9 @@ class _Runner:
     """Starts trajectories (or, with `groups`, one group per task), follows them, injects
     the chaos plan's faults; `belayer run` and `belayer fork`."""
 
-    def __init__(self, config, inputs: list, concurrency: int, plan: list | None = None, *, groups: bool = False):
+    def __init__(
+        self, config, inputs: list, concurrency: int, plan: list | None = None, *, groups: bool = False
+    ):
         self.config = config
         self.plan = plan or []
         self.progress: dict[str, object] = {}
@@ -130,8 +175,15 @@ class _Runner:
 
         client = await connect(self.config.temporal, self.config.storage.encryption_key)
         limit = asyncio.Semaphore(self.concurrency)
-        with Progress(TextColumn("{task.description}"), BarColumn(), TextColumn("{task.fields[note]}"),
-                      TimeElapsedColumn(), console=console, disable=quiet, transient=False) as progress:
+        with Progress(
+            TextColumn("{task.description}"),
+            BarColumn(),
+            TextColumn("{task.fields[note]}"),
+            TimeElapsedColumn(),
+            console=console,
+            disable=quiet,
+            transient=False,
+        ) as progress:
             if self.groups:
                 by_task: dict[str, list] = {}
                 for item in self.inputs:
@@ -168,8 +220,14 @@ class _Runner:
                 target = self._target_of(planned)
                 seen = self.progress.get(target)
                 if target in self.finished or (
-                        seen is not None and (planned.step is not None and seen.step >= planned.step
-                                              or planned.t is not None and time.monotonic() - started >= planned.t)):
+                    seen is not None
+                    and (
+                        planned.step is not None
+                        and seen.step >= planned.step
+                        or planned.t is not None
+                        and time.monotonic() - started >= planned.t
+                    )
+                ):
                     fired = (planned, target, seen)
                     break
             if fired is None:
@@ -191,8 +249,14 @@ class _Runner:
     async def _inject(self, chaos, planned, target, seen) -> None:
         from belayer.chaos.faults import ChaosError
 
-        record = {"kind": planned.fault, "at": None, "target": target, "recovered_by": None,
-                  "recovery_s": None, "trajectory": target}
+        record = {
+            "kind": planned.fault,
+            "at": None,
+            "target": target,
+            "recovered_by": None,
+            "recovery_s": None,
+            "trajectory": target,
+        }
         self.faults.append(record)
         if target in self.finished or seen is None:
             record["recovered_by"] = "not injected: the target finished first"
@@ -200,8 +264,9 @@ class _Runner:
         roles_before = node_roles(self.config)
         container = seen.sandbox.container if seen.sandbox else None
         try:
-            report = await asyncio.to_thread(chaos.inject, planned.fault, sandbox_container=container,
-                                             node_queue=seen.node_queue)
+            report = await asyncio.to_thread(
+                chaos.inject, planned.fault, sandbox_container=container, node_queue=seen.node_queue
+            )
         except ChaosError as exc:
             record["recovered_by"] = f"not injected: {exc}"
             return
@@ -217,15 +282,19 @@ class _Runner:
             await asyncio.sleep(0.1)
         record["recovery_s"] = round(time.time() - injected_at, 3)
         roles_after = node_roles(self.config)
-        if record["kind"].startswith(("engine", "owner")) and roles_after.get("recoveries", 0) > roles_before.get(
-                "recoveries", 0):
+        if record["kind"].startswith(("engine", "owner")) and roles_after.get(
+            "recoveries", 0
+        ) > roles_before.get("recoveries", 0):
             event = roles_after.get("last_recovery", {})
             record["recovered_by"] = event.get("kind", "takeover")
             record["node_ready_s"] = event.get("ready_s")
         if record["kind"] == "owner-crash":
             record["protected_again_s"] = await _protected_again_s(self.config, roles_before)
-            record["recovered_by"] = ("a new owner adopted the verified segments (takeover possible again)"
-                                      if record["protected_again_s"] is not None else "not protected again")
+            record["recovered_by"] = (
+                "a new owner adopted the verified segments (takeover possible again)"
+                if record["protected_again_s"] is not None
+                else "not protected again"
+            )
         record.setdefault("_trajectory", trajectory)
 
     def _settle_faults(self, results) -> None:
@@ -235,7 +304,11 @@ class _Runner:
             trajectory = by_id.get(record.pop("_trajectory", record["target"]))
             if record["recovered_by"] is not None:
                 continue
-            if record["kind"] in ("sandbox-crash", "sandbox-host-crash") and trajectory and trajectory.recoveries:
+            if (
+                record["kind"] in ("sandbox-crash", "sandbox-host-crash")
+                and trajectory
+                and trajectory.recoveries
+            ):
                 record["recovered_by"] = "restore+replay"
             else:
                 record["recovered_by"] = {
@@ -269,8 +342,11 @@ class _Runner:
         self.group_records.append(done.group)
         for result in done.results:
             self.finished.add(result.trajectory_id)
-            progress.update(rows[result.trajectory_id], completed=_turns_of(members[0].task),
-                            note=f"{result.status}, reward {result.reward}")
+            progress.update(
+                rows[result.trajectory_id],
+                completed=_turns_of(members[0].task),
+                note=f"{result.status}, reward {result.reward}",
+            )
         return done.results
 
     async def _follow(self, client, handle, rows, progress):
@@ -288,12 +364,15 @@ class _Runner:
             for trajectory_id, row in rows.items():
                 try:
                     seen = await client.get_workflow_handle(trajectory_id).query(
-                        "progress", result_type=TrajectoryProgress)
+                        "progress", result_type=TrajectoryProgress
+                    )
                 except Exception:  # not started yet, or racing its end
                     continue
                 self.progress[trajectory_id] = seen
                 recoveries = f", {len(seen.recoveries)} recoveries" if seen.recoveries else ""
-                progress.update(row, completed=seen.step, note=f"step {seen.step}, {seen.tokens} tokens{recoveries}")
+                progress.update(
+                    row, completed=seen.step, note=f"step {seen.step}, {seen.tokens} tokens{recoveries}"
+                )
             await asyncio.wait({result_task}, timeout=0.5)
 
     async def _one(self, client, limit, progress, input):
@@ -320,47 +399,85 @@ def _server_went_away(task: asyncio.Future) -> bool:
     return server_went_away(task.exception())
 
 
-def _report(results, wall: float, as_json: bool, faults: list[dict] | None = None, groups: list | None = None) -> None:
-    rows = [{
-        "id": r.trajectory_id, "task": r.task, "status": r.status, "turns": r.turns,
-        "tokens": r.tokens, "reward": r.reward, "token_sha256": r.token_sha256,
-        "env_sha256": r.env_sha256, "recoveries": [rec.model_dump() for rec in r.recoveries],
-        **({"reason": r.reason} if r.reason else {}),
-    } for r in results]
+def _report(
+    results, wall: float, as_json: bool, faults: list[dict] | None = None, groups: list | None = None
+) -> None:
+    rows = [
+        {
+            "id": r.trajectory_id,
+            "task": r.task,
+            "status": r.status,
+            "turns": r.turns,
+            "tokens": r.tokens,
+            "reward": r.reward,
+            "token_sha256": r.token_sha256,
+            "env_sha256": r.env_sha256,
+            "recoveries": [rec.model_dump() for rec in r.recoveries],
+            **({"reason": r.reason} if r.reason else {}),
+        }
+        for r in results
+    ]
     if as_json:
         report = {"trajectories": rows, "wall_s": round(wall, 3)}
         if faults is not None:
             report["faults"] = faults
         if groups:
-            report["groups"] = [g.model_dump(mode="json", exclude={"origin", "setup_sandbox"}) for g in groups]
+            report["groups"] = [
+                g.model_dump(mode="json", exclude={"origin", "setup_sandbox"}) for g in groups
+            ]
         click.echo(json.dumps(report, indent=2))
         return
-    table = Table("trajectory", "status", "turns", "tokens", "reward", "recoveries", "checkpoints",
-                  "token sha256", "env sha256")
+    table = Table(
+        "trajectory",
+        "status",
+        "turns",
+        "tokens",
+        "reward",
+        "recoveries",
+        "checkpoints",
+        "token sha256",
+        "env sha256",
+    )
     for r in results:
-        status = {"completed": "[green]completed[/]", "failed_infra": "[red]failed_infra[/]"}.get(r.status, r.status)
-        table.add_row(r.trajectory_id, status, str(r.turns), str(r.tokens), str(r.reward),
-                      str(len(r.recoveries)), str(r.checkpoints), (r.token_sha256 or "-")[:12],
-                      (r.env_sha256 or "-")[:12])
+        status = {"completed": "[green]completed[/]", "failed_infra": "[red]failed_infra[/]"}.get(
+            r.status, r.status
+        )
+        table.add_row(
+            r.trajectory_id,
+            status,
+            str(r.turns),
+            str(r.tokens),
+            str(r.reward),
+            str(len(r.recoveries)),
+            str(r.checkpoints),
+            (r.token_sha256 or "-")[:12],
+            (r.env_sha256 or "-")[:12],
+        )
     Console(width=max(Console().width, 160)).print(table)
     for r in results:
         for rec in r.recoveries:
             cut = f", context cut after step {rec.cut_after_step}" if rec.cut_after_step else ""
-            console.print(f"  {r.trajectory_id}: {rec.kind} recovery at step {rec.step} from {rec.source}, "
-                          f"{rec.replayed_steps} steps replayed, {rec.time_lost_s:.2f}s lost{cut}")
+            console.print(
+                f"  {r.trajectory_id}: {rec.kind} recovery at step {rec.step} from {rec.source}, "
+                f"{rec.replayed_steps} steps replayed, {rec.time_lost_s:.2f}s lost{cut}"
+            )
         if r.reason:
             console.print(f"  {r.trajectory_id}: {r.reason}")
     for group in groups or []:
         if group.forked:
-            console.print(f"  group {group.task}: {group.forked} of {group.size} sandboxes forked from one set-up "
-                          f"sandbox, ready {group.ready_s:.2f}s after the group started (setup {group.setup_s:.2f}s, "
-                          f"checkpoint {group.checkpoint_s:.2f}s, forks {group.fork_s:.2f}s)")
+            console.print(
+                f"  group {group.task}: {group.forked} of {group.size} sandboxes forked from one set-up "
+                f"sandbox, ready {group.ready_s:.2f}s after the group started (setup {group.setup_s:.2f}s, "
+                f"checkpoint {group.checkpoint_s:.2f}s, forks {group.fork_s:.2f}s)"
+            )
         for line in ([group.fallback] if group.fallback else []) + group.notes:
             console.print(f"  group {group.task}: {line}")
     for fault in faults or []:
         took = f" in {fault['recovery_s']:.2f}s" if fault.get("recovery_s") is not None else ""
-        console.print(f"  fault {fault['kind']} at step {fault['at']} on {fault['target']}: "
-                      f"recovered by {fault['recovered_by']}{took}")
+        console.print(
+            f"  fault {fault['kind']} at step {fault['at']} on {fault['target']}: "
+            f"recovered by {fault['recovered_by']}{took}"
+        )
     console.print(f"{len(results)} trajectories in {wall:.1f}s")
 
 
@@ -392,13 +509,23 @@ async def _inspect(config, workflow_id: str) -> dict:
     try:
         description = await handle.describe()
     except RPCError as exc:
-        raise BelayerError(f"no trajectory {workflow_id!r} in namespace {config.temporal.namespace} ({exc}); "
-                           "list them with the web UI or `temporal workflow list`") from None
+        raise BelayerError(
+            f"no trajectory {workflow_id!r} in namespace {config.temporal.namespace} ({exc}); "
+            "list them with the web UI or `temporal workflow list`"
+        ) from None
     from belayer.trajectory_log import open_store
 
-    steps, checkpoints, summary = await _walk_history(handle, client.data_converter, open_store(config.storage))
-    return {"id": workflow_id, "status": description.status.name if description.status else "?",
-            "ui": ui_link(config, workflow_id), "steps": steps, "checkpoints": checkpoints, **summary}
+    steps, checkpoints, summary = await _walk_history(
+        handle, client.data_converter, open_store(config.storage)
+    )
+    return {
+        "id": workflow_id,
+        "status": description.status.name if description.status else "?",
+        "ui": ui_link(config, workflow_id),
+        "steps": steps,
+        "checkpoints": checkpoints,
+        **summary,
+    }
 
 
 async def _walk_history(handle, converter, store):
@@ -437,10 +564,17 @@ async def _walk_history(handle, converter, store):
             if name == EXEC.name:
                 ref = (await converter.decode(attrs.result.payloads, [ExecResult]))[0].observation
                 obs = await asyncio.to_thread(load_observation, store, ref)
-                steps.append({"step": arg.action.step, "command": arg.action.command,
-                              "exit_code": obs.exit_code, "stdout": obs.stdout[:300],
-                              "stderr": obs.stderr[:300], "duration_s": round(obs.duration_s, 3),
-                              "replayed": obs.replayed_from_journal})
+                steps.append(
+                    {
+                        "step": arg.action.step,
+                        "command": arg.action.command,
+                        "exit_code": obs.exit_code,
+                        "stdout": obs.stdout[:300],
+                        "stderr": obs.stderr[:300],
+                        "duration_s": round(obs.duration_s, 3),
+                        "replayed": obs.replayed_from_journal,
+                    }
+                )
             elif name in (CHECKPOINT.name, PUBLISH_CHECKPOINT.name):
                 ref = (await converter.decode(attrs.result.payloads, [CheckpointResult]))[0].checkpoint
                 checkpoints.append({"step": ref.step, "bytes": ref.archive_bytes, "key": ref.meta_key})
@@ -485,13 +619,18 @@ class _ActivityClock:
         elif kind == EventType.EVENT_TYPE_ACTIVITY_TASK_STARTED:
             scheduled_id = event.activity_task_started_event_attributes.scheduled_event_id
             self.started[scheduled_id] = at
-        elif kind in (EventType.EVENT_TYPE_ACTIVITY_TASK_COMPLETED, EventType.EVENT_TYPE_ACTIVITY_TASK_FAILED,
-                      EventType.EVENT_TYPE_ACTIVITY_TASK_TIMED_OUT):
-            attrs = (event.activity_task_completed_event_attributes
-                     if kind == EventType.EVENT_TYPE_ACTIVITY_TASK_COMPLETED
-                     else event.activity_task_failed_event_attributes
-                     if kind == EventType.EVENT_TYPE_ACTIVITY_TASK_FAILED
-                     else event.activity_task_timed_out_event_attributes)
+        elif kind in (
+            EventType.EVENT_TYPE_ACTIVITY_TASK_COMPLETED,
+            EventType.EVENT_TYPE_ACTIVITY_TASK_FAILED,
+            EventType.EVENT_TYPE_ACTIVITY_TASK_TIMED_OUT,
+        ):
+            attrs = (
+                event.activity_task_completed_event_attributes
+                if kind == EventType.EVENT_TYPE_ACTIVITY_TASK_COMPLETED
+                else event.activity_task_failed_event_attributes
+                if kind == EventType.EVENT_TYPE_ACTIVITY_TASK_FAILED
+                else event.activity_task_timed_out_event_attributes
+            )
             name, scheduled_at = self.scheduled.get(attrs.scheduled_event_id, ("?", at))
             started_at = self.started.get(attrs.scheduled_event_id, scheduled_at)
             self.busy[name] = self.busy.get(name, 0.0) + (at - started_at)
@@ -520,30 +659,45 @@ def _print_inspection(report: dict) -> None:
     table = Table("step", "command", "exit", "observation (truncated)", "s")
     for step in report["steps"]:
         text = (step["stdout"] + step["stderr"]).strip().replace("\n", " ⏎ ")[:80]
-        table.add_row(str(step["step"]), step["command"].strip().splitlines()[0][:50], str(step["exit_code"]),
-                      text, str(step["duration_s"]))
+        table.add_row(
+            str(step["step"]),
+            step["command"].strip().splitlines()[0][:50],
+            str(step["exit_code"]),
+            text,
+            str(step["duration_s"]),
+        )
     out.print(table)
     if report["checkpoints"]:
-        out.print("checkpoints: " + ", ".join(f"step {c['step']} ({c['bytes'] // 1024} KiB)"
-                                              for c in report["checkpoints"]))
+        out.print(
+            "checkpoints: "
+            + ", ".join(f"step {c['step']} ({c['bytes'] // 1024} KiB)" for c in report["checkpoints"])
+        )
     timing = report.get("timing")
     if timing:
-        out.print(f"time: {timing['wall_s']}s wall, {timing['critical_work_s']}s engine/sandbox/context work, "
-                  f"{timing['orchestration_s']}s orchestration ({timing['orchestration_pct']}%, "
-                  f"{timing['orchestration_per_turn_s']}s per turn)")
+        out.print(
+            f"time: {timing['wall_s']}s wall, {timing['critical_work_s']}s engine/sandbox/context work, "
+            f"{timing['orchestration_s']}s orchestration ({timing['orchestration_pct']}%, "
+            f"{timing['orchestration_per_turn_s']}s per turn)"
+        )
     result = report.get("result")
     if result:
-        out.print(f"result: {result['status']} reward={result['reward']} turns={result['turns']} "
-                  f"tokens={result['tokens']}")
+        out.print(
+            f"result: {result['status']} reward={result['reward']} turns={result['turns']} "
+            f"tokens={result['tokens']}"
+        )
         broken = result.get("sandbox_broken")
         if broken:
-            out.print(f"  [red]the agent broke its sandbox at step {broken['step']}[/] ({broken['cause']}): "
-                      f"{broken['detail'][:200]}")
+            out.print(
+                f"  [red]the agent broke its sandbox at step {broken['step']}[/] ({broken['cause']}): "
+                f"{broken['detail'][:200]}"
+            )
         elif result.get("reason"):
             out.print(f"  reason: {result['reason'][:300]}")
         for rec in result["recoveries"]:
-            out.print(f"  recovery at step {rec['step']}: {rec['reason'][:80]} → {rec['source']}, "
-                      f"replayed {rec['replayed_steps']}, consistent={rec['consistent']}")
+            out.print(
+                f"  recovery at step {rec['step']}: {rec['reason'][:80]} → {rec['source']}, "
+                f"replayed {rec['replayed_steps']}, consistent={rec['consistent']}"
+            )
     if report.get("decisions"):
         from belayer.policy.adaptive import DecisionRecord, predictor_error
 
@@ -551,16 +705,36 @@ def _print_inspection(report: dict) -> None:
             return "-" if value is None else f"{value:.2f}"
 
         decisions = [DecisionRecord(**d) for d in report["decisions"]]
-        table = Table("step", "verdict", "gen predicted", "gen actual", "ckpt estimated", "ckpt actual",
-                      "wait", "unprotected", "reason", title="checkpoint decisions (s)")
+        table = Table(
+            "step",
+            "verdict",
+            "gen predicted",
+            "gen actual",
+            "ckpt estimated",
+            "ckpt actual",
+            "wait",
+            "unprotected",
+            "reason",
+            title="checkpoint decisions (s)",
+        )
         for d in decisions:
-            table.add_row(str(d.step), d.verdict, secs(d.predicted_generation_s), secs(d.actual_generation_s),
-                          secs(d.estimated_checkpoint_s), secs(d.actual_checkpoint_s), secs(d.wait_s),
-                          str(d.unprotected_steps), d.reason[:60])
+            table.add_row(
+                str(d.step),
+                d.verdict,
+                secs(d.predicted_generation_s),
+                secs(d.actual_generation_s),
+                secs(d.estimated_checkpoint_s),
+                secs(d.actual_checkpoint_s),
+                secs(d.wait_s),
+                str(d.unprotected_steps),
+                d.reason[:60],
+            )
         out.print(table)
         error = predictor_error(decisions)
-        out.print(f"predictor error (mean relative): generation {secs(error['generation_mean_rel_error'])}, "
-                  f"checkpoint {secs(error['checkpoint_mean_rel_error'])}")
+        out.print(
+            f"predictor error (mean relative): generation {secs(error['generation_mean_rel_error'])}, "
+            f"checkpoint {secs(error['checkpoint_mean_rel_error'])}"
+        )
 
 
 async def _protected_again_s(config, roles_before: dict, timeout_s: float = 180.0) -> float | None:

@@ -42,46 +42,135 @@ def train() -> None:
 
 @train.command("start")
 @click.argument("workload", type=click.Path(path_type=Path))
-@click.option("--iterations", default=24, show_default=True, type=click.IntRange(1, 1_000_000),
-              help="Iterations; each rolls out a batch, then takes --minibatches optimizer steps on it.")
-@click.option("--group-size", default=4, show_default=True, type=click.IntRange(2, 256),
-              help="Trajectories per task per iteration (a GRPO group).")
-@click.option("--tasks-per-iteration", default=4, show_default=True, type=click.IntRange(1, 4096),
-              help="Tasks drawn (seeded) for each iteration.")
-@click.option("--seed", default=0, show_default=True, type=click.IntRange(0, 2**31 - 1),
-              help="Fixes the task draws and every sampling seed.")
-@click.option("--algorithm", type=click.Choice(sorted(ALGORITHMS)), default=DEFAULT, show_default=True,
-              help="How group rewards become advantages and which loss the trainer takes "
-              "(docs/design.md §10, where to add an algorithm).")
+@click.option(
+    "--iterations",
+    default=24,
+    show_default=True,
+    type=click.IntRange(1, 1_000_000),
+    help="Iterations; each rolls out a batch, then takes --minibatches optimizer steps on it.",
+)
+@click.option(
+    "--group-size",
+    default=4,
+    show_default=True,
+    type=click.IntRange(2, 256),
+    help="Trajectories per task per iteration (a GRPO group).",
+)
+@click.option(
+    "--tasks-per-iteration",
+    default=4,
+    show_default=True,
+    type=click.IntRange(1, 4096),
+    help="Tasks drawn (seeded) for each iteration.",
+)
+@click.option(
+    "--seed",
+    default=0,
+    show_default=True,
+    type=click.IntRange(0, 2**31 - 1),
+    help="Fixes the task draws and every sampling seed.",
+)
+@click.option(
+    "--algorithm",
+    type=click.Choice(sorted(ALGORITHMS)),
+    default=DEFAULT,
+    show_default=True,
+    help="How group rewards become advantages and which loss the trainer takes "
+    "(docs/design.md §10, where to add an algorithm).",
+)
 @click.option("--lr", default=1e-4, show_default=True, type=click.FloatRange(0), help="AdamW learning rate.")
-@click.option("--lr-decay", type=click.Choice(["constant", "linear"]), default="linear", show_default=True,
-              help="linear: the learning rate falls linearly from --lr to 0 over the run's iterations.")
-@click.option("--minibatches", default=8, show_default=True, type=click.IntRange(1, 64),
-              help="Optimizer steps per iteration, each on a contiguous slice of the batch (clipping acts "
-              "from the second on).")
-@click.option("--kl-coef", default=0.0, show_default=True, type=click.FloatRange(0),
-              help="Weight of a KL penalty to the start weights (k3 estimator); 0 is off.")
-@click.option("--temperature", default=1.0, show_default=True, type=click.FloatRange(0, 5, min_open=True),
-              help="Sampling temperature of the rollouts (and of the trainer's logprobs).")
-@click.option("--heldout", type=click.Path(path_type=Path), default=None,
-              help="A workload evaluated once per iteration, never trained on (default: the workload's `heldout:`).")
+@click.option(
+    "--lr-decay",
+    type=click.Choice(["constant", "linear"]),
+    default="linear",
+    show_default=True,
+    help="linear: the learning rate falls linearly from --lr to 0 over the run's iterations.",
+)
+@click.option(
+    "--minibatches",
+    default=8,
+    show_default=True,
+    type=click.IntRange(1, 64),
+    help="Optimizer steps per iteration, each on a contiguous slice of the batch (clipping acts "
+    "from the second on).",
+)
+@click.option(
+    "--kl-coef",
+    default=0.0,
+    show_default=True,
+    type=click.FloatRange(0),
+    help="Weight of a KL penalty to the start weights (k3 estimator); 0 is off.",
+)
+@click.option(
+    "--temperature",
+    default=1.0,
+    show_default=True,
+    type=click.FloatRange(0, 5, min_open=True),
+    help="Sampling temperature of the rollouts (and of the trainer's logprobs).",
+)
+@click.option(
+    "--heldout",
+    type=click.Path(path_type=Path),
+    default=None,
+    help="A workload evaluated once per iteration, never trained on (default: the workload's `heldout:`).",
+)
 @click.option("--no-heldout", is_flag=True, help="Evaluate no held-out tasks, whatever the workload names.")
-@click.option("--max-infra-retries", default=2, show_default=True, type=click.IntRange(0, 16),
-              help="Fresh runs (same seed) of a trajectory that ended failed_infra; then its group is dropped.")
-@click.option("--fork/--no-fork", "fork_groups", default=True, show_default=True,
-              help="Fork each group's sandboxes from one set-up sandbox (tasks with setup commands).")
-@click.option("--reuse-setup/--no-reuse-setup", default=True, show_default=True,
-              help="Later iterations fork a task's set-up checkpoint again instead of rerunning its setup.")
+@click.option(
+    "--max-infra-retries",
+    default=2,
+    show_default=True,
+    type=click.IntRange(0, 16),
+    help="Fresh runs (same seed) of a trajectory that ended failed_infra; then its group is dropped.",
+)
+@click.option(
+    "--fork/--no-fork",
+    "fork_groups",
+    default=True,
+    show_default=True,
+    help="Fork each group's sandboxes from one set-up sandbox (tasks with setup commands).",
+)
+@click.option(
+    "--reuse-setup/--no-reuse-setup",
+    default=True,
+    show_default=True,
+    help="Later iterations fork a task's set-up checkpoint again instead of rerunning its setup.",
+)
 @click.option("--run-id", default=None, help="Name of the run (default train-<random>).")
-@click.option("--chaos", "chaos_plan", default=None, metavar="PLAN",
-              help="Inject real faults: a .yaml plan or e.g. 'engine-crash@iteration=0,trainer-crash@iteration=1'.")
+@click.option(
+    "--chaos",
+    "chaos_plan",
+    default=None,
+    metavar="PLAN",
+    help="Inject real faults: a .yaml plan or e.g. 'engine-crash@iteration=0,trainer-crash@iteration=1'.",
+)
 @click.option("--chaos-rate", type=float, default=None, help="Seeded random faults per iteration (0-1].")
 @click.option("--chaos-seed", type=int, default=0, show_default=True, help="Seed of --chaos-rate.")
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object when the run ends.")
 @click.pass_context
-def start(ctx: click.Context, workload: Path, iterations: int, group_size: int, tasks_per_iteration: int,
-          seed: int, algorithm: str, lr: float, lr_decay: str, minibatches: int, kl_coef: float, temperature: float, heldout: Path | None, no_heldout: bool, max_infra_retries: int,
-          fork_groups: bool, reuse_setup: bool, run_id: str | None, chaos_plan: str | None, chaos_rate: float | None, chaos_seed: int, as_json: bool) -> None:
+def start(
+    ctx: click.Context,
+    workload: Path,
+    iterations: int,
+    group_size: int,
+    tasks_per_iteration: int,
+    seed: int,
+    algorithm: str,
+    lr: float,
+    lr_decay: str,
+    minibatches: int,
+    kl_coef: float,
+    temperature: float,
+    heldout: Path | None,
+    no_heldout: bool,
+    max_infra_retries: int,
+    fork_groups: bool,
+    reuse_setup: bool,
+    run_id: str | None,
+    chaos_plan: str | None,
+    chaos_rate: float | None,
+    chaos_seed: int,
+    as_json: bool,
+) -> None:
     """Start a training run on WORKLOAD (.yaml or .jsonl) and follow it to its end.
 
     Exit status 1 when the run failed for an infrastructure reason. Ctrl-C leaves the run
@@ -95,27 +184,46 @@ def start(ctx: click.Context, workload: Path, iterations: int, group_size: int, 
     loaded = load_workload(workload)
     tasks = loaded.tasks
     if tasks_per_iteration > len(tasks):
-        raise WorkloadError(f"{workload} has {len(tasks)} tasks, fewer than --tasks-per-iteration "
-                            f"{tasks_per_iteration}; lower it or add tasks")
+        raise WorkloadError(
+            f"{workload} has {len(tasks)} tasks, fewer than --tasks-per-iteration "
+            f"{tasks_per_iteration}; lower it or add tasks"
+        )
     if heldout and no_heldout:
         raise click.UsageError("--heldout and --no-heldout contradict each other; give one")
     heldout = None if no_heldout else heldout or loaded.heldout
-    settings = TrainerSettings(algorithm=algorithm, lr=lr,
-                               lr_decay_iterations=iterations if lr_decay == "linear" else 0,
-                               minibatches=minibatches, kl_coef=kl_coef, temperature=temperature)
+    settings = TrainerSettings(
+        algorithm=algorithm,
+        lr=lr,
+        lr_decay_iterations=iterations if lr_decay == "linear" else 0,
+        minibatches=minibatches,
+        kl_coef=kl_coef,
+        temperature=temperature,
+    )
     input = training_input(
-        config, tasks, iterations=iterations, group_size=group_size, tasks_per_iteration=tasks_per_iteration,
-        seed=seed, heldout=load_workload(heldout).tasks if heldout else None, settings=settings,
-        run_id=run_id, temperature=temperature, max_infra_retries=max_infra_retries,
-        model=loaded.model, fork_groups=fork_groups, reuse_setup=reuse_setup,
+        config,
+        tasks,
+        iterations=iterations,
+        group_size=group_size,
+        tasks_per_iteration=tasks_per_iteration,
+        seed=seed,
+        heldout=load_workload(heldout).tasks if heldout else None,
+        settings=settings,
+        run_id=run_id,
+        temperature=temperature,
+        max_infra_retries=max_infra_retries,
+        model=loaded.model,
+        fork_groups=fork_groups,
+        reuse_setup=reuse_setup,
     )
     plan = _chaos_plan(chaos_plan, chaos_rate, chaos_seed, iterations)
     started = time.monotonic()
     try:
         result, records, faults = asyncio.run(_run(config, input, plan, quiet=as_json))
     except KeyboardInterrupt:
-        console.print(f"\n[yellow]interrupted[/]: run {input.run_id} goes on. Follow it with\n"
-                      f"  belayer train status {input.run_id}\nor in the web UI: {_ui(config, input.run_id)}")
+        console.print(
+            f"\n[yellow]interrupted[/]: run {input.run_id} goes on. Follow it with\n"
+            f"  belayer train status {input.run_id}\nor in the web UI: {_ui(config, input.run_id)}"
+        )
         os._exit(130)
     report = run_report(result, records, run_settings(input, workload)) | ({"faults": faults} if plan else {})
     if as_json:
@@ -136,11 +244,22 @@ def status(ctx: click.Context, run_id: str, as_json: bool) -> None:
     config = config_from(ctx.find_root())
     progress, records = asyncio.run(_status(config, run_id))
     if as_json:
-        click.echo(json.dumps({"run_id": run_id, "status": progress.status, "phase": progress.phase,
-                               **run_report(progress, records)}, indent=2))
+        click.echo(
+            json.dumps(
+                {
+                    "run_id": run_id,
+                    "status": progress.status,
+                    "phase": progress.phase,
+                    **run_report(progress, records),
+                },
+                indent=2,
+            )
+        )
         return
-    console.print(f"run {run_id}: {progress.status}, iteration {progress.iteration}/{progress.iterations} "
-                  f"({progress.phase}), weights v{progress.serving_version}")
+    console.print(
+        f"run {run_id}: {progress.status}, iteration {progress.iteration}/{progress.iterations} "
+        f"({progress.phase}), weights v{progress.serving_version}"
+    )
     for record in records:
         console.print("  " + iteration_line(record), highlight=False)
     console.print(f"web UI: {_ui(config, run_id)}")
@@ -155,7 +274,9 @@ def _chaos_plan(plan: str | None, rate: float | None, seed: int, iterations: int
         parsed = parse_plan(plan)
         stepped = [p.fault for p in parsed if p.step is not None]
         if stepped:
-            raise click.UsageError(f"{stepped[0]}@step: a training run's faults take @iteration=K or @t=SECONDS")
+            raise click.UsageError(
+                f"{stepped[0]}@step: a training run's faults take @iteration=K or @t=SECONDS"
+            )
         return parsed
     return random_training_plan(rate, seed, iterations) if rate is not None else []
 
@@ -169,11 +290,18 @@ async def _run(config, input, plan, *, quiet: bool):
     handle = await start_training(client, config, input)
     follower = _Follower(client, input.run_id)
     if not quiet:
-        console.print(f"run {input.run_id}: {input.iterations} iterations of {input.tasks_per_iteration} tasks x "
-                      f"{input.group_size} trajectories; web UI {_ui(config, input.run_id)}")
+        console.print(
+            f"run {input.run_id}: {input.iterations} iterations of {input.tasks_per_iteration} tasks x "
+            f"{input.group_size} trajectories; web UI {_ui(config, input.run_id)}"
+        )
     following = None if quiet else asyncio.ensure_future(follower.follow())
-    chaos = TrainingChaos(config, client, input.run_id, plan,
-                          say=None if quiet else lambda line: console.print(line, highlight=False))
+    chaos = TrainingChaos(
+        config,
+        client,
+        input.run_id,
+        plan,
+        say=None if quiet else lambda line: console.print(line, highlight=False),
+    )
     injecting = asyncio.ensure_future(chaos.run()) if plan else None
     try:
         result = await result_through_restarts(handle)
@@ -205,9 +333,11 @@ class _Follower:
                     await asyncio.sleep(POLL_S)
                     continue
                 self.print_new(progress.recent)
-                spinner.update(f"iteration {progress.iteration}/{progress.iterations}: {progress.phase} "
-                               f"({progress.members_done}/{progress.members_total} trajectories), "
-                               f"weights v{progress.serving_version}")
+                spinner.update(
+                    f"iteration {progress.iteration}/{progress.iterations}: {progress.phase} "
+                    f"({progress.members_done}/{progress.members_total} trajectories), "
+                    f"weights v{progress.serving_version}"
+                )
                 await asyncio.sleep(POLL_S)
 
     def print_new(self, records) -> None:
@@ -221,21 +351,32 @@ def iteration_line(record) -> str:
     heldout = f" held-out {record.heldout_reward:.3f}" if record.heldout_reward is not None else ""
     reward = f"{record.mean_reward:.3f}" if record.mean_reward is not None else "-"
     dropped = f", {record.groups_dropped} dropped" if record.groups_dropped else ""
-    return (f"iteration {record.iteration}: reward {reward}{heldout}; groups {record.groups_kept} kept{dropped}; "
-            f"{record.infra_retries} infra retries; loss {record.loss:.4f}; weights v{record.weights_version} "
-            f"{record.weights_sha256[:12]}; rollout {record.rollout_s:.1f}s train {record.train_s:.1f}s "
-            f"publish {record.publish_s:.1f}s")
+    return (
+        f"iteration {record.iteration}: reward {reward}{heldout}; groups {record.groups_kept} kept{dropped}; "
+        f"{record.infra_retries} infra retries; loss {record.loss:.4f}; weights v{record.weights_version} "
+        f"{record.weights_sha256[:12]}; rollout {record.rollout_s:.1f}s train {record.train_s:.1f}s "
+        f"publish {record.publish_s:.1f}s"
+    )
 
 
 def run_settings(input, workload: Path) -> dict:
     """What decides the run's curve, for the report and for reruns."""
     return {
-        "workload": str(workload), "model": input.model, "iterations": input.iterations,
-        "group_size": input.group_size, "tasks_per_iteration": input.tasks_per_iteration, "seed": input.seed,
-        "algorithm": input.trainer.algorithm, "lr": input.trainer.lr, "lr_decay_iterations": input.trainer.lr_decay_iterations,
-        "minibatches": input.trainer.minibatches, "kl_coef": input.trainer.kl_coef,
+        "workload": str(workload),
+        "model": input.model,
+        "iterations": input.iterations,
+        "group_size": input.group_size,
+        "tasks_per_iteration": input.tasks_per_iteration,
+        "seed": input.seed,
+        "algorithm": input.trainer.algorithm,
+        "lr": input.trainer.lr,
+        "lr_decay_iterations": input.trainer.lr_decay_iterations,
+        "minibatches": input.trainer.minibatches,
+        "kl_coef": input.trainer.kl_coef,
         "temperature": input.trainer.temperature,
-        "heldout_tasks": len(input.heldout), "fork_groups": input.fork_groups, "reuse_setup": input.reuse_setup,
+        "heldout_tasks": len(input.heldout),
+        "fork_groups": input.fork_groups,
+        "reuse_setup": input.reuse_setup,
     }
 
 
@@ -246,16 +387,31 @@ def run_report(result, records, settings: dict | None = None) -> dict:
         "status": result.status,
         **({"settings": settings} if settings else {}),
         **({"reason": result.reason} if getattr(result, "reason", "") else {}),
-        "iterations": [{
-            "iteration": r.iteration, "mean_reward": r.mean_reward, "heldout_reward": r.heldout_reward,
-            "groups_kept": r.groups_kept, "groups_dropped": r.groups_dropped, "infra_retries": r.infra_retries,
-            "weights_version": r.weights_version, "weights_sha256": r.weights_sha256,
-            "rollout_s": r.rollout_s, "train_s": r.train_s, "publish_s": r.publish_s,
-            "recovery_s": r.recovery_s, "elapsed_s": r.elapsed_s,
-            "tasks": r.tasks, "rewards": r.rewards, "dropped": [d.model_dump() for d in r.dropped], "loss": r.loss,
-            "group_sandboxes": [g.model_dump(mode="json", exclude={"origin", "setup_sandbox"})
-                                for g in r.group_sandboxes],
-        } for r in records],
+        "iterations": [
+            {
+                "iteration": r.iteration,
+                "mean_reward": r.mean_reward,
+                "heldout_reward": r.heldout_reward,
+                "groups_kept": r.groups_kept,
+                "groups_dropped": r.groups_dropped,
+                "infra_retries": r.infra_retries,
+                "weights_version": r.weights_version,
+                "weights_sha256": r.weights_sha256,
+                "rollout_s": r.rollout_s,
+                "train_s": r.train_s,
+                "publish_s": r.publish_s,
+                "recovery_s": r.recovery_s,
+                "elapsed_s": r.elapsed_s,
+                "tasks": r.tasks,
+                "rewards": r.rewards,
+                "dropped": [d.model_dump() for d in r.dropped],
+                "loss": r.loss,
+                "group_sandboxes": [
+                    g.model_dump(mode="json", exclude={"origin", "setup_sandbox"}) for g in r.group_sandboxes
+                ],
+            }
+            for r in records
+        ],
         "final_weights_sha256": records[-1].weights_sha256 if records else None,
     }
 
@@ -263,8 +419,10 @@ def run_report(result, records, settings: dict | None = None) -> dict:
 def _print_end(report: dict, wall: float) -> None:
     status = report["status"]
     colour = "green" if status == "completed" else "red"
-    console.print(f"[{colour}]{status}[/]: {len(report['iterations'])} iterations in {wall:.1f}s; "
-                  f"final weights sha256 {report['final_weights_sha256']}")
+    console.print(
+        f"[{colour}]{status}[/]: {len(report['iterations'])} iterations in {wall:.1f}s; "
+        f"final weights sha256 {report['final_weights_sha256']}"
+    )
     if report.get("reason"):
         console.print(f"  reason: {report['reason']}")
 
@@ -280,8 +438,10 @@ async def _status(config, run_id: str):
     try:
         progress = await run_progress(client, run_id)
     except RPCError as exc:
-        raise BelayerError(f"no training run {run_id!r} on {config.temporal.address}: {exc}; "
-                           "list runs in the web UI (filter BelayerRun)") from None
+        raise BelayerError(
+            f"no training run {run_id!r} on {config.temporal.address}: {exc}; "
+            "list runs in the web UI (filter BelayerRun)"
+        ) from None
     return progress, await asyncio.to_thread(read_iterations, config, progress)
 
 

@@ -151,8 +151,15 @@ def write_warm_model(size: str, base: Path, out: Path, say: Progress) -> None:
     save_file(state, str(out / "model.safetensors"), metadata={"format": "pt"})
     base_manifest = json.loads((base / MANIFEST).read_text())
     origin = {"size": base_manifest["size"], "manifest_sha256": file_sha256(base / MANIFEST)}
-    write_manifest(out, size=size, recipe=RECIPE_VERSION, sft=asdict(RECIPE), base=origin,
-                   params=base_manifest["params"], vocab=base_manifest["vocab"])
+    write_manifest(
+        out,
+        size=size,
+        recipe=RECIPE_VERSION,
+        sft=asdict(RECIPE),
+        base=origin,
+        params=base_manifest["params"],
+        vocab=base_manifest["vocab"],
+    )
 
 
 def write_manifest(out: Path, **fields) -> None:

@@ -36,11 +36,18 @@ def sample_first_turns(model, tokenizer, instruction: str, n: int, seed: int) ->
     torch.manual_seed(seed)
     with torch.no_grad():
         out = model.generate(
-            torch.tensor([prompt]), attention_mask=torch.ones((1, len(prompt)), dtype=torch.long),
-            do_sample=True, temperature=1.0, top_k=0, top_p=1.0, max_new_tokens=MAX_TOKENS_PER_TURN,
-            num_return_sequences=n, eos_token_id=model.config.eos_token_id, pad_token_id=model.config.pad_token_id,
+            torch.tensor([prompt]),
+            attention_mask=torch.ones((1, len(prompt)), dtype=torch.long),
+            do_sample=True,
+            temperature=1.0,
+            top_k=0,
+            top_p=1.0,
+            max_new_tokens=MAX_TOKENS_PER_TURN,
+            num_return_sequences=n,
+            eos_token_id=model.config.eos_token_id,
+            pad_token_id=model.config.pad_token_id,
         )
-    return [tokenizer.decode(row[len(prompt):].tolist(), skip_special_tokens=True) for row in out]
+    return [tokenizer.decode(row[len(prompt) :].tolist(), skip_special_tokens=True) for row in out]
 
 
 def rates(model, tokenizer, tasks: list[Problem], n: int, seed: int) -> Rates:

@@ -46,8 +46,10 @@ OPERATIONS = {
     "multiply": ("Multiply the number in {src} by {k} and write the result to {dst}.", "*", "+"),
 }
 HELDOUT_PAIRS = 8
-SPLITS = {"train": ("learn.yaml", len(OPERATIONS) * len(CONSTANTS) - HELDOUT_PAIRS, 1),
-          "heldout": ("learn-heldout.yaml", HELDOUT_PAIRS, 2)}  # file, tasks, seed
+SPLITS = {
+    "train": ("learn.yaml", len(OPERATIONS) * len(CONSTANTS) - HELDOUT_PAIRS, 1),
+    "heldout": ("learn-heldout.yaml", HELDOUT_PAIRS, 2),
+}  # file, tasks, seed
 
 
 @dataclass(frozen=True)
@@ -65,8 +67,11 @@ class Problem:
     @property
     def expected(self) -> int:
         symbol = OPERATIONS[self.operation][1]
-        return {"+": self.value + self.constant, "-": self.value - self.constant,
-                "*": self.value * self.constant}[symbol]
+        return {
+            "+": self.value + self.constant,
+            "-": self.value - self.constant,
+            "*": self.value * self.constant,
+        }[symbol]
 
     def command(self, *, constant: int | None = None, symbol: str | None = None, dst: str = OUTPUT) -> str:
         """The correct command; a keyword swaps in a wrong constant, operator or file."""

@@ -61,8 +61,12 @@ def candidates(problem: Problem, rng: random.Random) -> list[str]:
     """The correct command and three plausible wrong ones: another constant, the wrong
     operator, the wrong output file."""
     other = rng.choice([k for k in CONSTANTS if k != problem.constant])
-    return [problem.command(), problem.command(constant=other),
-            problem.command(symbol=problem.wrong_symbol()), problem.command(dst=WRONG_OUTPUT)]
+    return [
+        problem.command(),
+        problem.command(constant=other),
+        problem.command(symbol=problem.wrong_symbol()),
+        problem.command(dst=WRONG_OUTPUT),
+    ]
 
 
 def transcript(index: int, rng: random.Random) -> list[Segment]:
@@ -100,7 +104,9 @@ def batches(tokenizer, recipe: SftRecipe, eos_id: int, pad_id: int):
 
     rng = random.Random(recipe.seed)
     for step in range(recipe.steps):
-        rows = [encode(tokenizer, transcript(step * recipe.batch + i, rng), eos_id) for i in range(recipe.batch)]
+        rows = [
+            encode(tokenizer, transcript(step * recipe.batch + i, rng), eos_id) for i in range(recipe.batch)
+        ]
         width = max(len(ids) for ids, _ in rows)
         ids = torch.full((len(rows), width), pad_id, dtype=torch.long)
         labels = torch.full((len(rows), width), IGNORE, dtype=torch.long)
@@ -124,7 +130,9 @@ def fine_tune(model, tokenizer, recipe: SftRecipe, say: Callable[[str], None]) -
     )
     model.train()
     losses = []
-    for step, (ids, mask, labels) in enumerate(batches(tokenizer, recipe, config.eos_token_id, config.pad_token_id)):
+    for step, (ids, mask, labels) in enumerate(
+        batches(tokenizer, recipe, config.eos_token_id, config.pad_token_id)
+    ):
         loss = model(input_ids=ids, attention_mask=mask, labels=labels).loss
         loss.backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)

@@ -33,8 +33,11 @@ class CheckpointSample(BaseModel):
     duration_s: float = Field(ge=0)
     size_mb: float = Field(ge=0)
     capture_s: float | None = Field(
-        None, ge=0, description="Of the duration, the capture the next action waited for (a staged "
-        "checkpoint); None for a checkpoint taken in one call, which the next action waits for whole.")
+        None,
+        ge=0,
+        description="Of the duration, the capture the next action waited for (a staged "
+        "checkpoint); None for a checkpoint taken in one call, which the next action waits for whole.",
+    )
 
 
 class DecisionRecord(BaseModel):
@@ -79,8 +82,12 @@ class PredictorError(BaseModel):
 
     def means(self) -> dict[str, float | None]:
         return {
-            "generation_mean_rel_error": self.generation_sum / self.generation_n if self.generation_n else None,
-            "checkpoint_mean_rel_error": self.checkpoint_sum / self.checkpoint_n if self.checkpoint_n else None,
+            "generation_mean_rel_error": self.generation_sum / self.generation_n
+            if self.generation_n
+            else None,
+            "checkpoint_mean_rel_error": self.checkpoint_sum / self.checkpoint_n
+            if self.checkpoint_n
+            else None,
         }
 
 
@@ -114,7 +121,9 @@ class CheckpointPolicy(BaseModel):
         self.unprotected_steps += 1
         self.unprotected_replay_s += max(duration_s, 0.0)
 
-    def observe_checkpoint(self, sample: CheckpointSample, wait_s: float = 0.0, decision: int | None = None) -> None:
+    def observe_checkpoint(
+        self, sample: CheckpointSample, wait_s: float = 0.0, decision: int | None = None
+    ) -> None:
         """The checkpoint of decision number `decision` (default: the last) finished;
         everything before it is protected."""
         self.checkpoints = [*self.checkpoints, sample][-self.config.history :]
@@ -178,9 +187,7 @@ class CheckpointPolicy(BaseModel):
     def predict_generation_s(self, expected_output_tokens: int | None = None) -> float:
         """Coming generation interval: output length x per-token latency + queueing."""
         recent = self.generations
-        per_token = (
-            _mean([g.per_token_s for g in recent]) if recent else self.config.prior_token_latency_s
-        )
+        per_token = _mean([g.per_token_s for g in recent]) if recent else self.config.prior_token_latency_s
         queue = _mean([g.queue_s for g in recent]) if recent else 0.0
         if expected_output_tokens is not None:
             tokens = float(expected_output_tokens)
@@ -203,7 +210,11 @@ class CheckpointPolicy(BaseModel):
     # -- the decision ----------------------------------------------------------------
 
     def decide(
-        self, step: int, size_mb: float, expected_output_tokens: int | None = None, *,
+        self,
+        step: int,
+        size_mb: float,
+        expected_output_tokens: int | None = None,
+        *,
         storing_step: int | None = None,
     ) -> DecisionRecord:
         """Checkpoint now (overlapped with the next generation) or skip, and why.
@@ -245,9 +256,7 @@ class CheckpointPolicy(BaseModel):
         if cfg.mode == "every-step":
             return "checkpoint", "policy mode every-step"
         if predicted >= cfg.alpha * estimated:
-            return "checkpoint", (
-                f"generation {predicted:.3f}s >= {cfg.alpha} x checkpoint {estimated:.3f}s"
-            )
+            return "checkpoint", (f"generation {predicted:.3f}s >= {cfg.alpha} x checkpoint {estimated:.3f}s")
         bound = self._bound_reached()
         if bound is not None:
             return "forced", bound

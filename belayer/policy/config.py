@@ -18,14 +18,17 @@ class PolicyConfig(Section):
     # were 30-60% (generation) and ~35% (checkpoint), so the margin is needed; see
     # `belayer bench overhead`.
     alpha: float = Field(
-        2.0, gt=0, le=100,
+        2.0,
+        gt=0,
+        le=100,
         description="Checkpoint when predicted generation time >= alpha x checkpoint cost.",
     )
     max_unprotected_steps: int = Field(
         8, ge=1, le=10_000, description="Checkpoint anyway once this many actions are unprotected."
     )
     max_unprotected_replay_s: float = Field(
-        30.0, gt=0,
+        30.0,
+        gt=0,
         description="Checkpoint anyway once replaying the unprotected actions would take this long.",
     )
     history: int = Field(

@@ -30,13 +30,18 @@ class TraceStep(BaseModel):
     action_s: float = Field(ge=0)
     checkpoint_s: float = Field(ge=0, description="The whole checkpoint after this turn's action.")
     capture_s: float | None = Field(
-        None, ge=0, description="Of it, the capture the next action waits for (a staged checkpoint); "
-        "None: the next action waits for the whole checkpoint.")
+        None,
+        ge=0,
+        description="Of it, the capture the next action waits for (a staged checkpoint); "
+        "None: the next action waits for the whole checkpoint.",
+    )
     size_mb: float = Field(ge=0)
 
 
 class Interval(BaseModel):
-    kind: str  # "generate" | "action" | "checkpoint" (the capture, or a whole one-call checkpoint) | "publish"
+    kind: (
+        str  # "generate" | "action" | "checkpoint" (the capture, or a whole one-call checkpoint) | "publish"
+    )
     step: int
     start: float
     end: float
@@ -92,8 +97,12 @@ def simulate(trace: list[TraceStep], config: PolicyConfig, *, end_tokens: int | 
         generation_end = clock + generation_s
         intervals.append(Interval(kind="generate", step=step, start=clock, end=generation_end))
         policy.observe_generation(
-            GenerationSample(output_tokens=turn.output_tokens, per_token_s=turn.per_token_s,
-                             queue_s=turn.fixed_s, total_s=generation_s)
+            GenerationSample(
+                output_tokens=turn.output_tokens,
+                per_token_s=turn.per_token_s,
+                queue_s=turn.fixed_s,
+                total_s=generation_s,
+            )
         )
         action_start = generation_end
         if flight is not None and flight.published_at is None:  # its publish starts with this action
@@ -102,8 +111,9 @@ def simulate(trace: list[TraceStep], config: PolicyConfig, *, end_tokens: int | 
             waited += flight.waited_s
             flight.published_at = action_start + flight.publish_s
             if flight.publish_s:
-                intervals.append(Interval(kind="publish", step=flight.step, start=action_start,
-                                          end=flight.published_at))
+                intervals.append(
+                    Interval(kind="publish", step=flight.step, start=action_start, end=flight.published_at)
+                )
         action_end = action_start + turn.action_s
         intervals.append(Interval(kind="action", step=step, start=action_start, end=action_end))
         policy.observe_action(turn.action_s)
@@ -117,19 +127,32 @@ def simulate(trace: list[TraceStep], config: PolicyConfig, *, end_tokens: int | 
         told = _next_tokens_told(trace, step, config, end_tokens)
         decision = policy.decide(step, turn.size_mb, expected_output_tokens=told, storing_step=storing)
         if decision.checkpointed:
-            capture_s = turn.checkpoint_s if turn.capture_s is None else min(turn.capture_s, turn.checkpoint_s)
-            flight = _InFlight(step=step, decision=policy.decided, captured_at=action_end + capture_s,
-                               publish_s=turn.checkpoint_s - capture_s,
-                               sample=CheckpointSample(duration_s=turn.checkpoint_s, size_mb=turn.size_mb,
-                                                       capture_s=turn.capture_s))
+            capture_s = (
+                turn.checkpoint_s if turn.capture_s is None else min(turn.capture_s, turn.checkpoint_s)
+            )
+            flight = _InFlight(
+                step=step,
+                decision=policy.decided,
+                captured_at=action_end + capture_s,
+                publish_s=turn.checkpoint_s - capture_s,
+                sample=CheckpointSample(
+                    duration_s=turn.checkpoint_s, size_mb=turn.size_mb, capture_s=turn.capture_s
+                ),
+            )
             intervals.append(Interval(kind="checkpoint", step=step, start=action_end, end=flight.captured_at))
         clock = action_end
     if flight is not None:  # the end waits for the last checkpoint, captured and stored
         if flight.published_at is None:  # no action started its publish: the end does
             flight.published_at = max(clock, flight.captured_at) + flight.publish_s
             if flight.publish_s:
-                intervals.append(Interval(kind="publish", step=flight.step,
-                                          start=flight.published_at - flight.publish_s, end=flight.published_at))
+                intervals.append(
+                    Interval(
+                        kind="publish",
+                        step=flight.step,
+                        start=flight.published_at - flight.publish_s,
+                        end=flight.published_at,
+                    )
+                )
         clock = max(clock, flight.published_at)
     return Timeline(
         intervals=intervals,
@@ -140,8 +163,9 @@ def simulate(trace: list[TraceStep], config: PolicyConfig, *, end_tokens: int | 
     )
 
 
-def _next_tokens_told(trace: list[TraceStep], step: int, config: PolicyConfig,
-                      end_tokens: int | None) -> int | None:
+def _next_tokens_told(
+    trace: list[TraceStep], step: int, config: PolicyConfig, end_tokens: int | None
+) -> int | None:
     """What decision `step` is told about the coming generation's length (None: nothing)."""
     if not config.trace_lengths_known:
         return None

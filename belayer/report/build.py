@@ -34,8 +34,9 @@ TIME_CAPTION = (
 )
 
 
-async def build_report(run_json: Path, out_dir: Path, benches: list[Path], config=None,
-                       control_json: Path | None = None) -> Path:
+async def build_report(
+    run_json: Path, out_dir: Path, benches: list[Path], config=None, control_json: Path | None = None
+) -> Path:
     """Write `out_dir/report.html` (figures embedded) and the figures as PNG files; `config`
     None means no Temporal history (the timeline is then left out). A training result is
     reported from its JSON alone, optionally against `control_json`."""
@@ -45,8 +46,10 @@ async def build_report(run_json: Path, out_dir: Path, benches: list[Path], confi
         control = load_training(control_json, role="control") if control_json is not None else None
         return _training_report(run, control, out_dir, bench_docs)
     if control_json is not None:
-        raise ReportError(f"--control compares training runs, but {run_json} is a `belayer {_command(run)}` "
-                          "result; give a `belayer train --json` result first")
+        raise ReportError(
+            f"--control compares training runs, but {run_json} is a `belayer {_command(run)}` "
+            "result; give a `belayer train --json` result first"
+        )
     return await _run_report(run, out_dir, bench_docs, config)
 
 
@@ -70,8 +73,9 @@ async def _run_report(run: RunData, out_dir: Path, bench_docs: list[tuple[str, d
     return page
 
 
-def _training_report(run: TrainingRun, control: TrainingRun | None, out_dir: Path,
-                     bench_docs: list[tuple[str, dict]]) -> Path:
+def _training_report(
+    run: TrainingRun, control: TrainingRun | None, out_dir: Path, bench_docs: list[tuple[str, dict]]
+) -> Path:
     out_dir.mkdir(parents=True, exist_ok=True)
     compared = f"The dashed lines are the control run ({control.label}). " if control is not None else ""
     reward_caption = REWARD_CAPTION.format(control=compared)

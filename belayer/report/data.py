@@ -14,9 +14,9 @@ from pydantic import BaseModel, ValidationError
 from belayer.errors import BelayerError
 
 EXPECTED_INPUTS = (
-    "a `belayer run --json` result (a \"trajectories\" list), a `belayer bench chaos --json` result "
-    "(a \"details\" object) or a `belayer train --json` result (\"run_id\", \"status\" and an "
-    "\"iterations\" list)"
+    'a `belayer run --json` result (a "trajectories" list), a `belayer bench chaos --json` result '
+    '(a "details" object) or a `belayer train --json` result ("run_id", "status" and an '
+    '"iterations" list)'
 )
 
 
@@ -124,24 +124,32 @@ def load_training(path: Path, role: str = "training result") -> TrainingRun:
     """A `belayer train --json` result; `role` names it in errors (e.g. the control)."""
     document = _read_json(path)
     if not is_training(document):
-        raise ReportError(f"{role} {path} is not a `belayer train --json` result: expected \"run_id\", "
-                          "\"status\" and an \"iterations\" list")
+        raise ReportError(
+            f'{role} {path} is not a `belayer train --json` result: expected "run_id", '
+            '"status" and an "iterations" list'
+        )
     return _from_training(path, document)
 
 
 def is_training(document) -> bool:
-    return isinstance(document, dict) and "run_id" in document and isinstance(document.get("iterations"), list)
+    return (
+        isinstance(document, dict) and "run_id" in document and isinstance(document.get("iterations"), list)
+    )
 
 
 def _read_json(path: Path):
     try:
         return json.loads(path.read_text())
     except FileNotFoundError:
-        raise ReportError(f"{path} does not exist; give the JSON of `belayer run --json`, "
-                          "`belayer bench chaos --json` or `belayer train --json`") from None
+        raise ReportError(
+            f"{path} does not exist; give the JSON of `belayer run --json`, "
+            "`belayer bench chaos --json` or `belayer train --json`"
+        ) from None
     except (OSError, UnicodeDecodeError, ValueError) as exc:
-        raise ReportError(f"{path} is not JSON ({exc}); give the output of `belayer run --json`, "
-                          "`belayer bench chaos --json` or `belayer train --json`") from None
+        raise ReportError(
+            f"{path} is not JSON ({exc}); give the output of `belayer run --json`, "
+            "`belayer bench chaos --json` or `belayer train --json`"
+        ) from None
 
 
 def _run_or_soak(path: Path, document) -> RunData:
@@ -155,13 +163,20 @@ def _run_or_soak(path: Path, document) -> RunData:
 
 def _from_training(path: Path, doc: dict) -> TrainingRun:
     try:
-        return TrainingRun(source=str(path), run_id=doc["run_id"], status=doc.get("status", "unknown"),
-                           reason=doc.get("reason", ""), settings=doc.get("settings") or {},
-                           iterations=doc["iterations"], final_weights_sha256=doc.get("final_weights_sha256"),
-                           faults=doc.get("faults") or [])
+        return TrainingRun(
+            source=str(path),
+            run_id=doc["run_id"],
+            status=doc.get("status", "unknown"),
+            reason=doc.get("reason", ""),
+            settings=doc.get("settings") or {},
+            iterations=doc["iterations"],
+            final_weights_sha256=doc.get("final_weights_sha256"),
+            faults=doc.get("faults") or [],
+        )
     except ValidationError as exc:
-        raise ReportError(f"{path} looks like a `belayer train --json` result but {_first_problem(exc, doc)}") \
-            from None
+        raise ReportError(
+            f"{path} looks like a `belayer train --json` result but {_first_problem(exc, doc)}"
+        ) from None
 
 
 def _first_problem(exc: ValidationError, doc: dict) -> str:
@@ -188,29 +203,66 @@ def _value_at(doc, loc):
 def _from_soak(path: Path, doc: dict) -> RunData:
     details = doc["details"]
     runs = [*details.get("references", {}).values(), *details.get("runs", [])]
-    trajectories = [Trajectory(id=r["id"], task=r["task"], status=r["status"], verdict=r.get("verdict", ""),
-                               turns=r.get("turns", 0), recoveries=r.get("recoveries", []),
-                               step_times=[tuple(x) for x in r.get("step_times", [])]) for r in runs]
-    faults = [Fault(kind=f["kind"], target=f["target"], at_step=f.get("at"), injected_at=f.get("injected_at"),
-                    recovery_s=f.get("recovery_s"), recovered_by=f.get("recovered_by"),
-                    injected=f.get("injected", True)) for f in details.get("faults", [])]
+    trajectories = [
+        Trajectory(
+            id=r["id"],
+            task=r["task"],
+            status=r["status"],
+            verdict=r.get("verdict", ""),
+            turns=r.get("turns", 0),
+            recoveries=r.get("recoveries", []),
+            step_times=[tuple(x) for x in r.get("step_times", [])],
+        )
+        for r in runs
+    ]
+    faults = [
+        Fault(
+            kind=f["kind"],
+            target=f["target"],
+            at_step=f.get("at"),
+            injected_at=f.get("injected_at"),
+            recovery_s=f.get("recovery_s"),
+            recovered_by=f.get("recovered_by"),
+            injected=f.get("injected", True),
+        )
+        for f in details.get("faults", [])
+    ]
     summary = {k: v for k, v in doc.items() if k != "details"}
     return RunData(source=str(path), kind="soak", summary=summary, trajectories=trajectories, faults=faults)
 
 
 def _from_run(path: Path, doc: dict) -> RunData:
-    trajectories = [Trajectory(id=t["id"], task=t["task"], status=t["status"], turns=t.get("turns", 0),
-                               recoveries=t.get("recoveries", [])) for t in doc["trajectories"]]
+    trajectories = [
+        Trajectory(
+            id=t["id"],
+            task=t["task"],
+            status=t["status"],
+            turns=t.get("turns", 0),
+            recoveries=t.get("recoveries", []),
+        )
+        for t in doc["trajectories"]
+    ]
     faults = []
     for f in doc.get("faults", []):
         target = f.get("target") or ""
         # `belayer run` names the process or container it hit; the trajectory is what was watched
         trajectory = f.get("trajectory") or next((t.id for t in trajectories if t.id in target), target)
-        faults.append(Fault(kind=f["kind"], target=trajectory, at_step=f.get("at"),
-                            injected_at=f.get("injected_at"), recovery_s=f.get("recovery_s"),
-                            recovered_by=f.get("recovered_by"), injected=f.get("at") is not None))
-    summary = {"trajectories": len(trajectories), "wall_s": doc.get("wall_s"),
-               "statuses": {s: sum(t.status == s for t in trajectories) for s in {t.status for t in trajectories}}}
+        faults.append(
+            Fault(
+                kind=f["kind"],
+                target=trajectory,
+                at_step=f.get("at"),
+                injected_at=f.get("injected_at"),
+                recovery_s=f.get("recovery_s"),
+                recovered_by=f.get("recovered_by"),
+                injected=f.get("at") is not None,
+            )
+        )
+    summary = {
+        "trajectories": len(trajectories),
+        "wall_s": doc.get("wall_s"),
+        "statuses": {s: sum(t.status == s for t in trajectories) for s in {t.status for t in trajectories}},
+    }
     return RunData(source=str(path), kind="run", summary=summary, trajectories=trajectories, faults=faults)
 
 
@@ -225,18 +277,29 @@ def control_warnings(run: TrainingRun, control: TrainingRun) -> list[str]:
     draws both, and the reader judges. Workloads compare by file name, since the two runs
     may have been started from different directories."""
     if not run.settings or not control.settings:
-        return ["the run or the control has no settings (an older `belayer train --json`): "
-                "they could not be checked to be the same workload"]
+        return [
+            "the run or the control has no settings (an older `belayer train --json`): "
+            "they could not be checked to be the same workload"
+        ]
     ran, controlled = _SETTINGS_ADDED_LATER | run.settings, _SETTINGS_ADDED_LATER | control.settings
     warnings = []
     if Path(str(run.settings.get("workload"))).name != Path(str(control.settings.get("workload"))).name:
-        warnings.append(f"the control ran a different workload ({control.settings.get('workload')}) "
-                        f"than the run ({run.settings.get('workload')}): the curves do not compare like for like")
-    others = [key for key in sorted(ran.keys() | controlled.keys())
-              if key not in ("workload", "lr", "iterations") and ran.get(key) != controlled.get(key)]
+        warnings.append(
+            f"the control ran a different workload ({control.settings.get('workload')}) "
+            f"than the run ({run.settings.get('workload')}): the curves do not compare like for like"
+        )
+    others = [
+        key
+        for key in sorted(ran.keys() | controlled.keys())
+        if key not in ("workload", "lr", "iterations") and ran.get(key) != controlled.get(key)
+    ]
     if others:
-        warnings.append("the control differs from the run in more than the learning rate: " + "; ".join(
-            f"{key} {ran.get(key)} in the run, {controlled.get(key)} in the control" for key in others))
+        warnings.append(
+            "the control differs from the run in more than the learning rate: "
+            + "; ".join(
+                f"{key} {ran.get(key)} in the run, {controlled.get(key)} in the control" for key in others
+            )
+        )
     if run.lr == control.lr:
         warnings.append(f"the control has the run's own learning rate ({run.lr}); a control usually has lr 0")
     return warnings
@@ -248,5 +311,7 @@ def load_bench(path: Path) -> dict:
     except (OSError, UnicodeDecodeError, ValueError) as exc:
         raise ReportError(f"benchmark file {path}: not readable JSON ({exc})") from None
     if not isinstance(document, dict):
-        raise ReportError(f"benchmark file {path}: expected one JSON object (a `belayer bench ... --json` result)")
+        raise ReportError(
+            f"benchmark file {path}: expected one JSON object (a `belayer bench ... --json` result)"
+        )
     return document

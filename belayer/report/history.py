@@ -63,9 +63,15 @@ async def _history(handle) -> History:
     scheduled: dict[int, tuple[str, float]] = {}
     started: dict[int, tuple[float, int]] = {}
     closing = {
-        EventType.EVENT_TYPE_ACTIVITY_TASK_COMPLETED: ("completed", "activity_task_completed_event_attributes"),
+        EventType.EVENT_TYPE_ACTIVITY_TASK_COMPLETED: (
+            "completed",
+            "activity_task_completed_event_attributes",
+        ),
         EventType.EVENT_TYPE_ACTIVITY_TASK_FAILED: ("failed", "activity_task_failed_event_attributes"),
-        EventType.EVENT_TYPE_ACTIVITY_TASK_TIMED_OUT: ("timed_out", "activity_task_timed_out_event_attributes"),
+        EventType.EVENT_TYPE_ACTIVITY_TASK_TIMED_OUT: (
+            "timed_out",
+            "activity_task_timed_out_event_attributes",
+        ),
         EventType.EVENT_TYPE_ACTIVITY_TASK_CANCELED: ("canceled", "activity_task_canceled_event_attributes"),
     }
     async for event in handle.fetch_history_events():
@@ -84,7 +90,15 @@ async def _history(handle) -> History:
             scheduled_id = getattr(event, field).scheduled_event_id
             name, scheduled_at = scheduled.get(scheduled_id, ("?", at))
             start, attempt = started.get(scheduled_id, (scheduled_at, 1))
-            history.intervals.append(Interval(kind=KINDS.get(name, "other"), name=name, scheduled=scheduled_at,
-                                              start=start, end=at,
-                                              outcome=outcome, attempt=attempt))
+            history.intervals.append(
+                Interval(
+                    kind=KINDS.get(name, "other"),
+                    name=name,
+                    scheduled=scheduled_at,
+                    start=start,
+                    end=at,
+                    outcome=outcome,
+                    attempt=attempt,
+                )
+            )
     return history

@@ -20,26 +20,52 @@ th{background:#f4f4f4}.bad{color:#b00;font-weight:600}.good{color:#070;font-weig
 img{max-width:100%}code{font-size:12px}
 .caption{font-size:13px;color:#555;max-width:1000px}.warn{background:#fff4d6;border:1px solid #e0b84c;padding:6px 10px}
 """
-HEADLINE = ["trajectories", "faults_injected", "lost", "mismatched", "failed_infra", "context_cuts",
-            "p50_recovery_s", "p99_recovery_s", "faults_not_injected", "seed", "rounds", "wall_s"]
+HEADLINE = [
+    "trajectories",
+    "faults_injected",
+    "lost",
+    "mismatched",
+    "failed_infra",
+    "context_cuts",
+    "p50_recovery_s",
+    "p99_recovery_s",
+    "faults_not_injected",
+    "seed",
+    "rounds",
+    "wall_s",
+]
 ZERO_IS_GOOD = {"lost", "mismatched", "failed_infra"}
 
 
-def page(run: RunData, figures: list[tuple[str, Path]], benches: list[tuple[str, dict]],
-         history_errors: dict[str, str]) -> str:
+def page(
+    run: RunData,
+    figures: list[tuple[str, Path]],
+    benches: list[tuple[str, dict]],
+    history_errors: dict[str, str],
+) -> str:
     parts = [f"<h1>Belayer report — {html.escape(Path(run.source).name)}</h1>", _summary(run)]
     parts += [figure(title, path) for title, path in figures]
     parts.append(_faults(run))
     parts.append(_trajectories(run))
     parts.append(_benches(benches))
     if history_errors:
-        parts.append("<h2>Histories not read</h2><ul>" + "".join(
-            f"<li><code>{html.escape(k)}</code>: {html.escape(v)}</li>" for k, v in history_errors.items()) + "</ul>")
+        parts.append(
+            "<h2>Histories not read</h2><ul>"
+            + "".join(
+                f"<li><code>{html.escape(k)}</code>: {html.escape(v)}</li>" for k, v in history_errors.items()
+            )
+            + "</ul>"
+        )
     return document("Belayer report", parts)
 
 
-def training_page(run: TrainingRun, control: TrainingRun | None, figures: list[tuple[str, Path, str]],
-                  benches: list[tuple[str, dict]], warnings: list[str]) -> str:
+def training_page(
+    run: TrainingRun,
+    control: TrainingRun | None,
+    figures: list[tuple[str, Path, str]],
+    benches: list[tuple[str, dict]],
+    warnings: list[str],
+) -> str:
     parts = [f"<h1>Belayer training report — run <code>{html.escape(run.run_id)}</code></h1>"]
     parts += [f"<p class='warn'>warning: {html.escape(w)}</p>" for w in warnings]
     parts.append(_training_summary(run, control))
@@ -54,22 +80,28 @@ def training_page(run: TrainingRun, control: TrainingRun | None, figures: list[t
 
 
 def document(title: str, parts: list[str]) -> str:
-    head = (f"<!doctype html><html><head><meta charset='utf-8'><title>{html.escape(title)}</title>"
-            f"<style>{STYLE}</style></head><body>")
+    head = (
+        f"<!doctype html><html><head><meta charset='utf-8'><title>{html.escape(title)}</title>"
+        f"<style>{STYLE}</style></head><body>"
+    )
     return "\n".join([head, *[p for p in parts if p], "</body></html>"])
 
 
 def figure(title: str, path: Path, caption: str = "") -> str:
     encoded = base64.b64encode(path.read_bytes()).decode()
     text = f"<p class='caption'>{html.escape(caption)}</p>" if caption else ""
-    return (f"<h2>{html.escape(title)}</h2><img alt='{html.escape(title)}' "
-            f"src='data:image/png;base64,{encoded}'>{text}")
+    return (
+        f"<h2>{html.escape(title)}</h2><img alt='{html.escape(title)}' "
+        f"src='data:image/png;base64,{encoded}'>{text}"
+    )
 
 
 def _benches(benches: list[tuple[str, dict]]) -> str:
     if not benches:
         return ""
-    boxes = "".join(f"<div><h3>{html.escape(name)}</h3>{_bench(document)}</div>" for name, document in benches)
+    boxes = "".join(
+        f"<div><h3>{html.escape(name)}</h3>{_bench(document)}</div>" for name, document in benches
+    )
     return f"<h2>Benchmarks, side by side</h2><div class='side'>{boxes}</div>"
 
 
@@ -91,19 +123,26 @@ def _summary(run: RunData) -> str:
     table = "<table>" + "".join(rows) + "</table>"
     by_kind = summary.get("by_kind")
     if isinstance(by_kind, dict) and by_kind:
-        table += _table(["fault kind", "injected", "p50 recovery s", "max recovery s"],
-                        [[k, v.get("injected"), v.get("p50_recovery_s"), v.get("max_recovery_s")]
-                         for k, v in by_kind.items()])
+        table += _table(
+            ["fault kind", "injected", "p50 recovery s", "max recovery s"],
+            [
+                [k, v.get("injected"), v.get("p50_recovery_s"), v.get("max_recovery_s")]
+                for k, v in by_kind.items()
+            ],
+        )
     return "<h2>Summary</h2><div class='side'><div>" + table + "</div></div>"
 
 
 def _faults(run: RunData) -> str:
     if not run.faults:
         return ""
-    rows = [[f.kind, f.target, f.at_step, "yes" if f.injected else "no", f.recovery_s, f.recovered_by]
-            for f in run.faults]
-    return "<h2>Faults</h2>" + _table(["kind", "trajectory", "at step", "injected", "recovery s", "recovered by"],
-                                      rows)
+    rows = [
+        [f.kind, f.target, f.at_step, "yes" if f.injected else "no", f.recovery_s, f.recovered_by]
+        for f in run.faults
+    ]
+    return "<h2>Faults</h2>" + _table(
+        ["kind", "trajectory", "at step", "injected", "recovery s", "recovered by"], rows
+    )
 
 
 def _trajectories(run: RunData) -> str:
@@ -112,36 +151,52 @@ def _trajectories(run: RunData) -> str:
         recoveries = "; ".join(
             f"step {r.get('step')}: {r.get('source')}, replayed {r.get('replayed_steps')}"
             + (f", cut after {r['cut_after_step']}" if r.get("cut_after_step") else "")
-            for r in t.recoveries)
+            for r in t.recoveries
+        )
         rows.append([t.id, t.task, t.status, t.verdict, t.turns, recoveries or "-"])
     return "<h2>Trajectories</h2>" + _table(["id", "task", "status", "verdict", "turns", "recoveries"], rows)
 
 
 def _training_summary(run: TrainingRun, control: TrainingRun | None) -> str:
     planned = run.settings.get("iterations")
-    rows = [("run id", run.run_id, ""),
-            ("status", run.status, {"completed": "good", "failed_infra": "bad"}.get(run.status, "")),
-            ("reason", run.reason, ""),
-            ("iterations recorded", f"{len(run.iterations)}" + (f" of {planned}" if planned else ""), ""),
-            ("train reward, first → last", _first_to_last(run, "mean_reward"), ""),
-            ("held-out reward, first → last", _first_to_last(run, "heldout_reward"), "")]
+    rows = [
+        ("run id", run.run_id, ""),
+        ("status", run.status, {"completed": "good", "failed_infra": "bad"}.get(run.status, "")),
+        ("reason", run.reason, ""),
+        ("iterations recorded", f"{len(run.iterations)}" + (f" of {planned}" if planned else ""), ""),
+        ("train reward, first → last", _first_to_last(run, "mean_reward"), ""),
+        ("held-out reward, first → last", _first_to_last(run, "heldout_reward"), ""),
+    ]
     if control is not None:
-        rows += [("control", f"run {control.run_id} ({control.status}), {control.label}", ""),
-                 ("control train reward, first → last", _first_to_last(control, "mean_reward"), ""),
-                 ("control held-out reward, first → last", _first_to_last(control, "heldout_reward"), "")]
+        rows += [
+            ("control", f"run {control.run_id} ({control.status}), {control.label}", ""),
+            ("control train reward, first → last", _first_to_last(control, "mean_reward"), ""),
+            ("control held-out reward, first → last", _first_to_last(control, "heldout_reward"), ""),
+        ]
     if run.iterations and run.iterations[-1].elapsed_s is not None:
         rows.append(("wall time", _duration(run.iterations[-1].elapsed_s), ""))
     if run.faults:
         injected = [f for f in run.faults if f.injected]
         recovered = sum(f.recovery_s is not None for f in injected)
-        rows.append(("faults", f"{len(injected)} injected of {len(run.faults)} planned, {recovered} recovered", ""))
-    body = "".join(f"<tr><th>{html.escape(key)}</th><td{f' class={css!r}' if css else ''}>"
-                   f"{html.escape(str(value))}</td></tr>" for key, value, css in rows if value != "")
+        rows.append(
+            ("faults", f"{len(injected)} injected of {len(run.faults)} planned, {recovered} recovered", "")
+        )
+    body = "".join(
+        f"<tr><th>{html.escape(key)}</th><td{f' class={css!r}' if css else ''}>"
+        f"{html.escape(str(value))}</td></tr>"
+        for key, value, css in rows
+        if value != ""
+    )
     body += f"<tr><th>final weights sha256</th><td><code>{html.escape(run.final_weights_sha256 or '-')}</code></td></tr>"
-    settings = _table(["setting", "value"], list(run.settings.items())) if run.settings else \
-        "<p>(no settings recorded)</p>"
-    return (f"<h2>Summary</h2><div class='side'><div><table>{body}</table></div>"
-            f"<div><h3>Settings</h3>{settings}</div></div>")
+    settings = (
+        _table(["setting", "value"], list(run.settings.items()))
+        if run.settings
+        else "<p>(no settings recorded)</p>"
+    )
+    return (
+        f"<h2>Summary</h2><div class='side'><div><table>{body}</table></div>"
+        f"<div><h3>Settings</h3>{settings}</div></div>"
+    )
 
 
 def _first_to_last(run: TrainingRun, field: str) -> str:
@@ -168,12 +223,32 @@ def _training_faults(run: TrainingRun) -> str:
 def _iterations(run: TrainingRun) -> str:
     if not run.iterations:
         return ""
-    rows = [[i.iteration, _reward(i.mean_reward), _reward(i.heldout_reward),
-             _duration(i.elapsed_s) if i.elapsed_s is not None else None, i.groups_kept, i.groups_dropped,
-             i.infra_retries, f"v{i.weights_version} {i.weights_sha256[:12]}"] for i in run.iterations]
+    rows = [
+        [
+            i.iteration,
+            _reward(i.mean_reward),
+            _reward(i.heldout_reward),
+            _duration(i.elapsed_s) if i.elapsed_s is not None else None,
+            i.groups_kept,
+            i.groups_dropped,
+            i.infra_retries,
+            f"v{i.weights_version} {i.weights_sha256[:12]}",
+        ]
+        for i in run.iterations
+    ]
     return "<h2>Iterations</h2>" + _table(
-        ["iteration", "train reward", "held-out reward", "elapsed", "groups kept", "groups dropped",
-         "infra retries", "weights (version, sha256)"], rows)
+        [
+            "iteration",
+            "train reward",
+            "held-out reward",
+            "elapsed",
+            "groups kept",
+            "groups dropped",
+            "infra retries",
+            "weights (version, sha256)",
+        ],
+        rows,
+    )
 
 
 def _reward(value: float | None) -> str | None:
@@ -193,7 +268,9 @@ def _bench(document: dict) -> str:
     for key, value in document.items():
         if isinstance(value, list) and value and all(isinstance(v, dict) for v in value):
             columns = [c for c in value[0] if not isinstance(value[0][c], (dict, list))]
-            out += f"<h4>{html.escape(key)}</h4>" + _table(columns, [[row.get(c) for c in columns] for row in value])
+            out += f"<h4>{html.escape(key)}</h4>" + _table(
+                columns, [[row.get(c) for c in columns] for row in value]
+            )
         elif isinstance(value, dict):
             flat = [[k, v] for k, v in value.items() if not isinstance(v, (dict, list))]
             if flat:
@@ -203,7 +280,9 @@ def _bench(document: dict) -> str:
 
 def _table(header: list[str], rows: list[list]) -> str:
     head = "".join(f"<th>{html.escape(str(h))}</th>" for h in header)
-    body = "".join("<tr>" + "".join(f"<td>{html.escape(_fmt(c))}</td>" for c in row) + "</tr>" for row in rows)
+    body = "".join(
+        "<tr>" + "".join(f"<td>{html.escape(_fmt(c))}</td>" for c in row) + "</tr>" for row in rows
+    )
     return f"<table><tr>{head}</tr>{body}</table>"
 
 

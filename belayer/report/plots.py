@@ -29,8 +29,16 @@ COLORS = {
     "finish": "#64B5CD",
     "other": "#DDDDDD",
 }
-LANES = {"generate": 0.0, "context": 0.0, "setup": 0.0, "finish": 0.0, "other": 0.0,
-         "action": 0.0, "checkpoint": -0.32, "recover": 0.32}
+LANES = {
+    "generate": 0.0,
+    "context": 0.0,
+    "setup": 0.0,
+    "finish": 0.0,
+    "other": 0.0,
+    "action": 0.0,
+    "checkpoint": -0.32,
+    "recover": 0.32,
+}
 
 
 def _pyplot():
@@ -89,33 +97,71 @@ def timeline(run: RunData, histories: dict[str, History], path: Path, max_rows: 
             color = COLORS.get(interval.kind, COLORS["other"])
             failed = interval.outcome != "completed"
             if interval.start - interval.scheduled > 0.5:  # waited (retries, a worker down)
-                ax.barh(lane, interval.start - interval.scheduled, left=interval.scheduled - origin,
-                        height=height, color=color, alpha=0.25, linewidth=0)
-            ax.barh(lane, max(interval.end - interval.start, 0.05), left=interval.start - origin, height=height,
-                    color=color, edgecolor="black" if failed else color, hatch="//" if failed else None,
-                    linewidth=0.6 if failed else 0)
+                ax.barh(
+                    lane,
+                    interval.start - interval.scheduled,
+                    left=interval.scheduled - origin,
+                    height=height,
+                    color=color,
+                    alpha=0.25,
+                    linewidth=0,
+                )
+            ax.barh(
+                lane,
+                max(interval.end - interval.start, 0.05),
+                left=interval.start - origin,
+                height=height,
+                color=color,
+                edgecolor="black" if failed else color,
+                hatch="//" if failed else None,
+                linewidth=0.6 if failed else 0,
+            )
         for index, fault in enumerate(faults_by_target.get(trajectory.id, [])):
             at = fault_time(fault, history)
             if at is None:
                 continue
             ax.plot([at - origin] * 2, [y - 0.42, y + 0.42], color="#C44E52", linewidth=2)
             if fault.recovery_s:
-                ax.fill_between([at - origin, at - origin + fault.recovery_s], y - 0.42, y + 0.42,
-                                color="#C44E52", alpha=0.15, linewidth=0)
+                ax.fill_between(
+                    [at - origin, at - origin + fault.recovery_s],
+                    y - 0.42,
+                    y + 0.42,
+                    color="#C44E52",
+                    alpha=0.15,
+                    linewidth=0,
+                )
             # labels of faults close together on one row alternate between two lines
-            ax.annotate(fault.kind, (at - origin, y + 0.42), xytext=(2, -1 - 8 * (index % 2)),
-                        textcoords="offset points", fontsize=7, color="#C44E52", ha="left", va="top")
+            ax.annotate(
+                fault.kind,
+                (at - origin, y + 0.42),
+                xytext=(2, -1 - 8 * (index % 2)),
+                textcoords="offset points",
+                fontsize=7,
+                color="#C44E52",
+                ha="left",
+                va="top",
+            )
     ax.set_yticks(range(len(rows)))
     ax.set_yticklabels([f"{t.id}  [{t.verdict or t.status}]" for t in rows], fontsize=8)
     ax.set_ylim(len(rows) - 0.4, -0.7)
     ax.set_xlabel("seconds since the first trajectory started")
     ax.set_title("Trajectory timelines: turns, checkpoints, faults and recoveries")
-    legend = [Patch(color=COLORS[k], label=k) for k in ("generate", "action", "checkpoint", "recover", "setup",
-                                                         "finish")]
-    legend += [Patch(color="#C44E52", alpha=0.5, label="fault → moving again"),
-               Patch(facecolor="white", edgecolor="black", hatch="//", label="failed attempt")]
-    ax.legend(handles=legend, loc="upper center", bbox_to_anchor=(0.5, -0.5 / max(1, len(rows)) - 0.06),
-              ncol=8, fontsize=8, frameon=False)
+    legend = [
+        Patch(color=COLORS[k], label=k)
+        for k in ("generate", "action", "checkpoint", "recover", "setup", "finish")
+    ]
+    legend += [
+        Patch(color="#C44E52", alpha=0.5, label="fault → moving again"),
+        Patch(facecolor="white", edgecolor="black", hatch="//", label="failed attempt"),
+    ]
+    ax.legend(
+        handles=legend,
+        loc="upper center",
+        bbox_to_anchor=(0.5, -0.5 / max(1, len(rows)) - 0.06),
+        ncol=8,
+        fontsize=8,
+        frameon=False,
+    )
     ax.grid(axis="x", alpha=0.3)
     fig.tight_layout()
     fig.savefig(path, dpi=110)
@@ -135,8 +181,14 @@ def recovery(run: RunData, path: Path) -> Path | None:
         median = statistics.median(times)
         ax.barh(y, median, height=0.6, color="#4C72B0", alpha=0.35)
         ax.scatter(times, [y] * len(times), color="#4C72B0", zorder=3, s=22)
-        ax.annotate(f"median {median:.1f}s (n={len(times)})", (max(times), y), xytext=(6, 0),
-                    textcoords="offset points", va="center", fontsize=8)
+        ax.annotate(
+            f"median {median:.1f}s (n={len(times)})",
+            (max(times), y),
+            xytext=(6, 0),
+            textcoords="offset points",
+            va="center",
+            fontsize=8,
+        )
     ax.set_yticks(range(len(kinds)))
     ax.set_yticklabels(kinds)
     ax.invert_yaxis()
@@ -155,18 +207,27 @@ def outcomes(run: RunData, path: Path) -> Path | None:
         return None
     plt = _pyplot()
     labels: dict[str, int] = {}
-    names = {"ok": "ok (hashes identical)", "reference": "reference (no fault)",
-             "context_cut": "context cut (consistent)"}
+    names = {
+        "ok": "ok (hashes identical)",
+        "reference": "reference (no fault)",
+        "context_cut": "context cut (consistent)",
+    }
     for t in run.trajectories:
         key = names.get(t.verdict or t.status, t.verdict or t.status)
         labels[key] = labels.get(key, 0) + 1
     order = sorted(labels, key=lambda k: (not k.startswith(("ok", "completed", "reference")), k))
-    colors = {names["ok"]: "#55A868", "completed": "#55A868", names["reference"]: "#999999",
-              names["context_cut"]: "#DD8452"}
+    colors = {
+        names["ok"]: "#55A868",
+        "completed": "#55A868",
+        names["reference"]: "#999999",
+        names["context_cut"]: "#DD8452",
+    }
     fig, ax = plt.subplots(figsize=(7, 0.9 + 0.45 * len(order)))
     ax.barh(order, [labels[k] for k in order], color=[colors.get(k, "#C44E52") for k in order])
     for y, key in enumerate(order):
-        ax.annotate(str(labels[key]), (labels[key], y), xytext=(4, 0), textcoords="offset points", va="center")
+        ax.annotate(
+            str(labels[key]), (labels[key], y), xytext=(4, 0), textcoords="offset points", va="center"
+        )
     ax.invert_yaxis()
     ax.set_xlabel("trajectories")
     ax.set_title("Outcome of every trajectory")
@@ -193,8 +254,14 @@ def reward_curve(run: TrainingRun, control: TrainingRun | None, path: Path) -> P
 
     runs = [(run, False)] + ([(control, True)] if control is not None else [])
     timed = has_time_panel(run, control)
-    fig, axes = plt.subplots(1, 2 if timed else 1, figsize=(13 if timed else 8, 4.6), sharey=True,
-                             squeeze=False, layout="constrained")
+    fig, axes = plt.subplots(
+        1,
+        2 if timed else 1,
+        figsize=(13 if timed else 8, 4.6),
+        sharey=True,
+        squeeze=False,
+        layout="constrained",
+    )
     by_iteration, by_time = axes[0][0], axes[0][-1] if timed else None
     for training, is_control in runs:
         _reward_lines(by_iteration, training, [i.iteration for i in training.iterations], is_control)
@@ -208,15 +275,22 @@ def reward_curve(run: TrainingRun, control: TrainingRun | None, path: Path) -> P
         by_time.set_xlabel("wall minutes since the run started (at each iteration's end)")
         by_time.set_title("per wall minute")
         by_time.set_xlim(left=0)
-    rewards = [value for training, _ in runs for i in training.iterations
-               for value in (i.mean_reward, i.heldout_reward) if value is not None]
+    rewards = [
+        value
+        for training, _ in runs
+        for i in training.iterations
+        for value in (i.mean_reward, i.heldout_reward)
+        if value is not None
+    ]
     if min(rewards) >= 0 and max(rewards) <= 1:
         by_iteration.set_ylim(-0.03, 1.03)  # rewards within [0, 1]: the whole scale shows how far is left
     for ax in axes[0]:
         ax.grid(alpha=0.3)
     fig.suptitle(f"Reward of training run {run.run_id}")
     handles, labels = by_iteration.get_legend_handles_labels()
-    fig.legend(handles, labels, loc="outside lower center", ncol=min(4 if timed else 2, len(labels)), frameon=False)
+    fig.legend(
+        handles, labels, loc="outside lower center", ncol=min(4 if timed else 2, len(labels)), frameon=False
+    )
     fig.savefig(path, dpi=110)
     plt.close(fig)
     return path
@@ -231,8 +305,11 @@ def _reward_lines(ax, run: TrainingRun, xs: list[float], is_control: bool) -> No
     """Train reward, and held-out reward when the run evaluated one; None (every group
     dropped) leaves a gap rather than a fake point. The control's open squares sit under
     the run's dots, so where both start from the same weights both stay visible."""
-    look = (dict(linestyle="--", marker="s", markersize=7, markerfacecolor="white", zorder=2) if is_control
-            else dict(linestyle="-", marker="o", markersize=5, zorder=3))
+    look = (
+        dict(linestyle="--", marker="s", markersize=7, markerfacecolor="white", zorder=2)
+        if is_control
+        else dict(linestyle="-", marker="o", markersize=5, zorder=3)
+    )
     label = f"{run.label} (control)" if is_control else run.label
     series = [("train", TRAIN_COLOR, [i.mean_reward for i in run.iterations])]
     if any(i.heldout_reward is not None for i in run.iterations):
@@ -280,8 +357,15 @@ def _phase_bars(ax, run: TrainingRun, labelled: bool) -> list:
         bottoms = [b + s for b, s in zip(bottoms, seconds, strict=True)]
     for x, total in zip(xs, bottoms, strict=True):
         if labelled:
-            ax.annotate(f"{total:.0f}s", (x, total), xytext=(0, 2), textcoords="offset points", ha="center",
-                        va="bottom", fontsize=8)
+            ax.annotate(
+                f"{total:.0f}s",
+                (x, total),
+                xytext=(0, 2),
+                textcoords="offset points",
+                ha="center",
+                va="bottom",
+                fontsize=8,
+            )
     return handles
 
 
@@ -295,11 +379,26 @@ def _recovery_stems(ax, run: TrainingRun, labelled: bool) -> list:
     for x, record in zip(xs, hit, strict=True):
         ax.plot([x, x], [0, record.recovery_s], color=FAULT_COLOR, linewidth=2)
         if labelled:
-            ax.annotate(f"{record.recovery_s:.0f}s", (x, record.recovery_s), xytext=(0, 5),
-                        textcoords="offset points", ha="center", va="bottom", fontsize=8, color=FAULT_COLOR,
-                        bbox=dict(facecolor="white", alpha=0.8, edgecolor="none", pad=0.5))  # legible over a bar
-    return ax.plot(xs, [i.recovery_s for i in hit], linestyle="none", marker="D", color=FAULT_COLOR, markersize=6,
-                   label="recovery, summed\nover trajectories")
+            ax.annotate(
+                f"{record.recovery_s:.0f}s",
+                (x, record.recovery_s),
+                xytext=(0, 5),
+                textcoords="offset points",
+                ha="center",
+                va="bottom",
+                fontsize=8,
+                color=FAULT_COLOR,
+                bbox=dict(facecolor="white", alpha=0.8, edgecolor="none", pad=0.5),
+            )  # legible over a bar
+    return ax.plot(
+        xs,
+        [i.recovery_s for i in hit],
+        linestyle="none",
+        marker="D",
+        color=FAULT_COLOR,
+        markersize=6,
+        label="recovery, summed\nover trajectories",
+    )
 
 
 def _fault_names(ax, run: TrainingRun, inches_per_iteration: float) -> list:
@@ -314,12 +413,27 @@ def _fault_names(ax, run: TrainingRun, inches_per_iteration: float) -> list:
         return []
     longest = (max(len(name) for kinds in names.values() for name in kinds) + 2) * INCHES_PER_CHAR
     faulted = sorted(names)
-    upright = any((b - a) * inches_per_iteration < longest for a, b in zip(faulted, faulted[1:], strict=False))
+    upright = any(
+        (b - a) * inches_per_iteration < longest for a, b in zip(faulted, faulted[1:], strict=False)
+    )
     extent = longest if upright else max(len(kinds) for kinds in names.values()) * LINE_INCHES
     ax.set_ylim(0, ax.get_ylim()[1] / (1 - (extent + BAR_LABEL_INCHES) / AXES_INCHES))
     for iteration, kinds in names.items():
-        text = "\n".join(kinds if upright else [f"▼ {kind}" for kind in kinds])  # upright, ▼ would point sideways
-        ax.annotate(text, (iteration, 1), xycoords=("data", "axes fraction"), xytext=(0, -4),
-                    textcoords="offset points", ha="center", va="top", fontsize=8, color=FAULT_COLOR,
-                    rotation=90 if upright else 0)
-    return ax.plot([], [], linestyle="none", marker="v", color=FAULT_COLOR, label="fault injected\n(named above)")
+        text = "\n".join(
+            kinds if upright else [f"▼ {kind}" for kind in kinds]
+        )  # upright, ▼ would point sideways
+        ax.annotate(
+            text,
+            (iteration, 1),
+            xycoords=("data", "axes fraction"),
+            xytext=(0, -4),
+            textcoords="offset points",
+            ha="center",
+            va="top",
+            fontsize=8,
+            color=FAULT_COLOR,
+            rotation=90 if upright else 0,
+        )
+    return ax.plot(
+        [], [], linestyle="none", marker="v", color=FAULT_COLOR, label="fault injected\n(named above)"
+    )

@@ -175,8 +175,13 @@ def send(child: Child | None, msg: Any) -> None:
     try:
         child.conn.send(msg)
     except (OSError, ValueError) as exc:
-        log.warning("could not send %s to %s (pid %s): %s; its death is handled through its sentinel",
-                    type(msg).__name__, child.role, child.pid, exc)
+        log.warning(
+            "could not send %s to %s (pid %s): %s; its death is handled through its sentinel",
+            type(msg).__name__,
+            child.role,
+            child.pid,
+            exc,
+        )
 
 
 def drain(child: Child, dispatch: Dispatch) -> None:
@@ -184,8 +189,12 @@ def drain(child: Child, dispatch: Dispatch) -> None:
         while child.conn.poll(0):
             dispatch(child, child.conn.recv())
     except (EOFError, OSError) as exc:
-        log.info("%s (pid %s) pipe closed while draining (%s); its death is handled through its sentinel",
-                 child.role, child.pid, type(exc).__name__)
+        log.info(
+            "%s (pid %s) pipe closed while draining (%s); its death is handled through its sentinel",
+            child.role,
+            child.pid,
+            type(exc).__name__,
+        )
 
 
 def fence(child: Child | None, timeout_s: float = REAP_TIMEOUT_S) -> None:

@@ -45,8 +45,13 @@ class Deadlines:
 class HangDeadline:
     """Step-time history of a node and the silence it allows its leader."""
 
-    def __init__(self, ceiling_s: float, heartbeat_interval_s: float, floor_s: float = FLOOR_S,
-                 multiple: float = MULTIPLE):
+    def __init__(
+        self,
+        ceiling_s: float,
+        heartbeat_interval_s: float,
+        floor_s: float = FLOOR_S,
+        multiple: float = MULTIPLE,
+    ):
         self.ceiling_s = ceiling_s
         self.floor_s = min(floor_s, ceiling_s)
         self.heartbeat_interval_s = heartbeat_interval_s

@@ -113,8 +113,12 @@ class RequestHandle:
 class RolloutNode:
     """Owner + leader + shadow of one node. `start()`, `submit()`, `publish()`, `close()`."""
 
-    def __init__(self, config: RolloutConfig, model_dir: Path,
-                 weight_source: Callable[[int], Mapping[str, Any] | None] | None = None):
+    def __init__(
+        self,
+        config: RolloutConfig,
+        model_dir: Path,
+        weight_source: Callable[[int], Mapping[str, Any] | None] | None = None,
+    ):
         """`weight_source(version)` gives a published version's tensors from where its
         publisher keeps them (None if it does not hold it): what a new owner cannot adopt
         because it failed verification is staged again from there."""
@@ -127,9 +131,13 @@ class RolloutNode:
         self.inflight = InFlightLog()
         self.recoveries: list[RecoveryEvent] = []
         self.hang = HangDeadline(config.heartbeat_timeout_s, config.heartbeat_interval_s, config.hang_floor_s)
-        self.shadow_restarts = Restarts("shadow", "serving with the leader alone (a leader failure means a cold start)")
+        self.shadow_restarts = Restarts(
+            "shadow", "serving with the leader alone (a leader failure means a cold start)"
+        )
         self.owner_restarts = Restarts(
-            "memory owner", "the engines serve from their own mappings; no takeover or publish until it starts")
+            "memory owner",
+            "the engines serve from their own mappings; no takeover or publish until it starts",
+        )
         self._arena_path: Path | None = None  # the last ready owner's arena, for its successor to adopt
         self._dead_owner: Child | None = None  # its death handled, its replacement not started yet
         # owner death -> protected again (the next leader failure is a takeover once more)
@@ -316,8 +324,10 @@ class RolloutNode:
             if self.broken is not None:
                 raise RolloutError(f"rollout node {self.config.node_id} cannot serve ({self.broken})")
             if self.restoring is not None:
-                raise RolloutError(f"weights version {self.restoring} is being restored after the memory owner "
-                                   "was replaced; publish again shortly")
+                raise RolloutError(
+                    f"weights version {self.restoring} is being restored after the memory owner "
+                    "was replaced; publish again shortly"
+                )
             if self.publishing is not None:
                 raise BadRequestError(
                     f"weights version {self.publishing.version} is still being published; "
@@ -331,8 +341,9 @@ class RolloutNode:
             self.publishing = Publish(version, self.target_version, policy, time.perf_counter())
             return self.publishing
 
-    def _stage_write_seal(self, version: int, tensors: Mapping[str, Any], timeout: float,
-                          pub: Publish | None = None) -> Path:
+    def _stage_write_seal(
+        self, version: int, tensors: Mapping[str, Any], timeout: float, pub: Publish | None = None
+    ) -> Path:
         """Have the owner stage `version`, write `tensors` into its segment and have the owner
         seal it; returns the segment. Any failure on the way (a write that raises, an owner
         that does not answer in time) unstages the version, so it can be published again at
@@ -372,7 +383,9 @@ class RolloutNode:
                 if reply.cancelled():  # its caller gave up before the loop came to it
                     return
                 if self.owner is None or self.owner.ready is None or self.owner_failure is not None:
-                    reply.set_exception(RolloutError("the memory owner is being replaced; publish again shortly"))
+                    reply.set_exception(
+                        RolloutError("the memory owner is being replaced; publish again shortly")
+                    )
                     return
                 self._owner_replies[key] = reply
             children.send(self.owner, msg)
@@ -439,11 +452,15 @@ class RolloutNode:
                 "broken": self.broken,
                 "owner_state": self._owner_state(),
                 "shadow_state": self._shadow_state(),
-                "degraded": "; ".join([r.degraded for r in (self.owner_restarts, self.shadow_restarts) if r.degraded]
-                                      + ([self.restore_failure] if self.restore_failure else [])) or None,
+                "degraded": "; ".join(
+                    [r.degraded for r in (self.owner_restarts, self.shadow_restarts) if r.degraded]
+                    + ([self.restore_failure] if self.restore_failure else [])
+                )
+                or None,
                 "protected": self._protected(),
-                "hang_deadline": {k: None if v is None else round(v, 4) for k, v in
-                                  asdict(self._hang_deadlines()).items()},
+                "hang_deadline": {
+                    k: None if v is None else round(v, 4) for k, v in asdict(self._hang_deadlines()).items()
+                },
                 "last_owner_recovery": self.last_owner_recovery,
             }
             if self.recoveries:
@@ -490,8 +507,12 @@ class RolloutNode:
         if not self.config.shadow:
             return True
         shadow = self.shadow
-        return (shadow is not None and shadow.ready is not None and shadow.version == self.target_version
-                and not shadow.switch_failed)
+        return (
+            shadow is not None
+            and shadow.ready is not None
+            and shadow.version == self.target_version
+            and not shadow.switch_failed
+        )
 
     def force_full_cold_start_next(self, why: str) -> None:
         """Make the next recovery a full cold start (new owner, new engine)."""
@@ -552,7 +573,9 @@ class RolloutNode:
 
     def _loop_once(self) -> None:
         # a dead owner waiting for its backoff is not watched: its sentinel stays ready
-        watched = [c for c in (self.leader, self.shadow, self.owner) if c is not None and c is not self._dead_owner]
+        watched = [
+            c for c in (self.leader, self.shadow, self.owner) if c is not None and c is not self._dead_owner
+        ]
         waitables: list[Any] = [self._wake_r]
         for c in watched:
             waitables += [c.conn, c.process.sentinel]
@@ -566,7 +589,11 @@ class RolloutNode:
                 children.drain(child, self.dispatch)  # dispatch takes the node lock itself
         if self._closed.is_set():
             return
-        if self.owner is not None and self.owner.process.sentinel in ready and self.owner is not self._dead_owner:
+        if (
+            self.owner is not None
+            and self.owner.process.sentinel in ready
+            and self.owner is not self._dead_owner
+        ):
             self._dead_owner = self.owner
             self._on_owner_death()
         self._replace_dead_owner_if_due()
@@ -588,10 +615,17 @@ class RolloutNode:
             return
         lost_at, reason = self._owner_lost
         self._owner_lost = None
-        self.last_owner_recovery = {"reason": reason, "protected_again_s": round(time.monotonic() - lost_at, 3),
-                                    "owner_generation": self.generation}
-        log.warning("rollout node %s: protected again %.2f s after %s", self.config.node_id,
-                    self.last_owner_recovery["protected_again_s"], reason)
+        self.last_owner_recovery = {
+            "reason": reason,
+            "protected_again_s": round(time.monotonic() - lost_at, 3),
+            "owner_generation": self.generation,
+        }
+        log.warning(
+            "rollout node %s: protected again %.2f s after %s",
+            self.config.node_id,
+            self.last_owner_recovery["protected_again_s"],
+            reason,
+        )
         self.notify_state()
 
     def _leader_failure(self, ready: list) -> str | None:
@@ -607,9 +641,11 @@ class RolloutNode:
         else:
             limit = self._hang_deadlines().current_s
         if time.monotonic() - leader.last_heard > limit:
-            return (f"leader (pid {leader.pid}) missed heartbeats: silent for {limit:.1f} s, the hang deadline "
-                    f"derived from its step times (at most rollout.heartbeat_timeout_s = "
-                    f"{self.config.heartbeat_timeout_s} s)")
+            return (
+                f"leader (pid {leader.pid}) missed heartbeats: silent for {limit:.1f} s, the hang deadline "
+                f"derived from its step times (at most rollout.heartbeat_timeout_s = "
+                f"{self.config.heartbeat_timeout_s} s)"
+            )
         return None
 
     def _hang_deadlines(self) -> Deadlines:
@@ -651,8 +687,9 @@ class RolloutNode:
                 self._on_owner_reply(msg)
             elif isinstance(msg, WeightsVerified) and child is self.owner and not msg.ok:
                 versions = ", ".join(str(v) for v in msg.bad_versions)
-                self.owner_failure = f"weights checksum mismatch in weights version {versions}: " \
-                                     f"{list(msg.bad_tensors)[:3]}"
+                self.owner_failure = (
+                    f"weights checksum mismatch in weights version {versions}: {list(msg.bad_tensors)[:3]}"
+                )
                 log.error("rollout node %s: %s", self.config.node_id, self.owner_failure)
                 self._in_loop(lambda: recovery.recover(self, self.owner_failure) if self.leader else None)
             elif isinstance(msg, Failed):
@@ -664,11 +701,18 @@ class RolloutNode:
         `Sealed` never makes a version the node holds."""
         reply = self._owner_replies.pop((msg.request_id, msg.version), None)
         if reply is None:
-            log.warning("rollout node %s: the memory owner's %s of weights version %d came after its "
-                        "request timed out; ignored", self.config.node_id, type(msg).__name__, msg.version)
+            log.warning(
+                "rollout node %s: the memory owner's %s of weights version %d came after its "
+                "request timed out; ignored",
+                self.config.node_id,
+                type(msg).__name__,
+                msg.version,
+            )
             return
         if isinstance(msg, Sealed):
-            self.owner_versions[msg.version] = shm.weights_path(self.config.node_id, self.generation, msg.version)
+            self.owner_versions[msg.version] = shm.weights_path(
+                self.config.node_id, self.generation, msg.version
+            )
         reply.set_result(msg)
 
     def _on_step(self, msg: StepOutput) -> None:
@@ -827,7 +871,8 @@ class RolloutNode:
         shadow = self.set_role("shadow", None)
         children.stop(shadow)
         why = why or f"pid {shadow.pid} exited with {shadow.process.exitcode}" + (
-            "" if shadow.ready else " while starting")
+            "" if shadow.ready else " while starting"
+        )
         delay = self.shadow_restarts.died(why)
         log.error("rollout node %s: shadow %s; next shadow start in %.0f s", self.config.node_id, why, delay)
         if self.shadow_restarts.degraded:
@@ -838,9 +883,15 @@ class RolloutNode:
         """Start a shadow if the node should have one and has none, once its backoff allows
         (loop thread; a recovery calls it too, so a takeover is followed by a new shadow)."""
         version = self._shadow_version()
-        if (not self.config.shadow or self.shadow is not None or self.leader is None or self.broken
-                or self.owner_failure is not None or version not in self.owner_versions
-                or not self.shadow_restarts.due()):
+        if (
+            not self.config.shadow
+            or self.shadow is not None
+            or self.leader is None
+            or self.broken
+            or self.owner_failure is not None
+            or version not in self.owner_versions
+            or not self.shadow_restarts.due()
+        ):
             return
         self.shadow_restarts.started()
         self.set_role("shadow", self.spawn_engine("shadow", version))
@@ -856,8 +907,11 @@ class RolloutNode:
         return self.target_version
 
     def _drop_unused(self, keep: set[int]) -> None:
-        in_use = ({c.version for c in (self.leader, self.shadow) if c is not None} | self.pinned_versions()
-                  | {self.target_version})
+        in_use = (
+            {c.version for c in (self.leader, self.shadow) if c is not None}
+            | self.pinned_versions()
+            | {self.target_version}
+        )
         drop = tuple(v for v in self.owner_versions if v not in keep | in_use)
         if drop and self.owner is not None and self.owner_failure is None:
             children.send(self.owner, DropWeights(drop))
@@ -870,7 +924,8 @@ class RolloutNode:
         owner = self.owner
         owner.process.join(children.REAP_TIMEOUT_S)  # dead (its sentinel fired): reap it for its exit code
         self.owner_failure = f"memory owner (pid {owner.pid}) exited with {owner.process.exitcode}" + (
-            "" if owner.ready else " while starting")
+            "" if owner.ready else " while starting"
+        )
         self._owner_lost = self._owner_lost or (time.monotonic(), self.owner_failure)
         delay = self.owner_restarts.died(self.owner_failure)
         log.error(
@@ -936,8 +991,11 @@ class RolloutNode:
         copies, made when the segment still verified."""
         if not rejected:
             return
-        log.error("rollout node %s: the new owner rejected weights version(s) %s (failed verification)",
-                  self.config.node_id, list(rejected))
+        log.error(
+            "rollout node %s: the new owner rejected weights version(s) %s (failed verification)",
+            self.config.node_id,
+            list(rejected),
+        )
         in_use = {c.version for c in (self.leader, self.shadow) if c is not None} & set(rejected)
         why = f"weights version(s) {sorted(in_use)} the engines read failed verification"
         replace_leader = self.config.weight_mode == "shared" and bool(in_use) and self.leader is not None
@@ -946,8 +1004,12 @@ class RolloutNode:
                 self._in_loop(lambda: recovery.recover(self, why) if self.leader else None)
             return
         self.restoring, self.restore_failure = self.target_version, None
-        threading.Thread(target=self._restore_lost_version, args=(self.target_version, why if replace_leader else None),
-                         name=f"belayer-{self.config.node_id}-restore", daemon=True).start()
+        threading.Thread(
+            target=self._restore_lost_version,
+            args=(self.target_version, why if replace_leader else None),
+            name=f"belayer-{self.config.node_id}-restore",
+            daemon=True,
+        ).start()
 
     def _restore_lost_version(self, version: int, then_recover: str | None) -> None:
         """Stage, write and seal `version` again from the weight source (off the loop)."""
@@ -955,11 +1017,16 @@ class RolloutNode:
         try:
             tensors = self.weight_source(version) if self.weight_source is not None else None
             if tensors is None:
-                raise RolloutError(f"weights version {version} was lost with the memory owner and no weight "
-                                   "source holds it; publish it again")
+                raise RolloutError(
+                    f"weights version {version} was lost with the memory owner and no weight "
+                    "source holds it; publish it again"
+                )
             self._stage_write_seal(version, tensors, timeout)
-            log.warning("rollout node %s: weights version %d staged again from its source",
-                        self.config.node_id, version)
+            log.warning(
+                "rollout node %s: weights version %d staged again from its source",
+                self.config.node_id,
+                version,
+            )
             if then_recover:
                 self._in_loop(lambda: recovery.recover(self, then_recover) if self.leader else None)
         except Exception as exc:  # the node goes on serving from the engines' own memory
@@ -982,8 +1049,10 @@ class RolloutNode:
         """An engine on `version` (default: the version the node serves)."""
         version = self.target_version if version is None else version
         if version not in self.owner_versions:
-            raise RolloutError(f"the memory owner does not hold weights version {version} "
-                               f"({self.restore_failure or 'it is being restored'}); no engine can load it")
+            raise RolloutError(
+                f"the memory owner does not hold weights version {version} "
+                f"({self.restore_failure or 'it is being restored'}); no engine can load it"
+            )
         weights = (version, self.owner_versions[version])
         return children.spawn_engine(
             self.config, self.model_dir, weights, self.owner.ready.arena_path, self.generation, role

@@ -160,7 +160,9 @@ class MemoryOwner:
     def stage(self, msg: StageWeights):
         version = msg.version
         if version in self.segments or version in self.staged:
-            return SealRefused(version, f"weights version {version} already exists on this node", msg.request_id)
+            return SealRefused(
+                version, f"weights version {version} already exists on this node", msg.request_id
+            )
         layout = next(iter(self.segments.values())).entries  # every version has the model's layout
         entries = [shm.TensorEntry(**{**e.__dict__, "sha256": "0" * 64}) for e in layout]
         path = shm.weights_path(self.spec.node_id, self.spec.generation, version)
@@ -172,12 +174,15 @@ class MemoryOwner:
         t0 = time.perf_counter()
         segment = self.staged.pop(msg.version, None)
         if segment is None:
-            return SealRefused(msg.version, f"weights version {msg.version} was not staged on this owner",
-                               msg.request_id)
+            return SealRefused(
+                msg.version, f"weights version {msg.version} was not staged on this owner", msg.request_id
+            )
         problem = segment.mismatch(msg.sha256)
         if problem is not None:
             segment.discard()
-            return SealRefused(msg.version, f"weights version {msg.version} refused: {problem}", msg.request_id)
+            return SealRefused(
+                msg.version, f"weights version {msg.version} refused: {problem}", msg.request_id
+            )
         segment.seal(msg.sha256)
         self.segments[msg.version] = segment
         return Sealed(msg.version, time.perf_counter() - t0, msg.request_id)
@@ -205,8 +210,12 @@ class MemoryOwner:
             if bad:
                 bad_versions.append(version)
                 bad_tensors.extend(bad)
-        return WeightsVerified(ok=not bad_versions, bad_tensors=tuple(bad_tensors),
-                               seconds=time.perf_counter() - t0, bad_versions=tuple(bad_versions))
+        return WeightsVerified(
+            ok=not bad_versions,
+            bad_tensors=tuple(bad_tensors),
+            seconds=time.perf_counter() - t0,
+            bad_versions=tuple(bad_versions),
+        )
 
     def close(self) -> None:
         for segment in [*self.segments.values(), *self.staged.values()]:

@@ -49,8 +49,10 @@ class Restarts:
         delay = 0.0 if self.failures == 1 else min(BACKOFF_MAX_S, BACKOFF_BASE_S * 2 ** (self.failures - 2))
         self.next_start_at = now + delay
         if self.failures >= DEGRADED_AFTER:
-            self.degraded = (f"the {self.role} failed {self.failures} times in a row (last: {why}); "
-                             f"{self.meanwhile}; next start in {delay:.0f} s")
+            self.degraded = (
+                f"the {self.role} failed {self.failures} times in a row (last: {why}); "
+                f"{self.meanwhile}; next start in {delay:.0f} s"
+            )
         return delay
 
     def due(self) -> bool:

@@ -18,7 +18,9 @@ from belayer.storage.errors import CorruptObject
 log = logging.getLogger(__name__)
 
 
-def checkpoints_at_or_before(store, checkpoint_prefix: str, sandbox_id: str, step: int) -> list[CheckpointRef]:
+def checkpoints_at_or_before(
+    store, checkpoint_prefix: str, sandbox_id: str, step: int
+) -> list[CheckpointRef]:
     """The lineage's checkpoints taken at journal head `step` or before, newest first.
 
     A meta.json that does not parse, or that the store refuses (`CorruptObject`: with a

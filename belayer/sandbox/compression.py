@@ -63,8 +63,10 @@ def compressed(path: Path, compression: str, chunk: int = 1 << 20) -> Iterator[I
                 proc.stdout.close()
             if returncode != 0:
                 err.seek(0)
-                raise CheckpointFailed(f"`{' '.join(tool)}` failed on {path.name} (exit {returncode}): "
-                                       f"{err.read().decode(errors='replace')[-300:]}")
+                raise CheckpointFailed(
+                    f"`{' '.join(tool)}` failed on {path.name} (exit {returncode}): "
+                    f"{err.read().decode(errors='replace')[-300:]}"
+                )
 
 
 def unpack(download: Callable[[BinaryIO], None], compression: str, dest: Path) -> Path:
@@ -94,7 +96,9 @@ def unpack(download: Callable[[BinaryIO], None], compression: str, dest: Path) -
         if returncode != 0:
             err.seek(0)
             message = err.read().decode(errors="replace")[-300:]
-            raise CheckpointCorrupt(f"{dest.name}: the archive does not decompress as {compression}: {message}")
+            raise CheckpointCorrupt(
+                f"{dest.name}: the archive does not decompress as {compression}: {message}"
+            )
     return dest
 
 

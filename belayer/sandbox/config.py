@@ -12,8 +12,9 @@ class SandboxConfig(Section):
     """Per-sandbox limits, the host's task queue and where checkpoints go."""
 
     backend: str = Field(
-        "podman", description="Container backend, by its name in belayer/sandbox/backends.py; podman (+ runc + "
-        "CRIU), the default, is the one there today."
+        "podman",
+        description="Container backend, by its name in belayer/sandbox/backends.py; podman (+ runc + "
+        "CRIU), the default, is the one there today.",
     )
     image: str = Field(
         default_factory=runtime.base_image_name,
@@ -21,37 +22,60 @@ class SandboxConfig(Section):
         "(localhost/belayer-base:v<BASE_IMAGE_VERSION of infra/versions.env>).",
     )
     read_only_root: bool = Field(
-        True, description="Mount the image's root file system read-only. Off only for a task whose own image "
+        True,
+        description="Mount the image's root file system read-only. Off only for a task whose own image "
         "writes outside the tmpfs mounts: the agent may then change any file of the image (Belayer's own "
         "programs run from the read-only toolchain, never from there), the changes travel in checkpoints, and "
-        "nothing bounds what it writes to the host's disk through the container's overlay."
+        "nothing bounds what it writes to the host's disk through the container's overlay.",
     )
     toolchain_dir: str = Field(
-        "", description="Host directory of Belayer's trusted toolchain, mounted read-only at /.belayer: the "
+        "",
+        description="Host directory of Belayer's trusted toolchain, mounted read-only at /.belayer: the "
         "interpreter PID 1, the action helper and the workspace hash run from (belayer/sandbox/toolchain.py). "
         "Empty: the one infra/install/toolchain.sh built for this checkout, <cache>/toolchain/<content hash>, "
-        "the same path on every sandbox host built alike (a restore re-creates the mount at the recorded path)."
+        "the same path on every sandbox host built alike (a restore re-creates the mount at the recorded path).",
     )
     memory_mb: int = Field(
-        1024, ge=64, le=1 << 20, description="Memory limit per sandbox (MiB); the tmpfs mounts count against it."
+        1024,
+        ge=64,
+        le=1 << 20,
+        description="Memory limit per sandbox (MiB); the tmpfs mounts count against it.",
     )
     cpus: float = Field(1.0, gt=0, le=64, description="CPU limit per sandbox (cores).")
-    pids_limit: int = Field(256, ge=16, le=1 << 22, description="Process limit per sandbox (stops fork bombs).")
+    pids_limit: int = Field(
+        256, ge=16, le=1 << 22, description="Process limit per sandbox (stops fork bombs)."
+    )
     workspace_mb: int = Field(
-        256, ge=16, le=1 << 20, description="Size of the /workspace tmpfs (MiB); it travels inside checkpoints."
+        256,
+        ge=16,
+        le=1 << 20,
+        description="Size of the /workspace tmpfs (MiB); it travels inside checkpoints.",
     )
     home_mb: int = Field(
-        64, ge=4, le=1 << 20, description="Size of the agent's home tmpfs /home/agent (MiB); travels in checkpoints."
+        64,
+        ge=4,
+        le=1 << 20,
+        description="Size of the agent's home tmpfs /home/agent (MiB); travels in checkpoints.",
     )
-    tmp_mb: int = Field(64, ge=4, le=1 << 20, description="Size of the /tmp tmpfs (MiB); travels in checkpoints.")
+    tmp_mb: int = Field(
+        64, ge=4, le=1 << 20, description="Size of the /tmp tmpfs (MiB); travels in checkpoints."
+    )
     run_mb: int = Field(
-        8, ge=1, le=4096, description="Size of the /run tmpfs (MiB; pid files, sockets); travels in checkpoints."
+        8,
+        ge=1,
+        le=4096,
+        description="Size of the /run tmpfs (MiB; pid files, sockets); travels in checkpoints.",
     )
     shm_mb: int = Field(
-        64, ge=1, le=1 << 20, description="Size of /dev/shm (MiB; POSIX shared memory); travels in checkpoints."
+        64,
+        ge=1,
+        le=1 << 20,
+        description="Size of /dev/shm (MiB; POSIX shared memory); travels in checkpoints.",
     )
     journal_mb: int = Field(
-        64, ge=4, le=4096,
+        64,
+        ge=4,
+        le=4096,
         description="Size of the supervisor's journal tmpfs (MiB); when full, old observations keep only hashes.",
     )
     action_timeout_s: float = Field(60.0, gt=0, le=86400, description="Default per-action timeout (seconds).")
@@ -74,35 +98,49 @@ class SandboxConfig(Section):
         "sandboxes/", description="Object-store key prefix of checkpoint archives and their metadata."
     )
     checkpoint_nice: int = Field(
-        10, ge=0, le=19, description="Niceness added to a checkpoint's work (podman, CRIU, compression, upload): "
+        10,
+        ge=0,
+        le=19,
+        description="Niceness added to a checkpoint's work (podman, CRIU, compression, upload): "
         "it runs beside the next generation, and at a lower priority the engine keeps its speed when they share "
         "cores (belayer/sandbox/priority.py). 0 runs it at the worker's own priority; a drain's checkpoint, "
-        "which nothing overlaps, always does."
+        "which nothing overlaps, always does.",
     )
     checkpoint_compression: Literal["zstd", "gzip", "none"] = Field(
-        "zstd", description="Compression of checkpoint archives, run on every core after the dump "
+        "zstd",
+        description="Compression of checkpoint archives, run on every core after the dump "
         "(belayer/sandbox/compression.py); none stores them plain, the faster choice when the link "
-        "to the object store beats ~300 MB/s."
+        "to the object store beats ~300 MB/s.",
     )
     fork_concurrency: int = Field(
-        4, ge=1, le=256, description="Forks of one checkpoint restored at once on a host (podman + CRIU each)."
+        4,
+        ge=1,
+        le=256,
+        description="Forks of one checkpoint restored at once on a host (podman + CRIU each).",
     )
     start_timeout_s: float = Field(
         30.0, gt=0, le=600, description="How long create/restore wait for the supervisor to answer."
     )
     max_sandboxes: int = Field(
-        64, ge=0, le=100_000,
+        64,
+        ge=0,
+        le=100_000,
         description="Sandboxes this host holds at most (live and starting); a full host takes no new one and "
         "placement sends it to another host. Size it to the host's memory over memory_mb; 0: no limit.",
     )
     drain_deadline_s: float = Field(
-        60.0, ge=0, le=3600,
+        60.0,
+        ge=0,
+        le=3600,
         description="SIGTERM to the sandbox worker drains the host within this many seconds: every sandbox "
         "checkpointed at its next safe point and resumed on another host (belayer drain HOST sets its own). "
         "Keep it under the platform's grace period (spot warnings: 30 s to 2 min); 0 stops without draining.",
     )
     drain_concurrency: int = Field(
-        2, ge=1, le=64, description="Sandboxes checkpointed at once by a drain (each compresses on every core).",
+        2,
+        ge=1,
+        le=64,
+        description="Sandboxes checkpointed at once by a drain (each compresses on every core).",
     )
     podman_timeout_s: float = Field(
         300.0, gt=0, le=3600, description="Upper bound of one podman call (checkpoint and restore included)."

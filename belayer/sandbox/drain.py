@@ -72,7 +72,9 @@ class DrainReport(_Model):
     host_queue: str
     deadline_s: float
     sandboxes: list[DrainedSandbox] = Field(default_factory=list)
-    emptied_s: float | None = Field(None, description="From the drain's start until no sandbox was left here.")
+    emptied_s: float | None = Field(
+        None, description="From the drain's start until no sandbox was left here."
+    )
     answered: int = Field(0, description="Moved sandboxes whose trajectory was told (its next call here).")
 
     def counts(self) -> dict[str, int]:

@@ -52,7 +52,9 @@ def write_fork(plain: Path, out: Path, identity: ForkIdentity) -> None:
         raise CheckpointCorrupt(f"checkpoint archive {plain.name} is not a readable tar: {exc}") from exc
     missing = [name for name in REWRITTEN if name not in configs]
     if missing:
-        raise CheckpointCorrupt(f"checkpoint archive {plain.name} lacks {', '.join(missing)}: not a podman export")
+        raise CheckpointCorrupt(
+            f"checkpoint archive {plain.name} lacks {', '.join(missing)}: not a podman export"
+        )
     with open(plain, "rb") as src, open(out, "wb") as dst:
         for member in members:
             if member.name in configs:

@@ -70,7 +70,11 @@ def freezer_control(pid: int) -> tuple[Path, set[str], str] | None:
     for line in lines:
         _, controllers, path = line.split(":", 2)
         if "freezer" in controllers.split(","):
-            return CGROUP_ROOT / "freezer" / path.lstrip("/") / "freezer.state", {"FROZEN", "FREEZING"}, "THAWED"
+            return (
+                CGROUP_ROOT / "freezer" / path.lstrip("/") / "freezer.state",
+                {"FROZEN", "FREEZING"},
+                "THAWED",
+            )
         if controllers == "":
             unified = CGROUP_ROOT / path.lstrip("/") / "cgroup.freeze"
     if unified is not None and unified.exists():

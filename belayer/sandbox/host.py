@@ -269,8 +269,10 @@ class SandboxHost:
                 self._record_lineage(sandbox_id, generation, container)
                 info = channel.wait_ready(self._sock(sandbox_id), self.cfg.start_timeout_s)
                 if generation != info["generation"]:
-                    channel.call(self._sock(sandbox_id),
-                                 {"op": "set_generation", "expected": info["generation"], "new": generation})
+                    channel.call(
+                        self._sock(sandbox_id),
+                        {"op": "set_generation", "expected": info["generation"], "new": generation},
+                    )
                 for i, command in enumerate(spec.setup_commands, start=1):
                     obs = self._run(sandbox_id, SETUP_TRAJECTORY, i, generation, command, None)
                     if obs.exit_code != 0:
@@ -337,7 +339,9 @@ class SandboxHost:
         sooner than a lookup that starts then could find it."""
         with self._locks_guard:
             if container not in self._oom_counters:
-                self._oom_counters[container] = self._oom_counter_lookups.submit(self.backend.memory_cgroup, container)
+                self._oom_counters[container] = self._oom_counter_lookups.submit(
+                    self.backend.memory_cgroup, container
+                )
                 while len(self._oom_counters) > OOM_COUNTERS_KEPT:
                     self._oom_counters.pop(next(iter(self._oom_counters)))
 
@@ -364,7 +368,9 @@ class SandboxHost:
         with self._lock(handle.sandbox_id):
             self._refuse_if_moved(handle.sandbox_id)
             channel.call(self._sock(handle.sandbox_id), {"op": "freeze"})
-            out = self.backend.exec_as_root(handle.container, [*toolchain.python_command(), "-c", HASH_SCRIPT, path])
+            out = self.backend.exec_as_root(
+                handle.container, [*toolchain.python_command(), "-c", HASH_SCRIPT, path]
+            )
         return out.decode().strip()
 
     # ------------------------------------------------------------------ checkpoint
@@ -453,21 +459,26 @@ class SandboxHost:
     def _staged_path(self, base_key: str) -> Path:
         staged_dir = self.state_dir / STAGED_DIR
         staged_dir.mkdir(parents=True, exist_ok=True)
-        return path_under(staged_dir, base_key[len(self.cfg.checkpoint_prefix):].strip("/").replace("/", "--") + ".tar")
+        return path_under(
+            staged_dir, base_key[len(self.cfg.checkpoint_prefix) :].strip("/").replace("/", "--") + ".tar"
+        )
 
     def _staged_file(self, staged: StagedCheckpoint) -> Path:
         """The file a capture on this host wrote for `staged`: its store key must be under its
         own lineage's prefix, and its path the one this host derives from that key. A staged
         checkpoint crosses Temporal, and publish uploads, then deletes, the file it names."""
         lineage_prefix = f"{self.cfg.checkpoint_prefix}{staged.sandbox_id}/"
-        rest = staged.base_key[len(lineage_prefix):]
+        rest = staged.base_key[len(lineage_prefix) :]
         if not staged.base_key.startswith(lineage_prefix) or not _CHECKPOINT_DIR.fullmatch(rest):
-            raise CheckpointCorrupt(f"staged checkpoint key {staged.base_key!r} is not under sandbox "
-                                    f"{staged.sandbox_id}'s checkpoints ({lineage_prefix}<step>/): refused")
+            raise CheckpointCorrupt(
+                f"staged checkpoint key {staged.base_key!r} is not under sandbox "
+                f"{staged.sandbox_id}'s checkpoints ({lineage_prefix}<step>/): refused"
+            )
         path = self._staged_path(staged.base_key)
         if Path(staged.path) != path:
-            raise CheckpointCorrupt(f"staged checkpoint names file {staged.path}, not {path}, the file its "
-                                    "capture wrote: refused")
+            raise CheckpointCorrupt(
+                f"staged checkpoint names file {staged.path}, not {path}, the file its capture wrote: refused"
+            )
         return path
 
     def _idle_info(self, handle: SandboxHandle) -> dict:
@@ -595,7 +606,9 @@ class SandboxHost:
         if sandbox_id is not None and sandbox_id != meta.sandbox_id:
             trajectory = trajectory or next((a.trajectory for a in log or []), None)
             if not trajectory:
-                raise SandboxError(f"restoring {ref.meta_key} as fork {sandbox_id} needs the trajectory it serves")
+                raise SandboxError(
+                    f"restoring {ref.meta_key} as fork {sandbox_id} needs the trajectory it serves"
+                )
             with self._unpacked(meta) as plain:
                 handle = self._fork_one(ref, meta, plain, ForkTarget(sandbox_id=sandbox_id, trajectory=trajectory),
                                         new_generation, log)  # fmt: skip
@@ -617,8 +630,10 @@ class SandboxHost:
                     raise JournalMismatch(
                         f"restored sandbox {sid} has journal head {info['head']}, its checkpoint says {meta.step}"
                     )
-                channel.call(self._sock(sid),
-                             {"op": "set_generation", "expected": info["generation"], "new": new_generation})
+                channel.call(
+                    self._sock(sid),
+                    {"op": "set_generation", "expected": info["generation"], "new": new_generation},
+                )
                 if log is not None:
                     self._check_journal(ref, sid, new_generation, meta.step, log)
             except BaseException:
@@ -630,7 +645,9 @@ class SandboxHost:
     def _restorable_meta(self, ref: CheckpointRef, log: list[LoggedAction] | None) -> CheckpointMeta:
         meta = self.load_meta(ref)
         if meta.archive_sha256 != ref.archive_sha256:
-            raise CheckpointCorrupt(f"{ref.meta_key}: metadata names another archive than the workflow recorded")
+            raise CheckpointCorrupt(
+                f"{ref.meta_key}: metadata names another archive than the workflow recorded"
+            )
         if log is not None:
             _check_prefix(ref, meta, log)
         image_id = self.backend.image_id()
@@ -731,8 +748,9 @@ class SandboxHost:
             try:
                 obs = self._run(sid, action.trajectory, action.step, generation, action.command, None)
             except SandboxError as exc:
-                raise JournalMismatch(f"{ref.meta_key}: step {action.step} is not in the restored journal: {exc}") \
-                    from exc
+                raise JournalMismatch(
+                    f"{ref.meta_key}: step {action.step} is not in the restored journal: {exc}"
+                ) from exc
             if not obs.replayed_from_journal or obs.sha256 != action.observation_sha256:
                 raise JournalMismatch(
                     f"{ref.meta_key}: the restored journal's observation of step {action.step} is not the "
@@ -819,8 +837,9 @@ class SandboxHost:
         if not meta.fs_key or not meta.fs_sha256:
             raise CheckpointCorrupt(f"{ref.meta_key} has no file-system snapshot")
         if meta.fs_sha256 != ref.fs_sha256:
-            raise CheckpointCorrupt(f"{ref.meta_key}: metadata names another file-system snapshot than the "
-                                    "workflow recorded")
+            raise CheckpointCorrupt(
+                f"{ref.meta_key}: metadata names another file-system snapshot than the workflow recorded"
+            )
         from belayer.storage.errors import StorageError
 
         try:
@@ -830,7 +849,9 @@ class SandboxHost:
         with self._lock(handle.sandbox_id):
             self.backend.fence(handle.sandbox_id)
         # Processes are lost by design: a fresh sandbox (no setup: the files carry it).
-        new_handle = self.create(SandboxSpec(labels=spec.labels), sandbox_id=handle.sandbox_id, generation=new_gen)
+        new_handle = self.create(
+            SandboxSpec(labels=spec.labels), sandbox_id=handle.sandbox_id, generation=new_gen
+        )
         self.backend.exec_as_root(new_handle.container, ["tar", "-C", "/", "-xf", "-"], stdin=data)
         return new_handle, meta.step
 
@@ -860,7 +881,7 @@ class SandboxHost:
     def delete_checkpoints(self, sandbox_id: str) -> int:
         """Delete the lineage's checkpoints; its lineage records stay (belayer/sandbox/lineage.py)."""
         prefix = f"{self.cfg.checkpoint_prefix}{checked_sandbox_id(sandbox_id)}/"
-        dirs = {key[len(prefix):].split("/", 1)[0] + "/" for key in self.store.list(prefix)}
+        dirs = {key[len(prefix) :].split("/", 1)[0] + "/" for key in self.store.list(prefix)}
         return sum(self.store.delete_prefix(prefix + d) for d in sorted(dirs - {lineage.DIR}))
 
     # ------------------------------------------------------------------ drain
@@ -880,16 +901,28 @@ class SandboxHost:
             newest = lineage.newest(self.store, self.cfg.checkpoint_prefix, sandbox_id)
             if newest is not None and newest.host_queue != self.host_queue:
                 self.backend.destroy(sandbox_id)
-                return DrainedSandbox(sandbox_id=sandbox_id, outcome="gone", waited_s=waited,
-                                      detail=f"superseded by generation {newest.generation} on {newest.host_queue}")
+                return DrainedSandbox(
+                    sandbox_id=sandbox_id,
+                    outcome="gone",
+                    waited_s=waited,
+                    detail=f"superseded by generation {newest.generation} on {newest.host_queue}",
+                )
             self._moved[sandbox_id] = False  # from here on its calls are told it moved
             try:
                 info = channel.call(self._sock(sandbox_id), {"op": "quiesce"}, timeout_s=10)
                 container = self.backend.container_name(sandbox_id, info["generation"])
                 handle = self._handle(sandbox_id, info["generation"], container)
                 ref = self._dump(handle, info)
-                drain.write_record(self.store, self.cfg.checkpoint_prefix, drain.DrainRecord(
-                    sandbox_id=sandbox_id, generation=handle.generation, host_queue=self.host_queue, checkpoint=ref))
+                drain.write_record(
+                    self.store,
+                    self.cfg.checkpoint_prefix,
+                    drain.DrainRecord(
+                        sandbox_id=sandbox_id,
+                        generation=handle.generation,
+                        host_queue=self.host_queue,
+                        checkpoint=ref,
+                    ),
+                )
             except Exception as exc:  # noqa: BLE001 -- any failure: the last checkpoint is the fallback
                 self.backend.destroy(sandbox_id)
                 return DrainedSandbox(sandbox_id=sandbox_id, outcome="fell-back", waited_s=waited,
@@ -905,12 +938,16 @@ class SandboxHost:
     def drained_checkpoint(self, handle: SandboxHandle) -> CheckpointRef | None:
         """The checkpoint a drain took of exactly this generation, if one did."""
         checked_sandbox_id(handle.sandbox_id)
-        record = drain.find_record(self.store, self.cfg.checkpoint_prefix, handle.sandbox_id, handle.generation)
+        record = drain.find_record(
+            self.store, self.cfg.checkpoint_prefix, handle.sandbox_id, handle.generation
+        )
         return record.checkpoint if record is not None else None
 
     # ------------------------------------------------------------------ lineage fencing
     def _record_lineage(self, sandbox_id: str, generation: int, container: str) -> None:
-        lineage.write(self.store, self.cfg.checkpoint_prefix, sandbox_id, generation, self.host_queue, container)
+        lineage.write(
+            self.store, self.cfg.checkpoint_prefix, sandbox_id, generation, self.host_queue, container
+        )
 
     def _refuse_if_superseded(self, handle: SandboxHandle) -> None:
         """Refuse a handle whose lineage has a newer generation, and fence it if it lives elsewhere.
@@ -989,19 +1026,29 @@ def loss_cause(ended: ContainerExit, oom_kills: int | None) -> tuple[str, str]:
     from belayer.sandbox import errors
 
     if not ended.found:
-        return errors.LOST_FROM_OUTSIDE, "its container is gone from this host (removed: a fence, a drain, a destroy)"
+        return (
+            errors.LOST_FROM_OUTSIDE,
+            "its container is gone from this host (removed: a fence, a drain, a destroy)",
+        )
     if ended.stopped_from_outside:
         stopped = ", ".join(ended.stopped_from_outside)
         return errors.LOST_FROM_OUTSIDE, f"its container was stopped from outside (podman {stopped})"
     if ended.running:
         return errors.LOST_UNEXPLAINED, "its container still runs but its supervisor does not answer"
     if ended.exit_code == 128 + 9 and (oom_kills or ended.oom_killed):
-        return errors.LOST_TO_OOM, (f"PID 1 was killed by the OOM killer of the sandbox's own memory limit "
-                                    f"({oom_kills or 'some'} OOM kills in its memory cgroup)")
+        return errors.LOST_TO_OOM, (
+            f"PID 1 was killed by the OOM killer of the sandbox's own memory limit "
+            f"({oom_kills or 'some'} OOM kills in its memory cgroup)"
+        )
     if ended.exit_code is not None and ended.exit_code > 128:
-        return errors.LOST_UNEXPLAINED, (f"PID 1 was ended by signal {ended.exit_code - 128} with no OOM kill counted "
-                                         "and no kill or stop on record from outside")
-    return errors.LOST_PID1_EXITED, f"PID 1 exited by itself (status {ended.exit_code}); nothing outside stopped it"
+        return errors.LOST_UNEXPLAINED, (
+            f"PID 1 was ended by signal {ended.exit_code - 128} with no OOM kill counted "
+            "and no kill or stop on record from outside"
+        )
+    return (
+        errors.LOST_PID1_EXITED,
+        f"PID 1 exited by itself (status {ended.exit_code}); nothing outside stopped it",
+    )
 
 
 def _ref_of(meta_key: str, meta: CheckpointMeta) -> CheckpointRef:

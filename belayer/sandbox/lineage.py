@@ -77,7 +77,7 @@ def newest_generation(store: LineageStore, checkpoint_prefix: str, sandbox_id: s
     prefix = lineage_prefix(checkpoint_prefix, sandbox_id)
     newest = None
     for key in store.list(prefix):
-        name = key[len(prefix):]
+        name = key[len(prefix) :]
         if name.startswith("g") and name.endswith(".json") and name[1:-5].isdigit():
             newest = max(newest or 0, int(name[1:-5]))
     return newest

@@ -101,7 +101,11 @@ class LocalDirStore:
 
     def delete_prefix(self, prefix: str) -> int:
         base = self._path(prefix.rstrip("/")) if prefix.strip("/") else self.root
-        count = sum(1 for p in base.rglob("*") if p.is_file() and not p.name.endswith(".sha256")) if base.exists() else 0
+        count = (
+            sum(1 for p in base.rglob("*") if p.is_file() and not p.name.endswith(".sha256"))
+            if base.exists()
+            else 0
+        )
         if base.is_dir():
             shutil.rmtree(base, ignore_errors=True)
         return count

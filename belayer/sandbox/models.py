@@ -70,7 +70,9 @@ class Action(_Model):
     trajectory: str = Field(min_length=1, max_length=200, description="Trajectory id.")
     step: int = Field(ge=1, description="Step number within the trajectory (1-based).")
     command: str = Field(max_length=1 << 20, description="Bash text run in the persistent shell.")
-    timeout_s: float | None = Field(None, gt=0, le=86400, description="Per-action timeout; default from config.")
+    timeout_s: float | None = Field(
+        None, gt=0, le=86400, description="Per-action timeout; default from config."
+    )
 
 
 class LoggedAction(Action):
@@ -167,7 +169,9 @@ class SandboxSpec(_Model):
     """What a new sandbox starts from: the base image plus the task's setup commands."""
 
     setup_commands: list[str] = Field(default_factory=list, description="Run in order in the agent shell.")
-    labels: dict[str, str] = Field(default_factory=dict, description="Extra container labels (tests tag here).")
+    labels: dict[str, str] = Field(
+        default_factory=dict, description="Extra container labels (tests tag here)."
+    )
 
 
 class CheckpointMeta(_Model):
@@ -190,16 +194,18 @@ class CheckpointMeta(_Model):
     podman_version: str
     compression: str
     netns: str | None = Field(
-        None, description="Network namespace name the archive's config pointed at: checkpoints made before the "
-                          "sandboxes' user namespaces (none since: each container gets its own namespace).")
+        None,
+        description="Network namespace name the archive's config pointed at: checkpoints made before the "
+        "sandboxes' user namespaces (none since: each container gets its own namespace).",
+    )
     channel_dir: str = Field(description="Bind-mount source of the supervisor channel.")
     created_at: float
     dump_s: float = Field(ge=0, description="Seconds podman/CRIU took to dump and stream the archive.")
     phases: dict[str, float] = Field(
         default_factory=dict,
         description="Seconds per phase of dump_s: freeze, frozen, dump, archive (podman's, see "
-                    "podman.dump_phases) and upload_tail (the upload after the last archive byte). "
-                    "For reports only.",
+        "podman.dump_phases) and upload_tail (the upload after the last archive byte). "
+        "For reports only.",
     )
 
 
@@ -212,7 +218,8 @@ class CheckpointRef(_Model):
     archive_sha256: str
     archive_bytes: int = Field(ge=0)
     fs_sha256: str | None = Field(
-        None, description="sha256 of the file-system snapshot (fs-only baseline), when one was taken.")
+        None, description="sha256 of the file-system snapshot (fs-only baseline), when one was taken."
+    )
 
 
 class StagedCheckpoint(_Model):

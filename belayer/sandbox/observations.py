@@ -20,7 +20,9 @@ def observation_key(trajectory: str, step: int, generation: int, sha256: str) ->
     return f"trajectories/{trajectory}/observations/{step:08d}-g{generation}-{sha256[:16]}/observation"
 
 
-def store_observation(store: Any, trajectory: str, step: int, generation: int, obs: Observation) -> ObservationRef:
+def store_observation(
+    store: Any, trajectory: str, step: int, generation: int, obs: Observation
+) -> ObservationRef:
     key = observation_key(trajectory, step, generation, obs.sha256)
     stored = store.put_bytes(key, obs.model_dump_json().encode())
     return ObservationRef(

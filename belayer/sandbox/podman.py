@@ -95,16 +95,20 @@ def translate_podman_error(args: list[str], returncode: int, stderr: str) -> San
     words = [a for a in args if not a.startswith("-")]
     verb = words[1] if len(words) > 1 and words[0] == "container" else (words[0] if words else "?")
     text = " ".join(stderr.split())[-2000:]
-    where = f"podman {' '.join(a for a in args if not a.startswith('--root') )[:200]}"
+    where = f"podman {' '.join(a for a in args if not a.startswith('--root'))[:200]}"
     low = text.lower()
     if "no container with name or id" in low or "no such container" in low:
-        return SandboxNotFound(f"{where}: container not found ({text}); it was destroyed or lives on another host")
+        return SandboxNotFound(
+            f"{where}: container not found ({text}); it was destroyed or lives on another host"
+        )
     if "image not known" in low or "unable to find image" in low:
         return RuntimeUnavailable(
             f"{where}: base image missing ({text}); run `bash infra/install/base-image.sh` as root on this host"
         )
     if "criu" in low and ("version" in low or "not found" in low or "executable" in low):
-        return RuntimeUnavailable(f"{where}: CRIU unusable ({text}); run `bash infra/install/criu.sh` as root")
+        return RuntimeUnavailable(
+            f"{where}: CRIU unusable ({text}); run `bash infra/install/criu.sh` as root"
+        )
     if verb == "checkpoint":
         return CheckpointFailed(f"{where}: checkpoint failed (exit {returncode}): {text}{criu_errors(text)}")
     if verb == "restore":
@@ -143,7 +147,10 @@ class PodmanBackend:
 
     # ------------------------------------------------------------------ plumbing
     def _cmd(self, *args: str) -> list[str]:
-        return [*self.command_prefix, *runtime.podman_command(*args, state_dir=self.state_dir, cache_dir=self.cache_dir)]
+        return [
+            *self.command_prefix,
+            *runtime.podman_command(*args, state_dir=self.state_dir, cache_dir=self.cache_dir),
+        ]
 
     def _env(self) -> dict[str, str]:
         return runtime.podman_env(self.state_dir, self.cache_dir)
@@ -160,10 +167,14 @@ class PodmanBackend:
                 stdin=None if input is not None else subprocess.DEVNULL, timeout=self.cfg.podman_timeout_s,
             )  # fmt: skip
         except FileNotFoundError as exc:
-            raise RuntimeUnavailable(f"podman is not installed ({exc}): run infra/install/podman.sh as root") from exc
+            raise RuntimeUnavailable(
+                f"podman is not installed ({exc}): run infra/install/podman.sh as root"
+            ) from exc
         except subprocess.TimeoutExpired as exc:
-            raise PodmanFailed(f"podman {args[0]} did not finish in {self.cfg.podman_timeout_s:g}s "
-                               "(sandbox.podman_timeout_s)") from exc
+            raise PodmanFailed(
+                f"podman {args[0]} did not finish in {self.cfg.podman_timeout_s:g}s "
+                "(sandbox.podman_timeout_s)"
+            ) from exc
         if check and r.returncode != 0:
             raise translate_podman_error(list(args), r.returncode, r.stderr.decode(errors="replace"))
         return r
@@ -292,7 +303,9 @@ class PodmanBackend:
         return candidate if unified is not None and candidate.exists() else None
 
     def containers_of(self, sandbox_id: str) -> list[str]:
-        r = self.podman("ps", "-a", "--filter", f"label={LABEL_SANDBOX}={sandbox_id}", "--format", "{{.Names}}")
+        r = self.podman(
+            "ps", "-a", "--filter", f"label={LABEL_SANDBOX}={sandbox_id}", "--format", "{{.Names}}"
+        )
         return r.stdout.decode().split()
 
     def lineages(self) -> dict[str, list[str]]:
@@ -329,7 +342,9 @@ class PodmanBackend:
         tmp_dir = self.state_dir / "tmp"
         tmp_dir.mkdir(parents=True, exist_ok=True)
         with contextlib.ExitStack() as files:
-            stats, err, compress_err = (files.enter_context(tempfile.TemporaryFile(dir=tmp_dir)) for _ in range(3))
+            stats, err, compress_err = (
+                files.enter_context(tempfile.TemporaryFile(dir=tmp_dir)) for _ in range(3)
+            )
             args, procs, reader = self._start_export(container, compress, stats, err, compress_err)
             watchdog = files.enter_context(DumpWatchdog(procs[0].pid, container))
             chunks = iter(lambda: reader.read(CHUNK), b"")
@@ -348,8 +363,10 @@ class PodmanBackend:
         if rcs[0] != 0:
             raise translate_podman_error(args, rcs[0], stderr)
         if compress and rcs[1] != 0:
-            raise CheckpointFailed(f"`{' '.join(compress)}` failed on the checkpoint of {container} "
-                                   f"(exit {rcs[1]}): {compress_stderr[-300:]}")
+            raise CheckpointFailed(
+                f"`{' '.join(compress)}` failed on the checkpoint of {container} "
+                f"(exit {rcs[1]}): {compress_stderr[-300:]}"
+            )
         if phases is not None:
             phases.update(dump_phases(stats_text))
 
@@ -438,7 +455,11 @@ class PodmanBackend:
         # CRIU restores the parent's UTS namespace content; the spec's hostname only
         # reaches /etc/hostname. Set the kernel's from outside (the container has no
         # CAP_SYS_ADMIN, so nothing inside can change it back).
-        pid = self.podman("container", "inspect", "--format", "{{.State.Pid}}", container).stdout.decode().strip()
+        pid = (
+            self.podman("container", "inspect", "--format", "{{.State.Pid}}", container)
+            .stdout.decode()
+            .strip()
+        )
         r = subprocess.run(["nsenter", f"--target={pid}", "--uts", "hostname", hostname], capture_output=True)
         if r.returncode != 0:
             raise RestoreFailed(f"could not set the hostname of fork {container}: {r.stderr.decode()[-300:]}")
@@ -487,14 +508,18 @@ class PodmanBackend:
     def baseline_restore(self, container: str, archive: Path) -> None:
         """`podman rm -f` the killed container, then `podman container restore --import=ARCHIVE`."""
         self.podman("rm", "-f", "-t", "0", container, check=False)
-        self.podman("container", "restore", "--tcp-established", f"--import={archive}", env=self._system_tools_env())
+        self.podman(
+            "container", "restore", "--tcp-established", f"--import={archive}", env=self._system_tools_env()
+        )
 
     def _system_tools_env(self) -> dict[str, str]:
         """Belayer's podman environment without its CRIU tools on PATH: CRIU gzips each tmpfs
         itself, as it does for any podman user (infra/podman/criu-tools/tar says why Belayer's
         own dumps do not)."""
         env = self._env()
-        env["PATH"] = os.pathsep.join(p for p in env["PATH"].split(os.pathsep) if p != str(runtime.CRIU_TOOLS_DIR))
+        env["PATH"] = os.pathsep.join(
+            p for p in env["PATH"].split(os.pathsep) if p != str(runtime.CRIU_TOOLS_DIR)
+        )
         return env
 
 
@@ -545,7 +570,8 @@ def dump_phases(print_stats: str) -> dict[str, float]:
             "freeze": criu["freezing_time"] / micro,
             "frozen": criu["frozen_time"] / micro,
             "dump": container["runtime_checkpoint_duration"] / micro,
-            "archive": (stats["podman_checkpoint_duration"] - container["runtime_checkpoint_duration"]) / micro,
+            "archive": (stats["podman_checkpoint_duration"] - container["runtime_checkpoint_duration"])
+            / micro,
         }
     except (ValueError, KeyError, IndexError, TypeError):
         return {}

@@ -56,7 +56,11 @@ CLONE_NAMESPACE_FLAGS = (0x00020000, 0x02000000, 0x04000000, 0x08000000, 0x10000
 UNSHARE_NAMESPACE_FLAGS = (*CLONE_NAMESPACE_FLAGS, 0x00000080)
 # clone's flags are its first argument, except on s390, where they are its second.
 S390 = ["s390", "s390x"]
-FLAG_ARGUMENT = (("clone", 0, {}, {"arches": S390}), ("clone", 1, {"arches": S390}, {}), ("unshare", 0, {}, {}))
+FLAG_ARGUMENT = (
+    ("clone", 0, {}, {"arches": S390}),
+    ("clone", 1, {"arches": S390}, {}),
+    ("unshare", 0, {}, {}),
+)
 RESHAPED = (*DENIED, *NOT_IMPLEMENTED, "clone", "unshare")
 
 
@@ -64,8 +68,10 @@ def narrowed(default: dict) -> dict:
     """The default profile without any rule of its own for the reshaped system calls, then
     Belayer's rules for them (the module docstring says why each)."""
     if default.get("defaultAction") not in ("SCMP_ACT_ERRNO", "SCMP_ACT_KILL", "SCMP_ACT_KILL_PROCESS"):
-        raise ValueError(f"the default seccomp profile allows what it does not name "
-                         f"(defaultAction {default.get('defaultAction')!r}); Belayer builds on a deny-by-default one")
+        raise ValueError(
+            f"the default seccomp profile allows what it does not name "
+            f"(defaultAction {default.get('defaultAction')!r}); Belayer builds on a deny-by-default one"
+        )
     rules = []
     for rule in default["syscalls"]:
         names = [n for n in rule.get("names", []) if n not in RESHAPED]
@@ -112,8 +118,10 @@ def write_profile(dest: Path, source: Path = DEFAULT_PROFILE) -> Path:
     try:
         text = render(source.read_text())
     except FileNotFoundError as exc:
-        raise RuntimeUnavailable(f"podman's default seccomp profile {source} is missing: "
-                                "run infra/install/podman.sh as root (golang-github-containers-common)") from exc
+        raise RuntimeUnavailable(
+            f"podman's default seccomp profile {source} is missing: "
+            "run infra/install/podman.sh as root (golang-github-containers-common)"
+        ) from exc
     with contextlib.suppress(FileNotFoundError):
         if dest.read_text() == text:
             return dest

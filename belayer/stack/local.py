@@ -64,7 +64,9 @@ Reporter = Callable[[str], None]
 class LocalStack:
     """The services of one state directory."""
 
-    def __init__(self, config: BelayerConfig, rollout_nodes: int | None = None, sandbox_hosts: int | None = None):
+    def __init__(
+        self, config: BelayerConfig, rollout_nodes: int | None = None, sandbox_hosts: int | None = None
+    ):
         """`rollout_nodes`, `sandbox_hosts`: how many `up` starts; by default as many as the
         running stack was started with (`up --rollout-nodes --sandbox-hosts`), else
         `stack.rollout_nodes` and `stack.sandbox_hosts`."""
@@ -111,8 +113,9 @@ class LocalStack:
         self._refuse_fewer("sandbox_hosts", "sandbox hosts", sandbox_service_name)
         self.state_dir.mkdir(parents=True, exist_ok=True)
         self.topology_file.parent.mkdir(parents=True, exist_ok=True)
-        self.topology_file.write_text(json.dumps({"rollout_nodes": self.rollout_nodes,
-                                                  "sandbox_hosts": self.sandbox_hosts}))
+        self.topology_file.write_text(
+            json.dumps({"rollout_nodes": self.rollout_nodes, "sandbox_hosts": self.sandbox_hosts})
+        )
         started: list[Service] = []
         try:
             for service in self.services:
@@ -161,8 +164,7 @@ class LocalStack:
         while time.monotonic() < deadline:
             if proc.running() is None:
                 raise StackError(
-                    f"{service.name} exited during start-up; its log is {proc.log_file}:\n"
-                    f"{proc.log_tail()}"
+                    f"{service.name} exited during start-up; its log is {proc.log_file}:\n{proc.log_tail()}"
                 )
             if service.ready():
                 report(f"{service.name}: ready at {service.address}")
@@ -202,11 +204,15 @@ class LocalStack:
         """Starting fewer than run now would leave the others running, unknown to `down`."""
         wanted, recorded = getattr(self, key), self.recorded.get(key, 0)
         if any(ManagedProcess(service_name(k), self.state_dir).running() for k in range(wanted, recorded)):
-            raise StackError(f"the stack runs {recorded} {what}; `belayer down` first to start it with {wanted}")
+            raise StackError(
+                f"the stack runs {recorded} {what}; `belayer down` first to start it with {wanted}"
+            )
 
     def rollout_node_configs(self) -> list[BelayerConfig]:
         """The configuration each of the stack's rollout nodes runs with."""
-        return [node_config(self.config, node_id) for node_id in rollout_node_ids(self.config, self.rollout_nodes)]
+        return [
+            node_config(self.config, node_id) for node_id in rollout_node_ids(self.config, self.rollout_nodes)
+        ]
 
     def _remove_rollout_leftovers(self, report: Reporter) -> None:
         """A rollout node killed hard cannot unlink its shared memory: `down` does."""
@@ -251,7 +257,9 @@ def rollout_node_ids(config: BelayerConfig, count: int) -> list[str]:
     return [first, *(f"{first}.{k}" for k in range(1, count))]
 
 
-def belayer_workers(config: BelayerConfig, rollout_nodes: int = 1, sandbox_hosts: int = 1) -> list[WorkerService]:
+def belayer_workers(
+    config: BelayerConfig, rollout_nodes: int = 1, sandbox_hosts: int = 1
+) -> list[WorkerService]:
     """Belayer's own workers: sandbox hosts (root only: CRIU), rollout nodes, trajectories, trainer.
 
     The first rollout node is the service `rollout-node`; node k of more is `rollout-node.k`,
@@ -259,15 +267,28 @@ def belayer_workers(config: BelayerConfig, rollout_nodes: int = 1, sandbox_hosts
     workers: list[WorkerService] = []
     if os.geteuid() == 0:
         workers += [SandboxHostService(config, k) for k in range(sandbox_hosts)]
-    workers += [RolloutNodeService(config, k, node_id)
-                for k, node_id in enumerate(rollout_node_ids(config, rollout_nodes))]
-    workers.append(WorkerService(
-        "trajectory-worker", "belayer.workers.trajectory", config.temporal.workflow_task_queue, "workflow",
-        config,
-    ))
-    workers.append(WorkerService(
-        "trainer-worker", "belayer.workers.trainer", config.trainer.task_queue, "activity", config,
-    ))
+    workers += [
+        RolloutNodeService(config, k, node_id)
+        for k, node_id in enumerate(rollout_node_ids(config, rollout_nodes))
+    ]
+    workers.append(
+        WorkerService(
+            "trajectory-worker",
+            "belayer.workers.trajectory",
+            config.temporal.workflow_task_queue,
+            "workflow",
+            config,
+        )
+    )
+    workers.append(
+        WorkerService(
+            "trainer-worker",
+            "belayer.workers.trainer",
+            config.trainer.task_queue,
+            "activity",
+            config,
+        )
+    )
     return workers
 
 
@@ -318,4 +339,3 @@ def _port_setting_hint(name: str) -> str:
 
 def status_as_dicts(rows: list[ComponentStatus]) -> list[dict]:
     return [asdict(row) for row in rows]
-

@@ -148,8 +148,11 @@ def serve(host: str, port: int, argv: list[str]) -> int:
     server = subprocess.Popen(argv, preexec_fn=lambda: _die_with_parent(parent))
     for sig in PASSED_ON:
         signal.signal(sig, lambda received, _frame: server.send_signal(received))
-    print(f"belayer: {argv[0]} (pid {server.pid}) in a private network namespace; only "
-          f"{host}:{port} is relayed to it", flush=True)
+    print(
+        f"belayer: {argv[0]} (pid {server.pid}) in a private network namespace; only "
+        f"{host}:{port} is relayed to it",
+        flush=True,
+    )
     threading.Thread(target=relay, args=(listener, (host, port)), daemon=True).start()
     status = server.wait()
     return status if status >= 0 else 128 - status

@@ -72,8 +72,20 @@ def bind_mounts(config: BelayerConfig, k: int) -> list[tuple[Path, Path]]:
 
 def launcher(k: int, argv: list[str]) -> list[str]:
     """`argv` as the worker of host k: in new mount and UTS namespaces, set up there."""
-    return ["unshare", "--mount", "--uts", "--propagation", "private", "--",
-            sys.executable, "-m", "belayer.stack.sandbox_hosts", str(k), "--", *argv]
+    return [
+        "unshare",
+        "--mount",
+        "--uts",
+        "--propagation",
+        "private",
+        "--",
+        sys.executable,
+        "-m",
+        "belayer.stack.sandbox_hosts",
+        str(k),
+        "--",
+        *argv,
+    ]
 
 
 def enter(config: BelayerConfig, k: int) -> None:
@@ -81,7 +93,9 @@ def enter(config: BelayerConfig, k: int) -> None:
     for source, target in bind_mounts(config, k):
         source.mkdir(parents=True, exist_ok=True)
         target.mkdir(parents=True, exist_ok=True)
-        subprocess.run(["mount", "--bind", str(source), str(target)], check=True, capture_output=True, text=True)
+        subprocess.run(
+            ["mount", "--bind", str(source), str(target)], check=True, capture_output=True, text=True
+        )
     socket.sethostname(host_name(k))
     (host_dir(config, k) / NAMESPACES_FILE).write_text(str(_uts_namespace("self")))
 
@@ -91,7 +105,9 @@ def import_base_image(config: BelayerConfig) -> None:
     trusted toolchain its sandboxes mount (built once per cache)."""
     env = dict(os.environ, BELAYER_STATE_DIR=str(config.state_dir), BELAYER_CACHE_DIR=str(config.cache_dir))
     for script in ("base-image.sh", "toolchain.sh"):
-        subprocess.run(["bash", str(INFRA_DIR / "install" / script)], env=env, check=True, stdin=subprocess.DEVNULL)
+        subprocess.run(
+            ["bash", str(INFRA_DIR / "install" / script)], env=env, check=True, stdin=subprocess.DEVNULL
+        )
 
 
 def members(config: BelayerConfig, k: int) -> list[psutil.Process]:
@@ -197,12 +213,18 @@ def containers_on(config: BelayerConfig, k: int) -> list[str]:
     return [] if backend is None else [name for names in backend.lineages().values() for name in names]
 
 
-def run_podman_on(config: BelayerConfig, k: int, *args: str, timeout: float = 60.0) -> subprocess.CompletedProcess:
+def run_podman_on(
+    config: BelayerConfig, k: int, *args: str, timeout: float = 60.0
+) -> subprocess.CompletedProcess:
     """podman with Belayer's flags as host k sees it (inside its namespaces for k ≥ 1)."""
     prefix = entry_prefix(config, k)
     if prefix is None:
-        return subprocess.CompletedProcess(["podman", *args], 125, "", f"sandbox host {host_name(k)} is not running")
-    return run_podman(*args, state_dir=config.state_dir, cache_dir=config.cache_dir, timeout=timeout, prefix=prefix)
+        return subprocess.CompletedProcess(
+            ["podman", *args], 125, "", f"sandbox host {host_name(k)} is not running"
+        )
+    return run_podman(
+        *args, state_dir=config.state_dir, cache_dir=config.cache_dir, timeout=timeout, prefix=prefix
+    )
 
 
 def host_of_container(config: BelayerConfig, hosts: int, container: str) -> int | None:

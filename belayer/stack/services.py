@@ -37,6 +37,7 @@ class Health:
 def run_coroutine(make_coro, timeout_s: float):
     """Run an async check from sync code, even when the caller is inside an event loop
     (tests, notebooks): then it runs on a thread with a loop of its own."""
+
     async def bounded():
         return await asyncio.wait_for(make_coro(), timeout_s)
 
@@ -96,24 +97,38 @@ class TemporalDevServer:
     def command(self) -> tuple[list[str], dict[str, str]]:
         self.db_file.parent.mkdir(parents=True, exist_ok=True)
         argv = [
-            str(venv_binary("temporal")), "server", "start-dev",
-            "--ip", self.host, "--port", str(self.port),
-            "--ui-port", str(self.cfg.ui_port),
-            "--db-filename", str(self.db_file),
+            str(venv_binary("temporal")),
+            "server",
+            "start-dev",
+            "--ip",
+            self.host,
+            "--port",
+            str(self.port),
+            "--ui-port",
+            str(self.cfg.ui_port),
+            "--db-filename",
+            str(self.db_file),
             # Write-ahead log, synced at checkpoints: a commit survives the server's crash
             # (kill -9, the `temporal-restart` fault), only the machine's own crash could
             # lose the last ones. The default journal syncs every commit, which several
             # times per turn is a visible share of a trajectory's turn loop
             # (`belayer bench turn-overhead`).
-            "--sqlite-pragma", "journal_mode=wal", "--sqlite-pragma", "synchronous=normal",
+            "--sqlite-pragma",
+            "journal_mode=wal",
+            "--sqlite-pragma",
+            "synchronous=normal",
             # One partition per task queue: with the default four, a task written to a
             # partition no poller waits on is forwarded to the root, a hop per dispatch
             # that a single-node server with a handful of pollers does not need.
-            "--dynamic-config-value", "matching.numTaskqueueReadPartitions=1",
-            "--dynamic-config-value", "matching.numTaskqueueWritePartitions=1",
-            "--namespace", self.cfg.namespace,
+            "--dynamic-config-value",
+            "matching.numTaskqueueReadPartitions=1",
+            "--dynamic-config-value",
+            "matching.numTaskqueueWritePartitions=1",
+            "--namespace",
+            self.cfg.namespace,
             "--ui-disable-news-fetch",
-            "--log-level", "warn",
+            "--log-level",
+            "warn",
         ]
         if self.cfg.encrypt_payloads:
             # The UI then asks `belayer codec-server` (started by `up`) to decode payloads.
@@ -172,10 +187,15 @@ def jwt_signing_keys() -> dict[str, str]:
     JWT (`/col/delete` answers 204 without one) and the gRPC ports (+10000) accept
     `weed shell` and any client without mutual TLS.
     """
-    return {name: secrets.token_urlsafe(32) for name in (
-        "WEED_JWT_SIGNING_KEY", "WEED_JWT_SIGNING_READ_KEY",  # volume server: writes, reads
-        "WEED_JWT_FILER_SIGNING_KEY", "WEED_JWT_FILER_SIGNING_READ_KEY",  # filer: writes, reads
-    )}
+    return {
+        name: secrets.token_urlsafe(32)
+        for name in (
+            "WEED_JWT_SIGNING_KEY",
+            "WEED_JWT_SIGNING_READ_KEY",  # volume server: writes, reads
+            "WEED_JWT_FILER_SIGNING_KEY",
+            "WEED_JWT_FILER_SIGNING_READ_KEY",  # filer: writes, reads
+        )
+    }
 
 
 class SeaweedFS:
@@ -212,14 +232,19 @@ class SeaweedFS:
     def command(self) -> tuple[list[str], dict[str, str]]:
         (self.data_dir / "logs").mkdir(parents=True, exist_ok=True)
         argv = [
-            str(venv_binary("weed")), f"-logdir={self.data_dir / 'logs'}", "mini",
+            str(venv_binary("weed")),
+            f"-logdir={self.data_dir / 'logs'}",
+            "mini",
             f"-dir={self.data_dir}",
-            f"-ip={self.host}", f"-ip.bind={self.host}",
-            "-master.telemetry=false",              # on by default: phones home
+            f"-ip={self.host}",
+            f"-ip.bind={self.host}",
+            "-master.telemetry=false",  # on by default: phones home
             "-s3.allowDeleteBucketNotEmpty=false",  # default wipes non-empty buckets
-            "-s3.autoCreateBucket=false",           # default creates buckets on any PUT
-            "-admin.ui=false", "-webdav=false",
-            "-s3.port.iceberg=0", "-s3.port.lance=0",
+            "-s3.autoCreateBucket=false",  # default creates buckets on any PUT
+            "-admin.ui=false",
+            "-webdav=false",
+            "-s3.port.iceberg=0",
+            "-s3.port.lance=0",
             f"-s3.port={self.s3_port}",
             f"-master.port={self.stack.seaweedfs_master_port}",
             f"-volume.port={self.stack.seaweedfs_volume_port}",

@@ -37,9 +37,17 @@ def write_effective_config(config: BelayerConfig, path: Path | None = None) -> P
 class WorkerService:
     """`python -m MODULE`, ready once it polls `task_queue` on Temporal."""
 
-    def __init__(self, name: str, module: str, task_queue: str, queue_kind: str,
-                 config: BelayerConfig, *, startup_timeout_s: float | None = None,
-                 env: dict[str, str] | None = None):
+    def __init__(
+        self,
+        name: str,
+        module: str,
+        task_queue: str,
+        queue_kind: str,
+        config: BelayerConfig,
+        *,
+        startup_timeout_s: float | None = None,
+        env: dict[str, str] | None = None,
+    ):
         """`env`: set over the effective config for this worker only (a rollout node's id)."""
         self.name = name
         self.startup_timeout_s = startup_timeout_s
@@ -72,8 +80,10 @@ class WorkerService:
             return Health(False, "not running")
         try:
             seen = run_coroutine(
-                lambda: pollers(self.config.temporal, self.task_queue, self.queue_kind,
-                                self.config.storage.encryption_key), timeout_s=5
+                lambda: pollers(
+                    self.config.temporal, self.task_queue, self.queue_kind, self.config.storage.encryption_key
+                ),
+                timeout_s=5,
             )
         except Exception as exc:  # unhealthy with its reason
             return Health(False, f"cannot ask Temporal about {self.task_queue}: {exc}")
@@ -105,8 +115,13 @@ class RolloutNodeService(WorkerService):
 
         self.node_config = node_config(config, node_id)
         super().__init__(
-            rollout_service_name(k), "belayer.workers.rollout", node_task_queue(self.node_config), "activity",
-            config, startup_timeout_s=config.rollout.engine_start_timeout_s, env={"BELAYER_ROLLOUT__NODE_ID": node_id},
+            rollout_service_name(k),
+            "belayer.workers.rollout",
+            node_task_queue(self.node_config),
+            "activity",
+            config,
+            startup_timeout_s=config.rollout.engine_start_timeout_s,
+            env={"BELAYER_ROLLOUT__NODE_ID": node_id},
         )
 
 
@@ -128,7 +143,11 @@ class SandboxHostService(WorkerService):
 
         queue = sandbox_hosts.host_queue(config, k)
         super().__init__(
-            sandbox_service_name(k), "belayer.workers.sandbox", queue, "activity", config,
+            sandbox_service_name(k),
+            "belayer.workers.sandbox",
+            queue,
+            "activity",
+            config,
             # importing the base image into a new host's storage comes first
             startup_timeout_s=max(config.stack.startup_timeout_s, 300.0) if k else None,
             env={"BELAYER_SANDBOX__HOST_TASK_QUEUE": queue} if k else None,
@@ -177,7 +196,8 @@ class CodecServerService:
         ui_host = self.config.temporal.address.rpartition(":")[0] or "127.0.0.1"
         origin = f"http://{ui_host}:{self.config.temporal.ui_port}"
         request = urllib.request.Request(
-            f"http://127.0.0.1:{self.port}/decode", method="OPTIONS",
+            f"http://127.0.0.1:{self.port}/decode",
+            method="OPTIONS",
             headers={"Origin": origin, "Access-Control-Request-Method": "POST"},
         )
         try:

@@ -94,8 +94,9 @@ class ArchiveCipher:
         from cryptography.hazmat.primitives.ciphers.aead import AESGCM
         from cryptography.hazmat.primitives.kdf.hkdf import HKDF
 
-        derived = HKDF(algorithm=hashes.SHA256(), length=KEY_BYTES, salt=salt,
-                       info=b"belayer checkpoint archive v1").derive(self._key)
+        derived = HKDF(
+            algorithm=hashes.SHA256(), length=KEY_BYTES, salt=salt, info=b"belayer checkpoint archive v1"
+        ).derive(self._key)
         return AESGCM(derived)
 
     def encrypt(self, object_key: str, chunks: Iterable[bytes]) -> Iterator[bytes]:
@@ -148,20 +149,24 @@ class _Decryptor:
                 return
             header = bytes(self.buffer[: len(MAGIC) + SALT_BYTES])
             if header[: len(MAGIC)] != MAGIC:
-                raise CorruptObject(f"{self.object_key!r} is not an encrypted archive (no {MAGIC.decode()} "
-                                    "header): written without storage.encryption_key, or damaged")
-            self.aead = self.cipher._aead(header[len(MAGIC):])
+                raise CorruptObject(
+                    f"{self.object_key!r} is not an encrypted archive (no {MAGIC.decode()} "
+                    "header): written without storage.encryption_key, or damaged"
+                )
+            self.aead = self.cipher._aead(header[len(MAGIC) :])
             self.aad = header + self.object_key.encode()
             del self.buffer[: len(header)]
         while len(self.buffer) >= _LEN.size:
             (length,) = _LEN.unpack_from(self.buffer)
             if length < TAG_BYTES or length > CHUNK + TAG_BYTES:
-                raise CorruptObject(f"{self.object_key!r}: encrypted frame {self.counter} has an impossible length")
+                raise CorruptObject(
+                    f"{self.object_key!r}: encrypted frame {self.counter} has an impossible length"
+                )
             if len(self.buffer) < _LEN.size + length:
                 return
             if self.done:
                 raise CorruptObject(f"{self.object_key!r}: data after the last encrypted frame")
-            sealed = bytes(self.buffer[_LEN.size: _LEN.size + length])
+            sealed = bytes(self.buffer[_LEN.size : _LEN.size + length])
             del self.buffer[: _LEN.size + length]
             yield self._open(sealed)
 
@@ -207,7 +212,9 @@ class MetadataMac:
         """meta.json, and a drain's record (`<lineage>/drained/g<N>.json`): what names the
         checkpoint a restore starts from."""
         parts = key.rsplit("/", 2)
-        return parts[-1] == "meta.json" or (len(parts) == 3 and parts[1] == "drained" and parts[2].endswith(".json"))
+        return parts[-1] == "meta.json" or (
+            len(parts) == 3 and parts[1] == "drained" and parts[2].endswith(".json")
+        )
 
     def tag(self, key: str, data: bytes) -> str:
         return hmac.new(self._key, key.encode() + b"\0" + data, hashlib.sha256).hexdigest()
@@ -215,11 +222,15 @@ class MetadataMac:
     def check(self, key: str, data: bytes, metadata: dict[str, str]) -> None:
         got = metadata.get(MAC_METADATA)
         if got is None:
-            raise CorruptObject(f"{key!r} carries no MAC: it was written without storage.encryption_key "
-                                "(or not by Belayer); refused")
+            raise CorruptObject(
+                f"{key!r} carries no MAC: it was written without storage.encryption_key "
+                "(or not by Belayer); refused"
+            )
         if not hmac.compare_digest(got, self.tag(key, data)):
-            raise CorruptObject(f"{key!r} fails authentication (MAC): edited, copied from another key, or "
-                                "written under another storage.encryption_key; refused")
+            raise CorruptObject(
+                f"{key!r} fails authentication (MAC): edited, copied from another key, or "
+                "written under another storage.encryption_key; refused"
+            )
 
 
 class EncryptedArchiveStore:
@@ -270,13 +281,15 @@ class EncryptedArchiveStore:
         decryptor.finish()
         return plain
 
-    def upload_stream(self, key: str, source: BinaryIO | Iterable[bytes], *, if_absent: bool = False,
-                      progress=None):
+    def upload_stream(
+        self, key: str, source: BinaryIO | Iterable[bytes], *, if_absent: bool = False, progress=None
+    ):
         if not self.encrypts(key):
             return self.inner.upload_stream(key, source, if_absent=if_absent, progress=progress)
         chunks = source if not hasattr(source, "read") else iter(lambda: source.read(CHUNK), b"")
-        return self.inner.upload_stream(key, self.cipher.encrypt(key, chunks), if_absent=if_absent,
-                                        progress=progress)
+        return self.inner.upload_stream(
+            key, self.cipher.encrypt(key, chunks), if_absent=if_absent, progress=progress
+        )
 
     def download_stream(self, key: str, dest: BinaryIO, *, expected_sha256: str | None = None, progress=None):
         if not self.encrypts(key):
@@ -294,8 +307,9 @@ class EncryptedArchiveStore:
         ref = self.inner.download_stream(key, _Sink(), progress=progress)
         decryptor.finish()
         if expected_sha256 is not None and plain_sha.hexdigest() != expected_sha256:
-            raise CorruptObject(f"{key!r}: decrypted sha256 {plain_sha.hexdigest()} is not the expected "
-                                f"{expected_sha256}")
+            raise CorruptObject(
+                f"{key!r}: decrypted sha256 {plain_sha.hexdigest()} is not the expected {expected_sha256}"
+            )
         return ref
 
     def delete_prefix(self, prefix: str) -> int:
@@ -306,7 +320,9 @@ def archive_store(inner: Any, encryption_key) -> Any:
     """`inner`, wrapped for encryption when a key is configured (a SecretStr or None)."""
     if encryption_key is None:
         return inner
-    secret = encryption_key.get_secret_value() if hasattr(encryption_key, "get_secret_value") else encryption_key
+    secret = (
+        encryption_key.get_secret_value() if hasattr(encryption_key, "get_secret_value") else encryption_key
+    )
     if not secret:
         return inner
     return EncryptedArchiveStore(inner, parse_key(secret))

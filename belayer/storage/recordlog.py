@@ -70,7 +70,9 @@ class RecordLog:
         except ObjectConflict:
             # Encrypted bytes differ between two writes of one record: compare plaintexts.
             if self.store.get_bytes(key) != body:
-                raise ObjectConflict(f"record log {self.key!r}: position {position} holds another record") from None
+                raise ObjectConflict(
+                    f"record log {self.key!r}: position {position} holds another record"
+                ) from None
 
     def read(self, upto: int) -> list[dict]:
         """Records 1..upto, in order; `CorruptObject` when one is missing."""

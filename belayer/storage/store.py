@@ -142,7 +142,9 @@ class ObjectStore:
         """The whole object, after checking size and sha256 (recorded, and `expected_sha256`)."""
         return self.get_bytes_and_metadata(key, expected_sha256=expected_sha256)[0]
 
-    def get_bytes_and_metadata(self, key: str, *, expected_sha256: str | None = None) -> tuple[bytes, dict[str, str]]:
+    def get_bytes_and_metadata(
+        self, key: str, *, expected_sha256: str | None = None
+    ) -> tuple[bytes, dict[str, str]]:
         """`get_bytes`, and the metadata the object was written with (as `head_metadata`
         gives it), from the same single request: the two belong to one version of the object."""
 

@@ -26,27 +26,38 @@ class TrainerSettings(_Model):
 
     lr: float = Field(1e-5, ge=0, description="AdamW learning rate; 0 leaves the weights as they are.")
     lr_decay_iterations: int = Field(
-        0, ge=0, description="Decay the learning rate linearly to 0 over this many iterations (iteration k "
-        "steps with lr * (1 - k / this)); 0 keeps it constant."
+        0,
+        ge=0,
+        description="Decay the learning rate linearly to 0 over this many iterations (iteration k "
+        "steps with lr * (1 - k / this)); 0 keeps it constant.",
     )
     clip_eps: float = Field(0.2, gt=0, le=10, description="PPO clip range of the importance ratio.")
-    kl_coef: float = Field(0.0, ge=0, description="Weight of the KL to the initial weights (k3 estimator); 0 is off.")
+    kl_coef: float = Field(
+        0.0, ge=0, description="Weight of the KL to the initial weights (k3 estimator); 0 is off."
+    )
     weight_decay: float = Field(0.0, ge=0, description="AdamW's decoupled weight decay.")
     max_grad_norm: float = Field(1.0, gt=0, description="Gradients are clipped to this global norm.")
     minibatches: int = Field(
-        1, ge=1, le=64, description="Optimizer steps per iteration, each on a slice of the batch; "
-        "after the first, the importance ratio against the sampling policy is not 1 and clipping acts."
+        1,
+        ge=1,
+        le=64,
+        description="Optimizer steps per iteration, each on a slice of the batch; "
+        "after the first, the importance ratio against the sampling policy is not 1 and clipping acts.",
     )
     temperature: float = Field(
         1.0, gt=0, le=5, description="The sampling temperature: logprobs are taken under logits / T."
     )
     threads: int = Field(
-        2, ge=1, le=256, description="torch CPU threads; fixed, because the summation order (and so the "
-        "last bits of every result) depends on it."
+        2,
+        ge=1,
+        le=256,
+        description="torch CPU threads; fixed, because the summation order (and so the "
+        "last bits of every result) depends on it.",
     )
     algorithm: str = Field(
-        DEFAULT, description="How group rewards become advantages (in the training workflow) and what loss "
-        f"the trainer takes: one of {', '.join(sorted(ALGORITHMS))} (belayer/trainer/algorithms/)."
+        DEFAULT,
+        description="How group rewards become advantages (in the training workflow) and what loss "
+        f"the trainer takes: one of {', '.join(sorted(ALGORITHMS))} (belayer/trainer/algorithms/).",
     )
 
     @field_validator("algorithm")
@@ -61,8 +72,9 @@ class TrainSample(_Model):
     trajectory_id: str
     group: str = Field(description="Members of one group share it (advantages are relative within a group).")
     context: PrefixRef = Field(description="The trajectory's whole token log (tokens, marks, generations).")
-    advantage: float = Field(description="The algorithm's advantage for this member of its group, applied to "
-                             "every model token.")
+    advantage: float = Field(
+        description="The algorithm's advantage for this member of its group, applied to every model token."
+    )
 
 
 class TrainerCheckpointRef(_Model):
@@ -71,7 +83,9 @@ class TrainerCheckpointRef(_Model):
     iteration: int = Field(ge=0, description="The iteration whose optimizer step produced this state.")
     key: str
     sha256: str = Field(pattern=r"^[0-9a-f]{64}$")
-    weights: ObjectRef = Field(description="The weights alone (HF names), what rollout.publish_weights takes.")
+    weights: ObjectRef = Field(
+        description="The weights alone (HF names), what rollout.publish_weights takes."
+    )
     weights_version: int = Field(ge=2, description="The version these weights are published as.")
 
 
@@ -85,8 +99,10 @@ class TrainStepArgs(_Model):
     samples: list[TrainSample]
     settings: TrainerSettings = TrainerSettings()
     sampled_version: int = Field(
-        1, ge=1, description="The weights version the nodes served while the samples were generated: the "
-        "version of `base` as published (the run may have started above 1)."
+        1,
+        ge=1,
+        description="The weights version the nodes served while the samples were generated: the "
+        "version of `base` as published (the run may have started above 1).",
     )
     weights_version: int | None = Field(
         None, ge=2, description="The version the new weights are published as (default sampled_version + 1)."
@@ -112,8 +128,9 @@ class TrainStepResult(_Model):
         default_factory=list, description="Groups left out whole (e.g. sampled by another weights version)."
     )
     engine_logprob_drift: float | None = Field(
-        None, description="Largest |engine logprob - trainer logprob| over the sampled tokens: how far "
-        "the engines' numerics are from the trainer's (reported, not used by the loss)."
+        None,
+        description="Largest |engine logprob - trainer logprob| over the sampled tokens: how far "
+        "the engines' numerics are from the trainer's (reported, not used by the loss).",
     )
     resumed_from: Literal["memory", "checkpoint", "built model", "already done"]
     train_s: float = Field(description="Seconds of this attempt (0 when already done).")

@@ -17,7 +17,7 @@ import torch
 
 
 def resolve_device(device: str) -> torch.device:
-    """"auto" is CUDA when torch sees a GPU, else the CPU."""
+    """ "auto" is CUDA when torch sees a GPU, else the CPU."""
     if device == "auto":
         device = "cuda" if torch.cuda.is_available() else "cpu"
     if device not in ("cpu", "cuda"):
@@ -38,9 +38,7 @@ def load_policy(model_dir: Path, device: torch.device, state: dict | None = None
     tensors of `state` (HF names) instead of the folder's weights when given."""
     from transformers import LlamaForCausalLM
 
-    model = LlamaForCausalLM.from_pretrained(
-        str(model_dir), dtype=torch.float32, attn_implementation="eager"
-    )
+    model = LlamaForCausalLM.from_pretrained(str(model_dir), dtype=torch.float32, attn_implementation="eager")
     if state is not None:
         model.load_state_dict(state, strict=True)
     model.to(device)

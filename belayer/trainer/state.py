@@ -100,8 +100,15 @@ def weights_of(model: torch.nn.Module) -> dict[str, torch.Tensor]:
     return {k: v.detach().cpu().contiguous() for k, v in model.state_dict().items()}
 
 
-def encode_checkpoint(state: TrainerState, iteration: int, version: int, base_sha256: str,
-                      settings: TrainerSettings, stats: StepStats, weights: ObjectRef) -> bytes:
+def encode_checkpoint(
+    state: TrainerState,
+    iteration: int,
+    version: int,
+    base_sha256: str,
+    settings: TrainerSettings,
+    stats: StepStats,
+    weights: ObjectRef,
+) -> bytes:
     from safetensors.torch import save
 
     tensors = weights_of(state.model)
@@ -144,8 +151,9 @@ def decode_checkpoint(key: str, data: bytes) -> Checkpoint:
         raise CorruptObject(f"{key!r} is not a trainer checkpoint: {exc}") from None
 
 
-def restore(checkpoint: Checkpoint, model_dir: Path, device: torch.device,
-            ref: TrainerCheckpointRef) -> TrainerState:
+def restore(
+    checkpoint: Checkpoint, model_dir: Path, device: torch.device, ref: TrainerCheckpointRef
+) -> TrainerState:
     """The state `checkpoint` records, bit for bit (weights, AdamW state, RNG)."""
     model = load_policy(model_dir, device, checkpoint.weights_only())
     optimizer = new_optimizer(model, checkpoint.settings)
@@ -157,12 +165,19 @@ def restore(checkpoint: Checkpoint, model_dir: Path, device: torch.device,
                 "exp_avg_sq": checkpoint.tensors[f"{_OPTIM}{name}/exp_avg_sq"].to(device),
             }
     torch.set_rng_state(checkpoint.tensors[_RNG])
-    return TrainerState(checkpoint.run_id, checkpoint.model_name, model, optimizer,
-                        checkpoint.weights_version, ref)
+    return TrainerState(
+        checkpoint.run_id, checkpoint.model_name, model, optimizer, checkpoint.weights_version, ref
+    )
 
 
-def built_state(run_id: str, model_name: str, model_dir: Path, device: torch.device,
-                settings: TrainerSettings, version: int) -> TrainerState:
+def built_state(
+    run_id: str,
+    model_name: str,
+    model_dir: Path,
+    device: torch.device,
+    settings: TrainerSettings,
+    version: int,
+) -> TrainerState:
     """The run's start: the built model (published as `version`), a fresh AdamW."""
     model = load_policy(model_dir, device)
     return TrainerState(run_id, model_name, model, new_optimizer(model, settings), version, None)

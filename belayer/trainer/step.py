@@ -74,8 +74,14 @@ class Trainer:
             self._state = None  # half-stepped until its checkpoint is written
             samples = [load_sample(store, s) for s in args.samples]
             configure(state.optimizer, args.settings, args.iteration)
-            stats = update_policy(state.model, state.optimizer, self._reference_for(args),
-                                  state.weights_version, samples, args.settings)
+            stats = update_policy(
+                state.model,
+                state.optimizer,
+                self._reference_for(args),
+                state.weights_version,
+                samples,
+                args.settings,
+            )
             events("stepped")
             ref, stats = self._write(store, state, args, stats)
             events("checkpointed")
@@ -83,19 +89,30 @@ class Trainer:
 
     def _state_for(self, store, args: TrainStepArgs) -> tuple[TrainerState, str]:
         held = self._state
-        if held is not None and held.run_id == args.run_id and held.checkpoint == args.base \
-                and held.model_name == args.model:
+        if (
+            held is not None
+            and held.run_id == args.run_id
+            and held.checkpoint == args.base
+            and held.model_name == args.model
+        ):
             return held, "memory"
         if args.base is None:
-            return built_state(args.run_id, args.model, self._model_dir(args), self.device,
-                               args.settings, args.sampled_version), "built model"
+            return built_state(
+                args.run_id,
+                args.model,
+                self._model_dir(args),
+                self.device,
+                args.settings,
+                args.sampled_version,
+            ), "built model"
         data = store.get_bytes(args.base.key, expected_sha256=args.base.sha256)
         checkpoint = decode_checkpoint(args.base.key, data)
         _check_base(args, checkpoint)
         return restore(checkpoint, self._model_dir(args), self.device, args.base), "checkpoint"
 
-    def _write(self, store, state: TrainerState, args: TrainStepArgs,
-               stats: StepStats) -> tuple[TrainerCheckpointRef, StepStats]:
+    def _write(
+        self, store, state: TrainerState, args: TrainStepArgs, stats: StepStats
+    ) -> tuple[TrainerCheckpointRef, StepStats]:
         """Weights, then the checkpoint (create-if-absent); an earlier attempt's checkpoint
         wins, and its weights are put back in case they differ from ours."""
         version = new_version(args)
@@ -108,8 +125,9 @@ class Trainer:
         except ObjectConflict:
             return self._adopt(store, args)
         state.weights_version = version
-        state.checkpoint = TrainerCheckpointRef(iteration=args.iteration, key=key, sha256=stored.sha256,
-                                                weights=weights, weights_version=version)
+        state.checkpoint = TrainerCheckpointRef(
+            iteration=args.iteration, key=key, sha256=stored.sha256, weights=weights, weights_version=version
+        )
         self._state = state
         return state.checkpoint, stats
 
@@ -128,9 +146,13 @@ class Trainer:
         _check_done(args, checkpoint)
         if not _weights_present(store, checkpoint):
             store_weights(store, checkpoint.weights.key, checkpoint.weights_only())
-        ref = TrainerCheckpointRef(iteration=checkpoint.iteration, key=key,
-                                   sha256=hashlib.sha256(data).hexdigest(), weights=checkpoint.weights,
-                                   weights_version=checkpoint.weights_version)
+        ref = TrainerCheckpointRef(
+            iteration=checkpoint.iteration,
+            key=key,
+            sha256=hashlib.sha256(data).hexdigest(),
+            weights=checkpoint.weights,
+            weights_version=checkpoint.weights_version,
+        )
         self._state = restore(checkpoint, self._model_dir(args), self.device, ref)
         return ref, checkpoint.stats
 
@@ -148,11 +170,15 @@ class Trainer:
 
 def _check(args: TrainStepArgs) -> None:
     if args.base is None and args.iteration != 0:
-        raise TrainRequestError(f"iteration {args.iteration} needs a base checkpoint (only iteration 0 "
-                                "starts from the built model)")
+        raise TrainRequestError(
+            f"iteration {args.iteration} needs a base checkpoint (only iteration 0 "
+            "starts from the built model)"
+        )
     if args.base is not None and args.base.iteration != args.iteration - 1:
-        raise TrainRequestError(f"iteration {args.iteration} must step from iteration "
-                                f"{args.iteration - 1}'s checkpoint, not iteration {args.base.iteration}'s")
+        raise TrainRequestError(
+            f"iteration {args.iteration} must step from iteration "
+            f"{args.iteration - 1}'s checkpoint, not iteration {args.base.iteration}'s"
+        )
 
 
 def new_version(args: TrainStepArgs) -> int:
@@ -164,11 +190,15 @@ def _check_version(args: TrainStepArgs, state: TrainerState) -> None:
     """The samples must have been drawn by the weights the trainer steps from (the loop
     publishes `base` before it rolls out), and versions only grow."""
     if state.weights_version != args.sampled_version:
-        raise TrainRequestError(f"the samples were drawn with weights version {args.sampled_version}, but "
-                                f"the trainer's state for iteration {args.iteration} is version {state.weights_version}")
+        raise TrainRequestError(
+            f"the samples were drawn with weights version {args.sampled_version}, but "
+            f"the trainer's state for iteration {args.iteration} is version {state.weights_version}"
+        )
     if new_version(args) <= args.sampled_version:
-        raise TrainRequestError(f"weights_version {args.weights_version} must be above sampled_version "
-                                f"{args.sampled_version}: versions only grow")
+        raise TrainRequestError(
+            f"weights_version {args.weights_version} must be above sampled_version "
+            f"{args.sampled_version}: versions only grow"
+        )
 
 
 def _check_base(args: TrainStepArgs, checkpoint: Checkpoint) -> None:
@@ -182,7 +212,11 @@ def _check_base(args: TrainStepArgs, checkpoint: Checkpoint) -> None:
 def _check_done(args: TrainStepArgs, checkpoint: Checkpoint) -> None:
     """A finished iteration answers a retry only if the retry asks for the same step."""
     base_sha = args.base.sha256 if args.base else ""
-    if (checkpoint.run_id, checkpoint.model_name, checkpoint.base_sha256) != (args.run_id, args.model, base_sha):
+    if (checkpoint.run_id, checkpoint.model_name, checkpoint.base_sha256) != (
+        args.run_id,
+        args.model,
+        base_sha,
+    ):
         raise TrainRequestError(
             f"iteration {args.iteration} of run {args.run_id!r} was already trained from another base "
             f"({checkpoint.base_sha256 or 'the built model'}, model {checkpoint.model_name!r}); a run's "
@@ -191,10 +225,19 @@ def _check_done(args: TrainStepArgs, checkpoint: Checkpoint) -> None:
 
 
 def _weights_present(store, checkpoint: Checkpoint) -> bool:
-    return store.exists(checkpoint.weights.key) and store.head(checkpoint.weights.key).sha256 == \
-        checkpoint.weights.sha256
+    return (
+        store.exists(checkpoint.weights.key)
+        and store.head(checkpoint.weights.key).sha256 == checkpoint.weights.sha256
+    )
 
 
-def _result(ref: TrainerCheckpointRef, stats: StepStats, resumed_from: str, train_s: float) -> TrainStepResult:
-    return TrainStepResult(checkpoint=ref, weights_sha256=ref.weights.sha256, resumed_from=resumed_from,
-                           train_s=train_s, **{**stats.__dict__})
+def _result(
+    ref: TrainerCheckpointRef, stats: StepStats, resumed_from: str, train_s: float
+) -> TrainStepResult:
+    return TrainStepResult(
+        checkpoint=ref,
+        weights_sha256=ref.weights.sha256,
+        resumed_from=resumed_from,
+        train_s=train_s,
+        **{**stats.__dict__},
+    )

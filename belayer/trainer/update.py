@@ -63,8 +63,9 @@ class _Prepared:
     reference: torch.Tensor | None  # the initial weights' logprobs, when the KL term is on
 
 
-def update_policy(model, optimizer, reference_model, version: int, samples: list[LoadedSample],
-                  settings: TrainerSettings) -> StepStats:
+def update_policy(
+    model, optimizer, reference_model, version: int, samples: list[LoadedSample], settings: TrainerSettings
+) -> StepStats:
     """Train `model` in place on `samples` (advantages already computed by the workflow)."""
     kept, skipped = split_by_version(samples, version)
     check_vocabulary(kept, model.config.vocab_size)
@@ -86,7 +87,9 @@ def update_policy(model, optimizer, reference_model, version: int, samples: list
     )
 
 
-def split_by_version(samples: list[LoadedSample], version: int) -> tuple[list[LoadedSample], list[SkippedGroup]]:
+def split_by_version(
+    samples: list[LoadedSample], version: int
+) -> tuple[list[LoadedSample], list[SkippedGroup]]:
     """The samples of groups sampled wholly by `version` (in the order given), and the
     groups left out with why."""
     foreign: dict[str, set[int]] = {}
@@ -95,8 +98,11 @@ def split_by_version(samples: list[LoadedSample], version: int) -> tuple[list[Lo
         if other:
             foreign.setdefault(s.sample.group, set()).update(other)
     skipped = [
-        SkippedGroup(group=group, reason=f"sampled by weights version(s) {sorted(versions)}, but the "
-                     f"trainer holds version {version}")
+        SkippedGroup(
+            group=group,
+            reason=f"sampled by weights version(s) {sorted(versions)}, but the "
+            f"trainer holds version {version}",
+        )
         for group, versions in foreign.items()
     ]
     return [s for s in samples if s.sample.group not in foreign], skipped
@@ -142,13 +148,17 @@ def _prepare(model, reference_model, sample: LoadedSample, settings: TrainerSett
     mask = torch.tensor(sample.mask[1:], dtype=torch.float32, device=device)
     with torch.no_grad():
         old = token_logprobs(model, sample.tokens, settings.temperature)
-        reference = (token_logprobs(reference_model, sample.tokens, settings.temperature)
-                     if settings.kl_coef > 0 else None)
+        reference = (
+            token_logprobs(reference_model, sample.tokens, settings.temperature)
+            if settings.kl_coef > 0
+            else None
+        )
     return _Prepared(sample, mask, old, reference)
 
 
-def _minibatch(model, optimizer, part: list[_Prepared], loss_of: PolicyLoss, settings: TrainerSettings,
-               totals: dict) -> None:
+def _minibatch(
+    model, optimizer, part: list[_Prepared], loss_of: PolicyLoss, settings: TrainerSettings, totals: dict
+) -> None:
     """Accumulate the gradients of `part`'s samples, clip, step; no step without model tokens."""
     tokens = int(sum(p.mask.sum().item() for p in part))
     if tokens == 0:
@@ -170,8 +180,9 @@ def _minibatch(model, optimizer, part: list[_Prepared], loss_of: PolicyLoss, set
     totals["steps"] += 1
 
 
-def _sample_loss(model, p: _Prepared, loss_of: PolicyLoss, settings: TrainerSettings,
-                 tokens: int) -> tuple[torch.Tensor, float, int]:
+def _sample_loss(
+    model, p: _Prepared, loss_of: PolicyLoss, settings: TrainerSettings, tokens: int
+) -> tuple[torch.Tensor, float, int]:
     """(this sample's share of the minibatch loss, its summed k3 KL, its clipped tokens)."""
     logp = token_logprobs(model, p.sample.tokens, settings.temperature)
     terms = TokenTerms(logp=logp, old=p.old, mask=p.mask, advantage=p.sample.sample.advantage)

@@ -50,7 +50,10 @@ ANY_HOST_SCHEDULE_TO_START = timedelta(minutes=5)
 
 
 def member_inputs(inputs: list[TrajectoryInput], starts: list[ForkStart | None]) -> list[TrajectoryInput]:
-    return [i if s is None else i.model_copy(update={"start_from": s}) for i, s in zip(inputs, starts, strict=True)]
+    return [
+        i if s is None else i.model_copy(update={"start_from": s})
+        for i, s in zip(inputs, starts, strict=True)
+    ]
 
 
 async def prepare(group_id: str, task: Task, trajectory_ids: list[str], queues: TaskQueues, *,
@@ -68,8 +71,9 @@ async def prepare(group_id: str, task: Task, trajectory_ids: list[str], queues: 
     starts: list[ForkStart | None] = [ForkStart(parent=group_id, prompt=prompt) for _ in trajectory_ids]
     if len(trajectory_ids) < 2 or not task.setup:
         # Forking a sandbox nothing was set up in costs a checkpoint and saves nothing.
-        record.fallback = ("a group of one" if len(trajectory_ids) < 2 else "the task has no setup") + \
-            ": every member creates its own sandbox"
+        record.fallback = (
+            "a group of one" if len(trajectory_ids) < 2 else "the task has no setup"
+        ) + ": every member creates its own sandbox"
         return record, starts
     if reuse is not None and reuse.origin is not None:
         reused = await _fork_reused(record, reuse, prompt, trajectory_ids, queues, started)
@@ -79,21 +83,27 @@ async def prepare(group_id: str, task: Task, trajectory_ids: list[str], queues: 
     try:
         at = workflow.now()
         parent = await _activity(
-            sandbox.CREATE, CreateSandboxArgs(sandbox_id=_sandbox_id(), spec=SandboxSpec(setup_commands=task.setup)),
-            queue=queues.sandbox, on_host=False,
+            sandbox.CREATE,
+            CreateSandboxArgs(sandbox_id=_sandbox_id(), spec=SandboxSpec(setup_commands=task.setup)),
+            queue=queues.sandbox,
+            on_host=False,
             summary=f"group {group_id}: create and set up the sandbox its {len(trajectory_ids)} members fork",
         )
         record.setup_sandbox = parent.handle
         record.setup_s, at, stage = _since(at), workflow.now(), "checkpoint it"
         checkpoint = await _activity(
-            sandbox.CHECKPOINT, CheckpointArgs(handle=parent.handle), queue=parent.handle.host_queue,
+            sandbox.CHECKPOINT,
+            CheckpointArgs(handle=parent.handle),
+            queue=parent.handle.host_queue,
             summary=f"group {group_id}: checkpoint the set-up sandbox",
         )
         record.origin = checkpoint.checkpoint
         record.checkpoint_s, at, stage = _since(at), workflow.now(), "fork it"
         targets = [ForkTarget(sandbox_id=_sandbox_id(), trajectory=t) for t in trajectory_ids]
         forked = await _activity(
-            sandbox.FORK, ForkArgs(checkpoint=record.origin, targets=targets), queue=parent.handle.host_queue,
+            sandbox.FORK,
+            ForkArgs(checkpoint=record.origin, targets=targets),
+            queue=parent.handle.host_queue,
             summary=f"group {group_id}: fork {len(targets)} sandboxes",
         )
         record.fork_s = _since(at)
@@ -101,7 +111,9 @@ async def prepare(group_id: str, task: Task, trajectory_ids: list[str], queues: 
         record.fallback = f"could not {stage}: {cause_of(err)}; every member creates its own sandbox"
         await _discard(record.setup_sandbox, queues, delete_checkpoints=False)
         return record, starts
-    await _discard(record.setup_sandbox, queues, delete_checkpoints=False)  # the origin stays: members recover from it
+    await _discard(
+        record.setup_sandbox, queues, delete_checkpoints=False
+    )  # the origin stays: members recover from it
     _take_forks(record, forked, starts, trajectory_ids, prompt, started)
     return record, starts
 
@@ -112,14 +124,21 @@ async def _fork_reused(record: GroupRecord, reuse: GroupRecord, prompt, trajecto
     targets = [ForkTarget(sandbox_id=_sandbox_id(), trajectory=t) for t in trajectory_ids]
     try:
         forked = await _activity(
-            sandbox.FORK, ForkArgs(checkpoint=reuse.origin, targets=targets), queue=queues.sandbox,
-            on_host=False, summary=f"group {record.group}: fork {len(targets)} sandboxes from {reuse.group}'s setup",
+            sandbox.FORK,
+            ForkArgs(checkpoint=reuse.origin, targets=targets),
+            queue=queues.sandbox,
+            on_host=False,
+            summary=f"group {record.group}: fork {len(targets)} sandboxes from {reuse.group}'s setup",
         )
     except ActivityError as err:
-        record.notes.append(f"the setup of {reuse.group} could not be forked again: {cause_of(err)}; set up anew")
+        record.notes.append(
+            f"the setup of {reuse.group} could not be forked again: {cause_of(err)}; set up anew"
+        )
         return None
     if not any(outcome.handle for outcome in forked.forks):
-        record.notes.append(f"no fork of {reuse.group}'s setup started ({forked.forks[0].error}); set up anew")
+        record.notes.append(
+            f"no fork of {reuse.group}'s setup started ({forked.forks[0].error}); set up anew"
+        )
         return None
     record.fork_s = _since(started)
     record.reused_from = reuse.group
@@ -129,7 +148,9 @@ async def _fork_reused(record: GroupRecord, reuse: GroupRecord, prompt, trajecto
     return starts
 
 
-def _take_forks(record: GroupRecord, forked, starts: list, trajectory_ids: list[str], prompt, started) -> None:
+def _take_forks(
+    record: GroupRecord, forked, starts: list, trajectory_ids: list[str], prompt, started
+) -> None:
     for n, outcome in enumerate(forked.forks):
         if outcome.handle is None:
             record.notes.append(f"member {n} ({trajectory_ids[n]}) creates its own sandbox: {outcome.error}")
@@ -153,14 +174,27 @@ async def run_member(input: TrajectoryInput, *, task_queue: str, summary: str,
     """A member as a child `TrajectoryWorkflow`; a child that fails outright is failed_infra."""
     try:
         return await workflow.execute_child_workflow(
-            "TrajectoryWorkflow", input, id=input.trajectory_id, task_queue=task_queue,
-            result_type=TrajectoryResult, static_summary=summary, search_attributes=search_attributes,
+            "TrajectoryWorkflow",
+            input,
+            id=input.trajectory_id,
+            task_queue=task_queue,
+            result_type=TrajectoryResult,
+            static_summary=summary,
+            search_attributes=search_attributes,
         )
     except ChildWorkflowError as err:
         return TrajectoryResult(
-            trajectory_id=input.trajectory_id, task=input.task.id, status="failed_infra",
-            reason=f"trajectory workflow failed: {cause_of(err)}", turns=0, tokens=0, reward=None,
-            token_sha256=None, env_sha256=None, recoveries=[], checkpoints=0,
+            trajectory_id=input.trajectory_id,
+            task=input.task.id,
+            status="failed_infra",
+            reason=f"trajectory workflow failed: {cause_of(err)}",
+            turns=0,
+            tokens=0,
+            reward=None,
+            token_sha256=None,
+            env_sha256=None,
+            recoveries=[],
+            checkpoints=0,
         )
 
 
@@ -177,9 +211,13 @@ async def _prompt(group_id: str, task: Task, queues: TaskQueues):
 
 async def _activity(activity: Activity, args, *, queue, summary, on_host=True):
     return await activity.execute(
-        args, task_queue=queue, start_to_close_timeout=timedelta(minutes=10),
+        args,
+        task_queue=queue,
+        start_to_close_timeout=timedelta(minutes=10),
         schedule_to_start_timeout=ON_HOST_SCHEDULE_TO_START if on_host else ANY_HOST_SCHEDULE_TO_START,
-        heartbeat_timeout=timedelta(seconds=15), retry_policy=RETRY, summary=summary,
+        heartbeat_timeout=timedelta(seconds=15),
+        retry_policy=RETRY,
+        summary=summary,
     )
 
 
@@ -189,8 +227,13 @@ async def _discard(handle: SandboxHandle | None, queues: TaskQueues, *, delete_c
         return
     queue = queues.sandbox if delete_checkpoints else handle.host_queue
     try:
-        await _activity(sandbox.DESTROY, DestroyArgs(handle=handle, delete_checkpoints=delete_checkpoints),
-                        queue=queue, on_host=not delete_checkpoints, summary="destroy the group's set-up sandbox")
+        await _activity(
+            sandbox.DESTROY,
+            DestroyArgs(handle=handle, delete_checkpoints=delete_checkpoints),
+            queue=queue,
+            on_host=not delete_checkpoints,
+            summary="destroy the group's set-up sandbox",
+        )
     except ActivityError:
         pass  # gone with its host; the bucket's lifecycle rule expires what is left
 
@@ -219,9 +262,14 @@ class GroupInput(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     group_id: str = Field(min_length=1, max_length=180)
-    members: list[TrajectoryInput] = Field(min_length=1, max_length=256, description="One task, G trajectories.")
-    fork: bool = Field(True, description="Fork the members' sandboxes from one set-up sandbox (else each "
-                       "creates its own, as lone trajectories do).")
+    members: list[TrajectoryInput] = Field(
+        min_length=1, max_length=256, description="One task, G trajectories."
+    )
+    fork: bool = Field(
+        True,
+        description="Fork the members' sandboxes from one set-up sandbox (else each "
+        "creates its own, as lone trajectories do).",
+    )
     workflow_queue: str = Field(description="Task queue of the members' TrajectoryWorkflows.")
 
 

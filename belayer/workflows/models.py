@@ -36,12 +36,16 @@ class TaskQueues(_Model):
     """Where each kind of activity is sent."""
 
     rollout: str = Field("belayer-rollout", description="Shared queue of every rollout node.")
-    sandbox: str = Field("belayer-sandbox", description="Shared queue of every sandbox host (create, recover).")
+    sandbox: str = Field(
+        "belayer-sandbox", description="Shared queue of every sandbox host (create, recover)."
+    )
     context: str = Field("belayer-workflows", description="Queue of the context (tokenizer) activities.")
     context_local: bool = Field(
-        True, description="Run the context activities as local activities of the workflow's own worker (it "
+        True,
+        description="Run the context activities as local activities of the workflow's own worker (it "
         "must register them, as Belayer's trajectory worker does): a round trip less per turn. False sends "
-        "them to `context`.")
+        "them to `context`.",
+    )
 
 
 class ForkStart(_Model):
@@ -54,17 +58,26 @@ class ForkStart(_Model):
     parent: str = Field(min_length=1, description="The group's id, or the trajectory this one branches from.")
     sandbox: SandboxHandle | None = Field(None, description="A fork started for this trajectory, if one is.")
     checkpoints: list[CheckpointRef] = Field(
-        [], description="Newest first: restored as a fork of this trajectory when its sandbox is lost (a "
+        [],
+        description="Newest first: restored as a fork of this trajectory when its sandbox is lost (a "
         "member: its group's set-up checkpoint) or was never started (a branch: the parent's, at or before K).",
     )
-    prompt: PrefixRef | None = Field(None, description="A member: the group's prompt, whose token log it forks.")
-    at_step: StepRecord | None = Field(None, description="A branch: the parent's step K, the last one it keeps.")
-    steps: RecordLogRef | None = Field(None, description="A branch: the parent's step log (steps 1..K-1 inherited).")
+    prompt: PrefixRef | None = Field(
+        None, description="A member: the group's prompt, whose token log it forks."
+    )
+    at_step: StepRecord | None = Field(
+        None, description="A branch: the parent's step K, the last one it keeps."
+    )
+    steps: RecordLogRef | None = Field(
+        None, description="A branch: the parent's step log (steps 1..K-1 inherited)."
+    )
 
     @model_validator(mode="after")
     def _member_or_branch(self) -> ForkStart:
         if (self.prompt is None) == (self.at_step is None):
-            raise ValueError("a fork starts from a group's prompt or from a parent's step (at_step), one of them")
+            raise ValueError(
+                "a fork starts from a group's prompt or from a parent's step (at_step), one of them"
+            )
         if self.at_step is not None and self.steps is None:
             raise ValueError("a branch needs the parent's step log (steps)")
         return self
@@ -82,10 +95,15 @@ class GroupRecord(_Model):
     setup_s: float = Field(0.0, description="Create and set up the one sandbox.")
     checkpoint_s: float = Field(0.0, description="Checkpoint it (the origin).")
     fork_s: float = Field(0.0, description="Start every fork from the origin.")
-    ready_s: float = Field(0.0, description="From the group's start until every member's sandbox was ready "
-                           "(members that fell back create theirs later).")
-    reused_from: str | None = Field(None, description="The earlier group whose set-up checkpoint was forked "
-                                    "(the setup did not run again).")
+    ready_s: float = Field(
+        0.0,
+        description="From the group's start until every member's sandbox was ready "
+        "(members that fell back create theirs later).",
+    )
+    reused_from: str | None = Field(
+        None,
+        description="The earlier group whose set-up checkpoint was forked (the setup did not run again).",
+    )
     origin: CheckpointRef | None = None
     setup_sandbox: SandboxHandle | None = None
 
@@ -99,13 +117,16 @@ class TrajectoryInput(_Model):
     policy: PolicyConfig = PolicyConfig()
     queues: TaskQueues = TaskQueues()
     max_total_tokens: int = Field(32768, ge=1, description="Token budget of the whole context.")
-    max_recoveries: int = Field(8, ge=0, le=64, description="Sandbox recoveries before giving up as failed_infra.")
+    max_recoveries: int = Field(
+        8, ge=0, le=64, description="Sandbox recoveries before giving up as failed_infra."
+    )
     continue_as_new_every: int = Field(
         100, ge=1, description="Steps per workflow run; history restarts after that many."
     )
     start_from: ForkStart | None = Field(None, description="Start as a fork: a group member, or a branch.")
     keep_checkpoints: bool = Field(
-        False, description="Keep the checkpoint objects when the trajectory ends, to branch from them later "
+        False,
+        description="Keep the checkpoint objects when the trajectory ends, to branch from them later "
         "(`belayer fork`); the bucket's lifecycle rule expires them.",
     )
     carried: TrajectoryState | None = Field(None, description="Set by continue-as-new only.")
@@ -118,7 +139,9 @@ class TrajectoryState(_Model):
     context: PrefixRef | None = None
     node_queue: str | None = Field(None, description="Rollout node that served the last turn.")
     sandbox: SandboxHandle | None = None
-    log: TrajectoryLogRef | None = Field(None, description="Steps, decisions and recoveries in the object store.")
+    log: TrajectoryLogRef | None = Field(
+        None, description="Steps, decisions and recoveries in the object store."
+    )
     checkpoints: list[CheckpointRef] = Field([], description="Newest first, a few kept.")
     policy: CheckpointPolicy = CheckpointPolicy()
     recoveries: list[RecoveryRecord] = Field(
@@ -132,7 +155,8 @@ class TrajectoryState(_Model):
         None, description="Why the sandbox must be restored before the next turn (a branch's start)."
     )
     unexplained_loss_step: int | None = Field(
-        None, description="The step during which the sandbox was last lost with no cause found, until a "
+        None,
+        description="The step during which the sandbox was last lost with no cause found, until a "
         "sandbox call succeeds: losing it there again after the restore is the agent's doing.",
     )
 
@@ -152,14 +176,18 @@ class TrajectoryProgress(_Model):
     recent_decisions: list[DecisionRecord] = Field(description="The latest ones; all are in the log.")
     predictor_error: dict[str, float | None]
     sandbox: SandboxHandle | None
-    node_queue: str | None = Field(None, description="The rollout node that served the latest turn (its queue).")
+    node_queue: str | None = Field(
+        None, description="The rollout node that served the latest turn (its queue)."
+    )
 
 
 class SandboxBreak(_Model):
     """The agent's own actions brought its sandbox down: the policy's failure (reward 0),
     never recovered nor retried into another verdict."""
 
-    step: int = Field(ge=0, description="The step whose action (or check) was running when the sandbox was lost.")
+    step: int = Field(
+        ge=0, description="The step whose action (or check) was running when the sandbox was lost."
+    )
     cause: Literal["oom", "pid1-exited", "reproduced"] = Field(
         description="oom: the OOM killer of the sandbox's own memory limit killed PID 1; pid1-exited: PID 1 "
         "ended by itself, nothing outside stopped it; reproduced: no cause was found, and the same action "
@@ -187,8 +215,9 @@ class TrajectoryResult(_Model):
     recoveries: list[RecoveryRecord]
     checkpoints: int
     log: TrajectoryLogRef | None = Field(
-        None, description="Steps, every checkpoint decision and recovery, in the object store "
-        "(belayer.trajectory_log.read_steps / read_decisions / read_recoveries)."
+        None,
+        description="Steps, every checkpoint decision and recovery, in the object store "
+        "(belayer.trajectory_log.read_steps / read_decisions / read_recoveries).",
     )
     sandbox_broken: SandboxBreak | None = Field(
         None, description="failed_policy because the agent broke its own sandbox: at which step, and how."

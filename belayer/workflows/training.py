@@ -84,12 +84,18 @@ RUN_KEY = SearchAttributeKey.for_keyword("BelayerRun")
 ITERATION_KEY = SearchAttributeKey.for_int("BelayerIteration")
 
 TRAINER_RETRY = RetryPolicy(
-    initial_interval=timedelta(seconds=1), backoff_coefficient=2, maximum_interval=timedelta(seconds=30),
-    maximum_attempts=20, non_retryable_error_types=[CORRUPT_SAMPLE, BAD_TRAIN_REQUEST],
+    initial_interval=timedelta(seconds=1),
+    backoff_coefficient=2,
+    maximum_interval=timedelta(seconds=30),
+    maximum_attempts=20,
+    non_retryable_error_types=[CORRUPT_SAMPLE, BAD_TRAIN_REQUEST],
 )
 PUBLISH_RETRY = RetryPolicy(
-    initial_interval=timedelta(seconds=1), backoff_coefficient=2, maximum_interval=timedelta(seconds=30),
-    maximum_attempts=10, non_retryable_error_types=[STALE_WEIGHTS_VERSION, CORRUPT_WEIGHTS, MODEL_NOT_BUILT],
+    initial_interval=timedelta(seconds=1),
+    backoff_coefficient=2,
+    maximum_interval=timedelta(seconds=30),
+    maximum_attempts=10,
+    non_retryable_error_types=[STALE_WEIGHTS_VERSION, CORRUPT_WEIGHTS, MODEL_NOT_BUILT],
 )
 # The trainer heartbeats every second while it steps: a dead one is noticed within this.
 TRAINER_HEARTBEAT = timedelta(seconds=20)
@@ -121,10 +127,17 @@ class TrainingWorkflow:
     @workflow.query(name="progress")
     def progress(self) -> TrainingProgress:
         return TrainingProgress(
-            run_id=self.input.run_id, status=self.status, iteration=self.state.iteration,
-            iterations=self.input.iterations, phase=self.phase, members_done=self.members_done,
-            members_total=self.members_total, running=sorted(self.running), serving_version=self.state.serving_version,
-            recent=self.state.recent, log=self.state.log,
+            run_id=self.input.run_id,
+            status=self.status,
+            iteration=self.state.iteration,
+            iterations=self.input.iterations,
+            phase=self.phase,
+            members_done=self.members_done,
+            members_total=self.members_total,
+            running=sorted(self.running),
+            serving_version=self.state.serving_version,
+            recent=self.state.recent,
+            log=self.state.log,
         )
 
     @workflow.run
@@ -134,9 +147,13 @@ class TrainingWorkflow:
                 await self._start()
             while self.state.iteration < input.iterations:
                 if self._should_continue_as_new():
-                    workflow.continue_as_new(input.model_copy(update={
-                        "carried": self.state.model_copy(update={"runs": self.state.runs + 1}),
-                    }))
+                    workflow.continue_as_new(
+                        input.model_copy(
+                            update={
+                                "carried": self.state.model_copy(update={"runs": self.state.runs + 1}),
+                            }
+                        )
+                    )
                 await self._iteration(self.state.iteration)
         except RunFailure as failure:
             self.status = "failed_infra"
@@ -154,20 +171,25 @@ class TrainingWorkflow:
         or have been built from another model than the run's (say `tiny`, for a `tiny-warm` run),
         so the first iteration samples exactly the trainer's start."""
         log = await self._record_activity(
-            START_RUN_LOG, StartRunLogArgs(run_id=self.input.run_id),
+            START_RUN_LOG,
+            StartRunLogArgs(run_id=self.input.run_id),
             summary="create the run's iteration log",
         )
         versions = await asyncio.gather(*(self._node_version(queue) for queue in self.input.queues.nodes))
         serving = max(versions) + 1
-        await self._publish(serving, weights=None, model=self.input.model, summary=f"the built {self.input.model}")
+        await self._publish(
+            serving, weights=None, model=self.input.model, summary=f"the built {self.input.model}"
+        )
         self.state = self.state.model_copy(update={"log": log, "serving_version": serving})
 
     async def _node_version(self, queue: str) -> int:
         try:
             return await WEIGHTS_VERSION.execute(
                 task_queue=queue,
-                schedule_to_start_timeout=NO_WORKER_AFTER, start_to_close_timeout=timedelta(seconds=30),
-                retry_policy=STORAGE_RETRY, summary=f"weights version served by {queue}",
+                schedule_to_start_timeout=NO_WORKER_AFTER,
+                start_to_close_timeout=timedelta(seconds=30),
+                retry_policy=STORAGE_RETRY,
+                summary=f"weights version served by {queue}",
             )
         except ActivityError as err:
             raise RunFailure(f"rollout node queue {queue} does not answer: {cause_of(err)}") from None
@@ -196,21 +218,37 @@ class TrainingWorkflow:
         version = step.checkpoint.weights_version
         await self._publish(version, weights=step.checkpoint.weights, summary=f"iteration {iteration}")
         published = workflow.now()
-        record = self._record(iteration, tasks, groups, heldout, dropped + step.skipped, step, times=(
-            (rolled_out - began).total_seconds(), (trained - rolled_out).total_seconds(),
-            (published - trained).total_seconds(), (published - self.state.started_at).total_seconds(),
-        ))
+        record = self._record(
+            iteration,
+            tasks,
+            groups,
+            heldout,
+            dropped + step.skipped,
+            step,
+            times=(
+                (rolled_out - began).total_seconds(),
+                (trained - rolled_out).total_seconds(),
+                (published - trained).total_seconds(),
+                (published - self.state.started_at).total_seconds(),
+            ),
+        )
         await self._record_activity(
             RECORD_ITERATION,
-            RecordIterationArgs(log=self.state.log, position=iteration + 1, record=record.model_dump(mode="json")),
+            RecordIterationArgs(
+                log=self.state.log, position=iteration + 1, record=record.model_dump(mode="json")
+            ),
             summary=f"record iteration {iteration}",
         )
         workflow.set_current_details(_details(record))
-        self.state = self.state.model_copy(update={
-            "iteration": iteration + 1, "checkpoint": step.checkpoint, "serving_version": version,
-            "log": RecordLogRef(key=self.state.log.key, length=iteration + 1),
-            "recent": [*self.state.recent, record][-RECENT_RECORDS:],
-        })
+        self.state = self.state.model_copy(
+            update={
+                "iteration": iteration + 1,
+                "checkpoint": step.checkpoint,
+                "serving_version": version,
+                "log": RecordLogRef(key=self.state.log.key, length=iteration + 1),
+                "recent": [*self.state.recent, record][-RECENT_RECORDS:],
+            }
+        )
 
     def _pick_tasks(self, iteration: int) -> list[Task]:
         """`tasks_per_iteration` distinct tasks, ranked by a hash of (seed, iteration, id)."""
@@ -224,7 +262,9 @@ class TrainingWorkflow:
         starts: list[ForkStart | None] = [None] * size
         record = replaced = None
         if self.input.fork_groups:
-            ids = [self._trajectory_id(iteration, task, member, prefix="", attempt=0) for member in range(size)]
+            ids = [
+                self._trajectory_id(iteration, task, member, prefix="", attempt=0) for member in range(size)
+            ]
             kept = self.state.origins.get(task.id) if self.input.reuse_setup else None
             record, starts = await prepare_group(self._group_id(iteration, task), task, ids,
                                                  self.input.queues.trajectories, reuse=kept)  # fmt: skip
@@ -232,9 +272,14 @@ class TrainingWorkflow:
             if self.input.reuse_setup and record.origin is not None and record.reused_from is None:
                 replaced = self._keep_origin(task.id, record)
         try:
-            return list(await asyncio.gather(*(
-                self._member(iteration, task, member, prefix="", start=starts[member]) for member in range(size)
-            )))
+            return list(
+                await asyncio.gather(
+                    *(
+                        self._member(iteration, task, member, prefix="", start=starts[member])
+                        for member in range(size)
+                    )
+                )
+            )
         finally:
             for done in [record if not self.input.reuse_setup else None, replaced]:
                 if done is not None:
@@ -254,9 +299,11 @@ class TrainingWorkflow:
         self.state = self.state.model_copy(update={"origins": {}})
 
     async def _heldout(self, iteration: int) -> list[MemberOutcome]:
-        return list(await asyncio.gather(*(
-            self._member(iteration, task, 0, prefix="heldout-") for task in self.input.heldout
-        )))
+        return list(
+            await asyncio.gather(
+                *(self._member(iteration, task, 0, prefix="heldout-") for task in self.input.heldout)
+            )
+        )
 
     def _trajectory_id(self, iteration: int, task: Task, member: int, *, prefix: str, attempt: int) -> str:
         return f"{self.input.run_id}-i{iteration:05d}-{prefix}{task.id}-m{member}-a{attempt}"
@@ -281,8 +328,13 @@ class TrainingWorkflow:
                     self.running.discard(trajectory_id)
             recovery_s += sum(r.time_lost_s for r in result.recoveries)
             outcome = MemberOutcome(
-                trajectory_id=trajectory_id, status=result.status, reward=result.reward,
-                attempts=attempt + 1, reason=result.reason, context=result.context, recovery_s=recovery_s,
+                trajectory_id=trajectory_id,
+                status=result.status,
+                reward=result.reward,
+                attempts=attempt + 1,
+                reason=result.reason,
+                context=result.context,
+                recovery_s=recovery_s,
             )
             if result.status != "failed_infra":
                 break
@@ -293,49 +345,78 @@ class TrainingWorkflow:
                           start: ForkStart | None) -> TrajectoryResult:  # fmt: skip
         """The child trajectory's result; a child that fails outright counts as failed_infra."""
         input = TrajectoryInput(
-            trajectory_id=trajectory_id, task=task,
+            trajectory_id=trajectory_id,
+            task=task,
             sampling=Sampling(temperature=self.input.temperature, seed=seed),
-            policy=self.input.policy, queues=self.input.queues.trajectories,
-            max_total_tokens=self.input.max_total_tokens, max_recoveries=self.input.max_recoveries,
+            policy=self.input.policy,
+            queues=self.input.queues.trajectories,
+            max_total_tokens=self.input.max_total_tokens,
+            max_recoveries=self.input.max_recoveries,
             start_from=start,
         )
         return await run_member(
-            input, task_queue=self.input.queues.workflows, summary=f"iteration {iteration}: {task.id}",
-            search_attributes=TypedSearchAttributes([
-                SearchAttributePair(TASK_KEY, task.id), SearchAttributePair(STATUS_KEY, "running"),
-                SearchAttributePair(RUN_KEY, self.input.run_id), SearchAttributePair(ITERATION_KEY, iteration),
-            ]),
+            input,
+            task_queue=self.input.queues.workflows,
+            summary=f"iteration {iteration}: {task.id}",
+            search_attributes=TypedSearchAttributes(
+                [
+                    SearchAttributePair(TASK_KEY, task.id),
+                    SearchAttributePair(STATUS_KEY, "running"),
+                    SearchAttributePair(RUN_KEY, self.input.run_id),
+                    SearchAttributePair(ITERATION_KEY, iteration),
+                ]
+            ),
         )
 
-    def _batch(self, tasks: list[Task], groups: list[list[MemberOutcome]]) -> tuple[list[TrainSample], list[SkippedGroup]]:
+    def _batch(
+        self, tasks: list[Task], groups: list[list[MemberOutcome]]
+    ) -> tuple[list[TrainSample], list[SkippedGroup]]:
         """Complete groups with their advantages; an incomplete group is dropped whole."""
         samples, dropped = [], []
         for task, members in zip(tasks, groups, strict=True):
             lost = [m for m in members if m.status == "failed_infra"]
             if lost:
-                dropped.append(SkippedGroup(group=task.id, reason=(
-                    f"{len(lost)} of {len(members)} members failed_infra after "
-                    f"{self.input.max_infra_retries} retries: {lost[0].reason[:200]}"
-                )))
+                dropped.append(
+                    SkippedGroup(
+                        group=task.id,
+                        reason=(
+                            f"{len(lost)} of {len(members)} members failed_infra after "
+                            f"{self.input.max_infra_retries} retries: {lost[0].reason[:200]}"
+                        ),
+                    )
+                )
                 continue
             advantages = self.algorithm.advantages([m.reward for m in members])
             for member, advantage in zip(members, advantages, strict=True):
-                samples.append(TrainSample(
-                    trajectory_id=member.trajectory_id, group=task.id, context=member.context, advantage=advantage,
-                ))
+                samples.append(
+                    TrainSample(
+                        trajectory_id=member.trajectory_id,
+                        group=task.id,
+                        context=member.context,
+                        advantage=advantage,
+                    )
+                )
         return samples, dropped
 
     async def _train(self, iteration: int, samples: list[TrainSample]) -> TrainStepResult:
         args = TrainStepArgs(
-            run_id=self.input.run_id, iteration=iteration, model=self.input.model, base=self.state.checkpoint,
-            samples=samples, settings=self.input.trainer,
-            sampled_version=self.state.serving_version, weights_version=self.state.serving_version + 1,
+            run_id=self.input.run_id,
+            iteration=iteration,
+            model=self.input.model,
+            base=self.state.checkpoint,
+            samples=samples,
+            settings=self.input.trainer,
+            sampled_version=self.state.serving_version,
+            weights_version=self.state.serving_version + 1,
         )
         try:
             return await TRAIN_STEP.execute(
-                args, task_queue=self.input.queues.trainer,
-                schedule_to_start_timeout=NO_WORKER_AFTER, start_to_close_timeout=timedelta(hours=2),
-                heartbeat_timeout=TRAINER_HEARTBEAT, retry_policy=TRAINER_RETRY,
+                args,
+                task_queue=self.input.queues.trainer,
+                schedule_to_start_timeout=NO_WORKER_AFTER,
+                start_to_close_timeout=timedelta(hours=2),
+                heartbeat_timeout=TRAINER_HEARTBEAT,
+                retry_policy=TRAINER_RETRY,
                 summary=f"iteration {iteration}: {self.algorithm.name.upper()} step on {len(samples)} trajectories",
             )
         except ActivityError as err:
@@ -350,31 +431,51 @@ class TrainingWorkflow:
         version = args.version
         try:
             return await PUBLISH_WEIGHTS.execute(
-                args, task_queue=queue,
-                schedule_to_start_timeout=NO_WORKER_AFTER, start_to_close_timeout=timedelta(minutes=10),
-                heartbeat_timeout=timedelta(seconds=30), retry_policy=PUBLISH_RETRY,
+                args,
+                task_queue=queue,
+                schedule_to_start_timeout=NO_WORKER_AFTER,
+                start_to_close_timeout=timedelta(minutes=10),
+                heartbeat_timeout=timedelta(seconds=30),
+                retry_policy=PUBLISH_RETRY,
                 summary=f"publish weights v{version} ({summary}) to {queue}",
             )
         except ActivityError as err:
             raise RunFailure(f"publishing weights v{version} to {queue} failed: {cause_of(err)}") from None
 
-    def _record(self, iteration, tasks, groups, heldout, dropped, step: TrainStepResult, *, times) -> IterationRecord:
+    def _record(
+        self, iteration, tasks, groups, heldout, dropped, step: TrainStepResult, *, times
+    ) -> IterationRecord:
         dropped_names = {d.group for d in dropped}
-        kept = [m.reward for task, members in zip(tasks, groups, strict=True) if task.id not in dropped_names
-                for m in members]
+        kept = [
+            m.reward
+            for task, members in zip(tasks, groups, strict=True)
+            if task.id not in dropped_names
+            for m in members
+        ]
         evaluated = [m.reward for m in heldout if m.reward is not None]
         rollout_s, train_s, publish_s, elapsed_s = times
         return IterationRecord(
-            iteration=iteration, tasks=[t.id for t in tasks],
+            iteration=iteration,
+            tasks=[t.id for t in tasks],
             rewards=[[m.reward for m in members] for members in groups],
             mean_reward=sum(kept) / len(kept) if kept else None,
             heldout_reward=sum(evaluated) / len(evaluated) if evaluated else None,
-            groups_kept=len(tasks) - len(dropped_names), groups_dropped=len(dropped_names), dropped=dropped,
+            groups_kept=len(tasks) - len(dropped_names),
+            groups_dropped=len(dropped_names),
+            dropped=dropped,
             infra_retries=sum(m.attempts - 1 for members in [*groups, heldout] for m in members),
-            weights_version=step.checkpoint.weights_version, weights_sha256=step.weights_sha256,
-            checkpoint=step.checkpoint, loss=step.loss, kl=step.kl, clip_fraction=step.clip_fraction,
-            trained_tokens=step.trained_tokens, trainer_resumed_from=step.resumed_from,
-            rollout_s=rollout_s, train_s=train_s, publish_s=publish_s, elapsed_s=elapsed_s,
+            weights_version=step.checkpoint.weights_version,
+            weights_sha256=step.weights_sha256,
+            checkpoint=step.checkpoint,
+            loss=step.loss,
+            kl=step.kl,
+            clip_fraction=step.clip_fraction,
+            trained_tokens=step.trained_tokens,
+            trainer_resumed_from=step.resumed_from,
+            rollout_s=rollout_s,
+            train_s=train_s,
+            publish_s=publish_s,
+            elapsed_s=elapsed_s,
             recovery_s=sum(m.recovery_s for members in [*groups, heldout] for m in members),
             group_sandboxes=sorted(self.group_records, key=lambda r: r.group),
         )
@@ -383,13 +484,19 @@ class TrainingWorkflow:
 
     def _should_continue_as_new(self) -> bool:
         done_this_run = self.state.iteration - self.first_iteration_of_run
-        return done_this_run >= self.input.continue_as_new_every or workflow.info().is_continue_as_new_suggested()
+        return (
+            done_this_run >= self.input.continue_as_new_every
+            or workflow.info().is_continue_as_new_suggested()
+        )
 
     async def _record_activity(self, activity: Activity, args, *, summary):
         try:
             return await activity.execute(
-                args, task_queue=self.input.queues.workflows,
-                start_to_close_timeout=timedelta(seconds=60), retry_policy=STORAGE_RETRY, summary=summary,
+                args,
+                task_queue=self.input.queues.workflows,
+                start_to_close_timeout=timedelta(seconds=60),
+                retry_policy=STORAGE_RETRY,
+                summary=summary,
             )
         except ActivityError as err:
             raise RunFailure(f"{activity.name} failed: {cause_of(err)}") from None
@@ -397,8 +504,12 @@ class TrainingWorkflow:
     def _result(self, reason: str = "") -> TrainingResult:
         checkpoint = self.state.checkpoint
         return TrainingResult(
-            run_id=self.input.run_id, status=self.status, reason=reason, iterations_done=self.state.iteration,
-            final_weights_sha256=checkpoint.weights.sha256 if checkpoint else None, checkpoint=checkpoint,
+            run_id=self.input.run_id,
+            status=self.status,
+            reason=reason,
+            iterations_done=self.state.iteration,
+            final_weights_sha256=checkpoint.weights.sha256 if checkpoint else None,
+            checkpoint=checkpoint,
             log=self.state.log,
         )
 
@@ -407,8 +518,10 @@ def _details(record: IterationRecord) -> str:
     """What the web UI shows as the run's current details: the latest iteration."""
     reward = "-" if record.mean_reward is None else f"{record.mean_reward:.3f}"
     heldout = "" if record.heldout_reward is None else f", held-out {record.heldout_reward:.3f}"
-    return (f"iteration {record.iteration} done: reward {reward}{heldout}, groups {record.groups_kept} kept / "
-            f"{record.groups_dropped} dropped, weights v{record.weights_version} {record.weights_sha256[:12]}")
+    return (
+        f"iteration {record.iteration} done: reward {reward}{heldout}, groups {record.groups_kept} kept / "
+        f"{record.groups_dropped} dropped, weights v{record.weights_version} {record.weights_sha256[:12]}"
+    )
 
 
 def _digest(*parts) -> int:

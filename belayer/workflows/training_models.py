@@ -36,7 +36,8 @@ class TrainingQueues(_Model):
     workflows: str = Field("belayer-workflows", description="Queue of the child trajectory workflows.")
     trainer: str = Field("belayer-trainer", description="Queue of the trainer worker.")
     nodes: list[str] = Field(
-        min_length=1, description="Every rollout node's own queue: each new weights version is published to all."
+        min_length=1,
+        description="Every rollout node's own queue: each new weights version is published to all.",
     )
 
 
@@ -46,7 +47,8 @@ class TrainingInput(_Model):
     run_id: str = Field(min_length=1, max_length=80, pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]*$")
     tasks: list[Task] = Field(min_length=1, description="The tasks iterations draw from.")
     heldout: list[Task] = Field(
-        default_factory=list, description="Evaluated once per iteration (one trajectory each, never trained on)."
+        default_factory=list,
+        description="Evaluated once per iteration (one trajectory each, never trained on).",
     )
     model: str = Field(description="The project-built model the engines serve and the trainer starts from.")
     iterations: int = Field(ge=1, le=1_000_000)
@@ -58,20 +60,28 @@ class TrainingInput(_Model):
     policy: PolicyConfig = PolicyConfig()
     max_total_tokens: int = Field(2048, ge=1)
     max_recoveries: int = Field(
-        8, ge=0, le=64, description="Sandbox recoveries per trajectory (0: a lost sandbox ends it failed_infra, "
-        "and the member restarts from its first turn: what a loop without environment fault tolerance does)."
+        8,
+        ge=0,
+        le=64,
+        description="Sandbox recoveries per trajectory (0: a lost sandbox ends it failed_infra, "
+        "and the member restarts from its first turn: what a loop without environment fault tolerance does).",
     )
     max_infra_retries: int = Field(
-        2, ge=0, le=16, description="Fresh trajectories (same seed) after a member ends failed_infra; "
-        "a group still incomplete after them is dropped whole."
+        2,
+        ge=0,
+        le=16,
+        description="Fresh trajectories (same seed) after a member ends failed_infra; "
+        "a group still incomplete after them is dropped whole.",
     )
     concurrency: int = Field(8, ge=1, le=4096, description="Trajectories running at once.")
     fork_groups: bool = Field(
-        True, description="Fork each group's sandboxes from one set-up sandbox (belayer/workflows/groups.py); "
+        True,
+        description="Fork each group's sandboxes from one set-up sandbox (belayer/workflows/groups.py); "
         "off: every member creates and sets up its own.",
     )
     reuse_setup: bool = Field(
-        True, description="With fork_groups: later iterations fork a task's set-up checkpoint again instead of "
+        True,
+        description="With fork_groups: later iterations fork a task's set-up checkpoint again instead of "
         "running its setup anew (its members then start from the very same state every iteration).",
     )
     queues: TrainingQueues
@@ -96,7 +106,9 @@ class MemberOutcome(_Model):
     reward: float | None
     attempts: int
     reason: str = ""
-    context: PrefixRef | None = Field(None, description="The trajectory's token log (None when failed_infra).")
+    context: PrefixRef | None = Field(
+        None, description="The trajectory's token log (None when failed_infra)."
+    )
     recovery_s: float = Field(0.0, description="Time its recoveries lost, over all attempts.")
 
 
@@ -123,11 +135,17 @@ class IterationRecord(_Model):
     rollout_s: float
     train_s: float
     publish_s: float
-    recovery_s: float = Field(0.0, description="Time recoveries lost, summed over the iteration's trajectories "
-                              "(they run side by side, so it can exceed rollout_s).")
-    elapsed_s: float = Field(0.0, description="Seconds from the run's start to this record (the curve's x axis).")
+    recovery_s: float = Field(
+        0.0,
+        description="Time recoveries lost, summed over the iteration's trajectories "
+        "(they run side by side, so it can exceed rollout_s).",
+    )
+    elapsed_s: float = Field(
+        0.0, description="Seconds from the run's start to this record (the curve's x axis)."
+    )
     group_sandboxes: list[GroupRecord] = Field(
-        default_factory=list, description="How each group's members got their sandboxes (forks of one set-up "
+        default_factory=list,
+        description="How each group's members got their sandboxes (forks of one set-up "
         "sandbox, or their own) and what it took.",
     )
 
@@ -136,14 +154,21 @@ class TrainingState(_Model):
     """The run's whole memory; carried across continue-as-new."""
 
     iteration: int = Field(0, description="The next iteration to run.")
-    checkpoint: TrainerCheckpointRef | None = Field(None, description="The latest trainer state (None: built model).")
+    checkpoint: TrainerCheckpointRef | None = Field(
+        None, description="The latest trainer state (None: built model)."
+    )
     serving_version: int = Field(1, description="The weights version every node serves now.")
     log: RecordLogRef | None = None
-    recent: list[IterationRecord] = Field(default_factory=list, description=f"The last {RECENT_RECORDS} records.")
+    recent: list[IterationRecord] = Field(
+        default_factory=list, description=f"The last {RECENT_RECORDS} records."
+    )
     runs: int = 1
-    started_at: datetime | None = Field(None, description="When the run's first iteration began (workflow time).")
+    started_at: datetime | None = Field(
+        None, description="When the run's first iteration began (workflow time)."
+    )
     origins: dict[str, GroupRecord] = Field(
-        default_factory=dict, description="Per task, the group whose set-up checkpoint later groups fork "
+        default_factory=dict,
+        description="Per task, the group whose set-up checkpoint later groups fork "
         "(`reuse_setup`); deleted when the run ends.",
     )
 
@@ -171,7 +196,9 @@ class TrainingResult(_Model):
     iterations_done: int
     final_weights_sha256: str | None
     checkpoint: TrainerCheckpointRef | None
-    log: RecordLogRef | None = Field(description="Every iteration's record (`belayer.training.read_iterations`).")
+    log: RecordLogRef | None = Field(
+        description="Every iteration's record (`belayer.training.read_iterations`)."
+    )
 
 
 TrainingInput.model_rebuild()

@@ -94,7 +94,8 @@ STATUS_KEY = SearchAttributeKey.for_keyword("BelayerStatus")
 CHECKPOINTS_KEPT = 3
 
 SANDBOX_RETRY = RetryPolicy(
-    initial_interval=timedelta(seconds=1), maximum_attempts=3,
+    initial_interval=timedelta(seconds=1),
+    maximum_attempts=3,
     non_retryable_error_types=sorted(SANDBOX_LOST),
 )
 ENGINE_RETRY = RetryPolicy(initial_interval=timedelta(seconds=1), maximum_attempts=6)
@@ -105,8 +106,11 @@ SHARED_SCHEDULE_TO_START = timedelta(minutes=5)
 AFFINITY_SCHEDULE_TO_START = timedelta(seconds=10)
 # A node from before `LAST_APPEND_PATCH` does not have the append: the workflow's own
 # worker appends at once instead of retrying it there.
-NODE_APPEND_RETRY = RetryPolicy(initial_interval=timedelta(seconds=1), maximum_attempts=3,
-                                non_retryable_error_types=[ACTIVITY_NOT_REGISTERED])
+NODE_APPEND_RETRY = RetryPolicy(
+    initial_interval=timedelta(seconds=1),
+    maximum_attempts=3,
+    non_retryable_error_types=[ACTIVITY_NOT_REGISTERED],
+)
 # Both sides heartbeat about every second: a dead worker is noticed within these.
 GENERATE_HEARTBEAT = timedelta(seconds=10)
 SANDBOX_HEARTBEAT = timedelta(seconds=15)
@@ -141,7 +145,8 @@ SANDBOX_BROKEN_BY_AGENT_PATCH = "sandbox-broken-by-its-agent-fails-the-policy"
 PLACEMENT_TRIES = 3
 ROOM_WAIT = timedelta(seconds=5)
 PLACED_RETRY = RetryPolicy(
-    initial_interval=timedelta(seconds=1), maximum_attempts=3,
+    initial_interval=timedelta(seconds=1),
+    maximum_attempts=3,
     non_retryable_error_types=sorted(SANDBOX_LOST | HOST_REFUSED),
 )
 
@@ -265,21 +270,30 @@ class TrajectoryWorkflow:
         if start is not None:
             started = await self._context_activity(
                 FORK_CONTEXT,
-                ForkContextArgs(log_key=self._log_key(), trajectory_id=self.input.trajectory_id,
-                                steps_key=self._steps_key(), prefix=start.prompt),
+                ForkContextArgs(
+                    log_key=self._log_key(),
+                    trajectory_id=self.input.trajectory_id,
+                    steps_key=self._steps_key(),
+                    prefix=start.prompt,
+                ),
                 summary=f"fork the token log of group {start.parent}'s prompt",
             )
         else:
             instruction = self._driver.instruction(self.input.task)
             started = await self._context_activity(
                 START_CONTEXT,
-                StartContextArgs(log_key=self._log_key(), trajectory_id=self.input.trajectory_id,
-                                 steps_key=self._steps_key(), instruction=instruction),
+                StartContextArgs(
+                    log_key=self._log_key(),
+                    trajectory_id=self.input.trajectory_id,
+                    steps_key=self._steps_key(),
+                    instruction=instruction,
+                ),
                 summary="tokenize the prompt into a new token log",
             )
         self.state.context = started.prefix
         self.state.log = TrajectoryLogRef(
-            trajectory_id=self.input.trajectory_id, steps=RecordLogRef(key=self._steps_key(), length=0),
+            trajectory_id=self.input.trajectory_id,
+            steps=RecordLogRef(key=self._steps_key(), length=0),
         )
 
     async def _create_sandbox(self):
@@ -308,21 +322,30 @@ class TrajectoryWorkflow:
         at = start.at_step
         forked = await self._context_activity(
             FORK_CONTEXT,
-            ForkContextArgs(log_key=self._log_key(), trajectory_id=self.input.trajectory_id,
-                            steps_key=self._steps_key(), prefix=at.context_after_action,
-                            steps_from=RecordLogRef(key=start.steps.key, length=at.step - 1)),
+            ForkContextArgs(
+                log_key=self._log_key(),
+                trajectory_id=self.input.trajectory_id,
+                steps_key=self._steps_key(),
+                prefix=at.context_after_action,
+                steps_from=RecordLogRef(key=start.steps.key, length=at.step - 1),
+            ),
             summary=f"fork {start.parent}'s token and step logs at step {at.step}",
         )
         self.state.step = self.state.generations = at.step
         self.state.context = forked.prefix
         self.state.log = TrajectoryLogRef(
-            trajectory_id=self.input.trajectory_id, steps=RecordLogRef(key=self._steps_key(), length=at.step - 1),
+            trajectory_id=self.input.trajectory_id,
+            steps=RecordLogRef(key=self._steps_key(), length=at.step - 1),
         )
         self.state.checkpoints = list(start.checkpoints)
         # Not started yet: `recover` restores a checkpoint of another lineage as a fork with
         # this id, or creates it and replays from the start.
-        self.state.sandbox = SandboxHandle(sandbox_id=f"sbx-{workflow.uuid4().hex[:12]}",
-                                           host_queue=self.input.queues.sandbox, generation=0, container="")
+        self.state.sandbox = SandboxHandle(
+            sandbox_id=f"sbx-{workflow.uuid4().hex[:12]}",
+            host_queue=self.input.queues.sandbox,
+            generation=0,
+            container="",
+        )
         self.state.sandbox_pending = f"branch of {start.parent} after step {at.step}"
         await self._append_observation(at)
 
@@ -346,18 +369,25 @@ class TrajectoryWorkflow:
         self.state.step += 1
         action = Action(trajectory=self.input.trajectory_id, step=self.state.step, command=command)
         executed = await self._on_sandbox(
-            sandbox.EXEC, lambda handle: ExecArgs(handle=handle, action=action),
+            sandbox.EXEC,
+            lambda handle: ExecArgs(handle=handle, action=action),
             summary=f"step {action.step}: {_first_line(command)}",
         )
-        await self._record_step(StepRecord(
-            step=action.step, command=command, observation=executed.observation,
-            context_after_action=generation.prefix,
-        ))
+        await self._record_step(
+            StepRecord(
+                step=action.step,
+                command=command,
+                observation=executed.observation,
+                context_after_action=generation.prefix,
+            )
+        )
 
     async def _record_step(self, record: StepRecord) -> None:
         """Log an executed step (or the step a cut rewrote) and append its observation."""
         self.state.policy.observe_action(record.observation.duration_s)
-        self._maybe_checkpoint(record.context_after_action, storing_step=await self._checkpoint_still_storing())
+        self._maybe_checkpoint(
+            record.context_after_action, storing_step=await self._checkpoint_still_storing()
+        )
         await self._append_observation(record)
 
     def _action_from(self, generation: GenerateResult) -> str | None:
@@ -411,10 +441,13 @@ class TrajectoryWorkflow:
         if self.state.node_queue:
             try:
                 return await GENERATE.execute(
-                    args, task_queue=self.state.node_queue,
+                    args,
+                    task_queue=self.state.node_queue,
                     schedule_to_start_timeout=AFFINITY_SCHEDULE_TO_START,
-                    start_to_close_timeout=timedelta(minutes=30), heartbeat_timeout=GENERATE_HEARTBEAT,
-                    retry_policy=ENGINE_RETRY, summary=summary + f" on {self.state.node_queue}",
+                    start_to_close_timeout=timedelta(minutes=30),
+                    heartbeat_timeout=GENERATE_HEARTBEAT,
+                    retry_policy=ENGINE_RETRY,
+                    summary=summary + f" on {self.state.node_queue}",
                 )
             except ActivityError as err:
                 if _error_type(err) in (BAD_REQUEST, CORRUPT_PREFIX):
@@ -422,9 +455,12 @@ class TrajectoryWorkflow:
                 self.state.node_queue = None  # that node is gone or stuck: any node will do
         try:
             return await GENERATE.execute(
-                args, task_queue=self.input.queues.rollout,
-                start_to_close_timeout=timedelta(minutes=30), heartbeat_timeout=GENERATE_HEARTBEAT,
-                retry_policy=ENGINE_RETRY, summary=summary,
+                args,
+                task_queue=self.input.queues.rollout,
+                start_to_close_timeout=timedelta(minutes=30),
+                heartbeat_timeout=GENERATE_HEARTBEAT,
+                retry_policy=ENGINE_RETRY,
+                summary=summary,
             )
         except ActivityError as err:
             raise InfraFailure(f"generation failed after retries: {_cause(err)}") from None
@@ -441,8 +477,11 @@ class TrajectoryWorkflow:
         while True:
             try:
                 result = await self._sandbox_activity(
-                    activity, make_args(self.state.sandbox),
-                    queue=self.state.sandbox.host_queue, on_host=True, summary=summary,
+                    activity,
+                    make_args(self.state.sandbox),
+                    queue=self.state.sandbox.host_queue,
+                    on_host=True,
+                    summary=summary,
                 )
             except SandboxLost as lost:
                 self._judge_loss(lost)
@@ -465,10 +504,13 @@ class TrajectoryWorkflow:
         if lost.cause != LOST_UNEXPLAINED:
             return
         if self.state.unexplained_loss_step == step and workflow.patched(SANDBOX_BROKEN_BY_AGENT_PATCH):
-            raise SandboxBroken(SandboxBreak(
-                step=step, cause="reproduced",
-                detail=f"the same action lost the sandbox again after a restore, no cause outside it: {lost.detail}",
-            ))
+            raise SandboxBroken(
+                SandboxBreak(
+                    step=step,
+                    cause="reproduced",
+                    detail=f"the same action lost the sandbox again after a restore, no cause outside it: {lost.detail}",
+                )
+            )
         self.state.unexplained_loss_step = step
 
     async def _recover(self, reason: str, kind: str = "sandbox") -> None:
@@ -480,20 +522,32 @@ class TrajectoryWorkflow:
         await self._settle_checkpoint()
         while True:
             if len(self.state.recoveries) >= self.input.max_recoveries:
-                raise InfraFailure(f"sandbox lost again after {self.input.max_recoveries} recoveries: {reason}")
+                raise InfraFailure(
+                    f"sandbox lost again after {self.input.max_recoveries} recoveries: {reason}"
+                )
             started = workflow.now()
             try:
                 result = await self._on_placed_host(
-                    sandbox.RECOVER, self._recover_args(), key=self.state.sandbox.sandbox_id,
+                    sandbox.RECOVER,
+                    self._recover_args(),
+                    key=self.state.sandbox.sandbox_id,
                     avoid=[self.state.sandbox.host_queue],
                     summary=f"recover sandbox at step {self.state.step}: {reason[:80]}",
                 )
             except (SandboxLost, InfraFailure) as failed:
-                self.state.recoveries.append(RecoveryRecord(
-                    kind=kind, step=self.state.step, reason=reason, source="failed", failed=True,
-                    replayed_steps=0, consistent=False, notes=[str(failed)],
-                    time_lost_s=(workflow.now() - started).total_seconds(),
-                ))
+                self.state.recoveries.append(
+                    RecoveryRecord(
+                        kind=kind,
+                        step=self.state.step,
+                        reason=reason,
+                        source="failed",
+                        failed=True,
+                        replayed_steps=0,
+                        consistent=False,
+                        notes=[str(failed)],
+                        time_lost_s=(workflow.now() - started).total_seconds(),
+                    )
+                )
                 if isinstance(failed, InfraFailure):
                     raise InfraFailure(f"recovery failed: {failed}") from None
                 self._judge_loss(failed)  # a replayed action of the agent's broke the new sandbox
@@ -503,8 +557,13 @@ class TrajectoryWorkflow:
         outcome = result.outcome
         self.state.sandbox = outcome.handle
         record = RecoveryRecord(
-            kind=kind, step=self.state.step, reason=reason, source=outcome.source,
-            replayed_steps=outcome.replayed_steps, consistent=outcome.consistent, notes=outcome.notes,
+            kind=kind,
+            step=self.state.step,
+            reason=reason,
+            source=outcome.source,
+            replayed_steps=outcome.replayed_steps,
+            consistent=outcome.consistent,
+            notes=outcome.notes,
             time_lost_s=(workflow.now() - started).total_seconds(),
         )
         self.state.recoveries.append(record)
@@ -514,9 +573,13 @@ class TrajectoryWorkflow:
     def _recover_args(self) -> RecoverArgs:
         """The host reads the step log itself (commands, observation hashes, the context
         after each action) and replays and verifies from it."""
-        return RecoverArgs(handle=self.state.sandbox, trajectory_id=self.input.trajectory_id,
-                           checkpoints=self.state.checkpoints, steps=self.state.log.steps,
-                           spec=SandboxSpec(setup_commands=self.input.task.setup))
+        return RecoverArgs(
+            handle=self.state.sandbox,
+            trajectory_id=self.input.trajectory_id,
+            checkpoints=self.state.checkpoints,
+            steps=self.state.log.steps,
+            spec=SandboxSpec(setup_commands=self.input.task.setup),
+        )
 
     def _cut_context(self, at: StepRecord, observation: ObservationRef, record: RecoveryRecord) -> StepRecord:
         """Cut after action `at.step`: its new observation replaces the logged one, later
@@ -537,11 +600,14 @@ class TrajectoryWorkflow:
     def _maybe_checkpoint(self, context, storing_step: int | None = None) -> None:
         sandbox_mb = self.state.checkpoints[0].archive_bytes / 2**20 if self.state.checkpoints else 0.0
         next_tokens = self._expected_next_output()
-        decision = self.state.policy.decide(self.state.step, sandbox_mb, next_tokens, storing_step=storing_step)
+        decision = self.state.policy.decide(
+            self.state.step, sandbox_mb, next_tokens, storing_step=storing_step
+        )
         if not decision.checkpointed:
             return
         args = CheckpointArgs(
-            handle=self.state.sandbox, token_prefix_len=context.length,
+            handle=self.state.sandbox,
+            token_prefix_len=context.length,
             token_prefix_sha256=context.sha256,
         )
         pending = PendingCheckpoint(step=self.state.step, decision=self.state.policy.decided, started=workflow.now(),
@@ -556,20 +622,30 @@ class TrajectoryWorkflow:
         (the wait between them is not its work)."""
         queue, step = args.handle.host_queue, pending.step
         if not pending.staged:
-            result = await self._sandbox_activity(sandbox.CHECKPOINT, args, queue=queue, on_host=True,
-                                                  summary=f"checkpoint after step {step}")
+            result = await self._sandbox_activity(
+                sandbox.CHECKPOINT, args, queue=queue, on_host=True, summary=f"checkpoint after step {step}"
+            )
             return result.checkpoint, (workflow.now() - pending.started).total_seconds(), None
         try:
-            capture = await self._sandbox_activity(sandbox.CAPTURE_CHECKPOINT, args, queue=queue, on_host=True,
-                                                   summary=f"capture a checkpoint after step {step}")
+            capture = await self._sandbox_activity(
+                sandbox.CAPTURE_CHECKPOINT,
+                args,
+                queue=queue,
+                on_host=True,
+                summary=f"capture a checkpoint after step {step}",
+            )
         finally:
             pending.captured.set()
         capture_s = (workflow.now() - pending.started).total_seconds()
         await pending.action_started.wait()
         publish_started = workflow.now()
-        result = await self._sandbox_activity(sandbox.PUBLISH_CHECKPOINT, PublishArgs(staged=capture.staged),
-                                              queue=queue, on_host=True,
-                                              summary=f"publish the checkpoint after step {step}")
+        result = await self._sandbox_activity(
+            sandbox.PUBLISH_CHECKPOINT,
+            PublishArgs(staged=capture.staged),
+            queue=queue,
+            on_host=True,
+            summary=f"publish the checkpoint after step {step}",
+        )
         return result.checkpoint, capture_s + (workflow.now() - publish_started).total_seconds(), capture_s
 
     async def _wait_for_capture(self) -> None:
@@ -622,7 +698,9 @@ class TrajectoryWorkflow:
         wait = pending.waited_s + (workflow.now() - waited_from).total_seconds()
         self.state.checkpoints = [checkpoint, *self.state.checkpoints][:CHECKPOINTS_KEPT]
         self.state.policy.observe_checkpoint(
-            CheckpointSample(duration_s=duration, size_mb=checkpoint.archive_bytes / 2**20, capture_s=capture_s),
+            CheckpointSample(
+                duration_s=duration, size_mb=checkpoint.archive_bytes / 2**20, capture_s=capture_s
+            ),
             wait_s=wait,
             decision=pending.decision,
         )
@@ -649,8 +727,12 @@ class TrajectoryWorkflow:
         if log.steps.key != self._steps_key():
             steps_fork_from = RecordLogRef(key=log.steps.key, length=record.step - 1)
         self.pending_observation = AppendObservationArgs(
-            trajectory_id=self.input.trajectory_id, prefix=self.state.context, step=record,
-            steps_key=self._steps_key(), fork_to=fork_to, steps_fork_from=steps_fork_from,
+            trajectory_id=self.input.trajectory_id,
+            prefix=self.state.context,
+            step=record,
+            steps_key=self._steps_key(),
+            fork_to=fork_to,
+            steps_fork_from=steps_fork_from,
             entries=self._unwritten_entries(keep_latest_decision=True),
         )
         if not self._observation_with_generation():
@@ -678,9 +760,12 @@ class TrajectoryWorkflow:
             return None
         try:
             return await APPEND_OBSERVATION.execute(
-                args, task_queue=self.state.node_queue,
-                schedule_to_start_timeout=AFFINITY_SCHEDULE_TO_START, start_to_close_timeout=timedelta(seconds=30),
-                retry_policy=NODE_APPEND_RETRY, summary=f"{summary} on {self.state.node_queue}",
+                args,
+                task_queue=self.state.node_queue,
+                schedule_to_start_timeout=AFFINITY_SCHEDULE_TO_START,
+                start_to_close_timeout=timedelta(seconds=30),
+                retry_policy=NODE_APPEND_RETRY,
+                summary=f"{summary} on {self.state.node_queue}",
             )
         except ActivityError:
             return None
@@ -698,17 +783,25 @@ class TrajectoryWorkflow:
         done = policy.decided - 1 if keep_latest_decision else policy.decided
         if self.pending_checkpoint is not None:  # its decision is complete once it is stored
             done = min(done, self.pending_checkpoint.decision - 1)
-        decisions = [d for n, d in enumerate(policy.decisions, policy.first_held) if log.decisions < n <= done]
-        return LogEntries(decisions_from=log.decisions + 1, decisions=decisions,
-                          recoveries_from=log.recoveries + 1, recoveries=self.state.recoveries[log.recoveries:])
+        decisions = [
+            d for n, d in enumerate(policy.decisions, policy.first_held) if log.decisions < n <= done
+        ]
+        return LogEntries(
+            decisions_from=log.decisions + 1,
+            decisions=decisions,
+            recoveries_from=log.recoveries + 1,
+            recoveries=self.state.recoveries[log.recoveries :],
+        )
 
     def _entries_written(self, entries: LogEntries, *, steps: RecordLogRef | None = None) -> None:
         log = self.state.log
-        self.state.log = log.model_copy(update={
-            "steps": steps or log.steps,
-            "decisions": log.decisions + len(entries.decisions),
-            "recoveries": log.recoveries + len(entries.recoveries),
-        })
+        self.state.log = log.model_copy(
+            update={
+                "steps": steps or log.steps,
+                "decisions": log.decisions + len(entries.decisions),
+                "recoveries": log.recoveries + len(entries.recoveries),
+            }
+        )
         self.state.policy.forget_decisions(self.state.log.decisions)
 
     async def _flush_log(self) -> None:
@@ -718,7 +811,8 @@ class TrajectoryWorkflow:
         entries = self._unwritten_entries(keep_latest_decision=False)
         if entries.decisions or entries.recoveries:
             await self._context_activity(
-                FLUSH_LOG, FlushLogArgs(trajectory_id=self.input.trajectory_id, entries=entries),
+                FLUSH_LOG,
+                FlushLogArgs(trajectory_id=self.input.trajectory_id, entries=entries),
                 summary="write the last decisions and recoveries to the trajectory's log",
             )
             self._entries_written(entries)
@@ -768,8 +862,10 @@ class TrajectoryWorkflow:
         if self.state.stopped or used < budget:
             return None
         if self.state.step == 0:
-            return (f"context budget exhausted before the first turn: the prompt alone is {used} tokens, "
-                    f"the budget {budget} (max_total_tokens; rollout.max_model_len)")
+            return (
+                f"context budget exhausted before the first turn: the prompt alone is {used} tokens, "
+                f"the budget {budget} (max_total_tokens; rollout.max_model_len)"
+            )
         return f"context budget exhausted after {self.state.step} turns: {used} of {budget} tokens"
 
     async def _reward(self, before_recovery: asyncio.Future | None = None) -> float:
@@ -779,17 +875,23 @@ class TrajectoryWorkflow:
         # The check is the trajectory's last action, run apart from the agent's shell (it
         # judges the agent, it must not inherit its state); the journal makes a retried
         # check return the same verdict.
-        action = Action(trajectory=self.input.trajectory_id, step=self.state.step + 1, command=verification.command)
+        action = Action(
+            trajectory=self.input.trajectory_id, step=self.state.step + 1, command=verification.command
+        )
         executed = await self._on_sandbox(
             sandbox.EXEC,
-            lambda handle: ExecArgs(handle=handle, action=action, isolated=True, processes=verification.processes),
-            summary=f"check: {_first_line(verification.command)}", before_recovery=before_recovery,
+            lambda handle: ExecArgs(
+                handle=handle, action=action, isolated=True, processes=verification.processes
+            ),
+            summary=f"check: {_first_line(verification.command)}",
+            before_recovery=before_recovery,
         )
         return 1.0 if executed.observation.exit_code == 0 else 0.0
 
     async def _workspace_hash(self) -> str:
         hashed = await self._on_sandbox(
-            sandbox.WORKSPACE_HASH, lambda handle: WorkspaceHashArgs(handle=handle),
+            sandbox.WORKSPACE_HASH,
+            lambda handle: WorkspaceHashArgs(handle=handle),
             summary="hash /workspace",
         )
         return hashed.sha256
@@ -801,7 +903,9 @@ class TrajectoryWorkflow:
             await self._sandbox_activity(
                 sandbox.DESTROY,
                 DestroyArgs(handle=self.state.sandbox, delete_checkpoints=not self.input.keep_checkpoints),
-                queue=self.state.sandbox.host_queue, on_host=True, summary="destroy sandbox",
+                queue=self.state.sandbox.host_queue,
+                on_host=True,
+                summary="destroy sandbox",
             )
         except (SandboxLost, InfraFailure):
             pass  # the sandbox is gone already; its checkpoints expire with the bucket's lifecycle
@@ -836,24 +940,39 @@ class TrajectoryWorkflow:
                 sandbox_broken: SandboxBreak | None = None) -> TrajectoryResult:  # fmt: skip
         state = self.state
         return TrajectoryResult(
-            trajectory_id=self.input.trajectory_id, task=self.input.task.id, status=status,
-            reason=reason, turns=state.step, tokens=state.context.length if state.context else 0,
-            reward=reward, token_sha256=state.context.sha256 if state.context else None, context=state.context,
-            env_sha256=env_sha256, recoveries=state.recoveries,
-            checkpoints=state.policy.checkpointed, log=state.log, sandbox_broken=sandbox_broken,
+            trajectory_id=self.input.trajectory_id,
+            task=self.input.task.id,
+            status=status,
+            reason=reason,
+            turns=state.step,
+            tokens=state.context.length if state.context else 0,
+            reward=reward,
+            token_sha256=state.context.sha256 if state.context else None,
+            context=state.context,
+            env_sha256=env_sha256,
+            recoveries=state.recoveries,
+            checkpoints=state.policy.checkpointed,
+            log=state.log,
+            sandbox_broken=sandbox_broken,
         )
 
     # ---------------------------------------------------------------- plumbing
 
     def _set_status(self, status: TrajectoryStatus) -> None:
         self.status = status
-        workflow.upsert_search_attributes([
-            TASK_KEY.value_set(self.input.task.id), STATUS_KEY.value_set(status),
-        ])
+        workflow.upsert_search_attributes(
+            [
+                TASK_KEY.value_set(self.input.task.id),
+                STATUS_KEY.value_set(status),
+            ]
+        )
 
     def _should_continue_as_new(self) -> bool:
         steps_this_run = self.state.step - self.first_step_of_run
-        return steps_this_run >= self.input.continue_as_new_every or workflow.info().is_continue_as_new_suggested()
+        return (
+            steps_this_run >= self.input.continue_as_new_every
+            or workflow.info().is_continue_as_new_suggested()
+        )
 
     def _continue_as_new(self) -> None:
         carried = self.state.model_copy(update={"runs": self.state.runs + 1})
@@ -893,9 +1012,11 @@ class TrajectoryWorkflow:
             return None
         try:
             return await sandbox.PLACE.execute(
-                PlaceArgs(key=key, avoid=avoid), task_queue=self.input.queues.sandbox,
+                PlaceArgs(key=key, avoid=avoid),
+                task_queue=self.input.queues.sandbox,
                 start_to_close_timeout=timedelta(seconds=30),
-                schedule_to_start_timeout=SHARED_SCHEDULE_TO_START, retry_policy=STORAGE_RETRY,
+                schedule_to_start_timeout=SHARED_SCHEDULE_TO_START,
+                retry_policy=STORAGE_RETRY,
                 summary=f"place sandbox {key}",
             )
         except ActivityError:
@@ -907,15 +1028,19 @@ class TrajectoryWorkflow:
         does a host that refuses a new sandbox (`HOST_REFUSED`)."""
         try:
             return await activity.execute(
-                args, task_queue=queue,
+                args,
+                task_queue=queue,
                 start_to_close_timeout=timedelta(minutes=10),
                 schedule_to_start_timeout=HOST_SCHEDULE_TO_START if on_host else SHARED_SCHEDULE_TO_START,
                 heartbeat_timeout=SANDBOX_HEARTBEAT,
-                retry_policy=retry, summary=summary,
+                retry_policy=retry,
+                summary=summary,
             )
         except ActivityError as err:
             kind = _error_type(err)
-            if kind in SANDBOX_LOST or (on_host and (kind in {PODMAN_FAILED, *HOST_REFUSED} or _timed_out(err))):
+            if kind in SANDBOX_LOST or (
+                on_host and (kind in {PODMAN_FAILED, *HOST_REFUSED} or _timed_out(err))
+            ):
                 raise SandboxLost(f"{kind or 'host timeout'}: {_cause(err)}", **_loss_found(err)) from None
             raise InfraFailure(f"{activity.name} failed: {_cause(err)}") from None
 
@@ -924,8 +1049,11 @@ class TrajectoryWorkflow:
         last log entries): local unless the input's queues say otherwise, so it costs no
         round trip of its own. Histories from before `OBSERVATION_WITH_GENERATION_PATCH`
         replay as activities on the context queue."""
-        options = {"start_to_close_timeout": timedelta(seconds=30), "retry_policy": STORAGE_RETRY,
-                   "summary": summary}
+        options = {
+            "start_to_close_timeout": timedelta(seconds=30),
+            "retry_policy": STORAGE_RETRY,
+            "summary": summary,
+        }
         try:
             if self.input.queues.context_local and self._observation_with_generation():
                 return await activity.execute_local(args, **options)
@@ -955,8 +1083,11 @@ def _loss_found(err: ActivityError) -> dict:
         return {}
     found = cause.details[0]
     step = found.get("step")
-    return {"cause": found.get("cause"), "step": step if isinstance(step, int) else None,
-            "detail": cause.message[:2000]}
+    return {
+        "cause": found.get("cause"),
+        "step": step if isinstance(step, int) else None,
+        "detail": cause.message[:2000],
+    }
 
 
 def _error_type(err: ActivityError) -> str | None:

@@ -38,12 +38,16 @@ def _validate_options(path: Path, options: dict) -> dict:
     """The training keys beside `tasks:`: the model the tasks were made for, the held-out file."""
     model = options.get("model")
     if model is not None and model not in MODELS:
-        raise WorkloadError(f"{path}: `model: {model}` is not a project-built model; use one of {', '.join(MODELS)}")
+        raise WorkloadError(
+            f"{path}: `model: {model}` is not a project-built model; use one of {', '.join(MODELS)}"
+        )
     heldout = options.get("heldout")
     if heldout is not None:
         heldout = path.parent / str(heldout)
         if not heldout.is_file():
-            raise WorkloadError(f"{path}: `heldout: {options['heldout']}` names no file (looked for {heldout})")
+            raise WorkloadError(
+                f"{path}: `heldout: {options['heldout']}` names no file (looked for {heldout})"
+            )
     return {"model": model, "heldout": heldout}
 
 
@@ -53,10 +57,13 @@ def _read_document(path: Path) -> tuple[list[Any], dict]:
     try:
         text = path.read_text(encoding="utf-8", errors="strict")
     except UnicodeDecodeError as exc:
-        raise WorkloadError(f"{path}: not UTF-8 text (byte {exc.start}): save the workload as UTF-8") from None
+        raise WorkloadError(
+            f"{path}: not UTF-8 text (byte {exc.start}): save the workload as UTF-8"
+        ) from None
     if path.suffix == ".jsonl":
-        return [_parse_json_line(path, n, line) for n, line in enumerate(text.splitlines(), 1)
-                if line.strip()], {}
+        return [
+            _parse_json_line(path, n, line) for n, line in enumerate(text.splitlines(), 1) if line.strip()
+        ], {}
     if path.suffix not in (".yaml", ".yml"):
         raise WorkloadError(f"{path}: unknown workload format {path.suffix!r}; use .yaml, .yml or .jsonl")
     try:
@@ -68,8 +75,10 @@ def _read_document(path: Path) -> tuple[list[Any], dict]:
     if document is None:
         return [], {}
     if not isinstance(document, dict) or "tasks" not in document or set(document) - TOP_LEVEL_KEYS:
-        raise WorkloadError(f"{path}: the top level must be a mapping with `tasks:` (a list) and optionally "
-                            "`model:` and `heldout:`")
+        raise WorkloadError(
+            f"{path}: the top level must be a mapping with `tasks:` (a list) and optionally "
+            "`model:` and `heldout:`"
+        )
     if not isinstance(document["tasks"], list):
         raise WorkloadError(f"{path}: `tasks:` must be a list of tasks")
     return document["tasks"], {k: v for k, v in document.items() if k != "tasks"}
@@ -81,7 +90,9 @@ def _parse_json_line(path: Path, number: int, line: str) -> Any:
     except RecursionError:
         raise WorkloadError(f"{path}:{number}: nested too deeply to be a task") from None
     except json.JSONDecodeError as exc:
-        raise WorkloadError(f"{path}:{number}: not valid JSON ({exc.msg}); one task object per line") from None
+        raise WorkloadError(
+            f"{path}:{number}: not valid JSON ({exc.msg}); one task object per line"
+        ) from None
 
 
 def _validate_task(path: Path, index: int, raw: Any) -> Task:
@@ -111,8 +122,10 @@ def _refuse_unknown_kind(path: Path, task_id: str, raw: Any) -> None:
 
 def _fields_by_kind() -> str:
     """Each registered kind's fields, for the message about a field no kind has."""
-    return "; ".join(f"{driver.kind} tasks take {', '.join(f for f in driver.model.model_fields if f != 'kind')}"
-                     for driver in DRIVERS)
+    return "; ".join(
+        f"{driver.kind} tasks take {', '.join(f for f in driver.model.model_fields if f != 'kind')}"
+        for driver in DRIVERS
+    )
 
 
 def _fix_for(error: dict) -> str:

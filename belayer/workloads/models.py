@@ -31,10 +31,12 @@ class Workload(BaseModel):
 
     tasks: list[Task] = Field(min_length=1)
     model: ModelSize | None = Field(
-        None, description="The project-built model the tasks were made for; `belayer train` starts from it "
-        "(and publishes it into the engines) instead of the stack's served model."
+        None,
+        description="The project-built model the tasks were made for; `belayer train` starts from it "
+        "(and publishes it into the engines) instead of the stack's served model.",
     )
     heldout: Path | None = Field(
-        None, description="A workload of held-out tasks `belayer train` evaluates every iteration "
-        "(relative to this file)."
+        None,
+        description="A workload of held-out tasks `belayer train` evaluates every iteration "
+        "(relative to this file).",
     )

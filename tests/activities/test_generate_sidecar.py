@@ -190,9 +190,19 @@ async def test_a_partial_without_logprobs_starts_the_turn_over(store):
 def an_observed_step(store, trajectory: str, prefix) -> AppendObservationArgs:
     """Step 1 of `trajectory`, its observation stored as the sandbox host stores it, and
     the append that the workflow hands the next generate."""
-    observation = Observation(exit_code=0, stdout="hello from the sandbox", stderr="", stdout_bytes=22,
-                              stderr_bytes=0, truncated=False, binary=False, duration_s=0.01, timed_out=False,
-                              shell_respawned=False, sha256=observation_hash(0, b"hello from the sandbox", b"", False))
+    observation = Observation(
+        exit_code=0,
+        stdout="hello from the sandbox",
+        stderr="",
+        stdout_bytes=22,
+        stderr_bytes=0,
+        truncated=False,
+        binary=False,
+        duration_s=0.01,
+        timed_out=False,
+        shell_respawned=False,
+        sha256=observation_hash(0, b"hello from the sandbox", b"", False),
+    )
     ref = store_observation(store, trajectory, 1, 0, observation)
     steps = steps_key(trajectory, 0)
     start_log(store, trajectory, steps)
@@ -206,12 +216,15 @@ async def test_a_turn_appends_the_observation_it_brings_then_generates_after_it(
     node = ScriptedNode()
     acts = RolloutActivities(node, store, "node-q")
     result = await ActivityEnvironment().run(
-        acts.generate, GenerateArgs(prefix=ref, observation=observed, sampling=SAMPLING))
+        acts.generate, GenerateArgs(prefix=ref, observation=observed, sampling=SAMPLING)
+    )
     after_observation = ref.length + result.observation_tokens
     assert result.observation_tokens > 0 and result.segment_start == after_observation
     assert node.prompts == [read_prefix(store, result.prefix)[:after_observation]]
     assert read_marks(store, result.prefix) == [
-        Span(0, after_observation, "env"), Span(after_observation, after_observation + 40, "model")]
+        Span(0, after_observation, "env"),
+        Span(after_observation, after_observation + 40, "model"),
+    ]
     assert read_steps(store, RecordLogRef(key=observed.steps_key, length=1)) == [observed.step]
 
 
@@ -233,7 +246,8 @@ async def test_the_engine_has_the_turn_before_the_observations_writes_start(stor
 
     result = await ActivityEnvironment().run(
         RolloutActivities(LookingNode(), store, "node-q").generate,
-        GenerateArgs(prefix=ref, observation=observed, sampling=SAMPLING))
+        GenerateArgs(prefix=ref, observation=observed, sampling=SAMPLING),
+    )
     assert written_at_submit == [None]
     assert read_steps(store, RecordLogRef(key=observed.steps_key, length=1)) == [observed.step]
     assert read_marks(store, result.prefix)[0] == Span(0, ref.length + result.observation_tokens, "env")
@@ -244,8 +258,10 @@ async def test_an_observation_that_fills_the_context_leaves_no_turn(store):
     observed = an_observed_step(store, "traj-full", ref)
     node = ScriptedNode()
     acts = RolloutActivities(node, store, "node-q")
-    result = await ActivityEnvironment().run(acts.generate, GenerateArgs(
-        prefix=ref, observation=observed, max_context=ref.length + 3, sampling=SAMPLING))
+    result = await ActivityEnvironment().run(
+        acts.generate,
+        GenerateArgs(prefix=ref, observation=observed, max_context=ref.length + 3, sampling=SAMPLING),
+    )
     assert result.output_tokens == 0 and node.prompts == []
     assert result.prefix.length == ref.length + result.observation_tokens > ref.length + 3
 

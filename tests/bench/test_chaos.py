@@ -9,45 +9,85 @@ from belayer.cli.bench.chaos import print_report
 
 
 def fault(kind: str, recovery_s: float | None, *, injected: bool = True, round: int = 1) -> FaultRecord:
-    return FaultRecord(kind=kind, round=round, target="t", trigger="step=1", injected=injected,
-                       recovery_s=recovery_s)
+    return FaultRecord(
+        kind=kind, round=round, target="t", trigger="step=1", injected=injected, recovery_s=recovery_s
+    )
 
 
 def outcome(round: int, started_at: float, ended_at: float | None) -> TrajectoryOutcome:
-    return TrajectoryOutcome(id=f"r{round}-{started_at}", task="t", round=round, status="completed", verdict="ok",
-                             started_at=started_at, ended_at=ended_at)
+    return TrajectoryOutcome(
+        id=f"r{round}-{started_at}",
+        task="t",
+        round=round,
+        status="completed",
+        verdict="ok",
+        started_at=started_at,
+        ended_at=ended_at,
+    )
 
 
-FAULTS = [fault("engine-crash", 2.0), fault("engine-crash", 6.0), fault("engine-crash", 4.0, round=2),
-          fault("s3-outage", 3.0), fault("s3-outage", None), fault("sandbox-crash", 9.0, injected=False)]
+FAULTS = [
+    fault("engine-crash", 2.0),
+    fault("engine-crash", 6.0),
+    fault("engine-crash", 4.0, round=2),
+    fault("s3-outage", 3.0),
+    fault("s3-outage", None),
+    fault("sandbox-crash", 9.0, injected=False),
+]
 
 
 def test_recovery_is_spread_per_kind_and_over_all_beside_the_percentiles():
-    figures = recovery_figures([f for f in FAULTS if f.injected], ["engine-crash", "s3-outage", "sandbox-crash"])
+    figures = recovery_figures(
+        [f for f in FAULTS if f.injected], ["engine-crash", "s3-outage", "sandbox-crash"]
+    )
     engine = figures["by_kind"]["engine-crash"]
-    assert engine == {"injected": 3, "p50_recovery_s": 4.0, "max_recovery_s": 6.0,
-                      "recovery_s_spread": {"min": 2.0, "median": 4.0, "max": 6.0}}
+    assert engine == {
+        "injected": 3,
+        "p50_recovery_s": 4.0,
+        "max_recovery_s": 6.0,
+        "recovery_s_spread": {"min": 2.0, "median": 4.0, "max": 6.0},
+    }
     assert figures["by_kind"]["s3-outage"]["recovery_s_spread"] == {"min": 3.0, "median": 3.0, "max": 3.0}
     assert figures["by_kind"]["s3-outage"]["injected"] == 2  # one never saw its trajectory step again
-    assert figures["by_kind"]["sandbox-crash"] == {"injected": 0, "p50_recovery_s": None, "max_recovery_s": None,
-                                                   "recovery_s_spread": None}
+    assert figures["by_kind"]["sandbox-crash"] == {
+        "injected": 0,
+        "p50_recovery_s": None,
+        "max_recovery_s": None,
+        "recovery_s_spread": None,
+    }
     assert figures["recovery_s_spread"] == {"min": 2.0, "median": 3.5, "max": 6.0}
     assert (figures["p50_recovery_s"], figures["p99_recovery_s"]) == (3.0, 6.0)  # nearest rank
     assert recovery_figures([], ["engine-crash"])["recovery_s_spread"] is None
 
 
 def test_a_round_lasts_from_its_first_start_to_its_last_end():
-    outcomes = [outcome(2, 100.0, 130.0), outcome(1, 10.0, 40.0), outcome(1, 12.0, 55.5), outcome(2, 101.0, None)]
+    outcomes = [
+        outcome(2, 100.0, 130.0),
+        outcome(1, 10.0, 40.0),
+        outcome(1, 12.0, 55.5),
+        outcome(2, 101.0, None),
+    ]
     assert round_wall_s(outcomes) == [45.5, 30.0]
     assert round_wall_s([]) == []
 
 
 def test_the_table_shows_min_median_max_per_kind_and_over_all(capsys):
     figures = recovery_figures([f for f in FAULTS if f.injected], ["engine-crash", "sandbox-crash"])
-    summary = {"rounds_run": 2, "by_kind": figures["by_kind"], "faults_injected": 5,
-               "recovery_s_spread": figures["recovery_s_spread"], "p50_recovery_s": 3.0, "p99_recovery_s": 6.0,
-               "round_wall_s_spread": {"min": 30.0, "median": 37.8, "max": 45.5}, "trajectories": 4, "lost": 0,
-               "mismatched": 0, "failed_infra": 0, "context_cuts": 0, "leaked": {}}
+    summary = {
+        "rounds_run": 2,
+        "by_kind": figures["by_kind"],
+        "faults_injected": 5,
+        "recovery_s_spread": figures["recovery_s_spread"],
+        "p50_recovery_s": 3.0,
+        "p99_recovery_s": 6.0,
+        "round_wall_s_spread": {"min": 30.0, "median": 37.8, "max": 45.5},
+        "trajectories": 4,
+        "lost": 0,
+        "mismatched": 0,
+        "failed_infra": 0,
+        "context_cuts": 0,
+        "leaked": {},
+    }
     print_report(summary)
     lines = [" ".join(line.replace("│", " ").split()) for line in capsys.readouterr().out.splitlines()]
     assert "engine-crash 3 2.00 4.00 6.00" in lines and "sandbox-crash 0 - - -" in lines

@@ -25,8 +25,14 @@ def test_draws_are_seeded_per_workload_and_in_range():
 
 def test_summary_of_recorded_failures():
     def row(belayer, replay, fs, fs_ok):
-        return {"belayer_s": belayer, "replay_s": replay, "fs_only_s": fs, "belayer_consistent": True,
-                "replay_consistent": True, "fs_only_consistent": fs_ok}
+        return {
+            "belayer_s": belayer,
+            "replay_s": replay,
+            "fs_only_s": fs,
+            "belayer_consistent": True,
+            "replay_consistent": True,
+            "fs_only_consistent": fs_ok,
+        }
 
     report = summarize([row(1.0, 10.0, 2.0, False), row(2.0, 4.0, 1.0, True), row(4.0, 4.0, 3.0, False)], [])
     assert report["recovery_s"]["belayer"] == {"min": 1.0, "median": 2.0, "max": 4.0}

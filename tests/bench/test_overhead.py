@@ -24,10 +24,22 @@ from belayer.policy.config import PolicyConfig
 from belayer.workflows.models import RecoveryRecord, TrajectoryInput, TrajectoryResult
 from belayer.workloads.models import TraceTask, TraceTurn
 
-TOP_KEYS = {"none_s", "every_step_s", "adaptive_s", "adaptive_model_s", "every_step_overhead_pct",
-            "adaptive_overhead_pct", "adaptive_overhead_pct_model", "checkpoints", "max_unprotected_steps",
-            "max_unprotected_steps_model", "max_unprotected_replay_s", "max_unprotected_replay_s_model",
-            "wall_s", "overhead_pct"}
+TOP_KEYS = {
+    "none_s",
+    "every_step_s",
+    "adaptive_s",
+    "adaptive_model_s",
+    "every_step_overhead_pct",
+    "adaptive_overhead_pct",
+    "adaptive_overhead_pct_model",
+    "checkpoints",
+    "max_unprotected_steps",
+    "max_unprotected_steps_model",
+    "max_unprotected_replay_s",
+    "max_unprotected_replay_s_model",
+    "wall_s",
+    "overhead_pct",
+}
 
 TASK = TraceTask(
     id="bench-tiny",
@@ -52,36 +64,64 @@ def test_schedule_rotates_the_order_every_round():
     faulted = schedule(2, inject=True)
     assert len(faulted) == 16
     assert sorted((t.mode, t.faulted) for t in faulted if t.round == 1) == sorted(
-        (m, f) for m in MODES for f in (False, True))
+        (m, f) for m in MODES for f in (False, True)
+    )
 
 
 def test_adaptive_model_is_adaptive_blind_to_the_trace_lengths():
     configured = PolicyConfig(mode="none", alpha=3.0, trace_lengths_known=False)
     assert mode_policy(configured, "adaptive-model").model_dump() == {
-        **configured.model_dump(), "mode": "adaptive", "trace_lengths_known": False}
+        **configured.model_dump(),
+        "mode": "adaptive",
+        "trace_lengths_known": False,
+    }
     for mode in ("none", "every-step", "adaptive"):
         assert mode_policy(configured, mode).model_dump() == {
-            **configured.model_dump(), "mode": mode, "trace_lengths_known": True}
+            **configured.model_dump(),
+            "mode": mode,
+            "trace_lengths_known": True,
+        }
 
 
 def decision(step, verdict, replay, gen=None, ckpt=None, wait=None, unprotected=1):
-    return DecisionRecord(step=step, verdict=verdict, reason="", predicted_generation_s=1.0,
-                          estimated_checkpoint_s=0.5, unprotected_steps=unprotected,
-                          unprotected_replay_s=replay, actual_generation_s=gen,
-                          actual_checkpoint_s=ckpt, actual_checkpoint_mb=2.0 if ckpt else None,
-                          wait_s=wait)
+    return DecisionRecord(
+        step=step,
+        verdict=verdict,
+        reason="",
+        predicted_generation_s=1.0,
+        estimated_checkpoint_s=0.5,
+        unprotected_steps=unprotected,
+        unprotected_replay_s=replay,
+        actual_generation_s=gen,
+        actual_checkpoint_s=ckpt,
+        actual_checkpoint_mb=2.0 if ckpt else None,
+        wait_s=wait,
+    )
 
 
 def test_action_durations_undo_the_unprotected_accumulation():
-    decisions = [decision(1, "skip", 1.0), decision(2, "skip", 3.0, unprotected=2),
-                 decision(3, "forced", 3.5, unprotected=3), decision(4, "checkpoint", 0.25)]
+    decisions = [
+        decision(1, "skip", 1.0),
+        decision(2, "skip", 3.0, unprotected=2),
+        decision(3, "forced", 3.5, unprotected=3),
+        decision(4, "checkpoint", 0.25),
+    ]
     assert action_durations(decisions) == {1: 1.0, 2: 2.0, 3: 0.5, 4: 0.25}
 
 
 def trial(mode, round, wall, decisions, checkpoints=0, faulted=False, recoveries=()):
-    return TrialResult(round=round, mode=mode, faulted=faulted, trajectory_id=f"{mode}-{round}-{faulted}",
-                       status="completed", wall_s=wall, checkpoints=checkpoints, decisions=decisions,
-                       recoveries=list(recoveries), fault_step=2 if faulted else None)
+    return TrialResult(
+        round=round,
+        mode=mode,
+        faulted=faulted,
+        trajectory_id=f"{mode}-{round}-{faulted}",
+        status="completed",
+        wall_s=wall,
+        checkpoints=checkpoints,
+        decisions=decisions,
+        recoveries=list(recoveries),
+        fault_step=2 if faulted else None,
+    )
 
 
 def recorded_trials() -> list[TrialResult]:
@@ -93,18 +133,33 @@ def recorded_trials() -> list[TrialResult]:
         none.append(decision(4, "skip", 0.4, unprotected=4))
         every = [decision(s, "checkpoint", 0.1, gen=1.2, ckpt=0.8, wait=0.0) for s in range(1, 4)]
         every.append(decision(4, "checkpoint", 0.1, ckpt=0.8, wait=0.8))
-        adaptive = [decision(1, "checkpoint", 0.1, gen=1.1, ckpt=0.8, wait=0.0),
-                    decision(2, "skip", 0.1, gen=1.0), decision(3, "forced", 0.2, gen=1.0, ckpt=0.8,
-                                                                    wait=0.0, unprotected=2),
-                    decision(4, "skip", 0.1)]
-        model = [decision(1, "skip", 0.1, gen=1.0), decision(2, "checkpoint", 0.3, gen=1.1, ckpt=0.8, wait=0.2,
-                                                             unprotected=2),
-                 decision(3, "skip", 0.1, gen=1.0), decision(4, "forced", 0.2, ckpt=0.8, wait=0.8, unprotected=2)]
-        out += [trial("none", r, 10.0, none), trial("every-step", r, 11.0, every, checkpoints=4),
-                trial("adaptive", r, 10.1, adaptive, checkpoints=2),
-                trial("adaptive-model", r, 10.2 + r * 0.2, model, checkpoints=2)]
-        lost = RecoveryRecord(kind="sandbox", step=2, reason="killed", source="checkpoint@1",
-                              replayed_steps=1, consistent=True, time_lost_s=1.5)
+        adaptive = [
+            decision(1, "checkpoint", 0.1, gen=1.1, ckpt=0.8, wait=0.0),
+            decision(2, "skip", 0.1, gen=1.0),
+            decision(3, "forced", 0.2, gen=1.0, ckpt=0.8, wait=0.0, unprotected=2),
+            decision(4, "skip", 0.1),
+        ]
+        model = [
+            decision(1, "skip", 0.1, gen=1.0),
+            decision(2, "checkpoint", 0.3, gen=1.1, ckpt=0.8, wait=0.2, unprotected=2),
+            decision(3, "skip", 0.1, gen=1.0),
+            decision(4, "forced", 0.2, ckpt=0.8, wait=0.8, unprotected=2),
+        ]
+        out += [
+            trial("none", r, 10.0, none),
+            trial("every-step", r, 11.0, every, checkpoints=4),
+            trial("adaptive", r, 10.1, adaptive, checkpoints=2),
+            trial("adaptive-model", r, 10.2 + r * 0.2, model, checkpoints=2),
+        ]
+        lost = RecoveryRecord(
+            kind="sandbox",
+            step=2,
+            reason="killed",
+            source="checkpoint@1",
+            replayed_steps=1,
+            consistent=True,
+            time_lost_s=1.5,
+        )
         out.append(trial("adaptive", r, 12.1, adaptive, checkpoints=2, faulted=True, recoveries=[lost]))
     return out
 
@@ -154,16 +209,26 @@ async def test_interleaved_run_with_one_killed_sandbox_per_mode(stack):
 
     async def start(input):
         return await stack.client.start_workflow(
-            "TrajectoryWorkflow", input, id=input.trajectory_id, task_queue=stack.queues.context,
-            result_type=TrajectoryResult)
+            "TrajectoryWorkflow",
+            input,
+            id=input.trajectory_id,
+            task_queue=stack.queues.context,
+            result_type=TrajectoryResult,
+        )
 
     def kill(container):
         stack.sandboxes.backend.podman("kill", container, check=False)
         return "podman kill"
 
     policy = PolicyConfig(mode="adaptive", max_unprotected_steps=2)
-    report = await run_bench(Target(start=start, make_input=make_input, kill_sandbox=kill, store=stack.store), TASK, policy,
-                             rounds=1, inject=True, fail_at=2)
+    report = await run_bench(
+        Target(start=start, make_input=make_input, kill_sandbox=kill, store=stack.store),
+        TASK,
+        policy,
+        rounds=1,
+        inject=True,
+        fail_at=2,
+    )
     json.dumps(report)
     assert TOP_KEYS <= set(report) and "incomplete" not in report
     assert [row["order"] for row in report["per_round"]] == [[*MODES, *(f"{m}+fault" for m in MODES)]]

@@ -16,6 +16,7 @@ pytestmark = pytest.mark.usefixtures("tiny_model")
 
 pytest.importorskip("vllm")
 
+
 @pytest.fixture(scope="module")
 def result() -> dict:
     return run_cli("publish", "--quick", "--repetitions", "1")

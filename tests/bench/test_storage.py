@@ -10,8 +10,11 @@ from belayer.storage.config import StorageConfig
 def test_each_repetition_runs_every_path_once_in_a_rotated_order():
     order = schedule(3)
     per_rep = [[mode for rep, mode in order if rep == n] for n in range(3)]
-    assert per_rep == [["local_copy", "upload", "download"], ["upload", "download", "local_copy"],
-                       ["download", "local_copy", "upload"]]
+    assert per_rep == [
+        ["local_copy", "upload", "download"],
+        ["upload", "download", "local_copy"],
+        ["download", "local_copy", "upload"],
+    ]
     assert order.index((0, "upload")) < order.index((0, "download"))  # the object exists before any download
 
 

@@ -23,10 +23,15 @@ def turn(at: float, gen_work: float = 0.2, action_work: float = 0.01) -> list[Ac
     completion waits 20 ms for the next scheduling; `generate` and `exec` spend 5 ms beyond
     their work and `append_observation` spends 30 ms."""
     spans, t = [], at
-    for name, busy in (("generate", gen_work + 0.005), ("sandbox.exec", action_work + 0.005),
-                       ("append_observation", 0.03)):
+    for name, busy in (
+        ("generate", gen_work + 0.005),
+        ("sandbox.exec", action_work + 0.005),
+        ("append_observation", 0.03),
+    ):
         work = {"generate": gen_work, "sandbox.exec": action_work}.get(name, 0.0)
-        spans.append(ActivitySpan(name, scheduled=t, started=t + 0.01, completed=t + 0.01 + busy, work_s=work))
+        spans.append(
+            ActivitySpan(name, scheduled=t, started=t + 0.01, completed=t + 0.01 + busy, work_s=work)
+        )
         t += 0.01 + busy + 0.02
     return spans
 
@@ -60,10 +65,14 @@ def test_an_append_beside_the_final_check_is_not_waited_for():
     """The last observation appended beside the final check: the window ends when the check
     is scheduled, whichever of the two was scheduled first."""
     loop = turn(0.0) + turn(0.34)[:2]
-    first_the_check = loop + [ActivitySpan("sandbox.exec", 0.58, 0.59, 0.7),
-                              ActivitySpan("append_observation", 0.5801, 0.59, 0.62)]
-    first_the_append = loop + [ActivitySpan("append_observation", 0.5799, 0.59, 0.62),
-                               ActivitySpan("sandbox.exec", 0.58, 0.59, 0.7)]
+    first_the_check = loop + [
+        ActivitySpan("sandbox.exec", 0.58, 0.59, 0.7),
+        ActivitySpan("append_observation", 0.5801, 0.59, 0.62),
+    ]
+    first_the_append = loop + [
+        ActivitySpan("append_observation", 0.5799, 0.59, 0.62),
+        ActivitySpan("sandbox.exec", 0.58, 0.59, 0.7),
+    ]
     for spans in (first_the_check, first_the_append):
         split = split_turn_loop(spans, turns=2)
         assert split.loop_s == pytest.approx(0.58)
@@ -78,13 +87,24 @@ def test_a_history_shorter_than_the_trace_is_an_error_not_a_figure():
 
 
 def test_schedule_rotates_the_modes():
-    assert schedule(3) == [(0, "belayer"), (0, "plain"), (1, "plain"), (1, "belayer"), (2, "belayer"), (2, "plain")]
+    assert schedule(3) == [
+        (0, "belayer"),
+        (0, "plain"),
+        (1, "plain"),
+        (1, "belayer"),
+        (2, "belayer"),
+        (2, "plain"),
+    ]
 
 
 def test_summary_is_per_turn_and_names_the_remainder():
     task = TraceTask(id="t", turns=[TraceTurn(think_tokens=16, bash="true")] * 4)
-    belayer = [LoopSplit(turns=4, loop_s=s, dispatch_s=0.04, workflow_tasks_s=0.08, in_activities_s=0.12,
-                         work_s=s - 0.24) for s in (1.3, 1.2, 1.4)]
+    belayer = [
+        LoopSplit(
+            turns=4, loop_s=s, dispatch_s=0.04, workflow_tasks_s=0.08, in_activities_s=0.12, work_s=s - 0.24
+        )
+        for s in (1.3, 1.2, 1.4)
+    ]
     plain = [PlainRun(turns=4, loop_s=s, work_s=s - 0.01) for s in (0.8, 0.9, 0.85)]
     report = summarize(belayer, plain, task=task, load={"cores": 2, "load_avg": [0.5, 0.5, 0.5]})
     assert report["belayer_turn_ms"] == {"min": 300.0, "median": 325.0, "max": 350.0}
@@ -92,8 +112,11 @@ def test_summary_is_per_turn_and_names_the_remainder():
     assert report["orchestration_ms_per_turn"] == 112.5
     assert report["orchestration_pct"] == round(112.5 / 212.5 * 100, 1)
     split = report["split_ms_per_turn"]
-    assert (split["dispatch_ms"]["median"], split["workflow_tasks_ms"]["median"],
-            split["in_activities_ms"]["median"]) == (10.0, 20.0, 30.0)
+    assert (
+        split["dispatch_ms"]["median"],
+        split["workflow_tasks_ms"]["median"],
+        split["in_activities_ms"]["median"],
+    ) == (10.0, 20.0, 30.0)
     assert split["other_ms"] == 52.5
     assert report["accelerator_turn_pct"] == round(112.5 / 1112.5 * 100, 1)
     assert report["repetitions"] == 3 and report["machine"]["cores"] == 2

@@ -30,4 +30,5 @@ def test_a_capture_never_published_is_a_leak_of_its_sandbox_only(storage_config,
     (staged / "sbx-ended--00000003-g1-ab12cd34.tar").write_bytes(b"tar")
     (staged / "sbx-running--00000005-g0-ef56ab78.tar").write_bytes(b"tar")
     assert leftover_objects(config, {"sbx-ended"}) == [
-        f"unpublished capture {staged / 'sbx-ended--00000003-g1-ab12cd34.tar'}"]
+        f"unpublished capture {staged / 'sbx-ended--00000003-g1-ab12cd34.tar'}"
+    ]

@@ -43,7 +43,9 @@ def runner(monkeypatch, tmp_path):
 
     def make(plan: str):
         config = load_config(None)
-        built = _Runner(config, _inputs(config, load_workload(EXAMPLE).tasks, 1, 0, False), 2, parse_plan(plan))
+        built = _Runner(
+            config, _inputs(config, load_workload(EXAMPLE).tasks, 1, 0, False), 2, parse_plan(plan)
+        )
         built.started = [i.trajectory_id for i in built.inputs]
         return built
 

@@ -56,7 +56,10 @@ def test_percentile_is_nearest_rank():
 def test_plans_mix_step_and_time_triggers_and_targets():
     plan = parse_plan("engine-crash@step=2,s3-outage@t=1.5,sandbox-crash@step=4:traj-1")
     assert [(p.fault, p.step, p.t, p.target) for p in plan] == [
-        ("engine-crash", 2, None, None), ("s3-outage", None, 1.5, None), ("sandbox-crash", 4, None, "traj-1")]
+        ("engine-crash", 2, None, None),
+        ("s3-outage", None, 1.5, None),
+        ("sandbox-crash", 4, None, "traj-1"),
+    ]
     with pytest.raises(ChaosError):
         parse_plan("engine-crash@step=0")
     with pytest.raises(ChaosError):

@@ -42,15 +42,24 @@ def all_resources() -> list[dict]:
 
 def env_file_values() -> dict[str, str]:
     """infra/deploy/env.example, as compose reads a .env file."""
-    pairs = (line.split("=", 1) for line in (DEPLOY / "env.example").read_text().splitlines()
-             if line.strip() and not line.startswith("#"))
+    pairs = (
+        line.split("=", 1)
+        for line in (DEPLOY / "env.example").read_text().splitlines()
+        if line.strip() and not line.startswith("#")
+    )
     return {key: value for key, value in pairs}
 
 
 def compose_config(extra_env: dict[str, str]) -> subprocess.CompletedProcess:
     env = {k: v for k, v in os.environ.items() if not k.startswith(ENV_PREFIX)} | extra_env
-    return subprocess.run([str(BIN / "podman-compose"), "-f", str(DEPLOY / "compose.yaml"), "config"],
-                          capture_output=True, text=True, env=env, cwd=REPO, timeout=60)
+    return subprocess.run(
+        [str(BIN / "podman-compose"), "-f", str(DEPLOY / "compose.yaml"), "config"],
+        capture_output=True,
+        text=True,
+        env=env,
+        cwd=REPO,
+        timeout=60,
+    )
 
 
 def loaded_with(env: dict[str, str], monkeypatch):
@@ -90,8 +99,12 @@ def containers_of(resource: dict) -> list[dict]:
 
 
 def belayer_containers() -> list[tuple[str, dict]]:
-    return [(r["metadata"]["name"], c) for r in all_resources() for c in containers_of(r)
-            if any("configMapRef" in source for source in c.get("envFrom", []))]
+    return [
+        (r["metadata"]["name"], c)
+        for r in all_resources()
+        for c in containers_of(r)
+        if any("configMapRef" in source for source in c.get("envFrom", []))
+    ]
 
 
 def pod_env(container: dict, field_values: dict[str, str]) -> dict[str, str]:
@@ -146,8 +159,16 @@ def compose() -> dict:
 
 def test_podman_compose_reads_the_compose_file(compose):
     assert set(compose["services"]) == {
-        "postgresql", "temporal", "temporal-ui", "minio", "prepare",
-        "sandbox-host", "rollout-node", "trajectory-worker", "trainer-worker"}
+        "postgresql",
+        "temporal",
+        "temporal-ui",
+        "minio",
+        "prepare",
+        "sandbox-host",
+        "rollout-node",
+        "trajectory-worker",
+        "trainer-worker",
+    }
     assert compose["services"]["sandbox-host"]["privileged"] is True
     # Nothing is published beyond the loopback interface.
     published = [port for service in compose["services"].values() for port in service.get("ports", [])]
@@ -163,8 +184,17 @@ def test_compose_without_its_secrets_names_the_missing_one():
 
 @pytest.mark.usefixtures("local_processes")
 def test_the_compose_file_follows_the_compose_specification():
-    done = subprocess.run([str(BIN / "check-jsonschema"), "--builtin-schema", "vendor.compose-spec",
-                           str(DEPLOY / "compose.yaml")], capture_output=True, text=True, timeout=60)
+    done = subprocess.run(
+        [
+            str(BIN / "check-jsonschema"),
+            "--builtin-schema",
+            "vendor.compose-spec",
+            str(DEPLOY / "compose.yaml"),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert done.returncode == 0, done.stdout + done.stderr
 
 

@@ -37,6 +37,8 @@ def _oom_marker_out_of_the_checkout(tmp_path, monkeypatch):
     container that saw an OOM kill (podman's own record of it goes elsewhere): these tests
     start theirs from a temporary directory, not the checkout."""
     monkeypatch.chdir(tmp_path)
+
+
 # Each process holds ~13 MB (Python and 4 MiB of its own), less than PID 1's ~20 MB: with
 # every score at 0, the OOM killer takes the largest process, PID 1.
 BRING_PID1_DOWN = (
@@ -49,8 +51,14 @@ async def inspection(stack, workflow_id: str) -> dict:
     """What `belayer inspect` reports of a trajectory (its steps, checkpoints and result)."""
     handle = stack.client.get_workflow_handle(workflow_id)
     steps, checkpoints, summary = await _walk_history(handle, stack.client.data_converter, stack.store)
-    return {"id": workflow_id, "status": "COMPLETED", "ui": "-", "steps": steps, "checkpoints": checkpoints,
-            **summary}
+    return {
+        "id": workflow_id,
+        "status": "COMPLETED",
+        "ui": "-",
+        "steps": steps,
+        "checkpoints": checkpoints,
+        **summary,
+    }
 
 
 def trace(task_id: str, *commands: str) -> TraceTask:
@@ -60,7 +68,9 @@ def trace(task_id: str, *commands: str) -> TraceTask:
                      check="test -f /workspace/started")  # fmt: skip
 
 
-BREAKS_AT_STEP_2 = trace("oom-pid1", "touch /workspace/started && echo started", BRING_PID1_DOWN, "echo unreachable")
+BREAKS_AT_STEP_2 = trace(
+    "oom-pid1", "touch /workspace/started && echo started", BRING_PID1_DOWN, "echo unreachable"
+)
 
 
 async def test_an_action_that_oom_kills_pid1_fails_the_policy_with_its_step(stack, capsys):
@@ -111,20 +121,29 @@ async def test_a_kill_from_outside_after_the_agent_oom_killed_its_own_process_is
     assert "from outside" in result.recoveries[0].reason, result.recoveries[0].reason
 
 
-@pytest.mark.parametrize(("ended", "oom_kills", "cause"), [
-    (ContainerExit(found=False), None, "outside"),  # removed: a fence, a drain, a destroy
-    (ContainerExit(found=True, exit_code=137, stopped_from_outside=("kill",)), 3, "outside"),  # an OOM before
-    (ContainerExit(found=True, exit_code=137, oom_killed=True, stopped_from_outside=("stop",)), None, "outside"),
-    (ContainerExit(found=True, exit_code=137), 1, "oom"),
-    (ContainerExit(found=True, exit_code=137, oom_killed=True), None, "oom"),
-    (ContainerExit(found=True, exit_code=137), None, "unexplained"),  # a SIGKILL nobody owns
-    (ContainerExit(found=True, exit_code=143), 0, "unexplained"),
-    (ContainerExit(found=True, running=True), 1, "unexplained"),  # alive, not answering
-    (ContainerExit(found=True, exit_code=1), None, "pid1-exited"),
-    (ContainerExit(found=True, exit_code=0), 0, "pid1-exited"),
-])
-
-
+@pytest.mark.parametrize(
+    ("ended", "oom_kills", "cause"),
+    [
+        (ContainerExit(found=False), None, "outside"),  # removed: a fence, a drain, a destroy
+        (
+            ContainerExit(found=True, exit_code=137, stopped_from_outside=("kill",)),
+            3,
+            "outside",
+        ),  # an OOM before
+        (
+            ContainerExit(found=True, exit_code=137, oom_killed=True, stopped_from_outside=("stop",)),
+            None,
+            "outside",
+        ),
+        (ContainerExit(found=True, exit_code=137), 1, "oom"),
+        (ContainerExit(found=True, exit_code=137, oom_killed=True), None, "oom"),
+        (ContainerExit(found=True, exit_code=137), None, "unexplained"),  # a SIGKILL nobody owns
+        (ContainerExit(found=True, exit_code=143), 0, "unexplained"),
+        (ContainerExit(found=True, running=True), 1, "unexplained"),  # alive, not answering
+        (ContainerExit(found=True, exit_code=1), None, "pid1-exited"),
+        (ContainerExit(found=True, exit_code=0), 0, "pid1-exited"),
+    ],
+)
 def test_loss_cause_blames_the_agent_only_for_what_nothing_outside_did(ended, oom_kills, cause):
     assert loss_cause(ended, oom_kills)[0] == cause
 

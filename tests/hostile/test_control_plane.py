@@ -61,9 +61,11 @@ async def first_verdict(client, workflow_id: str):
 
     handle = client.get_workflow_handle(workflow_id)
     async for event in handle.fetch_history_events(wait_new_event=True):
-        if event.event_type in (EventType.EVENT_TYPE_WORKFLOW_TASK_FAILED,
-                                EventType.EVENT_TYPE_WORKFLOW_EXECUTION_COMPLETED,
-                                EventType.EVENT_TYPE_ACTIVITY_TASK_SCHEDULED):
+        if event.event_type in (
+            EventType.EVENT_TYPE_WORKFLOW_TASK_FAILED,
+            EventType.EVENT_TYPE_WORKFLOW_EXECUTION_COMPLETED,
+            EventType.EVENT_TYPE_ACTIVITY_TASK_SCHEDULED,
+        ):
             return event
     raise AssertionError(f"{workflow_id}: history ended without a verdict")
 
@@ -81,8 +83,9 @@ async def test_an_unmarked_payload_never_reaches_an_encrypting_workflow(temporal
     forger = await connect(stack_config.temporal)  # no codec: its payloads carry no marker
     queue = workflow_id = f"control-plane-{uuid.uuid4().hex[:8]}"
     async with Worker(keyed, task_queue=queue, workflows=[Shout], activities=[shout]):
-        await forger.start_workflow(Shout.run, "forged", id=workflow_id, task_queue=queue,
-                                    execution_timeout=timedelta(minutes=2))
+        await forger.start_workflow(
+            Shout.run, "forged", id=workflow_id, task_queue=queue, execution_timeout=timedelta(minutes=2)
+        )
         try:
             verdict = await first_verdict(keyed, workflow_id)
         finally:
@@ -127,7 +130,9 @@ def test_an_edited_or_moved_meta_json_is_refused_and_never_restored(sandboxes):
     data, metadata = inner.get_bytes_and_metadata(second.meta_key)
     inner.put_bytes(first.meta_key, data, metadata=metadata)
     with pytest.raises(CheckpointCorrupt, match="fails authentication"):
-        host.restore(first.model_copy(update={"archive_sha256": second.archive_sha256}), handle.generation + 1)
+        host.restore(
+            first.model_copy(update={"archive_sha256": second.archive_sha256}), handle.generation + 1
+        )
     assert set(sandboxes.backend.containers_of(handle.sandbox_id)) == containers  # nothing restored
     restored, _ = host.restore(second, handle.generation + 1)  # the untouched one still restores
     assert host.exec(restored, act(3, "cat /workspace/f")).stdout == "two\n"
@@ -142,8 +147,11 @@ def test_a_file_system_snapshot_swapped_under_a_checkpoint_is_refused(sandboxes)
     log: list[LoggedAction] = []
     for step, command in enumerate(["echo one > /workspace/f", "echo two > /workspace/f"], start=1):
         obs = host.exec(handle, act(step, command))
-        log.append(LoggedAction(trajectory="t-control-plane", step=step, command=command,
-                                observation_sha256=obs.sha256))
+        log.append(
+            LoggedAction(
+                trajectory="t-control-plane", step=step, command=command, observation_sha256=obs.sha256
+            )
+        )
         if step == 1:
             old = host.load_meta(host.checkpoint(handle, fs_snapshot=True))
     ref = host.checkpoint(handle, fs_snapshot=True)
@@ -160,10 +168,25 @@ def stored_meta(store, base: str, step: int, **fields) -> None:
     """A checkpoint's meta.json at `base`, as a capture writes it (through `store`)."""
     from belayer.sandbox.models import CheckpointMeta
 
-    meta = CheckpointMeta(sandbox_id="sbx-abcd", trajectory="t", step=step, generation=0,
-                          archive_key=base + "archive", archive_sha256=f"{step}" * 64, archive_bytes=1,
-                          image="i", image_id="i", criu_version="4", podman_version="4", compression="zstd",
-                          netns="n", channel_dir="c", created_at=float(step), dump_s=0.1, **fields)
+    meta = CheckpointMeta(
+        sandbox_id="sbx-abcd",
+        trajectory="t",
+        step=step,
+        generation=0,
+        archive_key=base + "archive",
+        archive_sha256=f"{step}" * 64,
+        archive_bytes=1,
+        image="i",
+        image_id="i",
+        criu_version="4",
+        podman_version="4",
+        compression="zstd",
+        netns="n",
+        channel_dir="c",
+        created_at=float(step),
+        dump_s=0.1,
+        **fields,
+    )
     store.put_bytes(base + "meta.json", meta.model_dump_json().encode())
 
 
@@ -202,8 +225,19 @@ def test_every_model_refuses_a_traversal_sandbox_id():
         with pytest.raises(ValidationError):
             LineageRecord(sandbox_id=bad, generation=0, host_queue="q", container="c", written_at=0)
         with pytest.raises(ValidationError):
-            DrainRecord.model_validate({"sandbox_id": bad, "generation": 0, "host_queue": "q", "checkpoint": {
-                "meta_key": "k", "step": 0, "archive_sha256": "0" * 64, "archive_bytes": 0}})
+            DrainRecord.model_validate(
+                {
+                    "sandbox_id": bad,
+                    "generation": 0,
+                    "host_queue": "q",
+                    "checkpoint": {
+                        "meta_key": "k",
+                        "step": 0,
+                        "archive_sha256": "0" * 64,
+                        "archive_bytes": 0,
+                    },
+                }
+            )
 
 
 def test_a_traversal_sandbox_id_is_refused_before_anything_is_touched(sandboxes, tmp_path):
@@ -212,9 +246,11 @@ def test_a_traversal_sandbox_id_is_refused_before_anything_is_touched(sandboxes,
     host = sandboxes.host
     token = sandboxes.token
     channel_root = Path(host.cfg.channel_root)
-    victims = {"../{name}": channel_root.parent / f"victim-{token}",
-               "sbx-abcd/../../{name}": channel_root.parent / f"victim-{token}",
-               "{absolute}": tmp_path / "victim"}
+    victims = {
+        "../{name}": channel_root.parent / f"victim-{token}",
+        "sbx-abcd/../../{name}": channel_root.parent / f"victim-{token}",
+        "{absolute}": tmp_path / "victim",
+    }
     handle = sandboxes.create()
     try:
         for form, victim in victims.items():
@@ -271,16 +307,28 @@ def test_a_container_labelled_with_a_foreign_sandbox_id_does_not_stop_the_sweep(
     moved = sandboxes.create()
     lineage.write(host.store, prefix, moved.sandbox_id, moved.generation + 1, "elsewhere", "elsewhere-g1")
     foreign, container = "not-belayer", f"foreign-{sandboxes.token}"
-    host.store.put_bytes(lineage.record_key(prefix, foreign, 1), json.dumps(
-        {"sandbox_id": foreign, "generation": 1, "host_queue": "elsewhere", "container": "c", "written_at": 0}).encode())
-    sandboxes.backend.podman("create", "--name", container, "--label", f"{LABEL_SANDBOX}={foreign}",
-                             host.cfg.image, "true")
+    host.store.put_bytes(
+        lineage.record_key(prefix, foreign, 1),
+        json.dumps(
+            {
+                "sandbox_id": foreign,
+                "generation": 1,
+                "host_queue": "elsewhere",
+                "container": "c",
+                "written_at": 0,
+            }
+        ).encode(),
+    )
+    sandboxes.backend.podman(
+        "create", "--name", container, "--label", f"{LABEL_SANDBOX}={foreign}", host.cfg.image, "true"
+    )
     try:
         with caplog.at_level("WARNING", logger="belayer.sandbox.host"):
             fenced = host.sweep_stale()
         assert fenced == [moved.container]
-        assert any(foreign in record.getMessage() and "skipped" in record.getMessage()
-                   for record in caplog.records), caplog.text
+        assert any(
+            foreign in record.getMessage() and "skipped" in record.getMessage() for record in caplog.records
+        ), caplog.text
         assert sandboxes.backend.podman("container", "exists", container, check=False).returncode == 0
     finally:
         sandboxes.backend.podman("rm", "-f", container, check=False)
@@ -336,10 +384,17 @@ def test_seaweedfs_takes_only_s3_with_credentials_from_the_host(seaweedfs, stora
     with pytest.raises(urllib.error.URLError) as err:
         http(master + "/cluster/status")
     assert isinstance(err.value.reason, ConnectionRefusedError), err.value
-    internal = {"master": ports.seaweedfs_master_port, "volume": ports.seaweedfs_volume_port,
-                "filer": ports.seaweedfs_filer_port}
-    reachable = [f"{name} {kind} {port + offset}" for name, port in internal.items()
-                 for kind, offset in (("http", 0), ("grpc", 10000)) if not refused(port + offset)]
+    internal = {
+        "master": ports.seaweedfs_master_port,
+        "volume": ports.seaweedfs_volume_port,
+        "filer": ports.seaweedfs_filer_port,
+    }
+    reachable = [
+        f"{name} {kind} {port + offset}"
+        for name, port in internal.items()
+        for kind, offset in (("http", 0), ("grpc", 10000))
+        if not refused(port + offset)
+    ]
     assert not reachable, f"reachable from the host without credentials: {reachable}"
     key = f"{storage_config.key_prefix}control-plane/secret"
     assert http(f"{storage_config.endpoint}/{storage_config.bucket}/{key}") == 403  # S3 without credentials

@@ -40,7 +40,7 @@ def _plain(size: int) -> bytes:
 
 
 def _upload(enc: EncryptedArchiveStore, key: str, data: bytes) -> None:
-    enc.upload_stream(key, (data[i:i + 300_000] for i in range(0, len(data), 300_000)))
+    enc.upload_stream(key, (data[i : i + 300_000] for i in range(0, len(data), 300_000)))
 
 
 def _download(enc, key: str, expected_sha256: str | None = None) -> bytes:
@@ -87,7 +87,7 @@ def test_tampered_archive_fails_authentication(store, damage):
     elif damage == "cut-inside":
         stored = stored[: len(stored) - 7]
     else:
-        stored += stored[len(MAGIC) + 32:first_frame_end]
+        stored += stored[len(MAGIC) + 32 : first_frame_end]
     store.put_bytes(key, bytes(stored))  # the store's own sha256 now matches: only GCM can tell
     with pytest.raises(CorruptObject):
         _download(enc, key)
@@ -143,8 +143,9 @@ def test_encrypted_checkpoint_restores_and_a_tampered_one_is_refused(sandboxes):
     host.store = EncryptedArchiveStore(inner, KEY)
     handle = sandboxes.create()
     secret = SECRET.decode()
-    host.exec(handle, Action(trajectory="t-enc", step=1,
-                             command=f"export HELD={secret}; sleep 600 & echo started"))
+    host.exec(
+        handle, Action(trajectory="t-enc", step=1, command=f"export HELD={secret}; sleep 600 & echo started")
+    )
     ref = host.checkpoint(handle)
     meta = host.load_meta(ref)
     stored = inner.get_bytes(meta.archive_key)

@@ -57,5 +57,7 @@ def test_wrong_s3_credentials_are_a_permanent_error_naming_the_setting(storage_c
             with pytest.raises(PermanentStorageError) as err:
                 operation()
             message = str(err.value)
-            assert "access_key" in message or "secret_key" in message or "credential" in message.lower(), message
+            assert "access_key" in message or "secret_key" in message or "credential" in message.lower(), (
+                message
+            )
             assert "not-the-right-one" not in message  # a secret is never echoed

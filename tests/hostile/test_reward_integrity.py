@@ -18,19 +18,21 @@ from tests.hostile.test_trajectory_hostile import _steps, start
 
 # What the task asks (an answer the agent never writes), judged three ways, each by an
 # interpreter or a file the agent tries to reach.
-PYTHON_CHECK = "python3 -c \"import sys; sys.exit(0 if open('/workspace/answer.txt').read().strip() == '42' else 1)\""
+PYTHON_CHECK = (
+    "python3 -c \"import sys; sys.exit(0 if open('/workspace/answer.txt').read().strip() == '42' else 1)\""
+)
 JSON_CHECK = "python3 -c \"import json, sys; sys.exit(0 if json.load(open('answer.json'))['ok'] else 1)\""
 # The check keeps its verdict where a check's scratch belongs, its own TMPDIR (a fixed
 # path such as /tmp/verdict would be the agent's to pre-create, README: "What the agent
 # can reach").
 VERDICT_CHECK = (
-    "if [ \"$(cat /workspace/answer.txt 2>/dev/null)\" = 42 ]; then echo pass > \"$TMPDIR/verdict\"; "
-    "else echo fail > \"$TMPDIR/verdict\"; fi; sleep 1; grep -qx pass \"$TMPDIR/verdict\""
+    'if [ "$(cat /workspace/answer.txt 2>/dev/null)" = 42 ]; then echo pass > "$TMPDIR/verdict"; '
+    'else echo fail > "$TMPDIR/verdict"; fi; sleep 1; grep -qx pass "$TMPDIR/verdict"'
 )
 # A process left running that writes "pass" into every directory under /tmp it can find,
 # the check's TMPDIR among them once it exists.
 REWRITER = (
-    "nohup sh -c 'while :; do for d in /tmp /tmp/*/ /tmp/*/*/; do echo pass > \"$d/verdict\" 2>/dev/null; "
+    'nohup sh -c \'while :; do for d in /tmp /tmp/*/ /tmp/*/*/; do echo pass > "$d/verdict" 2>/dev/null; '
     "done; sleep 0.01; done' >/dev/null 2>&1 & echo started"
 )
 
@@ -39,7 +41,7 @@ FORGERIES = {
     # started with this HOME
     "user-site": (
         [
-            "site=$(python3 -m site --user-site) && mkdir -p \"$site\" && "
+            'site=$(python3 -m site --user-site) && mkdir -p "$site" && '
             "echo 'import os; os._exit(0)' > \"$site/forge.pth\" && "
             "echo 'import os; os._exit(0)' > \"$site/usercustomize.py\" && "
             "echo 'import os; os._exit(0)' > \"$site/sitecustomize.py\" && echo planted",
@@ -49,7 +51,9 @@ FORGERIES = {
     ),
     # a module in the check's working directory shadowing the standard library
     "shadowed-stdlib": (
-        ["printf 'import os\\nos._exit(0)\\n' > /workspace/json.py && echo '{\"ok\": false}' > /workspace/answer.json"],
+        [
+            "printf 'import os\\nos._exit(0)\\n' > /workspace/json.py && echo '{\"ok\": false}' > /workspace/answer.json"
+        ],
         JSON_CHECK,
         "frozen",
     ),

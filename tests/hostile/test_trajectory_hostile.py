@@ -39,7 +39,7 @@ HOSTILE_TURNS = [
 HOSTILE = TraceTask(
     id="hostile",
     turns=[TraceTurn(think_tokens=4, bash=command) for command in HOSTILE_TURNS],
-    check="test \"$(cat /workspace/h/base.txt)\" = base",
+    check='test "$(cat /workspace/h/base.txt)" = base',
 )
 
 
@@ -47,9 +47,16 @@ async def start(stack, task, **kwargs):
     trajectory_id = f"{task.id}-{uuid.uuid4().hex[:8]}"
     return await stack.client.start_workflow(
         "TrajectoryWorkflow",
-        TrajectoryInput(trajectory_id=trajectory_id, task=task, queues=stack.queues,
-                        policy=PolicyConfig(mode="every-step"), **kwargs),
-        id=trajectory_id, task_queue=stack.queues.context, result_type=TrajectoryResult,
+        TrajectoryInput(
+            trajectory_id=trajectory_id,
+            task=task,
+            queues=stack.queues,
+            policy=PolicyConfig(mode="every-step"),
+            **kwargs,
+        ),
+        id=trajectory_id,
+        task_queue=stack.queues.context,
+        result_type=TrajectoryResult,
     )
 
 
@@ -101,8 +108,9 @@ async def _steps(stack, workflow_id: str):
     """The executed steps, from the history (what `belayer inspect` shows)."""
     from belayer.cli.run import _walk_history
 
-    steps, _, _ = await _walk_history(stack.client.get_workflow_handle(workflow_id), stack.client.data_converter,
-                                      stack.store)
+    steps, _, _ = await _walk_history(
+        stack.client.get_workflow_handle(workflow_id), stack.client.data_converter, stack.store
+    )
     return steps
 
 
@@ -141,4 +149,6 @@ async def test_an_agent_cannot_forge_its_check_or_the_plumbing(stack):
     assert result.status == "failed_policy" and result.reward == 0.0, (result, steps)
     assert steps[4]["stdout"] == "no-nonce\n", steps[4]
     last = steps[len(FORGING_TURNS)]
-    assert last["exit_code"] == 1 and last["stdout"] == "later-out\n" and last["stderr"] == "later-err\n", last
+    assert last["exit_code"] == 1 and last["stdout"] == "later-out\n" and last["stderr"] == "later-err\n", (
+        last
+    )

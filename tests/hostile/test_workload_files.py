@@ -18,13 +18,16 @@ def billion_laughs() -> str:
     lines = ['a0: &a0 ["lol","lol","lol","lol","lol","lol","lol","lol","lol"]']
     for i in range(1, 10):
         lines.append(f"a{i}: &a{i} [" + ",".join([f"*a{i - 1}"] * 9) + "]")
-    return "\n".join(lines) + "\ntasks:\n  - id: bomb\n    setup: *a9\n    turns: [{think_tokens: 1, bash: ls}]\n"
+    return (
+        "\n".join(lines)
+        + "\ntasks:\n  - id: bomb\n    setup: *a9\n    turns: [{think_tokens: 1, bash: ls}]\n"
+    )
 
 
 CASES = {
     "billion-laughs.yaml": billion_laughs(),
     "python-tag.yaml": "tasks: !!python/object/apply:os.system ['touch /tmp/belayer-pwned']\n",
-    "nul-byte.yaml": "tasks:\n  - id: \"a\0b\"\n    turns: [{think_tokens: 1, bash: ls}]\n",
+    "nul-byte.yaml": 'tasks:\n  - id: "a\0b"\n    turns: [{think_tokens: 1, bash: ls}]\n',
     "huge-number.yaml": "tasks:\n  - id: h\n    turns: [{think_tokens: 99999999999999999999999, bash: ls}]\n",
     "scalar.yaml": "just a string\n",
     "task-is-list.yaml": "tasks: [[1, 2], 3]\n",
@@ -46,7 +49,7 @@ def test_crafted_workload_is_refused(tmp_path: Path, name: str):
 
 RAW_CASES = {
     # invalid UTF-8 / binary: must be refused with one clear line, not a UnicodeDecodeError traceback
-    "bad-utf8.yaml": b"tasks:\n  - id: x\n    turns: [{think_tokens: 1, bash: \"\xff\xfe\"}]\n",
+    "bad-utf8.yaml": b'tasks:\n  - id: x\n    turns: [{think_tokens: 1, bash: "\xff\xfe"}]\n',
     "binary.jsonl": bytes(range(256)) * 4,
     # deep nesting: must be refused with one clear line, not a RecursionError traceback
     "deep.jsonl": b"[" * 100_000 + b"]" * 100_000 + b"\n",

@@ -93,19 +93,29 @@ def test_the_folder_holds_the_checkpoint_weights_bit_for_bit(exported, trained, 
     built = model_path("tiny")
     expected_files = {p.name for p in built.iterdir()} - {MANIFEST} | {PROVENANCE_FILE}
     assert {p.name for p in exported.iterdir()} == expected_files
-    assert all((exported / name).read_bytes() == (built / name).read_bytes()
-               for name in ("config.json", "tokenizer.json", "tokenizer_config.json"))
+    assert all(
+        (exported / name).read_bytes() == (built / name).read_bytes()
+        for name in ("config.json", "tokenizer.json", "tokenizer_config.json")
+    )
     weights = (exported / "model.safetensors").read_bytes()
     assert hashlib.sha256(weights).hexdigest() == ref.weights.sha256, "the record's weights_sha256"
     saved = load_file(str(exported / "model.safetensors"))
     assert saved.keys() == checkpoint_weights.keys()
     assert all(t.dtype == torch.float32 and torch.equal(t, checkpoint_weights[k]) for k, t in saved.items())
     built_weights = load_file(str(built / "model.safetensors"))
-    assert any(not torch.equal(t, built_weights[k]) for k, t in saved.items()), "the trained weights, not the built"
+    assert any(not torch.equal(t, built_weights[k]) for k, t in saved.items()), (
+        "the trained weights, not the built"
+    )
     provenance = json.loads((exported / PROVENANCE_FILE).read_text())
-    assert provenance == {"run_id": run_id, "iteration": 0, "model": "tiny", "weights_version": 2,
-                          "weights_sha256": ref.weights.sha256, "checkpoint_key": ref.key,
-                          "checkpoint_sha256": ref.sha256}
+    assert provenance == {
+        "run_id": run_id,
+        "iteration": 0,
+        "model": "tiny",
+        "weights_version": 2,
+        "weights_sha256": ref.weights.sha256,
+        "checkpoint_key": ref.key,
+        "checkpoint_sha256": ref.sha256,
+    }
 
 
 def test_transformers_loads_it_and_gives_the_trainers_logprobs(exported, tokens, trainer_logprobs):
@@ -120,8 +130,9 @@ def test_transformers_loads_it_and_gives_the_trainers_logprobs(exported, tokens,
     built = AutoModelForCausalLM.from_pretrained(str(model_path("tiny")))
     with torch.no_grad():
         untrained = token_logprobs(built.eval(), tokens, temperature=1.0)
-    assert (untrained - trainer_logprobs).abs().max().item() > 100 * TOLERANCE, \
+    assert (untrained - trainer_logprobs).abs().max().item() > 100 * TOLERANCE, (
         "the step must move the logprobs more than the tolerance, or the comparison proves nothing"
+    )
 
 
 # Runs in its own process: vLLM sets process-wide state (threads, its own environment).
@@ -142,9 +153,14 @@ print(json.dumps([entry[token].logprob for entry, token in zip(out.prompt_logpro
 @pytest.mark.usefixtures("tiny_model")
 def test_vllm_loads_it_and_gives_the_trainers_logprobs(exported, tokens, trainer_logprobs):
     pytest.importorskip("vllm")
-    done = subprocess.run([sys.executable, "-c", VLLM_PROMPT_LOGPROBS, str(exported), json.dumps(tokens)],
-                          env=os.environ | engine_environment(2), capture_output=True, text=True,
-                          timeout=600, stdin=subprocess.DEVNULL)
+    done = subprocess.run(
+        [sys.executable, "-c", VLLM_PROMPT_LOGPROBS, str(exported), json.dumps(tokens)],
+        env=os.environ | engine_environment(2),
+        capture_output=True,
+        text=True,
+        timeout=600,
+        stdin=subprocess.DEVNULL,
+    )
     assert done.returncode == 0, done.stderr[-3000:]
     theirs = torch.tensor(json.loads(done.stdout.strip().splitlines()[-1]))
     difference = (theirs - trainer_logprobs).abs().max().item()
@@ -158,14 +174,19 @@ def test_a_corrupt_or_missing_checkpoint_is_refused_naming_run_iteration_and_key
     damaged_key = f"runs/{run_id}/trainer/damaged.safetensors"
     data = bytearray(store.get_bytes(ref.key))
     data[-1] ^= 0xFF
-    metadata = store.client.head_object(Bucket=store.cfg.bucket, Key=store.cfg.key_prefix + ref.key)["Metadata"]
-    store.client.put_object(Bucket=store.cfg.bucket, Key=store.cfg.key_prefix + damaged_key, Body=bytes(data),
-                            Metadata=metadata)
+    metadata = store.client.head_object(Bucket=store.cfg.bucket, Key=store.cfg.key_prefix + ref.key)[
+        "Metadata"
+    ]
+    store.client.put_object(
+        Bucket=store.cfg.bucket, Key=store.cfg.key_prefix + damaged_key, Body=bytes(data), Metadata=metadata
+    )
     out = tmp_path / "model"
     with pytest.raises(ExportError, match="corrupt") as refused:
         export_checkpoint(store, run_id, ref.model_copy(update={"key": damaged_key}), out)
     assert all(part in str(refused.value) for part in (repr(run_id), "iteration 0", damaged_key))
-    with pytest.raises(ExportError, match=f"iteration 0: the trainer checkpoint 'runs/{run_id}/gone' is missing"):
+    with pytest.raises(
+        ExportError, match=f"iteration 0: the trainer checkpoint 'runs/{run_id}/gone' is missing"
+    ):
         export_checkpoint(store, run_id, ref.model_copy(update={"key": f"runs/{run_id}/gone"}), out)
     assert not out.exists() and list(tmp_path.iterdir()) == []
 
@@ -188,18 +209,23 @@ def test_the_iteration_defaults_to_the_last_and_a_missing_one_names_those_there_
     records = [IterationRecord.model_construct(iteration=k, checkpoint=trained[1]) for k in range(3)]
     assert pick_iteration("run-a", records, None).iteration == 2
     assert pick_iteration("run-a", records, 1).iteration == 1
-    with pytest.raises(ExportError, match=r"run 'run-a' has no iteration 5; its recorded iterations are 0\.\.2"):
+    with pytest.raises(
+        ExportError, match=r"run 'run-a' has no iteration 5; its recorded iterations are 0\.\.2"
+    ):
         pick_iteration("run-a", records, 5)
     with pytest.raises(ExportError, match="no finished iteration"):
         pick_iteration("run-a", [], None)
 
 
 def test_an_unknown_run_and_an_unreachable_server_are_named(temporal_server, stack_config, tmp_path):
-    with pytest.raises(ExportError, match=f"no training run 'nope' on Temporal at {stack_config.temporal.address}"):
+    with pytest.raises(
+        ExportError, match=f"no training run 'nope' on Temporal at {stack_config.temporal.address}"
+    ):
         export_run(stack_config, "nope", tmp_path / "a")
     (port,) = free_port_block(1, with_grpc=False)
-    nowhere = stack_config.model_copy(update={"temporal": stack_config.temporal.model_copy(
-        update={"address": f"127.0.0.1:{port}"})})
+    nowhere = stack_config.model_copy(
+        update={"temporal": stack_config.temporal.model_copy(update={"address": f"127.0.0.1:{port}"})}
+    )
     with pytest.raises(TemporalUnreachable, match=f"cannot reach Temporal at 127.0.0.1:{port}"):
         export_run(nowhere, "nope", tmp_path / "b")
     assert list(tmp_path.iterdir()) == []

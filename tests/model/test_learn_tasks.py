@@ -41,7 +41,9 @@ def _reward(task: dict, command: str, workspace: Path) -> bool:
     workspace.mkdir()
 
     def run(line):
-        return subprocess.run(["bash", "-c", line.replace("/workspace", str(workspace))], check=False).returncode
+        return subprocess.run(
+            ["bash", "-c", line.replace("/workspace", str(workspace))], check=False
+        ).returncode
 
     for line in task["setup"]:
         assert run(line) == 0
@@ -54,7 +56,10 @@ def _reward(task: dict, command: str, workspace: Path) -> bool:
 def test_only_the_correct_command_earns_the_reward(split, tmp_path):
     problem = problems(split)[0]
     task = learn_tasks.task(problem, 0)
-    wrong = [problem.command(constant=problem.constant + 1), problem.command(symbol=problem.wrong_symbol()),
-             problem.command(dst=WRONG_OUTPUT)]
+    wrong = [
+        problem.command(constant=problem.constant + 1),
+        problem.command(symbol=problem.wrong_symbol()),
+        problem.command(dst=WRONG_OUTPUT),
+    ]
     for i, command in enumerate([problem.command(), *wrong]):
         assert _reward(task, command, tmp_path / str(i)) == (i == 0), command

@@ -74,7 +74,9 @@ def test_a_checkpoint_still_being_stored_is_skipped_past_and_completes_its_own_d
     """The workflow decides after each action without waiting for a publish in flight:
     that decision skips, its step stays unprotected, and the stored checkpoint's figures
     (or its failure) go to the decision that took it, not to the latest."""
-    policy = CheckpointPolicy(config=adaptive(alpha=1.0, max_unprotected_steps=2, max_unprotected_replay_s=1e9))
+    policy = CheckpointPolicy(
+        config=adaptive(alpha=1.0, max_unprotected_steps=2, max_unprotected_replay_s=1e9)
+    )
     policy.observe_generation(GenerationSample(output_tokens=100, per_token_s=0.01, total_s=1.0))
     policy.observe_action(0.2)
     assert policy.decide(step=1, size_mb=1).verdict == "checkpoint"
@@ -110,8 +112,7 @@ def test_decisions_record_actuals_and_predictor_error():
 
 def test_modes_none_and_every_step():
     for mode, expected in (("none", 0), ("every-step", 6)):
-        trace = [TraceStep(output_tokens=10, per_token_s=0.01, action_s=0.1, checkpoint_s=0.5,
-                           size_mb=2)] * 6
+        trace = [TraceStep(output_tokens=10, per_token_s=0.01, action_s=0.1, checkpoint_s=0.5, size_mb=2)] * 6
         assert simulate(trace, PolicyConfig(mode=mode)).checkpoints == expected
 
 
@@ -130,8 +131,11 @@ def trace_step(draw, staged: bool | None = None) -> TraceStep:
     checkpoint_s = draw(st.floats(0.0, 5.0))
     staged = draw(st.booleans()) if staged is None else staged
     return TraceStep(
-        output_tokens=draw(st.integers(0, 4000)), per_token_s=draw(st.floats(0.0, 0.05)),
-        action_s=draw(st.floats(0.0, 20.0)), checkpoint_s=checkpoint_s, size_mb=draw(st.floats(0.0, 500.0)),
+        output_tokens=draw(st.integers(0, 4000)),
+        per_token_s=draw(st.floats(0.0, 0.05)),
+        action_s=draw(st.floats(0.0, 20.0)),
+        checkpoint_s=checkpoint_s,
+        size_mb=draw(st.floats(0.0, 500.0)),
         capture_s=checkpoint_s * draw(st.floats(0.0, 1.0)) if staged else None,
     )
 
@@ -141,11 +145,21 @@ staged_trace_steps = st.lists(trace_step(staged=True), min_size=1, max_size=60)
 
 
 @settings(max_examples=200, deadline=None)
-@given(trace=trace_steps, bound=st.integers(1, 10), alpha=st.floats(0.1, 10.0),
-       mode=st.sampled_from(["none", "every-step", "adaptive"]), lengths_known=st.booleans())
+@given(
+    trace=trace_steps,
+    bound=st.integers(1, 10),
+    alpha=st.floats(0.1, 10.0),
+    mode=st.sampled_from(["none", "every-step", "adaptive"]),
+    lengths_known=st.booleans(),
+)
 def test_bound_respected_and_no_checkpoint_overlaps_an_action(trace, bound, alpha, mode, lengths_known):
-    config = PolicyConfig(mode=mode, alpha=alpha, max_unprotected_steps=bound,
-                          max_unprotected_replay_s=1e12, trace_lengths_known=lengths_known)
+    config = PolicyConfig(
+        mode=mode,
+        alpha=alpha,
+        max_unprotected_steps=bound,
+        max_unprotected_replay_s=1e12,
+        trace_lengths_known=lengths_known,
+    )
     timeline = simulate(trace, config)
     if mode != "none":
         assert timeline.max_unprotected_steps <= bound
@@ -183,8 +197,9 @@ def test_no_next_generation_means_no_bubble_to_hide_in():
 
 
 def test_fixed_part_of_a_turn_counts_as_generation_and_as_queueing():
-    trace = [TraceStep(output_tokens=10, per_token_s=0.1, fixed_s=2.0, action_s=0.1, checkpoint_s=2.5,
-                       size_mb=1)] * 3
+    trace = [
+        TraceStep(output_tokens=10, per_token_s=0.1, fixed_s=2.0, action_s=0.1, checkpoint_s=2.5, size_mb=1)
+    ] * 3
     timeline = simulate(trace, adaptive(alpha=1.0))
     generations = [i for i in timeline.intervals if i.kind == "generate"]
     assert all(abs((g.end - g.start) - 3.0) < 1e-9 for g in generations)
@@ -194,8 +209,10 @@ def test_fixed_part_of_a_turn_counts_as_generation_and_as_queueing():
 def test_blind_to_the_trace_lengths_the_policy_predicts_from_history():
     """Told the lengths, the policy hides a checkpoint in the one long generation; blind to
     them, as on a model task, it expects another short one there and skips."""
-    trace = [TraceStep(output_tokens=tokens, per_token_s=0.01, action_s=0.1, checkpoint_s=1.0, size_mb=1)
-             for tokens in (10, 10, 400, 10, 10)]
+    trace = [
+        TraceStep(output_tokens=tokens, per_token_s=0.01, action_s=0.1, checkpoint_s=1.0, size_mb=1)
+        for tokens in (10, 10, 400, 10, 10)
+    ]
     assert simulate(trace, adaptive()).checkpoints == 1
     assert simulate(trace, adaptive(trace_lengths_known=False)).checkpoints == 0
 
@@ -205,8 +222,12 @@ def test_trace_lengths_are_known_by_default():
 
 
 @settings(max_examples=200, deadline=None)
-@given(trace=staged_trace_steps, mode=st.sampled_from(["every-step", "adaptive"]), lengths_known=st.booleans())
-def test_a_publish_runs_beside_the_action_that_started_it_and_adaptive_never_waits_for_one(trace, mode, lengths_known):
+@given(
+    trace=staged_trace_steps, mode=st.sampled_from(["every-step", "adaptive"]), lengths_known=st.booleans()
+)
+def test_a_publish_runs_beside_the_action_that_started_it_and_adaptive_never_waits_for_one(
+    trace, mode, lengths_known
+):
     """Staged checkpoints: each publish starts with an action (the one after its capture) or
     at the end; one checkpoint is in flight at a time; adaptive waits only for captures."""
     config = PolicyConfig(mode=mode, trace_lengths_known=lengths_known)
@@ -222,7 +243,9 @@ def test_a_publish_runs_beside_the_action_that_started_it_and_adaptive_never_wai
     if mode == "adaptive":
         capture_waits = 0.0
         for capture in captures:
-            next_generation = [i for i in timeline.intervals if i.kind == "generate" and i.step == capture.step + 1]
+            next_generation = [
+                i for i in timeline.intervals if i.kind == "generate" and i.step == capture.step + 1
+            ]
             if next_generation:
                 capture_waits += max(capture.end - next_generation[0].end, 0.0)
         assert abs(timeline.wait_s - capture_waits) < 1e-6
@@ -237,14 +260,23 @@ def test_a_staged_checkpoint_is_waited_for_only_as_long_as_its_capture():
     staged = simulate([TraceStep(**turn, capture_s=0.2)] * 4, PolicyConfig(mode="every-step"))
     assert one_call.wait_s == 1.5 and staged.wait_s == 0.0
     assert staged.wall_s == one_call.wall_s - 1.5
-    assert [i.kind for i in staged.intervals if i.step == 0] == ["generate", "action", "checkpoint", "publish"]
+    assert [i.kind for i in staged.intervals if i.step == 0] == [
+        "generate",
+        "action",
+        "checkpoint",
+        "publish",
+    ]
 
 
 def test_adaptive_skips_past_a_publish_that_outlasts_the_action_and_every_step_waits_for_it():
-    turn = TraceStep(output_tokens=100, per_token_s=0.01, action_s=0.1, checkpoint_s=0.8, capture_s=0.3, size_mb=1)
+    turn = TraceStep(
+        output_tokens=100, per_token_s=0.01, action_s=0.1, checkpoint_s=0.8, capture_s=0.3, size_mb=1
+    )
     adaptive_run = simulate([turn] * 6, adaptive(alpha=1.0))
     every_step = simulate([turn] * 6, PolicyConfig(mode="every-step"))
-    assert adaptive_run.checkpoints == 3 and adaptive_run.wait_s == 0.0  # every other step: the publish runs on
+    assert (
+        adaptive_run.checkpoints == 3 and adaptive_run.wait_s == 0.0
+    )  # every other step: the publish runs on
     assert every_step.checkpoints == 6 and every_step.wait_s > 0
 
 

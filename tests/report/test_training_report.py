@@ -54,9 +54,18 @@ def test_page_names_the_run_and_embeds_both_figures(tmp_path):
     assert not re.search(r"(src|href)=['\"]https?:", text)  # opens offline
     assert "<title>Belayer training report — train-7f3a</title>" in text
     final = json.loads(TRAIN.read_text())["final_weights_sha256"]
-    for expected in (final, "0.312 (iteration 0) → 0.833 (iteration 5)", "examples/workloads/learn.yaml",
-                     "tiny-warm", "1e-05", "3 injected of 4 planned, 3 recovered", "not injected: the run finished first",
-                     "trainer restart from checkpoint", "can exceed the rollout time", "6m 03s"):
+    for expected in (
+        final,
+        "0.312 (iteration 0) → 0.833 (iteration 5)",
+        "examples/workloads/learn.yaml",
+        "tiny-warm",
+        "1e-05",
+        "3 injected of 4 planned, 3 recovered",
+        "not injected: the run finished first",
+        "trainer restart from checkpoint",
+        "can exceed the rollout time",
+        "6m 03s",
+    ):
         assert expected in text
 
 
@@ -82,8 +91,9 @@ def test_control_appears_only_when_given(tmp_path):
 
 
 def test_a_control_from_another_workload_is_a_warning_not_a_failure(tmp_path):
-    other = rewritten(tmp_path, CONTROL, lambda d: d["settings"].update(workload="examples/workloads/agent.yaml",
-                                                                        seed=3))
+    other = rewritten(
+        tmp_path, CONTROL, lambda d: d["settings"].update(workload="examples/workloads/agent.yaml", seed=3)
+    )
     text = build(tmp_path, control=other)
     warnings = re.findall(r"<p class='warn'>([^<]*)</p>", text)
     assert len(warnings) == 2
@@ -105,12 +115,14 @@ def test_a_control_from_before_the_algorithm_setting_ran_the_default_one(tmp_pat
     other = rewritten(tmp_path, TRAIN, lambda d: d["settings"].update(algorithm="rloo"))
     assert control_warnings(load_training(other), load_training(CONTROL)) == [
         "the control differs from the run in more than the learning rate: algorithm rloo in the run, grpo in "
-        "the control"]
+        "the control"
+    ]
 
 
 def test_a_control_with_the_runs_own_learning_rate_is_named():
     assert control_warnings(load_training(TRAIN), load_training(TRAIN)) == [
-        "the control has the run's own learning rate (1e-05); a control usually has lr 0"]
+        "the control has the run's own learning rate (1e-05); a control usually has lr 0"
+    ]
 
 
 def test_a_run_from_before_elapsed_time_and_settings_still_reports(tmp_path):
@@ -126,8 +138,11 @@ def test_a_run_from_before_elapsed_time_and_settings_still_reports(tmp_path):
 
 
 def test_a_run_without_iterations_reports_without_figures(tmp_path):
-    empty = rewritten(tmp_path, TRAIN, lambda d: d.update(iterations=[], status="failed_infra",
-                                                          reason="no rollout node answered"))
+    empty = rewritten(
+        tmp_path,
+        TRAIN,
+        lambda d: d.update(iterations=[], status="failed_infra", reason="no rollout node answered"),
+    )
     text = build(tmp_path, run=empty)
     assert "The run recorded no iteration" in text and "no rollout node answered" in text
     assert "<td class='bad'>failed_infra</td>" in text
@@ -141,11 +156,14 @@ def test_bench_tables_still_sit_beside_a_training_report(tmp_path):
     assert "goodput_ratio" in text and "training-bench.json" in text
 
 
-@pytest.mark.parametrize("content, expected", [
-    ('{"something": "else"}', r"its keys: something.*\"run_id\", \"status\" and an \"iterations\" list"),
-    ("[1, 2]", r"`belayer train --json` result"),
-    ("not json", r"is not JSON"),
-])
+@pytest.mark.parametrize(
+    "content, expected",
+    [
+        ('{"something": "else"}', r"its keys: something.*\"run_id\", \"status\" and an \"iterations\" list"),
+        ("[1, 2]", r"`belayer train --json` result"),
+        ("not json", r"is not JSON"),
+    ],
+)
 def test_a_file_of_no_known_kind_says_what_was_expected(tmp_path, content, expected):
     path = tmp_path / "x.json"
     path.write_text(content)
@@ -175,14 +193,22 @@ def run_cli(tmp_path: Path, *args: str) -> subprocess.CompletedProcess:
     """The real command in its own process (it ends with os._exit), with a state directory
     of its own: no stack is running for it."""
     env = dict(os.environ, BELAYER_STATE_DIR=str(tmp_path / "state"))
-    return subprocess.run([sys.executable, "-m", "belayer.cli", "report", *args], env=env, capture_output=True,
-                          text=True, stdin=subprocess.DEVNULL, timeout=120)
+    return subprocess.run(
+        [sys.executable, "-m", "belayer.cli", "report", *args],
+        env=env,
+        capture_output=True,
+        text=True,
+        stdin=subprocess.DEVNULL,
+        timeout=120,
+    )
 
 
 @pytest.mark.usefixtures("local_processes")
 def test_cli_reports_a_training_run_without_temporal(tmp_path):
     out = tmp_path / "out"
-    result = run_cli(tmp_path, str(TRAIN), "--out", str(out), "--control", str(CONTROL))  # --history is the default
+    result = run_cli(
+        tmp_path, str(TRAIN), "--out", str(out), "--control", str(CONTROL)
+    )  # --history is the default
     assert result.returncode == 0, result.stderr
     assert result.stdout.strip() == str(out / "report.html")
     assert {p.name for p in out.iterdir()} == {"report.html", "reward.png", "time.png"}

@@ -49,8 +49,6 @@ def test_hang_with_failed_device_check_falls_back_to_cold_start(faulty_node):
 @pytest.mark.parametrize(
     "faulty_node", ["owner_crash:after_s=0,engine_crash_during_decode:after=60"], indirect=True
 )
-
-
 def test_owner_crash_then_engine_crash_is_a_takeover_not_a_cold_start(faulty_node):
     """The owner's death no longer forces a cold start: a replacement adopts its verified
     segments, and the shadow proves its own weights (sketch) before it leads."""

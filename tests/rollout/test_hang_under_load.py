@@ -29,22 +29,31 @@ def _spin() -> None:
 @pytest.fixture(scope="module", params=["tiny", "bench"])
 @needs("engine")
 def loaded_node(request):
-    config = node_config(model=request.param, kv_cache_mb=256, max_model_len=1024,
-                         heartbeat_interval_s=0.25, heartbeat_timeout_s=120.0,  # only the upper bound
-                         hang_floor_s=2.0)  # the default, not the shared test nodes' generous one
+    config = node_config(
+        model=request.param,
+        kv_cache_mb=256,
+        max_model_len=1024,
+        heartbeat_interval_s=0.25,
+        heartbeat_timeout_s=120.0,  # only the upper bound
+        hang_floor_s=2.0,
+    )  # the default, not the shared test nodes' generous one
     yield from started_node(config, model_path(request.param))
 
 
 def _prompts(seed: int, vocab: int) -> list[list[int]]:
     """Distinct prompts per seed, so that none of them is in the prefix cache."""
-    return [[(seed * 7919 + r * 104729 + i * 31) % (vocab - 10) + 10 for i in range(PROMPT_TOKENS)]
-            for r in range(REQUESTS)]
+    return [
+        [(seed * 7919 + r * 104729 + i * 31) % (vocab - 10) + 10 for i in range(PROMPT_TOKENS)]
+        for r in range(REQUESTS)
+    ]
 
 
 def _serve(node, seed: int, on_progress=None) -> list:
     spec = SamplingSpec(max_tokens=NEW_TOKENS, temperature=1.0, seed=seed, ignore_eos=True)
-    handles = [node.submit(p, spec, on_progress=on_progress if i == 0 else None)
-               for i, p in enumerate(_prompts(seed, node.vocab_size))]
+    handles = [
+        node.submit(p, spec, on_progress=on_progress if i == 0 else None)
+        for i, p in enumerate(_prompts(seed, node.vocab_size))
+    ]
     return [h.result(600) for h in handles]
 
 
@@ -80,8 +89,10 @@ def test_a_loaded_engine_is_busy_not_hung_and_a_stopped_one_is_caught(loaded_nod
     deadline_s = float(re.search(r"silent for ([0-9.]+) s", event.reason).group(1))
     assert deadline_s < node.config.heartbeat_timeout_s
     assert event.detected_at - stopped["at"] <= deadline_s + 1.0
-    print(f"hang deadlines ({node.config.model} model): idle {idle}, under load {under_load}, caught a SIGSTOP "
-          f"after {event.detected_at - stopped['at']:.2f} s (deadline {deadline_s} s)")
+    print(
+        f"hang deadlines ({node.config.model} model): idle {idle}, under load {under_load}, caught a SIGSTOP "
+        f"after {event.detected_at - stopped['at']:.2f} s (deadline {deadline_s} s)"
+    )
 
 
 def test_after_its_owner_dies_the_node_is_protected_again(loaded_node):

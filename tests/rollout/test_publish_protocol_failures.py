@@ -46,8 +46,9 @@ def contents(tiny_model):
 
 @pytest.fixture(scope="module")
 def node_under_test(tiny_model):
-    config = node_config(weight_mode="shared", heartbeat_timeout_s=600.0, hang_floor_s=600.0,
-                         weights_verify_interval_s=0.5)
+    config = node_config(
+        weight_mode="shared", heartbeat_timeout_s=600.0, hang_floor_s=600.0, weights_verify_interval_s=0.5
+    )
     yield from started_node(config, tiny_model)
 
 
@@ -193,13 +194,18 @@ def test_a_shadow_started_during_a_finish_on_old_drain_starts_on_the_pinned_vers
     node.add_state_listener(freeze_the_new_leader)
     try:
         os.kill(first_leader, signal.SIGKILL)
-        wait_until(lambda: len(node.recoveries) > before and node.roles()["shadow_ready"],
-                   "the takeover and the shadow started after it", 300)
+        wait_until(
+            lambda: len(node.recoveries) > before and node.roles()["shadow_ready"],
+            "the takeover and the shadow started after it",
+            300,
+        )
     finally:
         node.remove_state_listener(freeze_the_new_leader)
     assert node.recoveries[before].kind == "takeover" and node.recoveries[before].weights_version == old
     assert not request.done()
-    assert node.roles()["shadow_version"] == old, "the new shadow must start on the version the drain is pinned to"
+    assert node.roles()["shadow_version"] == old, (
+        "the new shadow must start on the version the drain is pinned to"
+    )
     os.kill(frozen["pid"], signal.SIGKILL)
     result = request.result(300)
     assert node.recoveries[before + 1].kind == "takeover"
@@ -239,7 +245,9 @@ def test_the_owners_background_check_verifies_the_version_a_drain_is_pinned_to(n
     flip_a_weight_byte(node.owner_versions[old])
     wait_until(lambda: len(node.recoveries) > before, "the background check to find the damaged segment", 60)
     event = node.recoveries[before]
-    assert event.kind == "cold_start" and "checksum" in event.reason and f"version {old}" in event.reason, event
+    assert event.kind == "cold_start" and "checksum" in event.reason and f"version {old}" in event.reason, (
+        event
+    )
     result = request.result(300)
     on_old = result.versions.count(old)
     assert on_old >= 30 and result.versions == [old] * on_old + [version] * (len(result.versions) - on_old)

@@ -130,7 +130,9 @@ def make_sandboxes(storage_config, **config_overrides) -> Sandboxes:
     cfg = small_config(**config_overrides)
     state_dir = runtime.default_state_dir()
     backend = TrackingBackend(cfg, state_dir)
-    host = SandboxHost(cfg, backend, ObjectStore(storage_config), state_dir=state_dir, host_queue="belayer-sandbox-test")
+    host = SandboxHost(
+        cfg, backend, ObjectStore(storage_config), state_dir=state_dir, host_queue="belayer-sandbox-test"
+    )
     return Sandboxes(host, backend, uuid.uuid4().hex[:12])
 
 

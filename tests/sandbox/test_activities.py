@@ -41,7 +41,11 @@ T = timedelta(seconds=120)
 ONCE = RetryPolicy(maximum_attempts=1)
 STEPS = RecordLogRef(key="trajectories/wf/steps/v0", length=1)
 # The context a checkpoint after step 1 records, and the step log says step 1 left.
-CONTEXT = PrefixRef(key="trajectories/wf/tokens/v0", length=0, sha256="e3b0c44298fc1c149afbf4c8996fb92427ae41e4649b934ca495991b7852b855")
+CONTEXT = PrefixRef(
+    key="trajectories/wf/tokens/v0",
+    length=0,
+    sha256="e3b0c44298fc1c149afbf4c8996fb92427ae41e4649b934ca495991b7852b855",
+)
 
 
 class StepLogWriter:
@@ -62,42 +66,95 @@ class StepLogWriter:
 class SandboxRoundTrip:
     @workflow.run
     async def run(self, spec: SandboxSpec) -> dict:
-        h = (await workflow.execute_activity("sandbox.create", CreateSandboxArgs(spec=spec),
-                                             result_type=CreateSandboxResult, start_to_close_timeout=T)).handle
+        h = (
+            await workflow.execute_activity(
+                "sandbox.create",
+                CreateSandboxArgs(spec=spec),
+                result_type=CreateSandboxResult,
+                start_to_close_timeout=T,
+            )
+        ).handle
         cmd = "cd /workspace && export X=41 && echo $((X+1)) | tee answer"
-        obs = (await workflow.execute_activity(
-            "sandbox.exec", ExecArgs(handle=h, action=Action(trajectory="wf", step=1, command=cmd)),
-            result_type=ExecResult, task_queue=h.host_queue, start_to_close_timeout=T)).observation
-        ck = (await workflow.execute_activity(
-            "sandbox.checkpoint", CheckpointArgs(handle=h, token_prefix_len=CONTEXT.length,
-                                                 token_prefix_sha256=CONTEXT.sha256),
-            result_type=CheckpointResult, task_queue=h.host_queue, start_to_close_timeout=T)).checkpoint
-        digest = (await workflow.execute_activity("sandbox.workspace_hash", WorkspaceHashArgs(handle=h),
-                                                  result_type=WorkspaceHashResult, task_queue=h.host_queue,
-                                                  start_to_close_timeout=T)).sha256
+        obs = (
+            await workflow.execute_activity(
+                "sandbox.exec",
+                ExecArgs(handle=h, action=Action(trajectory="wf", step=1, command=cmd)),
+                result_type=ExecResult,
+                task_queue=h.host_queue,
+                start_to_close_timeout=T,
+            )
+        ).observation
+        ck = (
+            await workflow.execute_activity(
+                "sandbox.checkpoint",
+                CheckpointArgs(handle=h, token_prefix_len=CONTEXT.length, token_prefix_sha256=CONTEXT.sha256),
+                result_type=CheckpointResult,
+                task_queue=h.host_queue,
+                start_to_close_timeout=T,
+            )
+        ).checkpoint
+        digest = (
+            await workflow.execute_activity(
+                "sandbox.workspace_hash",
+                WorkspaceHashArgs(handle=h),
+                result_type=WorkspaceHashResult,
+                task_queue=h.host_queue,
+                start_to_close_timeout=T,
+            )
+        ).sha256
         step = StepRecord(step=1, command=cmd, observation=obs, context_after_action=CONTEXT)
         await workflow.execute_activity("test.write_step", step, start_to_close_timeout=T)
-        out = (await workflow.execute_activity(
-            "sandbox.recover", RecoverArgs(handle=h, trajectory_id="wf", checkpoints=[ck], steps=STEPS),
-            result_type=RecoverResult, start_to_close_timeout=T)).outcome
+        out = (
+            await workflow.execute_activity(
+                "sandbox.recover",
+                RecoverArgs(handle=h, trajectory_id="wf", checkpoints=[ck], steps=STEPS),
+                result_type=RecoverResult,
+                start_to_close_timeout=T,
+            )
+        ).outcome
         stale = None
         try:
             await workflow.execute_activity(
-                "sandbox.exec", ExecArgs(handle=h, action=Action(trajectory="wf", step=2, command="echo no")),
-                result_type=ExecResult, task_queue=h.host_queue, start_to_close_timeout=T, retry_policy=ONCE)
+                "sandbox.exec",
+                ExecArgs(handle=h, action=Action(trajectory="wf", step=2, command="echo no")),
+                result_type=ExecResult,
+                task_queue=h.host_queue,
+                start_to_close_timeout=T,
+                retry_policy=ONCE,
+            )
         except ActivityError as err:
             cause = err.cause
             assert isinstance(cause, ApplicationError)
             stale = {"type": cause.type, "non_retryable": cause.non_retryable}
-        again = (await workflow.execute_activity(
-            "sandbox.exec", ExecArgs(handle=out.handle, action=Action(trajectory="wf", step=2, command="cat answer; echo $X")),
-            result_type=ExecResult, task_queue=out.handle.host_queue, start_to_close_timeout=T)).observation
-        digest2 = (await workflow.execute_activity("sandbox.workspace_hash", WorkspaceHashArgs(handle=out.handle),
-                                                   result_type=WorkspaceHashResult, task_queue=out.handle.host_queue,
-                                                   start_to_close_timeout=T)).sha256
-        deleted = (await workflow.execute_activity("sandbox.destroy", DestroyArgs(handle=out.handle, delete_checkpoints=True),
-                                                   result_type=DestroyResult, task_queue=out.handle.host_queue,
-                                                   start_to_close_timeout=T)).deleted_objects
+        again = (
+            await workflow.execute_activity(
+                "sandbox.exec",
+                ExecArgs(
+                    handle=out.handle, action=Action(trajectory="wf", step=2, command="cat answer; echo $X")
+                ),
+                result_type=ExecResult,
+                task_queue=out.handle.host_queue,
+                start_to_close_timeout=T,
+            )
+        ).observation
+        digest2 = (
+            await workflow.execute_activity(
+                "sandbox.workspace_hash",
+                WorkspaceHashArgs(handle=out.handle),
+                result_type=WorkspaceHashResult,
+                task_queue=out.handle.host_queue,
+                start_to_close_timeout=T,
+            )
+        ).sha256
+        deleted = (
+            await workflow.execute_activity(
+                "sandbox.destroy",
+                DestroyArgs(handle=out.handle, delete_checkpoints=True),
+                result_type=DestroyResult,
+                task_queue=out.handle.host_queue,
+                start_to_close_timeout=T,
+            )
+        ).deleted_objects
         return {"first": obs, "source": out.source, "generation": out.handle.generation, "stale": stale,
                 "again": again, "same_hash": digest == digest2, "deleted": deleted}  # fmt: skip
 
@@ -115,14 +172,24 @@ async def test_activities_round_trip(sandboxes, temporal_server, stack_config):
     client = await connect(stack_config.temporal, stack_config.storage.encryption_key)
     acts = SandboxActivities(sandboxes.host)
     writer = StepLogWriter(sandboxes.host.store)
-    async with Worker(client, task_queue=queue, workflows=[SandboxRoundTrip], activities=[*acts.all(), writer.write_step],
-                      activity_executor=concurrent.futures.ThreadPoolExecutor(2)):
+    async with Worker(
+        client,
+        task_queue=queue,
+        workflows=[SandboxRoundTrip],
+        activities=[*acts.all(), writer.write_step],
+        activity_executor=concurrent.futures.ThreadPoolExecutor(2),
+    ):
         result = await client.execute_workflow(
-            SandboxRoundTrip.run, sandboxes.spec(), id=f"sbx-roundtrip-{uuid.uuid4().hex[:8]}", task_queue=queue,
+            SandboxRoundTrip.run,
+            sandboxes.spec(),
+            id=f"sbx-roundtrip-{uuid.uuid4().hex[:8]}",
+            task_queue=queue,
             execution_timeout=timedelta(minutes=5),
         )
-    first, again = (load_observation(sandboxes.host.store, ObservationRef.model_validate(result[k]))
-                    for k in ("first", "again"))
+    first, again = (
+        load_observation(sandboxes.host.store, ObservationRef.model_validate(result[k]))
+        for k in ("first", "again")
+    )
     assert first.stdout == "42\n"
     assert result["source"].startswith("checkpoint@") and result["generation"] == 1
     assert result["stale"] == {"type": "StaleGeneration", "non_retryable": True}

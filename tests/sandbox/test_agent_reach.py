@@ -34,7 +34,9 @@ def test_loader_variables_never_reach_the_capability_holding_helper(sandboxes):
     host = sandboxes.host
     handle = sandboxes.create()
     before = guarded_files(sandboxes, handle)
-    first = host.exec(handle, act(1, "export LD_DEBUG=files LD_DEBUG_OUTPUT=/var/lib/belayer/pwned; echo set"))
+    first = host.exec(
+        handle, act(1, "export LD_DEBUG=files LD_DEBUG_OUTPUT=/var/lib/belayer/pwned; echo set")
+    )
     assert first.exit_code == 0 and "LD_DEBUG, LD_DEBUG_OUTPUT" in first.note, first
     second = host.exec(handle, act(2, "echo ${LD_DEBUG_OUTPUT:-unset}"))
     assert second.stdout == "unset\n", second
@@ -157,8 +159,15 @@ def test_a_check_may_declare_that_the_agents_processes_keep_running(sandboxes):
     host = sandboxes.host
     handle = sandboxes.create()
     assert host.exec(handle, act(1, SPAWNER)).exit_code == 0
-    check = host.exec(handle, act(2, "a=$(cat /workspace/count); sleep 1; b=$(cat /workspace/count); "
-                                     "test \"$a\" != \"$b\" && echo moving"), isolated=True, processes="running")
+    check = host.exec(
+        handle,
+        act(
+            2,
+            'a=$(cat /workspace/count); sleep 1; b=$(cat /workspace/count); test "$a" != "$b" && echo moving',
+        ),
+        isolated=True,
+        processes="running",
+    )
     assert check.stdout == "moving\n", check
 
 

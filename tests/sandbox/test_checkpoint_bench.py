@@ -26,10 +26,15 @@ def test_bench_checkpoint_json(sandbox_runtime, storage_config, tmp_path):
 
     (tmp_path / "small.yaml").write_text(WORKLOAD)
     cfg = storage_config
-    result = CliRunner().invoke(checkpoint, ["--json", "--repetitions", "2", "--workload", str(tmp_path / "small.yaml")],
-                                env=storage_env(cfg), obj={}, catch_exceptions=False)
+    result = CliRunner().invoke(
+        checkpoint,
+        ["--json", "--repetitions", "2", "--workload", str(tmp_path / "small.yaml")],
+        env=storage_env(cfg),
+        obj={},
+        catch_exceptions=False,
+    )
     assert result.exit_code == 0, result.output
-    report = json.loads(result.stdout[result.stdout.index("{"):])
+    report = json.loads(result.stdout[result.stdout.index("{") :])
     assert report["repetitions"] == 2 and len(report["samples"]) == 4
     for mode in ("belayer", "podman"):
         row = report["modes"][mode]

@@ -53,7 +53,9 @@ def act(step: int, command: str, trajectory: str = TRAJ) -> Action:
 def run(host, handle, step: int, command: str, log: list[LoggedAction] | None = None, trajectory: str = TRAJ):
     obs = host.exec(handle, act(step, command, trajectory))
     if log is not None:
-        log.append(LoggedAction(trajectory=trajectory, step=step, command=command, observation_sha256=obs.sha256))
+        log.append(
+            LoggedAction(trajectory=trajectory, step=step, command=command, observation_sha256=obs.sha256)
+        )
     return obs
 
 
@@ -105,8 +107,15 @@ def _sandbox_in(sandboxes, where: str):
 def test_the_agents_processes_run_under_belayers_seccomp_filter(sandboxes, where):
     host = sandboxes.host
     handle, trajectory, step, pid = _sandbox_in(sandboxes, where)
-    status = run(host, handle, step, f"grep '^Seccomp:' /proc/self/status /proc/{pid}/status", trajectory=trajectory)
-    assert status.stdout.split() == ["/proc/self/status:Seccomp:", "2", f"/proc/{pid}/status:Seccomp:", "2"], status
+    status = run(
+        host, handle, step, f"grep '^Seccomp:' /proc/self/status /proc/{pid}/status", trajectory=trajectory
+    )
+    assert status.stdout.split() == [
+        "/proc/self/status:Seccomp:",
+        "2",
+        f"/proc/{pid}/status:Seccomp:",
+        "2",
+    ], status
     calls = run(host, handle, step + 1, f"python3 - <<'EOF'\n{SYSCALL_PROBE}EOF", trajectory=trajectory)
     assert calls.exit_code == 0, calls
     assert json.loads(calls.stdout) == REFUSED

@@ -41,7 +41,9 @@ def test_a_drained_sandbox_resumes_on_another_host_from_the_drains_checkpoint(tw
     report = drain.drain_host(hosts.host_a, deadline_s=0.5)
 
     (moved,) = report.sandboxes
-    assert (moved.sandbox_id, moved.outcome, moved.step) == (handle.sandbox_id, "moved", len(STEPS)), moved.detail
+    assert (moved.sandbox_id, moved.outcome, moved.step) == (handle.sandbox_id, "moved", len(STEPS)), (
+        moved.detail
+    )
     assert moved.paused_s > 0 and report.emptied_s is not None
     assert hosts.a.lineages() == {}  # removed from the drained host
     with pytest.raises(HostDraining):
@@ -57,8 +59,14 @@ def test_a_drained_sandbox_resumes_on_another_host_from_the_drains_checkpoint(tw
     new = outcome.handle
     assert (new.host_queue, new.generation) == (HOST_B, handle.generation + 1)
     # The background process came along: its ticks went on growing after the move.
-    obs = hosts.host_b.exec(new, act(4, "sleep 0.3; cat /workspace/a; test $(wc -l < /tmp/ticks) -gt "
-                                        "$(cat /workspace/ticks) && echo still-ticking"))
+    obs = hosts.host_b.exec(
+        new,
+        act(
+            4,
+            "sleep 0.3; cat /workspace/a; test $(wc -l < /tmp/ticks) -gt "
+            "$(cat /workspace/ticks) && echo still-ticking",
+        ),
+    )
     assert obs.stdout == "first\nstill-ticking\n", obs
     hosts.host_b.destroy(new)  # before teardown: on one machine both hosts share the channel path
 

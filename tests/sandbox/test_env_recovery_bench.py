@@ -19,8 +19,21 @@ def test_env_recovery_json(sandbox_runtime, tmp_path, monkeypatch):
     monkeypatch.setenv("BELAYER_SANDBOX__MEMORY_MB", "1024")  # the default tmpfs sizes fit (config checks)
     result = CliRunner().invoke(
         env_recovery,
-        ["--json", "--scale", "0.02", "--workload", "make-build-and-kv-server", "--archive-dir", str(tmp_path),
-         "--failures", "2", "--seed", "3", "--repetitions", "2"],
+        [
+            "--json",
+            "--scale",
+            "0.02",
+            "--workload",
+            "make-build-and-kv-server",
+            "--archive-dir",
+            str(tmp_path),
+            "--failures",
+            "2",
+            "--seed",
+            "3",
+            "--repetitions",
+            "2",
+        ],
         obj={},
         catch_exceptions=False,
     )

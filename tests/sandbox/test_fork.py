@@ -48,7 +48,9 @@ def test_forks_start_identical_and_diverge_alone(sandboxes):
     for i, h in enumerate(forks):
         host.exec(h, Action(trajectory=f"member-{i}", step=3, command=f"echo v-fork{i} > VERSION"))
     for i, h in enumerate(forks):
-        assert host.exec(h, Action(trajectory=f"member-{i}", step=4, command=FETCH)).stdout == f"v-fork{i}\n\n"
+        assert (
+            host.exec(h, Action(trajectory=f"member-{i}", step=4, command=FETCH)).stdout == f"v-fork{i}\n\n"
+        )
     host.exec(forks[0], Action(trajectory="member-0", step=5, command="pkill -f http.server; sleep 0.2"))
     assert host.exec(forks[1], Action(trajectory="member-1", step=5, command=FETCH)).stdout == "v-fork1\n\n"
     assert host.exec(parent, Action(trajectory="parent", step=1, command=FETCH)).stdout == "v1\n\n"
@@ -60,8 +62,14 @@ def test_a_forks_journal_refuses_its_parents_steps(sandboxes):
     parent = sandboxes.create()
     done = host.exec(parent, Action(trajectory="parent", step=1, command="echo a > /workspace/a"))
     ref = host.checkpoint(parent)
-    log = [LoggedAction(trajectory="child", step=1, command="echo a > /workspace/a", observation_sha256=done.sha256)]
-    [fork] = host.fork(ref, [ForkTarget(sandbox_id=f"sbx-child-{sandboxes.token[:8]}", trajectory="child")], log=log)
+    log = [
+        LoggedAction(
+            trajectory="child", step=1, command="echo a > /workspace/a", observation_sha256=done.sha256
+        )
+    ]
+    [fork] = host.fork(
+        ref, [ForkTarget(sandbox_id=f"sbx-child-{sandboxes.token[:8]}", trajectory="child")], log=log
+    )
     assert fork.handle is not None, fork.error
     again = host.exec(fork.handle, Action(trajectory="child", step=1, command="echo ran > /workspace/ran"))
     assert again.replayed_from_journal and again.sha256 == done.sha256  # inherited, not run twice
@@ -80,7 +88,9 @@ def test_a_killed_fork_recovers_alone_from_its_own_checkpoint_then_its_origin(sa
     log = []
     for step, command in enumerate(["echo one > one", "echo two > two"], start=1):
         obs = host.exec(a, Action(trajectory="member-0", step=step, command=command))
-        log.append(LoggedAction(trajectory="member-0", step=step, command=command, observation_sha256=obs.sha256))
+        log.append(
+            LoggedAction(trajectory="member-0", step=step, command=command, observation_sha256=obs.sha256)
+        )
         if step == 1:
             own = host.checkpoint(a)
     host.kill(a)
@@ -105,4 +115,6 @@ def test_a_corrupt_origin_forks_nothing(sandboxes):
     with pytest.raises(CheckpointCorrupt):
         host.fork(ref, targets(2, sandboxes.token))
     assert set(sandboxes.backend.lineages()) >= {parent.sandbox_id}
-    assert not any(sid.startswith("sbx-fork") and sandboxes.token[:8] in sid for sid in sandboxes.backend.lineages())
+    assert not any(
+        sid.startswith("sbx-fork") and sandboxes.token[:8] in sid for sid in sandboxes.backend.lineages()
+    )

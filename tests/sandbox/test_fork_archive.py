@@ -57,8 +57,15 @@ def test_a_forks_archive_names_its_own_paths_and_keeps_every_other_byte(tmp_path
     for s in (config["spec"], spec_dump):
         assert s["hostname"] == "sbx-child"
         assert s["mounts"][0]["source"] == "/run/belayer/sbx/sbx-child"
-        assert s["linux"]["namespaces"] == [{"type": "network"}, {"type": "user"}]  # made anew at each restore
-    assert config["labels"] == {"belayer.sandbox": "sbx-child", "belayer.test": "t", "belayer.generation": "1"}
+        assert s["linux"]["namespaces"] == [
+            {"type": "network"},
+            {"type": "user"},
+        ]  # made anew at each restore
+    assert config["labels"] == {
+        "belayer.sandbox": "sbx-child",
+        "belayer.test": "t",
+        "belayer.generation": "1",
+    }
     assert "sbx-parent" not in got["config.dump"].decode().replace("sbx-parent-g0", "")
 
 
@@ -68,7 +75,7 @@ def downloading(path):
     def download(dest):
         data = path.read_bytes()
         for i in range(0, len(data), 4096):
-            dest.write(data[i:i + 4096])
+            dest.write(data[i : i + 4096])
 
     return download
 
@@ -82,8 +89,10 @@ def test_unpack_decompresses_as_it_downloads_and_refuses_what_is_not_an_export(t
         subprocess.run(compressor(method), stdin=src, stdout=out, check=True)
     plain = unpack(downloading(packed), method, tmp_path / "out.tar")
     assert plain.read_bytes() == (tmp_path / "plain.tar").read_bytes()
-    assert unpack(downloading(tmp_path / "plain.tar"), "none", tmp_path / "copy.tar").read_bytes() == \
-        (tmp_path / "plain.tar").read_bytes()
+    assert (
+        unpack(downloading(tmp_path / "plain.tar"), "none", tmp_path / "copy.tar").read_bytes()
+        == (tmp_path / "plain.tar").read_bytes()
+    )
     (tmp_path / "half").write_bytes(packed.read_bytes()[:40])
     with pytest.raises(CheckpointCorrupt, match=f"does not decompress as {method}"):
         unpack(downloading(tmp_path / "half"), method, tmp_path / "bad.tar")

@@ -32,6 +32,9 @@ def test_fork_bench_json(sandbox_runtime, tmp_path):
     assert data["fork"]["setup_s"]["median"] > 0 and "setup_s" not in data["fork_reused"]
     assert not any(tmp_path.rglob("archive")), "checkpoint objects left behind"
     config = load_config(None)
-    left = PodmanBackend(config.sandbox, config.state_dir).podman(
-        "ps", "-a", "--filter", "label=belayer.bench=fork", "--format", "{{.Names}}").stdout.split()
+    left = (
+        PodmanBackend(config.sandbox, config.state_dir)
+        .podman("ps", "-a", "--filter", "label=belayer.bench=fork", "--format", "{{.Names}}")
+        .stdout.split()
+    )
     assert left == [], f"bench sandboxes left running: {left}"

@@ -76,7 +76,9 @@ class HostView(TrackingBackend):
     def destroy(self, sandbox_id: str) -> None:
         for name in self.containers_of(sandbox_id):
             if self.is_running(name):
-                self.heads_when_fenced[name] = channel.call(self.channel_path(sandbox_id), {"op": "ping"})["head"]
+                self.heads_when_fenced[name] = channel.call(self.channel_path(sandbox_id), {"op": "ping"})[
+                    "head"
+                ]
         super().destroy(sandbox_id)
 
     def lose_contact(self, handle: SandboxHandle) -> str:

@@ -17,7 +17,9 @@ from tests.sandbox.conftest import make_sandboxes
 NOW = 1_000_000.0
 
 
-def load(queue: str, sandboxes: int, *, capacity: int = 4, draining: bool = False, age_s: float = 1.0) -> HostLoad:
+def load(
+    queue: str, sandboxes: int, *, capacity: int = 4, draining: bool = False, age_s: float = 1.0
+) -> HostLoad:
     return HostLoad(host_queue=queue, sandboxes=sandboxes, capacity=capacity, draining=draining,
                     written_at=NOW - age_s)  # fmt: skip
 
@@ -35,7 +37,10 @@ def test_full_draining_and_stale_hosts_are_never_chosen():
 
 
 def test_the_host_that_lost_a_sandbox_is_taken_only_when_no_other_has_room():
-    assert choose([load("lost-it", 0), load("other", 3)], now=NOW, key="sbx-1", avoid=frozenset({"lost-it"})) == "other"
+    assert (
+        choose([load("lost-it", 0), load("other", 3)], now=NOW, key="sbx-1", avoid=frozenset({"lost-it"}))
+        == "other"
+    )
     assert choose([load("lost-it", 0), load("other", 4)], now=NOW, key="sbx-1",
                   avoid=frozenset({"lost-it"})) == "lost-it"  # fmt: skip
 

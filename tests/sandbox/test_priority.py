@@ -17,8 +17,13 @@ def _own_nice() -> int:
 
 def test_work_and_its_subprocesses_run_raised_and_the_caller_is_unchanged():
     before = _own_nice()
-    inside, child = priority.at_niceness(5, lambda: (
-        _own_nice(), int(subprocess.run(["nice"], capture_output=True, text=True, check=True).stdout)))
+    inside, child = priority.at_niceness(
+        5,
+        lambda: (
+            _own_nice(),
+            int(subprocess.run(["nice"], capture_output=True, text=True, check=True).stdout),
+        ),
+    )
     assert inside == child == min(19, before + 5)
     assert _own_nice() == before
 

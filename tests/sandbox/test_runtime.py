@@ -259,11 +259,19 @@ def test_criu_tar_drops_gzip_from_dumps_and_reads_either_kind(tmp_path, reached_
     (tmp_path / "src").mkdir()
     (tmp_path / "src" / "file").write_text("state\n")
     env = {**os.environ, "PATH": f"{tools}{os.pathsep}{os.environ['PATH']}"}
-    image = subprocess.run(["tar", "--create", "--gzip", "--directory", str(tmp_path / "src"), "."],
-                           env=env, capture_output=True, check=True, timeout=30).stdout
+    image = subprocess.run(
+        ["tar", "--create", "--gzip", "--directory", str(tmp_path / "src"), "."],
+        env=env,
+        capture_output=True,
+        check=True,
+        timeout=30,
+    ).stdout
     assert image[257:262] == b"ustar"  # a plain tar, not gzip (which starts 1f 8b)
-    gzipped = subprocess.run(["tar", "--create", "--gzip", "--directory", str(tmp_path / "src"), "."],
-                             capture_output=True, check=True).stdout  # the system's tar
+    gzipped = subprocess.run(
+        ["tar", "--create", "--gzip", "--directory", str(tmp_path / "src"), "."],
+        capture_output=True,
+        check=True,
+    ).stdout  # the system's tar
     assert gzipped[:2] == b"\x1f\x8b"
     for kind, data in (("plain", image), ("gzip", gzipped)):
         # A pipe; a file at its start (what CRIU hands over: tar is given it by name); a
@@ -291,7 +299,8 @@ def _extract_with(env: dict, out: Path, data: bytes, stdin: str) -> None:
 @pytest.mark.usefixtures("local_processes")
 def test_criu_tar_says_so_when_no_other_tar_is_on_path(tmp_path):
     env = {**os.environ, "PATH": str(CRIU_TOOLS_DIR)}
-    done = subprocess.run(["/bin/sh", str(CRIU_TOOLS_DIR / "tar"), "--version"], env=env, capture_output=True,
-                          timeout=30)
+    done = subprocess.run(
+        ["/bin/sh", str(CRIU_TOOLS_DIR / "tar"), "--version"], env=env, capture_output=True, timeout=30
+    )
     assert done.returncode == 127
     assert b"no tar on PATH besides this one" in done.stderr

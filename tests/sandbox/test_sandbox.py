@@ -139,8 +139,15 @@ def test_established_tcp_connection_survives_a_checkpoint(sandboxes, after_check
         assert outcome.source == f"checkpoint@{len(TCP_SCENARIO)}" and outcome.consistent, outcome
         assert outcome.handle.container == sandboxes.backend.container_name(handle.sandbox_id, 1)
         handle = outcome.handle
-    answer = host.exec(handle, act(len(TCP_SCENARIO) + 1, (
-        "touch /tmp/ask; for i in $(seq 100); do [ -s /tmp/answer ] && break; sleep 0.1; done; cat /tmp/answer")))
+    answer = host.exec(
+        handle,
+        act(
+            len(TCP_SCENARIO) + 1,
+            (
+                "touch /tmp/ask; for i in $(seq 100); do [ -s /tmp/answer ] && break; sleep 0.1; done; cat /tmp/answer"
+            ),
+        ),
+    )
     assert answer.stdout == "echo ping\n", answer
 
 
@@ -262,7 +269,9 @@ def test_never_ending_command_times_out_and_sandbox_stays_usable(sandboxes):
 def test_huge_output_is_capped(sandboxes):
     host = sandboxes.host
     handle = sandboxes.create()
-    obs = host.exec(handle, act(1, "head -c 1000000000 /dev/zero | tr '\\0' y; echo; echo tail-end", timeout_s=120))
+    obs = host.exec(
+        handle, act(1, "head -c 1000000000 /dev/zero | tr '\\0' y; echo; echo tail-end", timeout_s=120)
+    )
     assert obs.exit_code == 0
     assert obs.stdout_bytes == 1_000_000_000 + len("\ntail-end\n")
     assert obs.truncated and "bytes truncated" in obs.stdout
@@ -277,7 +286,10 @@ def test_fork_bomb_hits_pids_limit(sandboxes):
     # In the foreground: the timeout freezes and kills every process the action started.
     obs = host.exec(handle, act(1, "bomb() { bomb | bomb; }; bomb", timeout_s=3))
     assert obs.timed_out
-    after = host.exec(handle, act(2, "echo alive; cat /sys/fs/cgroup/pids.max 2>/dev/null || cat /sys/fs/cgroup/pids/pids.max"))
+    after = host.exec(
+        handle,
+        act(2, "echo alive; cat /sys/fs/cgroup/pids.max 2>/dev/null || cat /sys/fs/cgroup/pids/pids.max"),
+    )
     assert after.stdout == "alive\n64\n", after
     # In the background it outlives its action; the pids limit contains it, the supervisor
     # still answers, and the next action's observation says what happened.
@@ -424,6 +436,10 @@ def test_checkpoint_runs_podman_and_criu_at_the_configured_niceness(sandboxes, m
     ref = host.checkpoint(handle)
     assert seen and all(n == min(19, before + 7) for n in seen), seen
     assert os.getpriority(os.PRIO_PROCESS, 0) == before
-    log = [LoggedAction(trajectory=TRAJ, step=1, command="echo one > /workspace/f", observation_sha256=obs.sha256)]
+    log = [
+        LoggedAction(
+            trajectory=TRAJ, step=1, command="echo one > /workspace/f", observation_sha256=obs.sha256
+        )
+    ]
     restored = host.recover(handle, [ref], log).handle  # the checkpoint is whole: it restores
     assert host.exec(restored, act(2, "cat /workspace/f")).stdout == "one\n"

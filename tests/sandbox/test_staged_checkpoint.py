@@ -25,7 +25,10 @@ def act(step: int, command: str) -> Action:
 def test_the_published_checkpoint_is_the_state_at_its_capture_not_after_the_action_between(sandboxes):
     host = sandboxes.host
     handle = sandboxes.create()
-    assert host.exec(handle, act(1, "echo one > /workspace/f; sleep 600 & echo $! > /tmp/sleeper")).exit_code == 0
+    assert (
+        host.exec(handle, act(1, "echo one > /workspace/f; sleep 600 & echo $! > /tmp/sleeper")).exit_code
+        == 0
+    )
     staged = host.capture_checkpoint(handle, token_prefix_len=11, token_prefix_sha256="ab" * 32)
     assert Path(staged.path).is_file() and staged.step == 1
     # The action the publish runs beside: it changes the file and ends the process.

@@ -105,7 +105,9 @@ def test_generation_and_order_are_enforced(sup):
         sup.run(2, "true", generation=0)
     assert sup.run(2, "echo ok", generation=3).stdout == "ok\n"
     with pytest.raises(SupervisorRefused):  # a step at or before the head that never ran
-        channel.call(sup.sock, {"op": "submit", "trajectory": "t", "step": 0, "generation": 3, "command": "true"})
+        channel.call(
+            sup.sock, {"op": "submit", "trajectory": "t", "step": 0, "generation": 3, "command": "true"}
+        )
     with pytest.raises(SupervisorRefused):  # another trajectory
         sup.run(9, "true", generation=3, trajectory="other")
 
@@ -114,7 +116,9 @@ def test_busy_while_an_action_runs(sup):
     channel.call(sup.sock, {"op": "submit", "trajectory": "t", "step": 1, "generation": 0,
                             "command": "sleep 2", "timeout_s": 10})  # fmt: skip
     with pytest.raises(SandboxBusy):
-        channel.call(sup.sock, {"op": "submit", "trajectory": "t", "step": 2, "generation": 0, "command": "true"})
+        channel.call(
+            sup.sock, {"op": "submit", "trajectory": "t", "step": 2, "generation": 0, "command": "true"}
+        )
     # A retry of the running id attaches to it instead of running it twice.
     reply = channel.call(sup.sock, {"op": "submit", "trajectory": "t", "step": 1, "generation": 0,
                                     "command": "sleep 2", "wait_s": 5})  # fmt: skip

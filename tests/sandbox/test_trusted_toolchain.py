@@ -89,7 +89,9 @@ def tampered_sandbox(sandboxes, log: list[LoggedAction]):
     container's root; returns (handle, the workspace hash before the tampering)."""
     host = sandboxes.host
     handle = sandboxes.create()
-    assert run(host, handle, 1, "mkdir -p /workspace/w && seq 1 1000 > /workspace/w/n.txt", log).exit_code == 0
+    assert (
+        run(host, handle, 1, "mkdir -p /workspace/w && seq 1 1000 > /workspace/w/n.txt", log).exit_code == 0
+    )
     before = host.workspace_hash(handle)
     refused = run(host, handle, 2, TAMPER, log)
     assert refused.exit_code != 0 and "Permission denied" in refused.stderr, refused  # not the agent's to do
@@ -101,7 +103,9 @@ def tampered_sandbox(sandboxes, log: list[LoggedAction]):
 def pid1_files(sandboxes, container: str) -> tuple[list[str], list[str]]:
     """(the command line, every file mapped) of the container's PID 1, read from the host
     (PID 1 is not dumpable: nothing inside may read its maps)."""
-    pid = sandboxes.backend.podman("container", "inspect", "--format", "{{.State.Pid}}", container).stdout.decode()
+    pid = sandboxes.backend.podman(
+        "container", "inspect", "--format", "{{.State.Pid}}", container
+    ).stdout.decode()
     proc = Path("/proc", pid.strip())
     cmdline = proc.joinpath("cmdline").read_bytes().rstrip(b"\0").decode().split("\0")
     mapped = {line.split(None, 5)[5].strip() for line in proc.joinpath("maps").read_text().splitlines()
@@ -139,7 +143,9 @@ def test_a_tampered_sandbox_restores_and_its_pid_1_runs_from_the_toolchain(sandb
     # CRIU dumped and restored /workspace with the host's tar (the image's prints a forged hash).
     assert host.workspace_hash(restored) == before
     again = run(host, restored, 3, "python3 -c 'print(1)'; echo after; exit 5", log)
-    assert (again.stdout, again.exit_code) == (f"{FORGED_HASH}\nafter\n", 5), again  # the agent's changes travel
+    assert (again.stdout, again.exit_code) == (f"{FORGED_HASH}\nafter\n", 5), (
+        again
+    )  # the agent's changes travel
     cmdline, mapped = pid1_files(sandboxes, restored.container)
     assert cmdline == toolchain.supervisor_argv(), cmdline
     outside = [f for f in mapped if not f.startswith(f"{toolchain.MOUNT}/")]

@@ -76,7 +76,9 @@ def test_the_agent_runs_in_a_user_namespace_fresh_restored_and_forked(sandboxes)
     restored, _ = host.restore(ref, handle.generation + 1)
     assert_agent_in_user_namespace(probe(sandboxes, restored.container, pid))
 
-    (outcome,) = host.fork(ref, [ForkTarget(sandbox_id=f"sbx-users-{sandboxes.token[:8]}", trajectory="member")])
+    (outcome,) = host.fork(
+        ref, [ForkTarget(sandbox_id=f"sbx-users-{sandboxes.token[:8]}", trajectory="member")]
+    )
     assert outcome.handle, outcome.error
     assert_agent_in_user_namespace(probe(sandboxes, outcome.handle.container, pid))
 
@@ -105,10 +107,19 @@ def test_the_agent_cannot_read_or_signal_the_verifier_nor_raise_pid1s_oom_score(
     host = sandboxes.host
     handle = sandboxes.create()
     # The check leaves a process and a file of its own (0600) behind, as a verifier could.
-    check = host.exec(handle, act(1, "nohup sleep 1000 >/dev/null 2>&1 & echo $! > /tmp/verifier-pid; "
-                                     "umask 077; echo verdict > /tmp/verifier-secret; id -u"), isolated=True)
+    check = host.exec(
+        handle,
+        act(
+            1,
+            "nohup sleep 1000 >/dev/null 2>&1 & echo $! > /tmp/verifier-pid; "
+            "umask 077; echo verdict > /tmp/verifier-secret; id -u",
+        ),
+        isolated=True,
+    )
     assert check.stdout == "1001\n", check
-    verifier_pid = sandboxes.backend.podman("exec", handle.container, "cat", "/tmp/verifier-pid").stdout.decode().strip()
+    verifier_pid = (
+        sandboxes.backend.podman("exec", handle.container, "cat", "/tmp/verifier-pid").stdout.decode().strip()
+    )
 
     tries = {
         "id -u": None,

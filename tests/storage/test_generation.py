@@ -50,8 +50,6 @@ def test_encoding_is_a_header_version_runs_then_float32_logprobs():
         lambda d: d[:12] + struct.pack("<QI", 3, 2) + d[24:],  # runs cover 4 of 5 tokens
     ],
 )
-
-
 def test_damaged_encodings_are_refused(damage):
     with pytest.raises(ValueError):
         decode_generation(damage(encode_generation(SAMPLED.logprobs, SAMPLED.versions)))
@@ -111,8 +109,9 @@ def _turn(log: TokenLog, tokens: list[int], version: int, logprob: float = -0.5)
     """Append one model turn and its generation record, as the engine does."""
     start = log.head.length
     log.append(tokens, source="model")
-    write_generation(log.store, log.key, start, SampledTokens(tokens, [logprob] * len(tokens),
-                                                              [version] * len(tokens)))
+    write_generation(
+        log.store, log.key, start, SampledTokens(tokens, [logprob] * len(tokens), [version] * len(tokens))
+    )
     return log.head
 
 
@@ -127,7 +126,10 @@ def test_per_position_versions_and_logprobs_of_a_prefix(store):
     assert logprobs == [None, None, None, -0.25, -0.25, None, -1.5, -1.5, -1.5]
     # A shorter prefix ends inside the last turn: that turn is cut, later ones ignored.
     cut = log.head.model_copy(update={"length": 7, "sha256": prefix_sha256([1, 2, 3, 4, 5, 6, 7])})
-    assert read_generations(store, cut) == ([None] * 3 + [2, 2, None, 3], [None] * 3 + [-0.25] * 2 + [None, -1.5])
+    assert read_generations(store, cut) == (
+        [None] * 3 + [2, 2, None, 3],
+        [None] * 3 + [-0.25] * 2 + [None, -1.5],
+    )
 
 
 def test_a_fork_reads_the_earlier_turns_from_its_base(store):

@@ -37,7 +37,10 @@ def test_a_fork_inherits_a_prefix_without_copying(store):
     fork.put(4, {"step": 4, "branch": 1})
     assert [(r["step"], r["branch"]) for r in fork.read(4)] == [(1, 0), (2, 0), (3, 0), (4, 1)]
     assert [r["branch"] for r in base.read(5)] == [0] * 5  # the base keeps its own future
-    assert sorted(store.list("traj/steps/v1/")) == ["traj/steps/v1/00000004/record", "traj/steps/v1/manifest.json"]
+    assert sorted(store.list("traj/steps/v1/")) == [
+        "traj/steps/v1/00000004/record",
+        "traj/steps/v1/manifest.json",
+    ]
 
 
 def test_a_missing_record_is_corruption_not_a_shorter_log(store):
@@ -52,12 +55,16 @@ def test_a_missing_record_is_corruption_not_a_shorter_log(store):
 
 def test_records_are_encrypted_at_rest_when_archives_are(store, storage_config):
     secret = "agent-output-7f3a9c"
-    encrypted = archive_store(store, storage_config.model_copy(update={"encryption_key": "ab" * 32}).encryption_key)
+    encrypted = archive_store(
+        store, storage_config.model_copy(update={"encryption_key": "ab" * 32}).encryption_key
+    )
     log = RecordLog.create(encrypted, "traj/steps/v0")
     log.put(1, {"stdout": secret})
     log.put(1, {"stdout": secret})  # idempotent even though the ciphertexts differ
     bucket = RawBucket(storage_config)
-    raw = bucket.client.get_object(Bucket=storage_config.bucket, Key=bucket.full(f"traj/steps/v0/{1:08d}/record"))
+    raw = bucket.client.get_object(
+        Bucket=storage_config.bucket, Key=bucket.full(f"traj/steps/v0/{1:08d}/record")
+    )
     raw = raw["Body"].read()
     assert secret.encode() not in raw
     assert log.read(1) == [{"stdout": secret}]

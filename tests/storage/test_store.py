@@ -280,8 +280,6 @@ def test_failing_source_aborts_the_upload(store, raw):
         ("BELAYER_STORAGE__BUCKET", "bucket", "no-such-bucket"),
     ],
 )
-
-
 def test_wrong_settings_give_a_permanent_error_naming_the_setting(storage_config, setting, field, value):
     sleep = CountingSleep()
     cfg = storage_config.model_copy(update={field: value})

@@ -23,10 +23,13 @@ class Failing:
         raise self.exc
 
 
-@pytest.mark.parametrize("exc, kind, retryable", [
-    (CorruptObject("bad segment"), "CorruptSample", False),
-    (TrainRequestError("iteration 3 needs a base"), "BadTrainRequest", False),
-])
+@pytest.mark.parametrize(
+    "exc, kind, retryable",
+    [
+        (CorruptObject("bad segment"), "CorruptSample", False),
+        (TrainRequestError("iteration 3 needs a base"), "BadTrainRequest", False),
+    ],
+)
 async def test_errors_say_whether_a_retry_can_help(exc, kind, retryable):
     with pytest.raises(ApplicationError) as raised:
         await ActivityEnvironment().run(train.TrainerActivities(Failing(exc), None).train_step, ARGS)
@@ -36,7 +39,8 @@ async def test_errors_say_whether_a_retry_can_help(exc, kind, retryable):
 async def test_other_errors_are_left_to_the_retry_policy():
     with pytest.raises(ObjectNotFound):
         await ActivityEnvironment().run(
-            train.TrainerActivities(Failing(ObjectNotFound("gone")), None).train_step, ARGS)
+            train.TrainerActivities(Failing(ObjectNotFound("gone")), None).train_step, ARGS
+        )
 
 
 def test_a_fault_fires_once_per_run_and_only_at_its_iteration(tmp_path, monkeypatch):

@@ -50,8 +50,9 @@ def test_a_step_changes_the_weights_and_lr_zero_leaves_them(trainer, store):
 
 
 def test_several_minibatches_clip_and_measure_the_kl(trainer, store):
-    result = trainer.step(store, step_args(run(), batch(store), lr=3e-2, minibatches=3, kl_coef=0.1,
-                                           clip_eps=0.05))
+    result = trainer.step(
+        store, step_args(run(), batch(store), lr=3e-2, minibatches=3, kl_coef=0.1, clip_eps=0.05)
+    )
     assert result.kl > 0 and result.clip_fraction > 0
     assert result.trained_tokens == 45
 
@@ -60,10 +61,12 @@ def test_a_step_from_a_loaded_checkpoint_equals_one_from_memory(trainer, store):
     first_run = run()
     first = trainer.step(store, step_args(first_run, batch(store), minibatches=2))
     second_batch = group(store, "later", [0.0, 1.0, 1.0], version=2, seed=7)
-    in_memory = trainer.step(store, step_args(first_run, second_batch, iteration=1, base=first.checkpoint,
-                                              minibatches=2))
+    in_memory = trainer.step(
+        store, step_args(first_run, second_batch, iteration=1, base=first.checkpoint, minibatches=2)
+    )
     loaded = Trainer(device="cpu").step(
-        store, step_args(run(), second_batch, iteration=1, base=first.checkpoint, minibatches=2))
+        store, step_args(run(), second_batch, iteration=1, base=first.checkpoint, minibatches=2)
+    )
     assert (in_memory.resumed_from, loaded.resumed_from) == ("memory", "checkpoint")
     assert in_memory.weights_sha256 == loaded.weights_sha256
     assert in_memory.checkpoint.weights_version == 3
@@ -83,9 +86,13 @@ def test_the_same_step_in_another_process_gives_the_same_weights(trainer, store,
         "print(Trainer(device='cpu').step(store, TrainStepArgs.model_validate(given['args'])).weights_sha256)\n"
     )
     other = args.model_copy(update={"run_id": run()})
-    given = {"storage": plain_dump(storage_config, reveal_secrets=True), "args": other.model_dump(mode="json")}
-    out = subprocess.run([sys.executable, "-c", script], input=json.dumps(given), capture_output=True,
-                         text=True, timeout=300)
+    given = {
+        "storage": plain_dump(storage_config, reveal_secrets=True),
+        "args": other.model_dump(mode="json"),
+    }
+    out = subprocess.run(
+        [sys.executable, "-c", script], input=json.dumps(given), capture_output=True, text=True, timeout=300
+    )
     assert out.returncode == 0, out.stderr[-3000:]
     assert out.stdout.strip() == here.weights_sha256
 
@@ -95,8 +102,9 @@ def test_a_finished_iteration_answers_a_retry_without_training(trainer, store):
     first = trainer.step(store, args)
     for retry in (trainer.step(store, args), Trainer(device="cpu").step(store, args)):
         assert retry.resumed_from == "already done" and retry.train_s == 0.0
-        assert retry.model_dump(exclude={"resumed_from", "train_s"}) == \
-            first.model_dump(exclude={"resumed_from", "train_s"})
+        assert retry.model_dump(exclude={"resumed_from", "train_s"}) == first.model_dump(
+            exclude={"resumed_from", "train_s"}
+        )
 
 
 def test_a_group_sampled_by_another_version_is_skipped_whole(trainer, store):
@@ -131,7 +139,9 @@ def test_a_run_started_above_version_one_steps_the_versions_it_is_given(trainer,
     args = step_args(run(), samples).model_copy(update={"sampled_version": 6})
     result = trainer.step(store, args)
     assert (result.checkpoint.weights_version, result.skipped, result.samples) == (7, [], 5)
-    later = step_args(args.run_id, group(store, "g2", [0.0, 1.0], version=7), iteration=1, base=result.checkpoint)
+    later = step_args(
+        args.run_id, group(store, "g2", [0.0, 1.0], version=7), iteration=1, base=result.checkpoint
+    )
     assert trainer.step(store, later).checkpoint.weights_version == 8
     with pytest.raises(TrainRequestError, match="drawn with weights version 5, but the trainer's state"):
         trainer.step(store, later.model_copy(update={"run_id": run(), "sampled_version": 5}))

@@ -31,8 +31,12 @@ class TrainOnce:
     @workflow.run
     async def run(self, args: TrainStepArgs, queue: str) -> TrainStepResult:
         return await workflow.execute_activity(
-            "trainer.train_step", args, task_queue=queue, result_type=TrainStepResult,
-            start_to_close_timeout=timedelta(minutes=5), heartbeat_timeout=timedelta(seconds=3),
+            "trainer.train_step",
+            args,
+            task_queue=queue,
+            result_type=TrainStepResult,
+            start_to_close_timeout=timedelta(minutes=5),
+            heartbeat_timeout=timedelta(seconds=3),
             retry_policy=RetryPolicy(initial_interval=timedelta(milliseconds=200), maximum_attempts=4),
         )
 
@@ -41,8 +45,14 @@ def spawn_trainer(config, fault: str) -> subprocess.Popen:
     config_file = write_effective_config(config, config.state_dir / "trainer.toml")
     env = dict(os.environ, BELAYER_CONFIG=str(config_file), BELAYER_TRAINER_FAULT=fault, PYTHONUNBUFFERED="1")
     log = open(config.state_dir / "trainer.log", "ab")  # noqa: SIM115 (the child keeps it)
-    return subprocess.Popen([sys.executable, "-m", "belayer.workers.trainer"], env=env, stdin=subprocess.DEVNULL,
-                            stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+    return subprocess.Popen(
+        [sys.executable, "-m", "belayer.workers.trainer"],
+        env=env,
+        stdin=subprocess.DEVNULL,
+        stdout=log,
+        stderr=subprocess.STDOUT,
+        start_new_session=True,
+    )
 
 
 def kill(proc: subprocess.Popen) -> None:
@@ -52,12 +62,16 @@ def kill(proc: subprocess.Popen) -> None:
 
 
 async def test_a_trainer_killed_before_its_checkpoint_resumes_to_the_same_weights(
-        temporal_server, stack_config, storage_config, store, tmp_path):
+    temporal_server, stack_config, storage_config, store, tmp_path
+):
     token = uuid.uuid4().hex[:8]
-    config = stack_config.model_copy(update={
-        "state_dir": tmp_path, "storage": storage_config,
-        "trainer": TrainerConfig(task_queue=f"trainer-{token}", device="cpu"),
-    })
+    config = stack_config.model_copy(
+        update={
+            "state_dir": tmp_path,
+            "storage": storage_config,
+            "trainer": TrainerConfig(task_queue=f"trainer-{token}", device="cpu"),
+        }
+    )
     samples = batch(store)
     args = step_args(f"run-{token}", samples)
     fault = f"crash_before_checkpoint:iteration=0;dir={tmp_path}"
@@ -66,8 +80,12 @@ async def test_a_trainer_killed_before_its_checkpoint_resumes_to_the_same_weight
     second = None
     try:
         async with Worker(client, task_queue=f"wf-{token}", workflows=[TrainOnce]):
-            handle = await client.start_workflow(TrainOnce.run, args=[args, config.trainer.task_queue],
-                                                 id=f"train-{token}", task_queue=f"wf-{token}")
+            handle = await client.start_workflow(
+                TrainOnce.run,
+                args=[args, config.trainer.task_queue],
+                id=f"train-{token}",
+                task_queue=f"wf-{token}",
+            )
             assert await asyncio.to_thread(first.wait, 180) == -signal.SIGKILL
             assert (tmp_path / f"belayer-trainer-fault-crash_before_checkpoint-{args.run_id}").exists()
             second = spawn_trainer(config, fault)  # the same environment: the fault does not fire again

@@ -19,9 +19,21 @@ NODE = [sys.executable, "-m", "belayer.workers.rollout"]
 def second_node(env, *, as_other_host: bool) -> subprocess.CompletedProcess:
     argv = NODE
     if as_other_host:  # another UTS and mount namespace: its own host name and /run/lock
-        argv = ["unshare", "--uts", "--mount", "--propagation", "private", "sh", "-c",
-                'mount -t tmpfs none /run/lock && hostname twin-host && exec "$@"', "sh", *NODE]
-    return subprocess.run(argv, env=env, capture_output=True, text=True, stdin=subprocess.DEVNULL, timeout=120)
+        argv = [
+            "unshare",
+            "--uts",
+            "--mount",
+            "--propagation",
+            "private",
+            "sh",
+            "-c",
+            'mount -t tmpfs none /run/lock && hostname twin-host && exec "$@"',
+            "sh",
+            *NODE,
+        ]
+    return subprocess.run(
+        argv, env=env, capture_output=True, text=True, stdin=subprocess.DEVNULL, timeout=120
+    )
 
 
 @pytest.mark.parametrize("as_other_host", [False, True], ids=["same-machine", "other-host"])

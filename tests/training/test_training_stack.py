@@ -28,23 +28,48 @@ ROOT = Path(__file__).parents[2]
 # Every fault the chaos suite knows, plus the trainer's death, over the first three
 # iterations. Faults land one at a time, each after the previous one's recovery, so the
 # fourth iteration (planned without faults) leaves room for those the recoveries pushed on.
-EVERY_FAULT = ",".join([
-    "engine-crash@iteration=0", "sandbox-crash@iteration=0", "trainer-crash@iteration=0",
-    "owner-crash@iteration=1", "engine-hang@iteration=1", "s3-outage@iteration=1", "temporal-restart@iteration=1",
-    "node-crash@iteration=2", "sandbox-host-crash@iteration=2", "temporal-worker-crash@iteration=2",
-])
+EVERY_FAULT = ",".join(
+    [
+        "engine-crash@iteration=0",
+        "sandbox-crash@iteration=0",
+        "trainer-crash@iteration=0",
+        "owner-crash@iteration=1",
+        "engine-hang@iteration=1",
+        "s3-outage@iteration=1",
+        "temporal-restart@iteration=1",
+        "node-crash@iteration=2",
+        "sandbox-host-crash@iteration=2",
+        "temporal-worker-crash@iteration=2",
+    ]
+)
 ITERATIONS = 4
-TRAIN_ARGS = ["--iterations", str(ITERATIONS), "--group-size", "2", "--tasks-per-iteration", "4", "--seed", "5",
-              "--lr", "1e-4"]
+TRAIN_ARGS = [
+    "--iterations",
+    str(ITERATIONS),
+    "--group-size",
+    "2",
+    "--tasks-per-iteration",
+    "4",
+    "--seed",
+    "5",
+    "--lr",
+    "1e-4",
+]
 
 
 # Trace tasks run long enough for a fault to find a trajectory mid-way; their groups
 # all score the same. The learn tasks give the gradient: the warm-started model solves
 # them some of the time, so their groups' rewards differ.
 TRACE_TASKS = [
-    {"id": f"trace-{name}", "setup": ["mkdir -p /workspace/t"], "check": check,
-     "turns": [{"think_tokens": 24, "bash": f"echo {i} >> /workspace/t/log && wc -l < /workspace/t/log"}
-               for i in range(4)]}
+    {
+        "id": f"trace-{name}",
+        "setup": ["mkdir -p /workspace/t"],
+        "check": check,
+        "turns": [
+            {"think_tokens": 24, "bash": f"echo {i} >> /workspace/t/log && wc -l < /workspace/t/log"}
+            for i in range(4)
+        ],
+    }
     for name, check in (("pass", "test $(wc -l < /workspace/t/log) = 4"), ("fail", "test -f /workspace/none"))
 ]
 
@@ -58,8 +83,14 @@ def workload(tmp_path_factory):
 
 
 def train(env, *args) -> dict:
-    done = subprocess.run([*BELAYER, "train", *args, "--json"], env=env, capture_output=True, text=True,
-                          stdin=subprocess.DEVNULL, timeout=1500)
+    done = subprocess.run(
+        [*BELAYER, "train", *args, "--json"],
+        env=env,
+        capture_output=True,
+        text=True,
+        stdin=subprocess.DEVNULL,
+        timeout=1500,
+    )
     assert done.returncode == 0, f"belayer train failed:\n{done.stdout}\n{done.stderr}"
     return json.loads(done.stdout)
 
@@ -74,7 +105,9 @@ def test_a_run_trains_publishes_and_is_followed(stack, calm, tmp_path):
     config, env = stack
     iterations = calm["iterations"]
     assert [i["iteration"] for i in iterations] == list(range(ITERATIONS))
-    assert all(i["groups_kept"] == 4 and i["groups_dropped"] == 0 and i["infra_retries"] == 0 for i in iterations)
+    assert all(
+        i["groups_kept"] == 4 and i["groups_dropped"] == 0 and i["infra_retries"] == 0 for i in iterations
+    )
     assert all(r in (0.0, 1.0) for i in iterations for group in i["rewards"] for r in group)
     versions = [i["weights_version"] for i in iterations]
     assert versions == list(range(versions[0], versions[0] + ITERATIONS))
@@ -93,8 +126,9 @@ def test_a_run_trains_publishes_and_is_followed(stack, calm, tmp_path):
 
     status = belayer(env, "train", "status", calm["run_id"], "--json")
     assert json.loads(status.stdout)["iterations"] == iterations
-    roles = json.loads((config.state_dir / "run" / f"rollout-{env['BELAYER_ROLLOUT__NODE_ID']}.roles.json")
-                       .read_text())
+    roles = json.loads(
+        (config.state_dir / "run" / f"rollout-{env['BELAYER_ROLLOUT__NODE_ID']}.roles.json").read_text()
+    )
     assert roles["weights_version"] == versions[-1], "the node serves the last published version"
     assert asyncio.run(_children(config, calm["run_id"])) == ITERATIONS * 4 * 2
 
@@ -102,18 +136,25 @@ def test_a_run_trains_publishes_and_is_followed(stack, calm, tmp_path):
     belayer(env, "model", "export", calm["run_id"], "--out", str(exported))
     weights = exported / "model.safetensors"
     assert hashlib.sha256(weights.read_bytes()).hexdigest() == iterations[-1]["weights_sha256"]
-    assert same_tensors(load_file(str(weights)), checkpoint_weights(config, calm["run_id"], iteration=ITERATIONS - 1))
+    assert same_tensors(
+        load_file(str(weights)), checkpoint_weights(config, calm["run_id"], iteration=ITERATIONS - 1)
+    )
 
 
 def test_faults_of_every_kind_change_nothing_in_the_result(stack, workload, calm):
     stormy = train(stack[1], str(workload), *TRAIN_ARGS, "--chaos", EVERY_FAULT)
-    missed = [f"{f['kind']}: {f['recovered_by']}" for f in stormy["faults"]
-              if str(f["recovered_by"]).startswith("not injected")]
+    missed = [
+        f"{f['kind']}: {f['recovered_by']}"
+        for f in stormy["faults"]
+        if str(f["recovered_by"]).startswith("not injected")
+    ]
     injected = {f["kind"] for f in stormy["faults"]} - {m.split(":")[0] for m in missed}
     assert injected == {p.split("@")[0] for p in EVERY_FAULT.split(",")}, missed
 
     def outcome(report):
-        return [(i["rewards"], i["weights_sha256"]) for i in report["iterations"]], report["final_weights_sha256"]
+        return [(i["rewards"], i["weights_sha256"]) for i in report["iterations"]], report[
+            "final_weights_sha256"
+        ]
 
     assert outcome(stormy) == outcome(calm)
 
@@ -148,7 +189,12 @@ async def _children(config, run_id: str) -> int:
     from belayer.temporal_client import connect
 
     client = await connect(config.temporal)
-    found = [w async for w in client.list_workflows(f"BelayerRun = '{run_id}' AND WorkflowType = 'TrajectoryWorkflow'")]
+    found = [
+        w
+        async for w in client.list_workflows(
+            f"BelayerRun = '{run_id}' AND WorkflowType = 'TrajectoryWorkflow'"
+        )
+    ]
     return len(found)
 
 
@@ -156,12 +202,27 @@ def test_an_infrastructure_failure_is_retried_then_its_group_dropped_never_score
     """A task whose sandbox cannot be created ends every attempt failed_infra: its members
     are run again fresh, then the group goes whole, with the reason; it never scores 0."""
     learn = yaml.safe_load((ROOT / "examples/workloads/learn.yaml").read_text())["tasks"]
-    broken = {"id": "setup-fails", "setup": ["echo cannot prepare >&2; exit 3"], "instruction": "anything",
-              "max_turns": 1, "check": "true"}
+    broken = {
+        "id": "setup-fails",
+        "setup": ["echo cannot prepare >&2; exit 3"],
+        "instruction": "anything",
+        "max_turns": 1,
+        "check": "true",
+    }
     path = tmp_path / "broken.yaml"
     path.write_text(yaml.safe_dump({"tasks": [broken, learn[0]]}))
-    report = train(stack[1], str(path), "--iterations", "1", "--group-size", "2", "--tasks-per-iteration", "2",
-                   "--max-infra-retries", "1")
+    report = train(
+        stack[1],
+        str(path),
+        "--iterations",
+        "1",
+        "--group-size",
+        "2",
+        "--tasks-per-iteration",
+        "2",
+        "--max-infra-retries",
+        "1",
+    )
     (iteration,) = report["iterations"]
     assert (iteration["groups_kept"], iteration["groups_dropped"], iteration["infra_retries"]) == (1, 1, 2)
     (dropped,) = iteration["dropped"]
@@ -181,15 +242,34 @@ def test_the_client_example_starts_and_follows_a_run(stack, tmp_path):
     (tmp_path / "one.yaml").write_text(yaml.safe_dump({"tasks": learn[:1], "heldout": "heldout.yaml"}))
     run_id = f"example-{uuid.uuid4().hex[:6]}"
     done = subprocess.run(
-        [sys.executable, "examples/train_with_client.py", str(tmp_path / "one.yaml"), "--iterations", "1",
-         "--group-size", "2", "--tasks-per-iteration", "1", "--run-id", run_id],
-        env=stack[1], cwd=ROOT, capture_output=True, text=True, stdin=subprocess.DEVNULL, timeout=900)
+        [
+            sys.executable,
+            "examples/train_with_client.py",
+            str(tmp_path / "one.yaml"),
+            "--iterations",
+            "1",
+            "--group-size",
+            "2",
+            "--tasks-per-iteration",
+            "1",
+            "--run-id",
+            run_id,
+        ],
+        env=stack[1],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        stdin=subprocess.DEVNULL,
+        timeout=900,
+    )
     assert done.returncode == 0, f"the example failed:\n{done.stdout}\n{done.stderr}"
     started, iteration, ended = done.stdout.splitlines()
     assert started.startswith(f"run {run_id}: 1 iterations of 1 tasks x 2 trajectories")
     (record,) = json.loads(belayer(stack[1], "train", "status", run_id, "--json").stdout)["iterations"]
-    assert iteration == (f"iteration 0: mean reward {record['mean_reward']:.3f}, held-out reward "
-                         f"{record['heldout_reward']:.3f}, weights v{record['weights_version']}")
+    assert iteration == (
+        f"iteration 0: mean reward {record['mean_reward']:.3f}, held-out reward "
+        f"{record['heldout_reward']:.3f}, weights v{record['weights_version']}"
+    )
     assert ended == f"run {run_id}: completed, 1 iterations, final weights sha256 {record['weights_sha256']}"
 
 
@@ -212,7 +292,10 @@ def test_run_forks_each_tasks_group_and_fork_branches_a_finished_trajectory(stac
     assert [b["status"] for b in branched] == ["completed"] * 2
     for branch in branched:
         assert (branch["token_sha256"], branch["env_sha256"], branch["turns"]) == (
-            parent["token_sha256"], parent["env_sha256"], parent["turns"])
+            parent["token_sha256"],
+            parent["env_sha256"],
+            parent["turns"],
+        )
         [start] = branch["recoveries"]  # the sandbox: a kept checkpoint at or before step 2, then replay
         assert start["kind"] == "fork" and start["consistent"] and start["step"] == 2, start
     refused = belayer(env, "fork", parent["id"], "--at-step", "9", check=False)

@@ -49,14 +49,24 @@ class StandInTrajectory:
     @workflow.run
     async def run(self, input: TrajectoryInput) -> TrajectoryResult:
         attempt = int(input.trajectory_id.rsplit("-a", 1)[1])
-        infra = input.task.id.startswith("infra-always") or (input.task.id.startswith("infra-once") and attempt == 0)
+        infra = input.task.id.startswith("infra-always") or (
+            input.task.id.startswith("infra-once") and attempt == 0
+        )
         reward = None if infra else reward_of(input.sampling.seed)
         context = None if infra else PrefixRef(key=f"t/{input.trajectory_id}", length=3, sha256="0" * 64)
         return TrajectoryResult(
-            trajectory_id=input.trajectory_id, task=input.task.id,
+            trajectory_id=input.trajectory_id,
+            task=input.task.id,
             status="failed_infra" if infra else ("completed" if reward else "failed_policy"),
-            reason="sandbox host gone" if infra else "", turns=1, tokens=3, reward=reward,
-            token_sha256=None, env_sha256=None, recoveries=[], checkpoints=0, context=context,
+            reason="sandbox host gone" if infra else "",
+            turns=1,
+            tokens=3,
+            reward=reward,
+            token_sha256=None,
+            env_sha256=None,
+            recoveries=[],
+            checkpoints=0,
+            context=context,
         )
 
 
@@ -75,13 +85,23 @@ class StandIns:
         self.steps.append(args)
         sha = hashlib.sha256(f"{args.iteration}".encode()).hexdigest()
         checkpoint = TrainerCheckpointRef(
-            iteration=args.iteration, key=f"ck/{args.iteration}", sha256=sha,
+            iteration=args.iteration,
+            key=f"ck/{args.iteration}",
+            sha256=sha,
             weights=ObjectRef(key=f"w/{args.weights_version}", size=1, sha256=sha),
             weights_version=args.weights_version,
         )
-        return TrainStepResult(checkpoint=checkpoint, weights_sha256=sha, loss=0.0, kl=0.0, clip_fraction=0.0,
-                               trained_tokens=len(args.samples), samples=len(args.samples),
-                               resumed_from="memory", train_s=0.0)
+        return TrainStepResult(
+            checkpoint=checkpoint,
+            weights_sha256=sha,
+            loss=0.0,
+            kl=0.0,
+            clip_fraction=0.0,
+            trained_tokens=len(args.samples),
+            samples=len(args.samples),
+            resumed_from="memory",
+            train_s=0.0,
+        )
 
     @implements(PUBLISH_WEIGHTS)
     async def publish_weights(self, args: PublishWeightsArgs) -> PublishWeightsResult:
@@ -91,9 +111,19 @@ class StandIns:
         self.published.append(args.version)
         self.start_models.append(args.model)
         previous, self.node_version = self.node_version, args.version
-        return PublishWeightsResult(node_id="n", version=args.version, previous_version=previous, policy="",
-                                    fetch_s=0, staged_s=0, written_s=0, sealed_s=0, switched_s=0,
-                                    paused_requests=0, drained_requests=0)
+        return PublishWeightsResult(
+            node_id="n",
+            version=args.version,
+            previous_version=previous,
+            policy="",
+            fetch_s=0,
+            staged_s=0,
+            written_s=0,
+            sealed_s=0,
+            switched_s=0,
+            paused_requests=0,
+            drained_requests=0,
+        )
 
     @implements(WEIGHTS_VERSION)
     async def weights_version(self) -> int:
@@ -103,28 +133,54 @@ class StandIns:
 @pytest.fixture
 async def harness(temporal_server, seaweedfs, stack_config, storage_config):
     token = uuid.uuid4().hex[:8]
-    queues = TrainingQueues(trajectories=TaskQueues(), workflows=f"wf-{token}", trainer=f"trainer-{token}",
-                            nodes=[f"node-{token}"])
+    queues = TrainingQueues(
+        trajectories=TaskQueues(),
+        workflows=f"wf-{token}",
+        trainer=f"trainer-{token}",
+        nodes=[f"node-{token}"],
+    )
     client = await connect(stack_config.temporal)
     store = ObjectStore(storage_config)
     fakes = StandIns()
     workers = [
-        Worker(client, task_queue=queues.workflows, workflows=[TrainingWorkflow, StandInTrajectory],
-               activities=TrainingLogActivities(store).all()),
+        Worker(
+            client,
+            task_queue=queues.workflows,
+            workflows=[TrainingWorkflow, StandInTrajectory],
+            activities=TrainingLogActivities(store).all(),
+        ),
         Worker(client, task_queue=queues.trainer, activities=[fakes.train_step]),
         Worker(client, task_queue=queues.nodes[0], activities=[fakes.publish_weights, fakes.weights_version]),
     ]
     runs = [asyncio.create_task(w.run()) for w in workers]
 
     async def train(tasks=TASKS, **overrides) -> tuple[TrainingResult, list[IterationRecord]]:
-        values = dict(run_id=f"run-{uuid.uuid4().hex[:8]}", tasks=tasks, model="tiny", iterations=2,
-                      group_size=3, tasks_per_iteration=2, seed=7, queues=queues,
-                      fork_groups=False) | overrides  # stand-in members: no sandboxes to fork
+        values = (
+            dict(
+                run_id=f"run-{uuid.uuid4().hex[:8]}",
+                tasks=tasks,
+                model="tiny",
+                iterations=2,
+                group_size=3,
+                tasks_per_iteration=2,
+                seed=7,
+                queues=queues,
+                fork_groups=False,
+            )
+            | overrides
+        )  # stand-in members: no sandboxes to fork
         result = await client.execute_workflow(
-            "TrainingWorkflow", TrainingInput(**values), id=values["run_id"], task_queue=queues.workflows,
+            "TrainingWorkflow",
+            TrainingInput(**values),
+            id=values["run_id"],
+            task_queue=queues.workflows,
             result_type=TrainingResult,
         )
-        records = [IterationRecord.model_validate(r) for r in read_iterations(store, result.log)] if result.log else []
+        records = (
+            [IterationRecord.model_validate(r) for r in read_iterations(store, result.log)]
+            if result.log
+            else []
+        )
         return result, records
 
     yield fakes, train
@@ -150,8 +206,7 @@ async def test_iterations_train_on_group_advantages_and_publish_each_version(har
             rewards = record.rewards[record.tasks.index(group)]
             assert [s.advantage for s in members] == pytest.approx(grpo.advantages(rewards))
             assert abs(sum(s.advantage for s in members)) < 1e-6
-    assert records[0].mean_reward == pytest.approx(
-        sum(r for group in records[0].rewards for r in group) / 6)
+    assert records[0].mean_reward == pytest.approx(sum(r for group in records[0].rewards for r in group) / 6)
 
 
 async def test_the_same_seed_picks_the_same_tasks_and_seeds(harness):
@@ -184,7 +239,9 @@ async def test_a_group_still_incomplete_after_its_retries_is_dropped_whole(harne
     assert record.groups_dropped == 1 and record.groups_kept == 1
     assert record.dropped[0].group == "infra-always" and "sandbox host gone" in record.dropped[0].reason
     assert record.infra_retries == 3
-    assert {s.group for s in fakes.steps[-1].samples} == {TASKS[0].id}, "no member of the dropped group is trained on"
+    assert {s.group for s in fakes.steps[-1].samples} == {TASKS[0].id}, (
+        "no member of the dropped group is trained on"
+    )
     assert record.mean_reward == pytest.approx(sum(record.rewards[record.tasks.index(TASKS[0].id)]) / 3)
 
 

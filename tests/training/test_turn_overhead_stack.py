@@ -13,8 +13,14 @@ from tests.test_stack import BELAYER
 
 
 def test_the_bench_measures_both_loops_and_splits_belayers_turns(stack):
-    done = subprocess.run([*BELAYER, "bench", "turn-overhead", "--repetitions", "1", "--json"], env=stack[1],
-                          capture_output=True, text=True, stdin=subprocess.DEVNULL, timeout=900)
+    done = subprocess.run(
+        [*BELAYER, "bench", "turn-overhead", "--repetitions", "1", "--json"],
+        env=stack[1],
+        capture_output=True,
+        text=True,
+        stdin=subprocess.DEVNULL,
+        timeout=900,
+    )
     assert done.returncode == 0, f"bench failed:\n{done.stdout}\n{done.stderr}"
     report = json.loads(done.stdout)
     assert (report["task"], report["turns"], report["repetitions"]) == ("turn-overhead", 10, 1)

@@ -64,8 +64,9 @@ class TrajectoryStack:
 
 
 @contextlib.asynccontextmanager
-async def trajectory_stack(stack_config, storage_config, tokenizer_path, *, replies=None,
-                           per_token_s=0.001, rollout_node=None):
+async def trajectory_stack(
+    stack_config, storage_config, tokenizer_path, *, replies=None, per_token_s=0.001, rollout_node=None
+):
     """Workers for every queue of a trajectory; `rollout_node` puts a real engine behind generate."""
     token = uuid.uuid4().hex[:8]
     queues = TaskQueues(rollout=f"rollout-{token}", sandbox=f"sandbox-{token}", context=f"wf-{token}")
@@ -78,15 +79,22 @@ async def trajectory_stack(stack_config, storage_config, tokenizer_path, *, repl
 
         rollout = RolloutActivities(rollout_node, store, queues.rollout)
     else:
-        rollout = ScriptedRollout(store, tokenizer_path, replies=replies, per_token_s=per_token_s,
-                                  node_queue=queues.rollout)
+        rollout = ScriptedRollout(
+            store, tokenizer_path, replies=replies, per_token_s=per_token_s, node_queue=queues.rollout
+        )
     context = ContextActivities(store, tokenizer_path)
     sandbox_activities = SandboxActivities(boxes.host)
     workers = {
-        "workflow": Worker(client, task_queue=queues.context, workflows=[TrajectoryWorkflow, TrajectoryGroupWorkflow],
-                           activities=context.all()),
+        "workflow": Worker(
+            client,
+            task_queue=queues.context,
+            workflows=[TrajectoryWorkflow, TrajectoryGroupWorkflow],
+            activities=context.all(),
+        ),
         # as a node's own queue: its turns, and the last observation appended where they were
-        "rollout": Worker(client, task_queue=queues.rollout, activities=[rollout.generate, context.append_observation]),
+        "rollout": Worker(
+            client, task_queue=queues.rollout, activities=[rollout.generate, context.append_observation]
+        ),
         "sandbox-shared": Worker(client, task_queue=queues.sandbox, activities=sandbox_activities.all()),
         "sandbox-host": Worker(client, task_queue=boxes.host.host_queue, activities=sandbox_activities.all()),
     }

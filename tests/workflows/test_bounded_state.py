@@ -22,16 +22,29 @@ async def test_long_trajectory_carries_a_bounded_state_and_no_observation_text(s
     head, tail = marker[:6], marker[6:]  # the command holds the halves; only the output joins them
     task = TraceTask(
         id="bounded",
-        turns=[TraceTurn(think_tokens=2, bash=f"printf '%s%s-%s\\n' {head} {tail} {i}; head -c 4000 /dev/zero | tr '\\0' y")
-               for i in range(1, TURNS + 1)],
+        turns=[
+            TraceTurn(
+                think_tokens=2,
+                bash=f"printf '%s%s-%s\\n' {head} {tail} {i}; head -c 4000 /dev/zero | tr '\\0' y",
+            )
+            for i in range(1, TURNS + 1)
+        ],
         check="test -d /workspace",
     )
     trajectory_id = f"bounded-{uuid.uuid4().hex[:8]}"
     handle = await stack.client.start_workflow(
         "TrajectoryWorkflow",
-        TrajectoryInput(trajectory_id=trajectory_id, task=task, queues=stack.queues, continue_as_new_every=EVERY,
-                        policy=PolicyConfig(mode="none"), max_total_tokens=2_000_000),
-        id=trajectory_id, task_queue=stack.queues.context, result_type=TrajectoryResult,
+        TrajectoryInput(
+            trajectory_id=trajectory_id,
+            task=task,
+            queues=stack.queues,
+            continue_as_new_every=EVERY,
+            policy=PolicyConfig(mode="none"),
+            max_total_tokens=2_000_000,
+        ),
+        id=trajectory_id,
+        task_queue=stack.queues.context,
+        result_type=TrajectoryResult,
     )
     result = await asyncio.wait_for(handle.result(), 900)
     assert result.status == "completed", result
@@ -48,7 +61,10 @@ async def test_long_trajectory_carries_a_bounded_state_and_no_observation_text(s
     steps = await asyncio.to_thread(read_steps, stack.store, result.log.steps)
     assert [s.step for s in steps] == list(range(1, TURNS + 1))
     last = await asyncio.to_thread(load_observation, stack.store, steps[-1].observation)
-    assert last.stdout.startswith(f"{marker}-{TURNS}\n") and last.stdout_bytes == len(f"{marker}-{TURNS}\n") + 4000
+    assert (
+        last.stdout.startswith(f"{marker}-{TURNS}\n")
+        and last.stdout_bytes == len(f"{marker}-{TURNS}\n") + 4000
+    )
     decisions = await asyncio.to_thread(read_decisions, stack.store, result.log)
     assert [d.step for d in decisions] == list(range(1, TURNS + 1))
     assert all(d.actual_generation_s is not None for d in decisions[:-1])  # written once complete

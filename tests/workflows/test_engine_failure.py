@@ -18,8 +18,10 @@ from tests.workflows.test_trajectory import start, wait_for_step
 LONG_THINKING = TraceTask(
     id="thinking",
     setup=["mkdir -p /workspace/t"],
-    turns=[TraceTurn(think_tokens=160, bash=f"echo turn {i} >> /workspace/t/log && wc -l < /workspace/t/log")
-           for i in range(1, 6)],
+    turns=[
+        TraceTurn(think_tokens=160, bash=f"echo turn {i} >> /workspace/t/log && wc -l < /workspace/t/log")
+        for i in range(1, 6)
+    ],
     check="test $(wc -l < /workspace/t/log) = 5",
 )
 
@@ -29,8 +31,9 @@ def real_node(tiny_model):
     yield from started_node(node_config(max_model_len=2048), tiny_model)
 
 
-async def test_primary_engine_killed_mid_turn(temporal_server, seaweedfs, sandbox_runtime, stack_config,
-                                              storage_config, tokenizer_path, real_node):
+async def test_primary_engine_killed_mid_turn(
+    temporal_server, seaweedfs, sandbox_runtime, stack_config, storage_config, tokenizer_path, real_node
+):
     node = real_node.node
     async with trajectory_stack(stack_config, storage_config, tokenizer_path, rollout_node=node) as stack:
         reference = await (await start(stack, LONG_THINKING)).result()

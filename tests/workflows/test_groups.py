@@ -23,12 +23,15 @@ SET_UP = TraceTask(
     ],
     turns=[
         TraceTurn(think_tokens=8, bash="cd /workspace/app && wc -l data.txt"),
-        TraceTurn(think_tokens=8, bash="python3 -c \"import urllib.request as u; "
-                                       "print(len(u.urlopen('http://127.0.0.1:8767/data.txt').read()))\""),
+        TraceTurn(
+            think_tokens=8,
+            bash='python3 -c "import urllib.request as u; '
+            "print(len(u.urlopen('http://127.0.0.1:8767/data.txt').read()))\"",
+        ),
         TraceTurn(think_tokens=8, bash="echo more >> data.txt && tail -1 data.txt"),
         TraceTurn(think_tokens=8, bash="sha256sum data.txt | cut -c1-16"),
     ],
-    check="test \"$(tail -1 /workspace/app/data.txt)\" = more",
+    check='test "$(tail -1 /workspace/app/data.txt)" = more',
 )
 
 
@@ -89,7 +92,9 @@ async def test_a_member_that_loses_its_sandbox_recovers_alone_from_the_origin(st
     first, second = group.results
     assert killed and first.status == "completed" and second.status == "completed"
     [recovery] = first.recoveries
-    assert recovery.source == "checkpoint@0" and recovery.consistent and recovery.replayed_steps == 2, recovery
+    assert recovery.source == "checkpoint@0" and recovery.consistent and recovery.replayed_steps == 2, (
+        recovery
+    )
     assert second.recoveries == [] and first.env_sha256 == second.env_sha256
 
 
@@ -107,14 +112,16 @@ async def test_a_branch_from_step_k_replays_the_parents_later_steps(stack):
     parent = await (await start(stack, SET_UP, keep_checkpoints=True)).result()
     assert parent.status == "completed", parent.reason
     progress = await stack.client.get_workflow_handle(parent.trajectory_id).query(
-        "progress", result_type=TrajectoryProgress)
+        "progress", result_type=TrajectoryProgress
+    )
     steps = read_steps(stack.store, parent.log.steps)
     k = 2
     refs = checkpoints_at_or_before(stack.sandboxes.host.store, "sandboxes/", progress.sandbox.sandbox_id, k)
     assert [r.step for r in refs] == [2, 1, 0] or [r.step for r in refs][:2] == [2, 1], refs
     branch_id = f"{parent.trajectory_id}-b"
-    start_from = ForkStart(parent=parent.trajectory_id, at_step=steps[k - 1], steps=parent.log.steps,
-                           checkpoints=refs)
+    start_from = ForkStart(
+        parent=parent.trajectory_id, at_step=steps[k - 1], steps=parent.log.steps, checkpoints=refs
+    )
     branch = await stack.client.execute_workflow(
         "TrajectoryWorkflow",
         TrajectoryInput(trajectory_id=branch_id, task=SET_UP, queues=stack.queues,
@@ -125,10 +132,16 @@ async def test_a_branch_from_step_k_replays_the_parents_later_steps(stack):
     assert (branch.token_sha256, branch.env_sha256, branch.turns) == (parent.token_sha256, parent.env_sha256,
                                                                       parent.turns)  # fmt: skip
     [start_record] = branch.recoveries
-    assert (start_record.kind, start_record.source, start_record.replayed_steps) == ("fork", f"checkpoint@{k}", 0)
+    assert (start_record.kind, start_record.source, start_record.replayed_steps) == (
+        "fork",
+        f"checkpoint@{k}",
+        0,
+    )
     branch_steps = read_steps(stack.store, branch.log.steps)
     assert [s.command for s in branch_steps] == [s.command for s in steps]
     # the parent's sandbox lineage is untouched: the branch is a lineage of its own
-    after = await stack.client.get_workflow_handle(branch_id).query("progress", result_type=TrajectoryProgress)
+    after = await stack.client.get_workflow_handle(branch_id).query(
+        "progress", result_type=TrajectoryProgress
+    )
     assert after.sandbox.sandbox_id != progress.sandbox.sandbox_id
     stack.sandboxes.host.delete_checkpoints(progress.sandbox.sandbox_id)

@@ -26,7 +26,10 @@ RESULT_TIMEOUT_S = 240
 SLOW_TRACE = TraceTask(
     id="slow",
     setup=["mkdir -p /workspace/w"],
-    turns=[TraceTurn(think_tokens=8, bash=f"sleep 0.5; echo {i} >> /workspace/w/log; echo {i}") for i in range(1, 6)],
+    turns=[
+        TraceTurn(think_tokens=8, bash=f"sleep 0.5; echo {i} >> /workspace/w/log; echo {i}")
+        for i in range(1, 6)
+    ],
     check="test -s /workspace/w/log",
 )
 
@@ -43,7 +46,9 @@ async def result_within(handle: WorkflowHandle) -> TrajectoryResult:
 
 async def wait_for_recorded_steps(handle: WorkflowHandle, steps: int) -> TrajectoryProgress:
     """Until `steps` steps are logged (a decision is recorded after each action's observation)."""
-    return await wait_for_progress(handle, lambda p: p.decisions >= steps, f"logged {steps} steps", tries=1200)
+    return await wait_for_progress(
+        handle, lambda p: p.decisions >= steps, f"logged {steps} steps", tries=1200
+    )
 
 
 async def test_recover_whose_replay_kills_the_new_sandbox_ends_failed_infra(stack, monkeypatch):

@@ -19,12 +19,18 @@ STATEFUL_TRACE = TraceTask(
     turns=[
         TraceTurn(think_tokens=8, bash="cd /workspace/w && export MARK=kept && pwd"),
         TraceTurn(think_tokens=8, bash="seq 1 200 > numbers.txt && wc -l numbers.txt"),
-        TraceTurn(think_tokens=8, bash="nohup python3 -m http.server 8766 --bind 127.0.0.1 >/dev/null 2>&1 & sleep 1; echo up"),
+        TraceTurn(
+            think_tokens=8,
+            bash="nohup python3 -m http.server 8766 --bind 127.0.0.1 >/dev/null 2>&1 & sleep 1; echo up",
+        ),
         TraceTurn(think_tokens=8, bash="echo $MARK $(pwd) && sha256sum numbers.txt | cut -c1-16"),
-        TraceTurn(think_tokens=8, bash="python3 -c \"import urllib.request as u; print(len(u.urlopen('http://127.0.0.1:8766/numbers.txt').read()))\""),
+        TraceTurn(
+            think_tokens=8,
+            bash="python3 -c \"import urllib.request as u; print(len(u.urlopen('http://127.0.0.1:8766/numbers.txt').read()))\"",
+        ),
         TraceTurn(think_tokens=8, bash="echo done >> numbers.txt && tail -1 numbers.txt"),
     ],
-    check="test \"$(tail -1 /workspace/w/numbers.txt)\" = done",
+    check='test "$(tail -1 /workspace/w/numbers.txt)" = done',
 )
 
 
@@ -33,9 +39,16 @@ async def start(stack, task, policy: str | PolicyConfig = "every-step", **kwargs
     trajectory_id = f"{task.id}-{uuid.uuid4().hex[:8]}"
     return await stack.client.start_workflow(
         "TrajectoryWorkflow",
-        TrajectoryInput(trajectory_id=trajectory_id, task=task, queues=stack.queues,
-                        policy=policy if isinstance(policy, PolicyConfig) else PolicyConfig(mode=policy), **kwargs),
-        id=trajectory_id, task_queue=stack.queues.context, result_type=TrajectoryResult,
+        TrajectoryInput(
+            trajectory_id=trajectory_id,
+            task=task,
+            queues=stack.queues,
+            policy=policy if isinstance(policy, PolicyConfig) else PolicyConfig(mode=policy),
+            **kwargs,
+        ),
+        id=trajectory_id,
+        task_queue=stack.queues.context,
+        result_type=TrajectoryResult,
     )
 
 
@@ -64,8 +77,12 @@ async def test_trace_completes_and_repeats_identically(stack):
     # The web UI's filters: trajectories by task and status (search attributes).
     found = []
     for _ in range(50):
-        found = [w.id async for w in stack.client.list_workflows(
-            'BelayerTask = "stateful" AND BelayerStatus = "completed"')]
+        found = [
+            w.id
+            async for w in stack.client.list_workflows(
+                'BelayerTask = "stateful" AND BelayerStatus = "completed"'
+            )
+        ]
         if first.trajectory_id in found:
             break
         await asyncio.sleep(0.1)
@@ -94,7 +111,9 @@ async def activity_events(handle) -> list[tuple[str, str]]:
             names[event.event_id] = event.activity_task_scheduled_event_attributes.activity_type.name
             events.append(("scheduled", names[event.event_id]))
         elif event.HasField("activity_task_completed_event_attributes"):
-            events.append(("completed", names[event.activity_task_completed_event_attributes.scheduled_event_id]))
+            events.append(
+                ("completed", names[event.activity_task_completed_event_attributes.scheduled_event_id])
+            )
     return events
 
 
@@ -116,7 +135,7 @@ async def test_each_action_waits_for_the_checkpoints_capture_and_runs_beside_its
         publish = start_at + later.index(("scheduled", "sandbox.publish_checkpoint"))
         published = start_at + later.index(("completed", "sandbox.publish_checkpoint"))
         assert ("completed", "generate") in events[start_at:action], "no generation beside the capture"
-        assert captured < action < published, events[start_at:published + 1]
+        assert captured < action < published, events[start_at : published + 1]
         assert publish > action, "the publish started beside the generation, before the action"
 
 
@@ -130,11 +149,14 @@ async def test_the_last_observation_is_appended_by_the_node_beside_the_final_che
     assert by_node.status == "completed", by_node.reason
     events = await activity_events(on_node)
     append = events.index(("scheduled", "append_observation"))
-    assert events[append - 1] == ("scheduled", "sandbox.exec"), events[append - 3:]  # the check, just before
+    assert events[append - 1] == ("scheduled", "sandbox.exec"), events[append - 3 :]  # the check, just before
     assert events.index(("completed", "append_observation")) > append
     history = await on_node.fetch_history()
-    queues = [e.activity_task_scheduled_event_attributes.task_queue.name for e in history.events
-              if e.activity_task_scheduled_event_attributes.activity_type.name == "append_observation"]
+    queues = [
+        e.activity_task_scheduled_event_attributes.task_queue.name
+        for e in history.events
+        if e.activity_task_scheduled_event_attributes.activity_type.name == "append_observation"
+    ]
     assert queues == [stack.queues.rollout]
 
     await stack.replace_rollout_worker([stack.rollout.generate])
@@ -144,21 +166,26 @@ async def test_the_last_observation_is_appended_by_the_node_beside_the_final_che
     events = await activity_events(fallback)
     assert events.count(("scheduled", "append_observation")) == 1  # refused once, not retried
     assert ("completed", "append_observation") not in events
-    assert (locally.token_sha256, locally.env_sha256, locally.tokens) == \
-        (by_node.token_sha256, by_node.env_sha256, by_node.tokens)
+    assert (locally.token_sha256, locally.env_sha256, locally.tokens) == (
+        by_node.token_sha256,
+        by_node.env_sha256,
+        by_node.tokens,
+    )
 
 
-CLOCK_TRACE = STATEFUL_TRACE.model_copy(update={
-    "id": "clock",
-    "turns": [
-        TraceTurn(think_tokens=8, bash="mkdir -p /workspace/w && cd /workspace/w"),
-        TraceTurn(think_tokens=8, bash="date +%s%N | tee /workspace/w/stamp"),
-        TraceTurn(think_tokens=8, bash="sleep 0.5; echo three"),
-        TraceTurn(think_tokens=8, bash="sleep 0.5; echo four"),
-        TraceTurn(think_tokens=8, bash="sleep 0.5; echo five"),
-    ],
-    "check": "test -s /workspace/w/stamp",
-})
+CLOCK_TRACE = STATEFUL_TRACE.model_copy(
+    update={
+        "id": "clock",
+        "turns": [
+            TraceTurn(think_tokens=8, bash="mkdir -p /workspace/w && cd /workspace/w"),
+            TraceTurn(think_tokens=8, bash="date +%s%N | tee /workspace/w/stamp"),
+            TraceTurn(think_tokens=8, bash="sleep 0.5; echo three"),
+            TraceTurn(think_tokens=8, bash="sleep 0.5; echo four"),
+            TraceTurn(think_tokens=8, bash="sleep 0.5; echo five"),
+        ],
+        "check": "test -s /workspace/w/stamp",
+    }
+)
 
 
 async def test_nondeterministic_action_after_restore_cuts_the_context(stack):
@@ -190,7 +217,10 @@ async def test_long_trajectory_continues_as_new(stack):
 
 VARIED_TRACE = TraceTask(
     id="varied",
-    turns=[TraceTurn(think_tokens=tokens, bash=f"echo {i}") for i, tokens in enumerate((8, 64, 8, 8, 64), start=1)],
+    turns=[
+        TraceTurn(think_tokens=tokens, bash=f"echo {i}")
+        for i, tokens in enumerate((8, 64, 8, 8, 64), start=1)
+    ],
     check="true",
 )
 
@@ -236,7 +266,9 @@ async def test_record_history_for_replay(stack, monkeypatch):
     out.mkdir(exist_ok=True)
 
     async def save(handle, name: str) -> None:
-        found = [(w.start_time, w.run_id) async for w in stack.client.list_workflows(f'WorkflowId = "{handle.id}"')]
+        found = [
+            (w.start_time, w.run_id) async for w in stack.client.list_workflows(f'WorkflowId = "{handle.id}"')
+        ]
         runs = [run_id for _, run_id in sorted(found)]
         for i, run_id in enumerate(runs, start=1):
             history = await stack.client.get_workflow_handle(handle.id, run_id=run_id).fetch_history()

@@ -20,8 +20,14 @@ def spawn(module: str, config, config_dir) -> subprocess.Popen:
     """`python -m module` with `config`, written to a file of its own in `config_dir`."""
     config_file = write_effective_config(config, config_dir / f"{module}.toml")
     env = dict(os.environ, BELAYER_CONFIG=str(config_file), PYTHONUNBUFFERED="1")
-    return subprocess.Popen([sys.executable, "-m", module], env=env, stdin=subprocess.DEVNULL,
-                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+    return subprocess.Popen(
+        [sys.executable, "-m", module],
+        env=env,
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        start_new_session=True,
+    )
 
 
 def kill(proc: subprocess.Popen) -> None:
@@ -33,12 +39,15 @@ def kill(proc: subprocess.Popen) -> None:
 @pytest.fixture
 def worker_config(stack_config, tmp_path, stack):
     """The session's services, this test's queues, a state dir of its own for pid files."""
-    return stack_config.model_copy(update={
-        "state_dir": tmp_path,
-        "storage": stack.store.cfg,
-        "temporal": stack_config.temporal.model_copy(update={
-            "workflow_task_queue": stack.queues.context}),
-    })
+    return stack_config.model_copy(
+        update={
+            "state_dir": tmp_path,
+            "storage": stack.store.cfg,
+            "temporal": stack_config.temporal.model_copy(
+                update={"workflow_task_queue": stack.queues.context}
+            ),
+        }
+    )
 
 
 async def test_workflow_worker_killed_mid_run_resumes(stack, worker_config, tokenizer_path):
@@ -83,11 +92,13 @@ async def test_sandbox_worker_killed_mid_run_recovers(stack, stack_config, tmp_p
     reference = await (await start(stack, STATEFUL_TRACE)).result()
     await stack.stop_sandbox_workers()
     host_queue = f"sandbox-host-{uuid.uuid4().hex[:8]}"
-    config = stack_config.model_copy(update={
-        "state_dir": runtime.default_state_dir(),  # where the base image lives
-        "storage": stack.store.cfg,
-        "sandbox": stack.sandboxes.host.cfg.model_copy(update={"host_task_queue": host_queue}),
-    })
+    config = stack_config.model_copy(
+        update={
+            "state_dir": runtime.default_state_dir(),  # where the base image lives
+            "storage": stack.store.cfg,
+            "sandbox": stack.sandboxes.host.cfg.model_copy(update={"host_task_queue": host_queue}),
+        }
+    )
     stack.queues = stack.queues.model_copy(update={"sandbox": SHARED_QUEUE})
     first = spawn("belayer.workers.sandbox", config, config_dir=tmp_path)
     second = None

@@ -26,13 +26,17 @@ def test_every_shipped_example_loads():
 
 
 def test_kinds_are_inferred_from_fields(tmp_path):
-    path = write(tmp_path, "w.yaml", """
+    path = write(
+        tmp_path,
+        "w.yaml",
+        """
 tasks:
   - id: replay-1
     turns: [{think_tokens: 4, bash: "echo hi"}]
   - id: agent-1
     instruction: "create hello.txt"
-""")
+""",
+    )
     trace, model = load_workload(path).tasks
     assert isinstance(trace, TraceTask) and isinstance(model, ModelTask)
     assert model.max_turns == 8
@@ -40,33 +44,48 @@ tasks:
 
 def test_a_training_workload_names_its_model_and_heldout_file(tmp_path):
     write(tmp_path, "held.yaml", "tasks: [{id: h, instruction: x}]\n")
-    path = write(tmp_path, "w.yaml", "tasks: [{id: a, instruction: x}]\nmodel: tiny-warm\nheldout: held.yaml\n")
+    path = write(
+        tmp_path, "w.yaml", "tasks: [{id: a, instruction: x}]\nmodel: tiny-warm\nheldout: held.yaml\n"
+    )
     workload = load_workload(path)
     assert workload.model == "tiny-warm"
     assert [t.id for t in load_workload(workload.heldout).tasks] == ["h"]
 
 
 def test_jsonl(tmp_path):
-    path = write(tmp_path, "w.jsonl", '{"id": "a", "turns": [{"think_tokens": 1, "bash": "true"}]}\n\n'
-                                      '{"id": "b", "instruction": "x"}\n')
+    path = write(
+        tmp_path,
+        "w.jsonl",
+        '{"id": "a", "turns": [{"think_tokens": 1, "bash": "true"}]}\n\n{"id": "b", "instruction": "x"}\n',
+    )
     assert [t.id for t in load_workload(path).tasks] == ["a", "b"]
 
 
-@pytest.mark.parametrize("text, expected", [
-    ("tasks:\n  - id: t1\n    turns: [{think_tokens: 4, bash: ls}]\n    colour: red\n",
-     ["task 't1'", "field colour", "unknown field"]),
-    ("tasks:\n  - id: t2\n    turns: [{think_tokens: -1, bash: ls}]\n",
-     ["task 't2'", "field turns.0.think_tokens", "greater than or equal to 0"]),
-    ("tasks:\n  - id: t3\n    turns: []\n", ["task 't3'", "field turns"]),
-    ("tasks: []\n", ["no tasks"]),
-    ("", ["no tasks"]),
-    ("tasks:\n  - id: 'bad id!'\n    instruction: x\n", ["field id", "letters, digits"]),
-    ("tasks:\n  - {id: a, instruction: x}\n  - {id: a, instruction: y}\n", ["appears twice"]),
-    ("tasks: [\n", ["not valid YAML"]),
-    ("jobs: []\n", ["mapping with `tasks:`"]),
-    ("tasks: [{id: a, instruction: x}]\nmodel: gpt\n", ["`model: gpt`", "tiny-warm"]),
-    ("tasks: [{id: a, instruction: x}]\nheldout: nowhere.yaml\n", ["`heldout: nowhere.yaml` names no file"]),
-])
+@pytest.mark.parametrize(
+    "text, expected",
+    [
+        (
+            "tasks:\n  - id: t1\n    turns: [{think_tokens: 4, bash: ls}]\n    colour: red\n",
+            ["task 't1'", "field colour", "unknown field"],
+        ),
+        (
+            "tasks:\n  - id: t2\n    turns: [{think_tokens: -1, bash: ls}]\n",
+            ["task 't2'", "field turns.0.think_tokens", "greater than or equal to 0"],
+        ),
+        ("tasks:\n  - id: t3\n    turns: []\n", ["task 't3'", "field turns"]),
+        ("tasks: []\n", ["no tasks"]),
+        ("", ["no tasks"]),
+        ("tasks:\n  - id: 'bad id!'\n    instruction: x\n", ["field id", "letters, digits"]),
+        ("tasks:\n  - {id: a, instruction: x}\n  - {id: a, instruction: y}\n", ["appears twice"]),
+        ("tasks: [\n", ["not valid YAML"]),
+        ("jobs: []\n", ["mapping with `tasks:`"]),
+        ("tasks: [{id: a, instruction: x}]\nmodel: gpt\n", ["`model: gpt`", "tiny-warm"]),
+        (
+            "tasks: [{id: a, instruction: x}]\nheldout: nowhere.yaml\n",
+            ["`heldout: nowhere.yaml` names no file"],
+        ),
+    ],
+)
 def test_invalid_files_name_task_field_and_fix(tmp_path, text, expected):
     with pytest.raises(WorkloadError) as excinfo:
         load_workload(write(tmp_path, "w.yaml", text))
@@ -76,8 +95,11 @@ def test_invalid_files_name_task_field_and_fix(tmp_path, text, expected):
 
 def test_an_unknown_kind_is_named_with_the_kinds_there_are(tmp_path):
     path = write(tmp_path, "w.yaml", "tasks:\n  - {id: h1, kind: harbor, instruction: x}\n")
-    with pytest.raises(WorkloadError, match=r"task 'h1' is invalid:\n  field kind: unknown task kind 'harbor': "
-                                            r"use one of trace, model"):
+    with pytest.raises(
+        WorkloadError,
+        match=r"task 'h1' is invalid:\n  field kind: unknown task kind 'harbor': "
+        r"use one of trace, model",
+    ):
         load_workload(path)
 
 

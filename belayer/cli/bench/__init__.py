@@ -24,6 +24,18 @@ def bench() -> None:
     """Benchmarks that measure Belayer and its baseline side by side in one run."""
 
 
-for command in (storage, env_recovery, checkpoint, worker_recovery, publish, overhead, chaos, long_trajectory,
-                training, fork, turn_overhead, suite):
+for command in (
+    storage,
+    env_recovery,
+    checkpoint,
+    worker_recovery,
+    publish,
+    overhead,
+    chaos,
+    long_trajectory,
+    training,
+    fork,
+    turn_overhead,
+    suite,
+):
     bench.add_command(command)

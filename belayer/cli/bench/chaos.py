@@ -28,27 +28,69 @@ EXAMPLE = Path(__file__).resolve().parents[3] / "examples" / "workloads" / "buil
 
 
 @click.command()
-@click.option("--workload", "workloads", multiple=True, type=click.Path(exists=True, path_type=Path),
-              help="Workload file (repeatable); default examples/workloads/build-and-serve.yaml.")
-@click.option("--rounds", default=5, show_default=True, type=click.IntRange(1, 10_000),
-              help="Rounds with faults, after one reference round.")
-@click.option("--repeats", default=1, show_default=True, type=click.IntRange(1, 1000),
-              help="Trajectories per task per round.")
+@click.option(
+    "--workload",
+    "workloads",
+    multiple=True,
+    type=click.Path(exists=True, path_type=Path),
+    help="Workload file (repeatable); default examples/workloads/build-and-serve.yaml.",
+)
+@click.option(
+    "--rounds",
+    default=5,
+    show_default=True,
+    type=click.IntRange(1, 10_000),
+    help="Rounds with faults, after one reference round.",
+)
+@click.option(
+    "--repeats",
+    default=1,
+    show_default=True,
+    type=click.IntRange(1, 1000),
+    help="Trajectories per task per round.",
+)
 @click.option("--faults-per-round", default=2, show_default=True, type=click.IntRange(0, 1000))
-@click.option("--seed", default=0, show_default=True, type=click.IntRange(0), help="Seed of the fault schedule.")
+@click.option(
+    "--seed", default=0, show_default=True, type=click.IntRange(0), help="Seed of the fault schedule."
+)
 @click.option("--kinds", default=None, metavar="KIND,...", help="Fault kinds drawn from (default: all).")
 @click.option("--s3-outage-s", default=3.0, show_default=True, type=click.FloatRange(0, 600))
-@click.option("--round-timeout-s", default=600.0, show_default=True, type=click.FloatRange(10, 86400),
-              help="A trajectory without a result by then counts as lost (and is terminated).")
+@click.option(
+    "--round-timeout-s",
+    default=600.0,
+    show_default=True,
+    type=click.FloatRange(10, 86400),
+    help="A trajectory without a result by then counts as lost (and is terminated).",
+)
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object (with per-run details).")
-@click.option("--out", type=click.Path(path_type=Path), default=None,
-              help="Also write the JSON here (input of `belayer report`).")
-@click.option("--report", "report_dir", type=click.Path(path_type=Path), default=None,
-              help="Also write the HTML report (`belayer report`) into this directory.")
+@click.option(
+    "--out",
+    type=click.Path(path_type=Path),
+    default=None,
+    help="Also write the JSON here (input of `belayer report`).",
+)
+@click.option(
+    "--report",
+    "report_dir",
+    type=click.Path(path_type=Path),
+    default=None,
+    help="Also write the HTML report (`belayer report`) into this directory.",
+)
 @click.pass_context
-def chaos(ctx: click.Context, workloads: tuple[Path, ...], rounds: int, repeats: int, faults_per_round: int,
-          seed: int, kinds: str | None, s3_outage_s: float, round_timeout_s: float, as_json: bool,
-          out: Path | None, report_dir: Path | None) -> None:
+def chaos(
+    ctx: click.Context,
+    workloads: tuple[Path, ...],
+    rounds: int,
+    repeats: int,
+    faults_per_round: int,
+    seed: int,
+    kinds: str | None,
+    s3_outage_s: float,
+    round_timeout_s: float,
+    as_json: bool,
+    out: Path | None,
+    report_dir: Path | None,
+) -> None:
     """Soak: the example workloads under a seeded schedule of real faults of every kind;
     each trajectory's token and environment hashes compared with an unfailed run.
 
@@ -60,9 +102,16 @@ def chaos(ctx: click.Context, workloads: tuple[Path, ...], rounds: int, repeats:
     unknown = [k for k in chosen if k not in FAULT_KINDS]
     if unknown:
         raise ChaosError(f"unknown fault kind(s) {', '.join(unknown)}; choose from {', '.join(FAULT_KINDS)}")
-    settings = SoakSettings(workloads=list(workloads) or [EXAMPLE], rounds=rounds, repeats=repeats,
-                            faults_per_round=faults_per_round, seed=seed, kinds=chosen,
-                            s3_outage_s=s3_outage_s, round_timeout_s=round_timeout_s)
+    settings = SoakSettings(
+        workloads=list(workloads) or [EXAMPLE],
+        rounds=rounds,
+        repeats=repeats,
+        faults_per_round=faults_per_round,
+        seed=seed,
+        kinds=chosen,
+        s3_outage_s=s3_outage_s,
+        round_timeout_s=round_timeout_s,
+    )
     config = config_from(ctx.find_root())
     # The Temporal SDK's core logs its connection retries (a restarted server) on stdout:
     # keep stdout for the JSON alone by sending fd 1 to stderr while the soak runs.
@@ -70,7 +119,9 @@ def chaos(ctx: click.Context, workloads: tuple[Path, ...], rounds: int, repeats:
     real_stdout = os.dup(1)
     os.dup2(2, 1)
     try:
-        summary = asyncio.run(Soak(config, settings, report=lambda m: console.print(m, highlight=False)).run())
+        summary = asyncio.run(
+            Soak(config, settings, report=lambda m: console.print(m, highlight=False)).run()
+        )
     finally:
         sys.stdout.flush()
         os.dup2(real_stdout, 1)
@@ -90,24 +141,36 @@ def chaos(ctx: click.Context, workloads: tuple[Path, ...], rounds: int, repeats:
         click.echo(text)
     else:
         print_report(summary)
-    bad = summary["lost"] or summary["mismatched"] or summary["failed_infra"] or any(summary["leaked"].values())
+    bad = (
+        summary["lost"] or summary["mismatched"] or summary["failed_infra"] or any(summary["leaked"].values())
+    )
     sys.stdout.flush()
     os._exit(1 if bad else 0)  # the Temporal SDK can abort at interpreter exit (docs/design.md §7)
 
 
 def print_report(summary: dict) -> None:
     out = Console(width=max(Console().width, 120))
-    table = Table("fault kind", "injected", "min", "median", "max",
-                  title=f"recovery seconds over {summary['rounds_run']} rounds")
+    table = Table(
+        "fault kind",
+        "injected",
+        "min",
+        "median",
+        "max",
+        title=f"recovery seconds over {summary['rounds_run']} rounds",
+    )
     for kind, row in summary["by_kind"].items():
         table.add_row(kind, str(row["injected"]), *spread_cells(row["recovery_s_spread"]))
     table.add_row("all", str(summary["faults_injected"]), *spread_cells(summary["recovery_s_spread"]))
     out.print(table)
-    out.print(f"{summary['trajectories']} trajectories, {summary['faults_injected']} faults: "
-              f"lost {summary['lost']}, mismatched {summary['mismatched']}, failed_infra {summary['failed_infra']}, "
-              f"context cuts {summary['context_cuts']}; leaked {summary['leaked']}; recovery p50 "
-              f"{_s(summary['p50_recovery_s'])} s, p99 {_s(summary['p99_recovery_s'])} s")
-    out.print(f"round wall time {' / '.join(spread_cells(summary['round_wall_s_spread']))} s (min / median / max)")
+    out.print(
+        f"{summary['trajectories']} trajectories, {summary['faults_injected']} faults: "
+        f"lost {summary['lost']}, mismatched {summary['mismatched']}, failed_infra {summary['failed_infra']}, "
+        f"context cuts {summary['context_cuts']}; leaked {summary['leaked']}; recovery p50 "
+        f"{_s(summary['p50_recovery_s'])} s, p99 {_s(summary['p99_recovery_s'])} s"
+    )
+    out.print(
+        f"round wall time {' / '.join(spread_cells(summary['round_wall_s_spread']))} s (min / median / max)"
+    )
 
 
 def _s(value) -> str:

@@ -17,10 +17,19 @@ from belayer.measure import machine_load
 
 @click.command("checkpoint")
 @trace_task_options(DEFAULT_WORKLOAD)
-@click.option("--repetitions", type=click.IntRange(1, 100), default=3, show_default=True,
-              help="Checkpoint + restore by each mode per repetition, modes interleaved.")
-@click.option("--compression", type=click.Choice(["zstd", "gzip", "none"]), default=None,
-              help="Belayer's archive compression [default: sandbox.checkpoint_compression].")
+@click.option(
+    "--repetitions",
+    type=click.IntRange(1, 100),
+    default=3,
+    show_default=True,
+    help="Checkpoint + restore by each mode per repetition, modes interleaved.",
+)
+@click.option(
+    "--compression",
+    type=click.Choice(["zstd", "gzip", "none"]),
+    default=None,
+    help="Belayer's archive compression [default: sandbox.checkpoint_compression].",
+)
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object on stdout.")
 @click.pass_context
 def checkpoint(ctx: click.Context, workload: Path, task_id: str | None, repetitions: int,
@@ -33,8 +42,9 @@ def checkpoint(ctx: click.Context, workload: Path, task_id: str | None, repetiti
 
     config = load_config((ctx.obj or {}).get("config_file"))
     if compression:
-        config = config.model_copy(update={"sandbox": config.sandbox.model_copy(
-            update={"checkpoint_compression": compression})})
+        config = config.model_copy(
+            update={"sandbox": config.sandbox.model_copy(update={"checkpoint_compression": compression})}
+        )
     task = load_trace_task(workload, task_id)
     err = Console(stderr=True)
     bench = Bench(make_host(config), say=lambda m: err.print(m, highlight=False))
@@ -45,9 +55,12 @@ def checkpoint(ctx: click.Context, workload: Path, task_id: str | None, repetiti
         for rep, mode in schedule(repetitions):
             samples.append(bench.run(mode))
             s = samples[-1]
-            err.print(f"repetition {rep + 1}/{repetitions} {mode:8} checkpoint {s.checkpoint_s:.2f}s "
-                      f"({s.archive_mb:.1f} MiB)  restore {s.restore_s:.2f}s"
-                      f"{'' if s.consistent else '  INCONSISTENT /workspace'}", highlight=False)
+            err.print(
+                f"repetition {rep + 1}/{repetitions} {mode:8} checkpoint {s.checkpoint_s:.2f}s "
+                f"({s.archive_mb:.1f} MiB)  restore {s.restore_s:.2f}s"
+                f"{'' if s.consistent else '  INCONSISTENT /workspace'}",
+                highlight=False,
+            )
     finally:
         bench.tear_down()
     report = summarize(samples, repetitions, config.sandbox.checkpoint_compression)

@@ -17,21 +17,54 @@ from belayer.measure import machine_load
 @click.command("env-recovery")
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object on stdout.")
 @click.option("--workload", "names", multiple=True, help="Run only these workloads (repeatable).")
-@click.option("--scale", type=click.FloatRange(0.01, 10), default=1.0, show_default=True,
-              help="Scale the data sizes of every workload.")
-@click.option("--repetitions", type=click.IntRange(1, 50), default=3, show_default=True,
-              help="Best case: recoveries by each method from the one checkpoint, methods interleaved; "
-                   "figures are min / median / max. (The realistic case's samples are its --failures.)")
-@click.option("--archive-dir", type=click.Path(file_okay=False), default=None,
-              help="Keep checkpoints in this directory instead of the configured object store.")
-@click.option("--realistic/--best-case-only", default=True, show_default=True,
-              help="Also run the realistic case: the adaptive policy's own checkpoints, failures at random steps.")
-@click.option("--failures", type=click.IntRange(1, 100), default=5, show_default=True,
-              help="Realistic case: random failures per workload.")
-@click.option("--seed", type=click.IntRange(0), default=0, show_default=True,
-              help="Realistic case: seed of the failure steps and the simulated generation lengths.")
-@click.option("--decode-ms-per-token", type=click.FloatRange(0.1, 1000), default=20.0, show_default=True,
-              help="Realistic case: the simulated generations' decode time per token.")
+@click.option(
+    "--scale",
+    type=click.FloatRange(0.01, 10),
+    default=1.0,
+    show_default=True,
+    help="Scale the data sizes of every workload.",
+)
+@click.option(
+    "--repetitions",
+    type=click.IntRange(1, 50),
+    default=3,
+    show_default=True,
+    help="Best case: recoveries by each method from the one checkpoint, methods interleaved; "
+    "figures are min / median / max. (The realistic case's samples are its --failures.)",
+)
+@click.option(
+    "--archive-dir",
+    type=click.Path(file_okay=False),
+    default=None,
+    help="Keep checkpoints in this directory instead of the configured object store.",
+)
+@click.option(
+    "--realistic/--best-case-only",
+    default=True,
+    show_default=True,
+    help="Also run the realistic case: the adaptive policy's own checkpoints, failures at random steps.",
+)
+@click.option(
+    "--failures",
+    type=click.IntRange(1, 100),
+    default=5,
+    show_default=True,
+    help="Realistic case: random failures per workload.",
+)
+@click.option(
+    "--seed",
+    type=click.IntRange(0),
+    default=0,
+    show_default=True,
+    help="Realistic case: seed of the failure steps and the simulated generation lengths.",
+)
+@click.option(
+    "--decode-ms-per-token",
+    type=click.FloatRange(0.1, 1000),
+    default=20.0,
+    show_default=True,
+    help="Realistic case: the simulated generations' decode time per token.",
+)
 @click.pass_context
 def env_recovery(ctx: click.Context, as_json: bool, names: tuple[str, ...], scale: float, repetitions: int,
                  archive_dir: str | None, realistic: bool, failures: int, seed: int,

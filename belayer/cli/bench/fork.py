@@ -16,16 +16,40 @@ from belayer.measure import machine_load
 
 @click.command("fork")
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object on stdout.")
-@click.option("-g", "--group-size", default=8, show_default=True, type=click.IntRange(2, 64),
-              help="Sandboxes a group needs (G).")
-@click.option("--repetitions", default=3, show_default=True, type=click.IntRange(1, 50),
-              help="Repetitions of each mode (modes interleaved, order rotated).")
-@click.option("--scale", type=click.FloatRange(0.01, 10), default=1.0, show_default=True,
-              help="Scale the setup's data (rows, files).")
-@click.option("--concurrency", type=click.IntRange(1, 64), default=None,
-              help="Sandboxes started at once, in both modes [default: sandbox.fork_concurrency].")
-@click.option("--archive-dir", type=click.Path(file_okay=False), default=None,
-              help="Keep checkpoints in this directory instead of the configured object store.")
+@click.option(
+    "-g",
+    "--group-size",
+    default=8,
+    show_default=True,
+    type=click.IntRange(2, 64),
+    help="Sandboxes a group needs (G).",
+)
+@click.option(
+    "--repetitions",
+    default=3,
+    show_default=True,
+    type=click.IntRange(1, 50),
+    help="Repetitions of each mode (modes interleaved, order rotated).",
+)
+@click.option(
+    "--scale",
+    type=click.FloatRange(0.01, 10),
+    default=1.0,
+    show_default=True,
+    help="Scale the setup's data (rows, files).",
+)
+@click.option(
+    "--concurrency",
+    type=click.IntRange(1, 64),
+    default=None,
+    help="Sandboxes started at once, in both modes [default: sandbox.fork_concurrency].",
+)
+@click.option(
+    "--archive-dir",
+    type=click.Path(file_okay=False),
+    default=None,
+    help="Keep checkpoints in this directory instead of the configured object store.",
+)
 @click.pass_context
 def fork(ctx: click.Context, as_json: bool, group_size: int, repetitions: int, scale: float,
          concurrency: int | None, archive_dir: str | None) -> None:  # fmt: skip
@@ -52,6 +76,8 @@ def fork(ctx: click.Context, as_json: bool, group_size: int, repetitions: int, s
         table.add_row(mode, *(f"{row[k]['min']:.2f} / {row[k]['median']:.2f} / {row[k]['max']:.2f}"
                               for k in ("ready_s", "peak_memory_mb", "peak_disk_mb")))  # fmt: skip
     Console().print(table)
-    err.print(f"speedup {result['speedup']}x (median); identical start: {result['identical_start']}; "
-              f"fork = setup {result['fork']['setup_s']['median']:.2f}s + checkpoint "
-              f"{result['fork']['checkpoint_s']['median']:.2f}s + forks {result['fork']['fork_s']['median']:.2f}s")
+    err.print(
+        f"speedup {result['speedup']}x (median); identical start: {result['identical_start']}; "
+        f"fork = setup {result['fork']['setup_s']['median']:.2f}s + checkpoint "
+        f"{result['fork']['checkpoint_s']['median']:.2f}s + forks {result['fork']['fork_s']['median']:.2f}s"
+    )

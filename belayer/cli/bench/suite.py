@@ -22,15 +22,26 @@ def stack_problem(ctx: click.Context) -> str | None:
 
 
 @click.command("all")
-@click.option("--out", "out_dir", required=True, type=click.Path(file_okay=False, path_type=Path),
-              help="Directory for each benchmark's JSON and log, summary.json, benchmarks.md and plots.html.")
+@click.option(
+    "--out",
+    "out_dir",
+    required=True,
+    type=click.Path(file_okay=False, path_type=Path),
+    help="Directory for each benchmark's JSON and log, summary.json, benchmarks.md and plots.html.",
+)
 @click.option("--only", multiple=True, metavar="NAME", help="Run only this benchmark (repeatable).")
 @click.option("--skip", multiple=True, metavar="NAME", help="Leave this benchmark out (repeatable).")
-@click.option("--repetitions", type=click.IntRange(1, 100), default=3, show_default=True,
-              help="Repetitions (or rounds) of every benchmark that takes them.")
+@click.option(
+    "--repetitions",
+    type=click.IntRange(1, 100),
+    default=3,
+    show_default=True,
+    help="Repetitions (or rounds) of every benchmark that takes them.",
+)
 @click.pass_context
-def suite(ctx: click.Context, out_dir: Path, only: tuple[str, ...], skip: tuple[str, ...],
-          repetitions: int) -> None:
+def suite(
+    ctx: click.Context, out_dir: Path, only: tuple[str, ...], skip: tuple[str, ...], repetitions: int
+) -> None:
     """Run every benchmark one after another and write their figures on one page.
 
     Takes an hour or more on a small machine. All but `storage`, `checkpoint` and
@@ -45,14 +56,20 @@ def suite(ctx: click.Context, out_dir: Path, only: tuple[str, ...], skip: tuple[
     machine = {"cores": now["cores"], "before": now["load_avg"], "description": machine_description()}
     outcomes = []
     for n, bench in enumerate(benches, start=1):
-        err.print(f"[{n}/{len(benches)}] {' '.join(command_of(bench, repetitions))} "
-                  f"(progress in {out_dir / (bench.name + '.log')})", highlight=False)
+        err.print(
+            f"[{n}/{len(benches)}] {' '.join(command_of(bench, repetitions))} "
+            f"(progress in {out_dir / (bench.name + '.log')})",
+            highlight=False,
+        )
         outcome = run_one(bench, out_dir, repetitions)
         err.print(f"      {'done' if outcome.ok else 'FAILED'} in {outcome.wall_s:.0f} s", highlight=False)
         outcomes.append(outcome)
     machine["after"] = machine_load()["load_avg"]
     write_outputs(out_dir, outcomes, machine)
     failed = [o.name for o in outcomes if not o.ok]
-    err.print(f"wrote {out_dir / 'benchmarks.md'} and {out_dir / 'plots.html'}"
-              + (f"; failed: {', '.join(failed)} (see their logs)" if failed else ""), highlight=False)
+    err.print(
+        f"wrote {out_dir / 'benchmarks.md'} and {out_dir / 'plots.html'}"
+        + (f"; failed: {', '.join(failed)} (see their logs)" if failed else ""),
+        highlight=False,
+    )
     sys.exit(1 if failed else 0)

@@ -18,11 +18,18 @@ from belayer.cli.context import config_from
 
 @click.command("turn-overhead")
 @trace_task_options(DEFAULT_WORKLOAD)
-@click.option("--repetitions", default=3, show_default=True, type=click.IntRange(1, 50),
-              help="Runs of each mode, interleaved; figures are min / median / max.")
+@click.option(
+    "--repetitions",
+    default=3,
+    show_default=True,
+    type=click.IntRange(1, 50),
+    help="Runs of each mode, interleaved; figures are min / median / max.",
+)
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object on stdout.")
 @click.pass_context
-def turn_overhead(ctx: click.Context, workload: Path, task_id: str | None, repetitions: int, as_json: bool) -> None:
+def turn_overhead(
+    ctx: click.Context, workload: Path, task_id: str | None, repetitions: int, as_json: bool
+) -> None:
     """Per-turn orchestration cost of Belayer's workflow against a plain asyncio loop.
 
     Needs the running stack (`belayer up`); the plain loop starts its own engine with the

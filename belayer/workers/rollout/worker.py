@@ -43,8 +43,10 @@ def node_task_queue(config: BelayerConfig) -> str:
 
 
 def banner(config: BelayerConfig) -> str:
-    return (f"belayer rollout node {config.rollout.node_id}: serving {node_task_queue(config)} "
-            f"and {config.temporal.rollout_task_queue}")
+    return (
+        f"belayer rollout node {config.rollout.node_id}: serving {node_task_queue(config)} "
+        f"and {config.temporal.rollout_task_queue}"
+    )
 
 
 @contextmanager
@@ -92,7 +94,9 @@ async def serve(config: BelayerConfig) -> None:
             log.warning("could not restore the weights published before this worker restarted: %s", exc)
         else:
             if restored is not None:
-                log.info("restored weights version %d (published before this worker restarted)", restored.version)
+                log.info(
+                    "restored weights version %d (published before this worker restarted)", restored.version
+                )
         await run_worker(
             config.temporal,
             encryption_key=config.storage.encryption_key,
@@ -144,8 +148,12 @@ def describe_roles(state: dict) -> str:
         return "no roles published yet"
     if state.get("broken"):
         return f"BROKEN: {state['broken']}"
-    parts = [f"leader pid {state.get('leader')}", f"shadow {state.get('shadow_state')}",
-             f"owner {state.get('owner_state')}", f"weights v{state.get('weights_version')}"]
+    parts = [
+        f"leader pid {state.get('leader')}",
+        f"shadow {state.get('shadow_state')}",
+        f"owner {state.get('owner_state')}",
+        f"weights v{state.get('weights_version')}",
+    ]
     deadline = state.get("hang_deadline") or {}
     if deadline.get("current_s") is not None:
         parts.append(f"hang deadline {deadline['current_s']:.1f} s")

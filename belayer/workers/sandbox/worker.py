@@ -105,8 +105,11 @@ async def drain_on_sigterm(config: BelayerConfig, host: SandboxHost, sig: int,
     report = await asyncio.to_thread(drain_host, host, deadline, concurrency=config.sandbox.drain_concurrency,
                                      progress=write)  # fmt: skip
     for s in report.sandboxes:
-        print(f"belayer sandbox worker: drain: {s.sandbox_id} {s.outcome} (step {s.step}, waited {s.waited_s:.2f}s, "
-              f"paused {s.paused_s:.2f}s){' ' + s.detail if s.detail else ''}", flush=True)
+        print(
+            f"belayer sandbox worker: drain: {s.sandbox_id} {s.outcome} (step {s.step}, waited {s.waited_s:.2f}s, "
+            f"paused {s.paused_s:.2f}s){' ' + s.detail if s.detail else ''}",
+            flush=True,
+        )
     print(f"belayer sandbox worker: drained in {report.emptied_s:.2f}s: {report.counts()}", flush=True)
 
 
