@@ -50,20 +50,31 @@ tasks:
 def two_hosts():
     """A whole private stack with two sandbox hosts and two rollout nodes, for the module's
     tests in order; a process of the second host left after `down` is a leak too."""
-    with whole_stack("blh-", {"BELAYER_ROLLOUT__NODE_ID": f"t{uuid.uuid4().hex[:6]}",
-                              "BELAYER_POLICY__MODE": "every-step",
-                              "BELAYER_SANDBOX__MAX_SANDBOXES": str(ROOM)},
-                     "--sandbox-hosts", "2", "--rollout-nodes", "2",
-                     also_leaked=lambda config: [p.pid for p in sandbox_hosts.processes(config, 1)]) as started:
+    with whole_stack(
+        "blh-",
+        {
+            "BELAYER_ROLLOUT__NODE_ID": f"t{uuid.uuid4().hex[:6]}",
+            "BELAYER_POLICY__MODE": "every-step",
+            "BELAYER_SANDBOX__MAX_SANDBOXES": str(ROOM),
+        },
+        "--sandbox-hosts",
+        "2",
+        "--rollout-nodes",
+        "2",
+        also_leaked=lambda config: [p.pid for p in sandbox_hosts.processes(config, 1)],
+    ) as started:
         yield started
 
 
 def run(env, workload: Path, *args: str, background: bool = False):
     argv = [*BELAYER, "run", str(workload), "--json", *args]
     if background:
-        return subprocess.Popen(argv, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                                stdin=subprocess.DEVNULL)
-    done = subprocess.run(argv, env=env, capture_output=True, text=True, stdin=subprocess.DEVNULL, timeout=600)
+        return subprocess.Popen(
+            argv, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, stdin=subprocess.DEVNULL
+        )
+    done = subprocess.run(
+        argv, env=env, capture_output=True, text=True, stdin=subprocess.DEVNULL, timeout=600
+    )
     assert done.returncode == 0, done.stdout + done.stderr
     return json.loads(done.stdout)
 
@@ -73,7 +84,10 @@ def test_a_lost_node_and_a_lost_host_are_each_recovered_on_the_other(two_hosts, 
     second = f"{socket.gethostname()}-h1"
     status = service_status(env)
     assert status["sandbox-worker"]["healthy"] and status["sandbox-worker.1"]["healthy"]
-    assert f"polling belayer-sandbox-{second} as belayer-sandbox@{second}:" in status["sandbox-worker.1"]["detail"]
+    assert (
+        f"polling belayer-sandbox-{second} as belayer-sandbox@{second}:"
+        in status["sandbox-worker.1"]["detail"]
+    )
     workload = tmp_path / "two-hosts.yaml"
     workload.write_text(WORKLOAD)
     clean = run(env, workload)["trajectories"][0]
@@ -95,7 +109,9 @@ def test_a_lost_node_and_a_lost_host_are_each_recovered_on_the_other(two_hosts, 
     ManagedProcess("sandbox-worker", config.state_dir).stop()
     faulted = run(env, workload, "--chaos", "sandbox-host-crash@step=3", background=True)
     lost = ManagedProcess("sandbox-worker.1", config.state_dir)
-    while (lost.running() is not None or sandbox_hosts.host_dir(config, 1).exists()) and faulted.poll() is None:
+    while (
+        lost.running() is not None or sandbox_hosts.host_dir(config, 1).exists()
+    ) and faulted.poll() is None:
         time.sleep(0.5)
     assert faulted.poll() is None, "the run ended before its host was lost"
     belayer(env, "up", "--only", "sandbox-worker")  # the host that takes over
@@ -154,7 +170,9 @@ def test_a_host_back_after_a_power_cut_removes_its_stale_container_before_servin
     workload = tmp_path / "two-hosts.yaml"
     workload.write_text(WORKLOAD)
     clean = run(env, workload)["trajectories"][0]
-    ManagedProcess("sandbox-worker", config.state_dir).stop()  # the trajectory's sandbox goes to the second host
+    ManagedProcess(
+        "sandbox-worker", config.state_dir
+    ).stop()  # the trajectory's sandbox goes to the second host
     faulted = run(env, workload, background=True)
     while not containers_on(config, 1) and faulted.poll() is None:
         time.sleep(0.2)
@@ -172,7 +190,7 @@ def test_a_host_back_after_a_power_cut_removes_its_stale_container_before_servin
     logged_before = log.read_text()
     belayer(env, "up")  # back, with its disk: the container is there, its lineage is elsewhere
     assert service_status(env)["sandbox-worker.1"]["healthy"]
-    assert f"fenced superseded containers {stale}" in log.read_text()[len(logged_before):]
+    assert f"fenced superseded containers {stale}" in log.read_text()[len(logged_before) :]
     assert containers_on(config, 1) == []
     belayer(env, "down")
     assert sandbox_hosts.members(config, 1) == []
@@ -216,7 +234,9 @@ def placed_on(config) -> dict[str, str]:
     store = ObjectStore(config.storage)
     try:
         prefix = config.sandbox.checkpoint_prefix
-        ids = {key[len(prefix):].split("/", 1)[0] for key in store.list(prefix) if "/lineage/g0000000000" in key}
+        ids = {
+            key[len(prefix) :].split("/", 1)[0] for key in store.list(prefix) if "/lineage/g0000000000" in key
+        }
         placed = {sid: lineage.LineageRecord.model_validate_json(
             store.get_bytes(lineage.record_key(prefix, sid, 0))).host_queue for sid in ids}  # fmt: skip
     finally:

@@ -175,18 +175,8 @@ PID1_OOM_SCORE_ADJ = 0
 AGENT_OOM_SCORE_ADJ = 1000
 # Signals the agent may send PID 1 from inside: each gets a handler that does nothing, so
 # none of them ends PID 1 (Python's own SIGINT handler would raise KeyboardInterrupt).
-IGNORED_BY_PID1 = (
-    signal.SIGINT,
-    signal.SIGTERM,
-    signal.SIGHUP,
-    signal.SIGQUIT,
-    signal.SIGUSR1,
-    signal.SIGUSR2,
-    signal.SIGALRM,
-    signal.SIGTSTP,
-    signal.SIGTTIN,
-    signal.SIGTTOU,
-)
+IGNORED_BY_PID1 = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT, signal.SIGUSR1,
+                   signal.SIGUSR2, signal.SIGALRM, signal.SIGTSTP, signal.SIGTTIN, signal.SIGTTOU)
 # How many passes the freezer makes before it gives up on a sandbox that keeps spawning
 # or waking processes (a pass stops everything it sees; a stopped process cannot fork).
 FREEZE_PASSES = 200
@@ -527,10 +517,7 @@ class ShellState:
         too_long: list[str] = []
         loader = sorted(name for name in entries if _loader_variable(name))
         for name, value in entries.items():
-            if (
-                len(name.encode("utf-8", "surrogateescape")) + len(value.encode("utf-8", "surrogateescape"))
-                >= MAX_ENTRY_BYTES
-            ):
+            if len(name.encode("utf-8", "surrogateescape")) + len(value.encode("utf-8", "surrogateescape")) >= MAX_ENTRY_BYTES:
                 too_long.append(name)
             elif _carried_function(name, value):
                 env[name] = value
@@ -539,18 +526,10 @@ class ShellState:
                 if name not in exported:
                     unexported.append(name)
         if sum(len(k) + len(v) + 2 for k, v in env.items()) > MAX_STATE_BYTES:
-            return previous, [
-                f"the shell state passed {MAX_STATE_BYTES} bytes: the previous action's is kept"
-            ]
-        notes = (
-            [f"not carried to the next action (over {MAX_ENTRY_BYTES} bytes): {', '.join(too_long)}"]
-            if too_long
-            else []
-        )
+            return previous, [f"the shell state passed {MAX_STATE_BYTES} bytes: the previous action's is kept"]
+        notes = [f"not carried to the next action (over {MAX_ENTRY_BYTES} bytes): {', '.join(too_long)}"] if too_long else []
         if loader:
-            notes.append(
-                f"not carried to the next action (loader variables, set them per command): {', '.join(loader)}"
-            )
+            notes.append(f"not carried to the next action (loader variables, set them per command): {', '.join(loader)}")
         cwd = env.get("PWD", "")
         if not (cwd.startswith("/") and os.path.isdir(cwd)):
             cwd = previous.cwd if os.path.isdir(previous.cwd) else _workspace_dir()
@@ -627,14 +606,7 @@ def spawn_action(command: bytes, state: ShellState, streams: ActionStreams, uid:
         if not LOCAL:
             env_fd = _high_fd(os.memfd_create("belayer-env"))
             os.write(env_fd, _encode_environment(state.env))
-            argv = [
-                *HELPER_INTERPRETER,
-                os.path.abspath(__file__),
-                "--drop-caps-exec",
-                str(env_fd),
-                str(uid),
-                *argv,
-            ]
+            argv = [*HELPER_INTERPRETER, os.path.abspath(__file__), "--drop-caps-exec", str(env_fd), str(uid), *argv]
             env, pass_fds = HELPER_ENVIRONMENT, (text_fd, dump_fd, env_fd)
         with open(os.devnull, "rb") as null:
             proc = subprocess.Popen(
@@ -818,15 +790,8 @@ class Journal:
         try:
             os.write(fd, (json.dumps({"type": "generation", "generation": self.generation}) + "\n").encode())
             if self.trajectory is not None:  # a fork's identity, before its steps exist
-                os.write(
-                    fd,
-                    (
-                        json.dumps(
-                            {"type": "fork", "trajectory": self.trajectory, "generation": self.generation}
-                        )
-                        + "\n"
-                    ).encode(),
-                )
+                os.write(fd, (json.dumps({"type": "fork", "trajectory": self.trajectory,
+                                          "generation": self.generation}) + "\n").encode())
             for key in sorted(self.entries, key=lambda k: self.order.get(k, 0)):
                 obs = self.entries[key]
                 if key not in latest and not obs.get("compacted"):
@@ -947,9 +912,7 @@ class Supervisor:
                 raise RequestError("BadRequest", f"a fork serves a trajectory, not {trajectory!r}")
             if self.running is not None:
                 raise RequestError("Busy", f"action {self.running} is running")
-            self.journal.append(
-                {"type": "fork", "trajectory": trajectory, "generation": new, "at": time.time()}
-            )
+            self.journal.append({"type": "fork", "trajectory": trajectory, "generation": new, "at": time.time()})
             return self.describe()
 
     def submit_or_wait(self, req: dict, start: bool) -> dict:
@@ -965,12 +928,7 @@ class Supervisor:
                     f"sandbox is at generation {self.journal.generation}",
                 )
             if key in self.journal.entries:
-                return {
-                    "ok": True,
-                    "state": "done",
-                    "replayed": True,
-                    "observation": self.journal.entries[key],
-                }
+                return {"ok": True, "state": "done", "replayed": True, "observation": self.journal.entries[key]}
             if self.running == key:
                 pass  # a retry of the action in flight: wait for it below
             elif not start:
@@ -985,12 +943,9 @@ class Supervisor:
                 isolated = bool(req.get("isolated", False))
                 processes = str(req.get("processes", "frozen"))
                 if processes not in ("frozen", "running"):
-                    raise RequestError(
-                        "BadRequest", f"processes must be 'frozen' or 'running', not {processes!r}"
-                    )
+                    raise RequestError("BadRequest", f"processes must be 'frozen' or 'running', not {processes!r}")
                 runner = threading.Thread(
-                    target=self._run_action,
-                    args=(key, generation, command, timeout, cap, isolated, processes),
+                    target=self._run_action, args=(key, generation, command, timeout, cap, isolated, processes),
                     daemon=True,
                 )
                 try:
@@ -1035,19 +990,12 @@ class Supervisor:
         with self.lock:
             try:
                 self.journal.append(
-                    {
-                        "type": "action",
-                        "trajectory": key[0],
-                        "step": key[1],
-                        "generation": generation,
-                        "observation": obs,
-                    }
+                    {"type": "action", "trajectory": key[0], "step": key[1], "generation": generation,
+                     "observation": obs}
                 )
             except OSError as exc:  # still answer the caller; the id is kept in memory
                 obs = dict(obs, note=(obs.get("note", "") + f"; journal write failed: {exc}").lstrip("; "))
-                self.journal._apply(
-                    {"type": "action", "trajectory": key[0], "step": key[1], "observation": obs}
-                )
+                self.journal._apply({"type": "action", "trajectory": key[0], "step": key[1], "observation": obs})
             finally:
                 self.running = None
                 self.lock.notify_all()
@@ -1055,16 +1003,9 @@ class Supervisor:
     @staticmethod
     def _failed_observation(note: str) -> dict:
         empty = {"b64": "", "total": 0, "dropped": 0}
-        return {
-            "exit_code": -1,
-            "sha256": observation_hash(-1, "", "", False),
-            "stdout": empty,
-            "stderr": empty,
-            "duration_s": 0.0,
-            "timed_out": False,
-            "shell_respawned": False,
-            "note": note,
-        }
+        return {"exit_code": -1, "sha256": observation_hash(-1, "", "", False),
+                "stdout": empty, "stderr": empty, "duration_s": 0.0,
+                "timed_out": False, "shell_respawned": False, "note": note}
 
     def _execute(self, command: bytes, timeout: float, cap: int, isolated: bool, processes: str) -> dict:
         """Run one action in its own bash and report what this process saw, not what bash said.
@@ -1085,18 +1026,14 @@ class Supervisor:
         try:
             verifier = VerifierDirs()
         except OSError as exc:  # /tmp exhausted by the agent: its doing, the check fails
-            return self._failed_observation(
-                f"the check did not run: no room for its HOME and TMPDIR in /tmp: {exc}"
-            )
+            return self._failed_observation(f"the check did not run: no room for its HOME and TMPDIR in /tmp: {exc}")
         try:
             state = ShellState(_verifier_environment(verifier.home, verifier.tmp), [], _workspace_dir())
             return self._execute_as(command, timeout, cap, state, isolated=True)
         finally:
             verifier.remove()
 
-    def _execute_as(
-        self, command: bytes, timeout: float, cap: int, state: ShellState, *, isolated: bool
-    ) -> dict:
+    def _execute_as(self, command: bytes, timeout: float, cap: int, state: ShellState, *, isolated: bool) -> dict:
         nonce = secrets.token_hex(8)
         out, err = Capture(nonce, cap), Capture(nonce, cap)
         before = list_processes()
@@ -1270,11 +1207,8 @@ def drop_caps_exec(env_fd: int, uid: int, argv: list[str]) -> None:
         _fields_ = [("version", ctypes.c_uint32), ("pid", ctypes.c_int)]
 
     class Data(ctypes.Structure):
-        _fields_ = [
-            ("effective", ctypes.c_uint32),
-            ("permitted", ctypes.c_uint32),
-            ("inheritable", ctypes.c_uint32),
-        ]
+        _fields_ = [("effective", ctypes.c_uint32), ("permitted", ctypes.c_uint32),
+                    ("inheritable", ctypes.c_uint32)]
 
     header = Header(0x20080522, 0)  # _LINUX_CAPABILITY_VERSION_3
     data = (Data * 2)()

@@ -68,8 +68,9 @@ async def test_a_restarted_node_comes_back_on_the_version_it_served(store, tiny_
     ref = store_weights(store, "weights/restart-v2.safetensors", _perturbed(tiny_model, 7))
     with_two = started_node(node_config(shadow=False), tiny_model)
     first = next(with_two).node
-    await ActivityEnvironment().run(PublishActivities(first, store, remember).publish_weights,
-                                    PublishWeightsArgs(version=2, weights=ref))
+    await ActivityEnvironment().run(
+        PublishActivities(first, store, remember).publish_weights, PublishWeightsArgs(version=2, weights=ref)
+    )
     before = first.generate([5, 6, 7], spec, timeout=300)
     next(with_two, None)  # the node is gone, its segments with it
 
@@ -83,7 +84,9 @@ async def test_a_restarted_node_comes_back_on_the_version_it_served(store, tiny_
         after = second.generate([5, 6, 7], spec, timeout=300)
         assert (after.token_ids, set(after.versions)) == (before.token_ids, {2})
         assert acts.restore() is None, "nothing to do once the node serves it"
-        built = await ActivityEnvironment().run(acts.publish_weights, PublishWeightsArgs(version=3, weights=None))
+        built = await ActivityEnvironment().run(
+            acts.publish_weights, PublishWeightsArgs(version=3, weights=None)
+        )
         assert built.version == 3
         reference = second.generate([5, 6, 7], spec, timeout=300)
         assert reference.token_ids != before.token_ids, "version 3 is the built model again, not version 2"
@@ -102,12 +105,16 @@ async def test_a_node_serves_another_built_model_of_its_layout_by_name(lone_node
     spec = SamplingSpec(max_tokens=12, temperature=1.0, seed=3, ignore_eos=True)
     before = lone_node.generate([5, 6, 7], spec, timeout=300)
     model_path("tiny-warm")  # built by `make install`; builds it otherwise
-    result = await env.run(acts.publish_weights, PublishWeightsArgs(version=version, weights=None, model="tiny-warm"))
+    result = await env.run(
+        acts.publish_weights, PublishWeightsArgs(version=version, weights=None, model="tiny-warm")
+    )
     assert result.version == version and lone_node.roles()["leader_version"] == version
     assert lone_node.generate([5, 6, 7], spec, timeout=300).token_ids != before.token_ids
 
     with pytest.raises(ApplicationError) as missing:
-        await env.run(acts.publish_weights, PublishWeightsArgs(version=version + 1, weights=None, model="huge"))
+        await env.run(
+            acts.publish_weights, PublishWeightsArgs(version=version + 1, weights=None, model="huge")
+        )
     assert missing.value.type == "ModelNotBuilt" and missing.value.non_retryable
     assert "belayer model build --size huge" in str(missing.value)
     assert lone_node.roles()["weights_version"] == version

@@ -18,6 +18,7 @@ MODEL = "tiny-warm"
 @needs("whole")
 def stack():
     """A whole private stack, shared by the package's modules."""
-    with whole_stack("blt-", {"BELAYER_ROLLOUT__MODEL": MODEL,
-                              "BELAYER_ROLLOUT__NODE_ID": f"t{uuid.uuid4().hex[:6]}"}) as started:
+    with whole_stack(
+        "blt-", {"BELAYER_ROLLOUT__MODEL": MODEL, "BELAYER_ROLLOUT__NODE_ID": f"t{uuid.uuid4().hex[:6]}"}
+    ) as started:
         yield started
