@@ -25,10 +25,9 @@ import pytest
 
 from belayer.stack import sandbox_hosts
 from belayer.stack.process import ManagedProcess
-from tests.conftest import ROOM_PER_HOST
+from tests.conftest import ROOM_PER_HOST as ROOM  # sandboxes per host
 from tests.test_stack import BELAYER, belayer, service_status
 
-ROOM = ROOM_PER_HOST  # sandboxes per host
 WORKLOAD = """\
 tasks:
   - id: two-hosts
