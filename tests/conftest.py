@@ -20,6 +20,7 @@ import pytest
 from belayer.config import BelayerConfig, load_config
 from belayer.model.build import model_path
 from belayer.rollout import shm
+from belayer.stack import sandbox_hosts
 from belayer.stack.local import LocalStack
 from belayer.stack.process import ManagedProcess
 from belayer.stack.services import SeaweedFS, TemporalDevServer, port_in_use
@@ -58,6 +59,18 @@ def pytest_collection_modifyitems(config, items) -> None:
         resources = declared_resources(item)
         for tier in sorted(resources) or ["pure"]:
             item.add_marker(tier)
+    items.sort(key=_whole_stack_turn)
+
+
+def _whole_stack_turn(item) -> int:
+    """Where a test runs in the session: the tests of the shared whole stack last, so it is
+    up only for them; first those on two sandbox hosts, whose rollout nodes must all serve
+    the built model (a training run leaves its node serving what it trained, and remembers
+    it across restarts), then those on one. The sort is stable: the order within each
+    group stays."""
+    if TWO_HOST_STACK in item.fixturenames:
+        return 1
+    return 2 if ONE_HOST_STACK in item.fixturenames else 0
 
 
 def declared_resources(item) -> frozenset[str]:
@@ -108,6 +121,64 @@ def _sweep_orphans_of_killed_sessions() -> None:
 @needs("whole")
 def whole_system() -> None:
     """Declares a test that starts the whole stack (`belayer up`) or a benchmark run."""
+
+
+ONE_HOST_STACK, TWO_HOST_STACK = "one_host_stack", "two_host_stack"
+WHOLE_STACK_MODEL = "tiny-warm"  # the training tests need a model with something to learn
+ROOM_PER_HOST = 2  # sandboxes per host on the two-host stack (`sandbox.max_sandboxes`)
+
+
+@pytest.fixture(scope="session")
+@needs("whole")
+def shared_whole_stack():
+    """One whole private stack (`belayer up`: Temporal, SeaweedFS, a podman sandbox host, a
+    vLLM rollout node on the warm-started tiny model, the torch trainer), yielding
+    (config, env), for every test that needs one (through `one_host_stack` or
+    `two_host_stack`): a start and its teardown cost a minute on two cores. Its tests run
+    last (`_whole_stack_turn`); a test that takes a component down brings it back with
+    `belayer up`. At the end, `down`, and whatever is left running (a second host's
+    processes too) is named as a leak."""
+    from tests.test_stack import whole_stack  # imports this module (isolated_config)
+
+    node_id = f"t{uuid.uuid4().hex[:6]}"
+    with whole_stack(
+        "blw-",
+        {"BELAYER_ROLLOUT__MODEL": WHOLE_STACK_MODEL, "BELAYER_ROLLOUT__NODE_ID": node_id},
+        also_leaked=lambda config: [p.pid for p in sandbox_hosts.processes(config, 1)],
+    ) as started:
+        yield started
+
+
+@pytest.fixture(scope="session")
+@needs("whole")
+def two_host_stack(shared_whole_stack):
+    """The shared stack grown to two sandbox hosts and two rollout nodes, each host with room
+    for `ROOM_PER_HOST` sandboxes, and checkpoints at every step; yields (config, env), the
+    env carrying those settings for the `belayer` commands that start or run anything. The
+    first host is restarted for its new room; a stack does not shrink back, so these
+    tests run before those of `one_host_stack`, which takes it down and up again."""
+    from tests.test_stack import belayer  # imports this module (isolated_config)
+
+    config, env = shared_whole_stack
+    env = env | {"BELAYER_POLICY__MODE": "every-step", "BELAYER_SANDBOX__MAX_SANDBOXES": str(ROOM_PER_HOST)}
+    ManagedProcess("sandbox-worker", config.state_dir).stop()
+    belayer(env, "up", "--sandbox-hosts", "2", "--rollout-nodes", "2")
+    return config, env
+
+
+@pytest.fixture(scope="session")
+@needs("whole")
+def one_host_stack(shared_whole_stack):
+    """The shared stack with one sandbox host and one rollout node, every component running:
+    after the two-host tests, `belayer down` (which forgets the topology) and `up` again."""
+    from tests.test_stack import belayer  # imports this module (isolated_config)
+
+    config, env = shared_whole_stack
+    grown = LocalStack(config)
+    if (grown.sandbox_hosts, grown.rollout_nodes) != (1, 1):
+        belayer(env, "down")
+    belayer(env, "up")
+    return config, env
 
 
 def free_port_block(count: int, *, with_grpc: bool) -> list[int]:

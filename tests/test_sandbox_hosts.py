@@ -19,18 +19,15 @@ import json
 import socket
 import subprocess
 import time
-import uuid
 from pathlib import Path
 
 import pytest
 
 from belayer.stack import sandbox_hosts
 from belayer.stack.process import ManagedProcess
-from tests.test_stack import BELAYER, belayer, service_status, whole_stack
+from tests.conftest import ROOM_PER_HOST as ROOM  # sandboxes per host
+from tests.test_stack import BELAYER, belayer, service_status
 
-pytestmark = pytest.mark.usefixtures("whole_system")
-
-ROOM = 2  # sandboxes per host
 WORKLOAD = """\
 tasks:
   - id: two-hosts
@@ -46,24 +43,12 @@ tasks:
 """
 
 
-@pytest.fixture(scope="module")
-def two_hosts():
-    """A whole private stack with two sandbox hosts and two rollout nodes, for the module's
-    tests in order; a process of the second host left after `down` is a leak too."""
-    with whole_stack(
-        "blh-",
-        {
-            "BELAYER_ROLLOUT__NODE_ID": f"t{uuid.uuid4().hex[:6]}",
-            "BELAYER_POLICY__MODE": "every-step",
-            "BELAYER_SANDBOX__MAX_SANDBOXES": str(ROOM),
-        },
-        "--sandbox-hosts",
-        "2",
-        "--rollout-nodes",
-        "2",
-        also_leaked=lambda config: [p.pid for p in sandbox_hosts.processes(config, 1)],
-    ) as started:
-        yield started
+@pytest.fixture
+def two_hosts(two_host_stack):
+    """The session's whole stack grown to two sandbox hosts and two rollout nodes
+    (tests/conftest.py), for the module's tests in order; a process of the second host left
+    after `down` is a leak too."""
+    return two_host_stack
 
 
 def run(env, workload: Path, *args: str, background: bool = False):

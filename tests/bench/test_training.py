@@ -9,13 +9,9 @@ on figures being positive and consistent with each other.
 from __future__ import annotations
 
 import json
-import shutil
 import subprocess
-import tempfile
-import uuid
 from pathlib import Path
 
-import psutil
 import pytest
 import yaml
 
@@ -30,6 +26,7 @@ from belayer.bench.training import (
     summarize,
     union_s,
 )
+from tests.test_stack import BELAYER
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -185,63 +182,38 @@ TRACE_TASKS = [
 ]
 
 
-@pytest.mark.usefixtures("whole_system")
-def test_bench_training_on_a_private_stack(tmp_path):
-    """A whole private stack, as tests/training/test_training_stack.py starts one: a short
-    state directory (podman refuses a run root over 50 characters) with the base image
-    imported into its podman storage."""
-    from belayer.sandbox.runtime import run_podman
-    from tests.conftest import isolated_config
-    from tests.test_stack import BELAYER, belayer, cli_env, live_pids_under
-
+def test_bench_training_on_a_private_stack(one_host_stack, tmp_path):
+    """On the session's whole private stack (tests/conftest.py), which the bench leaves as it
+    found it: the node restarted with its shadow; `down` and the leak check come at the
+    session's end."""
+    config, env = one_host_stack
     learn = yaml.safe_load((REPO / "examples/workloads/learn.yaml").read_text())["tasks"]
     workload = tmp_path / "mixed.yaml"
     workload.write_text(yaml.safe_dump({"tasks": TRACE_TASKS + learn[:1]}))
-    state_dir = Path(tempfile.mkdtemp(prefix="bbt-", dir="/tmp"))
-    config = isolated_config(state_dir)
-    env = cli_env(config) | {"BELAYER_ROLLOUT__NODE_ID": f"b{uuid.uuid4().hex[:6]}"}
-    try:
-        for step in (
-            ["bash", "infra/install/base-image.sh"],
-            ["bash", "infra/install/toolchain.sh"],
-            [*BELAYER, "up"],
-        ):
-            up = subprocess.run(
-                step, env=env, capture_output=True, text=True, stdin=subprocess.DEVNULL, timeout=900, cwd=REPO
-            )
-            assert up.returncode == 0, f"{' '.join(step)} failed:\n{up.stdout}\n{up.stderr}"
-        done = subprocess.run(
-            [
-                *BELAYER,
-                "bench",
-                "training",
-                "--repetitions",
-                "1",
-                "--iterations",
-                "1",
-                "--workload",
-                str(workload),
-                "--json",
-            ],
-            env=env,
-            capture_output=True,
-            text=True,
-            stdin=subprocess.DEVNULL,
-            timeout=1500,
-        )
-        assert done.returncode == 0, f"bench training failed:\n{done.stdout}\n{done.stderr}"
-        report = json.loads(done.stdout)
-        roles = json.loads(
-            (config.state_dir / "run" / f"rollout-{env['BELAYER_ROLLOUT__NODE_ID']}.roles.json").read_text()
-        )
-    finally:
-        belayer(env, "down", check=False)
-        leaked = live_pids_under(config.state_dir)
-        for pid in leaked:
-            psutil.Process(pid).kill()
-        run_podman("rmi", "--all", "--force", state_dir=state_dir)
-        shutil.rmtree(state_dir, ignore_errors=True)
-    assert not leaked, f"processes left running under {config.state_dir}: {leaked}"
+    done = subprocess.run(
+        [
+            *BELAYER,
+            "bench",
+            "training",
+            "--repetitions",
+            "1",
+            "--iterations",
+            "1",
+            "--workload",
+            str(workload),
+            "--json",
+        ],
+        env=env,
+        capture_output=True,
+        text=True,
+        stdin=subprocess.DEVNULL,
+        timeout=1500,
+    )
+    assert done.returncode == 0, f"bench training failed:\n{done.stdout}\n{done.stderr}"
+    report = json.loads(done.stdout)
+    roles = json.loads(
+        (config.state_dir / "run" / f"rollout-{env['BELAYER_ROLLOUT__NODE_ID']}.roles.json").read_text()
+    )
     assert roles["shadow"] is not None, "the node is left with its shadow"
 
     assert "[bench] repetition 1/1 baseline_faulted" in done.stderr

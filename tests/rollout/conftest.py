@@ -1,14 +1,19 @@
 """Fixtures for the rollout node tests: the tiny model and real nodes that always clean up.
 
-Nodes are module-scoped (one per weight mode) because an engine start costs seconds on
-two cores; tests that break a node recover it through the node's own recovery path, and
-every node's processes and shared-memory segments are checked gone at teardown.
+A node start costs 20 to 40 seconds on two cores, so modules whose nodes have the same
+configuration share them through a session-wide `NodePool`, one node per configuration
+(node id aside). Tests that break a node recover it through the node's own recovery path;
+a node given back not as it started (a publish moved its version, it is broken, its shadow
+never came back) is closed then and there, so the next module starts a fresh one. Every
+node's processes and shared-memory segments are checked gone when it closes: when given
+back changed, or at the end of the session.
 """
 
 from __future__ import annotations
 
 import os
 import signal
+import time
 import uuid
 from pathlib import Path
 
@@ -21,6 +26,7 @@ from belayer.rollout.config import RolloutConfig  # noqa: E402
 from belayer.rollout.node import RolloutNode  # noqa: E402
 from belayer.rollout.protocol import SamplingSpec  # noqa: E402
 from tests.conftest import tiny_model  # noqa: E402, F401 (fixture)
+from tests.tiers import needs  # noqa: E402
 
 
 def node_config(**overrides) -> RolloutConfig:
@@ -110,9 +116,97 @@ def started_node(config: RolloutConfig, model_dir: Path):
     assert not left, f"node leaked: {left}"
 
 
+class NodePool:
+    """Started nodes shared across the session's modules, at most one idle node per
+    configuration (its node id aside) and model. A node is handed out only as it started:
+    serving the built model as version 1, with no weight source, not broken, its owner
+    alive and its shadow ready (when it has one); any other is closed instead, and its
+    leftovers are reported."""
+
+    def __init__(self):
+        self._idle: dict[tuple[str, str], NodeUnderTest] = {}
+        self._leaks: list[str] = []
+
+    @staticmethod
+    def _key(config: RolloutConfig, model_dir: Path) -> tuple[str, str]:
+        return str(model_dir), config.model_dump_json(exclude={"node_id"})
+
+    def checkout(self, config: RolloutConfig, model_dir: Path) -> NodeUnderTest:
+        """An idle node of this configuration as it started, or a newly started one."""
+        nut = self._idle.pop(self._key(config, model_dir), None)
+        if nut is not None and as_started(nut.node):
+            nut.remember()
+            return nut
+        if nut is not None:  # changed while idle: reported at the end of the session
+            self._leaks += self._close(nut)
+        nut = NodeUnderTest(config, model_dir)
+        nut.start()
+        return nut
+
+    def give_back(self, nut: NodeUnderTest) -> None:
+        """Keep the node for the next module if it is as it started; else close it now and
+        fail on anything it leaked."""
+        nut.remember()
+        key = self._key(nut.node.config, nut.node.model_dir)
+        if key not in self._idle and as_started(nut.node):
+            self._idle[key] = nut
+            return
+        left = self._close(nut)
+        assert not left, f"node leaked: {left}"
+
+    def close_all(self) -> None:
+        """Close every idle node; fail on anything any node of the pool leaked."""
+        while self._idle:
+            self._leaks += self._close(self._idle.popitem()[1])
+        assert not self._leaks, f"nodes leaked: {self._leaks}"
+
+    @staticmethod
+    def _close(nut: NodeUnderTest) -> list[str]:
+        return [f"{nut.node.config.node_id}: {item}" for item in nut.close()]
+
+
+def as_started(node: RolloutNode) -> bool:
+    """Whether a node can be handed to another module as if newly started."""
+    if node.target_version != 1 or node.weight_source is not None or node.roles()["broken"] is not None:
+        return False
+    settled = _settles(
+        lambda: (roles := node.roles())["publishing"] is None and roles["owner_state"] == "alive"
+    )
+    return settled and (not node.config.shadow or node.wait_shadow_ready())
+
+
+def _settles(condition, timeout: float = 60.0) -> bool:
+    """Whether `condition()` holds within `timeout` (an owner being replaced, a publish
+    finishing after a recovery test)."""
+    deadline = time.monotonic() + timeout
+    while not condition():
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.1)
+    return True
+
+
+@pytest.fixture(scope="session")
+@needs("engine")
+def node_pool(tiny_model) -> NodePool:
+    """The session's shared nodes, closed (and checked for leaks) at its end."""
+    pool = NodePool()
+    yield pool
+    pool.close_all()
+
+
+def pooled_node(pool: NodePool, config: RolloutConfig, model_dir: Path):
+    """Yield a `NodeUnderTest` of this configuration from the pool; give it back afterwards."""
+    nut = pool.checkout(config, model_dir)
+    try:
+        yield nut
+    finally:
+        pool.give_back(nut)
+
+
 @pytest.fixture(scope="module", params=["private", "shared"])
-def node_under_test(request, tiny_model):
-    yield from started_node(node_config(weight_mode=request.param), tiny_model)
+def node_under_test(request, node_pool, tiny_model):
+    yield from pooled_node(node_pool, node_config(weight_mode=request.param), tiny_model)
 
 
 @pytest.fixture

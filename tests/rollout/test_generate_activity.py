@@ -15,20 +15,16 @@ from belayer.activities.generate import GenerateArgs, PartialTokens, RolloutActi
 from belayer.rollout.protocol import SamplingSpec
 from belayer.storage.generation import SampledTokens, encode_sampled, read_generation
 from belayer.storage.tokenlog import PrefixRef, Span, TokenLog, encode_tokens, read_marks, read_prefix
-from tests.rollout.conftest import NodeUnderTest, node_config
+from tests.rollout.conftest import node_config, pooled_node
 
 PROMPT = list(range(40, 90))
 SAMPLING = SamplingParams(max_tokens=48, temperature=0.9, seed=42, ignore_eos=True)
 
 
 @pytest.fixture(scope="module")
-def activity_node(tiny_model):
-    nut = NodeUnderTest(node_config(weight_mode="private"), tiny_model)
-    try:
-        yield nut.start()
-    finally:
-        left = nut.close()
-    assert not left, f"node leaked: {left}"
+def activity_node(node_pool, tiny_model):
+    for nut in pooled_node(node_pool, node_config(weight_mode="private"), tiny_model):
+        yield nut.node
 
 
 def _context(store, key: str) -> PrefixRef:

@@ -24,7 +24,7 @@ from belayer.rollout import shm
 from belayer.rollout.errors import RolloutError
 from belayer.rollout.protocol import SamplingSpec
 from belayer.rollout.publish import PublishRefusedError
-from tests.rollout.conftest import PROMPTS, flip_a_weight_byte, node_config, started_node
+from tests.rollout.conftest import PROMPTS, flip_a_weight_byte, node_config, pooled_node, started_node
 
 LONG = SamplingSpec(max_tokens=160, ignore_eos=True)
 SAMPLED = SamplingSpec(max_tokens=160, temperature=0.9, top_p=0.95, seed=3, ignore_eos=True)
@@ -62,11 +62,11 @@ def perturbed_model(tmp_path_factory, tiny_model, contents) -> Path:
 
 
 @pytest.fixture(scope="module")
-def references(tiny_model, perturbed_model):
+def references(node_pool, tiny_model, perturbed_model):
     """One node per content, no shadow: the fresh engines every published run is compared to."""
     refs = {}
     gens = [
-        started_node(node_config(shadow=False), tiny_model),
+        pooled_node(node_pool, node_config(shadow=False), tiny_model),
         started_node(node_config(shadow=False), perturbed_model),
     ]
     refs["base"], refs["perturbed"] = (next(g).node for g in gens)
@@ -76,8 +76,8 @@ def references(tiny_model, perturbed_model):
 
 
 @pytest.fixture(scope="module", params=["private", "shared"])
-def publishing_node(request, tiny_model):
-    yield from started_node(node_config(weight_mode=request.param), tiny_model)
+def publishing_node(request, node_pool, tiny_model):
+    yield from pooled_node(node_pool, node_config(weight_mode=request.param), tiny_model)
 
 
 class Published:

@@ -13,14 +13,13 @@ from belayer.activities.publish import PublishActivities, PublishWeightsArgs
 from belayer.rollout.protocol import SamplingSpec
 from belayer.storage.store import ObjectRef
 from belayer.storage.weights import store_weights
-from tests.rollout.conftest import node_config, started_node
+from tests.rollout.conftest import node_config, pooled_node, started_node
 
 
 @pytest.fixture(scope="module")
-def lone_node(tiny_model):
-    nodes = started_node(node_config(shadow=False), tiny_model)
-    yield next(nodes).node
-    next(nodes, None)  # closes it and fails on anything it leaked
+def lone_node(node_pool, tiny_model):
+    for nut in pooled_node(node_pool, node_config(shadow=False), tiny_model):
+        yield nut.node  # given back afterwards: closed, and failed on anything it leaked, once published to
 
 
 def _perturbed(model_dir, seed: int) -> dict[str, torch.Tensor]:
