@@ -3,6 +3,12 @@ VENV := .venv
 BELAYER := $(VENV)/bin/belayer
 PYTEST := $(VENV)/bin/pytest
 PYTEST_ARGS ?=
+# Two workers (pytest-xdist) halve the suite on this 2-core machine: much of a test's time is
+# one process waiting on another (a server starting, a container restoring), so a second
+# worker fills the idle core. Work units and their order: tests/conftest.py (_work_unit).
+# TEST_WORKERS=0 runs everything in one process.
+TEST_WORKERS ?= 2
+PARALLEL := -n $(TEST_WORKERS) --dist loadgroup --no-loadscope-reorder
 
 .PHONY: help install test test-fast demo up down status clean-state
 
@@ -17,12 +23,12 @@ install:
 	bash infra/install/all.sh
 
 test: install
-	$(PYTEST) $(PYTEST_ARGS)
+	$(PYTEST) $(PARALLEL) $(PYTEST_ARGS)
 
 # Tiers are assigned from the fixtures a test uses (tests/tiers.py); a test with any of the
 # engine, sandbox or whole markers needs vLLM, podman + CRIU or the whole stack.
 test-fast: install
-	$(PYTEST) -m "not engine and not sandbox and not whole" $(PYTEST_ARGS)
+	$(PYTEST) $(PARALLEL) -m "not engine and not sandbox and not whole" $(PYTEST_ARGS)
 
 demo: install
 	bash infra/demo.sh

@@ -59,7 +59,42 @@ def pytest_collection_modifyitems(config, items) -> None:
         resources = declared_resources(item)
         for tier in sorted(resources) or ["pure"]:
             item.add_marker(tier)
+        item.add_marker(pytest.mark.xdist_group(_work_unit(item)))
     items.sort(key=_whole_stack_turn)
+    if os.environ.get("PYTEST_XDIST_WORKER"):
+        _longest_units_first(items)
+
+
+def _work_unit(item) -> str:
+    """The tests one parallel worker runs together (`make test` runs two, `--dist loadgroup`):
+    those of a session-wide fixture (the shared whole stack, the node pool), so it starts
+    once; the rest by module, so a module's fixtures start once and its tests keep their
+    order."""
+    for fixture, unit in SHARED_UNITS.items():
+        if fixture in item.fixturenames:
+            return unit
+    return item.nodeid.split("::")[0]
+
+
+SHARED_UNITS = {"shared_whole_stack": "whole-stack", "node_pool": "node-pool"}
+_TIER_COST = {"whole": 4, "engine": 3, "sandbox": 2, "stack": 1, "pure": 0}
+
+
+def _longest_units_first(items) -> None:
+    """Under xdist, work units are handed out in collection order to whichever worker runs
+    low: the shared units and the heaviest tiers first, so the run does not end on one
+    worker busy with a long unit while the other idles. Within a unit the order stays."""
+    cost: dict[str, int] = {}
+    for item in items:
+        unit = _work_unit(item)
+        tiers = [_TIER_COST[m.name] for m in item.iter_markers() if m.name in _TIER_COST]
+        shared = 9 if unit in SHARED_UNITS.values() else 0
+        cost[unit] = max(cost.get(unit, 0), shared, *tiers)
+    first = {}
+    for index, item in enumerate(items):
+        first.setdefault(_work_unit(item), index)
+    order = {id(item): index for index, item in enumerate(items)}
+    items.sort(key=lambda item: (-cost[_work_unit(item)], first[_work_unit(item)], order[id(item)]))
 
 
 def _whole_stack_turn(item) -> int:
