@@ -46,6 +46,10 @@ def test_the_whole_system_implies_every_resource(request):
         (["/venv/bin/belayer", "up", "--only", "temporal,seaweedfs"], {"stack"}),
         (["/venv/bin/belayer", "up", "--only", "seaweedfs,rollout-node.1"], {"stack", "engine"}),
         ("podman ps", {"stack"}),
+        ("podman --root /r run --rm img true", {"stack", "sandbox"}),
+        (b"/cache/bin/criu dump -t 1", {"stack", "sandbox"}),
+        (["bash", "-c", "podman run --rm img true && echo done"], {"stack", "sandbox"}),
+        (["sh", "-c", "echo 'unbalanced"], {"stack"}),
     ],
 )
 def test_a_command_line_is_classified_by_what_it_starts(command, resources):

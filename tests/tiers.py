@@ -22,6 +22,7 @@ in the fast tier while it starts an engine, whatever its file says.
 from __future__ import annotations
 
 import os
+import shlex
 import subprocess
 import threading
 from collections.abc import Callable, Iterable
@@ -36,6 +37,7 @@ _IMPLIES = {"stack": {"stack"}, "engine": {"stack", "engine"}, "sandbox": {"stac
 DECLARING_FIXTURE = {"stack": "local_processes", "engine": "tiny_model", "sandbox": "sandbox_runtime",
                      "whole": "whole_system"}  # fmt: skip
 
+_SHELLS = {"sh", "bash", "dash"}
 _SANDBOX_PROGRAMS = {"podman", "criu", "runc", "crun", "conmon"}
 # What podman does that makes or moves containers and images; the rest (`ps`, `image inspect`,
 # `version`) only asks, as `belayer status` does.
@@ -66,7 +68,7 @@ def resources_of(fixture_functions: Iterable[Callable]) -> frozenset[str]:
 
 def resources_of_command(args) -> frozenset[str]:
     """The resources a command line starts: what the process guard compares with a test's tier."""
-    words = [os.fsdecode(a) for a in ([args] if isinstance(args, str | bytes | os.PathLike) else args)]
+    words = _words(args)
     line = " ".join(words)
     up = _belayer_up_components(words)
     if up is not None:
@@ -85,6 +87,24 @@ def resources_of_command(args) -> frozenset[str]:
     ):
         return frozenset({"stack", "engine"})
     return frozenset({"stack"})
+
+
+def _words(args) -> list[str]:
+    """The words of a command line: a shell string (`shell=True`) or a shell's `-c` script is
+    split as the shell would, so `"podman run ..."` is classified like `["podman", "run", ...]`."""
+    if isinstance(args, str | bytes):
+        return _split(os.fsdecode(args))
+    words = [os.fsdecode(a) for a in ([args] if isinstance(args, os.PathLike) else args)]
+    if len(words) >= 3 and os.path.basename(words[0]) in _SHELLS and words[1] == "-c":
+        return _split(words[2])  # what the shell runs is what starts
+    return words
+
+
+def _split(line: str) -> list[str]:
+    try:
+        return shlex.split(line)
+    except ValueError:  # an unbalanced quote: the shell would refuse it too; classify the words
+        return line.split()
 
 
 def _belayer_up_components(words: list[str]) -> frozenset[str] | None:
