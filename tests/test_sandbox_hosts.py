@@ -162,9 +162,12 @@ def test_a_host_back_after_a_power_cut_removes_its_stale_container_before_servin
     while not containers_on(config, 1) and faulted.poll() is None:
         time.sleep(0.2)
     (stale,) = containers_on(config, 1)
-    belayer(env, "up", "--only", "sandbox-worker")  # the host that takes over
-    sandbox_hosts.end(config, 1)  # power cut: every process of the host dies, its disk stays
+    # Power cut at once: every process of the host dies, its disk stays. The host that takes
+    # over starts only afterwards, since starting it first takes long enough on a loaded
+    # machine for the trajectory to finish before the cut.
+    sandbox_hosts.end(config, 1)
     sandbox_hosts.clear_volatile(config, 1)
+    belayer(env, "up", "--only", "sandbox-worker")
     out, err = faulted.communicate(timeout=600)
     assert faulted.returncode == 0, out + err
     result = json.loads(out)["trajectories"][0]
