@@ -8,13 +8,16 @@ even when the run itself is terminated (`pytest_configure`).
 
 from __future__ import annotations
 
+import contextlib
 import os
 import random
 import signal
+import time
 import uuid
 import warnings
 from pathlib import Path
 
+import psutil
 import pytest
 
 from belayer.config import BelayerConfig, load_config
@@ -36,10 +39,43 @@ def pytest_configure(config) -> None:
     engines, started in sessions of their own, live on as orphans. As a
     KeyboardInterrupt, pytest reports the run interrupted and still tears down every
     fixture (the same path as Ctrl-C).
+
+    A parallel run's controller passes a SIGTERM on to its workers, which hold the
+    services, as SIGINT, and on either signal waits for them to tear down before it stops:
+    once it stops, xdist ends a worker within 10 s, halfway through stopping a whole stack.
     """
-    signal.signal(signal.SIGTERM, signal.default_int_handler)
+    if config.option.dist != "no" and not hasattr(config, "workerinput"):
+        signal.signal(signal.SIGTERM, _stop_after_workers)
+        signal.signal(signal.SIGINT, _stop_after_workers)
+    else:
+        signal.signal(signal.SIGTERM, signal.default_int_handler)
     for tier, meaning in zip(TIERS, _TIER_MEANINGS, strict=True):
         config.addinivalue_line("markers", f"{tier}: {meaning} (assigned from fixtures: tests/tiers.py)")
+
+
+WORKER_TEARDOWN_S = 300  # a whole stack and a node pool going down on a loaded machine, with margin
+
+
+def _stop_after_workers(signum, frame) -> None:
+    """In a parallel run's controller (whose only children are its workers): interrupt the
+    workers (Ctrl-C in a terminal already did: SIGINT reaches the whole process group), wait
+    until none has a process of its own left, then stop as Ctrl-C does."""
+    workers = psutil.Process().children()
+    if signum == signal.SIGTERM:
+        for worker in workers:
+            with contextlib.suppress(psutil.Error):
+                worker.send_signal(signal.SIGINT)
+    deadline = time.monotonic() + WORKER_TEARDOWN_S
+    while any(_runs_processes(w) for w in workers) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    raise KeyboardInterrupt
+
+
+def _runs_processes(worker: psutil.Process) -> bool:
+    try:
+        return bool(worker.children())
+    except psutil.Error:  # the worker is gone
+        return False
 
 
 _TIER_MEANINGS = ("no process", "processes of its own: Temporal, SeaweedFS, the CLI", "vLLM engines",

@@ -19,43 +19,58 @@ REPO_ROOT = Path(__file__).resolve().parents[1]
 PROBE = """
 import os, time
 from pathlib import Path
+import pytest
 
-def test_waits_to_be_terminated(seaweedfs):
+@pytest.fixture
+def slow_to_stop(seaweedfs):
+    yield seaweedfs
+    time.sleep(12)  # longer than xdist waits for a worker to exit (10 s), as a stack going down
+
+def test_waits_to_be_terminated(seaweedfs, slow_to_stop):
     proc = seaweedfs.process.running()
-    Path(os.environ["PROBE_PID_FILE"]).write_text(str(proc.pid))
+    worker = os.environ.get("PYTEST_XDIST_WORKER", "main")
+    Path(os.environ["PROBE_PID_DIR"], worker).write_text(str(proc.pid))
     time.sleep(120)
 """
+# A parallel run gets two probe modules (one work unit each), so both workers hold a server.
+RUNS = {"serial": ([], 1), "parallel": (["-n", "2", "--dist", "loadgroup"], 2)}
 
 
 @pytest.mark.usefixtures("local_processes")
-def test_a_terminated_run_stops_the_services_it_started(tmp_path):
+@pytest.mark.parametrize("mode", RUNS)
+def test_a_terminated_run_stops_the_services_it_started(tmp_path, mode):
+    """Also in a parallel run, where the workers hold the services and SIGTERM reaches only
+    the controller (`timeout`, a CI job's limit)."""
+    options, servers = RUNS[mode]
     probe_dir = tmp_path / "probe"
     probe_dir.mkdir()
     (probe_dir / "conftest.py").write_text("from tests.conftest import *  # noqa: F403\n")
-    (probe_dir / "test_probe.py").write_text(PROBE)
-    pid_file = tmp_path / "seaweedfs.pid"
+    for k in range(servers):
+        (probe_dir / f"test_probe_{k}.py").write_text(PROBE)
+    pid_dir = tmp_path / "pids"
+    pid_dir.mkdir()
     run = subprocess.Popen(
-        [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "--rootdir", str(probe_dir),
-         str(probe_dir / "test_probe.py")],
-        cwd=REPO_ROOT, env={**os.environ, "PROBE_PID_FILE": str(pid_file), "PYTHONPATH": str(REPO_ROOT)},
+        [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", *options, "--rootdir", str(probe_dir),
+         str(probe_dir)],
+        cwd=REPO_ROOT, env={**os.environ, "PROBE_PID_DIR": str(pid_dir), "PYTHONPATH": str(REPO_ROOT)},
         stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
     )  # fmt: skip
     try:
-        deadline = time.monotonic() + 120
-        while not pid_file.exists():
+        deadline = time.monotonic() + 180
+        while len(list(pid_dir.iterdir())) < servers:
             assert run.poll() is None, run.stdout.read().decode()
-            assert time.monotonic() < deadline, "the probe run never started SeaweedFS"
+            assert time.monotonic() < deadline, "the probe run never started its SeaweedFS servers"
             time.sleep(0.2)
-        proc = psutil.Process(int(pid_file.read_text()))
-        server = PidRecord(proc.pid, proc.cmdline(), proc.create_time())
+        procs = [psutil.Process(int(f.read_text())) for f in pid_dir.iterdir()]
+        started = [PidRecord(proc.pid, proc.cmdline(), proc.create_time()) for proc in procs]
 
         run.send_signal(signal.SIGTERM)
-        output = run.communicate(timeout=60)[0].decode()
+        output = run.communicate(timeout=120)[0].decode()
     finally:
         if run.poll() is None:
             run.kill()
-    survivor = server.process()  # None once exited (or the pid names another process)
-    if survivor is not None:
+    survivors = [s for s in (server.process() for server in started) if s is not None]  # None once exited
+    for survivor in survivors:
         survivor.kill()  # this test's own failure leaves nothing behind either
-    assert survivor is None, f"SeaweedFS (pid {server.pid}) outlived the terminated run:\n{output}"
+    assert not survivors, f"SeaweedFS {[s.pid for s in survivors]} outlived the terminated run:\n{output}"
     assert run.returncode == pytest.ExitCode.INTERRUPTED, output
