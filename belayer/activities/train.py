@@ -34,10 +34,8 @@ import tempfile
 from pathlib import Path
 
 from pydantic import ValidationError
-from temporalio import activity
-from temporalio.exceptions import ApplicationError
 
-from belayer.activities.runtime import implements
+from belayer.activities.runtime import FailsAs, Failures, heartbeating, implements
 from belayer.contracts.errors import BAD_TRAIN_REQUEST, CORRUPT_SAMPLE
 from belayer.contracts.trainer import TRAIN_STEP, TrainStepArgs, TrainStepResult
 from belayer.rollout.faults import Fault, die_now
@@ -47,27 +45,31 @@ from belayer.trainer.step import Trainer, TrainRequestError
 FAULT_ENV = "BELAYER_TRAINER_FAULT"
 FAULT_EVENTS = {"crash_before_checkpoint": "stepped", "crash_after_checkpoint": "checkpointed"}
 HEARTBEAT_EVERY_S = 1.0
+# A sample that does not verify and arguments the trainer cannot serve are final; the rest,
+# storage errors included, is retried: a retried step resumes from its base checkpoint.
+FAILURES = Failures(
+    {
+        CorruptObject: FailsAs(CORRUPT_SAMPLE, "a sample does not verify"),
+        TrainRequestError: FailsAs(BAD_TRAIN_REQUEST),
+        ValidationError: FailsAs(BAD_TRAIN_REQUEST),
+    },
+    by_retryable=False,
+)
 
 
 class TrainerActivities:
     def __init__(self, trainer: Trainer, store):
         self.trainer, self.store = trainer, store
 
-    @implements(TRAIN_STEP)
+    @implements(TRAIN_STEP, FAILURES)
     async def train_step(self, args: TrainStepArgs) -> TrainStepResult:
         events = fault_hook(active_fault(), args.run_id, args.iteration)
-        work = asyncio.ensure_future(asyncio.to_thread(self.trainer.step, self.store, args, events))
-        while not work.done():
-            activity.heartbeat({"iteration": args.iteration})
-            await asyncio.wait({work}, timeout=HEARTBEAT_EVERY_S)
-        try:
-            return work.result()
-        except CorruptObject as exc:
-            raise ApplicationError(
-                f"a sample does not verify: {exc}", type=CORRUPT_SAMPLE, non_retryable=True
-            ) from exc
-        except (TrainRequestError, ValidationError) as exc:
-            raise ApplicationError(str(exc), type=BAD_TRAIN_REQUEST, non_retryable=True) from exc
+        return await heartbeating(
+            asyncio.to_thread(self.trainer.step, self.store, args, events),
+            every_s=HEARTBEAT_EVERY_S,
+            details=lambda: {"iteration": args.iteration},
+            at_start=True,
+        )
 
     def all(self) -> list:
         return [self.train_step]
