@@ -258,7 +258,7 @@ async def test_record_history_for_replay(stack, monkeypatch):
     import os
     from pathlib import Path
 
-    from belayer.sandbox import faults
+    from belayer import faults
 
     if os.environ.get("BELAYER_RECORD_HISTORIES") != "1":
         pytest.skip("set BELAYER_RECORD_HISTORIES=1 to re-record the checked-in histories")
