@@ -109,7 +109,7 @@ async def run_progress(client: Client, run_id: str) -> TrainingProgress:
 def read_iterations(config: BelayerConfig, result_or_progress) -> list[IterationRecord]:
     """Every iteration the run recorded so far, from its log in the object store."""
     from belayer.activities.training_log import read_iterations as read_records
-    from belayer.trajectory_log import open_store
+    from belayer.storage.store import open_store
 
     log = result_or_progress.log
     if log is None or log.length == 0:

@@ -39,7 +39,8 @@ from belayer.measure import spread, spread_cells
 from belayer.policy.adaptive import DecisionRecord, predictor_error
 from belayer.policy.config import PolicyConfig
 from belayer.policy.simulate import TraceStep, simulate
-from belayer.trajectory_log import open_store, read_decisions
+from belayer.storage.store import open_store
+from belayer.trajectory_log import read_decisions
 from belayer.workflows.models import RecoveryRecord, TrajectoryInput, TrajectoryProgress, TrajectoryResult
 from belayer.workloads.models import TraceTask
 

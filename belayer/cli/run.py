@@ -513,7 +513,7 @@ async def _inspect(config, workflow_id: str) -> dict:
             f"no trajectory {workflow_id!r} in namespace {config.temporal.namespace} ({exc}); "
             "list them with the web UI or `temporal workflow list`"
         ) from None
-    from belayer.trajectory_log import open_store
+    from belayer.storage.store import open_store
 
     steps, checkpoints, summary = await _walk_history(
         handle, client.data_converter, open_store(config.storage)

@@ -1098,12 +1098,13 @@ def _damage(archive: Path) -> None:
 def make_host(config, *, store=None, host_queue: str | None = None) -> SandboxHost:
     """A SandboxHost for the effective BelayerConfig (the backend `sandbox.backend` names,
     its object store)."""
-    if store is None:
-        from belayer.storage.store import ObjectStore
-
-        store = ObjectStore(config.storage)
     from belayer.storage.encryption import archive_store
+    from belayer.storage.store import open_store
 
-    store = archive_store(store, config.storage.encryption_key)  # checkpoints hold process memory
+    # checkpoints hold process memory: encrypted at rest when a key is configured
+    if store is None:
+        store = open_store(config.storage)
+    else:
+        store = archive_store(store, config.storage.encryption_key)
     backend = open_backend(config.sandbox, config.state_dir, config.cache_dir)
     return SandboxHost(config.sandbox, backend, store, state_dir=config.state_dir, host_queue=host_queue)
