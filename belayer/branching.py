@@ -26,7 +26,8 @@ async def branch_inputs(client, config, parent_id: str, at_step: int, count: int
     seed `seed + i` (default: the parent's seed + 1 + i; the parent's own seed replays its
     later steps) and the parent's temperature unless `temperature` is given."""
     from belayer.sandbox.checkpoints import checkpoints_at_or_before
-    from belayer.trajectory_log import open_store, read_steps
+    from belayer.storage.store import open_store
+    from belayer.trajectory_log import read_steps
     from belayer.workflows.models import ForkStart
 
     parent, result, sandbox_id = await _parent(client, parent_id)

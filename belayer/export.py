@@ -65,11 +65,11 @@ def export_run(
 ) -> Exported:
     """Export run `run_id`'s weights after `iteration` (default: its last recorded one)
     into the folder `out`, looking the run up through Temporal."""
-    from belayer.storage.store import ObjectStore
+    from belayer.storage.store import open_store
 
     check_out(out, force)
     record = pick_iteration(run_id, asyncio.run(_run_records(config, run_id)), iteration)
-    with ObjectStore(config.storage) as store:
+    with open_store(config.storage, encrypted=False) as store:
         return export_checkpoint(
             store, run_id, record.checkpoint, out, cache_dir=config.cache_dir, force=force, progress=progress
         )

@@ -86,22 +86,6 @@ async def start_training(client: Client, config: BelayerConfig, input: TrainingI
     )
 
 
-async def result_through_restarts(handle: WorkflowHandle) -> TrainingResult:
-    """The run's result; a restarted Temporal server drops the long poll, which is asked
-    again (the run itself goes on)."""
-    import asyncio
-
-    from belayer.temporal_client import server_went_away
-
-    while True:
-        try:
-            return await handle.result()
-        except Exception as exc:
-            if not server_went_away(exc):
-                raise
-            await asyncio.sleep(1)
-
-
 async def run_progress(client: Client, run_id: str) -> TrainingProgress:
     return await client.get_workflow_handle(run_id).query("progress", result_type=TrainingProgress)
 
@@ -109,7 +93,7 @@ async def run_progress(client: Client, run_id: str) -> TrainingProgress:
 def read_iterations(config: BelayerConfig, result_or_progress) -> list[IterationRecord]:
     """Every iteration the run recorded so far, from its log in the object store."""
     from belayer.activities.training_log import read_iterations as read_records
-    from belayer.trajectory_log import open_store
+    from belayer.storage.store import open_store
 
     log = result_or_progress.log
     if log is None or log.length == 0:

@@ -81,15 +81,6 @@ class LogEntries(_Model):
     recoveries: list[RecoveryRecord] = []
 
 
-def open_store(storage_config) -> Any:
-    """The object store as the workers write observations and logs: encrypted at rest when
-    `storage.encryption_key` is set, so this reads them back in the clear."""
-    from belayer.storage.encryption import archive_store
-    from belayer.storage.store import ObjectStore
-
-    return archive_store(ObjectStore(storage_config), storage_config.encryption_key)
-
-
 def steps_key(trajectory_id: str, branch: int) -> str:
     return f"trajectories/{trajectory_id}/steps/v{branch}"
 

@@ -4,7 +4,7 @@
     .venv/bin/python examples/start_trajectory.py
 
 The typed models are the public API: `TrajectoryInput` in, `TrajectoryResult` out, and
-`TrajectoryProgress` from the `progress` query while it runs. Connect through
+`TrajectoryProgress` snapshots while it runs (`belayer.client.follow_trajectories`). Connect through
 `belayer.temporal_client.connect`: it reads the same configuration as `belayer up`
 (address, namespace, task queues) and uses the same data converter as the workers:
 Temporal's pydantic converter, plus payload encryption when `temporal.encrypt_payloads`
@@ -19,9 +19,10 @@ import uuid
 
 from temporalio.client import Client
 
+from belayer.client import follow_trajectories
 from belayer.config import load_config
 from belayer.temporal_client import connect
-from belayer.workflows.models import TaskQueues, TrajectoryInput, TrajectoryProgress, TrajectoryResult
+from belayer.workflows.models import TaskQueues, TrajectoryInput, TrajectoryResult
 from belayer.workloads.models import TraceTask, TraceTurn
 
 TASK = TraceTask(
@@ -47,15 +48,12 @@ async def run_trajectory(
         task_queue=workflow_queue,
         result_type=TrajectoryResult,
     )
-    result_future = asyncio.ensure_future(handle.result())
-    while not result_future.done():
-        progress = await handle.query("progress", result_type=TrajectoryProgress)
+    async for progress in follow_trajectories(handle, every_s=1.0):
         print(
             f"{trajectory_id}: step {progress.step}, {progress.tokens} tokens, "
             f"{progress.checkpoints_taken} checkpoints"
         )
-        await asyncio.wait({result_future}, timeout=1.0)
-    return result_future.result()
+    return await handle.result()
 
 
 async def main() -> None:

@@ -30,8 +30,9 @@ PACKAGE = Path(__file__).resolve().parents[1] / "belayer"
 
 # Bottom first: a part may import parts of its own layer and of the layers below.
 LAYERS: dict[str, set[str]] = {
-    # What every layer may use: the exception root and the configuration-section base.
-    "base": {"errors", "section"},
+    # What every layer may use: the exception root, the configuration-section base, and the
+    # registry of fault points.
+    "base": {"errors", "faults", "section"},
     # The system's own work, usable without Temporal or the CLI: object storage, sandboxes,
     # rollout nodes, the trainer, the model builder, the adaptive policy, workloads, the
     # agent's text format.

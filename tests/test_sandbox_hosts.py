@@ -217,9 +217,9 @@ def placed_on(config) -> dict[str, str]:
     """sandbox id -> the host its first generation started on, from the lineage records
     (they outlive the sandboxes)."""
     from belayer.sandbox import lineage
-    from belayer.storage.store import ObjectStore
+    from belayer.storage.store import open_store
 
-    store = ObjectStore(config.storage)
+    store = open_store(config.storage, encrypted=False)
     try:
         prefix = config.sandbox.checkpoint_prefix
         ids = {

@@ -230,21 +230,21 @@ def test_seaweedfs_server_goes_with_its_launcher_and_restarts_on_its_data(tmp_pa
     and a start serves the same objects again."""
     from belayer.stack.local import LocalStack
     from belayer.stack.services import SeaweedFS
-    from belayer.storage.store import ObjectStore
+    from belayer.storage.store import open_store
     from tests.conftest import SeaweedFSHandle
 
     stack = LocalStack(isolated_config(tmp_path / "state"))
     handle = SeaweedFSHandle(stack, next(s for s in stack.services if isinstance(s, SeaweedFS)))
     handle.start()
     try:
-        with ObjectStore(handle.storage_config) as store:
+        with open_store(handle.storage_config, encrypted=False) as store:
             store.put_bytes("kept", b"across the crash")
         [server] = handle.process.running().children()
         handle.kill()
         psutil.wait_procs([server], timeout=10)
         assert not server.is_running() or server.status() == psutil.STATUS_ZOMBIE
         handle.start()
-        with ObjectStore(handle.storage_config) as store:
+        with open_store(handle.storage_config, encrypted=False) as store:
             assert store.get_bytes("kept") == b"across the crash"
     finally:
         handle.stop()

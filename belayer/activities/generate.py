@@ -23,17 +23,19 @@ import asyncio
 import contextlib
 import functools
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from pydantic import BaseModel, ConfigDict, Field
 from temporalio import activity
-from temporalio.exceptions import ApplicationError
 
 from belayer.activities.context import PreparedAppend, StartedAppend
-from belayer.activities.runtime import implements
+from belayer.activities.runtime import FailsAs, Failures, heartbeating, implements
 from belayer.contracts.errors import BAD_REQUEST, CORRUPT_PREFIX
 from belayer.contracts.generate import GENERATE, EngineTiming, GenerateArgs, GenerateResult, SamplingParams
+from belayer.rollout.errors import BadRequestError
+from belayer.storage.errors import CorruptObject
 from belayer.storage.generation import SampledTokens
 from belayer.storage.tokenlog import PrefixRef
 
@@ -41,6 +43,13 @@ if TYPE_CHECKING:
     from belayer.rollout.node import RequestHandle
 
 MAX_HEARTBEAT_EVERY_S = 1.0
+# Bad input is final (another node would refuse it too); the rest follows its `retryable`.
+FAILURES = Failures(
+    {
+        BadRequestError: FailsAs(BAD_REQUEST),
+        CorruptObject: FailsAs(CORRUPT_PREFIX, "context reference does not verify"),
+    }
+)
 
 
 class _Model(BaseModel):
@@ -80,16 +89,8 @@ class RolloutActivities:
 
         return ContextActivities(self.store, self.node.model_dir / "tokenizer.json")
 
-    @implements(GENERATE)
+    @implements(GENERATE, FAILURES)
     async def generate(self, args: GenerateArgs) -> GenerateResult:
-        try:
-            return await self._generate(args)
-        except (ApplicationError, asyncio.CancelledError):
-            raise
-        except Exception as exc:
-            raise translate_error(exc) from exc
-
-    async def _generate(self, args: GenerateArgs) -> GenerateResult:
         from belayer.storage.tokenlog import TokenLog, encode_tokens
 
         started = time.monotonic()
@@ -198,7 +199,6 @@ class RolloutActivities:
     def _context_of(self, args: GenerateArgs) -> tuple[PrefixRef, list[int], PreparedAppend | None]:
         """The prefix this turn generates after and its tokens (verified by its sha256), and
         the observation's append, prepared, when the turn brings one."""
-        from belayer.storage.errors import CorruptObject
         from belayer.storage.tokenlog import prefix_sha256, read_prefix
 
         context = read_prefix(self.store, args.prefix)
@@ -221,30 +221,12 @@ class RolloutActivities:
         threads, so the event loop keeps heartbeating the last *stored* state and
         Temporal never mistakes a node that is recovering for a dead worker.
         """
-        every = _heartbeat_every()
-        stored = PartialTokens(tokens=0)
-        reading: asyncio.Future | None = None
-        storing: asyncio.Future | None = None
-        ended = _ended_event(handle)
-        while not handle.done():
-            if reading is None:
-                reading = asyncio.ensure_future(asyncio.to_thread(_sampled_so_far, handle))
-            if reading.done():
-                seen = resumed + reading.result()
-                reading = None
-                if storing is None and len(seen) > stored.tokens:
-                    storing = asyncio.ensure_future(asyncio.to_thread(self._store_partial, partial_key, seen))
-            if storing is not None and storing.done():
-                stored = storing.result() if storing.exception() is None else stored
-                storing = None
-            activity.heartbeat(stored.model_dump())
-            with contextlib.suppress(TimeoutError):
-                # the end wakes this at once: a turn never waits out a heartbeat interval
-                await asyncio.wait_for(ended.wait(), every)
-        for pending in (reading, storing):
-            if pending is not None:
-                await asyncio.gather(pending, return_exceptions=True)
-        return await asyncio.to_thread(handle.result, 0), stored.key is not None
+        partial = _PartialTokens(handle, resumed, functools.partial(self._store_partial, partial_key))
+        if not handle.done():
+            ended = _ended_event(handle).wait()
+            await heartbeating(ended, every_s=_heartbeat_every(), details=partial.advance, at_start=True)
+        await partial.settled()
+        return await asyncio.to_thread(handle.result, 0), partial.stored.key is not None
 
     def _store_partial(self, key: str, sampled: SampledTokens) -> PartialTokens:
         from belayer.storage.generation import encode_sampled
@@ -264,6 +246,37 @@ class RolloutActivities:
         except (StorageError, ValueError):
             return SampledTokens()
         return sampled.first(partial.tokens)
+
+
+class _PartialTokens:
+    """The tokens a request has produced so far, stored as they grow: each heartbeat
+    (`advance`) reads them on a thread, starts storing them when they grew and nothing is
+    being stored, and carries the last *stored* state."""
+
+    def __init__(self, handle, resumed: SampledTokens, store: Callable[[SampledTokens], PartialTokens]):
+        self.handle, self.resumed, self.store = handle, resumed, store
+        self.stored = PartialTokens(tokens=0)
+        self.reading: asyncio.Future | None = None
+        self.storing: asyncio.Future | None = None
+
+    def advance(self) -> dict:
+        if self.reading is None:
+            self.reading = asyncio.ensure_future(asyncio.to_thread(_sampled_so_far, self.handle))
+        if self.reading.done():
+            seen = self.resumed + self.reading.result()
+            self.reading = None
+            if self.storing is None and len(seen) > self.stored.tokens:
+                self.storing = asyncio.ensure_future(asyncio.to_thread(self.store, seen))
+        if self.storing is not None and self.storing.done():
+            self.stored = self.storing.result() if self.storing.exception() is None else self.stored
+            self.storing = None
+        return self.stored.model_dump()
+
+    async def settled(self) -> None:
+        """Once the reads and writes under way are done (their failures ignored)."""
+        for pending in (self.reading, self.storing):
+            if pending is not None:
+                await asyncio.gather(pending, return_exceptions=True)
 
 
 @dataclass
@@ -347,23 +360,3 @@ def _partial_key(prefix: PrefixRef) -> str:
     (every attempt of it overwrites the same object)."""
     info = activity.info()
     return f"{prefix.key}.partial/{info.activity_id}-{prefix.length}"
-
-
-def translate_error(exc: BaseException) -> ApplicationError:
-    """The one translator for the rollout side: bad input is final, the rest retries."""
-    from belayer.rollout.errors import BadRequestError, RolloutError
-    from belayer.storage.errors import CorruptObject, StorageError
-
-    if isinstance(exc, BadRequestError):
-        return ApplicationError(str(exc), type=BAD_REQUEST, non_retryable=True)
-    if isinstance(exc, CorruptObject):
-        return ApplicationError(
-            f"context reference does not verify: {exc}", type=CORRUPT_PREFIX, non_retryable=True
-        )
-    if isinstance(exc, StorageError):
-        return ApplicationError(
-            str(exc), type=type(exc).__name__, non_retryable=not getattr(exc, "retryable", True)
-        )
-    if isinstance(exc, RolloutError):
-        return ApplicationError(str(exc), type=type(exc).__name__, non_retryable=not exc.retryable)
-    return ApplicationError(f"{type(exc).__name__}: {exc}", type=type(exc).__name__)

@@ -15,21 +15,29 @@ import time
 from pathlib import Path
 
 from pydantic import BaseModel, ConfigDict
-from temporalio import activity
 from temporalio.exceptions import ApplicationError
 
-from belayer.activities.runtime import implements
-from belayer.contracts.errors import CORRUPT_WEIGHTS, MODEL_NOT_BUILT, STALE_WEIGHTS_VERSION
+from belayer.activities.runtime import FailsAs, Failures, heartbeating, implements
+from belayer.contracts.errors import BAD_REQUEST, CORRUPT_WEIGHTS, MODEL_NOT_BUILT, STALE_WEIGHTS_VERSION
 from belayer.contracts.publish import (
     PUBLISH_WEIGHTS,
     WEIGHTS_VERSION,
     PublishWeightsArgs,
     PublishWeightsResult,
 )
+from belayer.rollout.errors import BadRequestError
+from belayer.storage.errors import CorruptObject
 from belayer.storage.store import ObjectRef
 from belayer.storage.weights import load_weights
 
 HEARTBEAT_EVERY_S = 1.0
+# Weights that do not verify and a bad request are final; the rest follows its `retryable`.
+FAILURES = Failures(
+    {
+        CorruptObject: FailsAs(CORRUPT_WEIGHTS, "weights object does not verify"),
+        BadRequestError: FailsAs(BAD_REQUEST),
+    }
+)
 
 
 class _Model(BaseModel):
@@ -82,21 +90,20 @@ class PublishActivities:
         tmp.write_text(published.model_dump_json())
         os.replace(tmp, self.remember)
 
-    @implements(PUBLISH_WEIGHTS)
+    @implements(PUBLISH_WEIGHTS, FAILURES)
     async def publish_weights(self, args: PublishWeightsArgs) -> PublishWeightsResult:
         if self._took_effect(args.version):
             settled = await self._settled(args.version)
             self._remember(args)  # the first attempt may have died before it did
             return settled
         started = time.perf_counter()
-        try:
-            tensors = await asyncio.to_thread(self._tensors, args.weights, args.model)
-            fetch_s = time.perf_counter() - started
-            report = await _with_heartbeats(
-                asyncio.to_thread(self.node.publish, args.version, tensors, args.policy), args.version
-            )
-        except Exception as exc:
-            raise _translate(exc) from exc
+        tensors = await asyncio.to_thread(self._tensors, args.weights, args.model)
+        fetch_s = time.perf_counter() - started
+        report = await heartbeating(
+            asyncio.to_thread(self.node.publish, args.version, tensors, args.policy),
+            every_s=HEARTBEAT_EVERY_S,
+            details=lambda: {"version": args.version},
+        )
         self._remember(args)
         return PublishWeightsResult(node_id=self.node.config.node_id, fetch_s=fetch_s, **report.__dict__)
 
@@ -143,11 +150,17 @@ class PublishActivities:
             )
         return version == roles["weights_version"] and version > 1
 
+    async def _switched(self, version: int) -> None:
+        """Once the node serves `version` on its leader, with no publish of it under way."""
+        while self.node.roles()["publishing"] == version or self.node.roles()["leader_version"] != version:
+            await asyncio.sleep(HEARTBEAT_EVERY_S / 4)
+
     async def _settled(self, version: int) -> PublishWeightsResult:
         """Wait for the earlier attempt's switch to finish, then report it as done."""
-        while self.node.roles()["publishing"] == version or self.node.roles()["leader_version"] != version:
-            activity.heartbeat({"version": version, "waiting_for": "an earlier attempt"})
-            await asyncio.sleep(HEARTBEAT_EVERY_S / 4)
+        waiting = {"version": version, "waiting_for": "an earlier attempt"}
+        await heartbeating(
+            self._switched(version), every_s=HEARTBEAT_EVERY_S, details=lambda: waiting, at_start=True
+        )
         roles = self.node.roles()
         zero = dict.fromkeys(("fetch_s", "staged_s", "written_s", "sealed_s", "switched_s"), 0.0)
         return PublishWeightsResult(
@@ -160,24 +173,3 @@ class PublishActivities:
             already_published=True,
             **zero,
         )
-
-
-async def _with_heartbeats(work, version: int):
-    task = asyncio.ensure_future(work)
-    while not task.done():
-        activity.heartbeat({"version": version})
-        await asyncio.wait({task}, timeout=HEARTBEAT_EVERY_S)
-    return task.result()
-
-
-def _translate(exc: BaseException) -> ApplicationError:
-    from belayer.activities.generate import translate_error
-    from belayer.storage.errors import CorruptObject
-
-    if isinstance(exc, ApplicationError):  # already says what is wrong and whether to retry
-        return exc
-    if isinstance(exc, CorruptObject):
-        return ApplicationError(
-            f"weights object does not verify: {exc}", type=CORRUPT_WEIGHTS, non_retryable=True
-        )
-    return translate_error(exc)

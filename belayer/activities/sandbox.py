@@ -9,23 +9,19 @@ Payloads carry handles, refs and hashes, never archives.
 
 The activities are methods of `SandboxActivities`, bound to one `SandboxHost` per
 worker process (belayer/workers/sandbox/). Blocking podman/CRIU work runs in a
-thread; long activities heartbeat meanwhile. Every error leaves through
-`to_application_error`, the one translator from sandbox and storage errors to
-Temporal's ApplicationError(type=..., non_retryable=...).
+thread; long activities heartbeat meanwhile. Every error leaves through the activity
+runtime's translator (belayer/activities/runtime.py): a sandbox or storage error as
+Temporal's ApplicationError(type=its class's name, non_retryable=not retryable).
 """
 
 from __future__ import annotations
 
 import asyncio
-import functools
 import time
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from typing import Any, TypeVar
 
-from temporalio import activity
-from temporalio.exceptions import ApplicationError
-
-from belayer.activities.runtime import implements
+from belayer.activities.runtime import BY_RETRYABLE, heartbeating, implements
 from belayer.contracts import sandbox as contract
 from belayer.contracts.sandbox import (
     CaptureResult,
@@ -58,43 +54,9 @@ HEARTBEAT_EVERY_S = 5.0
 T = TypeVar("T")
 
 
-def to_application_error(exc: BaseException) -> BaseException:
-    """The one translator: Belayer sandbox/storage errors -> ApplicationError; others unchanged.
-    A sandbox error's `details()` (why a sandbox was lost, and at which step) ride along."""
-    from belayer.sandbox.errors import SandboxError
-    from belayer.storage.errors import StorageError
-
-    if isinstance(exc, (SandboxError, StorageError)):
-        details = exc.details() if isinstance(exc, SandboxError) else None
-        return ApplicationError(str(exc), *([details] if details else []), type=type(exc).__name__,
-                                non_retryable=not exc.retryable)  # fmt: skip
-    return exc
-
-
-def _translated(fn: Callable[..., Any]) -> Callable[..., Any]:
-    @functools.wraps(fn)
-    async def wrapper(*args: Any, **kwargs: Any) -> Any:
-        try:
-            return await fn(*args, **kwargs)
-        except ApplicationError:
-            raise
-        except Exception as exc:
-            translated = to_application_error(exc)
-            if translated is exc:
-                raise
-            raise translated from exc
-
-    return wrapper
-
-
-async def _blocking(fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
+def _blocking(fn: Callable[..., T], *args: Any, **kwargs: Any) -> Awaitable[T]:
     """Run `fn` in a thread; heartbeat while it runs so a dead worker is noticed."""
-    task = asyncio.ensure_future(asyncio.to_thread(fn, *args, **kwargs))
-    while True:
-        done, _ = await asyncio.wait({task}, timeout=HEARTBEAT_EVERY_S)
-        if done:
-            return task.result()
-        activity.heartbeat()
+    return heartbeating(asyncio.to_thread(fn, *args, **kwargs), every_s=HEARTBEAT_EVERY_S)
 
 
 class SandboxActivities:
@@ -117,8 +79,7 @@ class SandboxActivities:
             self.workspace_hash,
         ]
 
-    @implements(contract.PLACE)
-    @_translated
+    @implements(contract.PLACE, BY_RETRYABLE)
     async def place(self, args: PlaceArgs) -> PlaceResult:
         """The least loaded host with room, from the hosts' load records (any host answers)."""
         loads = await _blocking(placement.read_loads, self.host.store)
@@ -126,15 +87,13 @@ class SandboxActivities:
         queue = placement.choose(loads, now=now, key=args.key, avoid=frozenset(args.avoid))
         return PlaceResult(host_queue=queue, full=queue is None and placement.any_fresh(loads, now=now))
 
-    @implements(contract.CREATE)
-    @_translated
+    @implements(contract.CREATE, BY_RETRYABLE)
     async def create(self, args: CreateSandboxArgs) -> CreateSandboxResult:
         return CreateSandboxResult(
             handle=await _blocking(self.host.create, args.spec, sandbox_id=args.sandbox_id)
         )
 
-    @implements(contract.EXEC)
-    @_translated
+    @implements(contract.EXEC, BY_RETRYABLE)
     async def exec(self, args: ExecArgs) -> ExecResult:
         return ExecResult(observation=await _blocking(self._exec_and_store, args))
 
@@ -146,8 +105,7 @@ class SandboxActivities:
         return store_observation(self.host.store, args.action.trajectory, args.action.step,
                                  args.handle.generation, observation)  # fmt: skip
 
-    @implements(contract.CHECKPOINT)
-    @_translated
+    @implements(contract.CHECKPOINT, BY_RETRYABLE)
     async def checkpoint(self, args: CheckpointArgs) -> CheckpointResult:
         ref = await _blocking(
             self.host.checkpoint, args.handle, token_prefix_len=args.token_prefix_len,
@@ -155,8 +113,7 @@ class SandboxActivities:
         )  # fmt: skip
         return CheckpointResult(checkpoint=ref)
 
-    @implements(contract.CAPTURE_CHECKPOINT)
-    @_translated
+    @implements(contract.CAPTURE_CHECKPOINT, BY_RETRYABLE)
     async def capture_checkpoint(self, args: CheckpointArgs) -> CaptureResult:
         """A checkpoint's first half: the sandbox's state to a file here; its next action may
         start once this returns (SandboxHost.capture_checkpoint says why)."""
@@ -164,21 +121,18 @@ class SandboxActivities:
                                  token_prefix_sha256=args.token_prefix_sha256)  # fmt: skip
         return CaptureResult(staged=staged)
 
-    @implements(contract.PUBLISH_CHECKPOINT)
-    @_translated
+    @implements(contract.PUBLISH_CHECKPOINT, BY_RETRYABLE)
     async def publish_checkpoint(self, args: PublishArgs) -> CheckpointResult:
         """The second half: the captured file compressed into the store."""
         return CheckpointResult(checkpoint=await _blocking(self.host.publish_checkpoint, args.staged))
 
-    @implements(contract.FORK)
-    @_translated
+    @implements(contract.FORK, BY_RETRYABLE)
     async def fork(self, args: ForkArgs) -> ForkResult:
         """Start the targets from one checkpoint on this host (downloaded once)."""
         forks = await _blocking(self.host.fork, args.checkpoint, args.targets, generation=args.generation)
         return ForkResult(forks=forks)
 
-    @implements(contract.RECOVER)
-    @_translated
+    @implements(contract.RECOVER, BY_RETRYABLE)
     async def recover(self, args: RecoverArgs) -> RecoverResult:
         return await _blocking(self._recover, args)
 
@@ -201,8 +155,7 @@ class SandboxActivities:
         return RecoverResult(outcome=outcome.model_copy(update={"mismatch_observation": None}),
                              mismatch_observation=ref, mismatch_step=step)  # fmt: skip
 
-    @implements(contract.DESTROY)
-    @_translated
+    @implements(contract.DESTROY, BY_RETRYABLE)
     async def destroy(self, args: DestroyArgs) -> DestroyResult:
         await _blocking(self.host.destroy, args.handle)
         deleted = 0
@@ -210,7 +163,6 @@ class SandboxActivities:
             deleted = await _blocking(self.host.delete_checkpoints, args.handle.sandbox_id)
         return DestroyResult(deleted_objects=deleted)
 
-    @implements(contract.WORKSPACE_HASH)
-    @_translated
+    @implements(contract.WORKSPACE_HASH, BY_RETRYABLE)
     async def workspace_hash(self, args: WorkspaceHashArgs) -> WorkspaceHashResult:
         return WorkspaceHashResult(sha256=await _blocking(self.host.workspace_hash, args.handle, args.path))

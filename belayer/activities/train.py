@@ -9,15 +9,10 @@ Errors: a sample (or checkpoint) that does not verify is `CorruptSample`, argume
 trainer cannot serve are `BadTrainRequest`, both non-retryable; anything else (storage
 unreachable, out of memory) is retried.
 
-Fault points for tests, `BELAYER_TRAINER_FAULT=name[:key=value[;key=value]]`, read once
-per process:
-
-| name | what happens |
-|---|---|
-| crash_before_checkpoint | SIGKILL after the optimizer step, before the checkpoint is written |
-| crash_after_checkpoint | SIGKILL after the checkpoint is written, before the step returns |
-
-`iteration=K` restricts it to iteration K. A fault fires once per run: it first creates
+Its fault points (belayer/faults.py: `crash_before_checkpoint`, `crash_after_checkpoint`,
+switched on by `BELAYER_TRAINER_FAULT=name[:key=value[;key=value]]`, read once per
+process) SIGKILL the worker at the step's event of that name. `iteration=K` restricts one
+to iteration K. A fault fires once per run: it first creates
 `<dir>/belayer-trainer-fault-<name>-<run_id>` exclusively (`dir` defaults to the system
 temp folder) and fires only if that marker was not there. A marker outlives the process
 and does not depend on Temporal's attempt numbering (a retry after a lost heartbeat,
@@ -34,40 +29,42 @@ import tempfile
 from pathlib import Path
 
 from pydantic import ValidationError
-from temporalio import activity
-from temporalio.exceptions import ApplicationError
 
-from belayer.activities.runtime import implements
+from belayer.activities.runtime import FailsAs, Failures, heartbeating, implements
 from belayer.contracts.errors import BAD_TRAIN_REQUEST, CORRUPT_SAMPLE
 from belayer.contracts.trainer import TRAIN_STEP, TrainStepArgs, TrainStepResult
-from belayer.rollout.faults import Fault, die_now
+from belayer.faults import TRAINER_ENV, Fault, die_now, switched_on
 from belayer.storage.errors import CorruptObject
 from belayer.trainer.step import Trainer, TrainRequestError
 
-FAULT_ENV = "BELAYER_TRAINER_FAULT"
+# The step's event at which each fault point fires.
 FAULT_EVENTS = {"crash_before_checkpoint": "stepped", "crash_after_checkpoint": "checkpointed"}
 HEARTBEAT_EVERY_S = 1.0
+# A sample that does not verify and arguments the trainer cannot serve are final; the rest,
+# storage errors included, is retried: a retried step resumes from its base checkpoint.
+FAILURES = Failures(
+    {
+        CorruptObject: FailsAs(CORRUPT_SAMPLE, "a sample does not verify"),
+        TrainRequestError: FailsAs(BAD_TRAIN_REQUEST),
+        ValidationError: FailsAs(BAD_TRAIN_REQUEST),
+    },
+    by_retryable=False,
+)
 
 
 class TrainerActivities:
     def __init__(self, trainer: Trainer, store):
         self.trainer, self.store = trainer, store
 
-    @implements(TRAIN_STEP)
+    @implements(TRAIN_STEP, FAILURES)
     async def train_step(self, args: TrainStepArgs) -> TrainStepResult:
         events = fault_hook(active_fault(), args.run_id, args.iteration)
-        work = asyncio.ensure_future(asyncio.to_thread(self.trainer.step, self.store, args, events))
-        while not work.done():
-            activity.heartbeat({"iteration": args.iteration})
-            await asyncio.wait({work}, timeout=HEARTBEAT_EVERY_S)
-        try:
-            return work.result()
-        except CorruptObject as exc:
-            raise ApplicationError(
-                f"a sample does not verify: {exc}", type=CORRUPT_SAMPLE, non_retryable=True
-            ) from exc
-        except (TrainRequestError, ValidationError) as exc:
-            raise ApplicationError(str(exc), type=BAD_TRAIN_REQUEST, non_retryable=True) from exc
+        return await heartbeating(
+            asyncio.to_thread(self.trainer.step, self.store, args, events),
+            every_s=HEARTBEAT_EVERY_S,
+            details=lambda: {"iteration": args.iteration},
+            at_start=True,
+        )
 
     def all(self) -> list:
         return [self.train_step]
@@ -75,16 +72,11 @@ class TrainerActivities:
 
 @functools.cache
 def active_fault() -> Fault | None:
-    """The fault `BELAYER_TRAINER_FAULT` selects for this process, read once."""
-    spec = os.environ.get(FAULT_ENV, "").strip()
-    if not spec:
-        return None
-    name, _, rest = spec.partition(":")
-    if name not in FAULT_EVENTS:
-        raise ValueError(
-            f"unknown trainer fault point {name!r} in {FAULT_ENV}; known: {sorted(FAULT_EVENTS)}"
-        )
-    return Fault(name, dict(kv.split("=", 1) for kv in rest.split(";") if kv))
+    """The fault `BELAYER_TRAINER_FAULT` switches on for this process (one at a time), read once."""
+    selected = list(switched_on(TRAINER_ENV).values())
+    if len(selected) > 1:
+        raise ValueError(f"{TRAINER_ENV} switches on one trainer fault point at a time, not {len(selected)}")
+    return selected[0] if selected else None
 
 
 def fault_hook(fault: Fault | None, run_id: str, iteration: int):

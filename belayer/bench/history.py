@@ -196,12 +196,10 @@ async def _progress(client, trajectory_id: str) -> int | str:
     from temporalio.client import WorkflowQueryFailedError
     from temporalio.service import RPCError
 
-    from belayer.workflows.models import TrajectoryProgress
+    from belayer.client import trajectory_progress
 
     try:
-        progress = await client.get_workflow_handle(trajectory_id).query(
-            "progress", result_type=TrajectoryProgress
-        )
+        progress = await trajectory_progress(client.get_workflow_handle(trajectory_id))
     except (RPCError, WorkflowQueryFailedError) as exc:  # between two runs of the chain: keep waiting
         return f"? ({type(exc).__name__})"
     return progress.step

@@ -24,6 +24,7 @@ to the stack.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import statistics
 import time
 import uuid
@@ -35,12 +36,14 @@ from typing import Any
 import click
 from pydantic import BaseModel
 
+from belayer.client import follow_trajectories
 from belayer.measure import spread, spread_cells
 from belayer.policy.adaptive import DecisionRecord, predictor_error
 from belayer.policy.config import PolicyConfig
 from belayer.policy.simulate import TraceStep, simulate
-from belayer.trajectory_log import open_store, read_decisions
-from belayer.workflows.models import RecoveryRecord, TrajectoryInput, TrajectoryProgress, TrajectoryResult
+from belayer.storage.store import open_store
+from belayer.trajectory_log import read_decisions
+from belayer.workflows.models import RecoveryRecord, TrajectoryInput, TrajectoryResult
 from belayer.workloads.models import TraceTask
 
 MODES = ("none", "every-step", "adaptive", "adaptive-model")
@@ -141,17 +144,14 @@ async def run_trial(
 
 async def _kill_at_step(handle, target: Target, step: int) -> tuple[int | None, str]:
     """SIGKILL the sandbox as soon as action `step` is under way (or say why not)."""
-    while True:
-        try:
-            seen = await handle.query("progress", result_type=TrajectoryProgress)
-        except Exception:  # the query can race the workflow's first task
-            seen = None
-        if seen is not None and seen.status != "running":
-            return None, "not injected: the trajectory ended first"
-        if seen is not None and seen.step >= step and seen.sandbox is not None:
-            detail = await asyncio.to_thread(target.kill_sandbox, seen.sandbox.container)
-            return seen.step, detail
-        await asyncio.sleep(0.1)
+    async with contextlib.aclosing(follow_trajectories(handle, every_s=0.1)) as following:
+        async for seen in following:
+            if seen.status != "running":
+                break
+            if seen.step >= step and seen.sandbox is not None:
+                detail = await asyncio.to_thread(target.kill_sandbox, seen.sandbox.container)
+                return seen.step, detail
+    return None, "not injected: the trajectory ended first"
 
 
 async def run_bench(

@@ -29,7 +29,7 @@ from rich.table import Table
 
 from belayer.measure import rotated, spread
 from belayer.storage.config import StorageConfig
-from belayer.storage.store import ObjectStore
+from belayer.storage.store import open_store
 
 MiB = 1 << 20
 COPY_CHUNK = 16 * MiB
@@ -56,7 +56,10 @@ def run_storage_bench(
     key = f"bench/storage-{uuid.uuid4().hex}"
     console = console or Console(stderr=True)
     seconds: dict[str, list[float]] = {mode: [] for mode in MODES}
-    with tempfile.TemporaryDirectory(prefix="belayer-bench-", dir=work_dir) as tmp, ObjectStore(cfg) as store:
+    with (
+        tempfile.TemporaryDirectory(prefix="belayer-bench-", dir=work_dir) as tmp,
+        open_store(cfg, encrypted=False) as store,
+    ):
         store.check()  # fail before writing a large file when endpoint, bucket or keys are wrong
         source, local_copy, downloaded = (Path(tmp) / name for name in ("source", "copy", "downloaded"))
 

@@ -401,8 +401,9 @@ class BenchRun:
 
     async def run_one(self, client, rep: int, mode: str) -> dict:
         from belayer.chaos.training import TrainingChaos
+        from belayer.client import result_through_restarts
         from belayer.trainer.models import TrainerSettings
-        from belayer.training import read_iterations, result_through_restarts, start_training, training_input
+        from belayer.training import read_iterations, start_training, training_input
 
         protected = SHADOW[mode]
         config = self.config if protected else self.off_config

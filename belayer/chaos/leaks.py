@@ -151,10 +151,10 @@ def leftover_objects(config: BelayerConfig, sandbox_ids: set[str]) -> list[str]:
     lineage records outlive their sandboxes on purpose (a host that comes back must still
     learn its container is stale: belayer/sandbox/lineage.py): kept, not leaks."""
     from belayer.sandbox.lineage import lineage_prefix
-    from belayer.storage.store import RECORD_ROOT, ObjectStore
+    from belayer.storage.store import RECORD_ROOT, open_store
 
     found: list[str] = []
-    with ObjectStore(config.storage) as store:
+    with open_store(config.storage, encrypted=False) as store:
         for sandbox_id in sorted(sandbox_ids):
             prefix = f"{config.sandbox.checkpoint_prefix}{sandbox_id}/"
             kept = lineage_prefix(config.sandbox.checkpoint_prefix, sandbox_id)

@@ -189,62 +189,48 @@ class Soak:
         return list(outcomes)
 
     async def _follow(self, number: int, input) -> TrajectoryOutcome:
-        """Start one trajectory and poll it to its end; Temporal outages are waited out."""
+        """Start one trajectory and follow it to its end; Temporal outages are waited out."""
         from temporalio.client import WorkflowFailureError
-        from temporalio.service import RPCError
 
-        from belayer.client import start_trajectory
-        from belayer.workflows.models import TrajectoryProgress
+        from belayer.client import follow_trajectories, start_trajectory
 
         tid = input.trajectory_id
         outcome = TrajectoryOutcome(
             id=tid, task=input.task.id, round=number, status="running", verdict="", started_at=time.time()
         )
-        deadline = time.monotonic() + self.settings.round_timeout_s
+        deadline = asyncio.get_running_loop().time() + self.settings.round_timeout_s
         handle = await _retrying(lambda: start_trajectory(self.client, self.config, input))
-        result_task = asyncio.ensure_future(handle.result())
         try:
-            while time.monotonic() < deadline:
-                done, _ = await asyncio.wait({result_task}, timeout=0.5)
-                if done:
-                    try:
-                        result = result_task.result()
-                    except WorkflowFailureError as exc:
-                        outcome.status, outcome.reason = "lost", f"workflow failed: {exc.cause or exc}"
-                        break
-                    except (RPCError, RuntimeError, OSError):
-                        await asyncio.sleep(1)  # the server restarts: ask again
-                        result_task = asyncio.ensure_future(handle.result())
-                        continue
-                    outcome.status, outcome.reason = result.status, result.reason
-                    outcome.turns, outcome.token_sha256, outcome.env_sha256 = (
-                        result.turns,
-                        result.token_sha256,
-                        result.env_sha256,
-                    )
-                    outcome.recoveries = [r.model_dump() for r in result.recoveries]
-                    outcome.checkpoints = result.checkpoints
-                    break
-                try:
-                    seen = await asyncio.wait_for(handle.query("progress", result_type=TrajectoryProgress), 5)
-                except Exception:  # a query races the start, the end, or a server restart
-                    continue
-                self.progress[tid] = seen
-                if not outcome.step_times or outcome.step_times[-1][0] != seen.step:
-                    outcome.step_times.append((seen.step, time.time()))
-                if seen.sandbox and seen.sandbox.sandbox_id not in outcome.sandbox_ids:
-                    outcome.sandbox_ids.append(seen.sandbox.sandbox_id)
-            else:
-                outcome.status, outcome.reason = (
-                    "lost",
-                    f"no result within {self.settings.round_timeout_s:.0f}s",
-                )
-                await _terminate(handle, "belayer bench chaos: round timeout")
+            async with asyncio.timeout_at(deadline):
+                async for seen in follow_trajectories(handle, query_timeout_s=5):
+                    self._saw(outcome, seen)
+                result = await _result_through_outages(handle)
+        except WorkflowFailureError as exc:
+            outcome.status, outcome.reason = "lost", f"workflow failed: {exc.cause or exc}"
+        except TimeoutError:
+            outcome.status, outcome.reason = "lost", f"no result within {self.settings.round_timeout_s:.0f}s"
+            await _terminate(handle, "belayer bench chaos: round timeout")
+        else:
+            outcome.status, outcome.reason = result.status, result.reason
+            outcome.turns, outcome.token_sha256, outcome.env_sha256 = (
+                result.turns,
+                result.token_sha256,
+                result.env_sha256,
+            )
+            outcome.recoveries = [r.model_dump() for r in result.recoveries]
+            outcome.checkpoints = result.checkpoints
         finally:
-            result_task.cancel()
             outcome.ended_at = time.time()
             self.finished.add(tid)
         return outcome
+
+    def _saw(self, outcome: TrajectoryOutcome, seen) -> None:
+        """Note a progress snapshot: when each step began, and every sandbox it had."""
+        self.progress[outcome.id] = seen
+        if not outcome.step_times or outcome.step_times[-1][0] != seen.step:
+            outcome.step_times.append((seen.step, time.time()))
+        if seen.sandbox and seen.sandbox.sandbox_id not in outcome.sandbox_ids:
+            outcome.sandbox_ids.append(seen.sandbox.sandbox_id)
 
     def _verdict(self, outcome: TrajectoryOutcome) -> str:
         if outcome.status == "lost":
@@ -467,6 +453,18 @@ async def _retrying(start, attempts: int = 30):
         except RPCError:
             if attempt == attempts - 1:
                 raise
+            await asyncio.sleep(1)
+
+
+async def _result_through_outages(handle):
+    """The trajectory's result; any RPC, runtime or OS error (the server being restarted
+    by this very run) is waited out and the result asked again."""
+    from temporalio.service import RPCError
+
+    while True:
+        try:
+            return await handle.result()
+        except (RPCError, RuntimeError, OSError):
             await asyncio.sleep(1)
 
 

@@ -104,12 +104,10 @@ class TrainingChaos:
         return None
 
     async def _trajectory_progress(self, trajectory_id: str):
-        from belayer.workflows.models import TrajectoryProgress
+        from belayer.client import trajectory_progress
 
         try:
-            return await self.client.get_workflow_handle(trajectory_id).query(
-                "progress", result_type=TrajectoryProgress
-            )
+            return await trajectory_progress(self.client.get_workflow_handle(trajectory_id))
         except Exception:  # it is ending, or its worker is restarting
             return None
 

@@ -67,11 +67,11 @@ def chaos(
 
 
 async def _sandbox_of(config, trajectory: str) -> str:
+    from belayer.client import trajectory_progress
     from belayer.temporal_client import connect
-    from belayer.workflows.models import TrajectoryProgress
 
     client = await connect(config.temporal, config.storage.encryption_key)
-    progress = await client.get_workflow_handle(trajectory).query("progress", result_type=TrajectoryProgress)
+    progress = await trajectory_progress(client.get_workflow_handle(trajectory))
     if progress.sandbox is None:
         raise ChaosError(f"trajectory {trajectory} has no sandbox yet")
     return progress.sandbox.container

@@ -351,29 +351,18 @@ class _Runner:
 
     async def _follow(self, client, handle, rows, progress):
         """Wait for a workflow's result, showing its trajectories' progress meanwhile."""
-        from belayer.workflows.models import TrajectoryProgress
+        from belayer.client import follow_trajectories, result_through_restarts
 
-        result_task = asyncio.ensure_future(handle.result())
-        while True:
-            if result_task.done():
-                if not _server_went_away(result_task):
-                    return result_task.result()
-                # a restarted Temporal server (chaos: temporal-restart) drops the long poll
-                await asyncio.sleep(1)
-                result_task = asyncio.ensure_future(handle.result())
-            for trajectory_id, row in rows.items():
-                try:
-                    seen = await client.get_workflow_handle(trajectory_id).query(
-                        "progress", result_type=TrajectoryProgress
-                    )
-                except Exception:  # not started yet, or racing its end
-                    continue
-                self.progress[trajectory_id] = seen
-                recoveries = f", {len(seen.recoveries)} recoveries" if seen.recoveries else ""
-                progress.update(
-                    row, completed=seen.step, note=f"step {seen.step}, {seen.tokens} tokens{recoveries}"
-                )
-            await asyncio.wait({result_task}, timeout=0.5)
+        # a restarted Temporal server (chaos: temporal-restart) drops the long poll: asked again
+        async for seen in follow_trajectories(handle, [client.get_workflow_handle(t) for t in rows]):
+            self.progress[seen.trajectory_id] = seen
+            recoveries = f", {len(seen.recoveries)} recoveries" if seen.recoveries else ""
+            progress.update(
+                rows[seen.trajectory_id],
+                completed=seen.step,
+                note=f"step {seen.step}, {seen.tokens} tokens{recoveries}",
+            )
+        return await result_through_restarts(handle)
 
     async def _one(self, client, limit, progress, input):
         from belayer.client import start_trajectory
@@ -391,12 +380,6 @@ class _Runner:
 
 def _turns_of(task) -> int:
     return driver_for(task).turn_limit(task)
-
-
-def _server_went_away(task: asyncio.Future) -> bool:
-    from belayer.temporal_client import server_went_away
-
-    return server_went_away(task.exception())
 
 
 def _report(
@@ -513,7 +496,7 @@ async def _inspect(config, workflow_id: str) -> dict:
             f"no trajectory {workflow_id!r} in namespace {config.temporal.namespace} ({exc}); "
             "list them with the web UI or `temporal workflow list`"
         ) from None
-    from belayer.trajectory_log import open_store
+    from belayer.storage.store import open_store
 
     steps, checkpoints, summary = await _walk_history(
         handle, client.data_converter, open_store(config.storage)

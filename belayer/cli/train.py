@@ -283,8 +283,9 @@ def _chaos_plan(plan: str | None, rate: float | None, seed: int, iterations: int
 
 async def _run(config, input, plan, *, quiet: bool):
     from belayer.chaos.training import TrainingChaos
+    from belayer.client import result_through_restarts
     from belayer.temporal_client import connect
-    from belayer.training import read_iterations, result_through_restarts, start_training
+    from belayer.training import read_iterations, start_training
 
     client = await connect(config.temporal, config.storage.encryption_key)
     handle = await start_training(client, config, input)

@@ -3,7 +3,7 @@ fails with, and what a sandbox's host found about a lost sandbox.
 
 Activities raise with these names and workflows match them (retry policies' non-retryable
 types, the branches that recover, fall back or give up), so both sides name them once,
-here. A sandbox error's type is its class's name (activities/sandbox.py's translator).
+here. A sandbox error's type is its class's name (the activity runtime's translator, activities/runtime.py).
 """
 
 from __future__ import annotations

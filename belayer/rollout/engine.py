@@ -14,7 +14,7 @@ import os
 import time
 from multiprocessing.connection import Connection
 
-from belayer.rollout import faults
+from belayer import faults
 from belayer.rollout.procutil import (
     BACKGROUND_NICENESS,
     die_with_parent,
@@ -51,7 +51,7 @@ def engine_main(spec: EngineSpec, conn: Connection) -> None:
     """Entry point of an engine process (multiprocessing spawn target)."""
     die_with_parent()
     if spec.role == "shadow":
-        if "shadow_start_fail" in faults.active():
+        if "shadow_start_fail" in faults.switched_on():
             faults.die_now()
         run_in_background()  # before torch starts its threads: they inherit the niceness
     from belayer.rollout.vllm_hooks import engine_environment
@@ -79,7 +79,7 @@ class EngineLoop:
         self.arena = shm.ArenaMapping(spec.arena_path)
         vllm_hooks.bind_arena(self.arena)
         self.engine = vllm_hooks.build_engine(spec)
-        self.faults = faults.active()
+        self.faults = faults.switched_on()
         self.digest = vllm_hooks.device_digest()
         self.weights_version = spec.weights_version
         self.sketch = vllm_hooks.weights_sketch(self.engine)  # of weights the owner just verified

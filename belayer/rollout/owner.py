@@ -18,7 +18,8 @@ from concurrent.futures import ThreadPoolExecutor
 from multiprocessing.connection import Connection
 from pathlib import Path
 
-from belayer.rollout import faults, shm
+from belayer import faults
+from belayer.rollout import shm
 from belayer.rollout.procutil import die_with_parent
 from belayer.rollout.protocol import (
     DropWeights,
@@ -114,7 +115,7 @@ class MemoryOwner:
         return header.data_size == self.spec.kv_bytes
 
     def serve(self, conn: Connection) -> None:
-        selected = faults.active()
+        selected = faults.switched_on()
         crash_at = None
         if "owner_crash" in selected and self.spec.generation == 1:  # a replacement owner never re-faults
             crash_at = time.monotonic() + selected["owner_crash"].number("after_s", 0.0)

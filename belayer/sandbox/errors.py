@@ -1,7 +1,7 @@
 """Sandbox errors: one root, specific kinds, messages that name the fix.
 
 `retryable` says whether the same call may succeed later on the same host; the
-activity translator (belayer/activities/sandbox.py) maps each kind to a Temporal
+activity runtime's translator (belayer/activities/runtime.py) maps each kind to a Temporal
 ApplicationError type with non_retryable = not retryable.
 """
 

@@ -30,7 +30,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Protocol, TypeVar
 
-from belayer.sandbox import channel, compression, drain, faults, lineage, priority, toolchain
+from belayer import faults
+from belayer.sandbox import channel, compression, drain, lineage, priority, toolchain
 from belayer.sandbox.backend import ContainerExit, SandboxBackend, oom_kills
 from belayer.sandbox.backends import open_backend
 from belayer.sandbox.config import SandboxConfig
@@ -322,7 +323,7 @@ class SandboxHost:
         processes are stopped first and stay stopped until its next action.
         """
         self._refuse_if_superseded(handle)
-        if faults.active("sandbox_kill_during_exec"):
+        if faults.is_on("sandbox_kill_during_exec"):
             threading.Timer(0.2, self.backend.kill, args=(handle.container,)).start()
         with self._lock(handle.sandbox_id):
             self._refuse_if_moved(handle.sandbox_id)
@@ -721,7 +722,7 @@ class SandboxHost:
             plain = compression.unpack(lambda f: self._download_archive(meta, f), meta.compression,
                                        Path(d) / "plain.tar")  # fmt: skip
             beside.result()
-            if faults.active("sandbox_restore_damaged_archive"):
+            if faults.is_on("sandbox_restore_damaged_archive"):
                 _damage(plain)
             yield plain
 
@@ -1097,12 +1098,13 @@ def _damage(archive: Path) -> None:
 def make_host(config, *, store=None, host_queue: str | None = None) -> SandboxHost:
     """A SandboxHost for the effective BelayerConfig (the backend `sandbox.backend` names,
     its object store)."""
-    if store is None:
-        from belayer.storage.store import ObjectStore
-
-        store = ObjectStore(config.storage)
     from belayer.storage.encryption import archive_store
+    from belayer.storage.store import open_store
 
-    store = archive_store(store, config.storage.encryption_key)  # checkpoints hold process memory
+    # checkpoints hold process memory: encrypted at rest when a key is configured
+    if store is None:
+        store = open_store(config.storage)
+    else:
+        store = archive_store(store, config.storage.encryption_key)
     backend = open_backend(config.sandbox, config.state_dir, config.cache_dir)
     return SandboxHost(config.sandbox, backend, store, state_dir=config.state_dir, host_queue=host_queue)

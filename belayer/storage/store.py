@@ -39,6 +39,7 @@ from typing import Any, BinaryIO, TypeVar
 from pydantic import BaseModel, ConfigDict, Field
 
 from belayer.storage.config import StorageConfig
+from belayer.storage.encryption import archive_store
 from belayer.storage.errors import (
     CorruptObject,
     ObjectConflict,
@@ -757,3 +758,16 @@ def _chain(head: list[bytearray], rest: Iterator[bytearray]) -> Iterator[bytearr
     while head:
         yield head.pop(0)
     yield from rest
+
+
+def open_store(cfg: StorageConfig, *, encrypted: bool = True) -> Any:
+    """The object store `cfg` names: the one way Belayer opens it.
+
+    `encrypted` (the default): what holds agent data (observations, step records,
+    checkpoint archives) is encrypted at rest when `storage.encryption_key` is set, and
+    reads back in the clear, as the workers wrote it (belayer/storage/encryption.py).
+    False: the objects as they are stored, for a caller that touches only objects that are
+    never encrypted (token logs, weights, a benchmark's own objects, listings); that store
+    is an `ObjectStore` and closes with `with`."""
+    store = ObjectStore(cfg)
+    return archive_store(store, cfg.encryption_key) if encrypted else store

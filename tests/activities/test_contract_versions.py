@@ -30,7 +30,7 @@ from belayer.contracts.activity import CONTRACT_VERSION, VERSION_KEY, Unreadable
 from belayer.contracts.errors import UNREADABLE_PAYLOAD
 from belayer.contracts.training_log import START_RUN_LOG
 from belayer.storage.recordlog import RecordLogRef
-from belayer.storage.store import ObjectStore
+from belayer.storage.store import open_store
 from belayer.temporal_client import connect, data_converter
 
 NEWER = CONTRACT_VERSION + 1
@@ -147,7 +147,7 @@ async def client_and_queue(temporal_server, seaweedfs, stack_config, storage_con
     """A worker serving the real training-log activities and the test workflows."""
     queue = f"contracts-{uuid.uuid4().hex[:8]}"
     client = await connect(stack_config.temporal, stack_config.storage.encryption_key)
-    store = ObjectStore(storage_config)
+    store = open_store(storage_config, encrypted=False)
     async with Worker(
         client,
         task_queue=queue,

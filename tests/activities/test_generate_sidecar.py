@@ -23,7 +23,7 @@ from belayer.sandbox.observations import store_observation
 from belayer.storage.errors import CorruptObject
 from belayer.storage.generation import SampledTokens, decode_sampled, encode_sampled, read_generation
 from belayer.storage.recordlog import RecordLogRef
-from belayer.storage.store import ObjectStore
+from belayer.storage.store import open_store
 from belayer.storage.tokenlog import Span, TokenLog, encode_tokens, prefix_ref, read_marks, read_prefix
 from belayer.trajectory_log import StepRecord, read_steps, start_log, steps_key
 
@@ -102,7 +102,7 @@ class ScriptedNode:
 
 @pytest.fixture
 def store(storage_config):
-    with ObjectStore(storage_config) as s:
+    with open_store(storage_config, encrypted=False) as s:
         yield s
 
 

@@ -7,13 +7,13 @@ from __future__ import annotations
 from belayer.chaos.leaks import leftover_objects
 from belayer.config import load_config
 from belayer.sandbox.lineage import record_key
-from belayer.storage.store import ObjectStore
+from belayer.storage.store import open_store
 
 
 def test_checkpoint_objects_are_leaks_and_lineage_records_are_not(storage_config, tmp_path):
     config = load_config(state_dir=tmp_path).model_copy(update={"storage": storage_config})
     prefix = config.sandbox.checkpoint_prefix
-    with ObjectStore(config.storage) as store:
+    with open_store(config.storage, encrypted=False) as store:
         store.put_bytes(record_key(prefix, "sbx-ended", 0), b"{}")
         store.put_bytes(record_key(prefix, "sbx-ended", 1), b"{}")
         assert leftover_objects(config, {"sbx-ended"}) == []

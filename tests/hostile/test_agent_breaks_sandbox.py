@@ -20,7 +20,7 @@ import asyncio
 
 import pytest
 
-from belayer.activities.sandbox import to_application_error
+from belayer.activities.runtime import to_application_error
 from belayer.cli.run import _print_inspection, _walk_history
 from belayer.sandbox.backend import ContainerExit
 from belayer.sandbox.errors import SandboxUnreachable

@@ -375,9 +375,9 @@ def test_seaweedfs_takes_only_s3_with_credentials_from_the_host(seaweedfs, stora
     bucket) and every gRPC port takes `weed shell` or any client: none of them, nor the
     volume server's or filer's HTTP port, accepts a connection outside SeaweedFS's own
     network (belayer/stack/private_net.py)."""
-    from belayer.storage.store import ObjectStore
+    from belayer.storage.store import open_store
 
-    with ObjectStore(storage_config) as store:
+    with open_store(storage_config, encrypted=False) as store:
         store.put_bytes("control-plane/secret", b"held-in-the-bucket")
     ports = stack_config.stack
     master = f"http://127.0.0.1:{ports.seaweedfs_master_port}"
@@ -398,7 +398,7 @@ def test_seaweedfs_takes_only_s3_with_credentials_from_the_host(seaweedfs, stora
     assert not reachable, f"reachable from the host without credentials: {reachable}"
     key = f"{storage_config.key_prefix}control-plane/secret"
     assert http(f"{storage_config.endpoint}/{storage_config.bucket}/{key}") == 403  # S3 without credentials
-    with ObjectStore(storage_config) as store:
+    with open_store(storage_config, encrypted=False) as store:
         assert store.get_bytes("control-plane/secret") == b"held-in-the-bucket"
 
 
@@ -406,16 +406,16 @@ def test_seaweedfs_filer_socket_refuses_requests_without_credentials(seaweedfs, 
     """The filer's local socket, in the data directory, is the one way to its HTTP API
     (which reads and writes any object by path) from outside SeaweedFS's network: it
     refuses an unsigned request (belayer/stack/services.py `jwt_signing_keys`)."""
-    from belayer.storage.store import ObjectStore
+    from belayer.storage.store import open_store
 
-    with ObjectStore(storage_config) as store:
+    with open_store(storage_config, encrypted=False) as store:
         store.put_bytes("control-plane/secret", b"held-in-the-bucket")
     filer = seaweedfs.service.data_dir / "filer.sock"
     path = f"/buckets/{storage_config.bucket}/{storage_config.key_prefix}control-plane/secret"
     assert unix_http(filer, path) == 401
     assert unix_http(filer, path, "PUT", b"forged") == 401
     assert unix_http(filer, f"/buckets/{storage_config.bucket}/") == 401
-    with ObjectStore(storage_config) as store:
+    with open_store(storage_config, encrypted=False) as store:
         assert store.get_bytes("control-plane/secret") == b"held-in-the-bucket"
 
 

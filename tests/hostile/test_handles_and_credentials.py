@@ -12,7 +12,7 @@ from pydantic import SecretStr
 from belayer.sandbox.errors import SandboxError, StaleGeneration
 from belayer.sandbox.models import Action
 from belayer.storage.errors import PermanentStorageError
-from belayer.storage.store import ObjectStore
+from belayer.storage.store import open_store
 
 
 def act(step: int, command: str, trajectory: str = "t-hostile") -> Action:
@@ -52,7 +52,7 @@ def test_a_replayed_action_id_cannot_smuggle_a_new_command(sandboxes):
 @pytest.mark.parametrize("field", ["access_key", "secret_key"])
 def test_wrong_s3_credentials_are_a_permanent_error_naming_the_setting(storage_config, field):
     wrong = storage_config.model_copy(update={field: SecretStr("not-the-right-one"), "max_attempts": 3})
-    with ObjectStore(wrong) as store:
+    with open_store(wrong, encrypted=False) as store:
         for operation in (lambda: store.put_bytes("hostile/x", b"x"), lambda: store.get_bytes("hostile/x")):
             with pytest.raises(PermanentStorageError) as err:
                 operation()

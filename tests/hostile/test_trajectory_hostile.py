@@ -10,8 +10,10 @@ checkpoint after every step, and a sandbox crash after the worst of them.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import uuid
 
+from belayer.client import follow_trajectories
 from belayer.policy.config import PolicyConfig
 from belayer.workflows.models import TrajectoryInput, TrajectoryProgress, TrajectoryResult
 from belayer.workloads.models import ModelTask, TraceTask, TraceTurn
@@ -61,11 +63,11 @@ async def start(stack, task, **kwargs):
 
 
 async def wait_for_step(handle, step: int) -> TrajectoryProgress:
-    while True:
-        progress = await handle.query("progress", result_type=TrajectoryProgress)
-        if progress.step >= step:
-            return progress
-        await asyncio.sleep(0.05)
+    async with contextlib.aclosing(follow_trajectories(handle, every_s=0.05)) as following:
+        async for progress in following:
+            if progress.step >= step:
+                return progress
+    raise AssertionError(f"trajectory {handle.id} ended before step {step}")
 
 
 async def test_hostile_actions_are_policy_outcomes_and_the_trajectory_completes(stack):

@@ -24,7 +24,7 @@ from safetensors.torch import load_file
 from belayer.export import PROVENANCE_FILE, ExportError, export_checkpoint, export_run, pick_iteration
 from belayer.model.build import MANIFEST, model_path
 from belayer.rollout.vllm_hooks import engine_environment
-from belayer.storage.store import ObjectStore
+from belayer.storage.store import open_store
 from belayer.temporal_client import TemporalUnreachable
 from belayer.trainer.policy import load_policy, token_logprobs
 from belayer.trainer.step import Trainer
@@ -41,7 +41,7 @@ def store(seaweedfs):
     """The session's object store under a key prefix of this module's own."""
     prefix = f"t-{uuid.uuid4().hex[:12]}/"
     cfg = seaweedfs.storage_config.model_copy(update={"key_prefix": prefix})
-    with ObjectStore(cfg) as store:
+    with open_store(cfg, encrypted=False) as store:
         yield store
     delete_all_under(cfg, prefix)
 

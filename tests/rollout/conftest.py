@@ -231,7 +231,7 @@ SPECS = [
 @pytest.fixture
 def store(storage_config):
     """The real object store of the test stack (SeaweedFS)."""
-    from belayer.storage.store import ObjectStore
+    from belayer.storage.store import open_store
 
-    with ObjectStore(storage_config) as s:
+    with open_store(storage_config, encrypted=False) as s:
         yield s

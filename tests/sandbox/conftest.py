@@ -125,13 +125,17 @@ class Sandboxes:
 
 
 def make_sandboxes(storage_config, **config_overrides) -> Sandboxes:
-    from belayer.storage.store import ObjectStore
+    from belayer.storage.store import open_store
 
     cfg = small_config(**config_overrides)
     state_dir = runtime.default_state_dir()
     backend = TrackingBackend(cfg, state_dir)
     host = SandboxHost(
-        cfg, backend, ObjectStore(storage_config), state_dir=state_dir, host_queue="belayer-sandbox-test"
+        cfg,
+        backend,
+        open_store(storage_config, encrypted=False),
+        state_dir=state_dir,
+        host_queue="belayer-sandbox-test",
     )
     return Sandboxes(host, backend, uuid.uuid4().hex[:12])
 

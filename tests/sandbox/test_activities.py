@@ -198,7 +198,7 @@ async def test_activities_round_trip(sandboxes, temporal_server, stack_config):
 
 
 def test_translator_maps_kinds():
-    from belayer.activities.sandbox import to_application_error
+    from belayer.activities.runtime import to_application_error
     from belayer.sandbox.errors import SandboxBusy, StaleGeneration
     from belayer.storage.errors import TransientStorageError
 

@@ -20,7 +20,7 @@ from belayer.sandbox import channel, lineage, runtime
 from belayer.sandbox.errors import StaleGeneration
 from belayer.sandbox.host import SandboxHost
 from belayer.sandbox.models import Action, LoggedAction, SandboxHandle, SandboxSpec
-from belayer.storage.store import ObjectStore
+from belayer.storage.store import open_store
 from tests.sandbox.conftest import TEST_LABEL, Sandboxes, TrackingBackend, small_config
 
 TRAJ = "traj-fence"
@@ -96,7 +96,7 @@ class TwoHosts:
     def __init__(self, storage_config):
         self.cfg = small_config()
         self.state_dir = runtime.default_state_dir()
-        self.store = ObjectStore(storage_config)
+        self.store = open_store(storage_config, encrypted=False)
         self.token = uuid.uuid4().hex[:12]
         self.a = HostView(self.cfg, self.state_dir)
         self.b = HostView(self.cfg, self.state_dir)
@@ -186,7 +186,7 @@ def test_stale_handle_sent_to_a_host_coming_back_is_refused_and_runs_nothing(two
 
 
 def test_lineage_record_of_an_older_generation_never_wins(storage_config):
-    with ObjectStore(storage_config) as store:
+    with open_store(storage_config, encrypted=False) as store:
         sid, prefix = f"sbx-{uuid.uuid4().hex[:12]}", "sandboxes/"
         lineage.write(store, prefix, sid, 1, HOST_B, f"{sid}-g1")
         lineage.write(store, prefix, sid, 0, HOST_A, f"{sid}-g0")  # a host writing late

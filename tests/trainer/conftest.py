@@ -9,7 +9,7 @@ import statistics
 import pytest
 
 from belayer.storage.generation import SampledTokens, write_generation
-from belayer.storage.store import ObjectStore
+from belayer.storage.store import open_store
 from belayer.storage.tokenlog import TokenLog
 from belayer.trainer.models import TrainerSettings, TrainSample, TrainStepArgs
 
@@ -18,7 +18,7 @@ VOCAB = 1900  # below the tiny model's vocabulary (1984)
 
 @pytest.fixture
 def store(storage_config):
-    with ObjectStore(storage_config) as store:
+    with open_store(storage_config, encrypted=False) as store:
         yield store
 
 

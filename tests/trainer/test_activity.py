@@ -7,7 +7,7 @@ from temporalio.exceptions import ApplicationError
 from temporalio.testing import ActivityEnvironment
 
 from belayer.activities import train
-from belayer.rollout.faults import Fault
+from belayer.faults import TRAINER_ENV, Fault
 from belayer.storage.errors import CorruptObject, ObjectNotFound
 from belayer.trainer.models import TrainStepArgs
 from belayer.trainer.step import TrainRequestError
@@ -59,7 +59,7 @@ def test_a_fault_fires_once_per_run_and_only_at_its_iteration(tmp_path, monkeypa
 
 
 def test_an_unknown_fault_is_refused(monkeypatch):
-    monkeypatch.setenv(train.FAULT_ENV, "crash_sometime")
+    monkeypatch.setenv(TRAINER_ENV, "crash_sometime")
     train.active_fault.cache_clear()
     try:
         with pytest.raises(ValueError, match="unknown trainer fault point"):

@@ -78,11 +78,11 @@ def test_the_same_step_in_another_process_gives_the_same_weights(trainer, store,
     script = (
         "import json, sys\n"
         "from belayer.storage.config import StorageConfig\n"
-        "from belayer.storage.store import ObjectStore\n"
+        "from belayer.storage.store import open_store\n"
         "from belayer.trainer.models import TrainStepArgs\n"
         "from belayer.trainer.step import Trainer\n"
         "given = json.loads(sys.stdin.read())\n"
-        "store = ObjectStore(StorageConfig.model_validate(given['storage']))\n"
+        "store = open_store(StorageConfig.model_validate(given['storage']), encrypted=False)\n"
         "print(Trainer(device='cpu').step(store, TrainStepArgs.model_validate(given['args'])).weights_sha256)\n"
     )
     other = args.model_copy(update={"run_id": run()})

@@ -161,11 +161,11 @@ def test_faults_of_every_kind_change_nothing_in_the_result(stack, workload, calm
 
 def checkpoint_weights(config, run_id: str, iteration: int) -> dict:
     """The weights of the trainer checkpoint written after `iteration`, from the stack's store."""
-    from belayer.storage.store import ObjectStore
+    from belayer.storage.store import open_store
     from belayer.trainer.state import checkpoint_key, decode_checkpoint
 
     key = checkpoint_key(run_id, iteration)
-    with ObjectStore(config.storage) as store:
+    with open_store(config.storage, encrypted=False) as store:
         return decode_checkpoint(key, store.get_bytes(key)).weights_only()
 
 

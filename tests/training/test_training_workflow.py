@@ -23,7 +23,7 @@ from belayer.contracts.publish import (
     PublishWeightsResult,
 )
 from belayer.contracts.trainer import TRAIN_STEP, TrainerCheckpointRef, TrainStepArgs, TrainStepResult
-from belayer.storage.store import ObjectRef, ObjectStore
+from belayer.storage.store import ObjectRef, open_store
 from belayer.storage.tokenlog import PrefixRef
 from belayer.temporal_client import connect
 from belayer.trainer.algorithms import grpo
@@ -140,7 +140,7 @@ async def harness(temporal_server, seaweedfs, stack_config, storage_config):
         nodes=[f"node-{token}"],
     )
     client = await connect(stack_config.temporal)
-    store = ObjectStore(storage_config)
+    store = open_store(storage_config, encrypted=False)
     fakes = StandIns()
     workers = [
         Worker(

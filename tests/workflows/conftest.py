@@ -19,7 +19,7 @@ from temporalio.worker import Worker
 from belayer.activities.context import ContextActivities
 from belayer.activities.sandbox import SandboxActivities
 from belayer.model.build import model_path
-from belayer.storage.store import ObjectStore
+from belayer.storage.store import ObjectStore, open_store
 from belayer.temporal_client import connect
 from belayer.testing import ScriptedRollout
 from belayer.workflows.groups import TrajectoryGroupWorkflow
@@ -71,7 +71,7 @@ async def trajectory_stack(
     token = uuid.uuid4().hex[:8]
     queues = TaskQueues(rollout=f"rollout-{token}", sandbox=f"sandbox-{token}", context=f"wf-{token}")
     client = await connect(stack_config.temporal, stack_config.storage.encryption_key)
-    store = ObjectStore(storage_config)
+    store = open_store(storage_config, encrypted=False)
     boxes = make_sandboxes(storage_config)
     boxes.host.host_queue = f"sandbox-host-{token}"
     if rollout_node is not None:

@@ -5,11 +5,12 @@ from __future__ import annotations
 
 import uuid
 
+from belayer.client import trajectory_progress
 from belayer.policy.config import PolicyConfig
 from belayer.sandbox.checkpoints import checkpoints_at_or_before
 from belayer.trajectory_log import read_steps
 from belayer.workflows.groups import GroupInput, GroupResult
-from belayer.workflows.models import ForkStart, TrajectoryInput, TrajectoryProgress, TrajectoryResult
+from belayer.workflows.models import ForkStart, TrajectoryInput, TrajectoryResult
 from belayer.workloads.models import TraceTask, TraceTurn
 from tests.workflows.test_trajectory import start
 
@@ -66,8 +67,7 @@ async def test_a_group_forks_its_members_from_one_set_up_sandbox(stack):
         assert result.status == "completed" and result.recoveries == [], result.reason
         # forks of one sandbox behave exactly as a sandbox set up alone: same tokens, same files
         assert (result.token_sha256, result.env_sha256) == (lone.token_sha256, lone.env_sha256)
-    handles = [await stack.client.get_workflow_handle(r.trajectory_id).query("progress",
-                                                                            result_type=TrajectoryProgress)
+    handles = [await trajectory_progress(stack.client.get_workflow_handle(r.trajectory_id))
                for r in group.results]  # fmt: skip
     assert len({p.sandbox.sandbox_id for p in handles}) == 3
     assert all(p.sandbox.sandbox_id != record.setup_sandbox.sandbox_id for p in handles)
@@ -111,9 +111,7 @@ async def test_a_damaged_origin_makes_the_members_create_their_own(stack, monkey
 async def test_a_branch_from_step_k_replays_the_parents_later_steps(stack):
     parent = await (await start(stack, SET_UP, keep_checkpoints=True)).result()
     assert parent.status == "completed", parent.reason
-    progress = await stack.client.get_workflow_handle(parent.trajectory_id).query(
-        "progress", result_type=TrajectoryProgress
-    )
+    progress = await trajectory_progress(stack.client.get_workflow_handle(parent.trajectory_id))
     steps = read_steps(stack.store, parent.log.steps)
     k = 2
     refs = checkpoints_at_or_before(stack.sandboxes.host.store, "sandboxes/", progress.sandbox.sandbox_id, k)
@@ -140,8 +138,6 @@ async def test_a_branch_from_step_k_replays_the_parents_later_steps(stack):
     branch_steps = read_steps(stack.store, branch.log.steps)
     assert [s.command for s in branch_steps] == [s.command for s in steps]
     # the parent's sandbox lineage is untouched: the branch is a lineage of its own
-    after = await stack.client.get_workflow_handle(branch_id).query(
-        "progress", result_type=TrajectoryProgress
-    )
+    after = await trajectory_progress(stack.client.get_workflow_handle(branch_id))
     assert after.sandbox.sandbox_id != progress.sandbox.sandbox_id
     stack.sandboxes.host.delete_checkpoints(progress.sandbox.sandbox_id)

@@ -6,8 +6,8 @@ from __future__ import annotations
 
 import asyncio
 
+from belayer.client import trajectory_progress
 from belayer.sandbox.placement import LoadPublisher
-from belayer.workflows.models import TrajectoryProgress
 from belayer.workloads.models import TraceTask, TraceTurn
 from tests.workflows.test_trajectory import start
 
@@ -52,7 +52,7 @@ async def test_while_every_host_is_full_a_trajectory_waits_for_room(stack):
         other = await asyncio.to_thread(stack.sandboxes.create)  # the one slot, taken
         handle = await start(stack, SHORT)
         await asyncio.sleep(3.0)
-        progress = await handle.query("progress", result_type=TrajectoryProgress)
+        progress = await trajectory_progress(handle)
         assert progress.sandbox is None  # waiting for room, not failed, not squeezed in
         assert [name for name, _ in await scheduled(handle)].count("sandbox.create") == 0
         await asyncio.to_thread(host.destroy, other)

@@ -15,7 +15,7 @@ import contextlib
 
 from temporalio.client import WorkflowHandle
 
-from belayer.sandbox import faults
+from belayer import faults
 from belayer.workflows.models import TrajectoryProgress, TrajectoryResult
 from belayer.workloads.models import ModelTask, TraceTask, TraceTurn
 from tests.workflows.conftest import trajectory_stack

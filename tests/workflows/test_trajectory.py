@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import statistics
 import uuid
 
 import pytest
 
+from belayer.client import follow_trajectories, trajectory_progress
 from belayer.policy.config import PolicyConfig
 from belayer.trajectory_log import read_decisions
 from belayer.workflows.models import TrajectoryInput, TrajectoryProgress, TrajectoryResult
@@ -53,12 +55,19 @@ async def start(stack, task, policy: str | PolicyConfig = "every-step", **kwargs
 
 
 async def wait_for_progress(handle, done, what: str, tries: int = 600) -> TrajectoryProgress:
-    """Query `progress` until `done(progress)`; fail saying `what` never happened."""
-    for _ in range(tries):
-        progress = await handle.query("progress", result_type=TrajectoryProgress)
-        if done(progress):
-            return progress
-        await asyncio.sleep(0.05)
+    """Follow `progress` until `done(progress)`, at most `tries` snapshots and at the latest
+    when the trajectory ends (its final snapshot included); fail saying `what` never happened."""
+    snapshots = 0
+    async with contextlib.aclosing(follow_trajectories(handle, every_s=0.05)) as following:
+        async for progress in following:
+            if done(progress):
+                return progress
+            snapshots += 1
+            if snapshots == tries:
+                break
+        else:
+            if done(final := await trajectory_progress(handle)):
+                return final
     raise AssertionError(f"trajectory never {what}")
 
 
@@ -258,7 +267,7 @@ async def test_record_history_for_replay(stack, monkeypatch):
     import os
     from pathlib import Path
 
-    from belayer.sandbox import faults
+    from belayer import faults
 
     if os.environ.get("BELAYER_RECORD_HISTORIES") != "1":
         pytest.skip("set BELAYER_RECORD_HISTORIES=1 to re-record the checked-in histories")

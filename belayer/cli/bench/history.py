@@ -60,7 +60,7 @@ def long_trajectory(
         from temporalio.worker import Worker
 
         from belayer.model.build import model_path
-        from belayer.storage.store import ObjectStore
+        from belayer.storage.store import open_store
         from belayer.testing import ScriptedRollout
 
         client = await connect(config.temporal, config.storage.encryption_key)
@@ -68,7 +68,9 @@ def long_trajectory(
         run_name = f"long-{turns}-{int(time.time())}"
         engine_queue = f"belayer-bench-scripted-{run_name}"
         tokenizer = model_path(config.rollout.model, config.cache_dir) / "tokenizer.json"
-        engine = ScriptedRollout(ObjectStore(config.storage), tokenizer, node_queue=engine_queue)
+        engine = ScriptedRollout(
+            open_store(config.storage, encrypted=False), tokenizer, node_queue=engine_queue
+        )
         load = machine_load()
         trajectories = []
         async with Worker(client, task_queue=engine_queue, activities=[engine.generate]):

@@ -30,9 +30,8 @@ from belayer.rollout.identity import (
     other_host_pollers,
 )
 from belayer.rollout.node import RolloutNode
-from belayer.storage.store import ObjectStore
+from belayer.storage.store import open_store
 from belayer.temporal_client import pollers
-from belayer.trajectory_log import open_store
 from belayer.workers.runner import RefusedToServe, run_worker
 
 log = logging.getLogger("belayer.rollout")
@@ -82,7 +81,7 @@ async def serve(config: BelayerConfig) -> None:
     node.start(wait_shadow=False)  # serve as soon as the leader is up; the shadow follows
     node.add_state_listener(functools.partial(publish_roles, roles_file(config)))
     try:
-        store = ObjectStore(config.storage)
+        store = open_store(config.storage, encrypted=False)
         # a turn's generate appends the observation before it: read through the encryption at
         # rest of observations and log records, when configured
         activities = RolloutActivities(node, open_store(config.storage), own_queue)

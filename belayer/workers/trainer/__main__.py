@@ -10,7 +10,7 @@ import torch
 
 from belayer.activities.train import TrainerActivities, active_fault
 from belayer.config import BelayerConfig
-from belayer.storage.store import ObjectStore
+from belayer.storage.store import open_store
 from belayer.trainer.step import Trainer
 from belayer.workers.runner import main, run_worker
 
@@ -24,7 +24,7 @@ async def serve(config: BelayerConfig) -> None:
         encryption_key=config.storage.encryption_key,
         role="trainer",
         task_queues=[config.trainer.task_queue],
-        activities=TrainerActivities(trainer, ObjectStore(config.storage)).all(),
+        activities=TrainerActivities(trainer, open_store(config.storage, encrypted=False)).all(),
         max_concurrent_activities=1,
     )
 

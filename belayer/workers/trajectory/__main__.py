@@ -10,7 +10,7 @@ from belayer.activities.context import ContextActivities
 from belayer.activities.training_log import TrainingLogActivities
 from belayer.config import BelayerConfig
 from belayer.model.build import model_path
-from belayer.trajectory_log import open_store
+from belayer.storage.store import open_store
 from belayer.workers.runner import main, run_worker
 from belayer.workflows.groups import TrajectoryGroupWorkflow
 from belayer.workflows.training import TrainingWorkflow
