@@ -8,16 +8,13 @@ even when the run itself is terminated (`pytest_configure`).
 
 from __future__ import annotations
 
-import contextlib
 import os
 import random
 import signal
-import time
 import uuid
 import warnings
 from pathlib import Path
 
-import psutil
 import pytest
 
 from belayer.config import BelayerConfig, load_config
@@ -29,6 +26,7 @@ from belayer.stack.process import ManagedProcess
 from belayer.stack.services import SeaweedFS, TemporalDevServer, port_in_use
 from belayer.storage.config import StorageConfig
 from belayer.storage.s3client import make_s3_client
+from tests import parallel
 from tests.tiers import TIERS, ProcessGuard, needs, resources_of
 
 
@@ -40,42 +38,24 @@ def pytest_configure(config) -> None:
     KeyboardInterrupt, pytest reports the run interrupted and still tears down every
     fixture (the same path as Ctrl-C).
 
-    A parallel run's controller passes a SIGTERM on to its workers, which hold the
-    services, as SIGINT, and on either signal waits for them to tear down before it stops:
-    once it stops, xdist ends a worker within 10 s, halfway through stopping a whole stack.
+    A parallel run's controller waits for its workers to tear down (tests/parallel.py).
     """
-    if config.option.dist != "no" and not hasattr(config, "workerinput"):
-        signal.signal(signal.SIGTERM, _stop_after_workers)
-        signal.signal(signal.SIGINT, _stop_after_workers)
+    if parallel.is_controller(config):
+        parallel.configure_controller()
     else:
         signal.signal(signal.SIGTERM, signal.default_int_handler)
     for tier, meaning in zip(TIERS, _TIER_MEANINGS, strict=True):
         config.addinivalue_line("markers", f"{tier}: {meaning} (assigned from fixtures: tests/tiers.py)")
 
 
-WORKER_TEARDOWN_S = 300  # a whole stack and a node pool going down on a loaded machine, with margin
+def pytest_unconfigure(config) -> None:
+    if parallel.is_controller(config):
+        parallel.unconfigure_controller()
 
 
-def _stop_after_workers(signum, frame) -> None:
-    """In a parallel run's controller (whose only children are its workers): interrupt the
-    workers (Ctrl-C in a terminal already did: SIGINT reaches the whole process group), wait
-    until none has a process of its own left, then stop as Ctrl-C does."""
-    workers = psutil.Process().children()
-    if signum == signal.SIGTERM:
-        for worker in workers:
-            with contextlib.suppress(psutil.Error):
-                worker.send_signal(signal.SIGINT)
-    deadline = time.monotonic() + WORKER_TEARDOWN_S
-    while any(_runs_processes(w) for w in workers) and time.monotonic() < deadline:
-        time.sleep(0.2)
-    raise KeyboardInterrupt
-
-
-def _runs_processes(worker: psutil.Process) -> bool:
-    try:
-        return bool(worker.children())
-    except psutil.Error:  # the worker is gone
-        return False
+def pytest_xdist_make_scheduler(config, log):
+    """`--dist loadgroup` hands out the work units of tests/parallel.py."""
+    return parallel.UnitScheduling(config, log) if config.option.dist == "loadgroup" else None
 
 
 _TIER_MEANINGS = ("no process", "processes of its own: Temporal, SeaweedFS, the CLI", "vLLM engines",
@@ -95,42 +75,9 @@ def pytest_collection_modifyitems(config, items) -> None:
         resources = declared_resources(item)
         for tier in sorted(resources) or ["pure"]:
             item.add_marker(tier)
-        item.add_marker(pytest.mark.xdist_group(_work_unit(item)))
     items.sort(key=_whole_stack_turn)
-    if os.environ.get("PYTEST_XDIST_WORKER"):
-        _longest_units_first(items)
-
-
-def _work_unit(item) -> str:
-    """The tests one parallel worker runs together (`make test` runs two, `--dist loadgroup`):
-    those of a session-wide fixture (the shared whole stack, the node pool), so it starts
-    once; the rest by module, so a module's fixtures start once and its tests keep their
-    order."""
-    for fixture, unit in SHARED_UNITS.items():
-        if fixture in item.fixturenames:
-            return unit
-    return item.nodeid.split("::")[0]
-
-
-SHARED_UNITS = {"shared_whole_stack": "whole-stack", "node_pool": "node-pool"}
-_TIER_COST = {"whole": 4, "engine": 3, "sandbox": 2, "stack": 1, "pure": 0}
-
-
-def _longest_units_first(items) -> None:
-    """Under xdist, work units are handed out in collection order to whichever worker runs
-    low: the shared units and the heaviest tiers first, so the run does not end on one
-    worker busy with a long unit while the other idles. Within a unit the order stays."""
-    cost: dict[str, int] = {}
-    for item in items:
-        unit = _work_unit(item)
-        tiers = [_TIER_COST[m.name] for m in item.iter_markers() if m.name in _TIER_COST]
-        shared = 9 if unit in SHARED_UNITS.values() else 0
-        cost[unit] = max(cost.get(unit, 0), shared, *tiers)
-    first = {}
-    for index, item in enumerate(items):
-        first.setdefault(_work_unit(item), index)
-    order = {id(item): index for index, item in enumerate(items)}
-    items.sort(key=lambda item: (-cost[_work_unit(item)], first[_work_unit(item)], order[id(item)]))
+    if parallel.is_worker(config):
+        parallel.order_and_record_units(items)
 
 
 def _whole_stack_turn(item) -> int:
