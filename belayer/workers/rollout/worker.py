@@ -30,6 +30,7 @@ from belayer.rollout.identity import (
     other_host_pollers,
 )
 from belayer.rollout.node import RolloutNode
+from belayer.rollout.status import NodeStatus
 from belayer.storage.store import ObjectStore
 from belayer.temporal_client import pollers
 from belayer.trajectory_log import open_store
@@ -131,13 +132,14 @@ def read_roles(config: BelayerConfig) -> dict:
         return {}
 
 
-def publish_roles(path: Path, state: dict) -> None:
-    """Write `RolloutNode.roles()` atomically (a reader never sees half a file). Called by the
-    node on its pump thread whenever a role, the epoch or the recovery count changes, so
-    fault injection always hits the process that holds a role now."""
+def publish_roles(path: Path, state: NodeStatus) -> None:
+    """Write `RolloutNode.roles()` atomically (a reader never sees half a file), as the JSON
+    of `NodeStatus.to_json`. Called by the node on its pump thread whenever a role, the epoch
+    or the recovery count changes, so fault injection always hits the process that holds a
+    role now."""
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_suffix(".tmp")
-    tmp.write_text(json.dumps(state, sort_keys=True))
+    tmp.write_text(json.dumps(state.to_json(), sort_keys=True))
     os.replace(tmp, path)
 
 
