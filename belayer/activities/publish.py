@@ -66,7 +66,7 @@ class PublishActivities:
         if self.remember is None or not self.remember.is_file():
             return None
         published = PublishedWeights.model_validate_json(self.remember.read_text())
-        if published.version <= self.node.roles()["weights_version"]:
+        if published.version <= self.node.roles().weights_version:
             return None
         self.node.publish(published.version, self._tensors(published.weights, published.model))
         return published
@@ -110,7 +110,7 @@ class PublishActivities:
     @implements(WEIGHTS_VERSION)
     async def weights_version(self) -> int:
         """The version the node serves now (1: the model it was built from)."""
-        return self.node.roles()["weights_version"]
+        return self.node.roles().weights_version
 
     def all(self) -> list:
         return [self.publish_weights, self.weights_version]
@@ -141,18 +141,18 @@ class PublishActivities:
     def _took_effect(self, version: int) -> bool:
         """Has an earlier attempt (whose reply was lost) sealed this version already?"""
         roles = self.node.roles()
-        if version < roles["weights_version"]:
+        if version < roles.weights_version:
             raise ApplicationError(
-                f"node {roles['node_id']} already serves weights version {roles['weights_version']}; "
+                f"node {roles.node_id} already serves weights version {roles.weights_version}; "
                 "versions only grow",
                 type=STALE_WEIGHTS_VERSION,
                 non_retryable=True,
             )
-        return version == roles["weights_version"] and version > 1
+        return version == roles.weights_version and version > 1
 
     async def _switched(self, version: int) -> None:
         """Once the node serves `version` on its leader, with no publish of it under way."""
-        while self.node.roles()["publishing"] == version or self.node.roles()["leader_version"] != version:
+        while self.node.roles().publishing == version or self.node.roles().leader_version != version:
             await asyncio.sleep(HEARTBEAT_EVERY_S / 4)
 
     async def _settled(self, version: int) -> PublishWeightsResult:
@@ -164,7 +164,7 @@ class PublishActivities:
         roles = self.node.roles()
         zero = dict.fromkeys(("fetch_s", "staged_s", "written_s", "sealed_s", "switched_s"), 0.0)
         return PublishWeightsResult(
-            node_id=roles["node_id"],
+            node_id=roles.node_id,
             version=version,
             previous_version=version,
             policy="",

@@ -146,7 +146,7 @@ def belayer_rep(node, version: int, tensors: dict, settings: dict, requests: int
         "paused_requests": report.paused_requests,
         "drained_requests": report.drained_requests,
         "inflight_tokens_lost": lost,
-        "engines_on_new_version": roles["leader_version"] == roles["shadow_version"] == version,
+        "engines_on_new_version": roles.leader_version == roles.shadow_version == version,
         "versions_problems": _version_problems(finals, report, probe["versions"], version),
         "probe_tokens": probe["tokens"],
     }
@@ -300,7 +300,7 @@ def _repetitions(settings, node, versions, spec, reloader, probe, root, say) -> 
     """Each repetition publishes two versions, idle then with requests in flight; the
     baselines load the second."""
     runs = []
-    version = node.roles()["weights_version"]
+    version = node.roles().weights_version
     for rep in range(settings["repetitions"]):
         idle, version = version + 1, version + 2
         tensors = versions.tensors(version)

@@ -327,11 +327,9 @@ def wait_ready(config, shadow: bool, say: Callable[[str], None]) -> None:
         roles = node_roles(config)
         ok = all(r.healthy for r in rows)
         if ok and shadow:
-            ok = bool(roles.get("shadow_ready")) and roles.get("shadow_version") == roles.get(
-                "weights_version"
-            )
+            ok = roles is not None and roles.shadow_ready and roles.shadow_version == roles.weights_version
         if ok and not shadow:
-            ok = roles.get("shadow") is None
+            ok = roles is None or roles.shadow is None
         if ok:
             return
         if not said:
@@ -383,7 +381,8 @@ class BenchRun:
 
         client = await connect(self.config.temporal, self.config.storage.encryption_key)
         runs: list[dict] = []
-        shadow_now = node_roles(self.config).get("shadow") is not None
+        roles = node_roles(self.config)
+        shadow_now = roles is not None and roles.shadow is not None
         try:
             for rep, mode in schedule(repetitions):
                 want = SHADOW[mode]

@@ -200,7 +200,7 @@ def belayer_rep(node, work: Work, kill_after: int, reference: dict) -> dict:
     """One faulted run on the node: SIGKILL the leader, the shadow takes over."""
     if not node.wait_shadow_ready():
         raise click.ClickException("the node's shadow did not become ready between repetitions")
-    leader_pid = node.roles()["leader"]
+    leader_pid = node.roles().leader
     trace = Trace(work[0][0], kill_after, kill=lambda: os.kill(leader_pid, signal.SIGKILL))
     before = len(node.recoveries)
     tokens = node_run(node, work, trace)

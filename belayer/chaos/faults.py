@@ -19,6 +19,7 @@ from pydantic import BaseModel
 
 from belayer.config import BelayerConfig
 from belayer.errors import BelayerError
+from belayer.rollout.status import NodeStatus
 from belayer.sandbox.backend import SandboxBackend
 from belayer.stack import sandbox_hosts
 from belayer.stack.workers import RolloutNodeService, sandbox_service_name
@@ -120,14 +121,14 @@ class Chaos:
             None,
         )
 
-    def roles(self, node: str | None = None) -> dict:
+    def roles(self, node: str | None = None) -> NodeStatus:
         roles = node_roles(self.node_config(node))
-        if not roles:
+        if roles is None:
             raise ChaosError("no rollout node roles: is the rollout node up (`belayer up`)?")
         return roles
 
     def _signal_role(self, role: str, sig: int, node: str | None = None) -> tuple[str, str]:
-        pid = self.roles(node).get(role)
+        pid = getattr(self.roles(node), role)
         if not pid:
             raise ChaosError(f"the rollout node has no {role} right now")
         os.kill(pid, sig)

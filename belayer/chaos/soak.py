@@ -33,6 +33,8 @@ from pydantic import BaseModel, Field
 from belayer.chaos.faults import FAULT_KINDS, Chaos, ChaosError, node_roles
 from belayer.config import BelayerConfig
 from belayer.measure import spread
+from belayer.rollout.status import NodeStatus
+from belayer.workers.rollout.worker import generation_of, recoveries_of
 from belayer.workloads.registry import driver_for
 
 Reporter = Callable[[str], None]
@@ -318,21 +320,21 @@ class Soak:
             await self._await_node_recovery(roles_before)
         record.recovered_by = self._recovered_by(record, roles_before, recoveries_before)
 
-    async def _await_node_recovery(self, roles_before: dict, timeout_s: float = 120.0) -> None:
+    async def _await_node_recovery(self, roles_before: NodeStatus | None, timeout_s: float = 120.0) -> None:
         deadline = time.monotonic() + timeout_s
         while time.monotonic() < deadline:
-            if node_roles(self.chaos.config).get("recoveries", 0) > roles_before.get("recoveries", 0):
+            if recoveries_of(node_roles(self.chaos.config)) > recoveries_of(roles_before):
                 return
             await asyncio.sleep(0.2)
 
-    def _recovered_by(self, record: FaultRecord, roles_before: dict, recoveries_before: int) -> str:
+    def _recovered_by(
+        self, record: FaultRecord, roles_before: NodeStatus | None, recoveries_before: int
+    ) -> str:
         roles_after = node_roles(self.chaos.config)
         if record.kind.startswith(("engine", "owner")):
-            if roles_after.get("recoveries", 0) > roles_before.get("recoveries", 0):
-                return str(roles_after.get("last_recovery", {}).get("kind", "takeover"))
-            if record.kind == "owner-crash" and roles_after.get("generation", 0) > roles_before.get(
-                "generation", 0
-            ):
+            if recoveries_of(roles_after) > recoveries_of(roles_before):
+                return roles_after.last_recovery.kind if roles_after.last_recovery else "takeover"
+            if record.kind == "owner-crash" and generation_of(roles_after) > generation_of(roles_before):
                 return "owner replaced: it adopted the verified segments; the leader kept serving"
             return "no node recovery seen"
         now = self.progress.get(record.target)

@@ -17,6 +17,7 @@ import time
 
 from belayer.chaos.faults import Chaos, ChaosError, node_roles
 from belayer.chaos.plan import PlannedFault
+from belayer.workers.rollout.worker import recoveries_of
 
 POLL_S = 0.25
 RECOVERED_BY = {
@@ -122,7 +123,7 @@ class TrainingChaos:
             "recovery_s": None,
         }
         self.faults.append(record)
-        recoveries_before = node_roles(self.config).get("recoveries", 0)
+        recoveries_before = recoveries_of(node_roles(self.config))
         container = seen.sandbox.container if seen is not None and seen.sandbox else None
         try:
             report = await asyncio.to_thread(
@@ -184,6 +185,6 @@ class TrainingChaos:
     def _recovered_by(self, kind: str, recoveries_before: int) -> str:
         if kind.startswith(("engine", "owner")):
             roles = node_roles(self.config)
-            if roles.get("recoveries", 0) > recoveries_before:
-                return roles.get("last_recovery", {}).get("kind", "takeover")
+            if recoveries_of(roles) > recoveries_before:
+                return roles.last_recovery.kind if roles.last_recovery else "takeover"
         return RECOVERED_BY[kind]

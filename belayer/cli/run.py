@@ -17,6 +17,8 @@ from rich.table import Table
 
 from belayer.chaos.faults import node_roles
 from belayer.cli.context import config_from
+from belayer.rollout.status import NodeStatus
+from belayer.workers.rollout.worker import generation_of, recoveries_of
 from belayer.workloads.registry import driver_for
 
 console = Console(stderr=True)
@@ -282,12 +284,12 @@ class _Runner:
             await asyncio.sleep(0.1)
         record["recovery_s"] = round(time.time() - injected_at, 3)
         roles_after = node_roles(self.config)
-        if record["kind"].startswith(("engine", "owner")) and roles_after.get(
-            "recoveries", 0
-        ) > roles_before.get("recoveries", 0):
-            event = roles_after.get("last_recovery", {})
-            record["recovered_by"] = event.get("kind", "takeover")
-            record["node_ready_s"] = event.get("ready_s")
+        if record["kind"].startswith(("engine", "owner")) and recoveries_of(roles_after) > recoveries_of(
+            roles_before
+        ):
+            event = roles_after.last_recovery
+            record["recovered_by"] = event.kind if event else "takeover"
+            record["node_ready_s"] = event.ready_s if event else None
         if record["kind"] == "owner-crash":
             record["protected_again_s"] = await _protected_again_s(self.config, roles_before)
             record["recovered_by"] = (
@@ -720,13 +722,16 @@ def _print_inspection(report: dict) -> None:
         )
 
 
-async def _protected_again_s(config, roles_before: dict, timeout_s: float = 180.0) -> float | None:
+async def _protected_again_s(
+    config, roles_before: NodeStatus | None, timeout_s: float = 180.0
+) -> float | None:
     """Owner death -> the node can take over again, as the node measured it; None if it was
     not protected again within `timeout_s`."""
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
-        after = node_roles(config).get("last_owner_recovery") or {}
-        if after.get("owner_generation", 0) > roles_before.get("generation", 0):
-            return after["protected_again_s"]
+        now = node_roles(config)
+        after = now.last_owner_recovery if now else None
+        if after and after.owner_generation > generation_of(roles_before):
+            return after.protected_again_s
         await asyncio.sleep(0.2)
     return None

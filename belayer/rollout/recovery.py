@@ -14,14 +14,19 @@ import logging
 import threading
 import time
 from dataclasses import dataclass
-from pathlib import Path
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 from belayer.rollout import children, shm
 from belayer.rollout.config import RolloutConfig
 from belayer.rollout.errors import RolloutError
 from belayer.rollout.inflight import InFlightLog
 from belayer.rollout.protocol import HealthCheck, HealthResult, SketchResult, VerifySketch
+
+if TYPE_CHECKING:  # these modules call `recover`
+    from belayer.rollout.dispatcher import Dispatcher
+    from belayer.rollout.owner_role import OwnerRole
+    from belayer.rollout.publish import PublishCoordinator
+    from belayer.rollout.roles import Roles, ShadowRole
 
 log = logging.getLogger("belayer.rollout")
 
@@ -46,46 +51,27 @@ class RecoveryEvent:
 
 
 class RecoveringNode(Protocol):
-    """What a recovery reads and does on the node (`RolloutNode`), from its loop thread."""
+    """What a recovery reads and does on the node (`RolloutNode`), from its loop thread:
+    the shared records, and the public interfaces of the roles, the publish coordinator
+    (which versions drains pin) and the dispatcher (the replay)."""
 
     config: RolloutConfig
     inflight: InFlightLog  # read and changed under `lock`
     recoveries: list[RecoveryEvent]  # appended under `lock`
     broken: str | None  # set under `lock`
-    owner: children.Child | None
-    leader: children.Child | None
-    shadow: children.Child | None
-    owner_failure: str | None
-    owner_versions: dict[int, Path]
     target_version: int
-    generation: int
-    epoch: int
-    reference_digest: str | None
+    holders: Roles
+    owner_role: OwnerRole
+    shadow_role: ShadowRole
+    publisher: PublishCoordinator
+    dispatcher: Dispatcher
 
     @property
     def lock(self) -> threading.RLock: ...
 
     def take_forced_fallback(self) -> str | None: ...
 
-    def pinned_versions(self) -> set[int]: ...
-
-    def set_role(self, role: str, child: children.Child | None) -> children.Child | None: ...
-
     def dispatch(self, child: children.Child, msg: Any) -> None: ...
-
-    def take_lease(self, engine: children.Child) -> None: ...
-
-    def spawn_engine(self, role: str, version: int | None = None) -> children.Child: ...
-
-    def await_engine(self, engine: children.Child) -> None: ...
-
-    def await_owner(self) -> None: ...
-
-    def replace_owner(self, wait: bool = False) -> None: ...
-
-    def send_unsent(self) -> None: ...
-
-    def start_shadow_if_due(self) -> None: ...
 
     def notify_state(self) -> None: ...
 
@@ -93,7 +79,7 @@ class RecoveringNode(Protocol):
 def recover(node: RecoveringNode, reason: str) -> None:
     detected = time.monotonic()
     phases: dict[str, float] = {}
-    old = node.set_role("leader", None)
+    old = node.holders.set("leader", None)
     t = time.perf_counter()
     try:
         children.fence(old)
@@ -123,9 +109,9 @@ def recover(node: RecoveringNode, reason: str) -> None:
     if fallback is None:
         t = time.perf_counter()
         try:
-            node.take_lease(node.shadow)
-            node.set_role("leader", node.shadow)
-            node.set_role("shadow", None)
+            node.holders.take_lease(node.holders.shadow)
+            node.holders.set("leader", node.holders.shadow)
+            node.holders.set("shadow", None)
         except RolloutError as exc:
             fallback = f"shadow could not take the lease: {exc}"
         phases["lease_s"] = time.perf_counter() - t
@@ -137,23 +123,23 @@ def recover(node: RecoveringNode, reason: str) -> None:
         except RolloutError as exc:
             _give_up(node, f"cold start failed: {exc}")
             return
-    if node.owner_failure is not None and node.owner is not None and kind != "cold_start":
-        node.replace_owner()  # in the background: the new owner adopts the verified segments
+    if node.owner_role.failure is not None and node.holders.owner is not None and kind != "cold_start":
+        node.owner_role.replace()  # in the background: the new owner adopts the verified segments
 
     with node.lock:
         records = node.inflight.open()
         for record in records:
             record.recoveries.append(kind)
-            if record.pinned_version is not None and record.pinned_version != node.leader.version:
+            if record.pinned_version is not None and record.pinned_version != node.holders.leader.version:
                 record.pinned_version = None  # its version cannot be served any more: say so per token
-    node.send_unsent()
+    node.dispatcher.send_unsent()
     ready_at = time.monotonic()
     event = RecoveryEvent(
         kind=kind,
         reason=reason,
         fallback_reason=fallback,
         failed_pid=old.pid if old else None,
-        epoch=node.epoch,
+        epoch=node.holders.epoch,
         ready_s=ready_at - detected,
         phases=phases,
         replayed_requests=len(records),
@@ -161,7 +147,7 @@ def recover(node: RecoveringNode, reason: str) -> None:
         detected_at=detected,
         ready_at=ready_at,
         waited_for_shadow_s=waited,
-        weights_version=node.leader.version,
+        weights_version=node.holders.leader.version,
     )
     with node.lock:
         node.recoveries.append(event)
@@ -170,12 +156,12 @@ def recover(node: RecoveringNode, reason: str) -> None:
         node.config.node_id,
         kind,
         event.ready_s,
-        node.epoch,
+        node.holders.epoch,
         event.weights_version,
         len(records),
         f"; cold start because {fallback}" if fallback else "",
     )
-    node.start_shadow_if_due()  # the loop sees it ready
+    node.shadow_role.start_if_due()  # the loop sees it ready
     node.notify_state()
 
 
@@ -193,7 +179,7 @@ def _give_up(node: RecoveringNode, why: str) -> None:
 
 
 def _owner_bad(node: RecoveringNode, fallback: str) -> bool:
-    return node.owner_failure is not None or "owner" in fallback or "full cold start" in fallback
+    return node.owner_role.failure is not None or "owner" in fallback or "full cold start" in fallback
 
 
 def _owner_check(node: RecoveringNode, phases: dict[str, float]) -> str | None:
@@ -201,20 +187,24 @@ def _owner_check(node: RecoveringNode, phases: dict[str, float]) -> str | None:
     still there does not force a cold start: the shadow's own weights are checked instead."""
     t = time.perf_counter()
     try:
-        if node.owner_failure is not None and "checksum" in node.owner_failure:
-            return node.owner_failure
-        if node.owner is None:
+        if node.owner_role.failure is not None and "checksum" in node.owner_role.failure:
+            return node.owner_role.failure
+        if node.holders.owner is None:
             return "memory owner is not running"
-        node.await_owner()  # a replacement adopting the segments is nearly done
-        arena = node.owner.ready.arena_path
+        node.owner_role.await_ready()  # a replacement adopting the segments is nearly done
+        arena = node.holders.owner.ready.arena_path
         header = shm.read_arena_header(arena)
-        if header.epoch != node.epoch:
-            return f"arena epoch is {header.epoch}, expected {node.epoch}: someone else wrote the lease"
-        if node.owner_failure is None:
+        if header.epoch != node.holders.epoch:
+            return (
+                f"arena epoch is {header.epoch}, expected {node.holders.epoch}: someone else wrote the lease"
+            )
+        if node.owner_role.failure is None:
             # what the new leader may serve: the node's version, or one a drain is pinned to
-            servable = {node.target_version} | (node.pinned_versions() & set(node.owner_versions))
+            servable = {node.target_version} | (
+                node.publisher.pinned_versions() & set(node.owner_role.versions)
+            )
             for version in sorted(servable):
-                weights = shm.map_readonly(node.owner_versions[version])
+                weights = shm.map_readonly(node.owner_role.versions[version])
                 try:
                     if shm.read_weights_header(weights).status != shm.STATUS_OK:
                         return f"owner's weights version {version} is marked corrupt"
@@ -231,7 +221,7 @@ def _shadow_check(node: RecoveringNode, phases: dict[str, float]) -> tuple[str |
     """(why the shadow cannot take over, seconds spent waiting for it to be ready)."""
     t = time.perf_counter()
     waited = 0.0
-    shadow = node.shadow
+    shadow = node.holders.shadow
     try:
         if shadow is None:
             return "no shadow engine configured", 0.0
@@ -240,18 +230,18 @@ def _shadow_check(node: RecoveringNode, phases: dict[str, float]) -> tuple[str |
                 "rollout node %s: shadow not ready yet (starting or switching); waiting", node.config.node_id
             )
             w = time.perf_counter()
-            node.await_engine(shadow)
+            node.holders.await_engine(shadow)
             waited = time.perf_counter() - w
         behind = _behind(node, shadow)
         if behind is not None:
             return behind, waited
         timeout = node.config.control_timeout_s
         health = children.call(
-            shadow, HealthCheck(node.reference_digest), HealthResult, timeout, node.dispatch
+            shadow, HealthCheck(node.holders.reference_digest), HealthResult, timeout, node.dispatch
         )
         if not health.ok:
             return f"device health check failed on the shadow (digest {health.digest[:12]})", waited
-        if shadow.owner_generation != node.generation or node.owner_failure is not None:
+        if shadow.owner_generation != node.holders.generation or node.owner_role.failure is not None:
             # The owner it loaded from died since: its own weights must prove themselves.
             sketch = children.call(shadow, VerifySketch(), SketchResult, timeout, node.dispatch)
             phases["shadow_sketch_s"] = sketch.seconds
@@ -271,7 +261,7 @@ def _behind(node: RecoveringNode, shadow: children.Child) -> str | None:
     its weights half replaced, whatever version it still reports."""
     if shadow.switch_failed:
         return f"shadow failed to switch weights (it reports version {shadow.version}); its weights are not trusted"
-    allowed = {node.target_version} | node.pinned_versions()
+    allowed = {node.target_version} | node.publisher.pinned_versions()
     if shadow.version not in allowed:
         return f"shadow computes with weights version {shadow.version}, the node serves {sorted(allowed)}"
     return None
@@ -279,18 +269,18 @@ def _behind(node: RecoveringNode, shadow: children.Child) -> str | None:
 
 def _cold_start(node: RecoveringNode, phases: dict[str, float], owner_bad: bool) -> None:
     t = time.perf_counter()
-    if node.shadow is not None:
-        children.stop(node.set_role("shadow", None))
-    if owner_bad or node.owner is None or not node.owner.process.is_alive():
-        node.replace_owner(wait=True)
+    if node.holders.shadow is not None:
+        children.stop(node.holders.set("shadow", None))
+    if owner_bad or node.holders.owner is None or not node.holders.owner.process.is_alive():
+        node.owner_role.replace(wait=True)
     phases["owner_restart_s"] = time.perf_counter() - t
     t = time.perf_counter()
-    engine = node.spawn_engine("cold")
+    engine = node.holders.spawn_engine("cold")
     try:
-        node.await_engine(engine)
-        node.take_lease(engine)
+        node.holders.await_engine(engine)
+        node.holders.take_lease(engine)
     except RolloutError:
         children.fence(engine)
         raise
-    node.set_role("leader", engine)
+    node.holders.set("leader", engine)
     phases["engine_start_s"] = time.perf_counter() - t

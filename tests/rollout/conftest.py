@@ -25,6 +25,7 @@ from belayer.rollout import shm  # noqa: E402
 from belayer.rollout.config import RolloutConfig  # noqa: E402
 from belayer.rollout.node import RolloutNode  # noqa: E402
 from belayer.rollout.protocol import SamplingSpec  # noqa: E402
+from belayer.rollout.status import OwnerRecovery  # noqa: E402
 from tests.conftest import tiny_model  # noqa: E402, F401 (fixture)
 from tests.tiers import needs  # noqa: E402
 
@@ -55,11 +56,11 @@ def flip_a_weight_byte(weights: Path) -> None:
         f.write(bytes([byte[0] ^ 0xFF]))
 
 
-def owner_recovery_after(node: RolloutNode, generation: int) -> dict | None:
+def owner_recovery_after(node: RolloutNode, generation: int) -> OwnerRecovery | None:
     """The node's record of being protected again after an owner death, once an owner
     newer than `generation` has brought it there (the loop writes it after `protected`)."""
-    record = node.roles()["last_owner_recovery"]
-    return record if record and record["owner_generation"] > generation else None
+    record = node.roles().last_owner_recovery
+    return record if record and record.owner_generation > generation else None
 
 
 def leftovers(node_id: str, pids: list[int]) -> list[str]:
@@ -167,10 +168,10 @@ class NodePool:
 
 def as_started(node: RolloutNode) -> bool:
     """Whether a node can be handed to another module as if newly started."""
-    if node.target_version != 1 or node.weight_source is not None or node.roles()["broken"] is not None:
+    if node.target_version != 1 or node.weight_source is not None or node.roles().broken is not None:
         return False
     settled = _settles(
-        lambda: (roles := node.roles())["publishing"] is None and roles["owner_state"] == "alive"
+        lambda: (roles := node.roles()).publishing is None and roles.owner_state == "alive"
     )
     return settled and (not node.config.shadow or node.wait_shadow_ready())
 

@@ -57,7 +57,7 @@ def test_owner_crash_then_engine_crash_is_a_takeover_not_a_cold_start(faulty_nod
     assert event.kind in ("takeover", "takeover_after_wait") and event.fallback_reason is None
     assert "shadow_sketch_s" in event.phases
     assert event.replayed_requests == len(PROMPTS)
-    assert faulty_node.generation == 2  # the replacement owner, which adopted the segments
+    assert faulty_node.holders.generation == 2  # the replacement owner, which adopted the segments
     assert run_all(faulty_node) == under_fault
 
 
@@ -65,14 +65,14 @@ def test_owner_crash_then_engine_crash_is_a_takeover_not_a_cold_start(faulty_nod
 def test_a_shadow_that_never_starts_backs_off_and_the_leader_serves_alone(faulty_node):
     node = faulty_node
     deadline = time.monotonic() + 60
-    while node.roles()["shadow_state"] != "degraded":
+    while node.roles().shadow_state != "degraded":
         assert time.monotonic() < deadline, f"never degraded: {node.roles()}"
         time.sleep(0.1)
     roles = node.roles()
-    assert f"failed {DEGRADED_AFTER} times in a row" in roles["degraded"] and not roles["protected"]
-    failures = node.shadow_restarts.failures
+    assert f"failed {DEGRADED_AFTER} times in a row" in roles.degraded and not roles.protected
+    failures = node.shadow_role.restarts.failures
     time.sleep(3)  # the next start is 4 s away, then 8 s: no crash loop
-    assert node.shadow_restarts.failures <= failures + 1
+    assert node.shadow_role.restarts.failures <= failures + 1
     results = run_all(node)
     assert [len(t) for t in results] == [s.max_tokens for s in SPECS]  # the leader alone serves
-    assert not node.recoveries and node.shadow_restarts.degraded
+    assert not node.recoveries and node.shadow_role.restarts.degraded

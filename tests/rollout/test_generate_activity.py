@@ -220,7 +220,7 @@ async def test_generate_through_temporal_survives_a_leader_kill(
 
     def kill_mid_turn(request_id: str, n: int) -> None:
         if not killed and n >= 100:
-            killed.append(activity_node.leader.pid)
+            killed.append(activity_node.holders.leader.pid)
             os.kill(killed[0], signal.SIGKILL)
 
     activity_node.add_progress_listener(kill_mid_turn)

@@ -60,26 +60,26 @@ def _serve(node, seed: int, on_progress=None) -> list:
 def test_a_loaded_engine_is_busy_not_hung_and_a_stopped_one_is_caught(loaded_node):
     node = loaded_node.node
     _serve(node, seed=1)  # the node learns what prefill and decode cost here
-    idle = node.roles()["hang_deadline"]
+    idle = node.roles().hang_deadline
     hogs = [mp.get_context("spawn").Process(target=_spin, daemon=True) for _ in range(os.cpu_count() or 2)]
     for hog in hogs:
         hog.start()
     try:
         loaded = _serve(node, seed=2)  # fresh prompts: full prefills, at a fraction of the CPU
-        under_load = node.roles()["hang_deadline"]
+        under_load = node.roles().hang_deadline
     finally:
         for hog in hogs:
             hog.kill()
             hog.join()
     assert all(len(c.token_ids) == NEW_TOKENS for c in loaded)
     assert not node.recoveries, f"a busy engine was declared hung: {node.recoveries[0].reason}"
-    assert under_load["decode_step_s"] >= idle["decode_step_s"]
+    assert under_load.decode_step_s >= idle.decode_step_s
 
     stopped = {}
 
     def stop_leader(tokens: int) -> None:
         if not stopped and tokens >= NEW_TOKENS // 2:
-            stopped.update(pid=node.leader.pid, at=time.monotonic())
+            stopped.update(pid=node.holders.leader.pid, at=time.monotonic())
             os.kill(stopped["pid"], signal.SIGSTOP)
 
     results = _serve(node, seed=3, on_progress=stop_leader)
@@ -98,13 +98,13 @@ def test_a_loaded_engine_is_busy_not_hung_and_a_stopped_one_is_caught(loaded_nod
 def test_after_its_owner_dies_the_node_is_protected_again(loaded_node):
     node = loaded_node.node
     assert node.wait_shadow_ready()
-    generation = node.generation
-    os.kill(node.owner.pid, signal.SIGKILL)
+    generation = node.holders.generation
+    os.kill(node.holders.owner.pid, signal.SIGKILL)
     deadline = time.monotonic() + 300
     while not owner_recovery_after(node, generation):
         assert time.monotonic() < deadline, f"not protected again: {node.roles()}"
         time.sleep(0.05)
-    again = node.roles()["last_owner_recovery"]
-    assert again["owner_generation"] == node.generation and again["protected_again_s"] > 0
+    again = node.roles().last_owner_recovery
+    assert again.owner_generation == node.holders.generation and again.protected_again_s > 0
     assert all(len(c.token_ids) == NEW_TOKENS for c in _serve(node, seed=4))
-    print(f"owner death -> protected again ({node.config.model} model): {again['protected_again_s']} s")
+    print(f"owner death -> protected again ({node.config.model} model): {again.protected_again_s} s")

@@ -19,6 +19,7 @@ import pytest
 from belayer.rollout import recovery, shm
 from belayer.rollout.errors import BadRequestError
 from belayer.rollout.protocol import SamplingSpec
+from belayer.rollout.status import NodeStatus
 from tests.rollout.conftest import PROMPTS, SPECS, flip_a_weight_byte, owner_recovery_after
 
 _baselines: dict[str, list] = {}
@@ -52,7 +53,7 @@ def signal_leader_at(node, tokens: int, sig: int):
 
     def on_progress(n: int) -> None:
         if not fired and n >= tokens:
-            fired["pid"] = node.leader.pid
+            fired["pid"] = node.holders.leader.pid
             os.kill(fired["pid"], sig)
 
     on_progress.fired = fired
@@ -78,14 +79,18 @@ def wait_for(condition, what: str, timeout: float = 60.0) -> None:
 def test_kill_primary_mid_decode_replays_token_identically(node):
     expected = baseline(node)
     before = len(node.recoveries)
-    shadow_pid = node.shadow.pid
+    shadow_pid = node.holders.shadow.pid
     published: list[dict] = []
-    node.add_state_listener(published.append)  # what the node worker writes for `belayer chaos`
+
+    def publish(status: NodeStatus) -> None:
+        published.append(status.to_json())  # what the node worker writes for `belayer chaos`
+
+    node.add_state_listener(publish)
     trigger = signal_leader_at(node, 60, signal.SIGKILL)
     try:
         results = run_with_fault(node, trigger)
     finally:
-        node.remove_state_listener(published.append)
+        node.remove_state_listener(publish)
     assert trigger.fired, "the leader was never killed"
     assert [r.token_ids for r in results] == expected
     assert_logprobs_as_unfailed(node, results)
@@ -111,18 +116,18 @@ def test_hung_primary_is_detected_and_replaced(node):
     # configured upper bound: silence is measured from the leader's last message
     silent_s = float(re.search(r"silent for ([0-9.]+) s", event.reason).group(1))
     assert silent_s < node.config.heartbeat_timeout_s, event.reason
-    assert node.roles()["hang_deadline"]["decode_step_s"] is not None
+    assert node.roles().hang_deadline.decode_step_s is not None
 
 
 def test_shadow_never_holds_a_writable_arena_while_primary_has_the_lease(node):
     baseline(node)
-    arena = node.owner.ready.arena_path
-    assert _arena_perms(node.leader.pid, arena) == "rw-s"
-    assert _arena_perms(node.shadow.pid, arena) == "r--s"  # a stray write would fault
+    arena = node.holders.owner.ready.arena_path
+    assert _arena_perms(node.holders.leader.pid, arena) == "rw-s"
+    assert _arena_perms(node.holders.shadow.pid, arena) == "r--s"  # a stray write would fault
     with open(arena, "rb") as f:  # the kernel lock is held by the leader
         with pytest.raises(BlockingIOError):
             fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    assert shm.read_arena_header(arena).epoch == node.epoch
+    assert shm.read_arena_header(arena).epoch == node.holders.epoch
 
 
 def test_bad_input_is_rejected_and_the_node_keeps_serving(node):
@@ -142,15 +147,18 @@ def test_owner_killed_is_replaced_and_a_takeover_needs_no_cold_start(node):
     """The replacement owner adopts the segments that still verify; the shadow, loaded from
     the dead owner, proves its own weights (sketch) before it leads."""
     expected = baseline(node)
-    generation = node.generation
-    os.kill(node.owner.pid, signal.SIGKILL)
-    wait_for(lambda: node.generation > generation and node.owner_failure is None, "the replacement owner")
+    generation = node.holders.generation
+    os.kill(node.holders.owner.pid, signal.SIGKILL)
+    wait_for(
+        lambda: node.holders.generation > generation and node.owner_role.failure is None,
+        "the replacement owner",
+    )
     wait_for(lambda: owner_recovery_after(node, generation), "the node to be protected again")
     roles = node.roles()
-    assert roles["owner_state"] == "alive" and roles["shadow_state"] == "ready" and roles["protected"]
-    assert roles["last_owner_recovery"]["owner_generation"] == node.generation
-    assert 0 < roles["last_owner_recovery"]["protected_again_s"] < 60
-    assert "exited with -9" in roles["last_owner_recovery"]["reason"]
+    assert roles.owner_state == "alive" and roles.shadow_state == "ready" and roles.protected
+    assert roles.last_owner_recovery.owner_generation == node.holders.generation
+    assert 0 < roles.last_owner_recovery.protected_again_s < 60
+    assert "exited with -9" in roles.last_owner_recovery.reason
     before = len(node.recoveries)
     results = run_with_fault(node, signal_leader_at(node, 60, signal.SIGKILL))
     assert [r.token_ids for r in results] == expected
@@ -163,18 +171,21 @@ def test_owner_killed_with_a_corrupted_segment_is_rebuilt_and_nothing_wrong_is_s
     """Its successor rejects the segment (checksums) and rebuilds version 1 from the model
     files; shared engines, which may read the bad bytes in place, are replaced at once."""
     expected = baseline(node)
-    owner, generation, before = node.owner, node.generation, len(node.recoveries)
+    owner, generation, before = node.holders.owner, node.holders.generation, len(node.recoveries)
     os.kill(owner.pid, signal.SIGSTOP)  # frozen while its segment is damaged
     flip_a_weight_byte(owner.ready.weights_path)
     os.kill(owner.pid, signal.SIGKILL)
-    wait_for(lambda: node.generation > generation and node.owner_failure is None, "the replacement owner")
+    wait_for(
+        lambda: node.holders.generation > generation and node.owner_role.failure is None,
+        "the replacement owner",
+    )
     shared = node.config.weight_mode == "shared"
     if shared:
         wait_for(lambda: len(node.recoveries) > before, "the recovery of the engines that read the bad bytes")
         event = node.recoveries[before]  # a shadow leads only if its own weights prove sound
         assert "failed verification" in event.reason, event
         assert event.kind == "cold_start" or "shadow_sketch_s" in event.phases, event
-    wait_for(lambda: node.roles()["protected"], "the node to be protected again")
+    wait_for(lambda: node.roles().protected, "the node to be protected again")
     results = run_with_fault(node, None)
     assert [r.token_ids for r in results] == expected
     assert_logprobs_as_unfailed(node, results)
@@ -185,7 +196,7 @@ def test_corrupted_weights_mean_cold_start_never_a_wrong_answer(node):
     if node.config.weight_mode != "shared":
         pytest.skip("run where engines read the owner's bytes directly (shared), the harder case")
     expected = baseline(node)
-    flip_a_weight_byte(node.owner.ready.weights_path)
+    flip_a_weight_byte(node.holders.owner.ready.weights_path)
     before = len(node.recoveries)
     verdict = node.verify_weights()
     assert not verdict.ok and verdict.bad_tensors
@@ -222,11 +233,11 @@ def test_submits_and_status_go_on_during_a_cold_start(node, monkeypatch):
     monkeypatch.setattr(recovery, "_cold_start", gated)
     before = len(node.recoveries)
     node.force_full_cold_start_next("test: status and submits during a cold start")
-    os.kill(node.leader.pid, signal.SIGKILL)
-    wait_for(lambda: node.roles()["leader"] is None, "the recovery to begin")
+    os.kill(node.holders.leader.pid, signal.SIGKILL)
+    wait_for(lambda: node.roles().leader is None, "the recovery to begin")
     state = node.roles()
     handle = node.submit(PROMPTS[0], SPECS[0])
     gate.set()
     assert handle.result(300).token_ids == expected[0]
     assert timed_out == [False], "status and submit waited for the cold start"
-    assert state["leader"] is None and node.recoveries[before].kind == "cold_start"
+    assert state.leader is None and node.recoveries[before].kind == "cold_start"

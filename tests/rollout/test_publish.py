@@ -19,11 +19,12 @@ import pytest
 import torch
 
 from belayer.model.build import MANIFEST
-from belayer.rollout import node as node_module
+from belayer.rollout import publish as publish_module
 from belayer.rollout import shm
 from belayer.rollout.errors import RolloutError
 from belayer.rollout.protocol import SamplingSpec
 from belayer.rollout.publish import PublishRefusedError
+from belayer.rollout.status import NodeStatus
 from tests.rollout.conftest import PROMPTS, flip_a_weight_byte, node_config, pooled_node, started_node
 
 LONG = SamplingSpec(max_tokens=160, ignore_eos=True)
@@ -187,7 +188,7 @@ def test_continue_on_new_pauses_in_flight_requests_and_continues_on_the_new_vers
         after = continuation(references[new], prompt, spec, result.token_ids[:switched_at])
         assert_same_run(_slice(result, switched_at, None), after.token_ids, after.logprobs)
     roles = node.roles()
-    assert roles["leader_version"] == roles["shadow_version"] == roles["weights_version"] == report.version
+    assert roles.leader_version == roles.shadow_version == roles.weights_version == report.version
 
 
 def test_finish_on_old_finishes_in_flight_on_the_old_version_and_new_requests_wait(published, references):
@@ -195,7 +196,7 @@ def test_finish_on_old_finishes_in_flight_on_the_old_version_and_new_requests_wa
     old, new = published.current(), published.next_content()
     trigger = publish_when(node, 30, lambda: published.publish("finish_on_old"))
     in_flight = node.submit(PROMPTS[0], LONG, on_progress=trigger)
-    _wait(lambda: node.target_version != node.leader.version, "the seal of the new version")
+    _wait(lambda: node.target_version != node.holders.leader.version, "the seal of the new version")
     assert not in_flight.done(), "the request must still be in flight when the version is sealed"
     later = node.submit(PROMPTS[1], SAMPLED)  # arrives while the old version drains
     first, second = in_flight.result(300), later.result(300)
@@ -215,10 +216,10 @@ def publish_killing_the_leader_once_sealed(published, policy: str, prompt, spec)
     node = published.node
     killed: dict = {}
 
-    def kill_once_sealed(state: dict) -> None:
-        if not killed and state["publishing"] and state["weights_version"] != state["leader_version"]:
-            killed["pid"], killed["shadow_version"] = state["leader"], state["shadow_version"]
-            os.kill(state["leader"], signal.SIGKILL)
+    def kill_once_sealed(state: NodeStatus) -> None:
+        if not killed and state.publishing and state.weights_version != state.leader_version:
+            killed["pid"], killed["shadow_version"] = state.leader, state.shadow_version
+            os.kill(state.leader, signal.SIGKILL)
 
     node.add_state_listener(kill_once_sealed)
     try:
@@ -243,7 +244,7 @@ def test_primary_killed_during_a_publish_ends_on_the_new_version(published, refe
     switched_at = sum(n for v, n in runs if v != report.version)
     after = continuation(references[new], PROMPTS[2], SAMPLED, result.token_ids[:switched_at])
     assert_same_run(_slice(result, switched_at, None), after.token_ids, after.logprobs)
-    assert node.roles()["leader_version"] == report.version
+    assert node.roles().leader_version == report.version
 
 
 def test_takeover_while_finish_on_old_drains_finishes_on_the_old_version(published, references):
@@ -261,13 +262,13 @@ def test_takeover_while_finish_on_old_drains_finishes_on_the_old_version(publish
     expected = references[old].generate(PROMPTS[0], LONG, timeout=300)
     assert_same_run(result, expected.token_ids, expected.logprobs)
     assert set(result.versions) == {report.previous_version}
-    assert node.roles()["leader_version"] == report.version
+    assert node.roles().leader_version == report.version
 
 
 def test_a_torn_publish_is_refused_and_nothing_is_served_from_it(published, references, monkeypatch):
     node = published.node
     version, serving = node.target_version + 1, published.current()
-    original = node_module.write_staged
+    original = publish_module.write_staged
 
     def torn_write(path, tensors, dtype):
         expected = original(path, tensors, dtype)
@@ -279,10 +280,10 @@ def test_a_torn_publish_is_refused_and_nothing_is_served_from_it(published, refe
             f.write(bytes([byte[0] ^ 0x01]))
         return expected
 
-    monkeypatch.setattr(node_module, "write_staged", torn_write)
+    monkeypatch.setattr(publish_module, "write_staged", torn_write)
     with pytest.raises(PublishRefusedError, match="checksum mismatch"):
         node.publish(version, published.contents[published.next_content()])
-    assert node.target_version == version - 1 and node.roles()["leader_version"] == version - 1
+    assert node.target_version == version - 1 and node.roles().leader_version == version - 1
     assert not [p for p in shm.leftover_segments(node.config.node_id) if p.name.endswith(f"-v{version}")]
     result = node.generate(PROMPTS[1], SAMPLED, timeout=300)
     expected = references[serving].generate(PROMPTS[1], SAMPLED, timeout=300)
@@ -293,20 +294,23 @@ def test_owner_crash_during_a_publish_fails_it_and_the_node_keeps_serving(publis
     node = published.node
     if node.config.weight_mode != "shared":
         pytest.skip("run where engines read the owner's memory directly (shared), the harder case")
-    serving, generation = published.current(), node.generation
-    original = node_module.write_staged
+    serving, generation = published.current(), node.holders.generation
+    original = publish_module.write_staged
 
     def owner_dies_mid_write(path, tensors, dtype):
-        owner = node.owner.process
+        owner = node.holders.owner.process
         os.kill(owner.pid, signal.SIGKILL)
         owner.join()
         return original(path, tensors, dtype)
 
-    monkeypatch.setattr(node_module, "write_staged", owner_dies_mid_write)
+    monkeypatch.setattr(publish_module, "write_staged", owner_dies_mid_write)
     with pytest.raises(RolloutError):
         node.publish(node.target_version + 1, published.contents[published.next_content()])
-    monkeypatch.setattr(node_module, "write_staged", original)
-    _wait(lambda: node.generation > generation and node.owner_failure is None, "the replacement owner")
+    monkeypatch.setattr(publish_module, "write_staged", original)
+    _wait(
+        lambda: node.holders.generation > generation and node.owner_role.failure is None,
+        "the replacement owner",
+    )
     result = node.generate(PROMPTS[1], SAMPLED, timeout=300)
     expected = references[serving].generate(PROMPTS[1], SAMPLED, timeout=300)
     assert_same_run(result, expected.token_ids, expected.logprobs)
@@ -330,12 +334,16 @@ def test_a_published_version_its_new_owner_cannot_adopt_is_restored_from_its_sou
         return published.contents[published.content_of[v]] if v in published.content_of else None
 
     node.weight_source = source
-    owner, generation = node.owner, node.generation
+    owner, generation = node.holders.owner, node.holders.generation
     os.kill(owner.pid, signal.SIGSTOP)  # frozen while its segment is damaged
-    flip_a_weight_byte(node.owner_versions[version])
+    flip_a_weight_byte(node.owner_role.versions[version])
     os.kill(owner.pid, signal.SIGKILL)
-    _wait(lambda: node.generation > generation and node.roles()["protected"], "the node protected again", 180)
-    assert asked == [version] and node.roles()["owner_state"] == "alive"
+    _wait(
+        lambda: node.holders.generation > generation and node.roles().protected,
+        "the node protected again",
+        180,
+    )
+    assert asked == [version] and node.roles().owner_state == "alive"
     result = node.generate(PROMPTS[1], SAMPLED, timeout=300)
     expected = references[serving].generate(PROMPTS[1], SAMPLED, timeout=300)
     assert_same_run(result, expected.token_ids, expected.logprobs)
@@ -347,14 +355,14 @@ def test_a_shadow_behind_the_served_version_never_leads(tiny_model, contents, re
     monkeypatch.setenv("BELAYER_FAULT", "publish_switch_fail")  # every shadow's switch fails
     for nut in started_node(node_config(), tiny_model):
         node = nut.node
-        behind = node.shadow.pid
+        behind = node.holders.shadow.pid
         report = node.publish(2, contents["perturbed"])
         nut.remember()
         roles = node.roles()
-        assert roles["shadow"] != behind, "a shadow that failed to switch must be replaced"
-        assert roles["shadow_version"] == roles["leader_version"] == report.version
+        assert roles.shadow != behind, "a shadow that failed to switch must be replaced"
+        assert roles.shadow_version == roles.leader_version == report.version
         before = len(node.recoveries)
-        os.kill(node.leader.pid, signal.SIGKILL)
+        os.kill(node.holders.leader.pid, signal.SIGKILL)
         result = node.generate(PROMPTS[1], SAMPLED, timeout=300)
         assert node.recoveries[before].weights_version == report.version
         assert behind not in node.pids().values()

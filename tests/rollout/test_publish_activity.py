@@ -38,7 +38,7 @@ async def test_publish_weights_from_the_object_store_and_retries(lone_node, stor
     result = await env.run(acts.publish_weights, args)
     assert (result.version, result.previous_version, result.already_published) == (2, 1, False)
     assert 0 < result.sealed_s <= result.switched_s
-    assert lone_node.roles()["leader_version"] == 2
+    assert lone_node.roles().leader_version == 2
     done = lone_node.generate([5, 6, 7], SamplingSpec(max_tokens=8, ignore_eos=True), timeout=300)
     assert set(done.versions) == {2}
 
@@ -55,7 +55,7 @@ async def test_publish_weights_from_the_object_store_and_retries(lone_node, stor
     with pytest.raises(ApplicationError) as corrupt:
         await env.run(acts.publish_weights, PublishWeightsArgs(version=4, weights=forged))
     assert corrupt.value.type == "CorruptWeights" and corrupt.value.non_retryable
-    assert lone_node.roles()["weights_version"] == 3
+    assert lone_node.roles().weights_version == 3
 
 
 async def test_a_restarted_node_comes_back_on_the_version_it_served(store, tiny_model, tmp_path):
@@ -77,7 +77,7 @@ async def test_a_restarted_node_comes_back_on_the_version_it_served(store, tiny_
     second = next(restarted).node
     try:
         acts = PublishActivities(second, store, remember)
-        assert second.roles()["weights_version"] == 1
+        assert second.roles().weights_version == 1
         assert acts.restore().version == 2
         assert await ActivityEnvironment().run(acts.weights_version) == 2
         after = second.generate([5, 6, 7], spec, timeout=300)
@@ -100,14 +100,14 @@ async def test_a_node_serves_another_built_model_of_its_layout_by_name(lone_node
 
     acts = PublishActivities(lone_node, store)
     env = ActivityEnvironment()
-    version = lone_node.roles()["weights_version"] + 1
+    version = lone_node.roles().weights_version + 1
     spec = SamplingSpec(max_tokens=12, temperature=1.0, seed=3, ignore_eos=True)
     before = lone_node.generate([5, 6, 7], spec, timeout=300)
     model_path("tiny-warm")  # built by `make install`; builds it otherwise
     result = await env.run(
         acts.publish_weights, PublishWeightsArgs(version=version, weights=None, model="tiny-warm")
     )
-    assert result.version == version and lone_node.roles()["leader_version"] == version
+    assert result.version == version and lone_node.roles().leader_version == version
     assert lone_node.generate([5, 6, 7], spec, timeout=300).token_ids != before.token_ids
 
     with pytest.raises(ApplicationError) as missing:
@@ -116,4 +116,4 @@ async def test_a_node_serves_another_built_model_of_its_layout_by_name(lone_node
         )
     assert missing.value.type == "ModelNotBuilt" and missing.value.non_retryable
     assert "belayer model build --size huge" in str(missing.value)
-    assert lone_node.roles()["weights_version"] == version
+    assert lone_node.roles().weights_version == version

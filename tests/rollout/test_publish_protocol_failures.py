@@ -18,9 +18,10 @@ import time
 import pytest
 
 from belayer.rollout import children
-from belayer.rollout import node as node_module
+from belayer.rollout import publish as publish_module
 from belayer.rollout.errors import BadRequestError, RolloutError
 from belayer.rollout.protocol import SamplingSpec, StageWeights
+from belayer.rollout.status import NodeStatus
 from tests.rollout.conftest import flip_a_weight_byte, node_config, started_node
 
 PROMPT = [5, 6, 7, 8]
@@ -62,7 +63,7 @@ def node(node_under_test):
 
 
 def next_version(node) -> int:
-    return max([node.target_version, *node.owner_versions]) + 1
+    return max([node.target_version, *node.owner_role.versions]) + 1
 
 
 def weights_of(contents, version: int) -> dict:
@@ -112,7 +113,7 @@ def stop_leader_at(node, tokens: int):
 
     def on_progress(n: int) -> None:
         if not stopped and n >= tokens:
-            stopped["pid"] = node.leader.pid
+            stopped["pid"] = node.holders.leader.pid
             os.kill(stopped["pid"], signal.SIGSTOP)
 
     on_progress.stopped = stopped
@@ -125,19 +126,19 @@ def test_a_late_seal_reply_is_not_taken_for_the_retried_publish(node, contents, 
     attempt must not answer the retry's `StageWeights`, and the first attempt's segment must
     not make the version unusable: the retry publishes it."""
     version = next_version(node)
-    owner = node.owner.pid
-    original = node_module.write_staged
+    owner = node.holders.owner.pid
+    original = publish_module.write_staged
 
     def write_then_freeze_the_owner(path, tensors, dtype):
         expected = original(path, tensors, dtype)
         os.kill(owner, signal.SIGSTOP)  # the seal that follows cannot answer in time
         return expected
 
-    monkeypatch.setattr(node_module, "write_staged", write_then_freeze_the_owner)
+    monkeypatch.setattr(publish_module, "write_staged", write_then_freeze_the_owner)
     try:
         with pytest.raises(RolloutError, match="not done after"):
             node.publish(version, weights_of(contents, version), timeout=10)
-        monkeypatch.setattr(node_module, "write_staged", original)
+        monkeypatch.setattr(publish_module, "write_staged", original)
         stage_sent = threading.Event()
         send = children.send
 
@@ -154,7 +155,7 @@ def test_a_late_seal_reply_is_not_taken_for_the_retried_publish(node, contents, 
     report = retry.result()
     assert report.version == version and node.target_version == version
     assert set(node.generate(PROMPT, GREEDY, timeout=300).versions) == {version}
-    assert [p.name for p in segments_of(node, version)] == [node.owner_versions[version].name]
+    assert [p.name for p in segments_of(node, version)] == [node.owner_role.versions[version].name]
 
 
 def test_a_publish_whose_write_failed_leaves_no_segment_and_can_be_published_again(node, contents):
@@ -178,11 +179,11 @@ def test_a_shadow_started_during_a_finish_on_old_drain_starts_on_the_pinned_vers
     old = node.target_version
     unfailed = node.generate(PROMPT, GREEDY, timeout=300).token_ids
     version = next_version(node)
-    first_leader, frozen = node.leader.pid, {}
+    first_leader, frozen = node.holders.leader.pid, {}
 
-    def freeze_the_new_leader(state: dict) -> None:
-        if state["leader"] not in (None, first_leader) and not frozen:
-            frozen["pid"] = state["leader"]
+    def freeze_the_new_leader(state: NodeStatus) -> None:
+        if state.leader not in (None, first_leader) and not frozen:
+            frozen["pid"] = state.leader
             os.kill(frozen["pid"], signal.SIGSTOP)  # the old request stays in flight, pinned
 
     trigger = stop_leader_at(node, 30)
@@ -195,7 +196,7 @@ def test_a_shadow_started_during_a_finish_on_old_drain_starts_on_the_pinned_vers
     try:
         os.kill(first_leader, signal.SIGKILL)
         wait_until(
-            lambda: len(node.recoveries) > before and node.roles()["shadow_ready"],
+            lambda: len(node.recoveries) > before and node.roles().shadow_ready,
             "the takeover and the shadow started after it",
             300,
         )
@@ -203,7 +204,7 @@ def test_a_shadow_started_during_a_finish_on_old_drain_starts_on_the_pinned_vers
         node.remove_state_listener(freeze_the_new_leader)
     assert node.recoveries[before].kind == "takeover" and node.recoveries[before].weights_version == old
     assert not request.done()
-    assert node.roles()["shadow_version"] == old, (
+    assert node.roles().shadow_version == old, (
         "the new shadow must start on the version the drain is pinned to"
     )
     os.kill(frozen["pid"], signal.SIGKILL)
@@ -220,8 +221,8 @@ def test_a_shadow_that_failed_a_switch_never_takes_over(node):
     half replaced whatever version it reports. Its state is set here as `_on_switched`
     leaves it, on a shadow that still reports the version the node serves."""
     before = len(node.recoveries)
-    node.shadow.switch_failed = True
-    os.kill(node.leader.pid, signal.SIGKILL)
+    node.holders.shadow.switch_failed = True
+    os.kill(node.holders.leader.pid, signal.SIGKILL)
     wait_until(lambda: len(node.recoveries) > before, "the recovery")
     event = node.recoveries[before]
     assert event.kind == "cold_start", event
@@ -241,8 +242,8 @@ def test_the_owners_background_check_verifies_the_version_a_drain_is_pinned_to(n
     before = len(node.recoveries)
     publish = InThread(lambda: node.publish(version, weights_of(contents, version), policy="finish_on_old"))
     wait_until(lambda: node.target_version == version, "the seal of the new version")
-    assert node.pinned_versions() == {old}
-    flip_a_weight_byte(node.owner_versions[old])
+    assert node.publisher.pinned_versions() == {old}
+    flip_a_weight_byte(node.owner_role.versions[old])
     wait_until(lambda: len(node.recoveries) > before, "the background check to find the damaged segment", 60)
     event = node.recoveries[before]
     assert event.kind == "cold_start" and "checksum" in event.reason and f"version {old}" in event.reason, (

@@ -30,6 +30,7 @@ from belayer.rollout.identity import (
     other_host_pollers,
 )
 from belayer.rollout.node import RolloutNode
+from belayer.rollout.status import NodeStatus
 from belayer.storage.store import open_store
 from belayer.temporal_client import pollers
 from belayer.workers.runner import RefusedToServe, run_worker
@@ -121,46 +122,57 @@ def roles_file(config: BelayerConfig) -> Path:
     return config.state_dir / "run" / f"rollout-{config.rollout.node_id}.roles.json"
 
 
-def read_roles(config: BelayerConfig) -> dict:
-    """The node's roles as its worker last wrote them (`RolloutNode.roles()`); {} when there
-    is no node to ask, so a before/after comparison finds nothing."""
+def read_roles(config: BelayerConfig) -> NodeStatus | None:
+    """The node's roles as its worker last wrote them (`RolloutNode.roles()`); None when there
+    is no node to ask (or no file it could have written), so a before/after comparison finds
+    nothing."""
     try:
-        return json.loads(roles_file(config).read_text())
-    except (OSError, ValueError):
-        return {}
+        return NodeStatus.from_json(json.loads(roles_file(config).read_text()))
+    except (OSError, ValueError, TypeError, KeyError):
+        return None
 
 
-def publish_roles(path: Path, state: dict) -> None:
-    """Write `RolloutNode.roles()` atomically (a reader never sees half a file). Called by the
-    node on its pump thread whenever a role, the epoch or the recovery count changes, so
-    fault injection always hits the process that holds a role now."""
+def recoveries_of(state: NodeStatus | None) -> int:
+    """How many recoveries the node had made when it wrote `state` (0: no node)."""
+    return state.recoveries if state is not None else 0
+
+
+def generation_of(state: NodeStatus | None) -> int:
+    """The node's owner generation when it wrote `state` (0: no node)."""
+    return state.generation if state is not None else 0
+
+
+def publish_roles(path: Path, state: NodeStatus) -> None:
+    """Write `RolloutNode.roles()` atomically (a reader never sees half a file), as the JSON
+    of `NodeStatus.to_json`. Called by the node on its pump thread whenever a role, the epoch
+    or the recovery count changes, so fault injection always hits the process that holds a
+    role now."""
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_suffix(".tmp")
-    tmp.write_text(json.dumps(state, sort_keys=True))
+    tmp.write_text(json.dumps(state.to_json(), sort_keys=True))
     os.replace(tmp, path)
 
 
-def describe_roles(state: dict) -> str:
+def describe_roles(state: NodeStatus | None) -> str:
     """One line for `belayer status`: who leads, whether a takeover is possible, the last
     recovery; `state` is what the node last published (`RolloutNode.roles()`)."""
-    if not state:
+    if state is None:
         return "no roles published yet"
-    if state.get("broken"):
-        return f"BROKEN: {state['broken']}"
+    if state.broken:
+        return f"BROKEN: {state.broken}"
     parts = [
-        f"leader pid {state.get('leader')}",
-        f"shadow {state.get('shadow_state')}",
-        f"owner {state.get('owner_state')}",
-        f"weights v{state.get('weights_version')}",
+        f"leader pid {state.leader}",
+        f"shadow {state.shadow_state}",
+        f"owner {state.owner_state}",
+        f"weights v{state.weights_version}",
     ]
-    deadline = state.get("hang_deadline") or {}
-    if deadline.get("current_s") is not None:
-        parts.append(f"hang deadline {deadline['current_s']:.1f} s")
-    last = state.get("last_recovery")
+    if state.hang_deadline.current_s is not None:
+        parts.append(f"hang deadline {state.hang_deadline.current_s:.1f} s")
+    last = state.last_recovery
     if last:
-        parts.append(f"last recovery {last['kind']} in {last['ready_s']:.2f} s")
-    owner = state.get("last_owner_recovery")
+        parts.append(f"last recovery {last.kind} in {last.ready_s:.2f} s")
+    owner = state.last_owner_recovery
     if owner:
-        parts.append(f"protected again {owner['protected_again_s']:.1f} s after the owner died")
+        parts.append(f"protected again {owner.protected_again_s:.1f} s after the owner died")
     line = "; ".join(parts)
-    return f"DEGRADED: {state['degraded']}; {line}" if state.get("degraded") else line
+    return f"DEGRADED: {state.degraded}; {line}" if state.degraded else line
