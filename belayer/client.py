@@ -12,15 +12,15 @@ import uuid
 from temporalio.client import Client, WorkflowHandle
 from temporalio.common import SearchAttributePair, TypedSearchAttributes
 
+from belayer.activities.sandbox import SHARED_QUEUE
 from belayer.config import BelayerConfig
+from belayer.workflows.groups import GroupResult
 from belayer.workflows.models import Sampling, TaskQueues, TrajectoryInput, TrajectoryResult
 from belayer.workflows.trajectory import STATUS_KEY, TASK_KEY
 from belayer.workloads.models import Task
 
 
 def task_queues(config: BelayerConfig) -> TaskQueues:
-    from belayer.activities.sandbox import SHARED_QUEUE
-
     return TaskQueues(
         rollout=config.temporal.rollout_task_queue,
         sandbox=SHARED_QUEUE,
@@ -64,7 +64,6 @@ async def start_trajectory(client: Client, config: BelayerConfig, input: Traject
 async def start_group(client: Client, config: BelayerConfig, group) -> WorkflowHandle:
     """Start `TrajectoryGroupWorkflow` (belayer/workflows/groups.py): one task's members,
     forked from one set-up sandbox, each a child TrajectoryWorkflow under its own id."""
-    from belayer.workflows.groups import GroupResult
 
     return await client.start_workflow(
         "TrajectoryGroupWorkflow",

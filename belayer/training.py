@@ -7,14 +7,19 @@ model, policy, token budget), gives runs readable ids, and reads a run's iterati
 
 from __future__ import annotations
 
+import asyncio
 import uuid
 
 from temporalio.client import Client, WorkflowHandle
 from temporalio.common import SearchAttributePair, TypedSearchAttributes
 
+from belayer.activities.training_log import read_iterations as read_records
 from belayer.client import task_queues
 from belayer.config import BelayerConfig
+from belayer.temporal_client import server_went_away
 from belayer.trainer.models import TrainerSettings
+from belayer.trajectory_log import open_store
+from belayer.workers.rollout.worker import node_task_queue
 from belayer.workflows.training import RUN_KEY
 from belayer.workflows.training_models import (
     IterationRecord,
@@ -27,8 +32,6 @@ from belayer.workloads.models import Task
 
 
 def training_queues(config: BelayerConfig) -> TrainingQueues:
-    from belayer.workers.rollout.worker import node_task_queue
-
     return TrainingQueues(
         trajectories=task_queues(config),
         workflows=config.temporal.workflow_task_queue,
@@ -89,9 +92,6 @@ async def start_training(client: Client, config: BelayerConfig, input: TrainingI
 async def result_through_restarts(handle: WorkflowHandle) -> TrainingResult:
     """The run's result; a restarted Temporal server drops the long poll, which is asked
     again (the run itself goes on)."""
-    import asyncio
-
-    from belayer.temporal_client import server_went_away
 
     while True:
         try:
@@ -108,8 +108,6 @@ async def run_progress(client: Client, run_id: str) -> TrainingProgress:
 
 def read_iterations(config: BelayerConfig, result_or_progress) -> list[IterationRecord]:
     """Every iteration the run recorded so far, from its log in the object store."""
-    from belayer.activities.training_log import read_iterations as read_records
-    from belayer.trajectory_log import open_store
 
     log = result_or_progress.log
     if log is None or log.length == 0:

@@ -23,7 +23,9 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from belayer.policy.adaptive import DecisionRecord
 from belayer.sandbox.models import ObservationRef
+from belayer.storage.encryption import archive_store
 from belayer.storage.recordlog import RecordLog, RecordLogRef
+from belayer.storage.store import ObjectStore
 from belayer.storage.tokenlog import PrefixRef
 
 
@@ -84,8 +86,6 @@ class LogEntries(_Model):
 def open_store(storage_config) -> Any:
     """The object store as the workers write observations and logs: encrypted at rest when
     `storage.encryption_key` is set, so this reads them back in the clear."""
-    from belayer.storage.encryption import archive_store
-    from belayer.storage.store import ObjectStore
 
     return archive_store(ObjectStore(storage_config), storage_config.encryption_key)
 

@@ -29,10 +29,18 @@ from collections.abc import Callable
 from pathlib import Path
 
 from pydantic import BaseModel, Field
+from temporalio.client import WorkflowFailureError
+from temporalio.service import RPCError
 
+from belayer.chaos import leaks
 from belayer.chaos.faults import FAULT_KINDS, Chaos, ChaosError, node_roles
+from belayer.client import start_trajectory, trajectory_input
 from belayer.config import BelayerConfig
 from belayer.measure import spread
+from belayer.stack.local import LocalStack
+from belayer.temporal_client import connect
+from belayer.workflows.models import TrajectoryProgress
+from belayer.workloads.loader import load_workload
 from belayer.workloads.registry import driver_for
 
 Reporter = Callable[[str], None]
@@ -116,8 +124,6 @@ def schedule(settings: SoakSettings, turns: list[int]) -> list[list[ScheduledFau
 
 class Soak:
     def __init__(self, config: BelayerConfig, settings: SoakSettings, report: Reporter = lambda _m: None):
-        from belayer.workloads.loader import load_workload
-
         self.config = config
         self.settings = settings
         self.report = report
@@ -132,9 +138,6 @@ class Soak:
         self.carried: list[ScheduledFault] = []
 
     async def run(self) -> dict:
-        from belayer.chaos import leaks
-        from belayer.temporal_client import connect
-
         started = time.monotonic()
         before = await asyncio.to_thread(leaks.snapshot, self.config)
         self.client = await connect(self.config.temporal, self.config.storage.encryption_key)
@@ -164,8 +167,6 @@ class Soak:
     # ---------------------------------------------------------------- one round
 
     async def _round(self, number: int, faults: list[ScheduledFault]) -> list[TrajectoryOutcome]:
-        from belayer.client import trajectory_input
-
         inputs = [
             trajectory_input(self.config, task, repeat=repeat, run_id=f"soak{self.run_id}r{number}")
             for task in self.tasks
@@ -190,11 +191,6 @@ class Soak:
 
     async def _follow(self, number: int, input) -> TrajectoryOutcome:
         """Start one trajectory and poll it to its end; Temporal outages are waited out."""
-        from temporalio.client import WorkflowFailureError
-        from temporalio.service import RPCError
-
-        from belayer.client import start_trajectory
-        from belayer.workflows.models import TrajectoryProgress
 
         tid = input.trajectory_id
         outcome = TrajectoryOutcome(
@@ -364,7 +360,6 @@ class Soak:
 
     async def _wait_healthy(self, timeout_s: float = 240.0) -> None:
         """Between rounds every component must be back; one that is not is reported, not hidden."""
-        from belayer.stack.local import LocalStack
 
         deadline = time.monotonic() + timeout_s
         while True:
@@ -459,8 +454,6 @@ def _turns(task) -> int:
 
 
 async def _retrying(start, attempts: int = 30):
-    from temporalio.service import RPCError
-
     for attempt in range(attempts):
         try:
             return await start()

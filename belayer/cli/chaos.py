@@ -9,6 +9,8 @@ import click
 
 from belayer.chaos.faults import TRAINING_FAULT_KINDS, Chaos, ChaosError
 from belayer.cli.context import config_from
+from belayer.temporal_client import connect
+from belayer.workflows.models import TrajectoryProgress
 
 
 @click.command()
@@ -67,9 +69,6 @@ def chaos(
 
 
 async def _sandbox_of(config, trajectory: str) -> str:
-    from belayer.temporal_client import connect
-    from belayer.workflows.models import TrajectoryProgress
-
     client = await connect(config.temporal, config.storage.encryption_key)
     progress = await client.get_workflow_handle(trajectory).query("progress", result_type=TrajectoryProgress)
     if progress.sandbox is None:
