@@ -23,6 +23,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from safetensors import safe_open
+from safetensors.torch import save
 from temporalio.service import RPCError, RPCStatusCode
 
 from belayer.config import BelayerConfig
@@ -183,8 +184,6 @@ def check_layout(weights: dict, model_dir: Path, model_name: str) -> None:
 def serialised_weights(run_id: str, ref: TrainerCheckpointRef, weights: dict) -> bytes:
     """The weights as one safetensors blob, byte for byte what the trainer published for
     this iteration (its sha256 is the record's `weights_sha256`)."""
-    from safetensors.torch import save  # import cost: torch, ~2.5 s
-
     data = save({k: v.contiguous() for k, v in weights.items()})
     sha256 = hashlib.sha256(data).hexdigest()
     if sha256 != ref.weights.sha256:
