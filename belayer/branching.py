@@ -17,7 +17,15 @@ from __future__ import annotations
 
 import uuid
 
+from temporalio.api.enums.v1 import EventType
+from temporalio.service import RPCError
+
+from belayer.contracts import sandbox
 from belayer.errors import BelayerError
+from belayer.sandbox.checkpoints import checkpoints_at_or_before
+from belayer.storage.store import open_store
+from belayer.trajectory_log import read_steps
+from belayer.workflows.models import ForkStart, TrajectoryInput, TrajectoryResult
 
 
 async def branch_inputs(client, config, parent_id: str, at_step: int, count: int, *,
@@ -25,10 +33,6 @@ async def branch_inputs(client, config, parent_id: str, at_step: int, count: int
     """`count` inputs branching `parent_id` after step `at_step`. Branch i samples with
     seed `seed + i` (default: the parent's seed + 1 + i; the parent's own seed replays its
     later steps) and the parent's temperature unless `temperature` is given."""
-    from belayer.sandbox.checkpoints import checkpoints_at_or_before
-    from belayer.storage.store import open_store
-    from belayer.trajectory_log import read_steps
-    from belayer.workflows.models import ForkStart
 
     parent, result, sandbox_id = await _parent(client, parent_id)
     if result.log is None:
@@ -61,11 +65,6 @@ async def branch_inputs(client, config, parent_id: str, at_step: int, count: int
 
 async def _parent(client, parent_id: str):
     """The parent's input, result, and sandbox lineage id, from its history."""
-    from temporalio.api.enums.v1 import EventType
-    from temporalio.service import RPCError
-
-    from belayer.contracts import sandbox
-    from belayer.workflows.models import TrajectoryInput, TrajectoryResult
 
     handle = client.get_workflow_handle(parent_id)
     converter = client.data_converter

@@ -16,8 +16,10 @@ from collections.abc import AsyncIterator, Sequence
 from temporalio.client import Client, WorkflowHandle
 from temporalio.common import SearchAttributePair, TypedSearchAttributes
 
+from belayer.activities.sandbox import SHARED_QUEUE
 from belayer.config import BelayerConfig
 from belayer.temporal_client import server_went_away
+from belayer.workflows.groups import GroupResult
 from belayer.workflows.models import (
     Sampling,
     TaskQueues,
@@ -30,8 +32,6 @@ from belayer.workloads.models import Task
 
 
 def task_queues(config: BelayerConfig) -> TaskQueues:
-    from belayer.activities.sandbox import SHARED_QUEUE
-
     return TaskQueues(
         rollout=config.temporal.rollout_task_queue,
         sandbox=SHARED_QUEUE,
@@ -75,7 +75,6 @@ async def start_trajectory(client: Client, config: BelayerConfig, input: Traject
 async def start_group(client: Client, config: BelayerConfig, group) -> WorkflowHandle:
     """Start `TrajectoryGroupWorkflow` (belayer/workflows/groups.py): one task's members,
     forked from one set-up sandbox, each a child TrajectoryWorkflow under its own id."""
-    from belayer.workflows.groups import GroupResult
 
     return await client.start_workflow(
         "TrajectoryGroupWorkflow",

@@ -22,12 +22,19 @@ from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
+from safetensors import safe_open
+from safetensors.torch import save
+from temporalio.service import RPCError, RPCStatusCode
+
 from belayer.config import BelayerConfig
 from belayer.errors import BelayerError
 from belayer.model.build import MANIFEST, model_path, staged_folder
 from belayer.storage.errors import CorruptObject, ObjectNotFound
+from belayer.storage.store import open_store
+from belayer.temporal_client import connect
 from belayer.trainer.models import TrainerCheckpointRef
 from belayer.trainer.state import Checkpoint, decode_checkpoint
+from belayer.training import read_iterations, run_progress
 from belayer.workflows.training_models import IterationRecord
 
 WEIGHTS_FILE = "model.safetensors"
@@ -65,7 +72,6 @@ def export_run(
 ) -> Exported:
     """Export run `run_id`'s weights after `iteration` (default: its last recorded one)
     into the folder `out`, looking the run up through Temporal."""
-    from belayer.storage.store import open_store
 
     check_out(out, force)
     record = pick_iteration(run_id, asyncio.run(_run_records(config, run_id)), iteration)
@@ -157,7 +163,6 @@ def read_checkpoint(store, run_id: str, ref: TrainerCheckpointRef) -> Checkpoint
 def check_layout(weights: dict, model_dir: Path, model_name: str) -> None:
     """The checkpoint's weights must be the built model's tensors (names, shapes, dtypes):
     the folder's config describes them, and nothing may be cast on the way."""
-    from safetensors import safe_open
 
     with safe_open(str(model_dir / WEIGHTS_FILE), framework="pt") as f:
         built = {
@@ -179,8 +184,6 @@ def check_layout(weights: dict, model_dir: Path, model_name: str) -> None:
 def serialised_weights(run_id: str, ref: TrainerCheckpointRef, weights: dict) -> bytes:
     """The weights as one safetensors blob, byte for byte what the trainer published for
     this iteration (its sha256 is the record's `weights_sha256`)."""
-    from safetensors.torch import save
-
     data = save({k: v.contiguous() for k, v in weights.items()})
     sha256 = hashlib.sha256(data).hexdigest()
     if sha256 != ref.weights.sha256:
@@ -206,10 +209,6 @@ def write_model_dir(model_dir: Path, weights: bytes, exported: Exported, out: Pa
 
 async def _run_records(config: BelayerConfig, run_id: str) -> list[IterationRecord]:
     """Every iteration run `run_id` recorded, found through its workflow's `progress` query."""
-    from temporalio.service import RPCError, RPCStatusCode
-
-    from belayer.temporal_client import connect
-    from belayer.training import read_iterations, run_progress
 
     client = await connect(config.temporal, config.storage.encryption_key)
     try:

@@ -30,6 +30,10 @@ import hashlib
 import os
 from collections.abc import Sequence
 
+from cryptography.exceptions import InvalidTag
+from cryptography.hazmat.primitives import hashes
+from cryptography.hazmat.primitives.ciphers.aead import AESGCM
+from cryptography.hazmat.primitives.kdf.hkdf import HKDF
 from temporalio.api.common.v1 import Payload
 from temporalio.converter import PayloadCodec
 
@@ -50,8 +54,6 @@ class PayloadDecryptError(BelayerError):
 
 def derive_payload_key(master: bytes) -> bytes:
     """The payload master key: the configured key under the payload label."""
-    from cryptography.hazmat.primitives import hashes
-    from cryptography.hazmat.primitives.kdf.hkdf import HKDF
 
     return HKDF(algorithm=hashes.SHA256(), length=KEY_BYTES, salt=None, info=PAYLOAD_KEY_LABEL).derive(master)
 
@@ -92,10 +94,6 @@ class EncryptionCodec(PayloadCodec):
         return [self.decrypt(p) for p in payloads]
 
     def _aead(self, salt: bytes):
-        from cryptography.hazmat.primitives import hashes
-        from cryptography.hazmat.primitives.ciphers.aead import AESGCM
-        from cryptography.hazmat.primitives.kdf.hkdf import HKDF
-
         return AESGCM(
             HKDF(
                 algorithm=hashes.SHA256(), length=KEY_BYTES, salt=salt, info=PAYLOAD_KEY_LABEL + b" object"
@@ -125,7 +123,6 @@ class EncryptionCodec(PayloadCodec):
         data = payload.data
         if len(data) < 1 + SALT_BYTES + 16 or data[:1] != VERSION:
             raise PayloadDecryptError("encrypted payload is truncated or of an unknown version")
-        from cryptography.exceptions import InvalidTag
 
         try:
             plain = self._aead(data[1 : 1 + SALT_BYTES]).decrypt(

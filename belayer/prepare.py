@@ -14,8 +14,13 @@ also runs safely on every deploy.
 
 from __future__ import annotations
 
+from temporalio.api.enums.v1 import IndexedValueType
+from temporalio.api.operatorservice.v1 import AddSearchAttributesRequest, ListSearchAttributesRequest
+from temporalio.client import Client
+
 from belayer.config import TemporalConfig
 from belayer.storage.config import StorageConfig
+from belayer.storage.s3client import make_s3_client
 
 # Each search attribute the workflows set, with its Temporal type.
 SEARCH_ATTRIBUTES = {
@@ -28,9 +33,6 @@ SEARCH_ATTRIBUTES = {
 
 async def add_missing_search_attributes(cfg: TemporalConfig) -> list[str]:
     """Register the search attributes the namespace lacks; returns their names."""
-    from temporalio.api.enums.v1 import IndexedValueType
-    from temporalio.api.operatorservice.v1 import AddSearchAttributesRequest, ListSearchAttributesRequest
-    from temporalio.client import Client
 
     # A bare client on purpose: these calls carry no payloads, so no payload key is needed.
     client = await Client.connect(cfg.address, namespace=cfg.namespace)
@@ -51,7 +53,6 @@ async def add_missing_search_attributes(cfg: TemporalConfig) -> list[str]:
 
 def create_bucket_if_missing(cfg: StorageConfig) -> bool:
     """Create the configured bucket when the store does not list it; True if created."""
-    from belayer.storage.s3client import make_s3_client
 
     client = make_s3_client(cfg)
     names = [b["Name"] for b in client.list_buckets().get("Buckets", [])]

@@ -20,22 +20,18 @@ from temporalio.api.workflowservice.v1 import DescribeTaskQueueRequest
 from temporalio.client import Client
 from temporalio.contrib.pydantic import pydantic_data_converter
 from temporalio.converter import DataConverter, DefaultFailureConverterWithEncodedAttributes
+from temporalio.runtime import LogForwardingConfig, LoggingConfig, Runtime, TelemetryConfig, TelemetryFilter
+from temporalio.service import RPCError, RPCStatusCode
 
 from belayer.config import TemporalConfig, missing_key_error
 from belayer.errors import BelayerError
+from belayer.payload_codec import EncryptionCodec
 
 
 @functools.cache
 def _log_through_python() -> None:
     """The SDK's core logs (e.g. retries while a server restarts) go through Python's
     logging, to stderr, not to stdout, where `--json` output must stay parseable."""
-    from temporalio.runtime import (
-        LogForwardingConfig,
-        LoggingConfig,
-        Runtime,
-        TelemetryConfig,
-        TelemetryFilter,
-    )
 
     logging_config = LoggingConfig(
         filter=TelemetryFilter(core_level="WARN", other_level="ERROR"),
@@ -60,7 +56,6 @@ def data_converter(cfg: TemporalConfig, encryption_key=None) -> DataConverter:
     """
     if not cfg.encrypt_payloads:
         return pydantic_data_converter
-    from belayer.payload_codec import EncryptionCodec
 
     secret = (
         encryption_key.get_secret_value() if hasattr(encryption_key, "get_secret_value") else encryption_key
@@ -94,7 +89,6 @@ async def connect(cfg: TemporalConfig, encryption_key=None) -> Client:
 def server_went_away(exc: BaseException) -> bool:
     """Is `exc` a call cut by the server going away (a restart), worth asking again? A
     restart surfaces as UNAVAILABLE, a deadline, or UNKNOWN "transport error"."""
-    from temporalio.service import RPCError, RPCStatusCode
 
     return isinstance(exc, RPCError) and exc.status in (
         RPCStatusCode.UNAVAILABLE,

@@ -16,9 +16,12 @@ import time
 from pathlib import Path
 
 from temporalio import activity
+from tokenizers import Tokenizer
 
+from belayer.activities.context import ContextActivities
 from belayer.activities.runtime import implements
 from belayer.contracts.generate import GENERATE, EngineTiming, GenerateArgs, GenerateResult
+from belayer.storage.tokenlog import TokenLog
 
 
 class ScriptedRollout:
@@ -42,20 +45,14 @@ class ScriptedRollout:
 
     @functools.cached_property
     def tokenizer(self):
-        from tokenizers import Tokenizer
-
         return Tokenizer.from_file(str(self.tokenizer_path))
 
     @functools.cached_property
     def context(self):
-        from belayer.activities.context import ContextActivities
-
         return ContextActivities(self.store, self.tokenizer_path)
 
     @implements(GENERATE)
     async def generate(self, args: GenerateArgs) -> GenerateResult:
-        from belayer.storage.tokenlog import TokenLog
-
         started = time.monotonic()
         prefix = args.prefix
         if args.observation is not None:  # appended first, as the real node does

@@ -12,9 +12,12 @@ import uuid
 from temporalio.client import Client, WorkflowHandle
 from temporalio.common import SearchAttributePair, TypedSearchAttributes
 
+from belayer.activities.training_log import read_iterations as read_records
 from belayer.client import task_queues
 from belayer.config import BelayerConfig
+from belayer.storage.store import open_store
 from belayer.trainer.models import TrainerSettings
+from belayer.workers.rollout.worker import node_task_queue
 from belayer.workflows.training import RUN_KEY
 from belayer.workflows.training_models import (
     IterationRecord,
@@ -27,8 +30,6 @@ from belayer.workloads.models import Task
 
 
 def training_queues(config: BelayerConfig) -> TrainingQueues:
-    from belayer.workers.rollout.worker import node_task_queue
-
     return TrainingQueues(
         trajectories=task_queues(config),
         workflows=config.temporal.workflow_task_queue,
@@ -92,8 +93,6 @@ async def run_progress(client: Client, run_id: str) -> TrainingProgress:
 
 def read_iterations(config: BelayerConfig, result_or_progress) -> list[IterationRecord]:
     """Every iteration the run recorded so far, from its log in the object store."""
-    from belayer.activities.training_log import read_iterations as read_records
-    from belayer.storage.store import open_store
 
     log = result_or_progress.log
     if log is None or log.length == 0:

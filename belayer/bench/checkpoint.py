@@ -37,8 +37,12 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import click
+from rich.console import Console
+from rich.table import Table
 
 from belayer.measure import rotated, spread, spread_cells
+from belayer.sandbox import channel
+from belayer.sandbox.models import Action, SandboxSpec
 
 MODES = ("belayer", "podman")
 DEFAULT_WORKLOAD = Path(__file__).resolve().parents[2] / "examples" / "workloads" / "overhead.yaml"
@@ -73,8 +77,6 @@ class Bench:
         self.workspace_sha256 = ""
 
     def set_up(self, task) -> None:
-        from belayer.sandbox.models import Action, SandboxSpec
-
         self.handle = self.host.create(SandboxSpec(setup_commands=task.setup))
         trajectory = f"bench-checkpoint-{uuid.uuid4().hex[:8]}"
         for step, turn in enumerate(task.turns, 1):
@@ -112,7 +114,6 @@ class Bench:
     def _podman(self) -> Sample:
         """The baseline: the backend's checkpoint and restore as its user drives them without
         Belayer (`SandboxBackend.baseline_checkpoint`), the archive through the same store."""
-        from belayer.sandbox import channel
 
         backend, store = self.host.backend, self.host.store
         container = self.handle.container
@@ -184,9 +185,6 @@ def _phase_spreads(phase_dicts: list[dict[str, float]]) -> dict:
 
 
 def print_report(report: dict) -> None:
-    from rich.console import Console
-    from rich.table import Table
-
     out = Console(width=max(Console().width, 120))
     table = Table(
         title=f"checkpoint and restore of the overhead bench's sandbox, seconds over "

@@ -27,15 +27,20 @@ Heavy modules (podman backend, storage) are imported inside the command only.
 from __future__ import annotations
 
 import base64
+import hashlib
 import io
 import time
 import zipfile
 from dataclasses import dataclass, field
 
 import click
+from rich.console import Console
+from rich.table import Table
 
 from belayer.bench.env_recovery_realistic import METHODS, MODE, run_realistic
 from belayer.measure import rotated, spread, spread_cells
+from belayer.sandbox.host import make_host
+from belayer.sandbox.models import Action, LoggedAction, SandboxSpec
 
 # ----------------------------------------------------------------------------- the wheel
 
@@ -137,7 +142,6 @@ def build_wheel() -> bytes:
         "benchpkg-1.0.0.dist-info/WHEEL": "Wheel-Version: 1.0\nGenerator: belayer\nRoot-Is-Purelib: true\n"
                                           "Tag: py3-none-any\n",
     }  # fmt: skip
-    import hashlib
 
     record = []
     for name, text in files.items():
@@ -274,8 +278,6 @@ def schedule(repetitions: int) -> list[tuple[int, str]]:
 
 
 def run_workload(host, wl: Workload, trajectory: str, *, repetitions: int, log_fn=lambda m: None) -> dict:
-    from belayer.sandbox.models import Action, LoggedAction, SandboxSpec
-
     spec = SandboxSpec(setup_commands=wl.setup, labels={"belayer.bench": "env-recovery"})
     handle = host.create(spec)
     sandbox_ids = {handle.sandbox_id}
@@ -374,7 +376,6 @@ class Realistic:
 
 def run_bench(config, *, store=None, names: list[str] | None = None, scale: float = 1.0, repetitions: int,
               realistic: Realistic | None = None, log_fn=lambda m: None) -> dict:  # fmt: skip
-    from belayer.sandbox.host import make_host
 
     host = make_host(config, store=store)
     selected = [w for w in workloads(scale) if not names or w.name in names]
@@ -411,9 +412,6 @@ def run_bench(config, *, store=None, names: list[str] | None = None, scale: floa
 
 
 def print_report(result: dict) -> None:
-    from rich.console import Console
-    from rich.table import Table
-
     out = Console()
     table = Table(
         title="environment recovery, best case: checkpoint at a late step, failure at the end; "

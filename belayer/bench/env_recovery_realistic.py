@@ -28,6 +28,8 @@ import time
 from dataclasses import dataclass
 
 from belayer.measure import spread
+from belayer.policy.adaptive import CheckpointPolicy, CheckpointSample, GenerationSample
+from belayer.sandbox.models import Action, LoggedAction, SandboxSpec
 
 METHODS = ("belayer", "replay", "fs_only")
 MODE = {"belayer": "full", "replay": "replay", "fs_only": "fs-only"}
@@ -52,8 +54,6 @@ class PolicyRun:
 
 def run_under_policy(host, workload, trajectory: str, policy_config, tokens: list[int],
                      decode_s_per_token: float) -> PolicyRun:  # fmt: skip
-    from belayer.policy.adaptive import CheckpointPolicy
-    from belayer.sandbox.models import SandboxSpec
 
     handle = host.create(SandboxSpec(setup_commands=workload.setup, labels={"belayer.bench": "env-recovery"}))
     try:
@@ -74,8 +74,6 @@ def run_under_policy(host, workload, trajectory: str, policy_config, tokens: lis
 
 def _steps_under_policy(host, handle, workload, trajectory: str, policy, tokens: list[int],
                         decode_s_per_token: float) -> PolicyRun:  # fmt: skip
-    from belayer.policy.adaptive import CheckpointSample, GenerationSample
-    from belayer.sandbox.models import Action, LoggedAction
 
     log, checkpoints, verdicts = [], [], []
     for step, command in enumerate(workload.actions, start=1):
@@ -153,7 +151,6 @@ def summarize(failures: list[dict], sweep: list[dict]) -> dict:
 def run_realistic(host, workloads: list, policy_config, *, failures: int, seed: int, decode_s_per_token: float,
                   sweep_max: int, log_fn=lambda m: None) -> dict:  # fmt: skip
     """Every workload under the policy, `failures` random failures each, and the sweep."""
-    from belayer.sandbox.models import SandboxSpec
 
     rows, sweep, policies = [], [], []
     for workload in workloads:

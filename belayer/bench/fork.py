@@ -26,15 +26,21 @@ simulated; the setup needs no network. Every sandbox and checkpoint is removed.
 
 from __future__ import annotations
 
+import os
+import shutil
 import statistics
 import threading
 import time
+import uuid
 from concurrent.futures import ThreadPoolExecutor
 
 import click
+import psutil
 
 from belayer.bench.env_recovery import INSTALL, build_wheel, wheel_setup
 from belayer.measure import spread
+from belayer.sandbox.host import make_host
+from belayer.sandbox.models import ForkTarget, SandboxSpec
 
 
 def setup_commands(scale: float) -> list[str]:
@@ -78,8 +84,6 @@ class PeakSampler:
 
     @staticmethod
     def _busy_cpu_s() -> float:
-        import psutil
-
         t = psutil.cpu_times()
         return t.user + t.nice + t.system + getattr(t, "irq", 0.0) + getattr(t, "softirq", 0.0)
 
@@ -90,14 +94,10 @@ class PeakSampler:
 
     @staticmethod
     def _mem() -> int:
-        import psutil
-
         vm = psutil.virtual_memory()
         return vm.total - vm.available
 
     def _disk(self) -> int:
-        import shutil
-
         return shutil.disk_usage(self.directory).used
 
     def peaks_mb(self) -> tuple[float, float]:
@@ -105,8 +105,6 @@ class PeakSampler:
 
 
 def run_fork(host, spec, group_size: int, token: str) -> dict:
-    from belayer.sandbox.models import ForkTarget
-
     t0 = time.monotonic()
     parent = host.create(spec)
     setup_s = time.monotonic() - t0
@@ -134,7 +132,6 @@ def make_origin(host, spec):
 
 def run_fork_reused(host, origin, group_size: int, token: str) -> dict:
     """A later group of the same task: the set-up checkpoint forked again, no setup."""
-    from belayer.sandbox.models import ForkTarget
 
     t0 = time.monotonic()
     targets = [
@@ -168,11 +165,6 @@ def run_independent(host, spec, group_size: int, concurrency: int) -> dict:
 
 def run_bench(config, *, group_size: int, repetitions: int, scale: float, concurrency: int | None, store=None,
               log_fn=lambda m: None) -> dict:  # fmt: skip
-    import os
-    import uuid
-
-    from belayer.sandbox.host import make_host
-    from belayer.sandbox.models import SandboxSpec
 
     concurrency = concurrency or config.sandbox.fork_concurrency
     host = make_host(config, store=store)

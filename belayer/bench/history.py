@@ -24,8 +24,15 @@ import asyncio
 import time
 
 import click
+from temporalio.api.common.v1 import Payload
+from temporalio.api.history.v1 import History
+from temporalio.client import WorkflowQueryFailedError
+from temporalio.service import RPCError
 
+from belayer.client import start_trajectory, trajectory_input, trajectory_progress
 from belayer.measure import spread
+from belayer.policy.config import PolicyConfig
+from belayer.workloads.models import TraceTask, TraceTurn
 
 TEMPORAL_PAYLOAD_LIMIT = 2 * 1024 * 1024
 TEMPORAL_HISTORY_LIMIT = 50 * 1024 * 1024
@@ -70,7 +77,6 @@ async def history_sizes(client, workflow_id: str) -> dict:
 
 def history_proto(history):
     """The run's history as Temporal stores it (what its 50 MB limit counts)."""
-    from temporalio.api.history.v1 import History
 
     return History(events=history.events)
 
@@ -83,8 +89,6 @@ def _payloads(event):
 
 
 def _walk(message):
-    from temporalio.api.common.v1 import Payload
-
     if isinstance(message, Payload):
         yield message
         return
@@ -104,8 +108,6 @@ def _carried_state_bytes(history) -> int:
 
 
 def long_trace(turns: int, output_bytes: int):
-    from belayer.workloads.models import TraceTask, TraceTurn
-
     # The output comes from the sandbox, not from the command's text: the task (which every
     # run's input carries) stays small.
     output = f"; head -c {output_bytes} /dev/zero | tr '\\0' x; echo" if output_bytes else ""
@@ -119,8 +121,6 @@ def long_trace(turns: int, output_bytes: int):
 async def run_one(client, config, task, *, every: int, engine_queue: str, trajectory_id: str, say) -> dict:
     """One trace trajectory on the stack, its turns served from `engine_queue`; its outcome,
     wall time and history sizes."""
-    from belayer.client import start_trajectory, trajectory_input
-    from belayer.policy.config import PolicyConfig
 
     input = trajectory_input(config, task)
     # A context budget that the trace cannot exhaust: this measures histories, not budgets.
@@ -193,10 +193,6 @@ def print_report(report: dict) -> None:
 
 
 async def _progress(client, trajectory_id: str) -> int | str:
-    from temporalio.client import WorkflowQueryFailedError
-    from temporalio.service import RPCError
-
-    from belayer.client import trajectory_progress
 
     try:
         progress = await trajectory_progress(client.get_workflow_handle(trajectory_id))

@@ -35,8 +35,11 @@ from typing import Any
 
 import click
 from pydantic import BaseModel
+from rich.console import Console
+from rich.table import Table
 
-from belayer.client import follow_trajectories
+from belayer.chaos.faults import Chaos
+from belayer.client import follow_trajectories, start_trajectory, trajectory_input
 from belayer.measure import spread, spread_cells
 from belayer.policy.adaptive import DecisionRecord, predictor_error
 from belayer.policy.config import PolicyConfig
@@ -44,6 +47,7 @@ from belayer.policy.simulate import TraceStep, simulate
 from belayer.storage.store import open_store
 from belayer.trajectory_log import read_decisions
 from belayer.workflows.models import RecoveryRecord, TrajectoryInput, TrajectoryResult
+from belayer.workloads.loader import load_workload
 from belayer.workloads.models import TraceTask
 
 MODES = ("none", "every-step", "adaptive", "adaptive-model")
@@ -473,8 +477,6 @@ def _pct(value: float | None, base: float | None) -> float | None:
 
 
 def load_trace_task(workload: Path, task_id: str | None) -> TraceTask:
-    from belayer.workloads.loader import load_workload
-
     traces = [t for t in load_workload(workload).tasks if isinstance(t, TraceTask)]
     if task_id:
         traces = [t for t in traces if t.id == task_id]
@@ -487,9 +489,6 @@ def load_trace_task(workload: Path, task_id: str | None) -> TraceTask:
 
 
 def stack_target(config, client) -> Target:
-    from belayer.chaos.faults import Chaos
-    from belayer.client import start_trajectory, trajectory_input
-
     chaos = Chaos(config)
 
     def make_input(task: TraceTask, policy: PolicyConfig, trajectory_id: str) -> TrajectoryInput:
@@ -510,9 +509,6 @@ def stack_target(config, client) -> Target:
 
 
 def print_report(report: dict) -> None:
-    from rich.console import Console
-    from rich.table import Table
-
     table = Table(
         title=f"checkpoint overhead: {report['workload']}, {report['turns']} turns, "
         f"{report['rounds']} rounds (wall and overhead: min/median/max; the rest: means)"

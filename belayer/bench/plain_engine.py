@@ -30,6 +30,7 @@ from dataclasses import dataclass
 from multiprocessing.connection import Connection, wait
 from pathlib import Path
 
+from belayer.rollout.procutil import die_with_parent, memory_of
 from belayer.rollout.protocol import SamplingSpec
 
 _MP = mp.get_context("spawn")  # never fork a process that may hold vLLM / OpenMP state
@@ -157,7 +158,6 @@ class PlainEngine:
 
     def memory(self) -> tuple[int, int, int]:
         """(rss, private, shared) bytes of the engine process."""
-        from belayer.rollout.procutil import memory_of
 
         return memory_of(self.pid)
 
@@ -227,8 +227,7 @@ class PlainEngine:
 def _engine_main(spec: PlainSpec, conn: Connection) -> None:
     """Entry point of the engine process: the node engines' environment, then a serve loop."""
     t0 = time.perf_counter()
-    from belayer.rollout.procutil import die_with_parent
-    from belayer.rollout.vllm_hooks import engine_environment
+    from belayer.rollout.vllm_hooks import engine_environment  # import cost: vLLM, ~15 s
 
     die_with_parent()
     os.environ.update(engine_environment(spec.threads))
@@ -242,10 +241,10 @@ def _engine_main(spec: PlainSpec, conn: Connection) -> None:
 
 
 def _build(spec: PlainSpec):
-    from vllm import EngineArgs
-    from vllm.v1.engine.llm_engine import LLMEngine
+    from vllm import EngineArgs  # import cost: vLLM, ~15 s
+    from vllm.v1.engine.llm_engine import LLMEngine  # import cost: vLLM, ~15 s
 
-    from belayer.rollout.vllm_hooks import PositionSeededSampler
+    from belayer.rollout.vllm_hooks import PositionSeededSampler  # import cost: vLLM, ~15 s
 
     args = EngineArgs(
         model=str(spec.model_dir),
@@ -263,7 +262,7 @@ def _build(spec: PlainSpec):
 
 
 def _serve(engine, conn: Connection) -> None:
-    from belayer.rollout.vllm_hooks import sampling_params
+    from belayer.rollout.vllm_hooks import sampling_params  # import cost: vLLM, ~15 s
 
     while True:
         busy = engine.has_unfinished_requests()

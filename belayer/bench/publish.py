@@ -38,6 +38,8 @@ import click
 
 from belayer.bench.plain_engine import SAFETENSORS, PlainEngine, PlainSpec, parameter_count
 from belayer.bench.worker_recovery import node_config, plain_spec, workload
+from belayer.model.build import model_path
+from belayer.rollout.node import RolloutNode
 from belayer.rollout.protocol import SamplingSpec
 
 RUN_TIMEOUT_S = 1800
@@ -86,13 +88,13 @@ class Versions:
     """The trainer's side: base tensors once, version v = base + noise seeded by v."""
 
     def __init__(self, model_dir: Path):
-        from safetensors.torch import load_file
+        from safetensors.torch import load_file  # import cost: torch, ~2.5 s
 
         self.model_dir = model_dir
         self.base = load_file(str(model_dir / SAFETENSORS))
 
     def tensors(self, version: int) -> dict:
-        import torch
+        import torch  # import cost: torch, ~2.5 s
 
         gen = torch.Generator().manual_seed(version)
         return {
@@ -102,7 +104,7 @@ class Versions:
 
     def write(self, tensors: dict, root: Path) -> Path:
         """A model folder for the baselines: config and tokenizer copied, weights saved."""
-        from safetensors.torch import save_file
+        from safetensors.torch import save_file  # import cost: torch, ~2.5 s
 
         out = Path(tempfile.mkdtemp(prefix="v-", dir=root))
         for item in self.model_dir.iterdir():
@@ -261,8 +263,6 @@ def _on(spec: PlainSpec, folder: Path) -> PlainSpec:
 
 def run_bench(settings: dict, say: Callable[[str], None]) -> dict:
     """Node, reload engine and restart engines side by side; one JSON-able dict."""
-    from belayer.model.build import model_path
-    from belayer.rollout.node import RolloutNode
 
     model_dir = model_path(settings["model"], progress=say)
     context = settings["prompt_tokens"] + settings["max_tokens"]

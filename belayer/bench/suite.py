@@ -22,6 +22,7 @@ judges a figure.
 
 from __future__ import annotations
 
+import html
 import json
 import subprocess
 import sys
@@ -30,6 +31,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import click
+
+from belayer.report import plots
+from belayer.report.html import document, figure
 
 
 @dataclass(frozen=True)
@@ -201,10 +205,6 @@ def markdown(outcomes: list[Outcome], machine: dict) -> str:
 def plots_page(outcomes: list[Outcome], machine: dict, out_dir: Path) -> str:
     """One HTML page (the report's layout), a chart per benchmark of its min / median / max
     figures, each also kept as `out_dir/NAME.png`."""
-    import html
-
-    from belayer.report import plots
-    from belayer.report.html import document, figure
 
     parts = [
         f"<h1>Belayer benchmarks</h1><p>{machine['cores']} cores; load average "

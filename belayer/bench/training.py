@@ -35,9 +35,19 @@ from datetime import datetime
 from pathlib import Path
 
 import click
+from temporalio.client import WorkflowExecutionStatus
 
 from belayer import measure
 from belayer.chaos.faults import node_roles
+from belayer.chaos.plan import PlannedFault, random_training_plan
+from belayer.chaos.training import TrainingChaos
+from belayer.client import result_through_restarts
+from belayer.rollout.identity import cleanup_node
+from belayer.stack.local import LocalStack
+from belayer.temporal_client import connect
+from belayer.trainer.models import TrainerSettings
+from belayer.training import read_iterations, start_training, training_input
+from belayer.workflows.trajectory import STATUS_KEY
 
 MODES = ("protected", "unprotected", "belayer_faulted", "baseline_faulted")
 SHADOW = {"protected": True, "belayer_faulted": True, "unprotected": False, "baseline_faulted": False}
@@ -104,7 +114,6 @@ def fault_plan(
 ) -> list:
     """The faults both faulted runs get: `random_training_plan` when a rate is given, else
     every kind of `kinds` once, in a seeded order, spread over the iterations in turn."""
-    from belayer.chaos.plan import PlannedFault, random_training_plan
 
     if chaos_rate is not None:
         return random_training_plan(chaos_rate, chaos_seed, iterations)
@@ -301,8 +310,6 @@ def _with_shadow(config, shadow: bool):
 def restart_node(config, say: Callable[[str], None]) -> None:
     """Restart the "rollout-node" service of `config`'s stack with `config` (the way a
     supervisor restarts it: chaos' `_crash_service`), here stopped gracefully first."""
-    from belayer.rollout.identity import cleanup_node
-    from belayer.stack.local import LocalStack
 
     stack = LocalStack(config)
     service = next((s for s in stack.services if s.name == "rollout-node"), None)
@@ -317,7 +324,6 @@ def restart_node(config, say: Callable[[str], None]) -> None:
 def wait_ready(config, shadow: bool, say: Callable[[str], None]) -> None:
     """Every component healthy (a fault's restart finished), and the node's shadow ready
     on the served version when it has one (as a fault-free user would find it)."""
-    from belayer.stack.local import LocalStack
 
     deadline = time.monotonic() + READY_TIMEOUT_S
     stack = LocalStack(config)
@@ -377,8 +383,6 @@ class BenchRun:
         self.tag = f"bt{os.getpid() % 100000:05d}{int(time.time()) % 100000:05d}"
 
     async def run(self, repetitions: int) -> list[dict]:
-        from belayer.temporal_client import connect
-
         client = await connect(self.config.temporal, self.config.storage.encryption_key)
         runs: list[dict] = []
         roles = node_roles(self.config)
@@ -399,10 +403,6 @@ class BenchRun:
         return runs
 
     async def run_one(self, client, rep: int, mode: str) -> dict:
-        from belayer.chaos.training import TrainingChaos
-        from belayer.client import result_through_restarts
-        from belayer.trainer.models import TrainerSettings
-        from belayer.training import read_iterations, start_training, training_input
 
         protected = SHADOW[mode]
         config = self.config if protected else self.off_config
@@ -504,9 +504,6 @@ def _record_injections(chaos) -> list[float]:
 async def trajectory_attempts(client, run_id: str) -> list[dict]:
     """Every trajectory attempt of the run with its start and close (Temporal's clock, epoch
     seconds) and whether it was thrown away (failed_infra, or a later attempt exists)."""
-    from temporalio.client import WorkflowExecutionStatus
-
-    from belayer.workflows.trajectory import STATUS_KEY
 
     query = f"BelayerRun = '{run_id}' AND WorkflowType = 'TrajectoryWorkflow'"
     found = {}

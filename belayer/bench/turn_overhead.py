@@ -43,10 +43,23 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import click
+from rich.console import Console
+from rich.table import Table
+from temporalio.api.enums.v1 import EventType
+from tokenizers import Tokenizer
 
+from belayer.agent_format import OBSERVATION_TEMPLATE, PROMPT_TEMPLATE, observation_text
+from belayer.bench.worker_recovery import PlainServer, plain_spec
+from belayer.client import start_trajectory, trajectory_input
 from belayer.contracts.generate import GENERATE, GenerateResult
 from belayer.contracts.sandbox import EXEC, ExecResult
 from belayer.measure import machine_load, rotated, spread
+from belayer.model.build import model_path
+from belayer.rollout.protocol import SamplingSpec
+from belayer.sandbox import channel
+from belayer.sandbox.host import make_host
+from belayer.sandbox.models import Observation, SandboxSpec
+from belayer.temporal_client import connect
 from belayer.workloads.models import TraceTask
 
 MODES = ("belayer", "plain")
@@ -120,7 +133,6 @@ def split_turn_loop(spans: list[ActivitySpan], turns: int) -> LoopSplit:
 async def activity_spans(client, handle) -> list[ActivitySpan]:
     """Every activity's first scheduling, start and completion in the run's history, with
     the work it reports (the engine's time for `generate`, the action's for `sandbox.exec`)."""
-    from temporalio.api.enums.v1 import EventType
 
     history = await handle.fetch_history()
     scheduled: dict[int, tuple[str, float]] = {}
@@ -150,8 +162,6 @@ async def activity_spans(client, handle) -> list[ActivitySpan]:
 
 
 async def run_belayer(config, client, task: TraceTask) -> LoopSplit:
-    from belayer.client import start_trajectory, trajectory_input
-
     policy = config.policy.model_copy(update={"mode": "none"})
     started = trajectory_input(config, task).model_copy(
         update={"trajectory_id": f"bench-turns-{uuid.uuid4().hex[:8]}", "policy": policy}
@@ -179,12 +189,6 @@ class PlainLoop:
     """The obvious agent loop: generate, run the command, tokenize the observation, repeat."""
 
     def __init__(self, config):
-        from tokenizers import Tokenizer
-
-        from belayer.bench.worker_recovery import PlainServer, plain_spec
-        from belayer.model.build import model_path
-        from belayer.sandbox.host import make_host
-
         model_dir = model_path(config.rollout.model)
         self.tokenizer = Tokenizer.from_file(str(model_dir / "tokenizer.json"))
         self.host = make_host(config, host_queue="belayer-bench-plain-loop")
@@ -195,8 +199,6 @@ class PlainLoop:
         self.engine.close()
 
     async def _generate(self, context: list[int], max_tokens: int, seed: int) -> tuple[list[int], float]:
-        from belayer.rollout.protocol import SamplingSpec
-
         spec = SamplingSpec(max_tokens=max_tokens, seed=seed, ignore_eos=True)
         t0 = time.monotonic()
         tokens = await asyncio.to_thread(self.engine.generate, uuid.uuid4().hex, context, spec)
@@ -205,8 +207,6 @@ class PlainLoop:
     def _exec(self, handle, trajectory: str, step: int, command: str):
         """The command through the sandbox's channel, as `SandboxHost.exec` runs it but
         without its lineage check (a plain loop has no recoveries to fence)."""
-        from belayer.sandbox import channel
-        from belayer.sandbox.models import Observation
 
         cfg = self.host.cfg
         reply = channel.run_action(
@@ -221,9 +221,6 @@ class PlainLoop:
         return Observation.from_supervisor(reply["observation"], replayed=False)
 
     async def run(self, task: TraceTask) -> PlainRun:
-        from belayer.agent_format import OBSERVATION_TEMPLATE, PROMPT_TEMPLATE, observation_text
-        from belayer.sandbox.models import SandboxSpec
-
         def encode(text: str) -> list[int]:
             return self.tokenizer.encode(text, add_special_tokens=False).ids
 
@@ -290,8 +287,6 @@ def summarize(belayer: list[LoopSplit], plain: list[PlainRun], *, task: TraceTas
 
 
 async def run_bench(config, task: TraceTask, repetitions: int, say) -> dict:
-    from belayer.temporal_client import connect
-
     client = await connect(config.temporal, config.storage.encryption_key)
     say("starting the plain loop's engine (the rollout node's settings)")
     plain_loop = await asyncio.to_thread(PlainLoop, config)
@@ -319,9 +314,6 @@ async def run_bench(config, task: TraceTask, repetitions: int, say) -> dict:
 
 
 def print_report(report: dict) -> None:
-    from rich.console import Console
-    from rich.table import Table
-
     n = report["repetitions"]
     table = Table(
         title=f"turn loop, {report['turns']} turns of ~{report['think_tokens_per_turn']} tokens "

@@ -40,7 +40,10 @@ from pathlib import Path
 import click
 
 from belayer.bench.plain_engine import PlainEngine, PlainSpec, parameter_count, warm_page_cache
+from belayer.config import load_config
+from belayer.model.build import model_path
 from belayer.rollout.config import RolloutConfig
+from belayer.rollout.node import RolloutNode
 from belayer.rollout.protocol import SamplingSpec
 
 MB = 1 << 20
@@ -162,7 +165,6 @@ def node_config(
 ) -> RolloutConfig:
     """The configured `rollout` section sized for `requests` x `context_tokens` (benchmarks
     share it, and the baseline engine copies its engine settings from it)."""
-    from belayer.config import load_config
 
     base = load_config().rollout
     kv_mb = _kv_mb_needed(model_dir, dtype, requests * context_tokens * 2)
@@ -328,7 +330,6 @@ def baseline_rep(server: PlainServer, work: Work, kill_after: int, reference: di
 
 def measure_mode(settings: Settings, mode: str, model_dir: Path, server: PlainServer, say) -> dict:
     """Unfailed runs of both sides, then the interleaved faulted repetitions."""
-    from belayer.rollout.node import RolloutNode
 
     config = _config(settings, mode, model_dir)
     say(f"{mode}: starting the node ({settings.model}, {settings.dtype})")
@@ -402,7 +403,6 @@ def _side(runs: list[dict]) -> dict:
 
 def run_bench(settings: Settings, say: Callable[[str], None]) -> dict:
     """Every weight mode in turn, the baseline engine kept across them; one JSON-able dict."""
-    from belayer.model.build import model_path
 
     model_dir = model_path(settings.model, progress=say)
     load_before = os.getloadavg()[0]

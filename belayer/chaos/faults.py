@@ -19,10 +19,13 @@ from pydantic import BaseModel
 
 from belayer.config import BelayerConfig
 from belayer.errors import BelayerError
+from belayer.rollout.identity import cleanup_node
 from belayer.rollout.status import NodeStatus
 from belayer.sandbox.backend import SandboxBackend
 from belayer.stack import sandbox_hosts
+from belayer.stack.local import LocalStack
 from belayer.stack.workers import RolloutNodeService, sandbox_service_name
+from belayer.workers.rollout.worker import node_task_queue
 from belayer.workers.rollout.worker import read_roles as node_roles  # noqa: F401 (the chaos modules' name)
 
 FaultKind = Literal[
@@ -56,8 +59,6 @@ class Chaos:
     """Fault injection against the stack of one state directory."""
 
     def __init__(self, config: BelayerConfig):
-        from belayer.stack.local import LocalStack
-
         self.config = config
         self.stack = LocalStack(config)
 
@@ -110,8 +111,6 @@ class Chaos:
         )
 
     def _node_serving(self, node_queue: str | None) -> str | None:
-        from belayer.workers.rollout.worker import node_task_queue
-
         return next(
             (
                 c.rollout.node_id
@@ -167,8 +166,6 @@ class Chaos:
         sandbox_hosts.kill_all(family)
         detail = f"SIGKILLed with {len(family) - 1} children"
         if isinstance(service, RolloutNodeService):
-            from belayer.rollout.identity import cleanup_node
-
             cleanup_node(service.node_config.rollout.node_id)
         if while_down is not None:
             detail += "; " + while_down()

@@ -14,6 +14,12 @@ import psutil
 from pydantic import BaseModel
 
 from belayer.config import BelayerConfig
+from belayer.rollout.shm import leftover_segments
+from belayer.sandbox.host import STAGED_DIR
+from belayer.sandbox.lineage import lineage_prefix
+from belayer.stack import sandbox_hosts
+from belayer.stack.local import LocalStack
+from belayer.storage.store import RECORD_ROOT, open_store
 
 
 class Leaks(BaseModel):
@@ -59,8 +65,6 @@ def find_leaks(config: BelayerConfig, before: Snapshot, sandbox_ids: set[str]) -
 def sandbox_containers(config: BelayerConfig) -> list[str]:
     """Names of every Belayer sandbox container of this state directory (any state), on
     every sandbox host of its stack."""
-    from belayer.stack import sandbox_hosts
-    from belayer.stack.local import LocalStack
 
     return [
         name
@@ -91,7 +95,6 @@ def stack_processes(config: BelayerConfig) -> list[psutil.Process]:
 
 def _service_trees(config: BelayerConfig) -> set[int]:
     """Pids of the stack's running services, their children, and the conmon of live containers."""
-    from belayer.stack.local import LocalStack
 
     stack = LocalStack(config)
     pids: set[int] = set()
@@ -117,8 +120,6 @@ def _service_trees(config: BelayerConfig) -> set[int]:
 
 def unmapped_segments(config: BelayerConfig) -> list[str]:
     """The /dev/shm segments of the stack's rollout nodes that no live process maps or holds open."""
-    from belayer.rollout.shm import leftover_segments
-    from belayer.stack.local import LocalStack
 
     segments = {
         str(p)
@@ -150,8 +151,6 @@ def leftover_objects(config: BelayerConfig, sandbox_ids: set[str]) -> list[str]:
     multipart uploads and captures never published. Token logs and observations are the trajectories' record, and
     lineage records outlive their sandboxes on purpose (a host that comes back must still
     learn its container is stale: belayer/sandbox/lineage.py): kept, not leaks."""
-    from belayer.sandbox.lineage import lineage_prefix
-    from belayer.storage.store import RECORD_ROOT, open_store
 
     found: list[str] = []
     with open_store(config.storage, encrypted=False) as store:
@@ -171,7 +170,6 @@ def leftover_objects(config: BelayerConfig, sandbox_ids: set[str]) -> list[str]:
 def unpublished_captures(config: BelayerConfig, sandbox_ids: set[str]) -> list[str]:
     """Checkpoints of finished sandboxes captured on their host and never published:
     destroying a sandbox removes its own."""
-    from belayer.sandbox.host import STAGED_DIR
 
     staged = config.state_dir / STAGED_DIR
     return [

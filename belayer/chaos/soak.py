@@ -29,12 +29,19 @@ from collections.abc import Callable
 from pathlib import Path
 
 from pydantic import BaseModel, Field
+from temporalio.client import WorkflowFailureError
+from temporalio.service import RPCError
 
+from belayer.chaos import leaks
 from belayer.chaos.faults import FAULT_KINDS, Chaos, ChaosError, node_roles
+from belayer.client import follow_trajectories, start_trajectory, trajectory_input
 from belayer.config import BelayerConfig
 from belayer.measure import spread
 from belayer.rollout.status import NodeStatus
+from belayer.stack.local import LocalStack
+from belayer.temporal_client import connect
 from belayer.workers.rollout.worker import generation_of, recoveries_of
+from belayer.workloads.loader import load_workload
 from belayer.workloads.registry import driver_for
 
 Reporter = Callable[[str], None]
@@ -118,8 +125,6 @@ def schedule(settings: SoakSettings, turns: list[int]) -> list[list[ScheduledFau
 
 class Soak:
     def __init__(self, config: BelayerConfig, settings: SoakSettings, report: Reporter = lambda _m: None):
-        from belayer.workloads.loader import load_workload
-
         self.config = config
         self.settings = settings
         self.report = report
@@ -134,9 +139,6 @@ class Soak:
         self.carried: list[ScheduledFault] = []
 
     async def run(self) -> dict:
-        from belayer.chaos import leaks
-        from belayer.temporal_client import connect
-
         started = time.monotonic()
         before = await asyncio.to_thread(leaks.snapshot, self.config)
         self.client = await connect(self.config.temporal, self.config.storage.encryption_key)
@@ -166,8 +168,6 @@ class Soak:
     # ---------------------------------------------------------------- one round
 
     async def _round(self, number: int, faults: list[ScheduledFault]) -> list[TrajectoryOutcome]:
-        from belayer.client import trajectory_input
-
         inputs = [
             trajectory_input(self.config, task, repeat=repeat, run_id=f"soak{self.run_id}r{number}")
             for task in self.tasks
@@ -192,9 +192,6 @@ class Soak:
 
     async def _follow(self, number: int, input) -> TrajectoryOutcome:
         """Start one trajectory and follow it to its end; Temporal outages are waited out."""
-        from temporalio.client import WorkflowFailureError
-
-        from belayer.client import follow_trajectories, start_trajectory
 
         tid = input.trajectory_id
         outcome = TrajectoryOutcome(
@@ -352,7 +349,6 @@ class Soak:
 
     async def _wait_healthy(self, timeout_s: float = 240.0) -> None:
         """Between rounds every component must be back; one that is not is reported, not hidden."""
-        from belayer.stack.local import LocalStack
 
         deadline = time.monotonic() + timeout_s
         while True:
@@ -447,8 +443,6 @@ def _turns(task) -> int:
 
 
 async def _retrying(start, attempts: int = 30):
-    from temporalio.service import RPCError
-
     for attempt in range(attempts):
         try:
             return await start()

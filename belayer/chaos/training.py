@@ -15,8 +15,12 @@ from __future__ import annotations
 import asyncio
 import time
 
+from temporalio.client import WorkflowExecutionStatus
+
 from belayer.chaos.faults import Chaos, ChaosError, node_roles
 from belayer.chaos.plan import PlannedFault
+from belayer.client import trajectory_progress
+from belayer.training import run_progress
 from belayer.workers.rollout.worker import recoveries_of
 
 POLL_S = 0.25
@@ -77,8 +81,6 @@ class TrainingChaos:
         return self.faults
 
     async def _progress(self):
-        from belayer.training import run_progress
-
         try:
             return await run_progress(self.client, self.run_id)
         except Exception:  # the run's worker is restarting, or Temporal is: ask again
@@ -105,7 +107,6 @@ class TrainingChaos:
         return None
 
     async def _trajectory_progress(self, trajectory_id: str):
-        from belayer.client import trajectory_progress
 
         try:
             return await trajectory_progress(self.client.get_workflow_handle(trajectory_id))
@@ -174,8 +175,6 @@ class TrainingChaos:
             await asyncio.sleep(POLL_S)
 
     async def _closed(self, workflow_id: str) -> bool:
-        from temporalio.client import WorkflowExecutionStatus
-
         try:
             described = await self.client.get_workflow_handle(workflow_id).describe()
         except Exception:

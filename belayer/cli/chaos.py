@@ -9,6 +9,8 @@ import click
 
 from belayer.chaos.faults import TRAINING_FAULT_KINDS, Chaos, ChaosError
 from belayer.cli.context import config_from
+from belayer.client import trajectory_progress
+from belayer.temporal_client import connect
 
 
 @click.command()
@@ -67,8 +69,6 @@ def chaos(
 
 
 async def _sandbox_of(config, trajectory: str) -> str:
-    from belayer.client import trajectory_progress
-    from belayer.temporal_client import connect
 
     client = await connect(config.temporal, config.storage.encryption_key)
     progress = await trajectory_progress(client.get_workflow_handle(trajectory))

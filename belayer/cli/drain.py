@@ -7,6 +7,8 @@ from rich.console import Console
 from rich.table import Table
 
 from belayer.cli.context import config_from, console, leave
+from belayer.stack.drain import drain_host
+from belayer.stack.local import LocalStack
 
 
 @click.command()
@@ -30,8 +32,6 @@ def drain(ctx: click.Context, host: str, deadline_s: float | None, as_json: bool
     host name, service name or task queue as `belayer status` lists them. SIGTERM to a
     sandbox worker does the same, within sandbox.drain_deadline_s.
     """
-    from belayer.stack.drain import drain_host
-    from belayer.stack.local import LocalStack
 
     def show(report) -> None:
         counts = report.counts()

@@ -10,7 +10,10 @@ import time
 import click
 from rich.console import Console
 
+from belayer.branching import branch_inputs
 from belayer.cli.context import config_from
+from belayer.cli.run import _report, _Runner
+from belayer.temporal_client import connect
 
 console = Console(stderr=True)
 
@@ -67,9 +70,6 @@ def fork(
     its context is TRAJECTORY's after step K. Exit status 1 when any branch ended
     failed_infra.
     """
-    from belayer.branching import branch_inputs
-    from belayer.cli.run import _report, _Runner
-    from belayer.temporal_client import connect
 
     config = config_from(ctx.find_root())
 

@@ -2,11 +2,15 @@
 
 from __future__ import annotations
 
+import asyncio
 import json
+import signal
 import sys
+import time
 from pathlib import Path
 
 import click
+import tomli_w
 from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
@@ -20,8 +24,11 @@ from belayer.cli.model import model
 from belayer.cli.report import report
 from belayer.cli.run import inspect, run
 from belayer.cli.train import train
+from belayer.codec_server import make_server
 from belayer.config import masked_dump
 from belayer.errors import BelayerError, StackError
+from belayer.prepare import add_missing_search_attributes, create_bucket_if_missing
+from belayer.stack.local import LocalStack, root_warning, status_as_dicts
 
 
 class BelayerGroup(click.Group):
@@ -84,7 +91,6 @@ def up(
 ) -> None:
     """Start the local stack in the background: Temporal dev server and web UI, SeaweedFS,
     and Belayer's workers (sandbox host, rollout nodes, trajectory worker, trainer)."""
-    from belayer.stack.local import LocalStack, root_warning
 
     config = config_from(ctx)
     stack = LocalStack(config, rollout_nodes=rollout_nodes, sandbox_hosts=sandbox_hosts)
@@ -110,7 +116,6 @@ def up(
 @click.pass_context
 def down(ctx: click.Context) -> None:
     """Stop exactly what `belayer up` started."""
-    from belayer.stack.local import LocalStack
 
     LocalStack(config_from(ctx)).down(lambda m: console.print(f"  {m}", highlight=False))
 
@@ -120,7 +125,6 @@ def down(ctx: click.Context) -> None:
 @click.pass_context
 def status(ctx: click.Context, as_json: bool) -> None:
     """Show each component: pid, address, health. Exit 1 when any is unhealthy."""
-    from belayer.stack.local import LocalStack, status_as_dicts
 
     rows = LocalStack(config_from(ctx)).status()
     if as_json:
@@ -158,10 +162,6 @@ def prepare(ctx: click.Context, wait_s: float) -> None:
     missing. `belayer up` does this for the local stack; a deployment with its own
     Temporal cluster and S3 runs it once per deploy (infra/deploy runs it as a job).
     """
-    import asyncio
-    import time
-
-    from belayer.prepare import add_missing_search_attributes, create_bucket_if_missing
 
     config = config_from(ctx)
     steps = [
@@ -210,9 +210,6 @@ def codec_server(ctx: click.Context, port: int | None) -> None:
     it with `temporal server start-dev --ui-codec-endpoint http://127.0.0.1:8081` (what
     `belayer up` does when temporal.encrypt_payloads is on). Stops on Ctrl-C or SIGTERM.
     """
-    import signal
-
-    from belayer.codec_server import make_server
 
     config = config_from(ctx)
     server = make_server(config, port)
@@ -242,7 +239,6 @@ def config() -> None:
 @click.pass_context
 def config_show(ctx: click.Context, as_json: bool) -> None:
     """Print the effective configuration, secrets masked."""
-    import tomli_w
 
     data = masked_dump(config_from(ctx.find_root()))
     click.echo(json.dumps(data, indent=2) if as_json else tomli_w.dumps(data))

@@ -11,6 +11,7 @@ from pathlib import Path
 import click
 
 from belayer.cli.context import config_from
+from belayer.report.build import build_report
 
 
 @click.command()
@@ -59,7 +60,6 @@ def report(
     where each iteration's time went, the faults and their recovery, and every iteration's
     reward and weights. A training report reads only the JSON (no server needed).
     """
-    from belayer.report.build import build_report
 
     config = config_from(ctx.find_root()) if history else None
     path = asyncio.run(build_report(run_json, out_dir, list(benches), config, control_json))

@@ -14,11 +14,39 @@ import click
 from rich.console import Console
 from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
+from temporalio.api.enums.v1 import EventType
+from temporalio.service import RPCError
 
-from belayer.chaos.faults import node_roles
+from belayer.chaos.faults import Chaos, ChaosError, node_roles
+from belayer.chaos.plan import parse_plan, random_plan
 from belayer.cli.context import config_from
+from belayer.client import (
+    follow_trajectories,
+    result_through_restarts,
+    start_group,
+    start_trajectory,
+    trajectory_input,
+    ui_link,
+)
+from belayer.contracts.sandbox import (
+    CHECKPOINT,
+    EXEC,
+    PUBLISH_CHECKPOINT,
+    CheckpointResult,
+    ExecArgs,
+    ExecResult,
+)
+from belayer.errors import BelayerError
+from belayer.policy.adaptive import DecisionRecord, predictor_error
 from belayer.rollout.status import NodeStatus
+from belayer.sandbox.observations import load_observation
+from belayer.storage.store import open_store
+from belayer.temporal_client import connect
+from belayer.trajectory_log import read_decisions
 from belayer.workers.rollout.worker import generation_of, recoveries_of
+from belayer.workflows.groups import GroupInput
+from belayer.workflows.models import TrajectoryResult
+from belayer.workloads.loader import load_workload
 from belayer.workloads.registry import driver_for
 
 console = Console(stderr=True)
@@ -88,7 +116,6 @@ def run(
     leaves the trajectories running; follow them with `belayer inspect ID` or in the
     Temporal web UI.
     """
-    from belayer.workloads.loader import load_workload
 
     config = config_from(ctx.find_root())
     tasks = load_workload(workload).tasks
@@ -120,8 +147,6 @@ def run(
 
 
 def _inputs(config, tasks, repeats: int, seed: int, keep_checkpoints: bool) -> list:
-    from belayer.client import trajectory_input
-
     run_id = uuid.uuid4().hex[:6]
     return [trajectory_input(config, task, repeat=repeat, seed=seed, run_id=run_id).model_copy(
                 update={"keep_checkpoints": keep_checkpoints})
@@ -129,8 +154,6 @@ def _inputs(config, tasks, repeats: int, seed: int, keep_checkpoints: bool) -> l
 
 
 def _chaos_plan(plan: str | None, rate: float | None, seed: int, tasks) -> list:
-    from belayer.chaos.plan import parse_plan, random_plan
-
     if plan and rate is not None:
         raise click.UsageError("give --chaos or --chaos-rate, not both")
     if plan:
@@ -168,13 +191,9 @@ class _Runner:
         self._slots_taken = asyncio.Lock()
 
     def ui_root(self) -> str:
-        from belayer.client import ui_link
-
         return ui_link(self.config, "").rstrip("/")
 
     async def run(self, quiet: bool):
-        from belayer.temporal_client import connect
-
         client = await connect(self.config.temporal, self.config.storage.encryption_key)
         limit = asyncio.Semaphore(self.concurrency)
         with Progress(
@@ -211,7 +230,6 @@ class _Runner:
     async def _chaos(self) -> None:
         """Inject each planned fault when its trigger fires (step and time triggers are
         watched together; faults go one at a time); measure until the target moves on."""
-        from belayer.chaos.faults import Chaos
 
         chaos = Chaos(self.config)
         started = time.monotonic()
@@ -249,8 +267,6 @@ class _Runner:
         return next((i for i in ids if i in self.started), ids[0] if ids else planned.target)
 
     async def _inject(self, chaos, planned, target, seen) -> None:
-        from belayer.chaos.faults import ChaosError
-
         record = {
             "kind": planned.fault,
             "at": None,
@@ -323,8 +339,6 @@ class _Runner:
 
     async def _group(self, client, limit, progress, members):
         """One task's group as a TrajectoryGroupWorkflow; its members followed by their ids."""
-        from belayer.client import start_group
-        from belayer.workflows.groups import GroupInput
 
         rows = {m.trajectory_id: progress.add_task(m.trajectory_id, total=_turns_of(m.task), note="waiting")
                 for m in members}  # fmt: skip
@@ -353,7 +367,6 @@ class _Runner:
 
     async def _follow(self, client, handle, rows, progress):
         """Wait for a workflow's result, showing its trajectories' progress meanwhile."""
-        from belayer.client import follow_trajectories, result_through_restarts
 
         # a restarted Temporal server (chaos: temporal-restart) drops the long poll: asked again
         async for seen in follow_trajectories(handle, [client.get_workflow_handle(t) for t in rows]):
@@ -367,8 +380,6 @@ class _Runner:
         return await result_through_restarts(handle)
 
     async def _one(self, client, limit, progress, input):
-        from belayer.client import start_trajectory
-
         total = _turns_of(input.task)
         row = progress.add_task(input.trajectory_id, total=total, note="waiting")
         async with limit:
@@ -483,12 +494,6 @@ def inspect(ctx: click.Context, workflow_id: str, as_json: bool) -> None:
 
 
 async def _inspect(config, workflow_id: str) -> dict:
-    from temporalio.service import RPCError
-
-    from belayer.client import ui_link
-    from belayer.errors import BelayerError
-    from belayer.temporal_client import connect
-
     client = await connect(config.temporal, config.storage.encryption_key)
     handle = client.get_workflow_handle(workflow_id)
     try:
@@ -498,7 +503,6 @@ async def _inspect(config, workflow_id: str) -> dict:
             f"no trajectory {workflow_id!r} in namespace {config.temporal.namespace} ({exc}); "
             "list them with the web UI or `temporal workflow list`"
         ) from None
-    from belayer.storage.store import open_store
 
     steps, checkpoints, summary = await _walk_history(
         handle, client.data_converter, open_store(config.storage)
@@ -517,19 +521,6 @@ async def _walk_history(handle, converter, store):
     """Actions and observations as the history recorded them (works for closed runs too);
     `converter` is the client's, so encrypted payloads are decoded too; observations and
     the decision log are read from `store`, where the workers wrote them."""
-    from temporalio.api.enums.v1 import EventType
-
-    from belayer.contracts.sandbox import (
-        CHECKPOINT,
-        EXEC,
-        PUBLISH_CHECKPOINT,
-        CheckpointResult,
-        ExecArgs,
-        ExecResult,
-    )
-    from belayer.sandbox.observations import load_observation
-    from belayer.trajectory_log import read_decisions
-    from belayer.workflows.models import TrajectoryResult
 
     scheduled: dict[int, tuple[str, object]] = {}
     steps, checkpoints, summary = [], [], {}
@@ -592,8 +583,6 @@ class _ActivityClock:
         self.dispatch_s = 0.0
 
     def see(self, event) -> None:
-        from temporalio.api.enums.v1 import EventType
-
         at = event.event_time.ToDatetime().timestamp()
         self.first = at if self.first is None else self.first
         self.last = at
@@ -684,7 +673,6 @@ def _print_inspection(report: dict) -> None:
                 f"replayed {rec['replayed_steps']}, consistent={rec['consistent']}"
             )
     if report.get("decisions"):
-        from belayer.policy.adaptive import DecisionRecord, predictor_error
 
         def secs(value) -> str:
             return "-" if value is None else f"{value:.2f}"

@@ -12,9 +12,23 @@ from pathlib import Path
 
 import click
 from rich.console import Console
+from temporalio.service import RPCError
 
+from belayer.chaos.plan import parse_plan, random_training_plan
+from belayer.chaos.training import TrainingChaos
 from belayer.cli.context import config_from
+from belayer.client import result_through_restarts, ui_link
+from belayer.errors import BelayerError
+from belayer.temporal_client import connect
 from belayer.trainer.algorithms import ALGORITHMS, DEFAULT
+from belayer.trainer.models import TrainerSettings
+from belayer.training import (
+    read_iterations,
+    run_progress,
+    start_training,
+    training_input,
+)
+from belayer.workloads.loader import WorkloadError, load_workload
 
 console = Console(stderr=True)
 POLL_S = 1.0
@@ -176,9 +190,6 @@ def start(
     Exit status 1 when the run failed for an infrastructure reason. Ctrl-C leaves the run
     going; follow it with `belayer train status RUN` or in the Temporal web UI.
     """
-    from belayer.trainer.models import TrainerSettings
-    from belayer.training import training_input
-    from belayer.workloads.loader import WorkloadError, load_workload
 
     config = config_from(ctx.find_root())
     loaded = load_workload(workload)
@@ -266,8 +277,6 @@ def status(ctx: click.Context, run_id: str, as_json: bool) -> None:
 
 
 def _chaos_plan(plan: str | None, rate: float | None, seed: int, iterations: int) -> list:
-    from belayer.chaos.plan import parse_plan, random_training_plan
-
     if plan and rate is not None:
         raise click.UsageError("give --chaos or --chaos-rate, not both")
     if plan:
@@ -282,10 +291,6 @@ def _chaos_plan(plan: str | None, rate: float | None, seed: int, iterations: int
 
 
 async def _run(config, input, plan, *, quiet: bool):
-    from belayer.chaos.training import TrainingChaos
-    from belayer.client import result_through_restarts
-    from belayer.temporal_client import connect
-    from belayer.training import read_iterations, start_training
 
     client = await connect(config.temporal, config.storage.encryption_key)
     handle = await start_training(client, config, input)
@@ -324,8 +329,6 @@ class _Follower:
         self.printed = 0
 
     async def follow(self) -> None:
-        from belayer.training import run_progress
-
         with console.status("starting") as spinner:
             while True:
                 try:
@@ -429,12 +432,6 @@ def _print_end(report: dict, wall: float) -> None:
 
 
 async def _status(config, run_id: str):
-    from temporalio.service import RPCError
-
-    from belayer.errors import BelayerError
-    from belayer.temporal_client import connect
-    from belayer.training import read_iterations, run_progress
-
     client = await connect(config.temporal, config.storage.encryption_key)
     try:
         progress = await run_progress(client, run_id)
@@ -447,6 +444,4 @@ async def _status(config, run_id: str):
 
 
 def _ui(config, run_id: str) -> str:
-    from belayer.client import ui_link
-
     return ui_link(config, run_id)

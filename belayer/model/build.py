@@ -19,11 +19,14 @@ import os
 import shutil
 import tempfile
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Literal
 
+from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+
 from belayer.errors import BelayerError
+from belayer.model.warmstart import RECIPE, warm_state
 
 # Bump when anything that changes the produced bytes changes (corpus, sizes, init, format):
 # the cache folder name carries it, so an old build is never mistaken for a new one.
@@ -68,8 +71,6 @@ Progress = Callable[[str], None]
 def model_dir_name(size: str) -> str:
     """Cache folder name: a recipe change (base or fine-tuning) never reuses an old build."""
     if size in WARM_STARTS:
-        from belayer.model.warmstart import RECIPE
-
         return f"{size}-r{RECIPE_VERSION}.{RECIPE.version}"
     return f"{size}-r{RECIPE_VERSION}"
 
@@ -128,7 +129,7 @@ def write_model(size: ModelSize, out: Path, say: Progress) -> None:
     state = random_weights(shape, vocab)
     params = sum(t.numel() for t in state.values())
     say(f"saving {params / 1e6:.1f}M parameters as safetensors")
-    from safetensors.torch import save_file
+    from safetensors.torch import save_file  # import cost: torch, ~2.5 s
 
     save_file(state, str(out / "model.safetensors"), metadata={"format": "pt"})
     write_manifest(out, size=size, recipe=RECIPE_VERSION, seed=SEED, params=params, vocab=vocab)
@@ -137,11 +138,8 @@ def write_model(size: ModelSize, out: Path, say: Progress) -> None:
 def write_warm_model(size: str, base: Path, out: Path, say: Progress) -> None:
     """Write `size` into `out`: the base's tokenizer and config, fine-tuned weights, and a
     manifest naming the fine-tuning recipe and the base build (its manifest's sha256)."""
-    from dataclasses import asdict
 
-    from safetensors.torch import save_file
-
-    from belayer.model.warmstart import RECIPE, warm_state
+    from safetensors.torch import save_file  # import cost: torch, ~2.5 s
 
     for item in sorted(base.iterdir()):
         if item.is_file() and item.name not in ("model.safetensors", MANIFEST):
@@ -173,7 +171,6 @@ def write_manifest(out: Path, **fields) -> None:
 def train_tokenizer():
     """Byte-level BPE trained on the corpus files, in sorted order, single-threaded."""
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")  # parallel merges may tie-break differently
-    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 
     texts = [p.read_text(encoding="utf-8") for p in sorted(CORPUS_DIR.glob("*.txt"))]
     if not texts:
@@ -197,14 +194,14 @@ def train_tokenizer():
 
 
 def save_tokenizer(tokenizer, out: Path) -> None:
-    from transformers import PreTrainedTokenizerFast
+    from transformers import PreTrainedTokenizerFast  # import cost: transformers, ~2 s
 
     fast = PreTrainedTokenizerFast(tokenizer_object=tokenizer, bos_token=BOS, eos_token=EOS, pad_token=PAD)
     fast.save_pretrained(str(out))
 
 
 def save_config(shape: ModelShape, vocab: int, tokenizer, out: Path) -> None:
-    from transformers import LlamaConfig
+    from transformers import LlamaConfig  # import cost: transformers, ~2 s
 
     config = LlamaConfig(
         vocab_size=vocab,
@@ -226,7 +223,7 @@ def save_config(shape: ModelShape, vocab: int, tokenizer, out: Path) -> None:
 
 def random_weights(shape: ModelShape, vocab: int) -> dict:
     """Hugging Face Llama state dict; each tensor from its own generator (name-seeded)."""
-    import torch
+    import torch  # import cost: torch, ~2.5 s
 
     h, inter, head_dim = shape.hidden, shape.intermediate, shape.hidden // shape.heads
     kv = shape.kv_heads * head_dim

@@ -13,7 +13,10 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
+from tokenizers import Tokenizer
+
 from belayer.agent_format import PROMPT_TEMPLATE, parse_action
+from belayer.model.build import model_path
 from belayer.model.learn_tasks import MAX_TOKENS_PER_TURN, SPLITS, Problem, problems
 
 
@@ -30,7 +33,7 @@ class Rates:
 
 def sample_first_turns(model, tokenizer, instruction: str, n: int, seed: int) -> list[str]:
     """`n` first-turn completions of `instruction`, decoded as the generate activity does."""
-    import torch
+    import torch  # import cost: torch, ~2.5 s
 
     prompt = tokenizer.encode(PROMPT_TEMPLATE.format(instruction=instruction), add_special_tokens=False).ids
     torch.manual_seed(seed)
@@ -63,17 +66,14 @@ def rates(model, tokenizer, tasks: list[Problem], n: int, seed: int) -> Rates:
 
 def load(model_dir: Path):
     """The model (fp32, eval mode) and its tokenizer."""
-    import torch
-    from tokenizers import Tokenizer
-    from transformers import LlamaForCausalLM
+    import torch  # import cost: torch, ~2.5 s
+    from transformers import LlamaForCausalLM  # import cost: transformers, ~2 s
 
     model = LlamaForCausalLM.from_pretrained(str(model_dir), dtype=torch.float32).eval()
     return model, Tokenizer.from_file(str(model_dir / "tokenizer.json"))
 
 
 def main(name: str = "tiny-warm", n: int = 16) -> None:
-    from belayer.model.build import model_path
-
     model, tokenizer = load(model_path(name, progress=print))  # type: ignore[arg-type]
     for split in SPLITS:
         print(f"{name} {split}: {rates(model, tokenizer, problems(split), n, seed=1)}")

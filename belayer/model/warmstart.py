@@ -26,6 +26,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
+from tokenizers import Tokenizer
+
 from belayer.agent_format import OBSERVATION_TEMPLATE, PROMPT_TEMPLATE
 from belayer.model.learn_tasks import CONSTANTS, OPERATIONS, WRONG_OUTPUT, Problem
 
@@ -100,7 +102,7 @@ def encode(tokenizer, segments: list[Segment], eos_id: int) -> tuple[list[int], 
 
 def batches(tokenizer, recipe: SftRecipe, eos_id: int, pad_id: int):
     """`recipe.steps` padded batches of fresh transcripts (input ids, attention mask, labels)."""
-    import torch
+    import torch  # import cost: torch, ~2.5 s
 
     rng = random.Random(recipe.seed)
     for step in range(recipe.steps):
@@ -120,7 +122,7 @@ def batches(tokenizer, recipe: SftRecipe, eos_id: int, pad_id: int):
 
 def fine_tune(model, tokenizer, recipe: SftRecipe, say: Callable[[str], None]) -> list[float]:
     """Train `model` in place (AdamW, linear warmup then linear decay); the losses per step."""
-    import torch
+    import torch  # import cost: torch, ~2.5 s
 
     config = model.config
     optimizer = torch.optim.AdamW(model.parameters(), lr=recipe.lr, weight_decay=0.0)
@@ -151,7 +153,7 @@ def deterministic_torch(seed: int, threads: int):
     """Seeded RNG, deterministic kernels and a fixed thread count (reductions split by
     thread) for the block; the process's previous settings come back afterwards, since a
     worker may build the model in-process."""
-    import torch
+    import torch  # import cost: torch, ~2.5 s
 
     saved = (torch.get_num_threads(), torch.are_deterministic_algorithms_enabled())
     torch.set_num_threads(threads)
@@ -166,10 +168,9 @@ def deterministic_torch(seed: int, threads: int):
 
 def warm_state(base: Path, recipe: SftRecipe, say: Callable[[str], None]) -> dict:
     """The fine-tuned state dict, with exactly the base checkpoint's tensor names."""
-    import torch
-    from safetensors.torch import load_file
-    from tokenizers import Tokenizer
-    from transformers import LlamaForCausalLM
+    import torch  # import cost: torch, ~2.5 s
+    from safetensors.torch import load_file  # import cost: torch, ~2.5 s
+    from transformers import LlamaForCausalLM  # import cost: transformers, ~2 s
 
     names = sorted(load_file(str(base / "model.safetensors")))
     tokenizer = Tokenizer.from_file(str(base / "tokenizer.json"))

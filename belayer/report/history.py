@@ -8,6 +8,9 @@ if no start was recorded) and outcome is completed, failed, timed_out or cancele
 from __future__ import annotations
 
 from pydantic import BaseModel
+from temporalio.api.enums.v1 import EventType
+
+from belayer.temporal_client import connect
 
 KINDS = {
     "generate": "generate",
@@ -44,7 +47,6 @@ class History(BaseModel):
 
 async def fetch_histories(config, ids: list[str]) -> dict[str, History]:
     """Histories of `ids`; one that cannot be read says why instead of failing the report."""
-    from belayer.temporal_client import connect
 
     client = await connect(config.temporal, config.storage.encryption_key)
     found = {}
@@ -57,8 +59,6 @@ async def fetch_histories(config, ids: list[str]) -> dict[str, History]:
 
 
 async def _history(handle) -> History:
-    from temporalio.api.enums.v1 import EventType
-
     history = History(id=handle.id)
     scheduled: dict[int, tuple[str, float]] = {}
     started: dict[int, tuple[float, int]] = {}

@@ -42,10 +42,10 @@ LANES = {
 
 
 def _pyplot():
-    import matplotlib
+    import matplotlib  # import cost: matplotlib, ~1 s
 
     matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    import matplotlib.pyplot as plt  # import cost: matplotlib, ~1 s
 
     return plt
 
@@ -82,7 +82,7 @@ def timeline(run: RunData, histories: dict[str, History], path: Path, max_rows: 
     if not rows:
         return None
     plt = _pyplot()
-    from matplotlib.patches import Patch
+    from matplotlib.patches import Patch  # import cost: matplotlib, ~1 s
 
     origin = min(histories[t.id].start or 0 for t in rows)
     fig, ax = plt.subplots(figsize=(14, 1.2 + 0.62 * len(rows)))
@@ -250,7 +250,7 @@ def reward_curve(run: TrainingRun, control: TrainingRun | None, path: Path) -> P
     if not any(i.mean_reward is not None for i in run.iterations):
         return None
     plt = _pyplot()
-    from matplotlib.ticker import MaxNLocator
+    from matplotlib.ticker import MaxNLocator  # import cost: matplotlib, ~1 s
 
     runs = [(run, False)] + ([(control, True)] if control is not None else [])
     timed = has_time_panel(run, control)
@@ -325,7 +325,7 @@ def time_split(run: TrainingRun, path: Path) -> Path | None:
     if not run.iterations:
         return None
     plt = _pyplot()
-    from matplotlib.ticker import MaxNLocator
+    from matplotlib.ticker import MaxNLocator  # import cost: matplotlib, ~1 s
 
     span = run.iterations[-1].iteration - run.iterations[0].iteration + 1
     width = min(14.0, max(9.0, 0.6 * span + 5))

@@ -31,6 +31,7 @@ from typing import TYPE_CHECKING, Literal
 from pydantic import BaseModel, ConfigDict, Field
 
 from belayer.sandbox.models import CheckpointRef, SandboxId
+from belayer.storage.errors import ObjectNotFound, StorageError
 
 if TYPE_CHECKING:
     from belayer.sandbox.host import SandboxHost
@@ -96,7 +97,6 @@ def write_record(store, checkpoint_prefix: str, record: DrainRecord) -> None:
 def find_record(store, checkpoint_prefix: str, sandbox_id: str, generation: int) -> DrainRecord | None:
     """The drain record of that generation, or None (never drained, or unreadable: the
     recovery then starts from the workflow's own checkpoints, which is always safe)."""
-    from belayer.storage.errors import ObjectNotFound, StorageError
 
     try:
         data = store.get_bytes(record_key(checkpoint_prefix, sandbox_id, generation))

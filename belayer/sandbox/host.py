@@ -20,6 +20,7 @@ import logging
 import os
 import re
 import secrets
+import socket
 import tempfile
 import threading
 import time
@@ -31,7 +32,7 @@ from pathlib import Path
 from typing import Protocol, TypeVar
 
 from belayer import faults
-from belayer.sandbox import channel, compression, drain, lineage, priority, toolchain
+from belayer.sandbox import channel, compression, drain, errors, lineage, priority, toolchain
 from belayer.sandbox.backend import ContainerExit, SandboxBackend, oom_kills
 from belayer.sandbox.backends import open_backend
 from belayer.sandbox.config import SandboxConfig
@@ -70,6 +71,9 @@ from belayer.sandbox.models import (
     path_under,
 )
 from belayer.sandbox.placement import HostLoad
+from belayer.storage.encryption import archive_store
+from belayer.storage.errors import CorruptObject, ObjectNotFound, StorageError
+from belayer.storage.store import open_store
 
 HASH_SCRIPT = r"""
 import hashlib, os, stat, sys
@@ -145,8 +149,6 @@ logger = logging.getLogger(__name__)
 
 
 def default_host_queue(cfg: SandboxConfig) -> str:
-    import socket
-
     return cfg.host_task_queue or f"belayer-sandbox-{socket.gethostname()}"
 
 
@@ -571,8 +573,6 @@ class SandboxHost:
         return self._meta_at(ref.meta_key)
 
     def _meta_at(self, meta_key: str) -> CheckpointMeta:
-        from belayer.storage.errors import StorageError
-
         try:
             return CheckpointMeta.model_validate_json(self.store.get_bytes(meta_key))
         except StorageError as exc:
@@ -727,8 +727,6 @@ class SandboxHost:
             yield plain
 
     def _download_archive(self, meta: CheckpointMeta, f) -> None:
-        from belayer.storage.errors import CorruptObject, ObjectNotFound
-
         try:
             self.store.download_stream(meta.archive_key, f, expected_sha256=meta.archive_sha256)
         except (CorruptObject, ObjectNotFound) as exc:
@@ -841,7 +839,6 @@ class SandboxHost:
             raise CheckpointCorrupt(
                 f"{ref.meta_key}: metadata names another file-system snapshot than the workflow recorded"
             )
-        from belayer.storage.errors import StorageError
 
         try:
             data = self.store.get_bytes(meta.fs_key, expected_sha256=meta.fs_sha256)
@@ -1024,7 +1021,6 @@ def loss_cause(ended: ContainerExit, oom_kills: int | None) -> tuple[str, str]:
     OOM kill counted, another signal, a container still running but not answering -- has
     no cause found: the workflow recovers it, and the same action losing the sandbox again
     after the restore makes it the policy's."""
-    from belayer.sandbox import errors
 
     if not ended.found:
         return (
@@ -1098,8 +1094,6 @@ def _damage(archive: Path) -> None:
 def make_host(config, *, store=None, host_queue: str | None = None) -> SandboxHost:
     """A SandboxHost for the effective BelayerConfig (the backend `sandbox.backend` names,
     its object store)."""
-    from belayer.storage.encryption import archive_store
-    from belayer.storage.store import open_store
 
     # checkpoints hold process memory: encrypted at rest when a key is configured
     if store is None:

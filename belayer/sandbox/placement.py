@@ -25,6 +25,8 @@ import threading
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from belayer.storage.errors import StorageError
+
 log = logging.getLogger(__name__)
 
 PREFIX = "hosts/"
@@ -65,7 +67,6 @@ def withdraw(store, host_queue: str) -> None:
 
 def read_loads(store) -> list[HostLoad]:
     """Every host's record; an unreadable one is skipped (that host is not chosen)."""
-    from belayer.storage.errors import StorageError
 
     loads = []
     for key in store.list(PREFIX):

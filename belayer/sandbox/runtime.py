@@ -26,6 +26,7 @@ Stdlib only. Also a script, so shell code can share the exact same arguments::
 
 from __future__ import annotations
 
+import argparse
 import dataclasses
 import os
 import re
@@ -418,7 +419,7 @@ def check_runtime(
                 f"({podman_dirs(state_dir)['root']}): {INSTALL_HINT} (infra/install/base-image.sh)"
                 + (f" [podman: {err}]" if err and "image not known" not in err else "")
             )
-    from belayer.sandbox import toolchain  # imports this module
+    from belayer.sandbox import toolchain  # cycle: toolchain imports this module
 
     if toolchain.installed(cache_dir) is None:
         h.problems.append(
@@ -432,8 +433,6 @@ def check_runtime(
 
 
 def _main(argv: list[str]) -> int:
-    import argparse
-
     p = argparse.ArgumentParser(prog="runtime.py", description=__doc__.split("\n")[0])
     p.add_argument("what", choices=["base-args", "env", "check", "criu-path", "image"])
     p.add_argument("--state-dir", default=None)

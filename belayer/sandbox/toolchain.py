@@ -41,6 +41,7 @@ Stdlib only: the install step runs it with the system python3
 
 from __future__ import annotations
 
+import argparse
 import contextlib
 import hashlib
 import os
@@ -401,8 +402,6 @@ def _size_mb(directory: Path) -> float:
 
 
 def _main(argv: list[str]) -> int:
-    import argparse
-
     p = argparse.ArgumentParser(
         prog="python3 -m belayer.sandbox.toolchain", description=__doc__.split("\n")[0]
     )

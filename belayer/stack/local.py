@@ -19,6 +19,7 @@ import psutil
 
 from belayer.config import BelayerConfig
 from belayer.errors import StackError
+from belayer.rollout.identity import cleanup_node
 from belayer.sandbox.backends import open_backend
 from belayer.stack import sandbox_hosts
 from belayer.stack.process import ManagedProcess
@@ -32,6 +33,7 @@ from belayer.stack.workers import (
     rollout_service_name,
     sandbox_service_name,
 )
+from belayer.workers.rollout.worker import describe_roles, read_roles, roles_file
 
 
 class Service(Protocol):
@@ -216,8 +218,6 @@ class LocalStack:
 
     def _remove_rollout_leftovers(self, report: Reporter) -> None:
         """A rollout node killed hard cannot unlink its shared memory: `down` does."""
-        from belayer.rollout.identity import cleanup_node
-        from belayer.workers.rollout.worker import roles_file
 
         for config in self.rollout_node_configs():
             for segment in cleanup_node(config.rollout.node_id):
@@ -238,8 +238,6 @@ class LocalStack:
             health = service.health()
         detail = health.detail
         if isinstance(service, RolloutNodeService) and running is not None:
-            from belayer.workers.rollout.worker import describe_roles, read_roles
-
             detail += "; " + describe_roles(read_roles(service.node_config))
         return ComponentStatus(
             name=service.name,

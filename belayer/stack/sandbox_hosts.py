@@ -35,10 +35,11 @@ from pathlib import Path
 
 import psutil
 
-from belayer.config import BelayerConfig
+from belayer.config import BelayerConfig, load_config
 from belayer.sandbox import freezer
 from belayer.sandbox.backend import SandboxBackend
 from belayer.sandbox.backends import open_backend
+from belayer.sandbox.host import default_host_queue
 from belayer.sandbox.runtime import INFRA_DIR, podman_dirs, run_podman
 
 # The inodes of the host's mount and UTS namespaces, written when it starts: a process is
@@ -51,8 +52,6 @@ def host_name(k: int) -> str:
 
 
 def host_queue(config: BelayerConfig, k: int) -> str:
-    from belayer.sandbox.host import default_host_queue
-
     return default_host_queue(config.sandbox) if k == 0 else f"belayer-sandbox-{host_name(k)}"
 
 
@@ -234,7 +233,6 @@ def host_of_container(config: BelayerConfig, hosts: int, container: str) -> int 
 
 def main(argv: list[str]) -> int:
     """`python -m belayer.stack.sandbox_hosts K -- WORKER...`, inside `unshare` (see `launcher`)."""
-    from belayer.config import load_config
 
     k, separator, *worker = argv
     if separator != "--" or not worker:

@@ -19,11 +19,15 @@ from dataclasses import dataclass
 from pathlib import Path
 from urllib.parse import urlparse
 
+from temporalio.api.workflowservice.v1 import GetSystemInfoRequest
+from temporalio.client import Client
+
 from belayer.config import StackConfig, TemporalConfig
 from belayer.errors import StackError
 from belayer.prepare import SEARCH_ATTRIBUTES, add_missing_search_attributes, create_bucket_if_missing
 from belayer.stack import private_net
 from belayer.storage.config import StorageConfig
+from belayer.storage.s3client import make_s3_client
 
 
 @dataclass(frozen=True)
@@ -156,9 +160,6 @@ class TemporalDevServer:
         return Health(True, f"frontend and web UI answer; history in {self.db_file}")
 
     async def _check_frontend(self) -> None:
-        from temporalio.api.workflowservice.v1 import GetSystemInfoRequest
-        from temporalio.client import Client
-
         # A bare client on purpose: this call carries no payloads, and the dev server's
         # health must not depend on the payload key (belayer.temporal_client otherwise).
         client = await Client.connect(self.cfg.address, namespace=self.cfg.namespace)
@@ -263,7 +264,6 @@ class SeaweedFS:
     def health(self) -> Health:
         if not port_in_use(self.host, self.s3_port):
             return Health(False, f"nothing listens on {self.cfg.endpoint}")
-        from belayer.storage.s3client import make_s3_client
 
         try:
             client = make_s3_client(self.cfg, connect_timeout_s=2, read_timeout_s=5)
@@ -280,7 +280,6 @@ class SeaweedFS:
         Right after a restart SeaweedFS lists buckets for a few seconds before its
         volumes take reads and writes, so listing alone is not readiness.
         """
-        from belayer.storage.s3client import make_s3_client
 
         try:
             client = make_s3_client(self.cfg, connect_timeout_s=2, read_timeout_s=5)

@@ -11,12 +11,17 @@ from __future__ import annotations
 import os
 import signal
 import sys
+import urllib.request
 from pathlib import Path
 
+import tomli_w
+
 from belayer.config import BelayerConfig, plain_dump
+from belayer.stack import sandbox_hosts
 from belayer.stack.process import ManagedProcess
 from belayer.stack.services import Health, run_coroutine
 from belayer.temporal_client import pollers
+from belayer.workers.rollout.worker import node_task_queue
 
 CONFIG_FILE_ENV = "BELAYER_CONFIG"
 
@@ -24,7 +29,6 @@ CONFIG_FILE_ENV = "BELAYER_CONFIG"
 def write_effective_config(config: BelayerConfig, path: Path | None = None) -> Path:
     """The full configuration, secrets included, readable by the owner only; by default
     in the state directory, where the workers of that stack find it."""
-    import tomli_w
 
     path = path or config.state_dir / "run" / "effective-config.toml"
     path.parent.mkdir(parents=True, exist_ok=True)
@@ -111,8 +115,6 @@ class RolloutNodeService(WorkerService):
     own configuration, for its status and for chaos aimed at it."""
 
     def __init__(self, config: BelayerConfig, k: int, node_id: str):
-        from belayer.workers.rollout.worker import node_task_queue
-
         self.node_config = node_config(config, node_id)
         super().__init__(
             rollout_service_name(k),
@@ -139,8 +141,6 @@ class SandboxHostService(WorkerService):
     stop_signal = signal.SIGINT
 
     def __init__(self, config: BelayerConfig, k: int):
-        from belayer.stack import sandbox_hosts
-
         queue = sandbox_hosts.host_queue(config, k)
         super().__init__(
             sandbox_service_name(k),
@@ -155,8 +155,6 @@ class SandboxHostService(WorkerService):
         self.host_index = k
 
     def command(self) -> tuple[list[str], dict[str, str]]:
-        from belayer.stack import sandbox_hosts
-
         argv, env = super().command()
         return (sandbox_hosts.launcher(self.host_index, argv) if self.host_index else argv), env
 
@@ -191,8 +189,6 @@ class CodecServerService:
         return self.health().ok
 
     def health(self) -> Health:
-        import urllib.request
-
         ui_host = self.config.temporal.address.rpartition(":")[0] or "127.0.0.1"
         origin = f"http://{ui_host}:{self.config.temporal.ui_port}"
         request = urllib.request.Request(

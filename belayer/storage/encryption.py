@@ -39,6 +39,11 @@ import struct
 from collections.abc import Iterable, Iterator
 from typing import Any, BinaryIO
 
+from cryptography.exceptions import InvalidTag
+from cryptography.hazmat.primitives import hashes
+from cryptography.hazmat.primitives.ciphers.aead import AESGCM
+from cryptography.hazmat.primitives.kdf.hkdf import HKDF
+
 from belayer.errors import ConfigError
 from belayer.storage.errors import CorruptObject
 
@@ -90,10 +95,6 @@ class ArchiveCipher:
         return "ArchiveCipher(key=**********)"
 
     def _aead(self, salt: bytes):
-        from cryptography.hazmat.primitives import hashes
-        from cryptography.hazmat.primitives.ciphers.aead import AESGCM
-        from cryptography.hazmat.primitives.kdf.hkdf import HKDF
-
         derived = HKDF(
             algorithm=hashes.SHA256(), length=KEY_BYTES, salt=salt, info=b"belayer checkpoint archive v1"
         ).derive(self._key)
@@ -171,8 +172,6 @@ class _Decryptor:
             yield self._open(sealed)
 
     def _open(self, sealed: bytes) -> bytes:
-        from cryptography.exceptions import InvalidTag
-
         for last in (False, True):
             try:
                 plain = self.aead.decrypt(_nonce(self.counter, last), sealed, self.aad)
@@ -199,9 +198,6 @@ class MetadataMac:
     """HMAC-SHA256 of a readable control-plane object, bound to its object key."""
 
     def __init__(self, key: bytes):
-        from cryptography.hazmat.primitives import hashes
-        from cryptography.hazmat.primitives.kdf.hkdf import HKDF
-
         self._key = HKDF(algorithm=hashes.SHA256(), length=KEY_BYTES, salt=None, info=MAC_LABEL).derive(key)
 
     def __repr__(self) -> str:

@@ -26,6 +26,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import torch
+from safetensors.torch import load, save
 
 from belayer.storage.errors import CorruptObject
 from belayer.storage.store import ObjectRef
@@ -109,8 +110,6 @@ def encode_checkpoint(
     stats: StepStats,
     weights: ObjectRef,
 ) -> bytes:
-    from safetensors.torch import save
-
     tensors = weights_of(state.model)
     tensors.update(_optimizer_tensors(state.model, state.optimizer))
     tensors[_RNG] = torch.get_rng_state()
@@ -130,8 +129,6 @@ def encode_checkpoint(
 
 def decode_checkpoint(key: str, data: bytes) -> Checkpoint:
     """`CorruptObject` when `data` is not a trainer checkpoint."""
-    from safetensors.torch import load
-
     try:
         meta = _safetensors_metadata(data)
         if meta.get("format") != FORMAT:

@@ -8,9 +8,9 @@ from types import SimpleNamespace
 
 import pytest
 
-from belayer.chaos import faults as faults_module
 from belayer.chaos.faults import ChaosError, FaultReport
 from belayer.chaos.plan import parse_plan
+from belayer.cli import run as run_command
 from belayer.workloads.loader import load_workload
 from tests.chaos.test_schedule import EXAMPLE
 
@@ -38,7 +38,7 @@ def runner(monkeypatch, tmp_path):
     from belayer.config import load_config
 
     monkeypatch.setenv("BELAYER_STATE_DIR", str(tmp_path))
-    monkeypatch.setattr(faults_module, "Chaos", RecordingChaos)
+    monkeypatch.setattr(run_command, "Chaos", RecordingChaos)  # the name the runner calls
     RecordingChaos.injected, RecordingChaos.refuse = [], set()
 
     def make(plan: str):

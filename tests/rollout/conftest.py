@@ -170,9 +170,7 @@ def as_started(node: RolloutNode) -> bool:
     """Whether a node can be handed to another module as if newly started."""
     if node.target_version != 1 or node.weight_source is not None or node.roles().broken is not None:
         return False
-    settled = _settles(
-        lambda: (roles := node.roles()).publishing is None and roles.owner_state == "alive"
-    )
+    settled = _settles(lambda: (roles := node.roles()).publishing is None and roles.owner_state == "alive")
     return settled and (not node.config.shadow or node.wait_shadow_ready())
 
 

@@ -20,8 +20,10 @@ from rich.console import Console
 from rich.table import Table
 
 from belayer.chaos.faults import FAULT_KINDS, ChaosError
+from belayer.chaos.soak import Soak, SoakSettings
 from belayer.cli.context import config_from
 from belayer.measure import machine_load, spread_cells
+from belayer.report.build import build_report
 
 console = Console(stderr=True)
 EXAMPLE = Path(__file__).resolve().parents[3] / "examples" / "workloads" / "build-and-serve.yaml"
@@ -96,7 +98,6 @@ def chaos(
 
     Exit status 1 when a trajectory was lost, mismatched or failed_infra, or something leaked.
     """
-    from belayer.chaos.soak import Soak, SoakSettings
 
     chosen = kinds.split(",") if kinds else list(FAULT_KINDS)
     unknown = [k for k in chosen if k not in FAULT_KINDS]
@@ -131,8 +132,6 @@ def chaos(
     if out:
         out.write_text(text)
     if report_dir:
-        from belayer.report.build import build_report
-
         report_dir.mkdir(parents=True, exist_ok=True)
         (report_dir / "soak.json").write_text(text)
         page = asyncio.run(build_report(report_dir / "soak.json", report_dir, [], config))

@@ -13,6 +13,7 @@ from belayer.bench.overhead import load_trace_task
 from belayer.cli.bench.overhead import trace_task_options
 from belayer.config import load_config
 from belayer.measure import machine_load
+from belayer.sandbox.host import make_host
 
 
 @click.command("checkpoint")
@@ -38,7 +39,6 @@ def checkpoint(ctx: click.Context, workload: Path, task_id: str | None, repetiti
 
     Needs root, podman + CRIU (`make install`) and the object store (`belayer up`).
     """
-    from belayer.sandbox.host import make_host
 
     config = load_config((ctx.obj or {}).get("config_file"))
     if compression:

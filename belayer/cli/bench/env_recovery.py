@@ -12,6 +12,7 @@ from rich.console import Console
 from belayer.bench.env_recovery import Realistic, print_report, run_bench
 from belayer.config import load_config
 from belayer.measure import machine_load
+from belayer.sandbox.localstore import LocalDirStore
 
 
 @click.command("env-recovery")
@@ -77,8 +78,6 @@ def env_recovery(ctx: click.Context, as_json: bool, names: tuple[str, ...], scal
     config = load_config((ctx.obj or {}).get("config_file"))
     store = None
     if archive_dir:
-        from belayer.sandbox.localstore import LocalDirStore
-
         store = LocalDirStore(Path(archive_dir))
     err = Console(stderr=True)
     settings = Realistic(failures=failures, seed=seed, decode_s_per_token=decode_ms_per_token / 1000)

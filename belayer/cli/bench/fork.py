@@ -12,6 +12,7 @@ from rich.table import Table
 from belayer.bench.fork import run_bench
 from belayer.config import load_config
 from belayer.measure import machine_load
+from belayer.sandbox.localstore import LocalDirStore
 
 
 @click.command("fork")
@@ -58,8 +59,6 @@ def fork(ctx: click.Context, as_json: bool, group_size: int, repetitions: int, s
     err = Console(stderr=True)
     store = None
     if archive_dir:
-        from belayer.sandbox.localstore import LocalDirStore
-
         store = LocalDirStore(Path(archive_dir))
     result = run_bench(config, group_size=group_size, repetitions=repetitions, scale=scale,
                        concurrency=concurrency, store=store, log_fn=lambda m: err.print(m, highlight=False))  # fmt: skip

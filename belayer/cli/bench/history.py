@@ -8,11 +8,16 @@ import time
 
 import click
 from rich.console import Console
+from temporalio.worker import Worker
 
 from belayer.bench.history import long_trace, print_report, run_one, summarize
 from belayer.cli.bench.output import report_and_exit
 from belayer.cli.context import config_from
 from belayer.measure import machine_load
+from belayer.model.build import model_path
+from belayer.storage.store import open_store
+from belayer.temporal_client import connect
+from belayer.testing import ScriptedRollout
 
 
 @click.command("long-trajectory")
@@ -51,17 +56,11 @@ def long_trajectory(
     ctx: click.Context, turns: int, every: int, output_bytes: int, repetitions: int, as_json: bool
 ) -> None:
     """Run a trace trajectory of many turns and report its histories against Temporal's limits."""
-    from belayer.temporal_client import connect
 
     config = config_from(ctx.find_root())
     err = Console(stderr=True)
 
     async def main() -> dict:
-        from temporalio.worker import Worker
-
-        from belayer.model.build import model_path
-        from belayer.storage.store import open_store
-        from belayer.testing import ScriptedRollout
 
         client = await connect(config.temporal, config.storage.encryption_key)
         task = long_trace(turns, output_bytes)

@@ -13,6 +13,7 @@ from rich.console import Console
 from belayer.bench.overhead import DEFAULT_WORKLOAD, load_trace_task, print_report, run_bench, stack_target
 from belayer.cli.bench.output import report_and_exit
 from belayer.cli.context import config_from
+from belayer.temporal_client import connect
 
 
 def trace_task_options(default_workload: Path):
@@ -71,7 +72,6 @@ def overhead(
     Policy settings other than the mode come from the configuration
     (e.g. BELAYER_POLICY__ALPHA); the stack must be up (`belayer up`).
     """
-    from belayer.temporal_client import connect
 
     config = config_from(ctx.find_root())
     task = load_trace_task(workload, task_id)

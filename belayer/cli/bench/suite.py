@@ -11,11 +11,11 @@ from rich.console import Console
 from belayer.bench.suite import command_of, run_one, selected, write_outputs
 from belayer.cli.context import config_from
 from belayer.measure import machine_description, machine_load
+from belayer.stack.local import LocalStack
 
 
 def stack_problem(ctx: click.Context) -> str | None:
     """Why the stack cannot serve the benchmarks that need it, or None."""
-    from belayer.stack.local import LocalStack
 
     down = [row.name for row in LocalStack(config_from(ctx)).status() if not row.healthy]
     return f"not healthy: {', '.join(down)}; start the stack with `belayer up`" if down else None

@@ -20,6 +20,7 @@ from belayer.bench.training import (
 )
 from belayer.cli.bench.output import report_and_exit
 from belayer.cli.context import config_from
+from belayer.workloads.loader import load_workload
 
 
 @click.command("training")
@@ -82,7 +83,6 @@ def training(
     Runs on the stack of the effective configuration and injects real faults into it, and
     restarts its rollout node: use a stack of your own (`BELAYER_STATE_DIR=... belayer up`).
     """
-    from belayer.workloads.loader import load_workload
 
     config = config_from(ctx.find_root())
     if not config.rollout.shadow:

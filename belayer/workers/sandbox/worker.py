@@ -23,6 +23,7 @@ from __future__ import annotations
 import asyncio
 import json
 import signal
+import time
 from collections.abc import Awaitable, Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -51,8 +52,6 @@ def remove_stale_temp_files(config: BelayerConfig) -> int:
     Only files untouched for an hour: another process on this host (a test, a bench) may
     be restoring right now.
     """
-    import time
-
     tmp = config.state_dir / "tmp"
     removed = 0
     for pattern in ("restore-sbx-*.tar", "ckpt-sbx-*.err"):
