@@ -26,9 +26,6 @@ REASONS = {
     "break the loop",
     "workflow sandbox": "Temporal workflow code must not import a non-deterministic module at module level",
 }
-# Parts of belayer/ whose function-level imports are not checked yet: the branches refactoring
-# them give each import a place at module level or a reason, then remove the part from here.
-NOT_YET_CHECKED = {"activities", "rollout", "workflows"}
 
 _REASON_COMMENT = re.compile(r"#\s*(" + "|".join(map(re.escape, REASONS)) + r"):")
 
@@ -63,7 +60,6 @@ def test_every_import_inside_a_function_has_a_reason():
     found = [
         f"{path.relative_to(PACKAGE.parent)}:{line}: {statement}"
         for path in sorted(PACKAGE.rglob("*.py"))
-        if path.relative_to(PACKAGE).parts[0] not in NOT_YET_CHECKED
         for line, statement in imports_without_a_reason(path.read_text())
     ]
     assert not found, (
@@ -73,35 +69,3 @@ def test_every_import_inside_a_function_has_a_reason():
         + ":\n"
         + "\n".join(found)
     )
-
-
-def test_not_yet_checked_names_parts_that_exist():
-    missing = sorted(part for part in NOT_YET_CHECKED if not (PACKAGE / part).is_dir())
-    assert not missing, f"NOT_YET_CHECKED names parts belayer/ no longer has: {missing}; remove them"
-
-
-def test_the_check_finds_imports_in_functions_and_accepts_a_reason_on_any_of_their_lines():
-    source = (
-        "import json\n"
-        "try:\n"
-        "    import yaml\n"
-        "except ImportError:\n"
-        "    yaml = None\n"
-        "def f():\n"
-        "    import os\n"
-        "    import torch  # import cost: torch, ~2.5 s\n"
-        "    from belayer.sandbox import (  # cycle: toolchain imports this module\n"
-        "        toolchain,\n"
-        "    )\n"
-        "    from belayer.storage import (\n"
-        "        store,  # import cost: boto3\n"
-        "    )\n"
-        "    import time  # imported here for speed\n"
-        "class C:\n"
-        "    from belayer import errors\n"
-    )
-    assert imports_without_a_reason(source) == [
-        (7, "import os"),
-        (15, "import time"),
-        (17, "from belayer import errors"),
-    ]

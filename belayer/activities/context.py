@@ -24,6 +24,8 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
+from tokenizers import Tokenizer
+
 from belayer import trajectory_log
 from belayer.activities.runtime import implements
 from belayer.agent_format import OBSERVATION_TEMPLATE, PROMPT_TEMPLATE, observation_text
@@ -38,6 +40,8 @@ from belayer.contracts.context import (
     ForkContextArgs,
     StartContextArgs,
 )
+from belayer.sandbox.observations import load_observation
+from belayer.storage.tokenlog import TokenLog
 
 
 class ContextActivities:
@@ -50,7 +54,6 @@ class ContextActivities:
 
     @functools.cached_property
     def tokenizer(self):
-        from tokenizers import Tokenizer
 
         return Tokenizer.from_file(str(self.tokenizer_path))
 
@@ -77,7 +80,6 @@ class ContextActivities:
         return [self.start_context, self.fork_context, self.append_observation, self.flush_log]
 
     def _start_context(self, args: StartContextArgs) -> ContextResult:
-        from belayer.storage.tokenlog import TokenLog
 
         tokens = self.encode(PROMPT_TEMPLATE.format(instruction=args.instruction))
         log = TokenLog.create(self.store, args.log_key)
@@ -86,7 +88,6 @@ class ContextActivities:
         return ContextResult(prefix=log.append(tokens, source="env"), appended_tokens=len(tokens))
 
     def _fork_context(self, args: ForkContextArgs) -> ContextResult:
-        from belayer.storage.tokenlog import TokenLog
 
         log = TokenLog.fork(self.store, args.prefix, args.log_key)
         trajectory_log.start_log(self.store, args.trajectory_id, args.steps_key, steps_from=args.steps_from)
@@ -106,8 +107,6 @@ class ContextActivities:
         rollout node hands the tokens to its engine between the two, so the generation
         starts before the writes do and runs beside them. Each write is idempotent and the
         workflow counts a step only once the writes are done, so their order does not matter."""
-        from belayer.sandbox.observations import load_observation
-        from belayer.storage.tokenlog import TokenLog
 
         def open_log() -> TokenLog:
             if args.fork_to:

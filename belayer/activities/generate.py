@@ -29,15 +29,24 @@ from typing import TYPE_CHECKING
 
 from pydantic import BaseModel, ConfigDict, Field
 from temporalio import activity
+from tokenizers import Tokenizer
 
-from belayer.activities.context import PreparedAppend, StartedAppend
+from belayer.activities.context import ContextActivities, PreparedAppend, StartedAppend
 from belayer.activities.runtime import FailsAs, Failures, heartbeating, implements
 from belayer.contracts.errors import BAD_REQUEST, CORRUPT_PREFIX
 from belayer.contracts.generate import GENERATE, EngineTiming, GenerateArgs, GenerateResult, SamplingParams
 from belayer.rollout.errors import BadRequestError
-from belayer.storage.errors import CorruptObject
-from belayer.storage.generation import SampledTokens
-from belayer.storage.tokenlog import PrefixRef
+from belayer.rollout.protocol import SamplingSpec
+from belayer.storage.errors import CorruptObject, StorageError
+from belayer.storage.generation import SampledTokens, decode_sampled, encode_sampled, write_generation
+from belayer.storage.tokenlog import (
+    PrefixRef,
+    TokenLog,
+    encode_tokens,
+    prefix_sha256,
+    read_prefix,
+    remember_tokens,
+)
 
 if TYPE_CHECKING:
     from belayer.rollout.node import RequestHandle
@@ -78,20 +87,17 @@ class RolloutActivities:
 
     @functools.cached_property
     def tokenizer(self):
-        from tokenizers import Tokenizer
 
         return Tokenizer.from_file(str(self.node.model_dir / "tokenizer.json"))
 
     @functools.cached_property
     def context(self):
         """The context activities' append, run here for a turn that brings its observation."""
-        from belayer.activities.context import ContextActivities
 
         return ContextActivities(self.store, self.node.model_dir / "tokenizer.json")
 
     @implements(GENERATE, FAILURES)
     async def generate(self, args: GenerateArgs) -> GenerateResult:
-        from belayer.storage.tokenlog import TokenLog, encode_tokens
 
         started = time.monotonic()
         turn = await asyncio.to_thread(self._begin_turn, args)
@@ -160,8 +166,6 @@ class RolloutActivities:
         first), the turn's segment, then its logprobs and versions (an object at this
         position then always describes these tokens), then the partial tokens dropped: one
         thread hop for all, as the turn's result waits on them."""
-        from belayer.storage.generation import write_generation
-        from belayer.storage.tokenlog import remember_tokens
 
         if observation is not None:
             observation.wait()
@@ -199,7 +203,6 @@ class RolloutActivities:
     def _context_of(self, args: GenerateArgs) -> tuple[PrefixRef, list[int], PreparedAppend | None]:
         """The prefix this turn generates after and its tokens (verified by its sha256), and
         the observation's append, prepared, when the turn brings one."""
-        from belayer.storage.tokenlog import prefix_sha256, read_prefix
 
         context = read_prefix(self.store, args.prefix)
         if args.observation is None:
@@ -229,7 +232,6 @@ class RolloutActivities:
         return await asyncio.to_thread(handle.result, 0), partial.stored.key is not None
 
     def _store_partial(self, key: str, sampled: SampledTokens) -> PartialTokens:
-        from belayer.storage.generation import encode_sampled
 
         ref = self.store.put_bytes(key, encode_sampled(sampled))
         return PartialTokens(tokens=len(sampled), key=key, sha256=ref.sha256)
@@ -238,8 +240,6 @@ class RolloutActivities:
         """The tokens (with logprobs and versions) a previous attempt stored and
         heartbeated as `partial`; none when the object does not verify or decode (the turn
         then starts over: same tokens, more time)."""
-        from belayer.storage.errors import StorageError
-        from belayer.storage.generation import decode_sampled
 
         try:
             sampled = decode_sampled(self.store.get_bytes(partial.key, expected_sha256=partial.sha256))
@@ -291,7 +291,6 @@ class BegunTurn:
 
 
 def _sampling_spec(sampling: SamplingParams, max_tokens: int):
-    from belayer.rollout.protocol import SamplingSpec
 
     return SamplingSpec(
         max_tokens=max_tokens,

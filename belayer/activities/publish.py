@@ -25,6 +25,7 @@ from belayer.contracts.publish import (
     PublishWeightsArgs,
     PublishWeightsResult,
 )
+from belayer.model.build import MANIFEST, model_dir_name
 from belayer.rollout.errors import BadRequestError
 from belayer.storage.errors import CorruptObject
 from belayer.storage.store import ObjectRef
@@ -117,14 +118,15 @@ class PublishActivities:
 
     def _tensors(self, ref: ObjectRef | None, model: str | None = None) -> dict:
         if ref is None:
-            from safetensors.torch import load_file
+            from safetensors.torch import (
+                load_file,  # import cost: torch, ~2.5 s; the rollout worker reads a checkpoint only on a publish
+            )
 
             return load_file(str(self._built_model_dir(model) / "model.safetensors"))
         return load_weights(self.store, ref)
 
     def _built_model_dir(self, model: str | None) -> Path:
         """The node's own model, or the named project-built model beside it in the model cache."""
-        from belayer.model.build import MANIFEST, model_dir_name
 
         if model is None:
             return self.node.model_dir

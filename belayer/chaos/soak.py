@@ -455,7 +455,6 @@ async def _retrying(start, attempts: int = 30):
 async def _result_through_outages(handle):
     """The trajectory's result; any RPC, runtime or OS error (the server being restarted
     by this very run) is waited out and the result asked again."""
-    from temporalio.service import RPCError
 
     while True:
         try:

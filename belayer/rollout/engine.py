@@ -54,7 +54,9 @@ def engine_main(spec: EngineSpec, conn: Connection) -> None:
         if "shadow_start_fail" in faults.switched_on():
             faults.die_now()
         run_in_background()  # before torch starts its threads: they inherit the niceness
-    from belayer.rollout.vllm_hooks import engine_environment
+    from belayer.rollout.vllm_hooks import (
+        engine_environment,  # import cost: vLLM, ~15 s; only the engine process loads it, not the node
+    )
 
     os.environ.update(engine_environment(spec.threads))
     t0 = time.perf_counter()
@@ -72,7 +74,10 @@ def engine_main(spec: EngineSpec, conn: Connection) -> None:
 
 class EngineLoop:
     def __init__(self, spec: EngineSpec, conn: Connection):
-        from belayer.rollout import shm, vllm_hooks
+        from belayer.rollout import (  # import cost: vLLM, ~15 s; only the engine process loads it, not the node
+            shm,
+            vllm_hooks,
+        )
 
         self.spec, self.conn = spec, conn
         self.hooks = vllm_hooks

@@ -18,7 +18,10 @@ from concurrent.futures import ThreadPoolExecutor
 from multiprocessing.connection import Connection
 from pathlib import Path
 
+from safetensors import safe_open
+
 from belayer import faults
+from belayer.model.build import MANIFEST, file_sha256
 from belayer.rollout import shm
 from belayer.rollout.procutil import die_with_parent
 from belayer.rollout.protocol import (
@@ -250,7 +253,7 @@ class WeightsSegment:
         return segment
 
     def write(self, entry: shm.TensorEntry, tensor) -> None:
-        import torch
+        import torch  # import cost: torch, ~2.5 s; the node process imports this module too
 
         start = self.data_offset + entry.offset
         view = torch.frombuffer(self.mm, dtype=tensor.dtype, count=tensor.numel(), offset=start)
@@ -296,7 +299,6 @@ class WeightsSegment:
 
 def check_model_files(model_dir: Path) -> None:
     """Weights on disk must match the build manifest: a corrupt file never gets served."""
-    from belayer.model.build import MANIFEST, file_sha256
 
     manifest_file = model_dir / MANIFEST
     if not manifest_file.is_file():
@@ -311,7 +313,6 @@ def check_model_files(model_dir: Path) -> None:
 
 def vllm_layout(model_dir: Path, dtype: str) -> dict:
     """The model's weights file in vLLM's layout (see `to_vllm_layout`)."""
-    from safetensors import safe_open
 
     with safe_open(str(model_dir / "model.safetensors"), framework="pt") as f:
         hf = {name: f.get_tensor(name) for name in f.keys()}
@@ -334,7 +335,7 @@ def vllm_parts(hf: dict, dtype: str) -> dict[str, list]:
     """vLLM parameter name → the HF tensors (in `dtype`, contiguous) whose concatenation it
     is, sorted by name. Names already in vLLM's layout pass through (a trainer may send
     either). A publisher writes the parts one after another: no fused copy is ever made."""
-    import torch
+    import torch  # import cost: torch, ~2.5 s; the node process imports this module too
 
     target = {"float32": torch.float32, "bfloat16": torch.bfloat16}[dtype]
     parts: dict[str, list] = {}
@@ -351,7 +352,7 @@ def vllm_parts(hf: dict, dtype: str) -> dict[str, list]:
 
 def to_vllm_layout(hf: dict, dtype: str) -> dict:
     """HF Llama tensors → vLLM's Llama parameters (qkv and gate_up fused), in `dtype`."""
-    import torch
+    import torch  # import cost: torch, ~2.5 s; the node process imports this module too
 
     return {name: p[0] if len(p) == 1 else torch.cat(p) for name, p in vllm_parts(hf, dtype).items()}
 

@@ -121,7 +121,7 @@ def write_staged(path, tensors: Mapping[str, object], dtype: str) -> dict[str, s
     One copy per tensor, straight into the mapping (a fused vLLM parameter is written part
     after part), hashing the source's own buffers, two tensors at a time (torch's copy and
     hashlib release the GIL)."""
-    import torch
+    import torch  # import cost: torch, ~2.5 s; only an in-process weight source needs it
 
     parts = vllm_parts(dict(tensors), dtype)
     mm = shm.map_readwrite(path)

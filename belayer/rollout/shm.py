@@ -23,6 +23,8 @@ import json
 import mmap
 import os
 import struct
+import time
+import warnings
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -78,7 +80,6 @@ def orphan_segments(prefix: str = "belayer-", min_age_s: float = 60.0) -> list[P
     die with it, its segments do not). A node counts as gone only when no live process maps
     any of its segments and none was touched for `min_age_s`; a node whose owner died but
     whose engines still run keeps everything (its next recovery cleans up)."""
-    import time
 
     by_node: dict[str, list[Path]] = {}
     for path in SHM_DIR.glob(prefix + "*"):
@@ -243,9 +244,8 @@ class ArenaMapping:
 
     def data_tensor(self, nbytes: int):
         """An int8 tensor over the first `nbytes` of the data region (after the header page)."""
-        import warnings
 
-        import torch
+        import torch  # import cost: torch, ~2.5 s; the CLI and the node import this module
 
         if nbytes > self.header.data_size:
             raise SharedMemoryError(

@@ -29,9 +29,11 @@ import contextlib
 import hashlib
 import math
 import os
+import warnings
 from pathlib import Path
 
 import torch
+import vllm.model_executor.layers.utils as layer_utils
 from torch.overrides import TorchFunctionMode
 from vllm import EngineArgs, SamplingParams
 from vllm.model_executor.model_loader import register_model_loader
@@ -43,6 +45,7 @@ from vllm.v1.worker.cpu_model_runner import CPUModelRunner
 from vllm.v1.worker.cpu_worker import CPUWorker
 
 from belayer.rollout import shm
+from belayer.rollout.procutil import memory_of
 from belayer.rollout.protocol import EngineSpec, SamplingSpec
 
 LOAD_FORMAT = "belayer_shm"
@@ -111,7 +114,6 @@ class BelayerShmLoader(BaseModelLoader):
 
 
 def _tensor_view(mm, data_offset: int, entry: shm.TensorEntry) -> torch.Tensor:
-    import warnings
 
     dtype = getattr(torch, entry.dtype)
     count = math.prod(entry.shape)
@@ -124,7 +126,6 @@ def _tensor_view(mm, data_offset: int, entry: shm.TensorEntry) -> torch.Tensor:
 
 @contextlib.contextmanager
 def _plain_linear_on_cpu():
-    import vllm.model_executor.layers.utils as layer_utils
 
     original = layer_utils.dispatch_cpu_unquantized_gemm
 
@@ -376,7 +377,6 @@ def reset_worker_state(engine: LLMEngine) -> None:
 
 
 def private_memory(pid: int | None = None) -> tuple[int, int, int]:
-    from belayer.rollout.procutil import memory_of
 
     return memory_of(pid or os.getpid())
 

@@ -27,6 +27,7 @@ from datetime import datetime, timedelta
 from temporalio import workflow
 from temporalio.common import RetryPolicy, SearchAttributeKey
 from temporalio.exceptions import ActivityError, ApplicationError
+from temporalio.exceptions import TimeoutError as TemporalTimeout
 
 with workflow.unsafe.imports_passed_through():
     from belayer.contracts import sandbox
@@ -1096,7 +1097,6 @@ def _error_type(err: ActivityError) -> str | None:
 
 
 def _timed_out(err: ActivityError) -> bool:
-    from temporalio.exceptions import TimeoutError as TemporalTimeout
 
     return isinstance(err.cause, TemporalTimeout)
 
