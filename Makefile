@@ -5,7 +5,7 @@ PYTEST := $(VENV)/bin/pytest
 PYTEST_ARGS ?=
 # Two workers (pytest-xdist) halve the suite on this 2-core machine: much of a test's time is
 # one process waiting on another (a server starting, a container restoring), so a second
-# worker fills the idle core. Work units and their order: tests/conftest.py (_work_unit).
+# worker fills the idle core. Work units and their order: tests/parallel.py.
 # TEST_WORKERS=0 runs everything in one process.
 TEST_WORKERS ?= 2
 PARALLEL := -n $(TEST_WORKERS) --dist loadgroup --no-loadscope-reorder
