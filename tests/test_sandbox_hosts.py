@@ -15,6 +15,8 @@ The lost ones come back with `belayer up`, and nothing is left running after `do
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import json
 import re
 import socket
@@ -24,8 +26,10 @@ from pathlib import Path
 
 import pytest
 
+from belayer.client import trajectory_progress
 from belayer.stack import sandbox_hosts
 from belayer.stack.process import ManagedProcess
+from belayer.temporal_client import connect
 from tests.conftest import ROOM_PER_HOST as ROOM  # sandboxes per host
 from tests.test_stack import BELAYER, belayer, service_status
 
@@ -161,12 +165,10 @@ def test_a_host_back_after_a_power_cut_removes_its_stale_container_before_servin
     ).stop()  # the trajectory's sandbox goes to the second host
     earlier = set(containers_on(config, 1))  # a drained or finished sandbox's, not yet removed
     faulted = run(env, workload, background=True)
-    while not set(containers_on(config, 1)) - earlier and faulted.poll() is None:
-        time.sleep(0.2)
+    asyncio.run(until_a_running_trajectory_took_a_step(config, faulted))
     (stale,) = set(containers_on(config, 1)) - earlier
-    # Power cut at once: every process of the host dies, its disk stays. The host that takes
-    # over starts only afterwards, since starting it first takes long enough on a loaded
-    # machine for the trajectory to finish before the cut.
+    # Power cut at once, with steps left to recover: every process of the host dies, its
+    # disk stays. The host that takes over starts only afterwards.
     sandbox_hosts.end(config, 1)
     sandbox_hosts.clear_volatile(config, 1)
     belayer(env, "up", "--only", "sandbox-worker")
@@ -185,6 +187,21 @@ def test_a_host_back_after_a_power_cut_removes_its_stale_container_before_servin
     assert containers_on(config, 1) == []
     belayer(env, "down")
     assert sandbox_hosts.members(config, 1) == []
+
+
+async def until_a_running_trajectory_took_a_step(config, run_process) -> None:
+    """Until the stack's running trajectory has taken its first step, so its sandbox holds
+    state that a lost host must recover (a cut while the sandbox is being created is retried
+    as a creation elsewhere, not a recovery); fails if the run ends first."""
+    client = await connect(config.temporal, config.storage.encryption_key)
+    query = "WorkflowType = 'TrajectoryWorkflow' AND ExecutionStatus = 'Running'"
+    while run_process.poll() is None:
+        async for execution in client.list_workflows(query):
+            with contextlib.suppress(Exception):  # not started yet, or racing its end
+                if (await trajectory_progress(client.get_workflow_handle(execution.id))).step >= 1:
+                    return
+        await asyncio.sleep(0.2)
+    raise AssertionError(f"the run ended before its trajectory took a step: {run_process.communicate()}")
 
 
 DRAIN_WORKLOAD = """\
