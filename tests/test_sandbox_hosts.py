@@ -136,8 +136,10 @@ def test_sandboxes_spread_by_load_and_a_drain_moves_every_one_off_its_host(two_h
     assert sorted(placed) == sorted([host_queue(config, 0)] * ROOM + [host_queue(config, 1)] * ROOM)
 
     faulted = run(env, workload, *many, background=True)
-    while len(containers_on(config, 1)) < ROOM and faulted.poll() is None:
-        time.sleep(0.2)
+    on_second = host_queue(config, 1)
+    asyncio.run(until_running_trajectories(
+        config, faulted, lambda seen: sum(p.sandbox is not None and p.sandbox.host_queue == on_second
+                                          for p in seen) >= ROOM, f"{ROOM} sandboxes running on the second host"))  # fmt: skip
     drained = belayer(env, "drain", sandbox_hosts.host_name(1), "--deadline", "60", "--json")
     out, err = faulted.communicate(timeout=600)
     assert faulted.returncode == 0, out + err
@@ -165,7 +167,8 @@ def test_a_host_back_after_a_power_cut_removes_its_stale_container_before_servin
     ).stop()  # the trajectory's sandbox goes to the second host
     earlier = set(containers_on(config, 1))  # a drained or finished sandbox's, not yet removed
     faulted = run(env, workload, background=True)
-    asyncio.run(until_a_running_trajectory_took_a_step(config, faulted))
+    asyncio.run(until_running_trajectories(
+        config, faulted, lambda seen: any(p.step >= 1 for p in seen), "a step taken"))  # fmt: skip
     (stale,) = set(containers_on(config, 1)) - earlier
     # Power cut at once, with steps left to recover: every process of the host dies, its
     # disk stays. The host that takes over starts only afterwards.
@@ -189,19 +192,23 @@ def test_a_host_back_after_a_power_cut_removes_its_stale_container_before_servin
     assert sandbox_hosts.members(config, 1) == []
 
 
-async def until_a_running_trajectory_took_a_step(config, run_process) -> None:
-    """Until the stack's running trajectory has taken its first step, so its sandbox holds
-    state that a lost host must recover (a cut while the sandbox is being created is retried
-    as a creation elsewhere, not a recovery); fails if the run ends first."""
+async def until_running_trajectories(config, run_process, holds, what: str) -> None:
+    """Until `holds(progress of every running trajectory of the stack)`, e.g. their sandboxes
+    placed on a host, or a step taken so that a lost host has state to recover (a cut
+    while a sandbox is being created is retried as a creation elsewhere, not a recovery).
+    Counting containers instead would count those an earlier test left, and ones still being
+    created. Fails if the run ends first."""
     client = await connect(config.temporal, config.storage.encryption_key)
     query = "WorkflowType = 'TrajectoryWorkflow' AND ExecutionStatus = 'Running'"
     while run_process.poll() is None:
+        seen = []
         async for execution in client.list_workflows(query):
             with contextlib.suppress(Exception):  # not started yet, or racing its end
-                if (await trajectory_progress(client.get_workflow_handle(execution.id))).step >= 1:
-                    return
+                seen.append(await trajectory_progress(client.get_workflow_handle(execution.id)))
+        if holds(seen):
+            return
         await asyncio.sleep(0.2)
-    raise AssertionError(f"the run ended before its trajectory took a step: {run_process.communicate()}")
+    raise AssertionError(f"the run ended before {what}: {run_process.communicate()}")
 
 
 DRAIN_WORKLOAD = """\
