@@ -45,9 +45,10 @@ def cli_env(config) -> dict[str, str]:
     return env
 
 
-def belayer(env, *args, check=True) -> subprocess.CompletedProcess:
+def belayer(env, *args, check=True, timeout: float = 180) -> subprocess.CompletedProcess:
+    """`belayer ARGS` under `env`, no standard input; with `check`, a failure raises with its output."""
     result = subprocess.run(
-        [*BELAYER, *args], env=env, capture_output=True, text=True, stdin=subprocess.DEVNULL, timeout=180
+        [*BELAYER, *args], env=env, capture_output=True, text=True, stdin=subprocess.DEVNULL, timeout=timeout
     )
     if check and result.returncode != 0:
         raise AssertionError(f"belayer {' '.join(args)} failed:\n{result.stdout}\n{result.stderr}")

@@ -9,7 +9,6 @@ on figures being positive and consistent with each other.
 from __future__ import annotations
 
 import json
-import subprocess
 from pathlib import Path
 
 import pytest
@@ -26,7 +25,7 @@ from belayer.bench.training import (
     summarize,
     union_s,
 )
-from tests.test_stack import BELAYER
+from tests.test_stack import belayer
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -190,26 +189,8 @@ def test_bench_training_on_a_private_stack(one_host_stack, tmp_path):
     learn = yaml.safe_load((REPO / "examples/workloads/learn.yaml").read_text())["tasks"]
     workload = tmp_path / "mixed.yaml"
     workload.write_text(yaml.safe_dump({"tasks": TRACE_TASKS + learn[:1]}))
-    done = subprocess.run(
-        [
-            *BELAYER,
-            "bench",
-            "training",
-            "--repetitions",
-            "1",
-            "--iterations",
-            "1",
-            "--workload",
-            str(workload),
-            "--json",
-        ],
-        env=env,
-        capture_output=True,
-        text=True,
-        stdin=subprocess.DEVNULL,
-        timeout=1500,
-    )
-    assert done.returncode == 0, f"bench training failed:\n{done.stdout}\n{done.stderr}"
+    bench = ("bench", "training", "--repetitions", "1", "--iterations", "1", "--workload", str(workload))
+    done = belayer(env, *bench, "--json", timeout=1500)
     report = json.loads(done.stdout)
     roles = json.loads(
         (config.state_dir / "run" / f"rollout-{env['BELAYER_ROLLOUT__NODE_ID']}.roles.json").read_text()

@@ -20,7 +20,7 @@ import pytest
 import yaml
 from safetensors.torch import load_file
 
-from tests.test_stack import BELAYER, belayer
+from tests.test_stack import belayer
 from tests.training.conftest import MODEL
 
 ROOT = Path(__file__).parents[2]
@@ -83,16 +83,7 @@ def workload(tmp_path_factory):
 
 
 def train(env, *args) -> dict:
-    done = subprocess.run(
-        [*BELAYER, "train", *args, "--json"],
-        env=env,
-        capture_output=True,
-        text=True,
-        stdin=subprocess.DEVNULL,
-        timeout=1500,
-    )
-    assert done.returncode == 0, f"belayer train failed:\n{done.stdout}\n{done.stderr}"
-    return json.loads(done.stdout)
+    return json.loads(belayer(env, "train", *args, "--json", timeout=1500).stdout)
 
 
 @pytest.fixture(scope="module")

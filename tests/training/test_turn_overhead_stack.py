@@ -5,23 +5,14 @@ turns comes from the workflow's own history. Nothing is judged on how long it to
 from __future__ import annotations
 
 import json
-import subprocess
 
 import pytest
 
-from tests.test_stack import BELAYER
+from tests.test_stack import belayer
 
 
 def test_the_bench_measures_both_loops_and_splits_belayers_turns(stack):
-    done = subprocess.run(
-        [*BELAYER, "bench", "turn-overhead", "--repetitions", "1", "--json"],
-        env=stack[1],
-        capture_output=True,
-        text=True,
-        stdin=subprocess.DEVNULL,
-        timeout=900,
-    )
-    assert done.returncode == 0, f"bench failed:\n{done.stdout}\n{done.stderr}"
+    done = belayer(stack[1], "bench", "turn-overhead", "--repetitions", "1", "--json", timeout=900)
     report = json.loads(done.stdout)
     assert (report["task"], report["turns"], report["repetitions"]) == ("turn-overhead", 10, 1)
     assert "repetition 1/1 belayer" in done.stderr and "repetition 1/1 plain" in done.stderr
