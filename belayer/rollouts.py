@@ -39,6 +39,7 @@ from belayer.storage.trajectory_tokens import read_trajectory_tokens
 from belayer.storage.weights import store_weights
 from belayer.temporal_client import connect
 from belayer.training import training_queues
+from belayer.workflows.groups import cause_of
 from belayer.workflows.publishing import PublishRequest, PublishWorkflow
 from belayer.workflows.rollout_models import (
     MemberOutcome,
@@ -190,7 +191,7 @@ class RolloutClient:
         try:
             return await handle.result()
         except WorkflowFailureError as err:
-            raise RolloutError(f"batch {handle.id} failed: {_cause(err)}") from None
+            raise RolloutError(f"batch {handle.id} failed: {cause_of(err)}") from None
 
     async def _finished(self, handle: WorkflowHandle, done: asyncio.Future) -> list[MemberOutcome]:
         """Every member done so far: from the result once it is in, else the progress query
@@ -221,7 +222,7 @@ class RolloutClient:
         try:
             return await handle.result()
         except WorkflowFailureError as err:
-            raise RolloutError(f"publishing v{version} failed: {_cause(err)}") from None
+            raise RolloutError(f"publishing v{version} failed: {cause_of(err)}") from None
 
     # vLLM's weight-transfer phases, for a trainer that already drives them: init once,
     # then per version start, update (once or in chunks), finish.
@@ -285,10 +286,3 @@ def _tasks(tasks: str | Path | Sequence[Task]) -> list[Task]:
             f"task ids repeat ({sorted({i for i in ids if ids.count(i) > 1})}); give each task its own id"
         )
     return tasks
-
-
-def _cause(err: WorkflowFailureError) -> str:
-    cause = err.cause
-    while getattr(cause, "cause", None) is not None:
-        cause = cause.cause
-    return str(getattr(cause, "message", None) or cause or err)
