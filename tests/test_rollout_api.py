@@ -7,125 +7,28 @@ sandboxes): tests/training/test_rollout_api_stack.py."""
 from __future__ import annotations
 
 import asyncio
-import hashlib
-import random
 import uuid
-from dataclasses import dataclass, field
-from datetime import timedelta
 
 import pytest
 import torch
-from temporalio import activity, workflow
 from temporalio.worker import Worker
 
 from belayer import Rollout, RolloutClient
-from belayer.activities.runtime import implements
-from belayer.contracts.publish import (
-    PUBLISH_WEIGHTS,
-    WEIGHTS_VERSION,
-    PublishWeightsArgs,
-    PublishWeightsResult,
-)
 from belayer.model.build import model_path
 from belayer.model.param_names import WeightNamesError
 from belayer.rollouts import RolloutError
 from belayer.storage.store import open_store
-from belayer.storage.tokenlog import PrefixRef
 from belayer.storage.weights import load_weights
 from belayer.temporal_client import connect
-from belayer.workflows.models import TaskQueues, TrajectoryInput, TrajectoryResult
+from belayer.workflows.models import TaskQueues
 from belayer.workflows.publishing import PublishWorkflow
 from belayer.workflows.rollout_models import RolloutQueues
 from belayer.workflows.rollouts import RolloutWorkflow
 from belayer.workloads.models import TraceTask, TraceTurn
-from tests.token_logs import Written, trajectory
+from tests.stand_ins import StandInNode, StandInTrajectory, TokenLogs, reward_of
+from tests.token_logs import Written
 
 TASKS = [TraceTask(id=f"task{i}", turns=[TraceTurn(think_tokens=1, bash="true")]) for i in range(2)]
-
-
-def reward_of(seed: int) -> float:
-    return float(hashlib.sha256(str(seed).encode()).digest()[0] % 2)
-
-
-@workflow.defn(name="TrajectoryWorkflow", sandboxed=False)  # a stand-in: nothing to guard
-class StandInTrajectory:
-    """'infra-always' tasks fail every attempt, 'infra-once' tasks their first; the rest
-    write a real token log (two model turns) and score `reward_of(seed)`, 'held' tasks
-    once they are signalled `release`."""
-
-    def __init__(self) -> None:
-        self.released = False
-
-    @workflow.signal
-    def release(self) -> None:
-        self.released = True
-
-    @workflow.run
-    async def run(self, input: TrajectoryInput) -> TrajectoryResult:
-        if input.task.id.startswith("held"):
-            await workflow.wait_condition(lambda: self.released)
-        attempt = int(input.trajectory_id.rsplit("-a", 1)[1])
-        infra = input.task.id.startswith("infra-always") or (
-            input.task.id.startswith("infra-once") and attempt == 0
-        )
-        context = None
-        if not infra:
-            context = await workflow.execute_activity(
-                "standin.token_log",
-                args=[input.trajectory_id, input.sampling.seed],
-                result_type=PrefixRef,
-                start_to_close_timeout=timedelta(seconds=30),
-            )
-        reward = None if infra else reward_of(input.sampling.seed)
-        return TrajectoryResult(
-            trajectory_id=input.trajectory_id,
-            task=input.task.id,
-            status="failed_infra" if infra else ("completed" if reward else "failed_policy"),
-            reason="sandbox host gone" if infra else "",
-            turns=0 if infra else 2,
-            tokens=0 if infra else context.length,
-            reward=reward,
-            token_sha256=None,
-            env_sha256=None,
-            recoveries=[],
-            checkpoints=0,
-            context=context,
-        )
-
-
-@dataclass
-class StandIns:
-    store: object
-    seeds: dict[str, int] = field(default_factory=dict)
-    written: dict[str, Written] = field(default_factory=dict)
-
-    @activity.defn(name="standin.token_log")
-    async def token_log(self, trajectory_id: str, seed: int) -> PrefixRef:
-        self.seeds[trajectory_id] = seed
-        self.written[trajectory_id] = Written()
-        return trajectory(self.store, f"t/{trajectory_id}", random.Random(seed), version=3,
-                          written=self.written[trajectory_id])  # fmt: skip
-
-
-@dataclass
-class StandInNode:
-    """A rollout node that records what it was published."""
-
-    queue: str
-    version: int = 3
-    published: list[PublishWeightsArgs] = field(default_factory=list)
-
-    @implements(PUBLISH_WEIGHTS)
-    async def publish_weights(self, args: PublishWeightsArgs) -> PublishWeightsResult:
-        self.published.append(args)
-        previous, self.version = self.version, args.version
-        return PublishWeightsResult(node_id=self.queue, version=args.version, previous_version=previous,
-                                    policy="", fetch_s=0, staged_s=0, written_s=0, sealed_s=0, switched_s=0,
-                                    paused_requests=0, drained_requests=0)  # fmt: skip
-
-    @implements(WEIGHTS_VERSION)
-    async def weights_version(self) -> int:
-        return self.version
 
 
 @pytest.fixture
@@ -136,12 +39,12 @@ async def api(temporal_server, seaweedfs, stack_config, storage_config):
     config = stack_config.model_copy(update={"temporal": temporal, "storage": storage_config})
     client = await connect(config.temporal)
     store = open_store(storage_config, encrypted=False)
-    fakes = StandIns(store)
-    nodes = [StandInNode(f"node-a-{token}"), StandInNode(f"node-b-{token}")]
+    fakes = TokenLogs(store)
+    nodes = [StandInNode(f"node-a-{token}", version=3), StandInNode(f"node-b-{token}", version=3)]
     workers = [
         Worker(client, task_queue=f"wf-{token}", workflows=[RolloutWorkflow, PublishWorkflow, StandInTrajectory],
                activities=[fakes.token_log]),
-        *(Worker(client, task_queue=n.queue, activities=[n.publish_weights, n.weights_version]) for n in nodes),
+        *(Worker(client, task_queue=n.queue, activities=n.activities()) for n in nodes),
     ]  # fmt: skip
     runs = [asyncio.create_task(w.run()) for w in workers]
     rollouts = RolloutClient(config, client)
