@@ -29,7 +29,13 @@ async def serve(config: BelayerConfig) -> None:
         encryption_key=config.storage.encryption_key,
         role="trajectory",
         task_queues=[config.temporal.workflow_task_queue],
-        workflows=[TrajectoryWorkflow, TrajectoryGroupWorkflow, TrainingWorkflow, RolloutWorkflow, PublishWorkflow],
+        workflows=[
+            TrajectoryWorkflow,
+            TrajectoryGroupWorkflow,
+            TrainingWorkflow,
+            RolloutWorkflow,
+            PublishWorkflow,
+        ],
         activities=[*context.all(), *TrainingLogActivities(store).all()],
     )
 
