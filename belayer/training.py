@@ -18,7 +18,7 @@ from belayer.config import BelayerConfig
 from belayer.storage.store import open_store
 from belayer.trainer.models import TrainerSettings
 from belayer.workers.rollout.worker import node_task_queue
-from belayer.workflows.training import RUN_KEY
+from belayer.workflows.rollouts import RUN_KEY
 from belayer.workflows.training_models import (
     IterationRecord,
     TrainingInput,

@@ -38,7 +38,7 @@ from belayer.config import BelayerConfig, load_config
 from belayer.temporal_client import connect
 from belayer.trainer.models import TrainerSettings
 from belayer.training import training_input
-from belayer.workflows.training import RUN_KEY
+from belayer.workflows.rollouts import RUN_KEY
 from belayer.workflows.training_models import IterationRecord, TrainingInput, TrainingProgress, TrainingResult
 from belayer.workloads.loader import load_workload
 

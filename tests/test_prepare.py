@@ -14,7 +14,7 @@ import pytest
 
 from belayer.prepare import SEARCH_ATTRIBUTES
 from belayer.storage.s3client import make_s3_client
-from belayer.workflows.training import ITERATION_KEY, RUN_KEY
+from belayer.workflows.rollouts import ITERATION_KEY, RUN_KEY
 from belayer.workflows.trajectory import STATUS_KEY, TASK_KEY
 from tests.storage.helpers import storage_env
 

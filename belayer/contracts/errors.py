@@ -34,6 +34,7 @@ __all__ = [
     "SANDBOX_LOST",
     "STALE_WEIGHTS_VERSION",
     "UNREADABLE_PAYLOAD",
+    "WRONG_WEIGHTS_VERSION",
 ]
 
 # Sandbox activities. A lost sandbox is recovered (`sandbox.recover`); a placed host that
@@ -54,6 +55,10 @@ BAD_TRAIN_REQUEST = "BadTrainRequest"
 STALE_WEIGHTS_VERSION = "StaleWeightsVersion"
 CORRUPT_WEIGHTS = "CorruptWeights"
 MODEL_NOT_BUILT = "ModelNotBuilt"
+
+# `RolloutWorkflow`: the batch asks for a weights version its nodes do not serve (a workflow
+# failure the client shows, not an activity's).
+WRONG_WEIGHTS_VERSION = "WrongWeightsVersion"
 
 # Any activity: its arguments do not validate against the worker's contract (another
 # contract version wrote them); never retried, the message names both versions.

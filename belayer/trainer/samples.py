@@ -1,16 +1,11 @@
-"""A `TrainSample` read back from the object store: everything the loss needs per token.
-
-Only pointers crossed Temporal; here the trainer reads the tokens (sha256-verified), the
-model/environment marks (the loss mask), and, per model token, the weights version that
-sampled it and the engine's logprob (the generation records beside the log).
-"""
+"""A `TrainSample` read back from the object store: everything the loss needs per token
+(belayer/storage/trajectory_tokens.py reads it, as it does for the rollout API)."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
-from belayer.storage.generation import read_generations
-from belayer.storage.tokenlog import loss_mask, read_marks, read_prefix
+from belayer.storage.trajectory_tokens import read_trajectory_tokens
 from belayer.trainer.models import TrainSample
 
 
@@ -30,8 +25,5 @@ class LoadedSample:
 
 def load_sample(store, sample: TrainSample) -> LoadedSample:
     """Read `sample.context` in full; `CorruptObject` when any part is missing or damaged."""
-    ref = sample.context
-    tokens = read_prefix(store, ref)
-    mask = loss_mask(read_marks(store, ref))
-    versions, logprobs = read_generations(store, ref)
-    return LoadedSample(sample, tokens, mask, versions, logprobs)
+    read = read_trajectory_tokens(store, sample.context)
+    return LoadedSample(sample, read.tokens, read.mask, read.versions, read.logprobs)

@@ -16,8 +16,8 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 from belayer.contracts.trainer import SkippedGroup, TrainerCheckpointRef, TrainerSettings
 from belayer.policy.config import PolicyConfig
 from belayer.storage.recordlog import RecordLogRef
-from belayer.storage.tokenlog import PrefixRef
-from belayer.workflows.models import GroupRecord, TaskQueues
+from belayer.workflows.models import GroupRecord
+from belayer.workflows.rollout_models import RolloutQueues, RolloutSettings
 from belayer.workloads.models import Task
 
 TrainingStatus = Literal["running", "completed", "failed_infra"]
@@ -29,16 +29,10 @@ class _Model(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
 
-class TrainingQueues(_Model):
-    """Where the run sends its work besides the trajectories' own queues."""
+class TrainingQueues(RolloutQueues):
+    """Where the run sends its work: a batch's queues, and the trainer's."""
 
-    trajectories: TaskQueues = TaskQueues()
-    workflows: str = Field("belayer-workflows", description="Queue of the child trajectory workflows.")
     trainer: str = Field("belayer-trainer", description="Queue of the trainer worker.")
-    nodes: list[str] = Field(
-        min_length=1,
-        description="Every rollout node's own queue: each new weights version is published to all.",
-    )
 
 
 class TrainingInput(_Model):
@@ -88,6 +82,10 @@ class TrainingInput(_Model):
     continue_as_new_every: int = Field(10, ge=1, description="Iterations per workflow run.")
     carried: TrainingState | None = Field(None, description="Set by continue-as-new only.")
 
+    def rollout_settings(self) -> RolloutSettings:
+        """How each iteration's trajectories run (belayer/workflows/rollouts.py)."""
+        return RolloutSettings(**self.model_dump(include=set(RolloutSettings.model_fields)))
+
     @model_validator(mode="after")
     def _enough_tasks(self) -> TrainingInput:
         if self.tasks_per_iteration > len(self.tasks):
@@ -96,20 +94,6 @@ class TrainingInput(_Model):
                 "tasks; lower it or add tasks"
             )
         return self
-
-
-class MemberOutcome(_Model):
-    """One member of a group after its retries."""
-
-    trajectory_id: str = Field(description="The attempt whose result counts (the last one).")
-    status: str
-    reward: float | None
-    attempts: int
-    reason: str = ""
-    context: PrefixRef | None = Field(
-        None, description="The trajectory's token log (None when failed_infra)."
-    )
-    recovery_s: float = Field(0.0, description="Time its recoveries lost, over all attempts.")
 
 
 class IterationRecord(_Model):

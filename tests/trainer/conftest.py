@@ -8,37 +8,15 @@ import statistics
 
 import pytest
 
-from belayer.storage.generation import SampledTokens, write_generation
 from belayer.storage.store import open_store
-from belayer.storage.tokenlog import TokenLog
 from belayer.trainer.models import TrainerSettings, TrainSample, TrainStepArgs
-
-VOCAB = 1900  # below the tiny model's vocabulary (1984)
+from tests.token_logs import trajectory
 
 
 @pytest.fixture
 def store(storage_config):
     with open_store(storage_config, encrypted=False) as store:
         yield store
-
-
-def trajectory(store, key: str, rng: random.Random, version: int, model_turns=(5, 4)):
-    """env prompt, then (model turn, env observation) pairs; returns the final PrefixRef."""
-    log = TokenLog.create(store, key)
-    log.append([rng.randrange(VOCAB) for _ in range(6)], source="env")
-    for turn in model_turns:
-        start = log.head.length
-        tokens = [rng.randrange(VOCAB) for _ in range(turn)]
-        log.append(tokens, source="model")
-        if tokens:
-            write_generation(
-                store,
-                log.key,
-                start,
-                SampledTokens(tokens, [-rng.uniform(0.5, 8.0) for _ in tokens], [version] * turn),
-            )
-        log.append([rng.randrange(VOCAB) for _ in range(3)], source="env")
-    return log.head
 
 
 def group(

@@ -11,74 +11,28 @@ import uuid
 from dataclasses import dataclass, field
 
 import pytest
-from temporalio import workflow
 from temporalio.worker import Worker
 
 from belayer.activities.runtime import implements
 from belayer.activities.training_log import TrainingLogActivities, read_iterations
-from belayer.contracts.publish import (
-    PUBLISH_WEIGHTS,
-    WEIGHTS_VERSION,
-    PublishWeightsArgs,
-    PublishWeightsResult,
-)
 from belayer.contracts.trainer import TRAIN_STEP, TrainerCheckpointRef, TrainStepArgs, TrainStepResult
 from belayer.storage.store import ObjectRef, open_store
-from belayer.storage.tokenlog import PrefixRef
 from belayer.temporal_client import connect
 from belayer.trainer.algorithms import grpo
-from belayer.workflows.models import TaskQueues, TrajectoryInput, TrajectoryResult
+from belayer.workflows.models import TaskQueues
 from belayer.workflows.training import TrainingWorkflow
 from belayer.workflows.training_models import IterationRecord, TrainingInput, TrainingQueues, TrainingResult
 from belayer.workloads.models import TraceTask, TraceTurn
+from tests.stand_ins import StandInNode, StandInTrajectory, TokenLogs
 
 TASKS = [TraceTask(id=f"task{i}", turns=[TraceTurn(think_tokens=1, bash="true")]) for i in range(4)]
 
 
-def reward_of(seed: int) -> float:
-    """A stand-in reward that depends only on the member's sampling seed, as a
-    deterministic environment's would."""
-    return float(hashlib.sha256(str(seed).encode()).digest()[0] % 2)
-
-
-@workflow.defn(name="TrajectoryWorkflow", sandboxed=False)  # a stand-in: nothing to guard
-class StandInTrajectory:
-    """Ends as `TrajectoryInput.task.id` says: 'infra-always' tasks fail every attempt,
-    'infra-once' tasks fail their first attempt only; the rest score `reward_of`."""
-
-    @workflow.run
-    async def run(self, input: TrajectoryInput) -> TrajectoryResult:
-        attempt = int(input.trajectory_id.rsplit("-a", 1)[1])
-        infra = input.task.id.startswith("infra-always") or (
-            input.task.id.startswith("infra-once") and attempt == 0
-        )
-        reward = None if infra else reward_of(input.sampling.seed)
-        context = None if infra else PrefixRef(key=f"t/{input.trajectory_id}", length=3, sha256="0" * 64)
-        return TrajectoryResult(
-            trajectory_id=input.trajectory_id,
-            task=input.task.id,
-            status="failed_infra" if infra else ("completed" if reward else "failed_policy"),
-            reason="sandbox host gone" if infra else "",
-            turns=1,
-            tokens=3,
-            reward=reward,
-            token_sha256=None,
-            env_sha256=None,
-            recoveries=[],
-            checkpoints=0,
-            context=context,
-        )
-
-
 @dataclass
-class StandIns:
-    """A trainer and a node that record what they were asked."""
+class StandInTrainer:
+    """A trainer that records what it was asked."""
 
     steps: list[TrainStepArgs] = field(default_factory=list)
-    published: list[int] = field(default_factory=list)
-    start_models: list[str | None] = field(default_factory=list)
-    node_version: int = 1
-    fail_publish_once: bool = False
 
     @implements(TRAIN_STEP)
     async def train_step(self, args: TrainStepArgs) -> TrainStepResult:
@@ -103,31 +57,25 @@ class StandIns:
             train_s=0.0,
         )
 
-    @implements(PUBLISH_WEIGHTS)
-    async def publish_weights(self, args: PublishWeightsArgs) -> PublishWeightsResult:
-        if self.fail_publish_once:
-            self.fail_publish_once = False
-            raise RuntimeError("node busy")  # retryable: the workflow's retry policy takes it
-        self.published.append(args.version)
-        self.start_models.append(args.model)
-        previous, self.node_version = self.node_version, args.version
-        return PublishWeightsResult(
-            node_id="n",
-            version=args.version,
-            previous_version=previous,
-            policy="",
-            fetch_s=0,
-            staged_s=0,
-            written_s=0,
-            sealed_s=0,
-            switched_s=0,
-            paused_requests=0,
-            drained_requests=0,
-        )
 
-    @implements(WEIGHTS_VERSION)
-    async def weights_version(self) -> int:
-        return self.node_version
+@dataclass
+class StandIns:
+    """The trainer and the node a run drives, and what they were asked."""
+
+    trainer: StandInTrainer
+    node: StandInNode
+
+    @property
+    def steps(self) -> list[TrainStepArgs]:
+        return self.trainer.steps
+
+    @property
+    def published(self) -> list[int]:
+        return [args.version for args in self.node.published]
+
+    @property
+    def start_models(self) -> list[str | None]:
+        return [args.model for args in self.node.published]
 
 
 @pytest.fixture
@@ -141,16 +89,16 @@ async def harness(temporal_server, seaweedfs, stack_config, storage_config):
     )
     client = await connect(stack_config.temporal)
     store = open_store(storage_config, encrypted=False)
-    fakes = StandIns()
+    fakes = StandIns(StandInTrainer(), StandInNode(queues.nodes[0]))
     workers = [
         Worker(
             client,
             task_queue=queues.workflows,
             workflows=[TrainingWorkflow, StandInTrajectory],
-            activities=TrainingLogActivities(store).all(),
+            activities=[*TrainingLogActivities(store).all(), TokenLogs(store).token_log],
         ),
-        Worker(client, task_queue=queues.trainer, activities=[fakes.train_step]),
-        Worker(client, task_queue=queues.nodes[0], activities=[fakes.publish_weights, fakes.weights_version]),
+        Worker(client, task_queue=queues.trainer, activities=[fakes.trainer.train_step]),
+        Worker(client, task_queue=queues.nodes[0], activities=fakes.node.activities()),
     ]
     runs = [asyncio.create_task(w.run()) for w in workers]
 
@@ -247,7 +195,7 @@ async def test_a_group_still_incomplete_after_its_retries_is_dropped_whole(harne
 
 async def test_nodes_serving_another_runs_weights_get_the_start_model_back_first(harness):
     fakes, train = harness
-    fakes.node_version = 5
+    fakes.node.version = 5
     result, _ = await train(iterations=1, model="tiny-warm")
     assert fakes.published == [6, 7], "the start model as v6, then iteration 0's weights as v7"
     assert fakes.start_models[0] == "tiny-warm" and fakes.steps[0].model == "tiny-warm"
@@ -256,7 +204,7 @@ async def test_nodes_serving_another_runs_weights_get_the_start_model_back_first
 
 async def test_a_failed_publish_is_retried(harness):
     fakes, train = harness
-    fakes.fail_publish_once = True
+    fakes.node.fail_publish_once = True
     result, _ = await train(iterations=1)
     assert result.status == "completed" and fakes.published == [2, 3]
 

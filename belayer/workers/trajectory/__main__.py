@@ -1,6 +1,7 @@
 """`python -m belayer.workers.trajectory`: the workflow worker.
 
-Serves `TrajectoryWorkflow`, `TrajectoryGroupWorkflow`, `TrainingWorkflow`, the context (tokenizer) activities and
+Serves `TrajectoryWorkflow`, `TrajectoryGroupWorkflow`, `TrainingWorkflow`, the rollout API's
+`RolloutWorkflow` and `PublishWorkflow`, the context (tokenizer) activities and
 the training runs' iteration log on the workflow task queue. Deterministic workflow code only runs here; every side effect is an activity.
 """
 
@@ -13,6 +14,8 @@ from belayer.model.build import model_path
 from belayer.storage.store import open_store
 from belayer.workers.runner import main, run_worker
 from belayer.workflows.groups import TrajectoryGroupWorkflow
+from belayer.workflows.publishing import PublishWorkflow
+from belayer.workflows.rollouts import RolloutWorkflow
 from belayer.workflows.training import TrainingWorkflow
 from belayer.workflows.trajectory import TrajectoryWorkflow
 
@@ -26,7 +29,13 @@ async def serve(config: BelayerConfig) -> None:
         encryption_key=config.storage.encryption_key,
         role="trajectory",
         task_queues=[config.temporal.workflow_task_queue],
-        workflows=[TrajectoryWorkflow, TrajectoryGroupWorkflow, TrainingWorkflow],
+        workflows=[
+            TrajectoryWorkflow,
+            TrajectoryGroupWorkflow,
+            TrainingWorkflow,
+            RolloutWorkflow,
+            PublishWorkflow,
+        ],
         activities=[*context.all(), *TrainingLogActivities(store).all()],
     )
 

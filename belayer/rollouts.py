@@ -1,0 +1,288 @@
+"""The rollout API: Belayer as the fault-tolerant rollout backend of a trainer it does not
+own (TRL, verl, a loop of your own).
+
+    client = await RolloutClient.connect()
+    rollouts = await client.generate("examples/workloads/learn.yaml", group_size=4, seed=0)
+    ...  # your loss on r.completion_ids, r.logprobs, r.loss_mask; your optimizer step
+    await client.publish(model.state_dict(), version=2)
+
+`generate` runs one `RolloutWorkflow` (belayer/workflows/rollouts.py): a group per task,
+forked from one set-up sandbox, each member run again with the same seed while it ends
+failed_infra — the very runner Belayer's own training loop uses, so every guarantee of
+that loop holds here. Engines and sandboxes that fail on the way are recovered inside the
+trajectory; what comes back never depends on them. `publish` puts a new weights version
+into every rollout node with the loop's guarantees (`PublishWorkflow`).
+
+Only pointers cross Temporal; the tokens are read here, from the object store, by the
+same reader the built-in trainer uses (belayer/storage/trajectory_tokens.py).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import uuid
+from collections.abc import AsyncIterator, Sequence
+from pathlib import Path
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+from temporalio.client import Client, WorkflowFailureError, WorkflowHandle
+from temporalio.common import SearchAttributePair, TypedSearchAttributes
+
+from belayer.config import BelayerConfig, load_config
+from belayer.contracts.publish import PublishWeightsResult
+from belayer.errors import BelayerError
+from belayer.model.build import model_path
+from belayer.model.param_names import hf_state_dict
+from belayer.storage.store import open_store
+from belayer.storage.trajectory_tokens import read_trajectory_tokens
+from belayer.storage.weights import store_weights
+from belayer.temporal_client import connect
+from belayer.training import training_queues
+from belayer.workflows.groups import cause_of
+from belayer.workflows.publishing import PublishRequest, PublishWorkflow
+from belayer.workflows.rollout_models import (
+    MemberOutcome,
+    RolloutQueues,
+    RolloutRequest,
+    RolloutResult,
+    RolloutSettings,
+)
+from belayer.workflows.rollouts import RUN_KEY, RolloutWorkflow
+from belayer.workloads.loader import load_workload
+from belayer.workloads.models import Task
+
+# What a batch runs at once when the caller does not say (a training run's default too).
+DEFAULT_CONCURRENCY = 8
+
+
+class RolloutError(BelayerError):
+    """A batch or a publish that could not be done; the message says why and what to do."""
+
+
+class Rollout(BaseModel):
+    """One trajectory, ready for a trainer's loss. `logprobs`, `loss_mask` and
+    `weights_versions` are aligned one-to-one with `completion_ids`: the whole multi-turn
+    sequence after the prompt, the model's tokens (mask 1: the engine's logprob, the
+    weights version that sampled it) and the environment's (mask 0: logprob 0.0, version -1)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    task_id: str
+    member: int = Field(description="Its place in the task's group.")
+    status: Literal["completed", "failed_policy", "failed_infra"] = Field(
+        description="failed_infra only after Belayer's own retries; such a rollout has no tokens and no reward."
+    )
+    reward: float | None
+    rewards: dict[str, float] = Field(
+        description="The verifier's named rewards; today's task kinds have one, `reward`."
+    )
+    prompt_ids: list[int]
+    completion_ids: list[int]
+    logprobs: list[float]
+    loss_mask: list[int]
+    weights_versions: list[int]
+    turns: int
+    recoveries: int = Field(description="Sandbox recoveries Belayer made on its way (over all attempts).")
+    attempts: int = Field(description="Trajectories run for this member (more than 1: failed_infra retried).")
+    trajectory_id: str = Field(description="Open it in the Temporal web UI or with `belayer inspect`.")
+    reason: str = ""
+
+    @model_validator(mode="after")
+    def _aligned(self) -> Rollout:
+        lengths = {
+            len(self.completion_ids),
+            len(self.logprobs),
+            len(self.loss_mask),
+            len(self.weights_versions),
+        }
+        if len(lengths) != 1:
+            raise ValueError(
+                f"rollout {self.trajectory_id}: per-token lists of different lengths {sorted(lengths)}"
+            )
+        return self
+
+
+class RolloutClient:
+    """Batches of rollouts and weight publishes on a running Belayer stack (`belayer up`)."""
+
+    def __init__(self, config: BelayerConfig, client: Client) -> None:
+        self.config = config
+        self.temporal = client
+        self.queues = RolloutQueues(**training_queues(config).model_dump(exclude={"trainer"}))
+        self._staged: dict | None = None
+        self._staged_version: int | None = None
+
+    @classmethod
+    async def connect(cls, config: BelayerConfig | None = None) -> RolloutClient:
+        """A client of the stack `config` names (default: the effective configuration,
+        as `belayer` commands read it)."""
+        config = config or load_config()
+        return cls(config, await connect(config.temporal))
+
+    # ------------------------------------------------------------------ rollouts
+
+    async def generate(self, tasks: str | Path | Sequence[Task], *, group_size: int, seed: int,
+                       temperature: float = 1.0, max_concurrency: int | None = None,
+                       weights_version: int | None = None, fork: bool = True) -> list[Rollout]:  # fmt: skip
+        """A group of `group_size` rollouts of every task, in task order then member order.
+        `tasks` is a workload file or a list of tasks. Seeds are hashes of (seed, task,
+        member): the same call on the same weights gives the same rollouts.
+        `weights_version`: the version every node must serve (else `RolloutError`).
+        `fork`: each group's members fork one set-up sandbox (False: each sets up its own)."""
+        settings = self._settings(group_size, seed, temperature, max_concurrency, fork)
+        handle = await self._start(tasks, settings, weights_version)
+        result = await self._result(handle)
+        with open_store(self.config.storage, encrypted=False) as store:
+            return [rollout_of(store, m) for group in result.groups for m in group.members]
+
+    async def stream(self, tasks: str | Path | Sequence[Task], *, group_size: int, seed: int,
+                     temperature: float = 1.0, max_concurrency: int | None = None,
+                     weights_version: int | None = None, fork: bool = True,
+                     every_s: float = 0.5) -> AsyncIterator[Rollout]:  # fmt: skip
+        """The rollouts of the same batch as `generate`, each as soon as it ends."""
+        settings = self._settings(group_size, seed, temperature, max_concurrency, fork)
+        handle = await self._start(tasks, settings, weights_version)
+        done = asyncio.ensure_future(self._result(handle))
+        yielded: set[str] = set()
+        try:
+            with open_store(self.config.storage, encrypted=False) as store:
+                while True:
+                    finished = done.done()
+                    for outcome in await self._finished(handle, done):
+                        if outcome.trajectory_id not in yielded:
+                            yielded.add(outcome.trajectory_id)
+                            yield rollout_of(store, outcome)
+                    if finished:
+                        return
+                    await asyncio.wait({done}, timeout=every_s)
+        finally:
+            done.cancel()
+
+    def _settings(self, group_size, seed, temperature, max_concurrency, fork) -> RolloutSettings:
+        return RolloutSettings(
+            group_size=group_size,
+            seed=seed,
+            temperature=temperature,
+            concurrency=max_concurrency or DEFAULT_CONCURRENCY,
+            policy=self.config.policy,
+            max_total_tokens=self.config.rollout.max_model_len,
+            fork_groups=fork,
+        )
+
+    async def _start(self, tasks, settings: RolloutSettings, weights_version: int | None) -> WorkflowHandle:
+        request = RolloutRequest(
+            batch_id=f"rollouts-{uuid.uuid4().hex[:10]}",
+            tasks=_tasks(tasks),
+            settings=settings,
+            queues=self.queues,
+            weights_version=weights_version,
+        )
+        return await self.temporal.start_workflow(
+            RolloutWorkflow.run,
+            request,
+            id=request.batch_id,
+            task_queue=self.config.temporal.workflow_task_queue,
+            search_attributes=TypedSearchAttributes([SearchAttributePair(RUN_KEY, request.batch_id)]),
+            static_summary=f"{len(request.tasks)} groups of {settings.group_size} rollouts",
+        )
+
+    async def _result(self, handle: WorkflowHandle) -> RolloutResult:
+        try:
+            return await handle.result()
+        except WorkflowFailureError as err:
+            raise RolloutError(f"batch {handle.id} failed: {cause_of(err)}") from None
+
+    async def _finished(self, handle: WorkflowHandle, done: asyncio.Future) -> list[MemberOutcome]:
+        """Every member done so far: from the result once it is in, else the progress query
+        (a query that fails now, racing the start or a server restart, is asked next round)."""
+        if done.done():
+            return [m for group in done.result().groups for m in group.members]
+        try:
+            return (await handle.query(RolloutWorkflow.progress)).finished
+        except Exception:
+            return []
+
+    # ------------------------------------------------------------------ weights
+
+    async def publish(self, state_dict: dict, version: int) -> list[PublishWeightsResult]:
+        """Put `state_dict` (HF or vLLM parameter names, the served model's full state) into
+        every rollout node as weights `version` (greater than what they serve); returns
+        once all of them serve it, one result per node."""
+        weights = hf_state_dict(state_dict, model_path(self.config.rollout.model, self.config.cache_dir))
+        with open_store(self.config.storage, encrypted=False) as store:
+            ref = store_weights(store, f"rollout-api/weights/v{version:08d}-{uuid.uuid4().hex[:8]}", weights)
+        handle = await self.temporal.start_workflow(
+            PublishWorkflow.run,
+            PublishRequest(version=version, weights=ref, nodes=self.queues.nodes),
+            id=f"publish-v{version}-{ref.sha256[:12]}",
+            task_queue=self.config.temporal.workflow_task_queue,
+            static_summary=f"publish weights v{version} to {len(self.queues.nodes)} node(s)",
+        )
+        try:
+            return await handle.result()
+        except WorkflowFailureError as err:
+            raise RolloutError(f"publishing v{version} failed: {cause_of(err)}") from None
+
+    # vLLM's weight-transfer phases, for a trainer that already drives them: init once,
+    # then per version start, update (once or in chunks), finish.
+
+    def init_weight_transfer_engine(self, init_info: dict | None = None) -> None:
+        """Nothing to set up: weights travel through the object store (kept for the protocol)."""
+
+    def start_weight_update(self, version: int) -> None:
+        self._staged, self._staged_version = {}, version
+
+    def update_weights(self, named_tensors) -> None:
+        """Add a chunk: a dict or (name, tensor) pairs, HF or vLLM names."""
+        if self._staged is None:
+            raise RolloutError("update_weights before start_weight_update: start a version first")
+        self._staged.update(dict(named_tensors.items() if isinstance(named_tensors, dict) else named_tensors))
+
+    async def finish_weight_update(self) -> list[PublishWeightsResult]:
+        """Publish what the chunks gave, as the version `start_weight_update` named."""
+        if self._staged is None or self._staged_version is None:
+            raise RolloutError("finish_weight_update before start_weight_update: start a version first")
+        staged, version = self._staged, self._staged_version
+        self._staged = self._staged_version = None
+        return await self.publish(staged, version)
+
+
+def rollout_of(store, outcome: MemberOutcome) -> Rollout:
+    """`outcome` with its tokens read from the object store (none for failed_infra)."""
+    prompt, completion, logprobs, mask, versions = [], [], [], [], []
+    if outcome.context is not None:
+        read = read_trajectory_tokens(store, outcome.context)
+        cut = read.prompt_length
+        prompt, completion, mask = read.tokens[:cut], read.tokens[cut:], read.mask[cut:]
+        logprobs = [0.0 if lp is None else lp for lp in read.logprobs[cut:]]
+        versions = [-1 if v is None else v for v in read.versions[cut:]]
+    return Rollout(
+        task_id=outcome.task,
+        member=outcome.member,
+        status=outcome.status,
+        reward=outcome.reward,
+        rewards={} if outcome.reward is None else {"reward": outcome.reward},
+        prompt_ids=prompt,
+        completion_ids=completion,
+        logprobs=logprobs,
+        loss_mask=mask,
+        weights_versions=versions,
+        turns=outcome.turns,
+        recoveries=outcome.recoveries,
+        attempts=outcome.attempts,
+        trajectory_id=outcome.trajectory_id,
+        reason=outcome.reason,
+    )
+
+
+def _tasks(tasks: str | Path | Sequence[Task]) -> list[Task]:
+    if isinstance(tasks, (str, Path)):
+        return load_workload(Path(tasks)).tasks
+    tasks = list(tasks)
+    ids = [t.id for t in tasks]
+    if len(set(ids)) != len(ids):
+        raise RolloutError(
+            f"task ids repeat ({sorted({i for i in ids if ids.count(i) > 1})}); give each task its own id"
+        )
+    return tasks
