@@ -82,7 +82,9 @@ class Rollout(BaseModel):
     logprobs: list[float]
     loss_mask: list[int]
     weights_versions: list[int]
-    turns: int
+    turns: int = Field(
+        description="Actions the agent ran in its sandbox (a last model turn without one is not counted)."
+    )
     recoveries: int = Field(description="Sandbox recoveries Belayer made on its way (over all attempts).")
     attempts: int = Field(description="Trajectories run for this member (more than 1: failed_infra retried).")
     trajectory_id: str = Field(description="Open it in the Temporal web UI or with `belayer inspect`.")
@@ -277,12 +279,4 @@ def rollout_of(store, outcome: MemberOutcome) -> Rollout:
 
 
 def _tasks(tasks: str | Path | Sequence[Task]) -> list[Task]:
-    if isinstance(tasks, (str, Path)):
-        return load_workload(Path(tasks)).tasks
-    tasks = list(tasks)
-    ids = [t.id for t in tasks]
-    if len(set(ids)) != len(ids):
-        raise RolloutError(
-            f"task ids repeat ({sorted({i for i in ids if ids.count(i) > 1})}); give each task its own id"
-        )
-    return tasks
+    return load_workload(Path(tasks)).tasks if isinstance(tasks, (str, Path)) else list(tasks)

@@ -11,6 +11,7 @@ import uuid
 
 import pytest
 import torch
+from pydantic import ValidationError
 from temporalio.worker import Worker
 
 from belayer import Rollout, RolloutClient
@@ -22,7 +23,7 @@ from belayer.storage.weights import load_weights
 from belayer.temporal_client import connect
 from belayer.workflows.models import TaskQueues
 from belayer.workflows.publishing import PublishWorkflow
-from belayer.workflows.rollout_models import RolloutQueues
+from belayer.workflows.rollout_models import RolloutQueues, RolloutRequest, RolloutSettings
 from belayer.workflows.rollouts import RolloutWorkflow
 from belayer.workloads.models import TraceTask, TraceTurn
 from tests.stand_ins import StandInNode, StandInTrajectory, TokenLogs, reward_of
@@ -205,3 +206,11 @@ async def test_weights_that_do_not_fit_the_model_are_refused_before_anything_is_
     with pytest.raises(RolloutError, match="before start_weight_update"):
         rollouts.update_weights({})
     assert not any(n.published for n in nodes)
+
+
+def test_a_batch_refuses_a_task_twice_since_its_group_is_named_after_it():
+    with pytest.raises(
+        ValidationError, match=r"task ids repeat \(task0\); give each task of a batch its own id"
+    ):
+        RolloutRequest(batch_id="b", tasks=[TASKS[0], TASKS[1], TASKS[0]],
+                       settings=RolloutSettings(group_size=2), queues=RolloutQueues(nodes=["n"]))  # fmt: skip

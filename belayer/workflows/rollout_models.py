@@ -8,7 +8,7 @@ tokens stay in the object store), `GroupOutcome` is one task's group.
 
 from __future__ import annotations
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from belayer.policy.config import PolicyConfig
 from belayer.storage.tokenlog import PrefixRef
@@ -68,7 +68,7 @@ class MemberOutcome(_Model):
     recovery_s: float = Field(0.0, description="Time its recoveries lost, over all attempts.")
     task: str = Field("", description="The task's id.")
     member: int = Field(0, ge=0, description="Its place in the group.")
-    turns: int = Field(0, ge=0, description="Model turns of the attempt that counts.")
+    turns: int = Field(0, ge=0, description="Actions the attempt that counts ran in its sandbox.")
     recoveries: int = Field(0, ge=0, description="Sandbox recoveries over all attempts.")
 
 
@@ -92,6 +92,15 @@ class RolloutRequest(_Model):
         ge=1,
         description="The version every node must serve when the batch starts (None: whatever they serve).",
     )
+
+    @model_validator(mode="after")
+    def _one_group_per_task(self) -> RolloutRequest:
+        """A task's group is named after its id (so are its trajectories' workflows)."""
+        ids = [t.id for t in self.tasks]
+        repeated = sorted({i for i in ids if ids.count(i) > 1})
+        if repeated:
+            raise ValueError(f"task ids repeat ({', '.join(repeated)}); give each task of a batch its own id")
+        return self
 
 
 class RolloutProgress(_Model):
