@@ -17,6 +17,7 @@ from belayer.client import task_queues
 from belayer.config import BelayerConfig
 from belayer.storage.store import open_store
 from belayer.trainer.models import TrainerSettings
+from belayer.workers.rollout.fleet import node_config, rollout_node_ids
 from belayer.workers.rollout.worker import node_task_queue
 from belayer.workflows.rollouts import RUN_KEY
 from belayer.workflows.training_models import (
@@ -30,11 +31,13 @@ from belayer.workloads.models import Task
 
 
 def training_queues(config: BelayerConfig) -> TrainingQueues:
+    """The queues of the stack `config` reaches, with every rollout node's own (a publish
+    reaches each)."""
     return TrainingQueues(
         trajectories=task_queues(config),
         workflows=config.temporal.workflow_task_queue,
         trainer=config.trainer.task_queue,
-        nodes=[node_task_queue(config)],
+        nodes=[node_task_queue(node_config(config, node_id)) for node_id in rollout_node_ids(config)],
     )
 
 

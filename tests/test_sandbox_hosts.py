@@ -76,12 +76,11 @@ def _no_run_left_behind():
     _IN_BACKGROUND.clear()
 
 
-@pytest.fixture(scope="module")
-def clean(two_host_stack, tmp_path_factory) -> tuple[Path, dict]:
-    """WORKLOAD's file and its trajectory run without a fault: what a faulted run must equal."""
-    workload = tmp_path_factory.mktemp("two-hosts") / "two-hosts.yaml"
-    workload.write_text(WORKLOAD)
-    return workload, run(two_host_stack[1], workload)["trajectories"][0]
+@pytest.fixture
+def workload(tmp_path) -> Path:
+    path = tmp_path / "two-hosts.yaml"
+    path.write_text(WORKLOAD)
+    return path
 
 
 def run(env, workload: Path, *args: str, background: bool = False):
@@ -98,47 +97,8 @@ def run(env, workload: Path, *args: str, background: bool = False):
     return json.loads(done.stdout)
 
 
-def test_two_rollout_nodes_run_side_by_side_each_a_target_of_its_own_faults(two_hosts):
-    """`belayer up --rollout-nodes 2`: each node with its own id, engines, shared memory and
-    task queue, listed by `status`; a lost one stays down until `up` and leaves the other
-    alone; a shrink is refused while they run (`down` stops both: the last test)."""
+def test_a_lost_node_and_a_lost_host_are_each_recovered_on_the_other(two_hosts, workload):
     config, env = two_hosts
-    first = env["BELAYER_ROLLOUT__NODE_ID"]
-    ids = (first, f"{first}.1")
-    status = service_status(env)
-    for name, node_id in zip(NODES, ids, strict=True):
-        assert status[name]["healthy"], status[name]
-        assert f"polling belayer-rollout-{node_id} as belayer-rollout-{node_id}@" in status[name]["detail"]
-        assert shm.leftover_segments(node_id), f"node {node_id} holds no shared memory"
-    assert status[NODES[0]]["pid"] != status[NODES[1]]["pid"]
-    # Each node's segments are its own: the first node's never include the second's.
-    assert not set(shm.leftover_segments(ids[0])) & set(shm.leftover_segments(ids[1]))
-    # `status` without the flag knows the running stack's nodes.
-    assert json.loads((config.state_dir / "run" / "topology.json").read_text())["rollout_nodes"] == 2
-
-    # A fault aimed at the second node loses it (one of several: it stays down, its turns
-    # would move to the first) and leaves the first alone; `up` brings it back.
-    crash = json.loads(belayer(env, "chaos", "node-crash", "--node", ids[1]).stdout)
-    assert crash["target"] == f"{NODES[1]} pid {status[NODES[1]]['pid']}"
-    assert crash["detail"].endswith("left down")
-    assert not service_status(env)[NODES[1]]["healthy"] and not shm.leftover_segments(ids[1])
-    belayer(env, "up", "--only", NODES[1])
-    after = service_status(env)
-    assert after[NODES[1]]["healthy"] and after[NODES[1]]["pid"] != status[NODES[1]]["pid"]
-    assert after[NODES[0]]["pid"] == status[NODES[0]]["pid"]
-    unknown = belayer(env, "chaos", "engine-crash", "--node", "nope", check=False)
-    assert unknown.returncode == 1
-    assert f"no rollout node 'nope' in this stack; its nodes are {ids[0]}, {ids[1]}" in unknown.stderr
-
-    shrink = belayer(env, "up", "--rollout-nodes", "1", check=False)
-    assert shrink.returncode == 1
-    assert "the stack runs 2 rollout nodes; `belayer down` first" in shrink.stderr
-    assert all(psutil.pid_exists(after[name]["pid"]) for name in NODES)
-
-
-def test_a_lost_node_and_a_lost_host_are_each_recovered_on_the_other(two_hosts, clean):
-    config, env = two_hosts
-    workload, clean = clean
     second = f"{socket.gethostname()}-h1"
     status = service_status(env)
     assert status["sandbox-worker"]["healthy"] and status["sandbox-worker.1"]["healthy"]
@@ -146,6 +106,7 @@ def test_a_lost_node_and_a_lost_host_are_each_recovered_on_the_other(two_hosts, 
         f"polling belayer-sandbox-{second} as belayer-sandbox@{second}:"
         in status["sandbox-worker.1"]["detail"]
     )
+    clean = run(env, workload)["trajectories"][0]
     assert clean["status"] == "completed" and not clean["recoveries"]
 
     # The node serving the trajectory is lost: its turns finish on the other node.
@@ -221,10 +182,10 @@ def test_sandboxes_spread_by_load_and_a_drain_moves_every_one_off_its_host(two_h
     assert service_status(env)["sandbox-worker.1"]["healthy"]
 
 
-def test_a_host_back_after_a_power_cut_removes_its_stale_container_before_serving(two_hosts, clean):
+def test_a_host_back_after_a_power_cut_removes_its_stale_container_before_serving(two_hosts, workload):
     config, env = two_hosts
-    workload, clean = clean
     belayer(env, "up")
+    clean = run(env, workload)["trajectories"][0]
     ManagedProcess(
         "sandbox-worker", config.state_dir
     ).stop()  # the trajectory's sandbox goes to the second host
@@ -251,13 +212,77 @@ def test_a_host_back_after_a_power_cut_removes_its_stale_container_before_servin
     fenced = re.search(r"fenced superseded containers (.*)", log.read_text()[len(logged_before) :])
     assert fenced and stale in fenced.group(1).split(", "), "the stale container was not fenced"
     assert containers_on(config, 1) == []
+
+
+def test_two_rollout_nodes_run_side_by_side_each_a_target_of_its_own_faults(two_hosts, monkeypatch):
+    """`belayer up --rollout-nodes 2`: each node with its own id, engines, shared memory and
+    task queue, listed by `status`; a lost one stays down until `up` and leaves the other
+    alone; a publish reaches both; a shrink is refused while they run; `down` stops both. It runs last, so that
+    the other tests compare runs served by the nodes the stack started with (run first, a
+    CI machine saw their tokens differ from the clean runs'; not seen here)."""
+    config, env = two_hosts
+    first = env["BELAYER_ROLLOUT__NODE_ID"]
+    ids = (first, f"{first}.1")
+    status = service_status(env)
+    for name, node_id in zip(NODES, ids, strict=True):
+        assert status[name]["healthy"], status[name]
+        assert f"polling belayer-rollout-{node_id} as belayer-rollout-{node_id}@" in status[name]["detail"]
+        assert shm.leftover_segments(node_id), f"node {node_id} holds no shared memory"
+    assert status[NODES[0]]["pid"] != status[NODES[1]]["pid"]
+    # Each node's segments are its own: the first node's never include the second's.
+    assert not set(shm.leftover_segments(ids[0])) & set(shm.leftover_segments(ids[1]))
+    # `status` without the flag knows the running stack's nodes.
+    assert json.loads((config.state_dir / "run" / "topology.json").read_text())["rollout_nodes"] == 2
+
+    # A fault aimed at the second node loses it (one of several: it stays down, its turns
+    # would move to the first) and leaves the first alone; `up` brings it back.
+    crash = json.loads(belayer(env, "chaos", "node-crash", "--node", ids[1]).stdout)
+    assert crash["target"] == f"{NODES[1]} pid {status[NODES[1]]['pid']}"
+    assert crash["detail"].endswith("left down")
+    assert not service_status(env)[NODES[1]]["healthy"] and not shm.leftover_segments(ids[1])
+    belayer(env, "up", "--only", NODES[1])
+    after = service_status(env)
+    assert after[NODES[1]]["healthy"] and after[NODES[1]]["pid"] != status[NODES[1]]["pid"]
+    assert after[NODES[0]]["pid"] == status[NODES[0]]["pid"]
+    unknown = belayer(env, "chaos", "engine-crash", "--node", "nope", check=False)
+    assert unknown.returncode == 1
+    assert f"no rollout node 'nope' in this stack; its nodes are {ids[0]}, {ids[1]}" in unknown.stderr
+
+    # A publish through the rollout API (as `belayer train` publishes) reaches both nodes.
+    assert asyncio.run(publish_built_model(env, monkeypatch)) == dict.fromkeys(ids, 7)
+    for node_id in ids:
+        roles = json.loads((config.state_dir / "run" / f"rollout-{node_id}.roles.json").read_text())
+        assert roles["weights_version"] == 7, (node_id, roles)
+
+    shrink = belayer(env, "up", "--rollout-nodes", "1", check=False)
+    assert shrink.returncode == 1
+    assert "the stack runs 2 rollout nodes; `belayer down` first" in shrink.stderr
+    assert all(psutil.pid_exists(after[name]["pid"]) for name in NODES)
+
+    # `down` stops both nodes and the second host, and leaves nothing behind.
     nodes = [service_status(env)[name]["pid"] for name in NODES]
     belayer(env, "down")
     assert sandbox_hosts.members(config, 1) == []
-    node_ids = (env["BELAYER_ROLLOUT__NODE_ID"], f"{env['BELAYER_ROLLOUT__NODE_ID']}.1")
-    assert not any(shm.leftover_segments(node_id) for node_id in node_ids)
+    assert not any(shm.leftover_segments(node_id) for node_id in ids)
     assert not (config.state_dir / "run" / "topology.json").exists()
     assert not any(psutil.pid_exists(pid) for pid in nodes)
+
+
+async def publish_built_model(env, monkeypatch) -> dict[str, int]:
+    """The built model's weights published as a new version by a client that reads the
+    stack's configuration as a user's trainer does: node id -> the version it then serves."""
+    from safetensors.torch import load_file
+
+    from belayer import RolloutClient
+    from belayer.model.build import model_path
+
+    for name, value in env.items():
+        if name.startswith("BELAYER_"):
+            monkeypatch.setenv(name, value)
+    client = await RolloutClient.connect()
+    built = model_path(client.config.rollout.model, client.config.cache_dir)
+    published = await client.publish(load_file(str(built / "model.safetensors")), version=7)
+    return {result.node_id: result.version for result in published}
 
 
 async def until_running_trajectories(config, run_process, holds, what: str) -> None:

@@ -29,10 +29,10 @@ from belayer.stack.workers import (
     RolloutNodeService,
     SandboxHostService,
     WorkerService,
-    node_config,
     rollout_service_name,
     sandbox_service_name,
 )
+from belayer.workers.rollout.fleet import node_config, recorded_topology, rollout_node_ids, topology_file
 from belayer.workers.rollout.worker import describe_roles, read_roles, roles_file
 
 
@@ -74,8 +74,8 @@ class LocalStack:
         `stack.rollout_nodes` and `stack.sandbox_hosts`."""
         self.config = config
         self.state_dir = config.state_dir
-        self.topology_file = self.state_dir / "run" / "topology.json"
-        self.recorded = self._recorded_topology()
+        self.topology_file = topology_file(self.state_dir)
+        self.recorded = recorded_topology(self.state_dir)
         self.rollout_nodes = rollout_nodes or self.recorded.get("rollout_nodes") or config.stack.rollout_nodes
         self.sandbox_hosts = sandbox_hosts or self.recorded.get("sandbox_hosts") or config.stack.sandbox_hosts
         self.services: list[Service] = [
@@ -194,14 +194,6 @@ class LocalStack:
         self.topology_file.unlink(missing_ok=True)
         return stopped
 
-    def _recorded_topology(self) -> dict[str, int]:
-        """How many rollout nodes and sandbox hosts the last `up` started ({} if none)."""
-        try:
-            recorded = json.loads(self.topology_file.read_text())
-            return {key: int(value) for key, value in recorded.items()}
-        except (OSError, ValueError, TypeError, AttributeError):
-            return {}
-
     def _refuse_fewer(self, key: str, what: str, service_name: Callable[[int], str]) -> None:
         """Starting fewer than run now would leave the others running, unknown to `down`."""
         wanted, recorded = getattr(self, key), self.recorded.get(key, 0)
@@ -247,12 +239,6 @@ class LocalStack:
             detail=detail,
             log=str(proc.log_file),
         )
-
-
-def rollout_node_ids(config: BelayerConfig, count: int) -> list[str]:
-    """The ids of a stack's `count` rollout nodes: rollout.node_id, then <id>.1, <id>.2, ..."""
-    first = config.rollout.node_id
-    return [first, *(f"{first}.{k}" for k in range(1, count))]
 
 
 def belayer_workers(

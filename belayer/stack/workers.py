@@ -21,6 +21,7 @@ from belayer.stack import sandbox_hosts
 from belayer.stack.process import ManagedProcess
 from belayer.stack.services import Health, run_coroutine
 from belayer.temporal_client import pollers
+from belayer.workers.rollout.fleet import node_config
 from belayer.workers.rollout.worker import node_task_queue
 
 CONFIG_FILE_ENV = "BELAYER_CONFIG"
@@ -103,10 +104,6 @@ class WorkerService:
 def rollout_service_name(k: int) -> str:
     """The stack's name of its k-th rollout node (from 0): rollout-node, rollout-node.1, ..."""
     return "rollout-node" + (f".{k}" if k else "")
-
-
-def node_config(config: BelayerConfig, node_id: str) -> BelayerConfig:
-    return config.model_copy(update={"rollout": config.rollout.model_copy(update={"node_id": node_id})})
 
 
 class RolloutNodeService(WorkerService):
