@@ -24,7 +24,7 @@ from pathlib import Path
 import torch
 
 from belayer.errors import BelayerError
-from belayer.model.build import model_path
+from belayer.model.build import MANIFEST, file_sha256, model_path
 from belayer.storage.errors import ObjectConflict
 from belayer.storage.weights import store_weights
 from belayer.trainer.models import TrainerCheckpointRef, TrainStepArgs, TrainStepResult
@@ -57,7 +57,7 @@ class Trainer:
         self.cache_dir = cache_dir
         self.device = resolve_device(device)
         self._state: TrainerState | None = None
-        self._reference: torch.nn.Module | None = None
+        self._reference: tuple[tuple[str, str], torch.nn.Module] | None = None  # (model identity, weights)
         self._lock = threading.Lock()
 
     def step(self, store, args: TrainStepArgs, events: Events | None = None) -> TrainStepResult:
@@ -157,12 +157,17 @@ class Trainer:
         return ref, checkpoint.stats
 
     def _reference_for(self, args: TrainStepArgs) -> torch.nn.Module | None:
-        """The frozen initial weights, loaded once, only while the KL term is on."""
+        """The frozen initial weights of the run's model, only while the KL term is on:
+        loaded once per model identity (its name and its manifest's hash), since one
+        trainer process serves runs of different models, and a model rebuilt under the
+        same name is another model."""
         if args.settings.kl_coef == 0:
             return None
-        if self._reference is None:
-            self._reference = load_policy(self._model_dir(args), self.device).requires_grad_(False)
-        return self._reference
+        model_dir = self._model_dir(args)
+        identity = (args.model, file_sha256(model_dir / MANIFEST))
+        if self._reference is None or self._reference[0] != identity:
+            self._reference = (identity, load_policy(model_dir, self.device).requires_grad_(False))
+        return self._reference[1]
 
     def _model_dir(self, args: TrainStepArgs) -> Path:
         return model_path(args.model, self.cache_dir)

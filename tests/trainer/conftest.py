@@ -42,12 +42,12 @@ def batch(store, *, version: int = 1) -> list[TrainSample]:
     )
 
 
-def step_args(run_id: str, samples, *, iteration=0, base=None, **settings) -> TrainStepArgs:
+def step_args(run_id: str, samples, *, iteration=0, base=None, model="tiny", **settings) -> TrainStepArgs:
     settings = {"lr": 1e-3, **settings}
     return TrainStepArgs(
         run_id=run_id,
         iteration=iteration,
-        model="tiny",
+        model=model,
         base=base,
         samples=samples,
         settings=TrainerSettings(**settings),

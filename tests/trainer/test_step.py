@@ -57,6 +57,18 @@ def test_several_minibatches_clip_and_measure_the_kl(trainer, store):
     assert result.trained_tokens == 45
 
 
+def test_the_kl_reference_is_the_runs_own_model_whatever_the_process_served_before(store):
+    """One trainer process serves runs of different models: a run's KL term is to its own
+    model's initial weights, not to those of the first model the process loaded."""
+    samples = batch(store)
+    alone = Trainer(device="cpu").step(store, step_args(run(), samples, model="tiny-warm", kl_coef=0.1))
+    shared = Trainer(device="cpu")
+    shared.step(store, step_args(run(), samples, kl_coef=0.1))  # a run of `tiny` first
+    after = shared.step(store, step_args(run(), samples, model="tiny-warm", kl_coef=0.1))
+    assert alone.kl == 0.0  # the first minibatch's policy is the reference itself
+    assert (after.kl, after.weights_sha256) == (alone.kl, alone.weights_sha256)
+
+
 def test_a_step_from_a_loaded_checkpoint_equals_one_from_memory(trainer, store):
     first_run = run()
     first = trainer.step(store, step_args(first_run, batch(store), minibatches=2))
