@@ -40,7 +40,7 @@ from belayer.storage.weights import store_weights
 from belayer.temporal_client import connect
 from belayer.training import training_queues
 from belayer.workflows.groups import cause_of
-from belayer.workflows.publishing import PublishRequest, PublishWorkflow
+from belayer.workflows.publishing import PublishRequest, PublishWorkflow, ServedVersionsWorkflow
 from belayer.workflows.rollout_models import (
     MemberOutcome,
     RolloutQueues,
@@ -225,6 +225,18 @@ class RolloutClient:
             return await handle.result()
         except WorkflowFailureError as err:
             raise RolloutError(f"publishing v{version} failed: {cause_of(err)}") from None
+
+    async def served_versions(self) -> dict[str, int]:
+        """The weights version each node serves, by node queue: a trainer's first version
+        must be greater than all of them."""
+        served = await self.temporal.execute_workflow(
+            ServedVersionsWorkflow.run,
+            self.queues.nodes,
+            id=f"served-versions-{uuid.uuid4().hex[:10]}",
+            task_queue=self.config.temporal.workflow_task_queue,
+            static_summary=f"weights versions of {len(self.queues.nodes)} node(s)",
+        )
+        return dict(zip(self.queues.nodes, served, strict=True))
 
     # vLLM's weight-transfer phases, for a trainer that already drives them: init once,
     # then per version start, update (once or in chunks), finish.

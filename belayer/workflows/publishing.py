@@ -23,7 +23,7 @@ with workflow.unsafe.imports_passed_through():
     from belayer.contracts.publish import PUBLISH_WEIGHTS, PublishWeightsArgs, PublishWeightsResult
     from belayer.storage.store import ObjectRef
     from belayer.workflows.groups import cause_of
-    from belayer.workflows.rollouts import NO_WORKER_AFTER
+    from belayer.workflows.rollouts import NO_WORKER_AFTER, node_versions
 
 PUBLISH_RETRY = RetryPolicy(
     initial_interval=timedelta(seconds=1),
@@ -85,3 +85,13 @@ class PublishWorkflow:
             return await publish_to_nodes(input.nodes, args, "from the rollout API")
         except PublishFailed as failure:
             raise ApplicationError(str(failure), type=PUBLISH_FAILED, non_retryable=True) from None
+
+
+@workflow.defn(name="ServedVersionsWorkflow")
+class ServedVersionsWorkflow:
+    """The weights version each node serves, in the order of the queues asked: where a
+    trainer outside Belayer's loop starts numbering its versions."""
+
+    @workflow.run
+    async def run(self, nodes: list[str]) -> list[int]:
+        return await node_versions(nodes)

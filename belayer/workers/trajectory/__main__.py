@@ -1,7 +1,7 @@
 """`python -m belayer.workers.trajectory`: the workflow worker.
 
 Serves `TrajectoryWorkflow`, `TrajectoryGroupWorkflow`, `TrainingWorkflow`, the rollout API's
-`RolloutWorkflow` and `PublishWorkflow`, the context (tokenizer) activities and
+`RolloutWorkflow`, `PublishWorkflow` and `ServedVersionsWorkflow`, the context (tokenizer) activities and
 the training runs' iteration log on the workflow task queue. Deterministic workflow code only runs here; every side effect is an activity.
 """
 
@@ -14,7 +14,7 @@ from belayer.model.build import model_path
 from belayer.storage.store import open_store
 from belayer.workers.runner import main, run_worker
 from belayer.workflows.groups import TrajectoryGroupWorkflow
-from belayer.workflows.publishing import PublishWorkflow
+from belayer.workflows.publishing import PublishWorkflow, ServedVersionsWorkflow
 from belayer.workflows.rollouts import RolloutWorkflow
 from belayer.workflows.training import TrainingWorkflow
 from belayer.workflows.trajectory import TrajectoryWorkflow
@@ -35,6 +35,7 @@ async def serve(config: BelayerConfig) -> None:
             TrainingWorkflow,
             RolloutWorkflow,
             PublishWorkflow,
+            ServedVersionsWorkflow,
         ],
         activities=[*context.all(), *TrainingLogActivities(store).all()],
     )
