@@ -149,7 +149,11 @@ def train() -> None:
     show_default=True,
     help="Later iterations fork a task's set-up checkpoint again instead of rerunning its setup.",
 )
-@click.option("--run-id", default=None, help="Name of the run (default train-<random>).")
+@click.option(
+    "--run-id",
+    default=None,
+    help="Name of the run (default train-<random>); one used before with other settings is refused.",
+)
 @click.option(
     "--chaos",
     "chaos_plan",
@@ -410,6 +414,7 @@ def run_report(result, records, settings: dict | None = None) -> dict:
                 "rewards": r.rewards,
                 "dropped": [d.model_dump() for d in r.dropped],
                 "loss": r.loss,
+                "engine_logprob_drift": r.engine_logprob_drift,
                 "group_sandboxes": [
                     g.model_dump(mode="json", exclude={"origin", "setup_sandbox"}) for g in r.group_sandboxes
                 ],

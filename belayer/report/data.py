@@ -69,6 +69,7 @@ class TrainingIteration(BaseModel):
     publish_s: float
     recovery_s: float = 0.0
     elapsed_s: float | None = None
+    engine_logprob_drift: float | None = None
     dropped: list[dict] = []
 
 

@@ -233,6 +233,7 @@ def _iterations(run: TrainingRun) -> str:
             i.groups_dropped,
             i.infra_retries,
             f"v{i.weights_version} {i.weights_sha256[:12]}",
+            None if i.engine_logprob_drift is None else f"{i.engine_logprob_drift:.1e}",
         ]
         for i in run.iterations
     ]
@@ -246,6 +247,7 @@ def _iterations(run: TrainingRun) -> str:
             "groups dropped",
             "infra retries",
             "weights (version, sha256)",
+            "engine logprob drift",
         ],
         rows,
     )

@@ -316,6 +316,7 @@ class TrainingWorkflow:
             kl=step.kl,
             clip_fraction=step.clip_fraction,
             trained_tokens=step.trained_tokens,
+            engine_logprob_drift=step.engine_logprob_drift,
             trainer_resumed_from=step.resumed_from,
             rollout_s=rollout_s,
             train_s=train_s,

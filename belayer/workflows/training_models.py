@@ -115,6 +115,11 @@ class IterationRecord(_Model):
     kl: float
     clip_fraction: float
     trained_tokens: int
+    engine_logprob_drift: float | None = Field(
+        None,
+        description="Largest |engine logprob - trainer logprob| over the trained tokens: how far the "
+        "engines' numbers are from the trainer's (None: no token trained, or a record from before it was kept).",
+    )
     trainer_resumed_from: str
     rollout_s: float
     train_s: float

@@ -78,6 +78,7 @@ def test_iteration_table_has_a_row_per_iteration(tmp_path):
     sha = json.loads(TRAIN.read_text())["iterations"][5]["weights_sha256"]
     assert f"v7 {sha[:12]}" in table and sha not in table
     assert "member 2 ended failed_infra" in text  # the group dropped in iteration 5, and why
+    assert "<th>engine logprob drift</th>" in table and "<td>1.2e-05</td>" in table
 
 
 def test_control_appears_only_when_given(tmp_path):

@@ -103,6 +103,8 @@ def test_a_run_trains_publishes_and_is_followed(stack, calm, tmp_path):
     versions = [i["weights_version"] for i in iterations]
     assert versions == list(range(versions[0], versions[0] + ITERATIONS))
     assert calm["final_weights_sha256"] == iterations[-1]["weights_sha256"]
+    # fp32 engines and trainer score the sampled tokens alike (a step trains on every iteration)
+    assert all(i["engine_logprob_drift"] is not None and i["engine_logprob_drift"] < 1e-3 for i in iterations)
     # every task here has a setup to share: each group's two members are forks of one sandbox,
     # and later iterations fork the first iteration's set-up checkpoint again (--reuse-setup)
     groups = [(i["iteration"], g) for i in iterations for g in i["group_sandboxes"]]
