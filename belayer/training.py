@@ -7,6 +7,8 @@ model, policy, token budget), gives runs readable ids, and reads a run's iterati
 
 from __future__ import annotations
 
+import hashlib
+import json
 import uuid
 
 from temporalio.client import Client, WorkflowHandle
@@ -15,6 +17,8 @@ from temporalio.common import SearchAttributePair, TypedSearchAttributes
 from belayer.activities.training_log import read_iterations as read_records
 from belayer.client import task_queues
 from belayer.config import BelayerConfig
+from belayer.errors import BelayerError
+from belayer.storage.errors import ObjectConflict
 from belayer.storage.store import open_store
 from belayer.trainer.models import TrainerSettings
 from belayer.workers.rollout.fleet import node_config, rollout_node_ids
@@ -75,9 +79,47 @@ def training_input(
     )
 
 
+class RunIdReused(BelayerError):
+    """A run id already names a run with other settings: its checkpoints and iteration log
+    would be taken for this run's."""
+
+
+def settings_key(run_id: str) -> str:
+    return f"runs/{run_id}/settings.json"
+
+
+def canonical_settings(input: TrainingInput) -> dict:
+    """What defines a run's numbers: its input without its id and the queues it reaches."""
+    return input.model_dump(mode="json", exclude={"run_id", "queues"})
+
+
+def claim_run_id(store, input: TrainingInput) -> None:
+    """Record the run's settings under its id, or check them against those recorded: a run
+    id used before with other settings is refused here, before anything starts, rather
+    than mix two runs' checkpoints and iteration records. The same settings again are the
+    same run."""
+    settings = canonical_settings(input)
+    digest = hashlib.sha256(json.dumps(settings, sort_keys=True, separators=(",", ":")).encode()).hexdigest()
+    record = json.dumps({"settings_sha256": digest, "settings": settings}, sort_keys=True, indent=1).encode()
+    try:
+        store.put_bytes(settings_key(input.run_id), record, if_absent=True)
+        return
+    except ObjectConflict:
+        recorded = json.loads(store.get_bytes(settings_key(input.run_id)))
+    if recorded["settings_sha256"] != digest:
+        differ = sorted(k for k in settings.keys() | recorded["settings"].keys()
+                        if settings.get(k) != recorded["settings"].get(k))  # fmt: skip
+        raise RunIdReused(
+            f"run id {input.run_id!r} was used by a run with other settings ({', '.join(differ)} differ); "
+            "pick another --run-id, or leave it out for a fresh one"
+        )
+
+
 async def start_training(client: Client, config: BelayerConfig, input: TrainingInput) -> WorkflowHandle:
     """Start `TrainingWorkflow`; its id is the run id (the web UI finds it, and its
-    trajectories by BelayerRun)."""
+    trajectories by BelayerRun). A run id used before with other settings is refused."""
+    with open_store(config.storage, encrypted=False) as store:
+        claim_run_id(store, input)
     return await client.start_workflow(
         "TrainingWorkflow",
         input,
