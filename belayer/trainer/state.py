@@ -4,8 +4,9 @@ A checkpoint is one safetensors object at `runs/<run>/trainer/iteration-<k>.safe
 the weights under their HF names, AdamW's `exp_avg`, `exp_avg_sq` and `step` per
 parameter (`optim/<name>/<field>`), and torch's CPU RNG state (`rng/torch`); its
 safetensors metadata holds iteration, weights version, run, model, base checkpoint,
-settings and the step's recorded result, so a retry of a finished iteration answers
-exactly what the first attempt did. Timings are not recorded: the bytes of a checkpoint
+settings, the step's recorded result and the platform that computed it (device, torch
+version, CPU ISA), so a retry of a finished iteration answers exactly what the first
+attempt did, and a resume elsewhere knows it would not step the same. Timings are not recorded: the bytes of a checkpoint
 depend on the computation alone, so a run with faults writes the same checkpoints, bit
 for bit, as the run without.
 
@@ -58,6 +59,7 @@ class TrainerState:
     optimizer: torch.optim.AdamW
     weights_version: int  # the version the model's weights are (and sampled with)
     checkpoint: TrainerCheckpointRef | None  # None: the built model, not yet stepped
+    platform: dict[str, str] | None = None  # what computed the state; None: unknown (an older checkpoint)
 
 
 @dataclass(frozen=True)
@@ -73,6 +75,7 @@ class Checkpoint:
     settings: TrainerSettings
     stats: StepStats
     weights: ObjectRef
+    platform: dict[str, str] | None  # None: written before platforms were recorded
 
     def weights_only(self) -> dict[str, torch.Tensor]:
         return {k: v for k, v in self.tensors.items() if not k.startswith((_OPTIM, _RNG))}
@@ -123,6 +126,7 @@ def encode_checkpoint(
         "settings": settings.model_dump_json(),
         "result": json.dumps(_stats_dict(stats), sort_keys=True),
         "weights": weights.model_dump_json(),
+        "platform": json.dumps(state.platform, sort_keys=True),
     }
     return save(tensors, metadata=metadata)
 
@@ -143,6 +147,7 @@ def decode_checkpoint(key: str, data: bytes) -> Checkpoint:
             settings=TrainerSettings.model_validate_json(meta["settings"]),
             stats=_stats_of(json.loads(meta["result"])),
             weights=ObjectRef.model_validate_json(meta["weights"]),
+            platform=json.loads(meta["platform"]) if "platform" in meta else None,
         )
     except (ValueError, KeyError, TypeError) as exc:
         raise CorruptObject(f"{key!r} is not a trainer checkpoint: {exc}") from None
@@ -163,8 +168,9 @@ def restore(
             }
     torch.set_rng_state(checkpoint.tensors[_RNG])
     return TrainerState(
-        checkpoint.run_id, checkpoint.model_name, model, optimizer, checkpoint.weights_version, ref
-    )
+        checkpoint.run_id, checkpoint.model_name, model, optimizer, checkpoint.weights_version, ref,
+        checkpoint.platform,
+    )  # fmt: skip
 
 
 def built_state(
@@ -177,7 +183,19 @@ def built_state(
 ) -> TrainerState:
     """The run's start: the built model (published as `version`), a fresh AdamW."""
     model = load_policy(model_dir, device)
-    return TrainerState(run_id, model_name, model, new_optimizer(model, settings), version, None)
+    return TrainerState(
+        run_id, model_name, model, new_optimizer(model, settings), version, None, platform_of(device)
+    )
+
+
+def platform_of(device: torch.device) -> dict[str, str]:
+    """What a step's numbers depend on besides its inputs: the device (and its model), the
+    torch version, the CPU's vector ISA torch dispatches to."""
+    return {
+        "device": f"cuda: {torch.cuda.get_device_name(device)}" if device.type == "cuda" else device.type,
+        "torch": torch.__version__,
+        "cpu_isa": torch.backends.cpu.get_cpu_capability(),
+    }
 
 
 def _optimizer_tensors(model: torch.nn.Module, optimizer: torch.optim.AdamW) -> dict[str, torch.Tensor]:

@@ -38,6 +38,7 @@ from belayer.trainer.state import (
     configure,
     decode_checkpoint,
     encode_checkpoint,
+    platform_of,
     restore,
     weights_key,
 )
@@ -71,6 +72,9 @@ class Trainer:
                 return done
             state, resumed_from = self._state_for(store, args)
             _check_version(args, state)
+            here = platform_of(self.device)
+            _check_platform(args, state, here)
+            state.platform = here  # what computes the step's new state
             self._state = None  # half-stepped until its checkpoint is written
             samples = [load_sample(store, s) for s in args.samples]
             configure(state.optimizer, args.settings, args.iteration)
@@ -203,6 +207,19 @@ def _check_version(args: TrainStepArgs, state: TrainerState) -> None:
         raise TrainRequestError(
             f"weights_version {args.weights_version} must be above sampled_version "
             f"{args.sampled_version}: versions only grow"
+        )
+
+
+def _check_platform(args: TrainStepArgs, state: TrainerState, here: dict[str, str]) -> None:
+    """A run's steps are bit-identical only on one platform: a state another device, torch
+    or CPU ISA computed is not stepped here (the run would silently become another run)."""
+    if state.platform is not None and state.platform != here:
+        differ = ", ".join(f"{k} {state.platform.get(k)!r} there, {here.get(k)!r} here"
+                           for k in sorted(here.keys() | state.platform.keys()) if state.platform.get(k) != here.get(k))  # fmt: skip
+        raise TrainRequestError(
+            f"run {args.run_id!r} was trained on another platform ({differ}): its next step here would not "
+            "be the one it would have taken there; resume it on a trainer like the one that wrote "
+            f"iteration {state.checkpoint.iteration if state.checkpoint else 0}'s checkpoint"
         )
 
 

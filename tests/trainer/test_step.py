@@ -15,7 +15,8 @@ from safetensors.torch import load_file
 from belayer.config import plain_dump
 from belayer.model.build import model_path
 from belayer.storage.weights import load_weights
-from belayer.trainer.step import Trainer
+from belayer.trainer.state import decode_checkpoint, platform_of
+from belayer.trainer.step import Trainer, TrainRequestError
 
 from .conftest import batch, group, step_args
 
@@ -82,6 +83,23 @@ def test_a_step_from_a_loaded_checkpoint_equals_one_from_memory(trainer, store):
     assert (in_memory.resumed_from, loaded.resumed_from) == ("memory", "checkpoint")
     assert in_memory.weights_sha256 == loaded.weights_sha256
     assert in_memory.checkpoint.weights_version == 3
+
+
+def test_a_checkpoint_records_its_platform_and_another_platform_does_not_resume_it(
+    trainer, store, monkeypatch
+):
+    """Another device, torch or CPU ISA steps the same state to other bytes: a run written
+    on one is not silently continued on another."""
+    first = trainer.step(store, step_args(run(), batch(store)))
+    recorded = decode_checkpoint(first.checkpoint.key, store.get_bytes(first.checkpoint.key)).platform
+    assert recorded == platform_of(torch.device("cpu")) and recorded["torch"] == torch.__version__
+    elsewhere = recorded | {"cpu_isa": "AMX" if recorded["cpu_isa"] != "AMX" else "AVX2"}
+    monkeypatch.setattr("belayer.trainer.step.platform_of", lambda _device: elsewhere)
+    later = group(store, "later", [0.0, 1.0, 1.0], version=2, seed=7)
+    with pytest.raises(
+        TrainRequestError, match=rf"cpu_isa '{recorded['cpu_isa']}' there, '{elsewhere['cpu_isa']}' here"
+    ):
+        Trainer(device="cpu").step(store, step_args(run(), later, iteration=1, base=first.checkpoint))
 
 
 def test_the_same_step_in_another_process_gives_the_same_weights(trainer, store, storage_config):
