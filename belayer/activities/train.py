@@ -5,9 +5,10 @@ dies is noticed within the heartbeat timeout and the step is retried on the rest
 worker: it resumes from the base checkpoint (or answers "already done" when the dead
 attempt had written its checkpoint), and gives the same bytes as an uninterrupted step.
 
-Errors: a sample (or checkpoint) that does not verify is `CorruptSample`, arguments the
-trainer cannot serve are `BadTrainRequest`, both non-retryable; anything else (storage
-unreachable, out of memory) is retried.
+Errors: a sample that does not verify costs its group (left out of the step, recorded in
+its `skipped`), not the run; a base checkpoint that does not verify is `CorruptSample`,
+arguments the trainer cannot serve are `BadTrainRequest`, both non-retryable; anything
+else (storage unreachable, out of memory) is retried.
 
 Its fault points (belayer/faults.py: `crash_before_checkpoint`, `crash_after_checkpoint`,
 switched on by `BELAYER_TRAINER_FAULT=name[:key=value[;key=value]]`, read once per
@@ -44,7 +45,7 @@ HEARTBEAT_EVERY_S = 1.0
 # storage errors included, is retried: a retried step resumes from its base checkpoint.
 FAILURES = Failures(
     {
-        CorruptObject: FailsAs(CORRUPT_SAMPLE, "a sample does not verify"),
+        CorruptObject: FailsAs(CORRUPT_SAMPLE, "a checkpoint does not verify"),
         TrainRequestError: FailsAs(BAD_TRAIN_REQUEST),
         ValidationError: FailsAs(BAD_TRAIN_REQUEST),
     },

@@ -19,6 +19,7 @@ import hashlib
 import threading
 import time
 from collections.abc import Callable
+from dataclasses import replace
 from pathlib import Path
 
 import torch
@@ -29,7 +30,7 @@ from belayer.storage.errors import ObjectConflict
 from belayer.storage.weights import store_weights
 from belayer.trainer.models import TrainerCheckpointRef, TrainStepArgs, TrainStepResult
 from belayer.trainer.policy import load_policy, make_deterministic, resolve_device
-from belayer.trainer.samples import load_sample
+from belayer.trainer.samples import load_groups
 from belayer.trainer.state import (
     Checkpoint,
     TrainerState,
@@ -76,7 +77,7 @@ class Trainer:
             _check_platform(args, state, here)
             state.platform = here  # what computes the step's new state
             self._state = None  # half-stepped until its checkpoint is written
-            samples = [load_sample(store, s) for s in args.samples]
+            samples, unreadable = load_groups(store, args.samples)
             configure(state.optimizer, args.settings, args.iteration)
             stats = update_policy(
                 state.model,
@@ -86,6 +87,7 @@ class Trainer:
                 samples,
                 args.settings,
             )
+            stats = replace(stats, skipped=unreadable + stats.skipped)
             events("stepped")
             ref, stats = self._write(store, state, args, stats)
             events("checkpointed")

@@ -85,6 +85,17 @@ def test_a_step_from_a_loaded_checkpoint_equals_one_from_memory(trainer, store):
     assert in_memory.checkpoint.weights_version == 3
 
 
+def test_a_sample_that_does_not_verify_costs_its_group_not_the_step(trainer, store):
+    samples = batch(store)  # groups g0 (3 members) and g1 (2)
+    damaged = samples[3].context.model_copy(update={"sha256": "0" * 64})
+    with_damage = [*samples[:3], samples[3].model_copy(update={"context": damaged}), samples[4]]
+    result = trainer.step(store, step_args(run(), with_damage))
+    assert result.samples == 3 and [s.group for s in result.skipped] == ["g1"], result.skipped
+    assert "member g1-0's token log does not verify" in result.skipped[0].reason
+    intact_only = trainer.step(store, step_args(run(), samples[:3]))
+    assert result.weights_sha256 == intact_only.weights_sha256, "the step of the intact group alone"
+
+
 def test_a_checkpoint_records_its_platform_and_another_platform_does_not_resume_it(
     trainer, store, monkeypatch
 ):
