@@ -408,6 +408,7 @@ def _report(
             "reward": r.reward,
             "token_sha256": r.token_sha256,
             "env_sha256": r.env_sha256,
+            "context": r.context.model_dump(mode="json") if r.context else None,  # the token log
             "recoveries": [rec.model_dump() for rec in r.recoveries],
             **({"reason": r.reason} if r.reason else {}),
         }
