@@ -30,6 +30,7 @@ instead of sampling from stale weights.
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import threading
 import warnings
 from collections.abc import Coroutine, Sequence
@@ -45,6 +46,7 @@ from belayer.workloads.loader import load_workload
 from belayer.workloads.models import Task
 
 T = TypeVar("T")
+SEED_RANGE = 2**31  # what a batch's seed may be (RolloutSettings)
 
 
 class BelayerRollouts:
@@ -184,8 +186,10 @@ class BelayerRollouts:
         return tasks
 
     def _seed(self, step: int, batch: int) -> int:
-        """A batch's seed: the same step of the same run samples the same tokens."""
-        return self.seed * 1_000_003 + step * 101 + batch
+        """A batch's seed: the same step of the same run samples the same tokens, and no
+        two batches of a run share one."""
+        digest = hashlib.blake2b(f"{self.seed}:{step}:{batch}".encode(), digest_size=8).digest()
+        return int.from_bytes(digest, "little") % SEED_RANGE
 
 
 class WeightSync(TrainerCallback):
