@@ -121,7 +121,10 @@ class TrainStepResult(_Model):
     kl: float = Field(
         description="Mean k3 estimate of the KL to the initial weights per trained token; 0 when kl_coef is 0."
     )
-    clip_fraction: float = Field(description="Share of model tokens whose ratio was clipped.")
+    clip_fraction: float = Field(
+        description="Share of model tokens where the clip decided the loss (TRL's clip_ratio): ratio below "
+        "1 - clip_eps with a negative advantage, or above 1 + clip_eps with a positive one."
+    )
     trained_tokens: int = Field(description="Model-generated tokens the loss covered.")
     samples: int
     skipped: list[SkippedGroup] = Field(

@@ -17,6 +17,7 @@ from belayer.model.build import model_path
 from belayer.storage.weights import load_weights
 from belayer.trainer import algorithms
 from belayer.trainer.algorithms import ALGORITHMS, Algorithm, UnknownAlgorithm, algorithm, grpo, rloo
+from belayer.trainer.algorithms.base import TokenTerms
 from belayer.trainer.models import TrainerSettings
 from belayer.trainer.step import Trainer
 
@@ -34,6 +35,18 @@ def test_rloo_takes_each_reward_against_the_mean_of_the_others():
     assert rloo.advantages([1.0, 0.0, 0.5]) == [0.75, -0.75, 0.0]
     assert rloo.advantages([2.0, 0.0]) == [2.0, -2.0]  # not scaled by the spread, unlike GRPO
     assert rloo.advantages([0.3, 0.3]) == [0.0, 0.0]
+
+
+@pytest.mark.parametrize(("advantage", "clipped"), [(1.0, 1), (-1.0, 2), (0.0, 0)])
+def test_a_token_counts_as_clipped_only_where_the_clip_decides_the_loss_as_trl_counts(advantage, clipped):
+    """Ratios 0.5, 0.7, 1.0, 1.5 and a masked 0.1 at eps 0.2: above the band only a positive
+    advantage is clipped, below it only a negative one (the other side keeps the unclipped,
+    smaller term); a masked token never counts."""
+    old = torch.zeros(5)
+    logp = torch.tensor([0.5, 0.7, 1.0, 1.5, 0.1]).log()
+    terms = TokenTerms(logp=logp, old=old, mask=torch.tensor([1.0, 1, 1, 1, 0]), advantage=advantage)
+    _, counted = grpo.clipped_surrogate(terms, TrainerSettings(clip_eps=0.2), tokens=4)
+    assert counted == clipped
 
 
 def test_grpo_is_the_default_and_an_unknown_algorithm_is_refused_naming_the_known_ones():

@@ -29,8 +29,16 @@ def clipped_surrogate(terms: TokenTerms, settings: TrainerSettings, tokens: int)
     clipped_ratio = ratio.clamp(1 - settings.clip_eps, 1 + settings.clip_eps)
     surrogate = (ratio * terms.advantage).minimum(clipped_ratio * terms.advantage)
     loss = -(surrogate * terms.mask).sum() / tokens
-    clipped = int((((ratio - 1).abs() > settings.clip_eps).float() * terms.mask).sum().item())
-    return loss, clipped
+    return loss, clipped_tokens(ratio, terms, settings.clip_eps)
+
+
+def clipped_tokens(ratio: Tensor, terms: TokenTerms, eps: float) -> int:
+    """Model tokens where the clip decided the loss, as TRL counts them (`clip_ratio`): a
+    ratio below 1 - eps with a negative advantage, or above 1 + eps with a positive one.
+    Outside the band on the other side the unclipped term is the smaller, so no clip acts."""
+    low = (ratio < 1 - eps) & (terms.advantage < 0)
+    high = (ratio > 1 + eps) & (terms.advantage > 0)
+    return int(((low | high).float() * terms.mask).sum().item())
 
 
 ALGORITHM = Algorithm("grpo", advantages, clipped_surrogate)
