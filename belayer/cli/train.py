@@ -150,6 +150,12 @@ def train() -> None:
     help="Later iterations fork a task's set-up checkpoint again instead of rerunning its setup.",
 )
 @click.option(
+    "--skip-uniform-groups",
+    is_flag=True,
+    help="Leave out of each step the groups whose members all scored the same (DAPO's dynamic "
+    "sampling); they are counted either way.",
+)
+@click.option(
     "--run-id",
     default=None,
     help="Name of the run (default train-<random>); one used before with other settings is refused.",
@@ -183,6 +189,7 @@ def start(
     max_infra_retries: int,
     fork_groups: bool,
     reuse_setup: bool,
+    skip_uniform_groups: bool,
     run_id: str | None,
     chaos_plan: str | None,
     chaos_rate: float | None,
@@ -229,6 +236,7 @@ def start(
         model=loaded.model,
         fork_groups=fork_groups,
         reuse_setup=reuse_setup,
+        skip_uniform_groups=skip_uniform_groups,
     )
     plan = _chaos_plan(chaos_plan, chaos_rate, chaos_seed, iterations)
     started = time.monotonic()
@@ -385,6 +393,7 @@ def run_settings(input, workload: Path) -> dict:
         "heldout_tasks": len(input.heldout),
         "fork_groups": input.fork_groups,
         "reuse_setup": input.reuse_setup,
+        "skip_uniform_groups": input.skip_uniform_groups,
     }
 
 
@@ -402,6 +411,7 @@ def run_report(result, records, settings: dict | None = None) -> dict:
                 "heldout_reward": r.heldout_reward,
                 "groups_kept": r.groups_kept,
                 "groups_dropped": r.groups_dropped,
+                "uniform_groups": r.uniform_groups,
                 "infra_retries": r.infra_retries,
                 "weights_version": r.weights_version,
                 "weights_sha256": r.weights_sha256,

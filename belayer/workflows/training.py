@@ -243,7 +243,13 @@ class TrainingWorkflow:
                     )
                 )
                 continue
-            advantages = self.algorithm.advantages([m.reward for m in members])
+            rewards = [m.reward for m in members]
+            if self.input.skip_uniform_groups and _uniform(rewards):
+                dropped.append(SkippedGroup(
+                    group=task.id, reason=f"every member scored {rewards[0]}: no advantage (skip_uniform_groups)"
+                ))  # fmt: skip
+                continue
+            advantages = self.algorithm.advantages(rewards)
             for member, advantage in zip(members, advantages, strict=True):
                 samples.append(
                     TrainSample(
@@ -291,10 +297,19 @@ class TrainingWorkflow:
         self, iteration, tasks, groups, heldout, dropped, step: TrainStepResult, *, times
     ) -> IterationRecord:
         dropped_names = {d.group for d in dropped}
+        complete = [
+            (task, members)
+            for task, members in zip(tasks, groups, strict=True)
+            if all(m.status != "failed_infra" for m in members)
+        ]
+        uniform = {task.id for task, members in complete if _uniform([m.reward for m in members])}
+        # A uniform group left out of the step was still rolled out and scored: it counts in
+        # the reward, so a curve means the same with and without skip_uniform_groups.
+        scored = dropped_names - uniform if self.input.skip_uniform_groups else dropped_names
         kept = [
             m.reward
             for task, members in zip(tasks, groups, strict=True)
-            if task.id not in dropped_names
+            if task.id not in scored
             for m in members
         ]
         evaluated = [m.reward for m in heldout if m.reward is not None]
@@ -307,6 +322,7 @@ class TrainingWorkflow:
             heldout_reward=sum(evaluated) / len(evaluated) if evaluated else None,
             groups_kept=len(tasks) - len(dropped_names),
             groups_dropped=len(dropped_names),
+            uniform_groups=len(uniform),
             dropped=dropped,
             infra_retries=sum(m.attempts - 1 for members in [*groups, heldout] for m in members),
             weights_version=step.checkpoint.weights_version,
@@ -368,3 +384,8 @@ def _details(record: IterationRecord) -> str:
         f"iteration {record.iteration} done: reward {reward}{heldout}, groups {record.groups_kept} kept / "
         f"{record.groups_dropped} dropped, weights v{record.weights_version} {record.weights_sha256[:12]}"
     )
+
+
+def _uniform(rewards: list[float | None]) -> bool:
+    """Every member scored the same: the group's advantages are all zero."""
+    return len(set(rewards)) == 1

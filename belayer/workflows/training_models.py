@@ -78,6 +78,11 @@ class TrainingInput(_Model):
         description="With fork_groups: later iterations fork a task's set-up checkpoint again instead of "
         "running its setup anew (its members then start from the very same state every iteration).",
     )
+    skip_uniform_groups: bool = Field(
+        False,
+        description="Leave out of the step every group whose members all scored the same (DAPO's dynamic "
+        "sampling): such a group has no advantage to teach, yet its tokens count in the loss's mean.",
+    )
     queues: TrainingQueues
     continue_as_new_every: int = Field(10, ge=1, description="Iterations per workflow run.")
     carried: TrainingState | None = Field(None, description="Set by continue-as-new only.")
@@ -106,6 +111,11 @@ class IterationRecord(_Model):
     heldout_reward: float | None = None
     groups_kept: int
     groups_dropped: int
+    uniform_groups: int = Field(
+        0,
+        description="Complete groups whose members all scored the same (no advantage), "
+        "whether or not skip_uniform_groups left them out.",
+    )
     dropped: list[SkippedGroup] = Field(default_factory=list, description="Why each dropped group went.")
     infra_retries: int
     weights_version: int

@@ -157,6 +157,33 @@ async def test_iterations_train_on_group_advantages_and_publish_each_version(har
     assert records[0].mean_reward == pytest.approx(sum(r for group in records[0].rewards for r in group) / 6)
 
 
+async def test_uniform_groups_are_counted_and_left_out_only_when_asked(harness):
+    """A group whose members all scored the same has no advantage: each iteration counts
+    them; `skip_uniform_groups` (DAPO's dynamic sampling) also leaves them out of the step."""
+    fakes, train = harness
+    _, kept = await train(iterations=3, seed=5, run_id="uniform-kept")
+    uniform = [[t for t, r in zip(rec.tasks, rec.rewards, strict=True) if len(set(r)) == 1] for rec in kept]
+    assert any(uniform) and not all(len(u) == len(r.tasks) for u, r in zip(uniform, kept, strict=True)), (
+        "this seed needs both kinds of group: pick another"
+    )
+    assert [r.uniform_groups for r in kept] == [len(u) for u in uniform]
+    assert all(len(step.samples) == 2 * 3 for step in fakes.steps)
+
+    fakes.trainer.steps.clear()
+    _, skipped = await train(iterations=3, seed=5, run_id="uniform-skipped", skip_uniform_groups=True)
+
+    def seen(records):
+        return [(r.tasks, r.rewards, r.uniform_groups, r.mean_reward) for r in records]
+
+    assert seen(skipped) == seen(kept), "the same rollouts, rewards and curve"
+    for step, record, left_out in zip(fakes.steps, skipped, uniform, strict=True):
+        assert {s.group for s in step.samples} == set(record.tasks) - set(left_out)
+        assert sorted(d.group for d in record.dropped) == sorted(left_out) and record.groups_dropped == len(
+            left_out
+        )
+        assert all("no advantage (skip_uniform_groups)" in d.reason for d in record.dropped)
+
+
 async def test_the_same_seed_picks_the_same_tasks_and_seeds(harness):
     fakes, train = harness
     _, first = await train(seed=11, run_id="same-a")
