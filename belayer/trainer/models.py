@@ -107,6 +107,12 @@ class TrainStepArgs(_Model):
     weights_version: int | None = Field(
         None, ge=2, description="The version the new weights are published as (default sampled_version + 1)."
     )
+    minibatch_seed: int = Field(
+        0,
+        ge=0,
+        description="Seeds the shuffle of the batch into minibatches (the workflow derives it from the run's "
+        "seed and the iteration, so a retried or resumed step shuffles alike).",
+    )
 
 
 class SkippedGroup(_Model):

@@ -86,6 +86,7 @@ class Trainer:
                 state.weights_version,
                 samples,
                 args.settings,
+                args.minibatch_seed,
             )
             stats = replace(stats, skipped=unreadable + stats.skipped)
             events("stepped")

@@ -19,8 +19,9 @@ relative within a group: a partial group would bias them). The loss of a minibat
 the sum of its samples' algorithm losses, each its share of the minibatch (GRPO: the
 token-level mean over the minibatch's model tokens of the clipped surrogate), plus
 `kl_coef` times the k3 estimate of the KL to the initial weights when `kl_coef > 0`.
-Gradients accumulate one sample at a time in the order given, then are clipped to
-`max_grad_norm`, and AdamW steps once per minibatch.
+The batch is shuffled by the step's `minibatch_seed` and cut into minibatches, so each
+mixes groups. Gradients accumulate one sample at a time in that order, then are clipped
+to `max_grad_norm`, and AdamW steps once per minibatch.
 
 An empty batch (every group skipped, or no model tokens) takes no optimizer step: the
 weights stay as they are, yet the caller still writes a new checkpoint under the next
@@ -29,6 +30,7 @@ version, because the loop always advances one version per iteration.
 
 from __future__ import annotations
 
+import random
 from dataclasses import dataclass
 
 import torch
@@ -64,7 +66,13 @@ class _Prepared:
 
 
 def update_policy(
-    model, optimizer, reference_model, version: int, samples: list[LoadedSample], settings: TrainerSettings
+    model,
+    optimizer,
+    reference_model,
+    version: int,
+    samples: list[LoadedSample],
+    settings: TrainerSettings,
+    minibatch_seed: int = 0,
 ) -> StepStats:
     """Train `model` in place on `samples` (advantages already computed by the workflow)."""
     kept, skipped = split_by_version(samples, version)
@@ -73,7 +81,7 @@ def update_policy(
     drift = engine_drift(prepared)
     totals = {"loss": 0.0, "kl": 0.0, "clipped": 0, "tokens": 0, "steps": 0}
     loss = algorithm(settings.algorithm).loss
-    for part in contiguous_slices(prepared, settings.minibatches):
+    for part in minibatch_slices(prepared, settings.minibatches, minibatch_seed):
         _minibatch(model, optimizer, part, loss, settings, totals)
     tokens, steps = totals["tokens"], totals["steps"]
     return StepStats(
@@ -117,6 +125,14 @@ def check_vocabulary(samples: list[LoadedSample], vocab_size: int) -> None:
                 f"token log {s.sample.context.key!r} holds token id {outside[0]}, outside the model's "
                 f"vocabulary of {vocab_size}: it was not sampled for this model"
             )
+
+
+def minibatch_slices(items: list, count: int, seed: int) -> list[list]:
+    """`items` shuffled by `seed`, then cut into `count` slices: a minibatch mixes groups
+    instead of holding whole ones in the order the workflow listed them."""
+    shuffled = list(items)
+    random.Random(seed).shuffle(shuffled)
+    return contiguous_slices(shuffled, count)
 
 
 def contiguous_slices(items: list, count: int) -> list[list]:

@@ -271,6 +271,7 @@ class TrainingWorkflow:
             settings=self.input.trainer,
             sampled_version=self.state.serving_version,
             weights_version=self.state.serving_version + 1,
+            minibatch_seed=digest(self.input.seed, iteration, "minibatches"),
         )
         try:
             return await TRAIN_STEP.execute(

@@ -114,3 +114,14 @@ def _built_weights() -> dict:
 
 def _no_gradient(terms, settings, tokens):
     return (terms.logp * 0.0).sum(), 0
+
+
+def test_minibatches_are_a_seeded_shuffle_of_the_batch_not_whole_groups_in_order():
+    from belayer.trainer.update import minibatch_slices
+
+    batch = [f"g{g}-m{m}" for g in range(4) for m in range(2)]  # as the workflow lists a batch
+    slices = minibatch_slices(batch, 2, seed=11)
+    assert sorted(s for part in slices for s in part) == sorted(batch) and [len(p) for p in slices] == [4, 4]
+    assert slices != [batch[:4], batch[4:]], "contiguous slices would hold whole groups in order"
+    assert minibatch_slices(batch, 2, seed=11) == slices, "the same seed, the same minibatches"
+    assert minibatch_slices(batch, 2, seed=12) != slices
