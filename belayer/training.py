@@ -45,13 +45,25 @@ def training_queues(config: BelayerConfig) -> TrainingQueues:
     )
 
 
+# The shape of a run when nobody says otherwise: `belayer train`'s defaults and the library's.
+DEFAULT_ITERATIONS = 24
+DEFAULT_GROUP_SIZE = 4
+DEFAULT_TASKS_PER_ITERATION = 4
+
+
+def default_settings(iterations: int) -> TrainerSettings:
+    """The trainer settings of a run nobody tuned: `TrainerSettings`' own, with the learning
+    rate falling linearly to 0 over the run's `iterations` (`belayer train --lr-decay linear`)."""
+    return TrainerSettings(lr_decay_iterations=iterations)
+
+
 def training_input(
     config: BelayerConfig,
     tasks: list[Task],
     *,
-    iterations: int,
-    group_size: int,
-    tasks_per_iteration: int,
+    iterations: int = DEFAULT_ITERATIONS,
+    group_size: int = DEFAULT_GROUP_SIZE,
+    tasks_per_iteration: int = DEFAULT_TASKS_PER_ITERATION,
     seed: int = 0,
     heldout: list[Task] | None = None,
     settings: TrainerSettings | None = None,
@@ -60,8 +72,9 @@ def training_input(
     **overrides,
 ) -> TrainingInput:
     """The input of a run over `tasks` with the stack's queues and policy, starting from
-    `model` (default: the model the stack's engines were built from)."""
-    settings = settings or TrainerSettings()
+    `model` (default: the model the stack's engines were built from), with `belayer train`'s
+    defaults for whatever is not given."""
+    settings = settings or default_settings(iterations)
     return TrainingInput(
         run_id=run_id or f"train-{uuid.uuid4().hex[:8]}",
         tasks=tasks,

@@ -39,7 +39,7 @@ from belayer.config import BelayerConfig, load_config
 from belayer.storage.store import open_store
 from belayer.temporal_client import connect
 from belayer.trainer.models import TrainerSettings
-from belayer.training import claim_run_id, training_input
+from belayer.training import claim_run_id, default_settings, training_input
 from belayer.workflows.rollouts import RUN_KEY
 from belayer.workflows.training_models import IterationRecord, TrainingInput, TrainingProgress, TrainingResult
 from belayer.workloads.loader import load_workload
@@ -62,7 +62,12 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument(
         "--seed", type=int, default=0, help="Fixes the task draws and sampling seeds (default 0)."
     )
-    parser.add_argument("--lr", type=float, default=1e-4, help="AdamW learning rate (default 1e-4).")
+    parser.add_argument(
+        "--lr",
+        type=float,
+        default=TrainerSettings().lr,
+        help=f"AdamW learning rate (default {TrainerSettings().lr:g}).",
+    )
     parser.add_argument(
         "--heldout",
         type=Path,
@@ -85,7 +90,7 @@ def run_input(config: BelayerConfig, args: argparse.Namespace) -> TrainingInput:
         tasks_per_iteration=args.tasks_per_iteration,
         seed=args.seed,
         heldout=load_workload(heldout).tasks if heldout else None,
-        settings=TrainerSettings(lr=args.lr),
+        settings=default_settings(args.iterations).model_copy(update={"lr": args.lr}),
         run_id=args.run_id,
         model=workload.model,
     )

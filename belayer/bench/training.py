@@ -45,8 +45,7 @@ from belayer.client import result_through_restarts
 from belayer.rollout.identity import cleanup_node
 from belayer.stack.local import LocalStack
 from belayer.temporal_client import connect
-from belayer.trainer.models import TrainerSettings
-from belayer.training import read_iterations, start_training, training_input
+from belayer.training import default_settings, read_iterations, start_training, training_input
 from belayer.workflows.trajectory import STATUS_KEY
 
 MODES = ("protected", "unprotected", "belayer_faulted", "baseline_faulted")
@@ -415,7 +414,7 @@ class BenchRun:
             group_size=self.group_size,
             tasks_per_iteration=self.tasks_per_iteration,
             seed=self.seed,
-            settings=TrainerSettings(lr=self.lr),
+            settings=default_settings(self.iterations).model_copy(update={"lr": self.lr}),
             run_id=f"{self.tag}-r{rep}-{mode.replace('_', '-')}",
             model=self.model,
             **overrides,

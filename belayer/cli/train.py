@@ -23,6 +23,9 @@ from belayer.temporal_client import connect
 from belayer.trainer.algorithms import ALGORITHMS, DEFAULT
 from belayer.trainer.models import TrainerSettings
 from belayer.training import (
+    DEFAULT_GROUP_SIZE,
+    DEFAULT_ITERATIONS,
+    DEFAULT_TASKS_PER_ITERATION,
     read_iterations,
     run_progress,
     start_training,
@@ -32,6 +35,7 @@ from belayer.workloads.loader import WorkloadError, load_workload
 
 console = Console(stderr=True)
 POLL_S = 1.0
+TRAINER_DEFAULTS = TrainerSettings()  # one set of defaults: the library's
 
 
 class _TrainGroup(click.Group):
@@ -58,21 +62,21 @@ def train() -> None:
 @click.argument("workload", type=click.Path(path_type=Path))
 @click.option(
     "--iterations",
-    default=24,
+    default=DEFAULT_ITERATIONS,
     show_default=True,
     type=click.IntRange(1, 1_000_000),
     help="Iterations; each rolls out a batch, then takes --minibatches optimizer steps on it.",
 )
 @click.option(
     "--group-size",
-    default=4,
+    default=DEFAULT_GROUP_SIZE,
     show_default=True,
     type=click.IntRange(2, 256),
     help="Trajectories per task per iteration (a GRPO group).",
 )
 @click.option(
     "--tasks-per-iteration",
-    default=4,
+    default=DEFAULT_TASKS_PER_ITERATION,
     show_default=True,
     type=click.IntRange(1, 4096),
     help="Tasks drawn (seeded) for each iteration.",
@@ -92,7 +96,13 @@ def train() -> None:
     help="How group rewards become advantages and which loss the trainer takes "
     "(docs/design.md §10, where to add an algorithm).",
 )
-@click.option("--lr", default=1e-4, show_default=True, type=click.FloatRange(0), help="AdamW learning rate.")
+@click.option(
+    "--lr",
+    default=TRAINER_DEFAULTS.lr,
+    show_default=True,
+    type=click.FloatRange(0),
+    help="AdamW learning rate.",
+)
 @click.option(
     "--lr-decay",
     type=click.Choice(["constant", "linear"]),
@@ -102,15 +112,15 @@ def train() -> None:
 )
 @click.option(
     "--minibatches",
-    default=8,
+    default=TRAINER_DEFAULTS.minibatches,
     show_default=True,
     type=click.IntRange(1, 64),
-    help="Optimizer steps per iteration, each on a contiguous slice of the batch (clipping acts "
-    "from the second on).",
+    help="Optimizer steps per iteration, each on a seeded shuffle's slice of the batch (clipping "
+    "acts from the second on).",
 )
 @click.option(
     "--kl-coef",
-    default=0.0,
+    default=TRAINER_DEFAULTS.kl_coef,
     show_default=True,
     type=click.FloatRange(0),
     help="Weight of a KL penalty to the start weights (k3 estimator); 0 is off.",

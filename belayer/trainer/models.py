@@ -24,7 +24,7 @@ class _Model(BaseModel):
 class TrainerSettings(_Model):
     """The objective (an algorithm) and its optimizer; fixed for a run (a checkpoint records them)."""
 
-    lr: float = Field(1e-5, ge=0, description="AdamW learning rate; 0 leaves the weights as they are.")
+    lr: float = Field(1e-4, ge=0, description="AdamW learning rate; 0 leaves the weights as they are.")
     lr_decay_iterations: int = Field(
         0,
         ge=0,
@@ -38,7 +38,7 @@ class TrainerSettings(_Model):
     weight_decay: float = Field(0.0, ge=0, description="AdamW's decoupled weight decay.")
     max_grad_norm: float = Field(1.0, gt=0, description="Gradients are clipped to this global norm.")
     minibatches: int = Field(
-        1,
+        8,
         ge=1,
         le=64,
         description="Optimizer steps per iteration, each on a slice of the batch; "

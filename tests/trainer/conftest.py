@@ -43,7 +43,7 @@ def batch(store, *, version: int = 1) -> list[TrainSample]:
 
 
 def step_args(run_id: str, samples, *, iteration=0, base=None, model="tiny", **settings) -> TrainStepArgs:
-    settings = {"lr": 1e-3, **settings}
+    settings = {"lr": 1e-3, "minibatches": 1, **settings}
     return TrainStepArgs(
         run_id=run_id,
         iteration=iteration,

@@ -20,6 +20,7 @@ from belayer.bench.training import (
 )
 from belayer.cli.bench.output import report_and_exit
 from belayer.cli.context import config_from
+from belayer.trainer.models import TrainerSettings
 from belayer.workloads.loader import load_workload
 
 
@@ -40,7 +41,13 @@ from belayer.workloads.loader import load_workload
     type=click.IntRange(0, 2**31 - 1),
     help="The runs' seed (task draws, sampling): the same for every run.",
 )
-@click.option("--lr", default=1e-4, show_default=True, type=click.FloatRange(0), help="AdamW learning rate.")
+@click.option(
+    "--lr",
+    default=TrainerSettings().lr,
+    show_default=True,
+    type=click.FloatRange(0),
+    help="AdamW learning rate.",
+)
 @click.option(
     "--chaos-seed",
     default=0,

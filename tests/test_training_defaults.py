@@ -1,0 +1,61 @@
+"""One set of defaults: what `belayer train`, the library (`training_input`), the training
+benchmark and the examples train with when nobody says otherwise is the same, read from
+one place (`TrainerSettings`, `belayer.training`), so a run started from Python is the
+run the command would have started."""
+
+from __future__ import annotations
+
+import runpy
+import sys
+from pathlib import Path
+
+from belayer.cli.bench.training import training as bench_training
+from belayer.cli.train import start
+from belayer.config import load_config
+from belayer.trainer.models import TrainerSettings
+from belayer.training import (
+    DEFAULT_GROUP_SIZE,
+    DEFAULT_ITERATIONS,
+    DEFAULT_TASKS_PER_ITERATION,
+    training_input,
+)
+from belayer.workloads.models import TraceTask, TraceTurn
+
+ROOT = Path(__file__).parents[1]
+TRAINER = TrainerSettings()
+
+
+def defaults(command) -> dict:
+    return {param.name: param.default for param in command.params}
+
+
+def test_belayer_train_and_the_library_train_alike_by_default(tmp_path):
+    cli = defaults(start)
+    assert (cli["iterations"], cli["group_size"], cli["tasks_per_iteration"]) == (
+        DEFAULT_ITERATIONS,
+        DEFAULT_GROUP_SIZE,
+        DEFAULT_TASKS_PER_ITERATION,
+    )
+    assert (cli["lr"], cli["minibatches"], cli["kl_coef"], cli["algorithm"]) == (
+        TRAINER.lr,
+        TRAINER.minibatches,
+        TRAINER.kl_coef,
+        TRAINER.algorithm,
+    )
+    tasks = [TraceTask(id=f"t{i}", turns=[TraceTurn(think_tokens=1, bash="true")]) for i in range(4)]
+    library = training_input(load_config(state_dir=tmp_path), tasks)
+    assert (library.iterations, library.group_size, library.tasks_per_iteration) == (
+        DEFAULT_ITERATIONS,
+        DEFAULT_GROUP_SIZE,
+        DEFAULT_TASKS_PER_ITERATION,
+    )
+    # `--lr-decay linear` (the command's default): to 0 over the run's iterations.
+    assert cli["lr_decay"] == "linear" and library.trainer.lr_decay_iterations == library.iterations
+    assert (library.trainer.lr, library.trainer.minibatches) == (TRAINER.lr, TRAINER.minibatches)
+
+
+def test_the_training_benchmark_and_the_example_use_the_same_learning_rate(monkeypatch):
+    assert defaults(bench_training)["lr"] == TRAINER.lr
+    example = runpy.run_path(str(ROOT / "examples/train_with_client.py"), run_name="not_main")
+    monkeypatch.setattr(sys, "argv", ["train_with_client.py", "w.yaml"])
+    assert example["parse_args"]().lr == TRAINER.lr
