@@ -106,6 +106,9 @@ def test_a_lost_node_and_a_lost_host_are_each_recovered_on_the_other(two_hosts, 
         f"polling belayer-sandbox-{second} as belayer-sandbox@{second}:"
         in status["sandbox-worker.1"]["detail"]
     )
+    # One policy per stack: the node the stack grew by serves what the first serves, even
+    # after a run of this session's other tests published trained weights to the first.
+    assert len({served_version(config, node_id) for node_id in node_ids(env)}) == 1
     clean = run(env, workload)["trajectories"][0]
     assert clean["status"] == "completed" and not clean["recoveries"]
 
@@ -219,12 +222,10 @@ def test_a_host_back_after_a_power_cut_removes_its_stale_container_before_servin
 def test_two_rollout_nodes_run_side_by_side_each_a_target_of_its_own_faults(two_hosts, monkeypatch):
     """`belayer up --rollout-nodes 2`: each node with its own id, engines, shared memory and
     task queue, listed by `status`; a lost one stays down until `up` and leaves the other
-    alone; a publish reaches both; a shrink is refused while they run; `down` stops both. It runs last, so that
-    the other tests compare runs served by the nodes the stack started with (run first, a
-    CI machine saw their tokens differ from the clean runs'; not seen here)."""
+    alone; a publish reaches both; a shrink is refused while they run; `down` stops both
+    (so it runs last)."""
     config, env = two_hosts
-    first = env["BELAYER_ROLLOUT__NODE_ID"]
-    ids = (first, f"{first}.1")
+    ids = node_ids(env)
     status = service_status(env)
     for name, node_id in zip(NODES, ids, strict=True):
         assert status[name]["healthy"], status[name]
@@ -251,10 +252,9 @@ def test_two_rollout_nodes_run_side_by_side_each_a_target_of_its_own_faults(two_
     assert f"no rollout node 'nope' in this stack; its nodes are {ids[0]}, {ids[1]}" in unknown.stderr
 
     # A publish through the rollout API (as `belayer train` publishes) reaches both nodes.
-    assert asyncio.run(publish_built_model(env, monkeypatch)) == dict.fromkeys(ids, 7)
-    for node_id in ids:
-        roles = json.loads((config.state_dir / "run" / f"rollout-{node_id}.roles.json").read_text())
-        assert roles["weights_version"] == 7, (node_id, roles)
+    version = served_version(config, ids[0]) + 1
+    assert asyncio.run(publish_built_model(env, monkeypatch, version)) == dict.fromkeys(ids, version)
+    assert [served_version(config, node_id) for node_id in ids] == [version, version]
 
     shrink = belayer(env, "up", "--rollout-nodes", "1", check=False)
     assert shrink.returncode == 1
@@ -270,9 +270,20 @@ def test_two_rollout_nodes_run_side_by_side_each_a_target_of_its_own_faults(two_
     assert not any(psutil.pid_exists(pid) for pid in nodes)
 
 
-async def publish_built_model(env, monkeypatch) -> dict[str, int]:
-    """The built model's weights published as a new version by a client that reads the
-    stack's configuration as a user's trainer does: node id -> the version it then serves."""
+def node_ids(env) -> tuple[str, str]:
+    return env["BELAYER_ROLLOUT__NODE_ID"], f"{env['BELAYER_ROLLOUT__NODE_ID']}.1"
+
+
+def served_version(config, node_id: str) -> int:
+    """The weights version the node serves, as it records it."""
+    return json.loads((config.state_dir / "run" / f"rollout-{node_id}.roles.json").read_text())[
+        "weights_version"
+    ]
+
+
+async def publish_built_model(env, monkeypatch, version: int) -> dict[str, int]:
+    """The built model's weights published as `version` by a client that reads the stack's
+    configuration as a user's trainer does: node id -> the version it then serves."""
     from safetensors.torch import load_file
 
     from belayer import RolloutClient
@@ -283,7 +294,7 @@ async def publish_built_model(env, monkeypatch) -> dict[str, int]:
             monkeypatch.setenv(name, value)
     client = await RolloutClient.connect()
     built = model_path(client.config.rollout.model, client.config.cache_dir)
-    published = await client.publish(load_file(str(built / "model.safetensors")), version=7)
+    published = await client.publish(load_file(str(built / "model.safetensors")), version=version)
     return {result.node_id: result.version for result in published}
 
 

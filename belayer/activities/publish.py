@@ -27,7 +27,7 @@ from belayer.contracts.publish import (
 )
 from belayer.model.build import MANIFEST, model_dir_name
 from belayer.rollout.errors import BadRequestError
-from belayer.storage.errors import CorruptObject
+from belayer.storage.errors import CorruptObject, ObjectNotFound
 from belayer.storage.store import ObjectRef
 from belayer.storage.weights import load_weights
 
@@ -55,39 +55,62 @@ class PublishedWeights(_Model):
     model: str | None = None
 
 
+# The weights the stack's nodes serve, recorded in the stack's object store by every publish:
+# a node that starts (a new one, or one whose own memory is older) comes up on them, so one
+# stack serves one policy whichever node a turn lands on.
+STACK_WEIGHTS_KEY = "rollout/stack-weights.json"
+
+
 class PublishActivities:
-    """Publishing into one node; `remember` (a file) keeps the latest version across restarts."""
+    """Publishing into one node; `remember` (a file) keeps the latest version across restarts,
+    and every publish records the stack's weights in the object store (`STACK_WEIGHTS_KEY`)."""
 
     def __init__(self, node, store, remember: Path | None = None):
         self.node, self.store, self.remember = node, store, remember
 
     def restore(self) -> PublishedWeights | None:
-        """Publish the remembered version into the freshly started node (before it serves);
-        None when there is nothing to restore."""
+        """Publish into the freshly started node (before it serves) the newest of what it
+        remembers serving and what the stack serves; None when it already serves that."""
+        known = [w for w in (self._remembered(), self.stack_weights()) if w is not None]
+        latest = max(known, key=lambda w: w.version, default=None)
+        if latest is None or latest.version <= self.node.roles().weights_version:
+            return None
+        self.node.publish(latest.version, self._tensors(latest.weights, latest.model))
+        self._remember_locally(latest)
+        return latest
+
+    def stack_weights(self) -> PublishedWeights | None:
+        """The weights the stack's last publish put into its nodes (None before any)."""
+        try:
+            return PublishedWeights.model_validate_json(self.store.get_bytes(STACK_WEIGHTS_KEY))
+        except ObjectNotFound:
+            return None
+
+    def _remembered(self) -> PublishedWeights | None:
         if self.remember is None or not self.remember.is_file():
             return None
-        published = PublishedWeights.model_validate_json(self.remember.read_text())
-        if published.version <= self.node.roles().weights_version:
-            return None
-        self.node.publish(published.version, self._tensors(published.weights, published.model))
-        return published
+        return PublishedWeights.model_validate_json(self.remember.read_text())
 
     def tensors_of(self, version: int) -> dict | None:
         """The tensors of `version` if it is the one last published here (the node's weight
         source when a new memory owner could not adopt its segment); None otherwise."""
-        if self.remember is None or not self.remember.is_file():
-            return None
-        published = PublishedWeights.model_validate_json(self.remember.read_text())
-        if published.version != version:
+        published = self._remembered()
+        if published is None or published.version != version:
             return None
         return self._tensors(published.weights, published.model)
 
     def _remember(self, args: PublishWeightsArgs) -> None:
+        published = PublishedWeights(version=args.version, weights=args.weights, model=args.model)
+        self._remember_locally(published)
+        recorded = self.stack_weights()
+        if recorded is None or recorded.version < published.version:  # a late, older publish never wins
+            self.store.put_bytes(STACK_WEIGHTS_KEY, published.model_dump_json().encode())
+
+    def _remember_locally(self, published: PublishedWeights) -> None:
         if self.remember is None:
             return
         self.remember.parent.mkdir(parents=True, exist_ok=True)
         tmp = self.remember.with_suffix(".tmp")
-        published = PublishedWeights(version=args.version, weights=args.weights, model=args.model)
         tmp.write_text(published.model_dump_json())
         os.replace(tmp, self.remember)
 
@@ -95,7 +118,7 @@ class PublishActivities:
     async def publish_weights(self, args: PublishWeightsArgs) -> PublishWeightsResult:
         if self._took_effect(args.version):
             settled = await self._settled(args.version)
-            self._remember(args)  # the first attempt may have died before it did
+            await asyncio.to_thread(self._remember, args)  # the first attempt may have died before it did
             return settled
         started = time.perf_counter()
         tensors = await asyncio.to_thread(self._tensors, args.weights, args.model)
@@ -105,7 +128,7 @@ class PublishActivities:
             every_s=HEARTBEAT_EVERY_S,
             details=lambda: {"version": args.version},
         )
-        self._remember(args)
+        await asyncio.to_thread(self._remember, args)
         return PublishWeightsResult(node_id=self.node.config.node_id, fetch_s=fetch_s, **report.__dict__)
 
     @implements(WEIGHTS_VERSION)
