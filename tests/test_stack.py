@@ -98,6 +98,7 @@ def whole_stack(
             assert done.returncode == 0, f"{' '.join(step)} failed:\n{done.stdout}\n{done.stderr}"
         yield config, env
     finally:
+        running = sandboxes_running(state_dir)  # what a leak below came from
         belayer(env, "down", check=False)
         leaked = [described(pid) for pid in live_pids_under(config.state_dir) + also_leaked(config)]
         for pid in leaked:
@@ -105,7 +106,21 @@ def whole_stack(
                 psutil.Process(int(pid.split()[0])).kill()
         run_podman("rmi", "--all", "--force", state_dir=state_dir, timeout=600)
         shutil.rmtree(state_dir, ignore_errors=True)
-        assert not leaked, f"processes left running under {config.state_dir}: {leaked}"
+        assert not leaked, (
+            f"processes left running under {config.state_dir}: {leaked}; "
+            f"the first host's sandbox containers before `down`: {running or 'none'}"
+        )
+
+
+def sandboxes_running(state_dir: Path) -> str:
+    """The first host's sandbox containers (name, status, age): none should be left once
+    every test's trajectories have ended."""
+    from belayer.sandbox.runtime import run_podman
+
+    listed = run_podman("ps", "--format", "{{.Names}} {{.Status}}", state_dir=state_dir, timeout=60)
+    return (
+        "; ".join(listed.stdout.split("\n")).strip("; ") if listed.returncode == 0 else listed.stderr.strip()
+    )
 
 
 def described(pid: int) -> str:
