@@ -109,6 +109,7 @@ def test_a_lost_node_and_a_lost_host_are_each_recovered_on_the_other(two_hosts, 
     # One policy per stack: the node the stack grew by serves what the first serves, even
     # after a run of this session's other tests published trained weights to the first.
     assert len({served_version(config, node_id) for node_id in node_ids(env)}) == 1
+    assert not any("ANOTHER NODE" in status[name]["detail"] for name in NODES), status
     clean = run(env, workload)["trajectories"][0]
     assert clean["status"] == "completed" and not clean["recoveries"]
 

@@ -12,7 +12,7 @@ import os
 import signal
 import time
 from collections.abc import Callable
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from typing import Protocol
 
 import psutil
@@ -219,7 +219,19 @@ class LocalStack:
     def status(self) -> list[ComponentStatus]:
         rows = [self._service_status(service) for service in self.services]
         rows.append(sandbox_runtime_status(self.config))
-        return rows
+        return self._flag_other_versions(rows)
+
+    def _flag_other_versions(self, rows: list[ComponentStatus]) -> list[ComponentStatus]:
+        """One stack serves one policy: a running node on an older version than another is
+        flagged (between a publish's first and last node, or a node that missed one)."""
+        nodes = [s for s in self.services if isinstance(s, RolloutNodeService)]
+        versions = {s.name: roles.weights_version for s in nodes
+                    if self.process(s).running() and (roles := read_roles(s.node_config)) is not None}  # fmt: skip
+        flags = other_version_flags(versions)
+        return [
+            replace(row, detail=f"{row.detail}; {flags[row.name]}") if row.name in flags else row
+            for row in rows
+        ]
 
     def _service_status(self, service: Service) -> ComponentStatus:
         proc = self.process(service)
@@ -323,3 +335,14 @@ def _port_setting_hint(name: str) -> str:
 
 def status_as_dicts(rows: list[ComponentStatus]) -> list[dict]:
     return [asdict(row) for row in rows]
+
+
+def other_version_flags(versions: dict[str, int]) -> dict[str, str]:
+    """node -> why it is flagged, for every node behind the newest version a node serves."""
+    newest = max(versions.values(), default=None)
+    return {
+        name: f"SERVES v{version}, ANOTHER NODE v{newest}: a publish still going on, or one it missed "
+        "(a node started again comes up on the stack's weights)"
+        for name, version in versions.items()
+        if version != newest
+    }
