@@ -32,7 +32,7 @@ async def test_a_run_id_used_with_other_settings_is_refused_before_it_starts(con
     await first.terminate("ended")
     with pytest.raises(
         RunIdReused,
-        match=r"run id 'reused-run' was used by a run with other settings \(iterations, seed differ\)",
+        match=r"run id 'reused-run' was used by a run with other settings \(iterations, seed, trainer differ\)",
     ):
         await start_training(client, config, run(config, "reused-run", seed=1, iterations=3))
     latest = await client.get_workflow_handle("reused-run").describe()

@@ -7,12 +7,14 @@ stops exactly what `up` recorded in its pid files.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
 import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, replace
+from pathlib import Path
 from typing import Protocol
 
 import psutil
@@ -21,6 +23,7 @@ from belayer.config import BelayerConfig
 from belayer.errors import StackError
 from belayer.rollout.identity import cleanup_node
 from belayer.sandbox.backends import open_backend
+from belayer.sandbox.runtime import run_podman
 from belayer.stack import sandbox_hosts
 from belayer.stack.process import ManagedProcess
 from belayer.stack.services import Health, SeaweedFS, TemporalDevServer, port_in_use
@@ -191,8 +194,18 @@ class LocalStack:
                 if ended := sandbox_hosts.end(self.config, service.host_index):
                     report(f"{service.name}: ended {ended} processes of its sandboxes")
         self._remove_rollout_leftovers(report)
+        self._end_orphaned_monitors(report)
         self.topology_file.unlink(missing_ok=True)
         return stopped
+
+    def _end_orphaned_monitors(self, report: Reporter) -> None:
+        """A container monitor (conmon) of this stack's podman storage whose container podman
+        no longer knows: debris of a podman call killed half-way (a worker SIGKILLed while
+        it created or restored a sandbox). Nothing else would ever end it."""
+        for proc in orphaned_monitors(self.state_dir):
+            with contextlib.suppress(psutil.Error):
+                proc.kill()
+            report(f"ended container monitor pid {proc.pid} of a container podman no longer knows")
 
     def _refuse_fewer(self, key: str, what: str, service_name: Callable[[int], str]) -> None:
         """Starting fewer than run now would leave the others running, unknown to `down`."""
@@ -346,3 +359,21 @@ def other_version_flags(versions: dict[str, int]) -> dict[str, str]:
         for name, version in versions.items()
         if version != newest
     }
+
+
+def orphaned_monitors(state_dir: Path) -> list[psutil.Process]:
+    """The conmon processes of the podman storage under `state_dir` whose container podman
+    does not list (none when podman cannot answer: then nothing is known to be orphaned)."""
+    storage = str(state_dir / "podman")
+    monitors = {}
+    for proc in psutil.process_iter(["name", "cmdline"]):
+        argv = proc.info["cmdline"] or []
+        if proc.info["name"] == "conmon" and storage in " ".join(argv) and "-c" in argv[:-1]:
+            monitors[argv[argv.index("-c") + 1]] = proc
+    if not monitors:
+        return []
+    listed = run_podman("ps", "-a", "--no-trunc", "--format", "{{.ID}}", state_dir=state_dir, timeout=60)
+    if listed.returncode != 0:
+        return []
+    known = set(listed.stdout.split())
+    return [proc for container, proc in monitors.items() if container not in known]
