@@ -199,13 +199,14 @@ class LocalStack:
         return stopped
 
     def _end_orphaned_monitors(self, report: Reporter) -> None:
-        """A container monitor (conmon) of this stack's podman storage whose container podman
-        no longer knows: debris of a podman call killed half-way (a worker SIGKILLed while
-        it created or restored a sandbox). Nothing else would ever end it."""
+        """A container monitor (conmon) of this stack's podman storage whose container does
+        not run: debris of a podman call killed half-way (a worker SIGKILLed while it created
+        or restored a sandbox), its container forgotten or left created, never started.
+        Nothing else would ever end it."""
         for proc in orphaned_monitors(self.state_dir):
             with contextlib.suppress(psutil.Error):
                 proc.kill()
-            report(f"ended container monitor pid {proc.pid} of a container podman no longer knows")
+            report(f"ended container monitor pid {proc.pid} of a container that does not run")
 
     def _refuse_fewer(self, key: str, what: str, service_name: Callable[[int], str]) -> None:
         """Starting fewer than run now would leave the others running, unknown to `down`."""
@@ -362,8 +363,9 @@ def other_version_flags(versions: dict[str, int]) -> dict[str, str]:
 
 
 def orphaned_monitors(state_dir: Path) -> list[psutil.Process]:
-    """The conmon processes of the podman storage under `state_dir` whose container podman
-    does not list (none when podman cannot answer: then nothing is known to be orphaned)."""
+    """The conmon processes of the podman storage under `state_dir` whose container is not
+    running (podman does not know it, or it was created and never started); none when
+    podman cannot answer: then nothing is known to be orphaned."""
     storage = str(state_dir / "podman")
     monitors = {}
     for proc in psutil.process_iter(["name", "cmdline"]):
@@ -372,8 +374,8 @@ def orphaned_monitors(state_dir: Path) -> list[psutil.Process]:
             monitors[argv[argv.index("-c") + 1]] = proc
     if not monitors:
         return []
-    listed = run_podman("ps", "-a", "--no-trunc", "--format", "{{.ID}}", state_dir=state_dir, timeout=60)
+    listed = run_podman("ps", "--no-trunc", "--format", "{{.ID}}", state_dir=state_dir, timeout=60)
     if listed.returncode != 0:
         return []
-    known = set(listed.stdout.split())
-    return [proc for container, proc in monitors.items() if container not in known]
+    running = set(listed.stdout.split())
+    return [proc for container, proc in monitors.items() if container not in running]
