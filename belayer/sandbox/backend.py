@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING, Protocol
 
 if TYPE_CHECKING:  # config.py validates `sandbox.backend` against the registry, which imports this
     from belayer.sandbox.config import SandboxConfig
+    from belayer.sandbox.images import ImageBuilder
 
 
 @dataclass(frozen=True)
@@ -74,6 +75,9 @@ class SandboxBackend(Protocol):
     def memory_cgroup(self, container: str) -> Path | None:
         """The file where the kernel counts OOM kills in the running container's memory
         cgroup (`oom_kills` reads it); None when it cannot be found."""
+
+    def image_builder(self) -> ImageBuilder:
+        """What builds task images from their Dockerfiles into this host's image storage."""
 
     def lineages(self) -> dict[str, list[str]]:
         """Every Belayer container on this host (any state), by sandbox id (the stale-lineage

@@ -7,6 +7,11 @@ from pydantic import Field, field_validator, model_validator
 from belayer.sandbox import backends, runtime
 from belayer.section import Section
 
+# Names a task's Dockerfile may start FROM that the local Debian base stands in for by default:
+# the same family of distribution, so `apt-get`, `bash` and coreutils behave as the task expects.
+DEBIAN_LIKE_IMAGES = ("debian:bookworm", "debian:bookworm-slim", "debian:12", "debian:12-slim",
+                      "ubuntu:22.04", "ubuntu:24.04", "ubuntu:latest")  # fmt: skip
+
 
 class SandboxConfig(Section):
     """Per-sandbox limits, the host's task queue and where checkpoints go."""
@@ -20,6 +25,12 @@ class SandboxConfig(Section):
         default_factory=runtime.base_image_name,
         description="Base image every sandbox starts from; default: the one infra/install/base-image.sh builds "
         "(localhost/belayer-base:v<BASE_IMAGE_VERSION of infra/versions.env>).",
+    )
+    base_images: dict[str, str] = Field(
+        default_factory=lambda: dict.fromkeys(DEBIAN_LIKE_IMAGES, runtime.base_image_name()),
+        description="What a task image's `FROM` stands for when that image is not in Belayer's podman storage "
+        "(sandboxes build offline): name -> local image. Default: the common Debian and Ubuntu names -> the base "
+        "image (Debian bookworm with python3.11, git, make). A FROM neither present nor mapped is refused by name.",
     )
     read_only_root: bool = Field(
         True,

@@ -74,6 +74,7 @@ from belayer.sandbox.errors import (
     SandboxError,
     SandboxNotFound,
 )
+from belayer.sandbox.images import ImageBuilder
 from belayer.sandbox.models import checked_sandbox_id, path_under
 
 if TYPE_CHECKING:  # config.py validates `sandbox.backend` against the registry, which imports this
@@ -240,6 +241,10 @@ class PodmanBackend:
             )
         env = [f"--env={k}={v}" for k, v in toolchain.ENVIRONMENT.items()]
         return ["-v", f"{source}:{toolchain.MOUNT}:ro", *env]
+
+    def image_builder(self) -> ImageBuilder:
+        """Builds task images (belayer/sandbox/images.py) into this host's podman storage."""
+        return ImageBuilder(self.cfg.base_images, self.state_dir, self.cache_dir)
 
     def seccomp_profile(self) -> Path:
         """Belayer's profile (belayer/sandbox/seccomp.py), written from this host's default

@@ -1,0 +1,204 @@
+"""Task images: built by `podman build` from a task's own Dockerfile, offline, cached by the
+hash of the build context.
+
+A Harbor task (belayer/workloads/harbor.py) brings its environment as a Dockerfile. Belayer
+builds it with podman's own builder into Belayer's podman storage, so multi-stage builds,
+`ENV`, `USER`, `WORKDIR`, `COPY` and `RUN` mean what Dockerfiles mean; nothing here parses
+more of a Dockerfile than its `FROM` lines.
+
+Sandbox hosts reach only the package registries, not image registries, so a `FROM` image
+must already be in Belayer's storage or be mapped onto one that is: `sandbox.base_images`
+maps a name (`ubuntu:24.04`, `python:3.12-slim`) to a local image (by default Belayer's own
+Debian base). The mapping is handed to the builder as named build contexts
+(`--build-context NAME=docker-image://LOCAL`), so the Dockerfile is built as written. A
+`FROM` that is neither present nor mapped is refused before the build starts, naming the
+image and the setting to add; the builder never pulls (`--pull=never`).
+
+An image is tagged `localhost/belayer-task/<task id>:<context hash>` and labelled with the
+hash: building the same context again is a lookup, a changed file is a new tag.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import re
+import subprocess
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+
+from belayer.errors import BelayerError
+from belayer.sandbox import runtime
+
+TASK_IMAGE_REPOSITORY = "localhost/belayer-task"
+CONTEXT_LABEL = "org.belayer.context-sha256"
+_FROM = re.compile(
+    r"^\s*FROM\s+(?:--platform=\S+\s+)?(?P<image>\S+)(?:\s+AS\s+(?P<stage>\S+))?\s*$", re.IGNORECASE
+)
+
+
+_STEP = re.compile(r"^(\[\d+/\d+\] )?STEP \d+/\d+: ")  # "[2/2] STEP 3/6: ENV ..." in a multi-stage build
+
+
+class ImageBuildError(BelayerError):
+    """A task image could not be built; the message names the task, the cause and the fix."""
+
+
+@dataclass(frozen=True)
+class BaseImageUse:
+    """One `FROM` of a Dockerfile that names an image (not an earlier stage)."""
+
+    image: str
+    line: int
+
+
+@dataclass(frozen=True)
+class TaskImage:
+    """A built (or found) task image."""
+
+    tag: str
+    image_id: str
+    context_sha256: str
+    cached: bool  # found under its tag: no build ran
+
+
+def base_images_of(dockerfile_text: str) -> list[BaseImageUse]:
+    """The images a Dockerfile's `FROM` lines start from; a `FROM` naming an earlier stage
+    (`FROM build AS final` after `... AS build`) is a stage, not an image. Line
+    continuations are joined first, as the builder joins them."""
+    stages: set[str] = set()
+    uses = []
+    for number, line in _logical_lines(dockerfile_text):
+        match = _FROM.match(line)
+        if match is None:
+            continue
+        image = match["image"]
+        if image.lower() not in stages and image.lower() != "scratch":
+            uses.append(BaseImageUse(image=image, line=number))
+        if match["stage"]:
+            stages.add(match["stage"].lower())
+    return uses
+
+
+def _logical_lines(text: str) -> list[tuple[int, str]]:
+    lines, pending, start = [], "", 0
+    for number, raw in enumerate(text.splitlines(), 1):
+        if not pending:
+            start = number
+        if raw.rstrip().endswith("\\"):
+            pending += raw.rstrip()[:-1] + " "
+            continue
+        lines.append((start, pending + raw))
+        pending = ""
+    if pending:
+        lines.append((start, pending))
+    return lines
+
+
+def context_sha256(context: Path, dockerfile: Path) -> str:
+    """The hash of everything the build reads: every file of the context (relative path,
+    executable bit, content; symlinks by target) and the Dockerfile."""
+    digest = hashlib.sha256()
+    for path in sorted(p for p in context.rglob("*") if not p.is_dir() or p.is_symlink()):
+        relative = path.relative_to(context).as_posix()
+        if path.is_symlink():
+            digest.update(f"L {relative} -> {os.readlink(path)}\n".encode())
+            continue
+        executable = "x" if os.access(path, os.X_OK) else "-"
+        digest.update(f"F {relative} {executable} {path.stat().st_size}\n".encode())
+        digest.update(path.read_bytes())
+    digest.update(b"D " + dockerfile.read_bytes())
+    return digest.hexdigest()
+
+
+def task_image_tag(task_id: str, context_hash: str) -> str:
+    return f"{TASK_IMAGE_REPOSITORY}/{task_id.lower()}:{context_hash[:16]}"
+
+
+class ImageBuilder:
+    """Builds task images into the podman storage of `state_dir` (the sandbox host's)."""
+
+    def __init__(self, base_images: Mapping[str, str], state_dir: Path | None = None,
+                 cache_dir: Path | None = None, network: bool = True) -> None:  # fmt: skip
+        self.base_images = dict(base_images)
+        self.state_dir = state_dir
+        self.cache_dir = cache_dir
+        self.network = network  # RUN lines reach what the machine reaches (package registries)
+
+    def podman(self, *args: str, timeout: float = 120.0) -> subprocess.CompletedProcess:
+        return runtime.run_podman(*args, state_dir=self.state_dir, cache_dir=self.cache_dir, timeout=timeout)
+
+    def image_id(self, reference: str) -> str | None:
+        found = self.podman("image", "inspect", "--format", "{{.Id}}", reference)
+        return (
+            found.stdout.strip().splitlines()[0] if found.returncode == 0 and found.stdout.strip() else None
+        )
+
+    def build_contexts(self, task_id: str, dockerfile: Path) -> list[str]:
+        """`--build-context` flags for the mapped `FROM` images; refuses an unmapped, absent one."""
+        flags = []
+        for use in base_images_of(dockerfile.read_text(encoding="utf-8")):
+            mapped = self.base_images.get(use.image)
+            if mapped is not None:
+                if self.image_id(mapped) is None:
+                    raise ImageBuildError(
+                        f"task {task_id}: sandbox.base_images maps {use.image} to {mapped}, which is not in "
+                        f"Belayer's podman storage: build it (`make install` builds the base image) or change the mapping"
+                    )
+                flags.append(f"--build-context={use.image}=docker-image://{mapped}")
+            elif self.image_id(use.image) is None:
+                raise ImageBuildError(
+                    f"task {task_id}: {dockerfile}:{use.line}: FROM {use.image} is not in Belayer's podman "
+                    "storage, and sandboxes build offline (no image registry): map it onto a local image, e.g. "
+                    f'`[sandbox.base_images]` `"{use.image}" = "{runtime.base_image_name()}"` in the config file '
+                    f'(or BELAYER_SANDBOX__BASE_IMAGES=\'{{"{use.image}": "{runtime.base_image_name()}"}}\')'
+                )
+        return flags
+
+    def build(self, task_id: str, context: Path, dockerfile: Path, *, timeout_s: float = 600.0,
+              progress: Callable[[str], None] | None = None) -> TaskImage:  # fmt: skip
+        """The task's image: found by its context hash, or built; each build step goes to `progress`."""
+        context_hash = context_sha256(context, dockerfile)
+        tag = task_image_tag(task_id, context_hash)
+        found = self.image_id(tag)
+        if found is not None:
+            return TaskImage(tag=tag, image_id=found, context_sha256=context_hash, cached=True)
+        args = [
+            "build", "--pull=never", "--layers", "-f", str(dockerfile), "-t", tag,
+            f"--label={CONTEXT_LABEL}={context_hash}", f"--network={'host' if self.network else 'none'}",
+            *self.build_contexts(task_id, dockerfile), str(context),
+        ]  # fmt: skip
+        output = self._stream(task_id, args, timeout_s, progress)
+        image_id = self.image_id(tag)
+        if image_id is None:
+            raise ImageBuildError(
+                f"task {task_id}: podman build ended without the image {tag}:\n{output[-2000:]}"
+            )
+        return TaskImage(tag=tag, image_id=image_id, context_sha256=context_hash, cached=False)
+
+    def _stream(self, task_id: str, args: list[str], timeout_s: float,
+                progress: Callable[[str], None] | None) -> str:  # fmt: skip
+        """Run the build, handing each `STEP` line to `progress`; the whole output on failure."""
+        command = runtime.podman_command(*args, state_dir=self.state_dir, cache_dir=self.cache_dir)
+        env = runtime.podman_env(state_dir=self.state_dir, cache_dir=self.cache_dir)
+        lines: list[str] = []
+        with subprocess.Popen(command, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                              stdin=subprocess.DEVNULL, text=True, errors="replace") as build:  # fmt: skip
+            try:
+                for line in build.stdout:
+                    lines.append(line.rstrip("\n"))
+                    if progress is not None and _STEP.match(line):
+                        progress(f"{task_id}: {line.strip()}")
+                build.wait(timeout=timeout_s)
+            except subprocess.TimeoutExpired:
+                build.kill()
+                raise ImageBuildError(
+                    f"task {task_id}: the image build ran past {timeout_s:g} s ([environment].build_timeout_sec)"
+                ) from None
+        output = "\n".join(lines)
+        if build.returncode != 0:
+            raise ImageBuildError(
+                f"task {task_id}: podman build failed (exit {build.returncode}):\n{output[-3000:]}"
+            )
+        return output
