@@ -21,6 +21,8 @@ import time
 from collections.abc import Awaitable, Callable
 from typing import Any, TypeVar
 
+from temporalio import activity
+
 from belayer.activities.runtime import BY_RETRYABLE, heartbeating, implements
 from belayer.contracts import sandbox as contract
 from belayer.contracts.sandbox import (
@@ -52,6 +54,15 @@ from belayer.trajectory_log import read_steps
 SHARED_QUEUE = "belayer-sandbox"
 HEARTBEAT_EVERY_S = 5.0
 T = TypeVar("T")
+
+
+def _calling_workflow() -> str | None:
+    """The id of the workflow whose activity this is (None when called outside one: a
+    program or test driving the activities directly)."""
+    try:
+        return activity.info().workflow_id
+    except RuntimeError:
+        return None
 
 
 def _blocking(fn: Callable[..., T], *args: Any, **kwargs: Any) -> Awaitable[T]:
@@ -89,12 +100,19 @@ class SandboxActivities:
 
     @implements(contract.CREATE, BY_RETRYABLE)
     async def create(self, args: CreateSandboxArgs) -> CreateSandboxResult:
-        return CreateSandboxResult(
-            handle=await _blocking(self.host.create, args.spec, sandbox_id=args.sandbox_id)
-        )
+        handle = await _blocking(self.host.create, args.spec, sandbox_id=args.sandbox_id)
+        self._owned_by(handle.sandbox_id, _calling_workflow())
+        return CreateSandboxResult(handle=handle)
+
+    def _owned_by(self, sandbox_id: str, workflow_id: str | None) -> None:
+        """Record which workflow the sandbox serves, for the reaper (belayer/sandbox/reaper.py)."""
+        if workflow_id is not None:
+            self.host.owners.record(sandbox_id, workflow_id)
 
     @implements(contract.EXEC, BY_RETRYABLE)
     async def exec(self, args: ExecArgs) -> ExecResult:
+        # A fork is owned by the workflow that forked it until its trajectory's first action.
+        self.host.owners.claim(args.handle.sandbox_id, _calling_workflow())
         return ExecResult(observation=await _blocking(self._exec_and_store, args))
 
     def _exec_and_store(self, args: ExecArgs) -> ObservationRef:
@@ -130,11 +148,18 @@ class SandboxActivities:
     async def fork(self, args: ForkArgs) -> ForkResult:
         """Start the targets from one checkpoint on this host (downloaded once)."""
         forks = await _blocking(self.host.fork, args.checkpoint, args.targets, generation=args.generation)
+        # Each fork's trajectory may not have started yet: the forking workflow (its parent,
+        # open while its members run) owns it until the trajectory's first action claims it.
+        for outcome in forks:
+            if outcome.handle is not None:
+                self._owned_by(outcome.sandbox_id, _calling_workflow())
         return ForkResult(forks=forks)
 
     @implements(contract.RECOVER, BY_RETRYABLE)
     async def recover(self, args: RecoverArgs) -> RecoverResult:
-        return await _blocking(self._recover, args)
+        recovered = await _blocking(self._recover, args)
+        self._owned_by(recovered.outcome.handle.sandbox_id, _calling_workflow())
+        return recovered
 
     def _recover(self, args: RecoverArgs) -> RecoverResult:
         steps = read_steps(self.host.store, args.steps)

@@ -139,6 +139,14 @@ class SandboxConfig(Section):
         description="Sandboxes this host holds at most (live and starting); a full host takes no new one and "
         "placement sends it to another host. Size it to the host's memory over memory_mb; 0: no limit.",
     )
+    reap_interval_s: float = Field(
+        20.0,
+        ge=0,
+        le=3600,
+        description="How often the sandbox worker removes the sandboxes whose workflow has closed (terminated "
+        "from Temporal, timed out: no workflow code ran to destroy them) or that Temporal does not know; a "
+        "sandbox no workflow started is never touched (belayer/sandbox/reaper.py). 0: never.",
+    )
     drain_deadline_s: float = Field(
         60.0,
         ge=0,

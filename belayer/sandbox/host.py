@@ -71,6 +71,7 @@ from belayer.sandbox.models import (
     path_under,
 )
 from belayer.sandbox.placement import HostLoad
+from belayer.sandbox.reaper import OwnerRecords
 from belayer.storage.encryption import archive_store
 from belayer.storage.errors import CorruptObject, ObjectNotFound, StorageError
 from belayer.storage.store import open_store
@@ -176,6 +177,8 @@ class SandboxHost:
         self._moved: dict[str, bool] = {}  # sandbox id -> its trajectory has been told
         # What counts against `max_sandboxes`, published for placement (belayer/sandbox/placement.py).
         self._live: set[str] = set()
+        # Which workflow each sandbox here serves, for the reaper (belayer/sandbox/reaper.py).
+        self.owners = OwnerRecords(self.state_dir, self.host_queue)
         self.on_load_change: Callable[[], None] = lambda: None
         # Container -> where the kernel counts its OOM kills, looked up beside its first action.
         self._oom_counters: dict[str, Future[Path | None]] = {}
@@ -299,6 +302,7 @@ class SandboxHost:
             self.backend.destroy(sandbox_id)
             for unpublished in (self.state_dir / STAGED_DIR).glob(f"{sandbox_id}--*.tar"):
                 unpublished.unlink(missing_ok=True)
+            self.owners.forget(sandbox_id)
         self._gone(sandbox_id)
 
     def kill(self, handle: SandboxHandle) -> None:

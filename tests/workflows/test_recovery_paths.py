@@ -16,6 +16,7 @@ import contextlib
 from temporalio.client import WorkflowHandle
 
 from belayer import faults
+from belayer.workers.sandbox.worker import reap_round
 from belayer.workflows.models import TrajectoryProgress, TrajectoryResult
 from belayer.workloads.models import ModelTask, TraceTask, TraceTurn
 from tests.workflows.conftest import trajectory_stack
@@ -134,3 +135,26 @@ async def test_cut_found_while_recovering_for_the_check_resumes_generation(
         assert result.turns == 1
         logs = sorted(stack.store.list(f"trajectories/{result.trajectory_id}/tokens/"))
         assert any("/tokens/v1" in key for key in logs), logs
+
+
+async def test_a_trajectory_terminated_from_temporal_leaves_no_sandbox(stack):
+    """Terminated, the workflow runs no code to destroy its sandbox: the sandbox worker's
+    reaper finds its workflow closed and removes it, and leaves an open one's alone."""
+    terminated = await start(stack, SLOW_TRACE, policy="none")
+    running = await start(stack, SLOW_TRACE, policy="none")
+    doomed = (await wait_for_step(terminated, 1)).sandbox.sandbox_id
+    kept = (await wait_for_step(running, 1)).sandbox.sandbox_id
+    host = stack.sandboxes.host
+    assert host.owners.owner(doomed) == terminated.id  # recorded by the real create activity
+    await terminated.terminate("the user stopped it from the web UI")
+
+    reaped = await reap_round(stack.client, host)
+
+    assert [(r.sandbox_id, r.workflow_id, r.workflow_status) for r in reaped] == [
+        (doomed, terminated.id, "TERMINATED")
+    ]
+    live = host.backend.lineages()
+    assert doomed not in live and host.owners.owner(doomed) is None
+    assert kept in live or (await running.describe()).status.name == "COMPLETED"
+    result = await result_within(running)
+    assert result.status == "completed" and result.reward == 1.0, result.reason

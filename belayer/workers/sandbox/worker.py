@@ -9,7 +9,9 @@ queue (activity kind): that is the readiness check belayer/stack/workers.py perf
 Before serving it checks the runtime (podman, runc, CRIU, base image) and exits 2 with
 the fixes when the host cannot run sandboxes, instead of accepting work it would fail;
 then it fences the containers whose lineage moved to another host while it was away
-(`SandboxHost.sweep_stale`).
+(`SandboxHost.sweep_stale`). While it serves, every `sandbox.reap_interval_s` it removes the
+sandboxes whose workflow has closed without destroying them (terminated from Temporal, timed
+out): belayer/sandbox/reaper.py.
 
 SIGTERM -- what a platform sends before it takes the machine away -- drains the host
 (belayer/sandbox/drain.py) within `sandbox.drain_deadline_s`, or the deadline `belayer
@@ -28,12 +30,17 @@ from collections.abc import Awaitable, Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
+from temporalio.client import Client
+from temporalio.service import RPCError, RPCStatusCode
+
 from belayer.activities.sandbox import SHARED_QUEUE, SandboxActivities
 from belayer.config import BelayerConfig
 from belayer.sandbox.backends import open_backend
 from belayer.sandbox.drain import DrainReport, drain_host
 from belayer.sandbox.host import SandboxHost, default_host_queue, make_host
 from belayer.sandbox.placement import LoadPublisher
+from belayer.sandbox.reaper import UNKNOWN, Reaped, owned_sandboxes, reap
+from belayer.temporal_client import connect
 from belayer.workers.runner import RefusedToServe, run_worker
 
 
@@ -112,6 +119,44 @@ async def drain_on_sigterm(config: BelayerConfig, host: SandboxHost, sig: int,
     print(f"belayer sandbox worker: drained in {report.emptied_s:.2f}s: {report.counts()}", flush=True)
 
 
+async def reap_closed_workflows(config: BelayerConfig, host: SandboxHost) -> None:
+    """Every `sandbox.reap_interval_s`, a `reap_round`; runs as long as the worker."""
+    interval = config.sandbox.reap_interval_s
+    if interval <= 0:
+        return
+    client = await connect(config.temporal, config.storage.encryption_key)
+    while True:
+        await asyncio.sleep(interval)
+        try:
+            reaped = await reap_round(client, host)
+        except Exception as exc:  # the next round tries again; serving goes on meanwhile
+            print(f"belayer sandbox worker: reaper round failed: {exc}", flush=True)
+            continue
+        for r in reaped:
+            print(f"belayer sandbox worker: reaped sandbox {r.sandbox_id}: its workflow {r.workflow_id} is "
+                  f"{r.workflow_status.lower()}", flush=True)  # fmt: skip
+
+
+async def reap_round(client: Client, host: SandboxHost) -> list[Reaped]:
+    """Remove the sandboxes here whose workflow has closed or is unknown to Temporal
+    (belayer/sandbox/reaper.py)."""
+    live = await asyncio.to_thread(host.backend.lineages)
+    owners = set(owned_sandboxes(live, host.owners).values())
+    statuses = {workflow_id: await workflow_status(client, workflow_id) for workflow_id in owners}
+    answered = {workflow_id: status for workflow_id, status in statuses.items() if status is not None}
+    return await asyncio.to_thread(reap, live, host.owners, answered, host.remove)
+
+
+async def workflow_status(client: Client, workflow_id: str) -> str | None:
+    """Temporal's status name of the workflow's latest run; UNKNOWN when Temporal has no
+    such workflow; None when Temporal did not answer (the reaper then waits a round)."""
+    try:
+        described = await client.get_workflow_handle(workflow_id).describe()
+    except RPCError as exc:
+        return UNKNOWN if exc.status == RPCStatusCode.NOT_FOUND else None
+    return described.status.name if described.status is not None else None
+
+
 async def serve(config: BelayerConfig) -> None:
     host = make_host(config, host_queue=host_queue(config))
     # A host coming back after its sandboxes were recovered elsewhere: remove what they left.
@@ -120,6 +165,7 @@ async def serve(config: BelayerConfig) -> None:
         print(f"belayer sandbox worker: fenced superseded containers {', '.join(fenced)}", flush=True)
     host.adopt_existing()
     publisher = LoadPublisher(host).start()
+    reaper = asyncio.create_task(reap_closed_workflows(config, host))
     try:
         await run_worker(
             config.temporal,
@@ -131,6 +177,7 @@ async def serve(config: BelayerConfig) -> None:
             before_stop=lambda sig, leave: drain_on_sigterm(config, host, sig, leave),
         )
     finally:
+        reaper.cancel()
         await asyncio.to_thread(publisher.stop)  # placement stops choosing this host
 
 
