@@ -120,3 +120,16 @@ async def pollers(
     )
     now = time.time()
     return [(poller.identity, now - poller.last_access_time.ToSeconds()) for poller in response.pollers]
+
+
+WORKFLOW_UNKNOWN = "UNKNOWN"  # what `workflow_status` says of an id Temporal has no workflow for
+
+
+async def workflow_status(client: Client, workflow_id: str) -> str | None:
+    """Temporal's status name of the workflow's latest run; WORKFLOW_UNKNOWN when Temporal
+    has no such workflow; None when Temporal did not answer (ask again later)."""
+    try:
+        described = await client.get_workflow_handle(workflow_id).describe()
+    except RPCError as exc:
+        return WORKFLOW_UNKNOWN if exc.status == RPCStatusCode.NOT_FOUND else None
+    return described.status.name if described.status is not None else None

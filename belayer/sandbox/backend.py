@@ -35,6 +35,18 @@ class ContainerExit:
 
 
 @dataclass(frozen=True)
+class ContainerFacts:
+    """One sandbox container as its engine reports it (`SandboxBackend.container_facts`)."""
+
+    name: str
+    sandbox_id: str
+    running: bool
+    created: float  # seconds since the epoch
+    memory_bytes: int | None  # its memory cgroup's usage, tmpfs files included; None when not running
+    disk_bytes: int | None  # its writable layer on the host's disk; None when the engine did not say
+
+
+@dataclass(frozen=True)
 class BackendHealth:
     """What `SandboxBackend.health` found on this host."""
 
@@ -78,6 +90,9 @@ class SandboxBackend(Protocol):
 
     def image_builder(self) -> ImageBuilder:
         """What builds task images from their Dockerfiles into this host's image storage."""
+
+    def container_facts(self) -> list[ContainerFacts]:
+        """Every Belayer container on this host with its state, age, memory and disk (`belayer sandboxes`)."""
 
     def lineages(self) -> dict[str, list[str]]:
         """Every Belayer container on this host (any state), by sandbox id (the stale-lineage

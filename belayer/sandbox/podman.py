@@ -64,7 +64,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from belayer.sandbox import compression, fork_archive, runtime, seccomp, toolchain
-from belayer.sandbox.backend import BackendHealth, ContainerExit
+from belayer.sandbox.backend import BackendHealth, ContainerExit, ContainerFacts
 from belayer.sandbox.dump_watchdog import DumpWatchdog
 from belayer.sandbox.errors import (
     CheckpointFailed,
@@ -312,6 +312,30 @@ class PodmanBackend:
             "ps", "-a", "--filter", f"label={LABEL_SANDBOX}={sandbox_id}", "--format", "{{.Names}}"
         )
         return r.stdout.decode().split()
+
+    def container_facts(self) -> list[ContainerFacts]:
+        listed = self.podman("ps", "-a", "--size", "--filter", f"label={LABEL_SANDBOX}", "--format", "json")
+        facts = []
+        for container in json.loads(listed.stdout or b"[]"):
+            name = container["Names"][0]
+            running = container.get("State") == "running"
+            facts.append(ContainerFacts(
+                name=name, sandbox_id=container.get("Labels", {}).get(LABEL_SANDBOX, ""), running=running,
+                created=float(container.get("Created") or 0), disk_bytes=(container.get("Size") or {}).get("rwSize"),
+                memory_bytes=self._memory_in_use(name) if running else None,
+            ))  # fmt: skip
+        return facts
+
+    def _memory_in_use(self, container: str) -> int | None:
+        """Bytes the container's memory cgroup holds now (cgroup v2 memory.current, v1 usage_in_bytes)."""
+        counter = self.memory_cgroup(container)
+        if counter is None:
+            return None
+        name = "memory.current" if counter.name == "memory.events" else "memory.usage_in_bytes"
+        try:
+            return int((counter.parent / name).read_text())
+        except (OSError, ValueError):
+            return None
 
     def lineages(self) -> dict[str, list[str]]:
         r = self.podman("ps", "-a", "--filter", f"label={LABEL_SANDBOX}",

@@ -34,7 +34,8 @@ OWNERS_DIR = "sandbox-owners"
 # Temporal's execution statuses after which a workflow runs no more code (CONTINUED_AS_NEW
 # is absent: describing the id finds the new run, which is open).
 CLOSED = frozenset({"COMPLETED", "FAILED", "CANCELED", "TERMINATED", "TIMED_OUT"})
-UNKNOWN = "UNKNOWN"  # Temporal has no workflow of that id (deleted, or another namespace's)
+UNKNOWN = "UNKNOWN"  # Temporal has no workflow of that id (deleted, or another namespace's);
+# the same word as belayer.temporal_client.WORKFLOW_UNKNOWN, which the domain does not import
 
 
 class OwnerRecords:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from belayer.sandbox.models import Action
 from belayer.sandbox.reaper import UNKNOWN, OwnerRecords, owned_sandboxes, reap
+from belayer.temporal_client import WORKFLOW_UNKNOWN
 
 
 def test_owner_records_survive_the_process_and_a_fork_passes_to_its_trajectory(tmp_path):
@@ -42,3 +43,7 @@ def test_reap_removes_the_sandboxes_of_closed_and_unknown_workflows_only(sandbox
     assert set(owners.all().values()) == {"wf-running", "wf-unanswered"}
     survivor = made["running"]
     assert sandboxes.host.exec(survivor, Action(trajectory="t-reaper", step=1, command="true")).exit_code == 0
+
+
+def test_the_reaper_and_temporal_client_name_an_unknown_workflow_alike():
+    assert UNKNOWN == WORKFLOW_UNKNOWN  # the reaper removes what workflow_status calls unknown

@@ -16,6 +16,7 @@ import contextlib
 from temporalio.client import WorkflowHandle
 
 from belayer import faults
+from belayer.stack.sandboxes import list_sandboxes
 from belayer.workers.sandbox.worker import reap_round
 from belayer.workflows.models import TrajectoryProgress, TrajectoryResult
 from belayer.workloads.models import ModelTask, TraceTask, TraceTurn
@@ -137,24 +138,36 @@ async def test_cut_found_while_recovering_for_the_check_resumes_generation(
         assert any("/tokens/v1" in key for key in logs), logs
 
 
-async def test_a_trajectory_terminated_from_temporal_leaves_no_sandbox(stack):
+async def test_a_trajectory_terminated_from_temporal_leaves_no_sandbox(stack, stack_config):
     """Terminated, the workflow runs no code to destroy its sandbox: the sandbox worker's
-    reaper finds its workflow closed and removes it, and leaves an open one's alone."""
+    reaper finds its workflow closed and removes it, and leaves an open one's alone.
+    `belayer sandboxes` lists each with the workflow it serves, before and after."""
     terminated = await start(stack, SLOW_TRACE, policy="none")
     running = await start(stack, SLOW_TRACE, policy="none")
     doomed = (await wait_for_step(terminated, 1)).sandbox.sandbox_id
     kept = (await wait_for_step(running, 1)).sandbox.sandbox_id
     host = stack.sandboxes.host
     assert host.owners.owner(doomed) == terminated.id  # recorded by the real create activity
+    config = stack_config.model_copy(update={
+        "state_dir": host.state_dir,
+        "sandbox": stack_config.sandbox.model_copy(update={"host_task_queue": host.host_queue}),
+    })  # fmt: skip
+    listed = {s.sandbox_id: s for s in (await list_sandboxes(config, 1, stack.client)).sandboxes}
+    assert (listed[doomed].trajectory, listed[doomed].workflow_status) == (terminated.id, "RUNNING")
+    assert listed[doomed].state == "running" and listed[doomed].memory_bytes > 0 and listed[doomed].age_s >= 0
     await terminated.terminate("the user stopped it from the web UI")
 
-    reaped = await reap_round(stack.client, host)
+    reaped = await reap_round(stack.client, host)  # (earlier tests' closed workflows' sandboxes too, if any)
 
-    assert [(r.sandbox_id, r.workflow_id, r.workflow_status) for r in reaped] == [
-        (doomed, terminated.id, "TERMINATED")
+    ours = [
+        (r.sandbox_id, r.workflow_id, r.workflow_status)
+        for r in reaped
+        if r.workflow_id in (terminated.id, running.id)
     ]
+    assert ours == [(doomed, terminated.id, "TERMINATED")]
     live = host.backend.lineages()
     assert doomed not in live and host.owners.owner(doomed) is None
+    assert doomed not in {s.sandbox_id for s in (await list_sandboxes(config, 1, stack.client)).sandboxes}
     assert kept in live or (await running.describe()).status.name == "COMPLETED"
     result = await result_within(running)
     assert result.status == "completed" and result.reward == 1.0, result.reason

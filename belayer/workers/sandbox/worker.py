@@ -31,7 +31,6 @@ from contextlib import contextmanager
 from pathlib import Path
 
 from temporalio.client import Client
-from temporalio.service import RPCError, RPCStatusCode
 
 from belayer.activities.sandbox import SHARED_QUEUE, SandboxActivities
 from belayer.config import BelayerConfig
@@ -39,8 +38,8 @@ from belayer.sandbox.backends import open_backend
 from belayer.sandbox.drain import DrainReport, drain_host
 from belayer.sandbox.host import SandboxHost, default_host_queue, make_host
 from belayer.sandbox.placement import LoadPublisher
-from belayer.sandbox.reaper import UNKNOWN, Reaped, owned_sandboxes, reap
-from belayer.temporal_client import connect
+from belayer.sandbox.reaper import Reaped, owned_sandboxes, reap
+from belayer.temporal_client import connect, workflow_status
 from belayer.workers.runner import RefusedToServe, run_worker
 
 
@@ -145,16 +144,6 @@ async def reap_round(client: Client, host: SandboxHost) -> list[Reaped]:
     statuses = {workflow_id: await workflow_status(client, workflow_id) for workflow_id in owners}
     answered = {workflow_id: status for workflow_id, status in statuses.items() if status is not None}
     return await asyncio.to_thread(reap, live, host.owners, answered, host.remove)
-
-
-async def workflow_status(client: Client, workflow_id: str) -> str | None:
-    """Temporal's status name of the workflow's latest run; UNKNOWN when Temporal has no
-    such workflow; None when Temporal did not answer (the reaper then waits a round)."""
-    try:
-        described = await client.get_workflow_handle(workflow_id).describe()
-    except RPCError as exc:
-        return UNKNOWN if exc.status == RPCStatusCode.NOT_FOUND else None
-    return described.status.name if described.status is not None else None
 
 
 async def serve(config: BelayerConfig) -> None:
