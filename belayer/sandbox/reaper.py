@@ -43,7 +43,9 @@ class OwnerRecords:
 
     def __init__(self, state_dir: Path, host_queue: str) -> None:
         self.dir = Path(state_dir) / OWNERS_DIR / host_queue
-        self._known: dict[str, str] = {}  # what this process recorded: a turn's claim is a lookup
+        self._known: dict[
+            str, str | None
+        ] = {}  # what this process recorded or read: a turn's claim is a lookup
 
     def record(self, sandbox_id: str, workflow_id: str) -> None:
         self.dir.mkdir(parents=True, exist_ok=True)
@@ -57,13 +59,13 @@ class OwnerRecords:
         """`workflow_id` acts on the sandbox: it owns it from now (a fork passing from the
         workflow that forked it to its trajectory). A sandbox without a record is not
         claimed: only what a workflow started is the reaper's."""
-        if workflow_id is None or self._known.get(sandbox_id) == workflow_id:
+        if workflow_id is None or self._known.get(sandbox_id, "") in (workflow_id, None):
             return
         current = self.owner(sandbox_id)
         if current is not None and current != workflow_id:
             self.record(sandbox_id, workflow_id)
-        elif current is not None:
-            self._known[sandbox_id] = current
+        else:
+            self._known[sandbox_id] = current  # None: no workflow started it; not looked up again
 
     def owner(self, sandbox_id: str) -> str | None:
         try:

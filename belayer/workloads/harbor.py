@@ -209,10 +209,6 @@ class HarborTaskDir:
         return bool(self.config.steps)
 
     @property
-    def memory_mb(self) -> int:
-        return self.config.environment.memory_mb
-
-    @property
     def wants_network(self) -> bool:
         """Whether any phase asks for network (Harbor's default does): sandboxes have none."""
         sections = (self.config.environment, self.config.agent, self.config.verifier)

@@ -123,10 +123,11 @@ async def reap_closed_workflows(config: BelayerConfig, host: SandboxHost) -> Non
     interval = config.sandbox.reap_interval_s
     if interval <= 0:
         return
-    client = await connect(config.temporal, config.storage.encryption_key)
+    client: Client | None = None
     while True:
         await asyncio.sleep(interval)
         try:
+            client = client or await connect(config.temporal, config.storage.encryption_key)
             reaped = await reap_round(client, host)
         except Exception as exc:  # the next round tries again; serving goes on meanwhile
             print(f"belayer sandbox worker: reaper round failed: {exc}", flush=True)
