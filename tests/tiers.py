@@ -46,6 +46,9 @@ _PODMAN_ACTIONS = {"run", "create", "start", "restart", "exec", "checkpoint", "r
 _SANDBOX_WORKER, _ROLLOUT_WORKER = "belayer.workers.sandbox", "belayer.workers.rollout"
 # Asking a program its version or whether the kernel supports it starts nothing of its kind.
 _PROBES = (["--version"], ["check"])
+# Programs that only read what the machine has: matplotlib lists the fonts (`fc-list`) the
+# first time it is imported, wherever that is.
+_QUERIES = {"fc-list"}
 
 
 def needs(*resources: str) -> Callable:
@@ -76,6 +79,8 @@ def resources_of_command(args) -> frozenset[str]:
     program = os.path.basename(words[0]) if words else ""
     if words[1:] in _PROBES:
         return frozenset({"stack"})
+    if program in _QUERIES:
+        return frozenset()
     if program == "podman" and not _PODMAN_ACTIONS & set(words[1:]):
         return frozenset({"stack"})
     if program in _SANDBOX_PROGRAMS or _SANDBOX_WORKER in words or "infra/install/" in line:

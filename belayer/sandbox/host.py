@@ -177,12 +177,19 @@ class SandboxHost:
         self._moved: dict[str, bool] = {}  # sandbox id -> its trajectory has been told
         # What counts against `max_sandboxes`, published for placement (belayer/sandbox/placement.py).
         self._live: set[str] = set()
-        # Which workflow each sandbox here serves, for the reaper (belayer/sandbox/reaper.py).
-        self.owners = OwnerRecords(self.state_dir, self.host_queue)
+        self._owners: OwnerRecords | None = None
         self.on_load_change: Callable[[], None] = lambda: None
         # Container -> where the kernel counts its OOM kills, looked up beside its first action.
         self._oom_counters: dict[str, Future[Path | None]] = {}
         self._oom_counter_lookups = ThreadPoolExecutor(max_workers=1, thread_name_prefix="oom-counter")
+
+    @property
+    def owners(self) -> OwnerRecords:
+        """Which workflow each sandbox here serves, for the reaper (belayer/sandbox/reaper.py):
+        kept per host queue, so they follow a host renamed before it serves."""
+        if self._owners is None or self._owners.host_queue != self.host_queue:
+            self._owners = OwnerRecords(self.state_dir, self.host_queue)
+        return self._owners
 
     # ------------------------------------------------------------------ helpers
     def _lock(self, sandbox_id: str) -> threading.Lock:

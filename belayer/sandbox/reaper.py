@@ -42,6 +42,7 @@ class OwnerRecords:
     """sandbox id -> the id of the workflow it serves, for the sandboxes of one host."""
 
     def __init__(self, state_dir: Path, host_queue: str) -> None:
+        self.host_queue = host_queue
         self.dir = Path(state_dir) / OWNERS_DIR / host_queue
         self._known: dict[
             str, str | None

@@ -15,4 +15,7 @@ if [ ! -f "$stamp" ] || [ pyproject.toml -nt "$stamp" ]; then
   .venv/bin/pip install -q -e '.[test]'
   touch "$stamp"
 fi
+# matplotlib builds its font cache (running fc-list) the first time it is imported: do it
+# here, once, rather than inside the first `belayer report` or the first test that plots.
+MPLBACKEND=Agg .venv/bin/python -c "import matplotlib.pyplot" 2>/dev/null || true
 echo "[venv] ready: $ROOT/.venv"

@@ -10,6 +10,7 @@ which the `storage_config` fixture deletes afterwards.
 from __future__ import annotations
 
 import os
+import shutil
 import subprocess
 import uuid
 from pathlib import Path
@@ -114,6 +115,7 @@ class Sandboxes:
         ids.update(r.stdout.decode().split())
         for sid in ids:
             self.backend.destroy(sid)
+        shutil.rmtree(self.host.owners.dir, ignore_errors=True)
         leaked = []
         r = self.backend.podman("ps", "-a", "--filter", f"label={TEST_LABEL}={self.token}",
                                 "--format", "{{.Names}}", check=False)  # fmt: skip
@@ -128,6 +130,7 @@ def make_sandboxes(storage_config, **config_overrides) -> Sandboxes:
     from belayer.storage.store import open_store
 
     cfg = small_config(**config_overrides)
+    token = uuid.uuid4().hex[:12]
     state_dir = runtime.default_state_dir()
     backend = TrackingBackend(cfg, state_dir)
     host = SandboxHost(
@@ -135,9 +138,11 @@ def make_sandboxes(storage_config, **config_overrides) -> Sandboxes:
         backend,
         open_store(storage_config, encrypted=False),
         state_dir=state_dir,
-        host_queue="belayer-sandbox-test",
+        # A queue of its own: the owner records the reaper reads are per host queue, and
+        # another worker's test session (another Temporal) must never judge these sandboxes.
+        host_queue=f"belayer-sandbox-test-{token}",
     )
-    return Sandboxes(host, backend, uuid.uuid4().hex[:12])
+    return Sandboxes(host, backend, token)
 
 
 @pytest.fixture

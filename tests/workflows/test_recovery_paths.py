@@ -148,10 +148,8 @@ async def test_a_trajectory_terminated_from_temporal_leaves_no_sandbox(stack, st
     kept = (await wait_for_step(running, 1)).sandbox.sandbox_id
     host = stack.sandboxes.host
     assert host.owners.owner(doomed) == terminated.id  # recorded by the real create activity
-    config = stack_config.model_copy(update={
-        "state_dir": host.state_dir,
-        "sandbox": stack_config.sandbox.model_copy(update={"host_task_queue": host.host_queue}),
-    })  # fmt: skip
+    config = stack_config.model_copy(deep=True)  # `belayer sandboxes` as this host's stack sees it
+    config.state_dir, config.sandbox.host_task_queue = host.state_dir, host.host_queue
     listed = {s.sandbox_id: s for s in (await list_sandboxes(config, 1, stack.client)).sandboxes}
     assert (listed[doomed].trajectory, listed[doomed].workflow_status) == (terminated.id, "RUNNING")
     assert listed[doomed].state == "running" and listed[doomed].memory_bytes > 0 and listed[doomed].age_s >= 0
