@@ -64,8 +64,11 @@ class SandboxBackend(Protocol):
 
     name: str
 
-    def create(self, sandbox_id: str, generation: int, labels: dict[str, str]) -> str:
-        """Start a container running the supervisor as PID 1; return its name."""
+    def create(
+        self, sandbox_id: str, generation: int, labels: dict[str, str], image: str | None = None
+    ) -> str:
+        """Start a container of `image` (default: the configured base image) running the
+        supervisor as PID 1; return its name."""
 
     def container_name(self, sandbox_id: str, generation: int) -> str:
         """The name the container of that generation of the lineage has (or would have)."""
@@ -123,8 +126,18 @@ class SandboxBackend(Protocol):
         """Run a short Belayer helper (hash, tar) in the container as its root, out of the
         agent's reach (another uid; never checkpointed); its stdout."""
 
-    def image_id(self) -> str:
-        """Id of the base image on this host (a restore needs the same one)."""
+    def image_id(self, image: str | None = None) -> str:
+        """Id of `image` (default: the base image) on this host; "" when it has none (a
+        restore needs the same id)."""
+
+    def container_image(self, container: str) -> str | None:
+        """The image a container was started from, as it was named; None when it is gone."""
+
+    def save_image(self, image: str, dest: Path) -> None:
+        """Write `image` (with its name) to the archive file `dest`."""
+
+    def load_image(self, src: Path) -> None:
+        """Load an archive `save_image` wrote, name included."""
 
     def versions(self) -> dict[str, str]:
         """Versions that a checkpoint depends on (engine, CRIU)."""

@@ -53,6 +53,7 @@ from belayer.sandbox.errors import (
     SetupFailed,
     StaleGeneration,
 )
+from belayer.sandbox.images import ensure_image, share_image
 from belayer.sandbox.models import (
     SETUP_TRAJECTORY,
     Action,
@@ -178,6 +179,11 @@ class SandboxHost:
         # What counts against `max_sandboxes`, published for placement (belayer/sandbox/placement.py).
         self._live: set[str] = set()
         self._owners: OwnerRecords | None = None
+        # Sandbox id -> the image it runs (a task's own, or sandbox.image); images this
+        # process has put in the store for other hosts (belayer/sandbox/images.py).
+        self._images: dict[str, str] = {}
+        self._image_ids: dict[str, str] = {}  # task image name -> the id its sandboxes here run
+        self._shared_images: set[str] = set()
         self.on_load_change: Callable[[], None] = lambda: None
         # Container -> where the kernel counts its OOM kills, looked up beside its first action.
         self._oom_counters: dict[str, Future[Path | None]] = {}
@@ -277,7 +283,11 @@ class SandboxHost:
         with self._occupying(sandbox_id), self._lock(sandbox_id):
             if explicit:
                 self.backend.fence(sandbox_id)
-            container = self.backend.create(sandbox_id, generation, spec.labels)
+            if spec.image:
+                self._image_ids[spec.image] = ensure_image(self.backend, self.store, spec.image, None,
+                                                           self._image_dir())  # fmt: skip
+            container = self.backend.create(sandbox_id, generation, spec.labels, image=spec.image)
+            self._images[sandbox_id] = spec.image or self.cfg.image
             try:
                 self._record_lineage(sandbox_id, generation, container)
                 info = channel.wait_ready(self._sock(sandbox_id), self.cfg.start_timeout_s)
@@ -296,7 +306,32 @@ class SandboxHost:
             except BaseException:
                 self.backend.destroy(sandbox_id)
                 raise
+        if spec.image:
+            self._share(spec.image)
         return self._handle(sandbox_id, generation, container)
+
+    def _image_dir(self) -> Path:
+        return self.state_dir / "tmp"
+
+    def _share(self, image: str) -> None:
+        """A task image this host runs, put in the store (once) for the hosts its sandboxes
+        may be restored or forked on."""
+        if image not in self._shared_images:
+            share_image(self.backend, self.store, image, self._image_dir())
+            self._shared_images.add(image)
+
+    def _image_id(self, image: str | None) -> str:
+        """The id of the image a checkpoint's sandbox runs (the base image when None)."""
+        if image is None or image == self.cfg.image:
+            return self.backend.image_id()
+        return self._image_ids.get(image) or self.backend.image_id(image)
+
+    def _image_of(self, handle: SandboxHandle) -> str:
+        """The image the sandbox runs: remembered since its start here, else asked of podman
+        (a worker restarted since)."""
+        if handle.sandbox_id not in self._images:
+            self._images[handle.sandbox_id] = self.backend.container_image(handle.container) or self.cfg.image
+        return self._images[handle.sandbox_id]
 
     def destroy(self, handle: SandboxHandle) -> None:
         self.remove(handle.sandbox_id)
@@ -310,6 +345,7 @@ class SandboxHost:
             for unpublished in (self.state_dir / STAGED_DIR).glob(f"{sandbox_id}--*.tar"):
                 unpublished.unlink(missing_ok=True)
             self.owners.forget(sandbox_id)
+            self._images.pop(sandbox_id, None)
         self._gone(sandbox_id)
 
     def kill(self, handle: SandboxHandle) -> None:
@@ -437,7 +473,7 @@ class SandboxHost:
             sandbox_id=handle.sandbox_id, trajectory=info.get("trajectory"), step=info["head"],
             generation=handle.generation, token_prefix_len=token_prefix_len,
             token_prefix_sha256=token_prefix_sha256, base_key=base, path=str(path),
-            capture_s=time.monotonic() - t0, phases=phases,
+            capture_s=time.monotonic() - t0, phases=phases, image=self._image_of(handle),
         )  # fmt: skip
 
     def publish_checkpoint(self, staged: StagedCheckpoint) -> CheckpointRef:
@@ -545,6 +581,7 @@ class SandboxHost:
             sandbox_id=handle.sandbox_id, trajectory=info.get("trajectory"), step=info["head"],
             generation=handle.generation, token_prefix_len=token_prefix_len,
             token_prefix_sha256=token_prefix_sha256, base_key=base, path="", capture_s=dump_s, phases=phases,
+            image=self._image_of(handle),
         )  # fmt: skip
         return self._write_meta(origin, archive, dump_s=dump_s, fs_key=fs_key, fs_sha256=fs_sha)
 
@@ -571,7 +608,7 @@ class SandboxHost:
             generation=origin.generation, token_prefix_len=origin.token_prefix_len,
             token_prefix_sha256=origin.token_prefix_sha256, archive_key=origin.base_key + "archive",
             archive_sha256=archive.sha256.hexdigest(), archive_bytes=archive.size, fs_key=fs_key,
-            fs_sha256=fs_sha256, image=self.cfg.image, image_id=self.backend.image_id(),
+            fs_sha256=fs_sha256, image=origin.image or self.cfg.image, image_id=self._image_id(origin.image),
             criu_version=versions["criu"], podman_version=versions["podman"],
             compression=self.cfg.checkpoint_compression,
             channel_dir=str(self._sock(origin.sandbox_id).parent), created_at=time.time(), dump_s=dump_s,
@@ -631,6 +668,7 @@ class SandboxHost:
                 clock.lap("fetch")
                 try:
                     container = self.backend.restore(plain, sid, new_generation)
+                    self._images[sid] = meta.image
                 except SandboxError:
                     self.backend.fence(sid)  # a failed restore can leave a created container
                     raise
@@ -662,6 +700,10 @@ class SandboxHost:
             )
         if log is not None:
             _check_prefix(ref, meta, log)
+        if meta.image != self.cfg.image:  # a task's image: loaded from the store if this host lacks it
+            self._image_ids[meta.image] = ensure_image(self.backend, self.store, meta.image, meta.image_id,
+                                                       self._image_dir())  # fmt: skip
+            return meta
         image_id = self.backend.image_id()
         if image_id != meta.image_id:
             raise RuntimeUnavailable(
@@ -704,6 +746,7 @@ class SandboxHost:
             self.backend.fence(sid)
             try:
                 container = self.backend.fork(plain, meta.sandbox_id, sid, generation)
+                self._images[sid] = meta.image
                 self._record_lineage(sid, generation, container)
                 info = channel.wait_ready(self._sock(sid), self.cfg.start_timeout_s)
                 if info["head"] != meta.step:
@@ -859,7 +902,9 @@ class SandboxHost:
             self.backend.fence(handle.sandbox_id)
         # Processes are lost by design: a fresh sandbox (no setup: the files carry it).
         new_handle = self.create(
-            SandboxSpec(labels=spec.labels), sandbox_id=handle.sandbox_id, generation=new_gen
+            SandboxSpec(labels=spec.labels, image=spec.image),
+            sandbox_id=handle.sandbox_id,
+            generation=new_gen,
         )
         self.backend.exec_as_root(new_handle.container, ["tar", "-C", "/", "-xf", "-"], stdin=data)
         return new_handle, meta.step

@@ -21,6 +21,7 @@ hash: building the same context again is a lookup, a changed file is a new tag.
 from __future__ import annotations
 
 import hashlib
+import json
 import os
 import re
 import subprocess
@@ -30,6 +31,8 @@ from pathlib import Path
 
 from belayer.errors import BelayerError
 from belayer.sandbox import runtime
+from belayer.sandbox.errors import SandboxError
+from belayer.storage.errors import ObjectNotFound
 
 TASK_IMAGE_REPOSITORY = "localhost/belayer-task"
 CONTEXT_LABEL = "org.belayer.context-sha256"
@@ -202,3 +205,89 @@ class ImageBuilder:
                 f"task {task_id}: podman build failed (exit {build.returncode}):\n{output[-3000:]}"
             )
         return output
+
+
+# ----------------------------------------------------------------------------- hosts share images
+#
+# A checkpoint restores only onto the image it was taken on, with the same id. A base image
+# is imported from the same tarball on every host (infra/install/base-image.sh), so ids
+# match by construction; a task image is built once, on one host, and travels through the
+# object store instead: the first host to run it saves it there under its id
+# (`images/<id>/image.tar`, with the name it carries), and a host that lacks it loads it
+# from there, and checks the id it gets. Rebuilding it from the Dockerfile elsewhere would
+# give another id (timestamps), and another file system if a `RUN` line reached the network.
+
+IMAGES_PREFIX = "images/"
+
+
+def _archive_key(image_id: str) -> str:
+    return f"{IMAGES_PREFIX}{image_id.removeprefix('sha256:')}/image.tar"
+
+
+def _name_key(name: str) -> str:
+    return f"{IMAGES_PREFIX}names/{hashlib.sha256(name.encode()).hexdigest()}.json"
+
+
+class ImageUnavailable(SandboxError):
+    """A sandbox needs an image this host lacks and the object store does not hold (or
+    holds another one under its id): not retried here, the image will not appear."""
+
+
+def share_image(backend, store, name: str, work_dir: Path) -> str:
+    """Put image `name` (present here) in the store once, by id; return its id."""
+    image_id = backend.image_id(name)
+    if not image_id:
+        raise ImageUnavailable(f"image {name} is not on this host: build it first (belayer tasks check)")
+    if not store.exists(_archive_key(image_id)):
+        work_dir.mkdir(parents=True, exist_ok=True)
+        archive = work_dir / f"image-{image_id.removeprefix('sha256:')[:16]}-{os.getpid()}.tar"
+        try:
+            backend.save_image(name, archive)
+            with archive.open("rb") as f:
+                store.upload_stream(_archive_key(image_id), f)
+        finally:
+            archive.unlink(missing_ok=True)
+    store.put_bytes(_name_key(name), json.dumps({"name": name, "image_id": image_id}).encode())
+    return image_id
+
+
+def ensure_image(backend, store, name: str, image_id: str | None, work_dir: Path) -> str:
+    """Image `name` on this host, with `image_id` when given (a checkpoint's); loaded from the
+    store when this host lacks it. Returns its id; refuses another id than the one asked for."""
+    here = backend.image_id(name)
+    if image_id is None and not here:
+        image_id = _shared_id(store, name)
+    if image_id is not None and here != image_id:
+        _load(backend, store, name, image_id, work_dir)
+        here = backend.image_id(name)
+    if image_id is not None and here != image_id:
+        raise ImageUnavailable(
+            f"image {name} loaded from the object store has id {here or 'none'}, the checkpoint needs {image_id}"
+        )
+    return here
+
+
+def _shared_id(store, name: str) -> str:
+    try:
+        return json.loads(store.get_bytes(_name_key(name)))["image_id"]
+    except (ObjectNotFound, KeyError, ValueError):
+        raise ImageUnavailable(
+            f"image {name} is neither on this host nor in the object store: build it on one host "
+            "(belayer tasks check) and run a sandbox of it there first"
+        ) from None
+
+
+def _load(backend, store, name: str, image_id: str, work_dir: Path) -> None:
+    work_dir.mkdir(parents=True, exist_ok=True)
+    archive = work_dir / f"image-{image_id.removeprefix('sha256:')[:16]}-{os.getpid()}.tar"
+    try:
+        with archive.open("wb") as f:
+            store.download_stream(_archive_key(image_id), f)
+        backend.load_image(archive)
+    except ObjectNotFound:
+        raise ImageUnavailable(
+            f"image {name} (id {image_id}) is not on this host and not in the object store "
+            f"({_archive_key(image_id)})"
+        ) from None
+    finally:
+        archive.unlink(missing_ok=True)

@@ -172,6 +172,11 @@ class SandboxSpec(_Model):
     labels: dict[str, str] = Field(
         default_factory=dict, description="Extra container labels (tests tag here)."
     )
+    image: str | None = Field(
+        None,
+        description="A task's own image (built by belayer/sandbox/images.py) instead of sandbox.image; a host "
+        "that lacks it fetches it from the object store, where the first host to run it put it.",
+    )
 
 
 class CheckpointMeta(_Model):
@@ -238,6 +243,7 @@ class StagedCheckpoint(_Model):
     path: str = Field(description="The plain archive on the capturing host.")
     capture_s: float = Field(ge=0, description="Seconds the capture took (freeze, dump, archive).")
     phases: dict[str, float] = Field(default_factory=dict, description="podman's phases of the capture.")
+    image: str | None = Field(None, description="The image the sandbox runs (None: sandbox.image).")
 
 
 class ForkTarget(_Model):

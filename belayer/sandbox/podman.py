@@ -142,7 +142,7 @@ class PodmanBackend:
         self.state_dir = Path(state_dir)
         self.cache_dir = cache_dir
         self.command_prefix = list(command_prefix)  # `nsenter` into another host's namespaces (backend.py)
-        self._image_id: str | None = None
+        self._image_ids: dict[str, str] = {}  # the base image's id, once found
         self._versions: dict[str, str] | None = None
         self._seccomp_profile: Path | None = None
 
@@ -201,7 +201,9 @@ class PodmanBackend:
             (d / "supervisor.sock").unlink()
 
     # ------------------------------------------------------------------ lifecycle
-    def create(self, sandbox_id: str, generation: int, labels: dict[str, str]) -> str:
+    def create(
+        self, sandbox_id: str, generation: int, labels: dict[str, str], image: str | None = None
+    ) -> str:
         self.ensure_host_side(sandbox_id)
         name = self.container_name(sandbox_id, generation)
         c = self.cfg
@@ -227,7 +229,7 @@ class PodmanBackend:
         args += self._toolchain_args()
         for k, v in labels.items():
             args += ["--label", f"{k}={v}"]
-        self.podman(*args, c.image, *toolchain.supervisor_argv())
+        self.podman(*args, image or c.image, *toolchain.supervisor_argv())
         return name
 
     def _toolchain_args(self) -> list[str]:
@@ -503,11 +505,27 @@ class PodmanBackend:
         args = ["exec"] + (["-i"] if stdin is not None else []) + [container]
         return self.podman(*args, *argv, input=stdin).stdout
 
-    def image_id(self) -> str:
-        if self._image_id is None:
-            r = self.podman("image", "inspect", "--format", "{{.Id}}", self.cfg.image)
-            self._image_id = r.stdout.decode().strip()
-        return self._image_id
+    def image_id(self, image: str | None = None) -> str:
+        """Asked of podman each time for a task's image (one may be removed or loaded at any
+        time); the base image's, which only an install changes, once."""
+        name = image or self.cfg.image
+        if name in self._image_ids:
+            return self._image_ids[name]
+        r = self.podman("image", "inspect", "--format", "{{.Id}}", name, check=False)
+        found = r.stdout.decode().strip() if r.returncode == 0 else ""
+        if found and name == self.cfg.image:
+            self._image_ids[name] = found
+        return found
+
+    def container_image(self, container: str) -> str | None:
+        r = self.podman("container", "inspect", "--format", "{{.ImageName}}", container, check=False)
+        return r.stdout.decode().strip() or None if r.returncode == 0 else None
+
+    def save_image(self, image: str, dest: Path) -> None:
+        self.podman("save", "--format", "docker-archive", "-o", str(dest), image)
+
+    def load_image(self, src: Path) -> None:
+        self.podman("load", "-i", str(src))
 
     def versions(self) -> dict[str, str]:
         if self._versions is None:
