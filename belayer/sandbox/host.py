@@ -840,9 +840,11 @@ class SandboxHost:
         start_step = 0
         source = "replay-from-start"
         last_logged = max((a.step for a in actions), default=0)
-        if mode == "full" and (drained := self.drained_checkpoint(handle)) is not None:
+        drained = self.drained_checkpoint(handle) if mode == "full" else None
+        if drained is not None:
             notes.append(f"starting from the checkpoint a drain took at step {drained.step}")
             checkpoints = [drained, *checkpoints]
+        restored_from: CheckpointRef | None = None
         usable = []
         for ref in checkpoints:
             if ref.step > last_logged:
@@ -858,7 +860,7 @@ class SandboxHost:
                 try:
                     new_handle, meta = self.restore(ref, new_gen, log=actions, sandbox_id=handle.sandbox_id,
                                                     trajectory=trajectory)  # fmt: skip
-                    start_step, source = meta.step, f"checkpoint@{meta.step}"
+                    start_step, source, restored_from = meta.step, f"checkpoint@{meta.step}", ref
                     break
                 except (CheckpointCorrupt, CheckpointInconsistent, JournalMismatch, RestoreFailed) as exc:
                     notes.append(f"checkpoint {ref.meta_key} (step {ref.step}) unusable: {exc}")
@@ -878,7 +880,12 @@ class SandboxHost:
                     self.backend.fence(handle.sandbox_id)
                 new_handle = self.create(spec, sandbox_id=handle.sandbox_id, generation=new_gen)
             restore_s = time.monotonic() - t0
-            return self._replay_and_compare(new_handle, actions, start_step, mode, source, notes, restore_s)
+            outcome = self._replay_and_compare(
+                new_handle, actions, start_step, mode, source, notes, restore_s
+            )
+            if drained is not None and restored_from == drained:
+                outcome = outcome.model_copy(update={"drained_checkpoint": drained})
+            return outcome
         except SandboxError as exc:
             if notes:
                 exc.args = (f"{exc} (recovery notes: {'; '.join(notes)})", *exc.args[1:])

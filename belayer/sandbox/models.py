@@ -276,5 +276,10 @@ class RecoverOutcome(_Model):
     mismatch_step: int | None = Field(None, description="First step whose observation differs.")
     mismatch_observation: Observation | None = Field(None, description="The new observation at that step.")
     notes: list[str] = Field(default_factory=list, description="Fallbacks taken, and why.")
+    drained_checkpoint: CheckpointRef | None = Field(
+        None,
+        description="The checkpoint a drain took, when the sandbox came back from it: the workflow keeps it "
+        "among its own, so a second loss starts from it too rather than from an older one.",
+    )
     restore_s: float = Field(ge=0, description="Time to get a running sandbox (restore or create).")
     replay_s: float = Field(ge=0, description="Time spent replaying actions.")

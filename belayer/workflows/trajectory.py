@@ -557,6 +557,10 @@ class TrajectoryWorkflow:
             break
         outcome = result.outcome
         self.state.sandbox = outcome.handle
+        drained = outcome.drained_checkpoint
+        if drained is not None and drained not in self.state.checkpoints:
+            # The drain's checkpoint is this sandbox's newest: a second loss starts from it too.
+            self.state.checkpoints = [drained, *self.state.checkpoints][:CHECKPOINTS_KEPT]
         record = RecoveryRecord(
             kind=kind,
             step=self.state.step,

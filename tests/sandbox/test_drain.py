@@ -56,6 +56,9 @@ def test_a_drained_sandbox_resumes_on_another_host_from_the_drains_checkpoint(tw
     outcome = hosts.host_b.recover(handle, [periodic], log)
     assert outcome.consistent and outcome.source == f"checkpoint@{len(STEPS)}" and outcome.replayed_steps == 0
     assert any("a drain took at step 3" in note for note in outcome.notes), outcome.notes
+    # the workflow keeps the drain's checkpoint among its own: a second loss starts from it too
+    assert outcome.drained_checkpoint is not None and outcome.drained_checkpoint.step == len(STEPS)
+    assert outcome.drained_checkpoint != periodic
     new = outcome.handle
     assert (new.host_queue, new.generation) == (HOST_B, handle.generation + 1)
     # The background process came along: its ticks went on growing after the move.
