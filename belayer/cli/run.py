@@ -15,6 +15,7 @@ from rich.console import Console
 from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 from temporalio.api.enums.v1 import EventType
+from temporalio.client import WorkflowFailureError
 from temporalio.service import RPCError
 
 from belayer.chaos.faults import Chaos, ChaosError, node_roles
@@ -44,7 +45,7 @@ from belayer.storage.store import open_store
 from belayer.temporal_client import connect
 from belayer.trajectory_log import read_decisions
 from belayer.workers.rollout.worker import generation_of, recoveries_of
-from belayer.workflows.groups import GroupInput
+from belayer.workflows.groups import GroupInput, cause_of
 from belayer.workflows.models import TrajectoryResult
 from belayer.workloads.loader import load_workload
 from belayer.workloads.registry import driver_for
@@ -379,13 +380,27 @@ class _Runner:
             )
         return await result_through_restarts(handle)
 
+    def _closed_without_result(self, input, err: WorkflowFailureError) -> TrajectoryResult:
+        """A trajectory whose workflow closed with no result of its own (terminated from the
+        Temporal UI or CLI, timed out): no reward, as for any failure that is not the agent's."""
+        seen = self.progress.get(input.trajectory_id)
+        return TrajectoryResult(
+            trajectory_id=input.trajectory_id, task=input.task.id, status="failed_infra",
+            reason=f"its workflow closed without a result: {cause_of(err)}",
+            turns=seen.step if seen else 0, tokens=seen.tokens if seen else 0, reward=None, token_sha256=None,
+            env_sha256=None, recoveries=list(seen.recoveries) if seen else [], checkpoints=0,
+        )  # fmt: skip
+
     async def _one(self, client, limit, progress, input):
         total = _turns_of(input.task)
         row = progress.add_task(input.trajectory_id, total=total, note="waiting")
         async with limit:
             handle = await start_trajectory(client, self.config, input)
             self.started.append(input.trajectory_id)
-            result = await self._follow(client, handle, {input.trajectory_id: row}, progress)
+            try:
+                result = await self._follow(client, handle, {input.trajectory_id: row}, progress)
+            except WorkflowFailureError as err:
+                result = self._closed_without_result(input, err)
             self.finished.add(input.trajectory_id)
             progress.update(row, completed=total, note=f"{result.status}, reward {result.reward}")
             return result

@@ -118,3 +118,58 @@ def test_a_corrupt_origin_forks_nothing(sandboxes):
     assert not any(
         sid.startswith("sbx-fork") and sandboxes.token[:8] in sid for sid in sandboxes.backend.lineages()
     )
+
+
+# A loopback echo server and a client holding an established connection to it, which
+# answers through that connection when /tmp/ask appears (tests/sandbox/test_sandbox.py's).
+HELD_CONNECTION = [
+    "cat > /tmp/echo.py <<'PY'\n"
+    "import socket, threading\n"
+    "s = socket.socket(); s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)\n"
+    "s.bind(('127.0.0.1', 8126)); s.listen()\n"
+    "def serve(conn):\n"
+    "    f = conn.makefile('rw')\n"
+    "    for line in f:\n"
+    "        f.write('echo ' + line); f.flush()\n"
+    "while True:\n"
+    "    threading.Thread(target=serve, args=(s.accept()[0],), daemon=True).start()\n"
+    "PY\n"
+    "cat > /tmp/client.py <<'PY'\n"
+    "import os, socket, time\n"
+    "f = socket.create_connection(('127.0.0.1', 8126)).makefile('rw')\n"
+    "while not os.path.exists('/tmp/ask'):\n"
+    "    time.sleep(0.05)\n"
+    "try:\n"
+    "    f.write('ping\\n'); f.flush(); answer = f.readline() or 'closed\\n'\n"
+    "except OSError as exc:\n"
+    "    answer = type(exc).__name__ + '\\n'\n"
+    "open('/tmp/answer', 'w').write(answer)\n"
+    "PY\n"
+    "python3 /tmp/echo.py >/dev/null 2>&1 & sleep 0.3; python3 /tmp/client.py >/dev/null 2>&1 &\n"
+    "for i in $(seq 100); do grep -q ' 01 ' /proc/net/tcp && break; sleep 0.1; done; echo connected",
+]
+ASK = "touch /tmp/ask; for i in $(seq 100); do [ -s /tmp/answer ] && break; sleep 0.1; done; cat /tmp/answer"
+NEW_CONNECTION = (
+    "python3 -c \"import socket; f = socket.create_connection(('127.0.0.1', 8126)).makefile('rw'); "
+    "f.write('again\\n'); f.flush(); print(f.readline(), end='')\""
+)
+
+
+def test_a_checkpoint_holding_an_established_connection_forks_with_it_closed(sandboxes):
+    """Two forks of one connection cannot both own it: each fork starts with its established
+    TCP connections closed (its client sees a reset, as after a network blip), the count is
+    in its outcome, listeners and everything else come along, and the parent keeps its own."""
+    host = sandboxes.host
+    parent = sandboxes.create(*HELD_CONNECTION)
+    origin = host.checkpoint(parent)
+    outcomes = host.fork(origin, targets(2, sandboxes.token))
+    assert all(o.handle for o in outcomes), [o.error for o in outcomes]
+    # both ends of the one loopback connection were established sockets
+    assert [o.closed_tcp_connections for o in outcomes] == [2, 2]
+    for i, outcome in enumerate(outcomes):
+        member = f"member-{i}"
+        answer = host.exec(outcome.handle, Action(trajectory=member, step=1, command=ASK))
+        assert answer.stdout in ("closed\n", "ConnectionResetError\n", "BrokenPipeError\n"), answer
+        again = host.exec(outcome.handle, Action(trajectory=member, step=2, command=NEW_CONNECTION))
+        assert again.stdout == "echo again\n", again  # the restored listener serves new connections
+    assert host.exec(parent, Action(trajectory="parent", step=1, command=ASK)).stdout == "echo ping\n"
