@@ -130,6 +130,10 @@ class SandboxBackend(Protocol):
         """Id of `image` (default: the base image) on this host; "" when it has none (a
         restore needs the same id)."""
 
+    def established_tcp_sockets(self, plain_archive: Path) -> int:
+        """Established TCP sockets a plain checkpoint archive holds: a fork starts with them
+        closed (two forks cannot own one connection), a restore of the same lineage keeps them."""
+
     def container_image(self, container: str) -> str | None:
         """The image a container was started from, as it was named; None when it is gone."""
 

@@ -11,10 +11,14 @@ one uncompressed copy of the archive made once per host (`compression.unpack`), 
 fork costs a file copy in the page cache, not a decompression.
 
 Why `--name` and not a rewritten name: podman then gives the fork a new container id
-and its own state paths. The price: podman refuses `--name` with `--tcp-established`,
-so a checkpoint holding an established TCP connection cannot be forked (the restore
-fails and the group falls back to creating its sandboxes independently). Listening
-sockets, the usual case between actions, fork fine.
+and its own state paths. The price: podman refuses `--name` with `--tcp-established`.
+Nor could two forks own one connection anyway: a checkpoint holding established TCP
+connections is forked with them closed (their ends see a reset, as after a network blip;
+listening sockets, the usual case between actions, come along). podman 4.3 has no
+`--tcp-close`, so the fork's archive names another CRIU configuration, CRIU's own plus
+`tcp-close` (`runtime.fork_criu_config`); the fork's own later checkpoints carry that name,
+and their restores name the usual configuration again (`with_criu_config`), so the
+connections the fork opens later survive its restores as any sandbox's do.
 """
 
 from __future__ import annotations
@@ -23,6 +27,7 @@ import copy
 import json
 import os
 import tarfile
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -30,6 +35,7 @@ from belayer.sandbox.errors import CheckpointCorrupt
 
 BLOCK = 512
 REWRITTEN = ("config.dump", "spec.dump")
+CRIU_CONFIG_ANNOTATION = "org.criu.config"  # runc hands the file it names to CRIU
 
 
 @dataclass(frozen=True)
@@ -40,10 +46,42 @@ class ForkIdentity:
     channel_dir: str
     hostname: str
     labels: dict[str, str]
+    criu_config: str | None = None  # another CRIU configuration for the fork's restore (and after)
 
 
 def write_fork(plain: Path, out: Path, identity: ForkIdentity) -> None:
     """`plain` with its configuration rewritten for `identity`, written to `out`."""
+    _write_rewritten(plain, out, lambda name, data: _rewritten(name, data, identity))
+
+
+def criu_config_of(plain: Path) -> str | None:
+    """The CRIU configuration the archive's container names (`org.criu.config`)."""
+    spec = json.loads(_configs(plain)["spec.dump"])
+    return spec.get("annotations", {}).get(CRIU_CONFIG_ANNOTATION)
+
+
+def with_criu_config(plain: Path, out: Path, criu_config: str) -> None:
+    """`plain` naming another CRIU configuration, written to `out`; nothing else changes."""
+
+    def edit(name: str, data: bytes) -> bytes:
+        config = json.loads(data)
+        spec = config["spec"] if name == "config.dump" else config
+        spec.setdefault("annotations", {})[CRIU_CONFIG_ANNOTATION] = criu_config
+        return json.dumps(config).encode()
+
+    _write_rewritten(plain, out, edit)
+
+
+def _configs(plain: Path) -> dict[str, bytes]:
+    try:
+        with tarfile.open(plain, "r:") as tar:
+            return {m.name: tar.extractfile(m).read() for m in tar.getmembers() if m.name in REWRITTEN}
+    except (tarfile.TarError, OSError) as exc:
+        raise CheckpointCorrupt(f"checkpoint archive {plain.name} is not a readable tar: {exc}") from exc
+
+
+def _write_rewritten(plain: Path, out: Path, edit: Callable[[str, bytes], bytes]) -> None:
+    """`plain` copied to `out` with `config.dump` and `spec.dump` passed through `edit`."""
     try:
         with tarfile.open(plain, "r:") as tar:
             members = tar.getmembers()
@@ -58,7 +96,7 @@ def write_fork(plain: Path, out: Path, identity: ForkIdentity) -> None:
     with open(plain, "rb") as src, open(out, "wb") as dst:
         for member in members:
             if member.name in configs:
-                _write_member(dst, member, _rewritten(member.name, configs[member.name], identity))
+                _write_member(dst, member, edit(member.name, configs[member.name]))
             else:
                 _copy_span(src, dst, member.offset, _padded_end(member) - member.offset)
         dst.write(b"\0" * (2 * BLOCK))  # end of archive
@@ -72,6 +110,8 @@ def _rewritten(name: str, data: bytes, identity: ForkIdentity) -> bytes:
     config = json.loads(text)
     spec = config["spec"] if name == "config.dump" else config
     spec["hostname"] = identity.hostname
+    if identity.criu_config is not None:
+        spec.setdefault("annotations", {})[CRIU_CONFIG_ANNOTATION] = identity.criu_config
     if name == "config.dump":
         config["labels"] = {**config.get("labels", {}), **identity.labels}
     return json.dumps(config).encode()

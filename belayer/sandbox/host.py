@@ -733,9 +733,11 @@ class SandboxHost:
             except SandboxError as exc:
                 return ForkOutcome(sandbox_id=target.sandbox_id, error=f"{type(exc).__name__}: {exc}",
                                    ready_s=time.monotonic() - t0)  # fmt: skip
-            return ForkOutcome(sandbox_id=target.sandbox_id, handle=handle, ready_s=time.monotonic() - t0)
+            return ForkOutcome(sandbox_id=target.sandbox_id, handle=handle, ready_s=time.monotonic() - t0,
+                               closed_tcp_connections=closed)  # fmt: skip
 
         with self._unpacked(meta) as plain:
+            closed = self.backend.established_tcp_sockets(plain)
             with ThreadPoolExecutor(max_workers=max(1, min(len(targets), self.cfg.fork_concurrency))) as pool:
                 return list(pool.map(one, targets))
 

@@ -261,6 +261,12 @@ class ForkOutcome(_Model):
     handle: SandboxHandle | None = None
     error: str | None = Field(None, description="The failure, typed: '<ErrorType>: message'.")
     ready_s: float = Field(0.0, ge=0, description="From the start of the fork call until this one was ready.")
+    closed_tcp_connections: int = Field(
+        0,
+        ge=0,
+        description="Established TCP sockets of the checkpoint this fork started with closed (their "
+        "ends saw a reset): a connection cannot have two owners. Listening sockets are kept.",
+    )
 
 
 class RecoverOutcome(_Model):

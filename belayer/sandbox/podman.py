@@ -51,6 +51,7 @@ Isolation of each container:
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import json
 import os
 import re
@@ -358,6 +359,7 @@ class PodmanBackend:
     def destroy(self, sandbox_id: str) -> None:
         self.fence(sandbox_id)
         shutil.rmtree(self.channel_dir(sandbox_id), ignore_errors=True)
+        runtime.fork_criu_config(sandbox_id, self.state_dir).unlink(missing_ok=True)
 
     # ------------------------------------------------------------------ checkpoint / restore
     @contextlib.contextmanager
@@ -450,6 +452,18 @@ class PodmanBackend:
 
     def restore(self, archive: Path, sandbox_id: str, generation: int) -> str:
         """Start a plain checkpoint archive as this generation's container."""
+        if fork_archive.criu_config_of(archive) != str(runtime.CRIU_CONFIG):
+            # A fork that closed connections names a configuration of its own, which another
+            # host lacks: its restores read the usual one (the same text, by then).
+            usual = archive.with_name(f"{archive.stem}-usual-criu-config.tar")
+            try:
+                fork_archive.with_criu_config(archive, usual, str(runtime.CRIU_CONFIG))
+                return self._restore(usual, sandbox_id, generation)
+            finally:
+                usual.unlink(missing_ok=True)
+        return self._restore(archive, sandbox_id, generation)
+
+    def _restore(self, archive: Path, sandbox_id: str, generation: int) -> str:
         self.ensure_host_side(sandbox_id)
         name = self.container_name(sandbox_id, generation)
         if not holds_established_tcp(archive):
@@ -474,11 +488,20 @@ class PodmanBackend:
             hostname=sandbox_id, labels={LABEL_SANDBOX: sandbox_id, LABEL_GENERATION: str(generation)},
         )  # fmt: skip
         archive = plain_archive.with_name(f"fork-{sandbox_id}.tar")
+        # A connection cannot have two owners: each fork starts with the parent's established
+        # connections closed (their ends see a reset, as after a network blip); listeners stay.
+        # podman 4.3 has no --tcp-close: CRIU's own option, in the configuration runc hands it.
+        closing = holds_established_tcp(plain_archive)
+        if closing:
+            config = runtime.write_fork_criu_config(sandbox_id, self.state_dir, closing=True)
+            identity = dataclasses.replace(identity, criu_config=str(config))
         try:
             fork_archive.write_fork(plain_archive, archive, identity)
             self.podman("container", "restore", f"--import={archive}", "--name", name)
         finally:
             archive.unlink(missing_ok=True)
+            if closing:  # its dumps from now on keep its connections, as any sandbox's
+                runtime.write_fork_criu_config(sandbox_id, self.state_dir, closing=False)
         self._set_hostname(name, sandbox_id)
         return name
 
@@ -516,6 +539,9 @@ class PodmanBackend:
         if found and name == self.cfg.image:
             self._image_ids[name] = found
         return found
+
+    def established_tcp_sockets(self, plain_archive: Path) -> int:
+        return established_tcp_sockets(plain_archive)
 
     def container_image(self, container: str) -> str | None:
         r = self.podman("container", "inspect", "--format", "{{.ImageName}}", container, check=False)
@@ -587,11 +613,17 @@ def _read_all(f) -> str:
 
 
 def holds_established_tcp(plain_archive: Path) -> bool:
-    """Whether the checkpoint dumped an established TCP connection: CRIU writes one
-    `tcp-stream-<inode>.img` per connection (`--tcp-established`), none for listeners."""
+    """Whether the checkpoint dumped an established TCP connection."""
+    return established_tcp_sockets(plain_archive) > 0
+
+
+def established_tcp_sockets(plain_archive: Path) -> int:
+    """The established TCP sockets the checkpoint dumped: CRIU writes one
+    `tcp-stream-<inode>.img` per socket (`--tcp-established`; a loopback connection is two
+    sockets), none for listeners."""
     try:
         with tarfile.open(plain_archive, "r:") as tar:
-            return any(Path(name).name.startswith("tcp-stream-") for name in tar.getnames())
+            return sum(Path(name).name.startswith("tcp-stream-") for name in tar.getnames())
     except tarfile.TarError as exc:
         raise RestoreFailed(f"{plain_archive.name} is not a readable checkpoint archive: {exc}") from exc
 

@@ -116,6 +116,28 @@ def seccomp_profile_path(state_dir: str | os.PathLike[str] | None = None) -> Pat
     return _state(state_dir).absolute() / "podman" / "seccomp.json"
 
 
+def fork_criu_config(sandbox_id: str, state_dir: str | os.PathLike[str] | None = None) -> Path:
+    """Where a fork that closed TCP connections names its CRIU configuration (`write_fork_criu_config`)."""
+    return _state(state_dir).absolute() / "podman" / "criu-fork" / f"{sandbox_id}.conf"
+
+
+def write_fork_criu_config(sandbox_id: str, state_dir: str | os.PathLike[str] | None = None, *,
+                           closing: bool) -> Path:  # fmt: skip
+    """A fork's CRIU configuration: CRIU_CONFIG plus `tcp-close` while the fork is restored
+    from a checkpoint holding established TCP connections (podman 4.3 has no --tcp-close),
+    CRIU_CONFIG alone once it runs (`closing=False`): CRIU reads the file at every dump, and
+    a dump made with tcp-close keeps no connection for a later restore."""
+    path = fork_criu_config(sandbox_id, state_dir)
+    text = CRIU_CONFIG.read_text()
+    if closing:
+        text += "# The fork's restore: established connections come back closed (two forks cannot own one).\ntcp-close\n"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    partial = path.with_suffix(".tmp")
+    partial.write_text(text)
+    partial.replace(path)
+    return path
+
+
 def criu_bin_dir(cache_dir: str | os.PathLike[str] | None = None) -> Path:
     return _cache(cache_dir).absolute() / "bin"
 

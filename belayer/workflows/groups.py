@@ -158,6 +158,9 @@ def _take_forks(
         starts[n] = ForkStart(parent=record.group, prompt=prompt, sandbox=outcome.handle,
                               checkpoints=[record.origin])  # fmt: skip
         record.forked += 1
+        if outcome.closed_tcp_connections:
+            record.notes.append(f"member {n} ({trajectory_ids[n]}) started with the set-up sandbox's "
+                                f"{outcome.closed_tcp_connections} established TCP sockets closed")  # fmt: skip
     if record.forked == 0:
         record.fallback = "no fork started; every member creates its own sandbox"
     record.ready_s = _since(started)

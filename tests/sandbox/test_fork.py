@@ -173,3 +173,29 @@ def test_a_checkpoint_holding_an_established_connection_forks_with_it_closed(san
         again = host.exec(outcome.handle, Action(trajectory=member, step=2, command=NEW_CONNECTION))
         assert again.stdout == "echo again\n", again  # the restored listener serves new connections
     assert host.exec(parent, Action(trajectory="parent", step=1, command=ASK)).stdout == "echo ping\n"
+
+
+def test_a_fork_that_closed_connections_keeps_its_own_later_ones_through_a_restore(sandboxes):
+    """Closing is for the fork's start only: a connection the fork opens afterwards survives
+    the fork's own checkpoint and restore, as any sandbox's does."""
+    host = sandboxes.host
+    parent = sandboxes.create(*HELD_CONNECTION)
+    (outcome,) = host.fork(host.checkpoint(parent), targets(1, sandboxes.token))
+    fork, member = outcome.handle, "member-0"
+    log = []
+    reconnect = (
+        "rm -f /tmp/ask /tmp/answer; python3 /tmp/client.py >/dev/null 2>&1 &\n"
+        "for i in $(seq 100); do grep -q ' 01 ' /proc/net/tcp && break; sleep 0.1; done; echo connected"
+    )
+    for step, command in enumerate([reconnect], 1):
+        observed = host.exec(fork, Action(trajectory=member, step=step, command=command))
+        assert observed.exit_code == 0, observed
+        log.append(
+            LoggedAction(trajectory=member, step=step, command=command, observation_sha256=observed.sha256)
+        )
+    ref = host.checkpoint(fork)
+    host.kill(fork)
+    recovered = host.recover(fork, [ref], log, trajectory=member)
+    assert recovered.consistent and recovered.source == f"checkpoint@{len(log)}", recovered
+    asked = host.exec(recovered.handle, Action(trajectory=member, step=len(log) + 1, command=ASK))
+    assert asked.stdout == "echo ping\n", asked
