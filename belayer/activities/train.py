@@ -33,9 +33,16 @@ from pydantic import ValidationError
 
 from belayer.activities.runtime import FailsAs, Failures, heartbeating, implements
 from belayer.contracts.errors import BAD_TRAIN_REQUEST, CORRUPT_SAMPLE
-from belayer.contracts.trainer import TRAIN_STEP, TrainStepArgs, TrainStepResult
+from belayer.contracts.trainer import (
+    START_WEIGHTS,
+    TRAIN_STEP,
+    StartWeightsArgs,
+    TrainStepArgs,
+    TrainStepResult,
+)
 from belayer.faults import TRAINER_ENV, Fault, die_now, switched_on
 from belayer.storage.errors import CorruptObject
+from belayer.storage.store import ObjectRef
 from belayer.trainer.step import Trainer, TrainRequestError
 
 # The step's event at which each fault point fires.
@@ -67,8 +74,13 @@ class TrainerActivities:
             at_start=True,
         )
 
+    @implements(START_WEIGHTS, FAILURES)
+    async def start_weights(self, args: StartWeightsArgs) -> ObjectRef:
+        return await heartbeating(asyncio.to_thread(self.trainer.start_weights, self.store, args),
+                                  every_s=HEARTBEAT_EVERY_S)  # fmt: skip
+
     def all(self) -> list:
-        return [self.train_step]
+        return [self.train_step, self.start_weights]
 
 
 @functools.cache

@@ -6,9 +6,11 @@ computes a group's advantages with the run's algorithm, the trainer takes its lo
 from __future__ import annotations
 
 from belayer.contracts.activity import Activity
+from belayer.storage.store import ObjectRef
 from belayer.trainer.algorithms import Algorithm, algorithm
 from belayer.trainer.models import (
     SkippedGroup,
+    StartWeightsArgs,
     TrainerCheckpointRef,
     TrainerSettings,
     TrainSample,
@@ -17,7 +19,9 @@ from belayer.trainer.models import (
 )
 
 __all__ = [
+    "START_WEIGHTS",
     "TRAIN_STEP",
+    "StartWeightsArgs",
     "Algorithm",
     "SkippedGroup",
     "TrainSample",
@@ -29,3 +33,5 @@ __all__ = [
 ]
 
 TRAIN_STEP = Activity("trainer.train_step", TrainStepArgs, TrainStepResult)
+# The weights a run starts from, stored from the trainer's own model: version 0 of the run.
+START_WEIGHTS = Activity("trainer.start_weights", StartWeightsArgs, ObjectRef)

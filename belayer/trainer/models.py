@@ -89,6 +89,14 @@ class TrainerCheckpointRef(_Model):
     weights_version: int = Field(ge=2, description="The version these weights are published as.")
 
 
+class StartWeightsArgs(_Model):
+    """The weights a run starts from, as the trainer holds them, to publish as `version`."""
+
+    run_id: str = Field(min_length=1, max_length=120)
+    model: str = Field(description="The project-built model the run starts from (rollout.model).")
+    version: int = Field(ge=2, description="The version every node will serve them as.")
+
+
 class TrainStepArgs(_Model):
     run_id: str = Field(min_length=1, max_length=120)
     iteration: int = Field(ge=0)

@@ -26,9 +26,10 @@ import torch
 
 from belayer.errors import BelayerError
 from belayer.model.build import MANIFEST, file_sha256, model_path
-from belayer.storage.errors import ObjectConflict
+from belayer.storage.errors import ObjectConflict, ObjectNotFound
+from belayer.storage.store import ObjectRef
 from belayer.storage.weights import store_weights
-from belayer.trainer.models import TrainerCheckpointRef, TrainStepArgs, TrainStepResult
+from belayer.trainer.models import StartWeightsArgs, TrainerCheckpointRef, TrainStepArgs, TrainStepResult
 from belayer.trainer.policy import load_policy, make_deterministic, resolve_device
 from belayer.trainer.samples import load_groups
 from belayer.trainer.state import (
@@ -176,8 +177,22 @@ class Trainer:
             self._reference = (identity, load_policy(model_dir, self.device).requires_grad_(False))
         return self._reference[1]
 
-    def _model_dir(self, args: TrainStepArgs) -> Path:
+    def _model_dir(self, args: TrainStepArgs | StartWeightsArgs) -> Path:
         return model_path(args.model, self.cache_dir)
+
+    def start_weights(self, store, args: StartWeightsArgs) -> ObjectRef:
+        """The run's start as this trainer loads it (the built model, as iteration 0 steps
+        from it), stored as weights `args.version`: what every node serves before the first
+        rollout, so the first iteration samples exactly the bytes it trains on, whatever the
+        nodes were built from. A retry finds the weights stored before and returns them."""
+        with self._lock:
+            key = weights_key(args.run_id, args.version)
+            try:
+                return store.head(key)
+            except ObjectNotFound:
+                pass
+            model = load_policy(self._model_dir(args), self.device)
+            return store_weights(store, key, model.state_dict())
 
 
 def _check(args: TrainStepArgs) -> None:

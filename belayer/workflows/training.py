@@ -36,9 +36,11 @@ with workflow.unsafe.imports_passed_through():
     from belayer.contracts.errors import BAD_TRAIN_REQUEST, CORRUPT_SAMPLE
     from belayer.contracts.publish import PublishWeightsArgs
     from belayer.contracts.trainer import (
+        START_WEIGHTS,
         TRAIN_STEP,
         Algorithm,
         SkippedGroup,
+        StartWeightsArgs,
         TrainSample,
         TrainStepArgs,
         TrainStepResult,
@@ -74,6 +76,9 @@ with workflow.unsafe.imports_passed_through():
     )
     from belayer.workloads.models import Task
 
+# Runs started after this change publish their start from the trainer's bytes (replays of
+# earlier runs keep publishing the nodes' own build).
+START_FROM_TRAINER_BYTES = "start-from-trainer-bytes"
 TRAINER_RETRY = RetryPolicy(
     initial_interval=timedelta(seconds=1),
     backoff_coefficient=2,
@@ -158,10 +163,31 @@ class TrainingWorkflow:
         except ApplicationError as err:
             raise RunFailure(err.message) from None
         serving = max(versions) + 1
-        await self._publish(
-            serving, weights=None, model=self.input.model, summary=f"the built {self.input.model}"
-        )
+        if workflow.patched(START_FROM_TRAINER_BYTES):
+            weights = await self._start_weights(serving)
+            summary = f"the trainer's {self.input.model}, sha256 {weights.sha256[:12]}"
+            await self._publish(serving, weights=weights, summary=summary)
+        else:  # a run started before its start was published from the trainer's bytes
+            await self._publish(
+                serving, weights=None, model=self.input.model, summary=f"the built {self.input.model}"
+            )
         self.state = self.state.model_copy(update={"log": log, "serving_version": serving})
+
+    async def _start_weights(self, version: int):
+        """The trainer's own start, stored: the nodes verify its sha256 as they load it, so
+        they serve exactly what the first train step steps from."""
+        try:
+            return await START_WEIGHTS.execute(
+                StartWeightsArgs(run_id=self.input.run_id, model=self.input.model, version=version),
+                task_queue=self.input.queues.trainer,
+                schedule_to_start_timeout=NO_WORKER_AFTER,
+                start_to_close_timeout=timedelta(minutes=10),
+                heartbeat_timeout=TRAINER_HEARTBEAT,
+                retry_policy=TRAINER_RETRY,
+                summary=f"store the trainer's {self.input.model} as weights v{version}",
+            )
+        except ActivityError as err:
+            raise RunFailure(f"storing the run's start failed: {cause_of(err)}") from None
 
     # ---------------------------------------------------------------- one iteration
 

@@ -15,6 +15,7 @@ from safetensors.torch import load_file
 from belayer.config import plain_dump
 from belayer.model.build import model_path
 from belayer.storage.weights import load_weights
+from belayer.trainer.models import StartWeightsArgs
 from belayer.trainer.state import decode_checkpoint, platform_of
 from belayer.trainer.step import Trainer, TrainRequestError
 
@@ -186,3 +187,13 @@ def test_a_run_started_above_version_one_steps_the_versions_it_is_given(trainer,
     assert trainer.step(store, later).checkpoint.weights_version == 8
     with pytest.raises(TrainRequestError, match="drawn with weights version 5, but the trainer's state"):
         trainer.step(store, later.model_copy(update={"run_id": run(), "sampled_version": 5}))
+
+
+def test_a_runs_start_is_stored_from_the_trainers_own_model_once(trainer, store):
+    """Version 0 of a run is what the trainer steps from, stored for the nodes to load (they
+    check its sha256): the built model's tensors, stored once however often it is asked."""
+    args = StartWeightsArgs(run_id=run(), model="tiny", version=4)
+    ref = trainer.start_weights(store, args)
+    assert ref.key == f"runs/{args.run_id}/weights/v4.safetensors"
+    assert same_tensors(load_weights(store, ref), built_weights())
+    assert trainer.start_weights(store, args) == ref  # a retried activity stores nothing twice

@@ -15,7 +15,14 @@ from temporalio.worker import Worker
 
 from belayer.activities.runtime import implements
 from belayer.activities.training_log import TrainingLogActivities, read_iterations
-from belayer.contracts.trainer import TRAIN_STEP, TrainerCheckpointRef, TrainStepArgs, TrainStepResult
+from belayer.contracts.trainer import (
+    START_WEIGHTS,
+    TRAIN_STEP,
+    StartWeightsArgs,
+    TrainerCheckpointRef,
+    TrainStepArgs,
+    TrainStepResult,
+)
 from belayer.storage.store import ObjectRef, open_store
 from belayer.temporal_client import connect
 from belayer.trainer.algorithms import grpo
@@ -33,6 +40,17 @@ class StandInTrainer:
     """A trainer that records what it was asked."""
 
     steps: list[TrainStepArgs] = field(default_factory=list)
+    starts: list[StartWeightsArgs] = field(default_factory=list)
+    stored: list[ObjectRef] = field(default_factory=list)
+
+    @implements(START_WEIGHTS)
+    async def start_weights(self, args: StartWeightsArgs) -> ObjectRef:
+        self.starts.append(args)
+        ref = ObjectRef(
+            key=f"w/{args.version}", size=1, sha256=hashlib.sha256(args.model.encode()).hexdigest()
+        )
+        self.stored.append(ref)
+        return ref
 
     @implements(TRAIN_STEP)
     async def train_step(self, args: TrainStepArgs) -> TrainStepResult:
@@ -77,6 +95,10 @@ class StandIns:
     def start_models(self) -> list[str | None]:
         return [args.model for args in self.node.published]
 
+    @property
+    def published_weights(self) -> list[ObjectRef | None]:
+        return [args.weights for args in self.node.published]
+
 
 @pytest.fixture
 async def harness(temporal_server, seaweedfs, stack_config, storage_config):
@@ -97,7 +119,11 @@ async def harness(temporal_server, seaweedfs, stack_config, storage_config):
             workflows=[TrainingWorkflow, StandInTrajectory],
             activities=[*TrainingLogActivities(store).all(), TokenLogs(store).token_log],
         ),
-        Worker(client, task_queue=queues.trainer, activities=[fakes.trainer.train_step]),
+        Worker(
+            client,
+            task_queue=queues.trainer,
+            activities=[fakes.trainer.train_step, fakes.trainer.start_weights],
+        ),
         Worker(client, task_queue=queues.nodes[0], activities=fakes.node.activities()),
     ]
     runs = [asyncio.create_task(w.run()) for w in workers]
@@ -143,7 +169,9 @@ async def test_iterations_train_on_group_advantages_and_publish_each_version(har
     assert result.status == "completed" and result.iterations_done == 3
     assert [r.iteration for r in records] == [0, 1, 2]
     assert fakes.published == [2, 3, 4, 5], "the start model as v2, then each iteration's weights"
-    assert fakes.start_models == ["tiny", None, None, None]
+    # the start is the trainer's own bytes (the nodes check their sha256), never the nodes' own build
+    assert fakes.start_models == [None] * 4 and fakes.published_weights[0] == fakes.trainer.stored[0]
+    assert [(a.model, a.version) for a in fakes.trainer.starts] == [("tiny", 2)]
     assert [s.sampled_version for s in fakes.steps] == [2, 3, 4]
     assert result.final_weights_sha256 == records[-1].weights_sha256
     for step, record in zip(fakes.steps, records, strict=True):
@@ -225,7 +253,8 @@ async def test_nodes_serving_another_runs_weights_get_the_start_model_back_first
     fakes.node.version = 5
     result, _ = await train(iterations=1, model="tiny-warm")
     assert fakes.published == [6, 7], "the start model as v6, then iteration 0's weights as v7"
-    assert fakes.start_models[0] == "tiny-warm" and fakes.steps[0].model == "tiny-warm"
+    assert [(a.model, a.version) for a in fakes.trainer.starts] == [("tiny-warm", 6)]
+    assert fakes.published_weights[0] == fakes.trainer.stored[0] and fakes.steps[0].model == "tiny-warm"
     assert fakes.steps[0].sampled_version == 6 and fakes.steps[0].base is None
 
 
