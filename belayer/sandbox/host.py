@@ -286,6 +286,7 @@ class SandboxHost:
             if spec.image:
                 self._image_ids[spec.image] = ensure_image(self.backend, self.store, spec.image, None,
                                                            self._image_dir())  # fmt: skip
+                self._share(spec.image)  # before the container: a failed upload leaves nothing
             container = self.backend.create(sandbox_id, generation, spec.labels, image=spec.image)
             self._images[sandbox_id] = spec.image or self.cfg.image
             try:
@@ -306,8 +307,6 @@ class SandboxHost:
             except BaseException:
                 self.backend.destroy(sandbox_id)
                 raise
-        if spec.image:
-            self._share(spec.image)
         return self._handle(sandbox_id, generation, container)
 
     def _image_dir(self) -> Path:

@@ -491,10 +491,11 @@ class PodmanBackend:
         # A connection cannot have two owners: each fork starts with the parent's established
         # connections closed (their ends see a reset, as after a network blip); listeners stay.
         # podman 4.3 has no --tcp-close: CRIU's own option, in the configuration runc hands it.
+        # A fork of a fork names the usual configuration, never its parent's own (which goes
+        # with the parent).
         closing = holds_established_tcp(plain_archive)
-        if closing:
-            config = runtime.write_fork_criu_config(sandbox_id, self.state_dir, closing=True)
-            identity = dataclasses.replace(identity, criu_config=str(config))
+        config = runtime.write_fork_criu_config(sandbox_id, self.state_dir, closing=True) if closing else None
+        identity = dataclasses.replace(identity, criu_config=str(config or runtime.CRIU_CONFIG))
         try:
             fork_archive.write_fork(plain_archive, archive, identity)
             self.podman("container", "restore", f"--import={archive}", "--name", name)
