@@ -736,7 +736,10 @@ class SandboxHost:
                                closed_tcp_connections=closed)  # fmt: skip
 
         with self._unpacked(meta) as plain:
-            closed = self.backend.established_tcp_sockets(plain)
+            try:
+                closed = self.backend.established_tcp_sockets(plain)
+            except SandboxError:
+                closed = 0  # an unreadable archive: each fork fails on it below, with its own error
             with ThreadPoolExecutor(max_workers=max(1, min(len(targets), self.cfg.fork_concurrency))) as pool:
                 return list(pool.map(one, targets))
 
