@@ -10,11 +10,13 @@ from __future__ import annotations
 from belayer.storage.store import ObjectRef
 
 
-def store_weights(store, key: str, tensors) -> ObjectRef:
-    """Write a state dict as one safetensors object (what `PublishWeightsArgs.weights` points to)."""
+def store_weights(store, key: str, tensors, *, if_absent: bool = False) -> ObjectRef:
+    """Write a state dict as one safetensors object (what `PublishWeightsArgs.weights` points to);
+    with `if_absent`, an object already at `key` must hold these very bytes (ObjectConflict)."""
     from safetensors.torch import save  # import cost: torch, ~2.5 s
 
-    return store.put_bytes(key, save({k: v.detach().cpu().contiguous() for k, v in tensors.items()}))
+    data = save({k: v.detach().cpu().contiguous() for k, v in tensors.items()})
+    return store.put_bytes(key, data, if_absent=if_absent)
 
 
 def load_weights(store, ref: ObjectRef) -> dict:

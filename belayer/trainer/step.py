@@ -26,7 +26,7 @@ import torch
 
 from belayer.errors import BelayerError
 from belayer.model.build import MANIFEST, file_sha256, model_path
-from belayer.storage.errors import ObjectConflict, ObjectNotFound
+from belayer.storage.errors import ObjectConflict
 from belayer.storage.store import ObjectRef
 from belayer.storage.weights import store_weights
 from belayer.trainer.models import StartWeightsArgs, TrainerCheckpointRef, TrainStepArgs, TrainStepResult
@@ -184,15 +184,20 @@ class Trainer:
         """The run's start as this trainer loads it (the built model, as iteration 0 steps
         from it), stored as weights `args.version`: what every node serves before the first
         rollout, so the first iteration samples exactly the bytes it trains on, whatever the
-        nodes were built from. A retry finds the weights stored before and returns them."""
+        nodes were built from. A retry stores the same bytes again, which the store takes as
+        its own earlier write; other weights at that version (a run id used again, whose earlier
+        attempt trained that version) are refused, never served as this run's start."""
         with self._lock:
             key = weights_key(args.run_id, args.version)
-            try:
-                return store.head(key)
-            except ObjectNotFound:
-                pass
             model = load_policy(self._model_dir(args), self.device)
-            return store_weights(store, key, model.state_dict())
+            try:
+                return store_weights(store, key, model.state_dict(), if_absent=True)
+            except ObjectConflict:
+                raise TrainRequestError(
+                    f"run {args.run_id}: weights v{args.version} are already stored and are not the "
+                    f"{args.model} the run starts from (an earlier attempt of this run id trained them): "
+                    "start the run under another --run-id"
+                ) from None
 
 
 def _check(args: TrainStepArgs) -> None:

@@ -191,9 +191,13 @@ def test_a_run_started_above_version_one_steps_the_versions_it_is_given(trainer,
 
 def test_a_runs_start_is_stored_from_the_trainers_own_model_once(trainer, store):
     """Version 0 of a run is what the trainer steps from, stored for the nodes to load (they
-    check its sha256): the built model's tensors, stored once however often it is asked."""
+    check its sha256): the built model's tensors, the same object however often it is asked, and
+    never another version's weights passed off as the start."""
     args = StartWeightsArgs(run_id=run(), model="tiny", version=4)
     ref = trainer.start_weights(store, args)
     assert ref.key == f"runs/{args.run_id}/weights/v4.safetensors"
     assert same_tensors(load_weights(store, ref), built_weights())
-    assert trainer.start_weights(store, args) == ref  # a retried activity stores nothing twice
+    assert trainer.start_weights(store, args) == ref  # a retried activity: the same object
+    trained = trainer.step(store, step_args(args.run_id, batch(store)))  # stores its weights as v2
+    with pytest.raises(TrainRequestError, match="weights v2 are already stored and are not the tiny"):
+        trainer.start_weights(store, args.model_copy(update={"version": trained.checkpoint.weights_version}))
