@@ -43,6 +43,8 @@ from belayer.contracts.sandbox import (
     PublishArgs,
     RecoverArgs,
     RecoverResult,
+    VerifyArgs,
+    VerifyResult,
     WorkspaceHashArgs,
     WorkspaceHashResult,
 )
@@ -50,6 +52,7 @@ from belayer.sandbox import placement
 from belayer.sandbox.models import LoggedAction
 from belayer.sandbox.observations import store_observation
 from belayer.trajectory_log import read_steps
+from belayer.workloads.harbor_reward import REWARD_JSON, REWARD_TXT, NoReward, read_reward
 
 SHARED_QUEUE = "belayer-sandbox"
 HEARTBEAT_EVERY_S = 5.0
@@ -88,6 +91,7 @@ class SandboxActivities:
             self.recover,
             self.destroy,
             self.workspace_hash,
+            self.verify,
         ]
 
     @implements(contract.PLACE, BY_RETRYABLE)
@@ -191,3 +195,30 @@ class SandboxActivities:
     @implements(contract.WORKSPACE_HASH, BY_RETRYABLE)
     async def workspace_hash(self, args: WorkspaceHashArgs) -> WorkspaceHashResult:
         return WorkspaceHashResult(sha256=await _blocking(self.host.workspace_hash, args.handle, args.path))
+
+    @implements(contract.VERIFY, BY_RETRYABLE)
+    async def verify(self, args: VerifyArgs) -> VerifyResult:
+        """A task's own verifier run, its logs stored, its reward read: a verifier that timed
+        out or wrote no usable reward is the agent's failure (reward 0 and why), never a retry."""
+        self.host.owners.claim(args.handle.sandbox_id, _calling_workflow())
+        return await _blocking(self._verify, args)
+
+    def _verify(self, args: VerifyArgs) -> VerifyResult:
+        checked = self.host.verify(args.handle, args.action, args.tests, processes=args.processes)
+        trajectory, step = args.action.trajectory, args.action.step
+        observation = store_observation(self.host.store, trajectory, step, args.handle.generation,
+                                        checked.observation)  # fmt: skip
+        logs = {}
+        for name, data in sorted(checked.files.items()):
+            logs[name] = key = f"trajectories/{trajectory}/verifier/step-{step}/{name}"
+            self.host.store.put_bytes(key, data)
+        if checked.observation.timed_out:
+            return VerifyResult(observation=observation, reward=None, logs=logs,
+                                reason=f"the verifier timed out after {args.action.timeout_s:g} s")  # fmt: skip
+        text = {name: data.decode("utf-8", "replace") for name, data in checked.files.items()}
+        try:
+            found = read_reward(text.get(REWARD_TXT), text.get(REWARD_JSON), args.reward_key)
+        except NoReward as exc:
+            reason = f"{exc} (verifier exit {checked.observation.exit_code})"
+            return VerifyResult(observation=observation, reward=None, logs=logs, reason=reason)
+        return VerifyResult(observation=observation, reward=found.reward, rewards=found.rewards, logs=logs)

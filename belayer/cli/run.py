@@ -47,7 +47,7 @@ from belayer.trajectory_log import read_decisions
 from belayer.workers.rollout.worker import generation_of, recoveries_of
 from belayer.workflows.groups import GroupInput, cause_of
 from belayer.workflows.models import TrajectoryResult
-from belayer.workloads.loader import load_workload
+from belayer.workloads.harbor_tasks import run_tasks
 from belayer.workloads.registry import driver_for
 
 console = Console(stderr=True)
@@ -95,6 +95,26 @@ console = Console(stderr=True)
 )
 @click.option("--chaos-rate", type=float, default=None, help="Seeded random faults per step (0-1).")
 @click.option("--chaos-seed", type=int, default=0, show_default=True, help="Seed of --chaos-rate.")
+@click.option(
+    "--agent",
+    type=click.Choice(["model", "oracle", "nop"]),
+    default="model",
+    show_default=True,
+    help="Harbor tasks: the policy (model), the task's solution/solve.sh (oracle: validates a dataset "
+    "end to end) or nothing (nop: every sound task scores 0).",
+)
+@click.option(
+    "--reward-key",
+    default=None,
+    metavar="KEY",
+    help="Harbor tasks whose verifier writes only reward.json: the key that is the reward "
+    "(default: its `reward` key, else the mean of its numeric values).",
+)
+@click.option(
+    "--strict-network",
+    is_flag=True,
+    help="Refuse Harbor tasks that ask for network (sandboxes have none) instead of running them offline.",
+)
 @click.pass_context
 def run(
     ctx: click.Context,
@@ -108,8 +128,15 @@ def run(
     chaos_plan: str | None,
     chaos_rate: float | None,
     chaos_seed: int,
+    agent: str,
+    reward_key: str | None,
+    strict_network: bool,
 ) -> None:
-    """Run every task of WORKLOAD (.yaml or .jsonl) as durable trajectories.
+    """Run every task of WORKLOAD (.yaml or .jsonl, or a Harbor task directory or dataset)
+    as durable trajectories.
+
+    A Harbor task's image is built first (cached by its context), its reward is what its
+    tests/test.sh wrote (any value; none is the agent's failure, reward 0).
 
     With -n G > 1 each task's G trajectories are a group: one sandbox is set up and
     checkpointed, the G sandboxes are forked from it (a group takes min(G, --concurrency)
@@ -119,7 +146,9 @@ def run(
     """
 
     config = config_from(ctx.find_root())
-    tasks = load_workload(workload).tasks
+    progress = None if as_json else (lambda line: console.print(f"  {line}", highlight=False, markup=False))
+    tasks = run_tasks(config, workload, agent=agent, reward_key=reward_key, strict_network=strict_network,
+                      progress=progress)  # fmt: skip
     plan = _chaos_plan(chaos_plan, chaos_rate, chaos_seed, tasks)
     started_at = time.monotonic()
     runner = _Runner(
@@ -426,6 +455,12 @@ def _report(
             "context": r.context.model_dump(mode="json") if r.context else None,  # the token log
             "recoveries": [rec.model_dump() for rec in r.recoveries],
             **({"reason": r.reason} if r.reason else {}),
+            **(
+                {"rewards": r.rewards, "verifier_logs": r.verifier_logs}
+                if r.rewards or r.verifier_logs
+                else {}
+            ),
+            **({"notes": r.notes} if r.notes else {}),
         }
         for r in results
     ]
@@ -475,6 +510,10 @@ def _report(
             )
         if r.reason:
             console.print(f"  {r.trajectory_id}: {r.reason}")
+        if len(r.rewards) > 1:
+            console.print(f"  {r.trajectory_id}: rewards {r.rewards}")
+        for note in r.notes:
+            console.print(f"  {r.trajectory_id}: [yellow]note[/]: {note}")
     for group in groups or []:
         if group.forked:
             console.print(

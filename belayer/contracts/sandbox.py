@@ -21,6 +21,7 @@ from belayer.sandbox.models import (
     SandboxId,
     SandboxSpec,
     StagedCheckpoint,
+    StoredFiles,
 )
 from belayer.storage.recordlog import RecordLogRef
 from belayer.trajectory_log import StepRecord
@@ -54,6 +55,8 @@ __all__ = [
     "RecoverResult",
     "WorkspaceHashArgs",
     "WorkspaceHashResult",
+    "VerifyArgs",
+    "VerifyResult",
     "PLACE",
     "CREATE",
     "EXEC",
@@ -64,6 +67,7 @@ __all__ = [
     "RECOVER",
     "DESTROY",
     "WORKSPACE_HASH",
+    "VERIFY",
 ]
 
 
@@ -102,6 +106,30 @@ class ExecArgs(_Model):
 class ExecResult(_Model):
     observation: ObservationRef = Field(
         description="The observation, stored; its text never enters a payload."
+    )
+
+
+class VerifyArgs(_Model):
+    """A task's own verifier (Harbor's tests/test.sh): its tests installed at /tests, its logs
+    directory emptied, `action` run isolated, the reward read from what it wrote."""
+
+    handle: SandboxHandle
+    action: Action = Field(description="The verifier's command, as the trajectory's last step.")
+    tests: StoredFiles
+    processes: Literal["frozen", "running"] = "running"
+    reward_key: str | None = Field(
+        None,
+        description="With only reward.json: the key that is the reward (default: the mean of its values).",
+    )
+
+
+class VerifyResult(_Model):
+    observation: ObservationRef = Field(description="The verifier's stdout/stderr, stored.")
+    reward: float | None = Field(description="None: the verifier wrote no usable reward (see `reason`).")
+    rewards: dict[str, float] = Field(default_factory=dict, description="Every value it wrote.")
+    reason: str = Field("", description="Why there is no reward: a timeout, no reward file, a bad one.")
+    logs: dict[str, str] = Field(
+        default_factory=dict, description="Its logs directory's files: name -> object key (belayer inspect)."
     )
 
 
@@ -200,3 +228,4 @@ FORK = Activity("sandbox.fork", ForkArgs, ForkResult)
 RECOVER = Activity("sandbox.recover", RecoverArgs, RecoverResult)
 DESTROY = Activity("sandbox.destroy", DestroyArgs, DestroyResult)
 WORKSPACE_HASH = Activity("sandbox.workspace_hash", WorkspaceHashArgs, WorkspaceHashResult)
+VERIFY = Activity("sandbox.verify", VerifyArgs, VerifyResult)

@@ -21,6 +21,7 @@ from typing import TYPE_CHECKING, Protocol
 if TYPE_CHECKING:  # config.py validates `sandbox.backend` against the registry, which imports this
     from belayer.sandbox.config import SandboxConfig
     from belayer.sandbox.images import ImageBuilder
+    from belayer.sandbox.models import ImageSemantics
 
 
 @dataclass(frozen=True)
@@ -65,10 +66,11 @@ class SandboxBackend(Protocol):
     name: str
 
     def create(
-        self, sandbox_id: str, generation: int, labels: dict[str, str], image: str | None = None
-    ) -> str:
+        self, sandbox_id: str, generation: int, labels: dict[str, str], image: str | None = None,
+        semantics: ImageSemantics | None = None,
+    ) -> str:  # fmt: skip
         """Start a container of `image` (default: the configured base image) running the
-        supervisor as PID 1; return its name."""
+        supervisor as PID 1, run as `semantics` says when it is a task's own; return its name."""
 
     def container_name(self, sandbox_id: str, generation: int) -> str:
         """The name the container of that generation of the lineage has (or would have)."""

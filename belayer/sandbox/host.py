@@ -14,6 +14,7 @@ host coming back after a recovery elsewhere fence its superseded container.
 
 from __future__ import annotations
 
+import base64
 import contextlib
 import hashlib
 import logging
@@ -61,6 +62,7 @@ from belayer.sandbox.models import (
     CheckpointRef,
     ForkOutcome,
     ForkTarget,
+    ImageSemantics,
     LoggedAction,
     Observation,
     RecoverOutcome,
@@ -68,6 +70,7 @@ from belayer.sandbox.models import (
     SandboxHandle,
     SandboxSpec,
     StagedCheckpoint,
+    StoredFiles,
     checked_sandbox_id,
     path_under,
 )
@@ -148,6 +151,22 @@ class ArchiveStore(Protocol):
 
 
 logger = logging.getLogger(__name__)
+
+
+# Where a Harbor task's tests are installed at verify time, and where its verifier writes
+# reward.txt / reward.json and whatever else it logs (Harbor's own paths: the tests expect them).
+TESTS_DIR = "/tests"
+VERIFIER_LOGS = "/logs/verifier"
+AGENT_LOGS = "/logs/agent"
+
+
+@dataclass(frozen=True)
+class GradedCheck:
+    """What a task's own verifier left: its observation and the files of its logs directory."""
+
+    observation: Observation
+    files: dict[str, bytes]
+    skipped: list[str]  # entries of the logs directory that were no regular file (never read)
 
 
 def default_host_queue(cfg: SandboxConfig) -> str:
@@ -287,7 +306,8 @@ class SandboxHost:
                 self._image_ids[spec.image] = ensure_image(self.backend, self.store, spec.image, None,
                                                            self._image_dir())  # fmt: skip
                 self._share(spec.image)  # before the container: a failed upload leaves nothing
-            container = self.backend.create(sandbox_id, generation, spec.labels, image=spec.image)
+            container = self.backend.create(sandbox_id, generation, spec.labels, image=spec.image,
+                                            semantics=spec.semantics)  # fmt: skip
             self._images[sandbox_id] = spec.image or self.cfg.image
             try:
                 self._record_lineage(sandbox_id, generation, container)
@@ -297,6 +317,8 @@ class SandboxHost:
                         self._sock(sandbox_id),
                         {"op": "set_generation", "expected": info["generation"], "new": generation},
                     )
+                if spec.semantics is not None:
+                    self._install_task_files(sandbox_id, spec.semantics)
                 for i, command in enumerate(spec.setup_commands, start=1):
                     obs = self._run(sandbox_id, SETUP_TRAJECTORY, i, generation, command, None)
                     if obs.exit_code != 0:
@@ -421,6 +443,58 @@ class SandboxHost:
                 handle.container, [*toolchain.python_command(), "-c", HASH_SCRIPT, path]
             )
         return out.decode().strip()
+
+    # ------------------------------------------------------------------ task files, graded checks
+    def install(self, sandbox_id: str, path: str, files: StoredFiles | None, owner: str) -> int:
+        """Replace `path` in the sandbox by `files` (a tar from the store), or by an empty
+        directory, owned by the agent or the verifier; returns how many files. PID 1 unpacks
+        it (the supervisor's `install`): the image's tar and rm are the agent's to replace."""
+        name = None
+        if files is not None:
+            name = f"install-{secrets.token_hex(8)}.tar"
+            with open(self._sock(sandbox_id).parent / name, "wb") as f:
+                self.store.download_stream(files.key, f, expected_sha256=files.sha256)
+        try:
+            reply = channel.call(self._sock(sandbox_id), {"op": "install", "path": path, "archive": name,
+                                                          "owner": owner}, timeout_s=60)  # fmt: skip
+        finally:
+            if name is not None:
+                (self._sock(sandbox_id).parent / name).unlink(missing_ok=True)
+        return int(reply["files"])
+
+    def _install_task_files(self, sandbox_id: str, semantics: ImageSemantics) -> None:
+        """A task image's sandbox as Harbor's start: /logs/agent there for the agent (the
+        image's / is not the agent's to write), then the task's uploads (the oracle's
+        /solution)."""
+        self.install(sandbox_id, AGENT_LOGS, None, "agent")
+        for path, files in semantics.uploads.items():
+            self.install(sandbox_id, path, files, "agent")
+
+    def verify(self, handle: SandboxHandle, action: Action, tests: StoredFiles, *, processes: str,
+               logs_dir: str = VERIFIER_LOGS, max_bytes: int = 1 << 20) -> GradedCheck:  # fmt: skip
+        """A task's own tests, run as its verifier (Harbor's): `tests` installed at /tests and
+        `logs_dir` emptied (whatever the agent put there), then `action` run isolated as the
+        check, then the files it left in `logs_dir` read back (reward.txt / reward.json).
+
+        The check is the journal's action: a retry after it ran installs nothing again (that
+        would erase the reward it wrote) and gets the journal's observation."""
+        self._refuse_if_superseded(handle)
+        with self._lock(handle.sandbox_id):
+            self._refuse_if_moved(handle.sandbox_id)
+            described = channel.call(self._sock(handle), {"op": "ping"}, timeout_s=10)
+            ran = described.get("trajectory") == action.trajectory and described.get("head", 0) >= action.step
+            if not ran:
+                if processes == "frozen":  # before the tests land: nothing of the agent's may touch them
+                    channel.call(self._sock(handle), {"op": "freeze"})
+                self.install(handle.sandbox_id, TESTS_DIR, tests, "verifier")
+                self.install(handle.sandbox_id, logs_dir, None, "verifier")
+        observation = self.exec(handle, action, isolated=True, processes=processes)
+        with self._lock(handle.sandbox_id):
+            reply = channel.call(
+                self._sock(handle), {"op": "collect", "path": logs_dir, "max_bytes": max_bytes}
+            )
+        files = {name: base64.b64decode(data) for name, data in reply["files"].items()}
+        return GradedCheck(observation=observation, files=files, skipped=list(reply.get("skipped") or []))
 
     # ------------------------------------------------------------------ checkpoint
     def checkpoint(
@@ -913,7 +987,7 @@ class SandboxHost:
             self.backend.fence(handle.sandbox_id)
         # Processes are lost by design: a fresh sandbox (no setup: the files carry it).
         new_handle = self.create(
-            SandboxSpec(labels=spec.labels, image=spec.image),
+            SandboxSpec(labels=spec.labels, image=spec.image, semantics=spec.semantics),
             sandbox_id=handle.sandbox_id,
             generation=new_gen,
         )

@@ -165,6 +165,40 @@ def observation_hash(exit_code: int, stdout: bytes, stderr: bytes, timed_out: bo
     return h.hexdigest()
 
 
+class StoredFiles(_Model):
+    """A directory of a task's (its tests, its solution) packed as a tar in the object store;
+    a host installs it into a sandbox with the supervisor's `install` (never the image's tar)."""
+
+    key: str = Field(min_length=1, description="Object key of the tar.")
+    sha256: str = Field(pattern=r"^[0-9a-f]{64}$", description="Checked as the host downloads it.")
+
+
+class ImageSemantics(_Model):
+    """A task's own image run as it was built (Harbor tasks), not as Belayer's sandboxes are.
+
+    The agent's actions run as the image's user (its USER, root when unset, or the task's
+    `[agent].user`) in its WORKDIR, with the image's and the task's environment; the root
+    file system is writable (installs, /app); the check runs as `verifier_user`. Belayer's
+    own programs still run from the read-only toolchain, PID 1 keeps the journal to itself,
+    and every user the agent may be holds no capability."""
+
+    workdir: str = Field(pattern=r"^/", description="The agent's cwd and the tree hashed at the end.")
+    agent_user: str | None = Field(
+        None, description="name, uid, name:group or uid:gid; None: the image's USER."
+    )
+    verifier_user: str = Field("0", description="Who runs the tests (Harbor's default: root).")
+    env: dict[str, str] = Field(default_factory=dict, description="Added to the image's environment.")
+    memory_mb: int | None = Field(
+        None, ge=16, description="The sandbox's memory limit (None: sandbox.memory_mb)."
+    )
+    cpus: float | None = Field(None, gt=0, description="Its CPU limit (None: sandbox.cpus).")
+    uploads: dict[str, StoredFiles] = Field(
+        default_factory=dict,
+        description="Absolute path -> files installed there at create, before the setup commands (the "
+        "oracle's /solution): they are in every checkpoint of the sandbox.",
+    )
+
+
 class SandboxSpec(_Model):
     """What a new sandbox starts from: the base image plus the task's setup commands."""
 
@@ -176,6 +210,9 @@ class SandboxSpec(_Model):
         None,
         description="A task's own image (built by belayer/sandbox/images.py) instead of sandbox.image; a host "
         "that lacks it fetches it from the object store, where the first host to run it put it.",
+    )
+    semantics: ImageSemantics | None = Field(
+        None, description="How `image` is run when it is a task's own (None: as Belayer's base image)."
     )
 
 

@@ -76,7 +76,7 @@ from belayer.sandbox.errors import (
     SandboxNotFound,
 )
 from belayer.sandbox.images import ImageBuilder
-from belayer.sandbox.models import checked_sandbox_id, path_under
+from belayer.sandbox.models import ImageSemantics, checked_sandbox_id, path_under
 
 if TYPE_CHECKING:  # config.py validates `sandbox.backend` against the registry, which imports this
     from belayer.sandbox.config import SandboxConfig
@@ -203,11 +203,17 @@ class PodmanBackend:
 
     # ------------------------------------------------------------------ lifecycle
     def create(
-        self, sandbox_id: str, generation: int, labels: dict[str, str], image: str | None = None
-    ) -> str:
+        self, sandbox_id: str, generation: int, labels: dict[str, str], image: str | None = None,
+        semantics: ImageSemantics | None = None,
+    ) -> str:  # fmt: skip
         self.ensure_host_side(sandbox_id)
         name = self.container_name(sandbox_id, generation)
         c = self.cfg
+        memory_mb = semantics.memory_mb if semantics is not None and semantics.memory_mb else c.memory_mb
+        # A task's own limits; its CPUs at most this host's (podman refuses more than there are).
+        cpus = (
+            min(semantics.cpus, os.cpu_count() or 1) if semantics is not None and semantics.cpus else c.cpus
+        )
         args = [
             "run", "-d", "--name", name, "--hostname", "sandbox",
             "--label", f"{LABEL_SANDBOX}={sandbox_id}", "--label", f"{LABEL_GENERATION}={generation}",
@@ -215,7 +221,7 @@ class PodmanBackend:
             "--network=none", f"--annotation=org.criu.config={runtime.CRIU_CONFIG}",
             "--cap-drop=ALL", f"--cap-add={CAPS}", "--security-opt=no-new-privileges",
             f"--security-opt=seccomp={self.seccomp_profile()}", "--http-proxy=false",
-            f"--memory={c.memory_mb}m", f"--memory-swap={c.memory_mb}m", f"--cpus={c.cpus:g}",
+            f"--memory={memory_mb}m", f"--memory-swap={memory_mb}m", f"--cpus={cpus:g}",
             f"--pids-limit={c.pids_limit}", f"--shm-size={c.shm_mb}m",
             "--tmpfs", f"/run:rw,size={c.run_mb}m,mode=0755",
             "--tmpfs", f"/workspace:rw,exec,size={c.workspace_mb}m,mode=0755",
@@ -226,12 +232,38 @@ class PodmanBackend:
             "--tmpfs", f"/var/lib/belayer:rw,size={c.journal_mb}m,mode=0700",
             "-v", f"{self.channel_dir(sandbox_id)}:/run/belayer",
         ]  # fmt: skip
-        args += ["--read-only"] if c.read_only_root else []
+        if semantics is None:
+            args += ["--read-only"] if c.read_only_root else []
+        else:
+            args += self._semantics_args(image or c.image, semantics)
         args += self._toolchain_args()
         for k, v in labels.items():
             args += ["--label", f"{k}={v}"]
         self.podman(*args, image or c.image, *toolchain.supervisor_argv())
         return name
+
+    def _semantics_args(self, image: str, semantics: ImageSemantics) -> list[str]:
+        """A task's own image run as it was built (models.ImageSemantics): PID 1 still root
+        (`--user=0:0`, whatever the image's USER), told through its environment whom the
+        agent and the verifier are, where the agent works and the environment it starts
+        with (the image's, then the task's); the root file system writable."""
+        user, image_env = self._image_config(image)
+        env = dict(image_env, **semantics.env)
+        told = {
+            "BELAYER_AGENT_USER": semantics.agent_user or user or "0",
+            "BELAYER_VERIFIER_USER": semantics.verifier_user,
+            "BELAYER_AGENT_ENV": json.dumps(env, sort_keys=True),
+            "BELAYER_WORKSPACE": semantics.workdir,
+            "BELAYER_HAND_OVER": "0",
+        }
+        return ["--user=0:0", f"--workdir={semantics.workdir}", *(f"--env={k}={v}" for k, v in told.items())]
+
+    def _image_config(self, image: str) -> tuple[str, dict[str, str]]:
+        """The image's USER and ENV, as its build left them."""
+        r = self.podman("image", "inspect", "--format", "{{json .Config}}", image)
+        config = json.loads(r.stdout.decode() or "{}") or {}
+        env = dict(entry.split("=", 1) for entry in config.get("Env") or [] if "=" in entry)
+        return config.get("User") or "", env
 
     def _toolchain_args(self) -> list[str]:
         """Belayer's trusted toolchain read-only at /.belayer, and the environment its

@@ -37,7 +37,6 @@ with workflow.unsafe.imports_passed_through():
         ForkArgs,
         ForkTarget,
         SandboxHandle,
-        SandboxSpec,
     )
     from belayer.workflows.models import ForkStart, GroupRecord, TaskQueues, TrajectoryInput, TrajectoryResult
     from belayer.workflows.trajectory import STATUS_KEY, TASK_KEY
@@ -84,7 +83,7 @@ async def prepare(group_id: str, task: Task, trajectory_ids: list[str], queues: 
         at = workflow.now()
         parent = await _activity(
             sandbox.CREATE,
-            CreateSandboxArgs(sandbox_id=_sandbox_id(), spec=SandboxSpec(setup_commands=task.setup)),
+            CreateSandboxArgs(sandbox_id=_sandbox_id(), spec=driver_for(task).sandbox(task)),
             queue=queues.sandbox,
             on_host=False,
             summary=f"group {group_id}: create and set up the sandbox its {len(trajectory_ids)} members fork",

@@ -10,7 +10,7 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-from belayer.contracts.sandbox import CheckpointRef, SandboxHandle
+from belayer.contracts.sandbox import CheckpointRef, ObservationRef, SandboxHandle
 from belayer.policy.adaptive import CheckpointPolicy, DecisionRecord
 from belayer.policy.config import PolicyConfig
 from belayer.storage.recordlog import RecordLogRef
@@ -206,7 +206,9 @@ class TrajectoryResult(_Model):
     reason: str = ""
     turns: int
     tokens: int
-    reward: float | None = Field(description="1 or 0 from the task's check; None when failed_infra.")
+    reward: float | None = Field(
+        description="1 or 0 from the task's check, any value from a graded one; None when failed_infra."
+    )
     token_sha256: str | None
     context: PrefixRef | None = Field(
         None, description="The whole token log (tokens, model/env marks, logprobs): what a trainer reads."
@@ -218,6 +220,19 @@ class TrajectoryResult(_Model):
         None,
         description="Steps, every checkpoint decision and recovery, in the object store "
         "(belayer.trajectory_log.read_steps / read_decisions / read_recoveries).",
+    )
+    rewards: dict[str, float] = Field(
+        default_factory=dict, description="Every value a graded check (a Harbor task's tests) wrote."
+    )
+    verifier_logs: dict[str, str] = Field(
+        default_factory=dict, description="A graded check's logs directory: file name -> object key."
+    )
+    verifier_observation: ObservationRef | None = Field(
+        None, description="A graded check's stdout and stderr, stored (belayer inspect shows them)."
+    )
+    notes: list[str] = Field(
+        default_factory=list,
+        description="What the task warned of as it ran (e.g. run offline though it asks for network).",
     )
     sandbox_broken: SandboxBreak | None = Field(
         None, description="failed_policy because the agent broke its own sandbox: at which step, and how."

@@ -67,7 +67,8 @@ with workflow.unsafe.imports_passed_through():
         PublishArgs,
         RecoverArgs,
         SandboxHandle,
-        SandboxSpec,
+        VerifyArgs,
+        VerifyResult,
         WorkspaceHashArgs,
     )
     from belayer.policy.adaptive import CheckpointSample, GenerationSample
@@ -84,7 +85,7 @@ with workflow.unsafe.imports_passed_through():
         TrajectoryState,
         TrajectoryStatus,
     )
-    from belayer.workloads.drivers import TaskDriver
+    from belayer.workloads.drivers import TaskDriver, Verification
     from belayer.workloads.registry import driver_for
 
 TASK_KEY = SearchAttributeKey.for_keyword("BelayerTask")
@@ -198,6 +199,8 @@ class TrajectoryWorkflow:
         self.input = input
         # What the loop asks of the task (instruction, turns, actions, check) is its kind's.
         self._driver: TaskDriver = driver_for(input.task)
+        # What a graded check (a Harbor task's tests) found: its reward, values, logs, why none.
+        self.verdict: VerifyResult | None = None
         self.state = input.carried or TrajectoryState(policy={"config": input.policy})
         self.status: TrajectoryStatus = "running"
         self.pending_checkpoint: PendingCheckpoint | None = None
@@ -305,7 +308,7 @@ class TrajectoryWorkflow:
         try:
             created = await self._on_placed_host(
                 sandbox.CREATE,
-                CreateSandboxArgs(sandbox_id=sandbox_id, spec=SandboxSpec(setup_commands=task.setup)),
+                CreateSandboxArgs(sandbox_id=sandbox_id, spec=self._driver.sandbox(task)),
                 key=sandbox_id,
                 summary=f"create sandbox for {task.id} ({len(task.setup)} setup commands)",
             )
@@ -368,7 +371,8 @@ class TrajectoryWorkflow:
             self.state.stopped = True
             return
         self.state.step += 1
-        action = Action(trajectory=self.input.trajectory_id, step=self.state.step, command=command)
+        action = Action(trajectory=self.input.trajectory_id, step=self.state.step, command=command,
+                        timeout_s=self._driver.action_timeout_s(self.input.task))  # fmt: skip
         executed = await self._on_sandbox(
             sandbox.EXEC,
             lambda handle: ExecArgs(handle=handle, action=action),
@@ -583,7 +587,7 @@ class TrajectoryWorkflow:
             trajectory_id=self.input.trajectory_id,
             checkpoints=self.state.checkpoints,
             steps=self.state.log.steps,
-            spec=SandboxSpec(setup_commands=self.input.task.setup),
+            spec=self._driver.sandbox(self.input.task),
         )
 
     def _cut_context(self, at: StepRecord, observation: ObservationRef, record: RecoveryRecord) -> StepRecord:
@@ -836,8 +840,12 @@ class TrajectoryWorkflow:
         await self._destroy()
         await self._flush_log()
         status: TrajectoryStatus = "completed" if reward == 1.0 else "failed_policy"
+        reason = exhausted or ""
+        if self.verdict is not None and not exhausted:  # graded: any reward it wrote completes it
+            status = "completed" if self.verdict.reward is not None else "failed_policy"
+            reason = self.verdict.reason
         self._set_status(status)
-        return self._result(status, reward=reward, env_sha256=env_hash, reason=exhausted or "")
+        return self._result(status, reward=reward, env_sha256=env_hash, reason=reason)
 
     async def _judge(self) -> tuple[float, str | None]:
         """The reward, and why the context budget ended the trajectory if it did.
@@ -883,6 +891,8 @@ class TrajectoryWorkflow:
         action = Action(
             trajectory=self.input.trajectory_id, step=self.state.step + 1, command=verification.command
         )
+        if verification.graded is not None:
+            return await self._graded_reward(action, verification, before_recovery)
         executed = await self._on_sandbox(
             sandbox.EXEC,
             lambda handle: ExecArgs(
@@ -893,10 +903,28 @@ class TrajectoryWorkflow:
         )
         return 1.0 if executed.observation.exit_code == 0 else 0.0
 
+    async def _graded_reward(self, action: Action, verification: Verification,
+                             before_recovery: asyncio.Future | None) -> float:  # fmt: skip
+        """A check that writes its own reward (a Harbor task's tests): any value it wrote is
+        the reward; none (a timeout, no reward file) is 0, and the trajectory the agent's
+        failure with the reason (`_finish`)."""
+        graded = verification.graded
+        action = action.model_copy(update={"timeout_s": graded.timeout_s})
+        self.verdict = await self._on_sandbox(
+            sandbox.VERIFY,
+            lambda handle: VerifyArgs(handle=handle, action=action, tests=graded.tests,
+                                      processes=verification.processes, reward_key=graded.reward_key),
+            summary=f"verify: {_first_line(verification.command.splitlines()[-1])}",
+            before_recovery=before_recovery,
+        )  # fmt: skip
+        return self.verdict.reward if self.verdict.reward is not None else 0.0
+
     async def _workspace_hash(self) -> str:
+        spec = self._driver.sandbox(self.input.task)
+        path = {"path": spec.semantics.workdir} if spec.semantics is not None else {}
         hashed = await self._on_sandbox(
             sandbox.WORKSPACE_HASH,
-            lambda handle: WorkspaceHashArgs(handle=handle),
+            lambda handle: WorkspaceHashArgs(handle=handle, **path),
             summary="hash /workspace",
         )
         return hashed.sha256
@@ -959,6 +987,10 @@ class TrajectoryWorkflow:
             checkpoints=state.policy.checkpointed,
             log=state.log,
             sandbox_broken=sandbox_broken,
+            rewards=self.verdict.rewards if self.verdict else {},
+            verifier_logs=self.verdict.logs if self.verdict else {},
+            verifier_observation=self.verdict.observation if self.verdict else None,
+            notes=list(getattr(self.input.task, "notes", [])),
         )
 
     # ---------------------------------------------------------------- plumbing

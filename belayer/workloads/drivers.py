@@ -17,7 +17,8 @@ from dataclasses import dataclass
 from typing import ClassVar, Generic, Literal, Protocol, TypeVar
 
 from belayer.agent_format import malformed_observation, parse_action
-from belayer.workloads.tasks import ModelTask, TaskBase, TraceTask
+from belayer.sandbox.models import SandboxSpec, StoredFiles
+from belayer.workloads.tasks import HarborTask, ModelTask, TaskBase, TraceTask
 
 TaskT = TypeVar("TaskT", bound=TaskBase)
 TaskT_contra = TypeVar("TaskT_contra", bound=TaskBase, contravariant=True)
@@ -32,12 +33,24 @@ class TurnSampling:
 
 
 @dataclass(frozen=True)
+class GradedCheck:
+    """A check that writes its own reward (Harbor's tests): its files installed at /tests
+    first, its reward read from what it wrote, any value; none written is the agent's failure."""
+
+    tests: StoredFiles
+    timeout_s: float
+    reward_key: str | None
+
+
+@dataclass(frozen=True)
 class Verification:
     """The check run after the last turn, apart from the agent's shell; its exit status 0
-    is reward 1. `processes`: what the agent left running does meanwhile (frozen/running)."""
+    is reward 1, unless it is `graded`. `processes`: what the agent left running does
+    meanwhile (frozen/running)."""
 
     command: str
     processes: Literal["frozen", "running"]
+    graded: GradedCheck | None = None
 
 
 class TaskDriver(Protocol[TaskT_contra]):
@@ -76,9 +89,24 @@ class TaskDriver(Protocol[TaskT_contra]):
         """The check that scores the trajectory; None: no check, reward 1."""
         ...
 
+    def sandbox(self, task: TaskT_contra) -> SandboxSpec:
+        """What the task's sandbox starts from (its image, setup commands, files)."""
+        ...
+
+    def action_timeout_s(self, task: TaskT_contra) -> float | None:
+        """Each action's time limit; None: the sandbox's default (sandbox.action_timeout_s)."""
+        ...
+
 
 class _CheckedByCommand(Generic[TaskT]):
-    """Verification shared by today's kinds: the task's optional `check` command."""
+    """Verification and sandbox shared by Belayer's own kinds: the task's optional `check`
+    command, the base image with the task's setup commands."""
+
+    def sandbox(self, task: TaskT) -> SandboxSpec:
+        return SandboxSpec(setup_commands=task.setup)
+
+    def action_timeout_s(self, task: TaskT) -> float | None:
+        return None
 
     def verification(self, task: TaskT) -> Verification | None:
         if not task.check:
@@ -127,16 +155,80 @@ class ModelDriver(_CheckedByCommand[ModelTask]):
         return TurnSampling(max_tokens=task.max_tokens_per_turn, ignore_eos=False)
 
     def next_action(self, task: ModelTask, step: int, generated: str) -> str | None:
-        parsed = parse_action(generated)
-        if parsed.kind == "stop":
-            return None
-        if parsed.kind == "malformed":
-            # A policy outcome: the model sees what was wrong, through a harmless action.
-            return "printf '%s\\n' " + shell_quote(malformed_observation(parsed))
-        return parsed.command
+        return policy_action(generated)
 
     def expected_output_tokens(self, task: ModelTask, step: int) -> int | None:
         return None
+
+
+class HarborDriver:
+    """A Harbor task (belayer.workloads.harbor_tasks): its own image run as built, its agent
+    as Harbor names them, its own tests as the graded check.
+
+    - model: the policy acts as on a model task (`<bash>COMMAND</bash>`), up to `max_turns`;
+    - oracle: one turn whose action is the task's solution (`/solution/solve.sh`, installed
+      at create); the turn generates one token (EOS ignored), as a trace turn does;
+    - nop: no turn at all; the tests judge the image as built (a sound task scores 0)."""
+
+    kind: ClassVar[str] = "harbor"
+    model: ClassVar[type[TaskBase]] = HarborTask
+    implied_by: ClassVar[str | None] = None
+
+    def instruction(self, task: HarborTask) -> str:
+        return task.instruction
+
+    def turn_limit(self, task: HarborTask) -> int:
+        return {"model": task.max_turns, "oracle": 1, "nop": 0}[task.agent]
+
+    def sampling(self, task: HarborTask, step: int) -> TurnSampling:
+        if task.agent == "model":
+            return TurnSampling(max_tokens=task.max_tokens_per_turn, ignore_eos=False)
+        return TurnSampling(max_tokens=1, ignore_eos=True)
+
+    def next_action(self, task: HarborTask, step: int, generated: str) -> str | None:
+        if task.agent == "oracle":
+            return f"bash {SOLUTION_DIR}/solve.sh"
+        return policy_action(generated)
+
+    def expected_output_tokens(self, task: HarborTask, step: int) -> int | None:
+        if task.agent == "model":
+            return None
+        return 1 if step < self.turn_limit(task) else 0
+
+    def verification(self, task: HarborTask) -> Verification:
+        exports = "".join(
+            f"export {name}={shell_quote(value)}\n" for name, value in task.verifier_env.items()
+        )
+        return Verification(
+            command=f"{exports}cd {shell_quote(task.semantics.workdir)} && bash {TESTS_DIR}/test.sh",
+            processes=task.verify_with_processes,
+            graded=GradedCheck(
+                tests=task.tests, timeout_s=task.verifier_timeout_s, reward_key=task.reward_key
+            ),
+        )
+
+    def sandbox(self, task: HarborTask) -> SandboxSpec:
+        return SandboxSpec(setup_commands=task.setup, image=task.image, semantics=task.semantics)
+
+    def action_timeout_s(self, task: HarborTask) -> float | None:
+        return task.agent_timeout_s
+
+
+# Harbor's paths: its solutions and tests expect to be run from there.
+SOLUTION_DIR = "/solution"
+TESTS_DIR = "/tests"
+
+
+def policy_action(generated: str) -> str | None:
+    """The command a policy's generation asks for (`<bash>COMMAND</bash>`), None when it
+    stopped; a malformed one becomes a harmless action that shows the model what was wrong
+    (a policy outcome, not an error)."""
+    parsed = parse_action(generated)
+    if parsed.kind == "stop":
+        return None
+    if parsed.kind == "malformed":
+        return "printf '%s\\n' " + shell_quote(malformed_observation(parsed))
+    return parsed.command
 
 
 def shell_quote(text: str) -> str:

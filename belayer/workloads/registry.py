@@ -12,10 +12,10 @@ from typing import Any
 from pydantic import BaseModel
 
 from belayer.errors import BelayerError
-from belayer.workloads.drivers import ModelDriver, TaskDriver, TraceDriver
+from belayer.workloads.drivers import HarborDriver, ModelDriver, TaskDriver, TraceDriver
 from belayer.workloads.tasks import TaskBase
 
-DRIVERS: tuple[TaskDriver, ...] = (TraceDriver(), ModelDriver())
+DRIVERS: tuple[TaskDriver, ...] = (TraceDriver(), ModelDriver(), HarborDriver())
 _BY_KIND: dict[str, TaskDriver] = {driver.kind: driver for driver in DRIVERS}
 # The kind of a task that names none and has no field implying another kind.
 DEFAULT_KIND = ModelDriver.kind

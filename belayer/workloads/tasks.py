@@ -6,6 +6,8 @@ kinds of task, told apart by their fields (or an explicit `kind`):
 - trace task — replays a recorded agent run: for each turn the engine really generates
   `think_tokens` tokens (EOS ignored), then `bash` runs as the action.
 - model task — the model acts: its output is parsed for `<bash>COMMAND</bash>`.
+- harbor task — a Harbor task directory, made into a task by `belayer.workloads.harbor_tasks`
+  (its image built, its tests and solution put in the store): never written by hand.
 
 Both may have `setup` (commands run when the sandbox is created) and `check` (exit
 status 0 means reward 1). What the workflows do with each kind is its driver's
@@ -14,9 +16,11 @@ status 0 means reward 1). What the workflows do with each kind is its driver's
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
+
+from belayer.sandbox.models import ImageSemantics, StoredFiles
 
 TASK_ID_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$"
 
@@ -54,3 +58,29 @@ class ModelTask(TaskBase):
     instruction: str = Field(min_length=1, description="What the agent is asked to do.")
     max_turns: int = Field(8, ge=1, le=10_000, description="Turns before the trajectory stops.")
     max_tokens_per_turn: int = Field(256, ge=1, le=32768, description="Generation cap per turn.")
+
+
+HarborAgent = Literal["model", "oracle", "nop"]
+
+
+class HarborTask(TaskBase):
+    """A Harbor task as the workflows run it: pointers and hashes (its image's tag, its tests'
+    and solution's tars in the store), never its files. Built by `harbor_tasks.py`."""
+
+    kind: Literal["harbor"] = "harbor"
+    instruction: str = Field(min_length=1, description="instruction.md: the agent's prompt.")
+    image: str = Field(min_length=1, description="The task image's tag (built or `docker_image`).")
+    semantics: ImageSemantics = Field(description="How the image runs: users, WORKDIR, env, uploads.")
+    agent: HarborAgent = Field("model", description="model (the policy), oracle (solve.sh) or nop.")
+    verify_with_processes: Literal["frozen", "running"] = Field(
+        "running", description="Harbor's semantics: the agent's processes keep running while its tests do."
+    )
+    max_turns: int = Field(8, ge=1, le=10_000, description="Turns of the model agent.")
+    max_tokens_per_turn: int = Field(256, ge=1, le=32768, description="Generation cap per turn.")
+    agent_timeout_s: float = Field(600.0, gt=0, description="[agent].timeout_sec: each action's limit.")
+    tests: StoredFiles = Field(description="tests/, installed at /tests when the verifier runs.")
+    verifier_timeout_s: float = Field(600.0, gt=0, description="[verifier].timeout_sec.")
+    verifier_env: dict[str, str] = Field(default_factory=dict, description="[verifier].env.")
+    reward_key: str | None = Field(None, description="The reward.json key that is the reward.")
+    notes: list[str] = Field(default_factory=list, description="Warnings recorded in the result.")
+    metadata: dict[str, Any] = Field(default_factory=dict, description="[metadata], kept and shown.")

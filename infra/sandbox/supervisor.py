@@ -93,6 +93,7 @@ import re
 import secrets
 import signal
 import socket
+import stat
 import subprocess
 import sys
 import threading
@@ -104,10 +105,48 @@ LOCAL = os.environ.get("BELAYER_SUPERVISOR_LOCAL") == "1"
 CHANNEL_DIR = os.environ.get("BELAYER_CHANNEL_DIR", "/run/belayer")
 JOURNAL_DIR = os.environ.get("BELAYER_JOURNAL_DIR", "/var/lib/belayer")
 GUARD_UID = 999  # owner of the journal and channel: not the agent, not reachable by it
-AGENT_UID = 1000  # every action runs as this uid/gid, which owns /workspace and /home/agent
-VERIFIER_UID = 1001  # the reward check runs as this one: the agent can neither signal nor read it
-AGENT_HOME = os.environ.get("BELAYER_AGENT_HOME", "/home/agent")
+
+
+def resolve_user(spec: str, passwd: str = "/etc/passwd") -> tuple[int, int, str, str]:
+    """(uid, gid, home, name) of a user as Harbor and Dockerfiles name one: `name`, `uid`,
+    `name:group` or `uid:gid`, looked up in the image's /etc/passwd (read here, at start,
+    before any action of the agent's: PID 1 trusts the image as it was built). A numeric
+    uid the file lacks is still that uid (gid the same, home /)."""
+    user, _, group = spec.partition(":")
+    entries = {}
+    try:
+        with open(passwd, encoding="utf-8", errors="replace") as f:
+            for line in f:
+                fields = line.rstrip("\n").split(":")
+                if len(fields) >= 6 and fields[2].isdigit() and fields[3].isdigit():
+                    entries[fields[0]] = (int(fields[2]), int(fields[3]), fields[5] or "/", fields[0])
+    except OSError:
+        pass
+    by_uid = {uid: entry for uid, entry in ((e[0], e) for e in entries.values())}
+    if user.isdigit():
+        found = by_uid.get(int(user), (int(user), int(user), "/", user))
+    elif user in entries:
+        found = entries[user]
+    else:
+        raise SystemExit(f"supervisor: user {user!r} is not in the image's {passwd}")
+    gid = int(group) if group.isdigit() else found[1]
+    return found[0], gid, found[2], found[3]
+
+
+# Every action runs as the agent (by default uid/gid 1000, which owns /workspace and
+# /home/agent), the reward check as the verifier (by default 1001: the agent can neither
+# signal nor read it). A task's own image may name others (Harbor's `[agent].user`,
+# `[verifier].user`, the image's USER; root by default): the host passes them.
+AGENT_UID, AGENT_GID, _AGENT_PASSWD_HOME, AGENT_NAME = resolve_user(os.environ.get("BELAYER_AGENT_USER", "1000:1000"))
+VERIFIER_UID, VERIFIER_GID, _, VERIFIER_NAME = resolve_user(os.environ.get("BELAYER_VERIFIER_USER", "1001:1001"))
+# The image's own environment and the task's (JSON), for a task image run as it was built:
+# then the agent's first action starts from it, not from Belayer's fixed one.
+IMAGE_ENV: dict[str, str] | None = json.loads(os.environ["BELAYER_AGENT_ENV"]) if "BELAYER_AGENT_ENV" in os.environ else None
+AGENT_HOME = os.environ.get("BELAYER_AGENT_HOME", _AGENT_PASSWD_HOME if IMAGE_ENV is not None else "/home/agent")
 WORKSPACE = os.environ.get("BELAYER_WORKSPACE", "/workspace")
+# Hand /workspace and the agent's home to the agent at start (Belayer's own sandboxes); a
+# task image keeps the owners its build gave them.
+HAND_OVER = os.environ.get("BELAYER_HAND_OVER", "1") == "1"
 RUN_DIRS = ("/run", "/run/lock")
 SOCKET_NAME = "supervisor.sock"
 MAX_REQUEST = 8 * 1024 * 1024
@@ -426,6 +465,9 @@ def _base_environment() -> dict[str, str]:
     """The environment of the first action, and of every isolated (judge) process."""
     if LOCAL:
         return {k: v for k, v in os.environ.items() if not k.startswith("BELAYER_")}
+    if IMAGE_ENV is not None:
+        return {"PATH": "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin", "HOME": AGENT_HOME,
+                "USER": AGENT_NAME, "LOGNAME": AGENT_NAME, "SHELL": "/bin/bash", **IMAGE_ENV}
     return {
         "PATH": "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin",
         "HOME": AGENT_HOME,
@@ -445,7 +487,8 @@ def _verifier_environment(home: str, tmp: str) -> dict[str, str]:
     /workspace/json.py shadowing the standard library), no git configuration but the repo's."""
     env = _base_environment()
     if not LOCAL:
-        env.update({"USER": "verifier", "LOGNAME": "verifier"})
+        name = VERIFIER_NAME if IMAGE_ENV is not None else "verifier"
+        env.update({"USER": name, "LOGNAME": name})
     env.update({
         "HOME": home, "TMPDIR": tmp, "PYTHONNOUSERSITE": "1", "PYTHONSAFEPATH": "1",
         "GIT_CONFIG_GLOBAL": "/dev/null", "GIT_CONFIG_NOSYSTEM": "1",
@@ -469,7 +512,7 @@ class VerifierDirs:
         os.mkdir(self.tmp, 0o700)
         if not LOCAL:
             for path in (self.root, self.home, self.tmp):
-                os.chown(path, VERIFIER_UID, VERIFIER_UID)
+                os.chown(path, VERIFIER_UID, VERIFIER_GID)
 
     def remove(self) -> None:
         import shutil
@@ -587,15 +630,16 @@ class ActionStreams:
             os.write(fd, sentinel)
 
 
-def spawn_action(command: bytes, state: ShellState, streams: ActionStreams, uid: int) -> tuple[int, int]:
-    """Start one action's bash as `uid`; returns (pid, fd of the state dump its EXIT trap writes).
+def spawn_action(command: bytes, state: ShellState, streams: ActionStreams,
+                 user: tuple[int, int]) -> tuple[int, int]:
+    """Start one action's bash as `user` (uid, gid); returns (pid, fd of the state dump its EXIT trap writes).
 
     In a sandbox the bash is started by the capability-dropping helper (this file with
     --drop-caps-exec), which holds PID 1's capabilities until it becomes `uid` and execs:
     it starts from a fixed environment (nothing of the agent's -- LD_PRELOAD,
     LD_DEBUG_OUTPUT, GCONV_PATH -- can steer how it is loaded while it holds them) and
     receives the action's environment as data in a memfd, which applies only to the
-    capability-less bash. Locally `uid` is ignored: everything runs as the test's user."""
+    capability-less bash. Locally `user` is ignored: everything runs as the test's user."""
     text_fd = _high_fd(os.memfd_create("belayer-action"))
     dump_fd = _high_fd(os.memfd_create("belayer-state"))
     env_fd = None
@@ -606,7 +650,7 @@ def spawn_action(command: bytes, state: ShellState, streams: ActionStreams, uid:
         if not LOCAL:
             env_fd = _high_fd(os.memfd_create("belayer-env"))
             os.write(env_fd, _encode_environment(state.env))
-            argv = [*HELPER_INTERPRETER, os.path.abspath(__file__), "--drop-caps-exec", str(env_fd), str(uid), *argv]
+            argv = [*HELPER_INTERPRETER, os.path.abspath(__file__), "--drop-caps-exec", str(env_fd), f"{user[0]}:{user[1]}", *argv]
             env, pass_fds = HELPER_ENVIRONMENT, (text_fd, dump_fd, env_fd)
         with open(os.devnull, "rb") as null:
             proc = subprocess.Popen(
@@ -845,7 +889,61 @@ class Supervisor:
             return self.freeze()
         if op == "quiesce":
             return self.quiesce()
+        if op == "install":
+            return self.install(str(req["path"]), req.get("archive"), str(req["owner"]))
+        if op == "collect":
+            return self.collect(str(req["path"]), int(req["max_bytes"]))
         raise RequestError("BadRequest", f"unknown op {op!r}")
+
+    def install(self, path: str, archive: str | None, owner: str) -> dict:
+        """Replace `path` by a fresh directory of `owner`'s ("agent" or "verifier") holding the
+        files of `archive` (a tar the host put in the channel directory, removed here), or
+        empty: how a task's tests reach /tests at verify time and its logs directory starts
+        empty, whatever the agent left there. Done here, by PID 1 from the trusted toolchain,
+        not by the image's tar or rm, which the agent can replace."""
+        uid, gid = (VERIFIER_UID, VERIFIER_GID) if owner == "verifier" else (AGENT_UID, AGENT_GID)
+        source = None
+        if archive is not None:
+            if "/" in archive or archive.startswith("."):
+                raise RequestError("BadRequest", f"archive {archive!r} must be a file name in the channel directory")
+            source = os.path.join(CHANNEL_DIR, archive)
+        with self.lock:
+            try:
+                files = install_tree(path, source, uid, gid)
+            except (OSError, ValueError) as exc:
+                raise RequestError("InstallFailed", f"could not install {path}: {exc}") from None
+            finally:
+                if source is not None:
+                    with_errors_ignored(os.unlink, source)
+        return {"ok": True, "files": files}
+
+    def collect(self, path: str, max_bytes: int) -> dict:
+        """The regular files directly in `path` (a verifier's /logs/verifier), base64, at most
+        `max_bytes` of each; symbolic links and anything else are skipped, never followed
+        (the agent may have planted one to make PID 1 read the journal)."""
+        files: dict[str, str] = {}
+        skipped: list[str] = []
+        try:
+            fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW)
+        except OSError as exc:
+            return {"ok": True, "files": files, "skipped": skipped, "missing": f"{path}: {exc.strerror}"}
+        try:
+            for name in sorted(os.listdir(fd)):
+                try:
+                    file_fd = os.open(name, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK, dir_fd=fd)
+                except OSError:
+                    skipped.append(name)
+                    continue
+                try:
+                    if not stat.S_ISREG(os.fstat(file_fd).st_mode):
+                        skipped.append(name)
+                        continue
+                    files[name] = base64.b64encode(os.read(file_fd, max_bytes)).decode()
+                finally:
+                    os.close(file_fd)
+        finally:
+            os.close(fd)
+        return {"ok": True, "files": files, "skipped": skipped, "missing": None}
 
     def describe(self) -> dict:
         with self.lock:
@@ -1040,7 +1138,8 @@ class Supervisor:
         self.streams.attach(out, err)
         t0 = time.monotonic()
         try:
-            pid, dump_fd = spawn_action(command, state, self.streams, VERIFIER_UID if isolated else AGENT_UID)
+            user = (VERIFIER_UID, VERIFIER_GID) if isolated else (AGENT_UID, AGENT_GID)
+            pid, dump_fd = spawn_action(command, state, self.streams, user)
             self.reaper.child_started.set()
             self.action_sessions.add(pid)
         except OSError as exc:
@@ -1182,16 +1281,18 @@ def _serve_one(sup: Supervisor, conn: socket.socket) -> None:
         conn.close()
 
 
-def drop_caps_exec(env_fd: int, uid: int, argv: list[str]) -> None:
-    """Raise this process's OOM score (inherited by all it starts), become `uid` (and gid
-    `uid`, no supplementary groups), clear what is left of its capability sets, then exec
+def drop_caps_exec(env_fd: int, uid: int, gid: int, argv: list[str]) -> None:
+    """Raise this process's OOM score (inherited by all it starts), become `uid` and `gid`
+    (no supplementary groups), clear what is left of its capability sets, then exec
     argv (the action's shell) with the environment read from `env_fd` (a memfd the
     supervisor wrote).
 
     Runs as `python3 -I -S` from a fixed environment: until it becomes `uid` it holds PID
     1's capabilities, so nothing of the agent's may apply before they are gone. Leaving
     uid 0 empties the effective, permitted and ambient sets; the inheritable one is
-    cleared here too."""
+    cleared here too, and the capset clears them all for an agent that stays uid 0 (a task
+    image's root): no-new-privileges then keeps its execs from regaining any, so that root
+    can neither trace PID 1 nor read the journal."""
     import ctypes
 
     _set_oom_score_adj(AGENT_OOM_SCORE_ADJ)
@@ -1199,7 +1300,7 @@ def drop_caps_exec(env_fd: int, uid: int, argv: list[str]) -> None:
     env = _decode_environment(os.pread(env_fd, size, 0) if size else b"")
     os.close(env_fd)
     os.setgroups([])
-    os.setresgid(uid, uid, uid)
+    os.setresgid(gid, gid, gid)
     os.setresuid(uid, uid, uid)
     libc = ctypes.CDLL(None, use_errno=True)
 
@@ -1230,12 +1331,78 @@ def hand_over_directories() -> None:
     """At start: the journal to the guard, /workspace and /home/agent to the agent, and /run
     and /run/lock writable by every user as /tmp is (mode 1777: the agent's pid files,
     sockets and locks), as they were when the agent was root."""
-    for directory, owner in ((JOURNAL_DIR, GUARD_UID), (WORKSPACE, AGENT_UID), (AGENT_HOME, AGENT_UID)):
+    owners = [(JOURNAL_DIR, GUARD_UID, GUARD_UID)]
+    owners += [(WORKSPACE, AGENT_UID, AGENT_GID), (AGENT_HOME, AGENT_UID, AGENT_GID)] if HAND_OVER else []
+    for directory, owner, group in owners:
         if os.path.isdir(directory) and os.stat(directory).st_uid != owner:
-            os.chown(directory, owner, owner)
+            os.chown(directory, owner, group)
     for directory in RUN_DIRS:
         if os.path.isdir(directory) and os.stat(directory).st_mode & 0o7777 != 0o1777:
             os.chmod(directory, 0o1777)
+
+
+def with_errors_ignored(fn: Callable[..., object], *args: object) -> None:
+    try:
+        fn(*args)
+    except OSError:
+        pass
+
+
+def install_tree(path: str, archive: str | None, uid: int, gid: int) -> int:
+    """`path` made a fresh directory of uid:gid (mode 0755), with the regular files and
+    directories of the tar `archive` in it; returns how many files. Every component of
+    `path` the agent replaced by a symbolic link is removed first, so nothing is written
+    through one; members that are links, devices, absolute or climb out are refused."""
+    import shutil
+    import tarfile
+
+    if not path.startswith("/") or ".." in path.split("/"):
+        raise ValueError("the path must be absolute, without '..'")
+    parts = [p for p in path.split("/") if p]
+    for depth in range(1, len(parts) + 1):
+        current = "/" + "/".join(parts[:depth])
+        if os.path.islink(current) or (depth < len(parts) and os.path.exists(current) and not os.path.isdir(current)):
+            os.unlink(current)
+        if depth < len(parts) and not os.path.exists(current):
+            os.mkdir(current, 0o755)
+    if os.path.isdir(path):
+        shutil.rmtree(path)
+    elif os.path.lexists(path):
+        os.unlink(path)
+    os.mkdir(path, 0o755)
+    _give(path, uid, gid)
+    if archive is None:
+        return 0
+    count = 0
+    with tarfile.open(archive, "r:") as tar:
+        for member in tar:
+            name = member.name
+            while name.startswith("./"):
+                name = name[2:]
+            if name in ("", "."):
+                continue
+            if member.name.startswith("/") or ".." in name.split("/"):
+                raise ValueError(f"tar member {member.name!r} is absolute or climbs out")
+            target = os.path.join(path, name)
+            if member.isdir():
+                os.makedirs(target, 0o755, exist_ok=True)
+                _give(target, uid, gid)
+            elif member.isfile():
+                os.makedirs(os.path.dirname(target), 0o755, exist_ok=True)
+                fd = os.open(target, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, member.mode & 0o755 or 0o644)
+                with os.fdopen(fd, "wb") as out:
+                    shutil.copyfileobj(tar.extractfile(member), out)
+                _give(target, uid, gid)
+                count += 1
+            else:
+                raise ValueError(f"tar member {member.name!r} is not a regular file or directory")
+    return count
+
+
+def _give(path: str, uid: int, gid: int) -> None:
+    """Hand a file to uid:gid (locally, running as the test's user, files stay its own)."""
+    if not LOCAL:
+        os.chown(path, uid, gid, follow_symlinks=False)
 
 
 def _ignore_signal(signum, frame) -> None:
@@ -1244,7 +1411,8 @@ def _ignore_signal(signum, frame) -> None:
 
 def main() -> None:
     if len(sys.argv) > 1 and sys.argv[1] == "--drop-caps-exec":
-        drop_caps_exec(int(sys.argv[2]), int(sys.argv[3]), sys.argv[4:])
+        uid, _, gid = sys.argv[3].partition(":")
+        drop_caps_exec(int(sys.argv[2]), int(uid), int(gid or uid), sys.argv[4:])
     if sys.argv[1:2] == ["--interpreter"]:
         HELPER_INTERPRETER[:] = sys.argv[2:]
     elif not LOCAL:

@@ -40,9 +40,10 @@ class TrackingBackend(PodmanBackend):
         super().__init__(*args, **kwargs)
         self.seen: set[str] = set()
 
-    def create(self, sandbox_id, generation, labels, image=None):
+    def create(self, sandbox_id, generation, labels, image=None, semantics=None):
         self.seen.add(sandbox_id)
-        return super().create(sandbox_id, generation, {**labels, OWNER_LABEL: str(os.getpid())}, image=image)
+        labels = {**labels, OWNER_LABEL: str(os.getpid())}
+        return super().create(sandbox_id, generation, labels, image=image, semantics=semantics)
 
     def restore(self, archive, sandbox_id, generation):
         self.seen.add(sandbox_id)

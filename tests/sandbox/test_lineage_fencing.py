@@ -46,8 +46,8 @@ class HostView(TrackingBackend):
         self.aside: dict[str, Path] = {}
         self.heads_when_fenced: dict[str, int] = {}
 
-    def create(self, sandbox_id, generation, labels, image=None):
-        name = super().create(sandbox_id, generation, labels, image=image)
+    def create(self, sandbox_id, generation, labels, image=None, semantics=None):
+        name = super().create(sandbox_id, generation, labels, image=image, semantics=semantics)
         self.mine.add(name)
         return name
 

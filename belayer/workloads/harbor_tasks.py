@@ -1,0 +1,191 @@
+"""Harbor task directories made into tasks the workflows run (`HarborTask`).
+
+Reading and validating the directories is `harbor.py`'s; this is what happens before the
+first trajectory starts: each task's image is built (or found by its context hash, or
+taken from `docker_image`), its tests/ and solution/ are packed into tars put in the object
+store (by content hash: a dataset run again uploads nothing), and the rest of task.toml
+becomes fields of the task. The workflow payloads then carry the image's tag and the
+tars' keys and hashes, never the files; the sandbox host unpacks them (the supervisor's
+`install`) into the sandbox: the solution at create, for the oracle, the tests at verify.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import io
+import tarfile
+from collections.abc import Callable
+from pathlib import Path
+
+from belayer.sandbox.models import ImageSemantics, StoredFiles
+from belayer.workloads.drivers import SOLUTION_DIR, shell_quote
+from belayer.workloads.harbor import HarborTaskDir, HarborTaskError, HealthcheckConfig, load_harbor
+from belayer.workloads.tasks import HarborAgent, HarborTask
+
+FILES_PREFIX = "harbor/files"
+DEFAULT_WORKDIR = "/app"  # Harbor's tasks' WORKDIR by convention; the image's own wins
+OFFLINE_NOTE = (
+    "the task asks for network (allow_internet, Harbor's default): sandboxes have none, so it ran "
+    "offline (--strict-network refuses such tasks instead)"
+)
+STORAGE_NOTE = (
+    "[environment].storage_mb is not enforced: overlay size limits need XFS, which this host's "
+    "podman storage is not on"
+)
+
+
+def load_harbor_tasks(path: Path, *, store, builder, agent: HarborAgent = "model", reward_key: str | None = None,
+                      strict_network: bool = False, max_turns: int = 8,
+                      progress: Callable[[str], None] | None = None) -> list[HarborTask]:  # fmt: skip
+    """The Harbor task directory or dataset at `path` as tasks to run with `agent`: images
+    built into `builder`'s podman storage, tests and solutions put in `store`. Raises
+    `HarborTaskError` for a task that cannot run as asked, naming it and the fix."""
+    tasks = []
+    for directory in load_harbor(path):
+        _refuse_unrunnable(directory, agent, strict_network)
+        image = task_image(builder, directory, progress)
+        tasks.append(_task(directory, image, store=store, builder=builder, agent=agent,
+                           reward_key=reward_key, max_turns=max_turns))  # fmt: skip
+    return tasks
+
+
+def _refuse_unrunnable(task: HarborTaskDir, agent: HarborAgent, strict_network: bool) -> None:
+    if task.multi_step:
+        raise HarborTaskError(
+            f"{task.path}: task {task.id} has [[steps]]: multi-step tasks are validated and built "
+            "(`belayer tasks check`) but not run yet; run its steps as separate tasks meanwhile"
+        )
+    if strict_network and task.wants_network:
+        raise HarborTaskError(
+            f"{task.path}: task {task.id} asks for network (allow_internet defaults to true) and "
+            "--strict-network refuses it: set `allow_internet = false` in its [environment] if it runs offline"
+        )
+    if agent == "oracle" and task.steps[0].solution_dir is None:
+        raise HarborTaskError(
+            f"{task.path}: task {task.id} has no solution/ for --agent oracle: add solution/solve.sh"
+        )
+
+
+def task_image(builder, task: HarborTaskDir, progress: Callable[[str], None] | None = None) -> str:
+    """The tag of the task's image: `docker_image` when it is in Belayer's podman storage, else
+    built from environment/Dockerfile (a lookup when its context is unchanged)."""
+    if task.environment_dir is None:
+        reference = task.config.environment.docker_image
+        if builder.image_id(reference) is None:
+            raise HarborTaskError(
+                f"{task.path}: [environment].docker_image {reference} is not in Belayer's podman storage: "
+                "load it there (podman load) or give the task an environment/Dockerfile"
+            )
+        return reference
+    built = builder.build(task.id, task.environment_dir, task.dockerfile,
+                          timeout_s=task.config.environment.build_timeout_sec, progress=progress)  # fmt: skip
+    return built.tag
+
+
+def _task(task: HarborTaskDir, image: str, *, store, builder, agent: HarborAgent, reward_key: str | None,
+          max_turns: int) -> HarborTask:  # fmt: skip
+    step = task.steps[0]
+    environment = task.config.environment
+    uploads = {}
+    if agent == "oracle":
+        uploads[SOLUTION_DIR] = store_files(store, pack([step.solution_dir]))
+    notes = list(task.warnings)
+    if task.wants_network:
+        notes.append(OFFLINE_NOTE)
+    if environment.storage_mb != 10240 or environment.storage is not None:
+        notes.append(STORAGE_NOTE)
+    agent_env = {**environment.env, **(task.config.solution.env if agent == "oracle" else {})}
+    return HarborTask(
+        id=task.id,
+        instruction=step.instruction,
+        image=image,
+        semantics=ImageSemantics(
+            workdir=environment.workdir or _image_workdir(builder, image) or DEFAULT_WORKDIR,
+            agent_user=_user(step.agent.user),
+            verifier_user=_user(step.verifier.user) or "0",
+            env=agent_env,
+            uploads=uploads,
+            memory_mb=environment.memory_mb,
+            cpus=environment.cpus,
+        ),
+        setup=[healthcheck_command(step.healthcheck)] if step.healthcheck else [],
+        agent=agent,
+        max_turns=max_turns,
+        agent_timeout_s=step.agent.timeout_sec or HarborTask.model_fields["agent_timeout_s"].default,
+        tests=store_files(store, pack(list(step.tests_dirs))),
+        verifier_timeout_s=step.verifier.timeout_sec,
+        verifier_env=step.verifier.env,
+        reward_key=reward_key,
+        notes=notes,
+        metadata=task.config.metadata,
+    )
+
+
+def _user(user: str | int | None) -> str | None:
+    return None if user is None else str(user)
+
+
+def _image_workdir(builder, image: str) -> str | None:
+    """The image's WORKDIR, where a Harbor task's agent works unless task.toml names another."""
+    found = builder.podman("image", "inspect", "--format", "{{.Config.WorkingDir}}", image)
+    return found.stdout.decode().strip() or None
+
+
+def healthcheck_command(check: HealthcheckConfig) -> str:
+    """Docker's HEALTHCHECK as a setup command: `command` retried until it passes (the sandbox
+    is not handed to the agent before), each try bounded by its timeout."""
+    quoted = shell_quote(check.command)
+    return (
+        f"sleep {check.start_period_sec:g}; for __try in $(seq {check.retries}); do "
+        f"timeout {check.timeout_sec:g} bash -c {quoted} && exit 0; sleep {check.interval_sec:g}; done; "
+        f"echo 'healthcheck failed {check.retries} times: '{quoted} >&2; exit 1"
+    )
+
+
+def pack(directories: list[Path]) -> bytes:
+    """The files of `directories`, later ones over earlier same-named files, as a tar whose
+    bytes depend only on their names, contents and executable bits (its hash is its key)."""
+    files: dict[str, Path] = {}
+    for directory in directories:
+        for path in sorted(directory.rglob("*")):
+            if path.is_symlink():
+                raise HarborTaskError(f"{path}: a symbolic link; tests and solutions must be plain files")
+            if path.is_file():
+                files[path.relative_to(directory).as_posix()] = path
+    out = io.BytesIO()
+    with tarfile.open(fileobj=out, mode="w", format=tarfile.PAX_FORMAT) as tar:
+        for name in sorted(files):
+            data = files[name].read_bytes()
+            info = tarfile.TarInfo(name)
+            info.size, info.mtime = len(data), 0
+            info.mode = 0o755 if files[name].stat().st_mode & 0o111 else 0o644
+            tar.addfile(info, io.BytesIO(data))
+    return out.getvalue()
+
+
+def store_files(store, data: bytes) -> StoredFiles:
+    """`data` in the store under its own hash (uploaded once, whoever asks again)."""
+    sha256 = hashlib.sha256(data).hexdigest()
+    key = f"{FILES_PREFIX}/{sha256}.tar"
+    store.put_bytes(key, data, if_absent=True)
+    return StoredFiles(key=key, sha256=sha256)
+
+
+def run_tasks(config, path: Path, *, agent: HarborAgent = "model", reward_key: str | None = None,
+              strict_network: bool = False, progress: Callable[[str], None] | None = None) -> list:  # fmt: skip
+    """The tasks `belayer run PATH` and `belayer train PATH` start: a Harbor task directory or
+    dataset made ready to run (images built, files stored), or a workload file's tasks."""
+    from belayer.sandbox.backends import open_backend
+    from belayer.storage.store import open_store
+    from belayer.workloads.harbor import is_harbor_path
+    from belayer.workloads.loader import WorkloadError, load_workload
+
+    if not is_harbor_path(path):
+        if agent != "model" or reward_key is not None:
+            raise WorkloadError(
+                f"{path}: --agent {agent} and --reward-key apply to Harbor task directories only"
+            )
+        return load_workload(path).tasks
+    builder = open_backend(config.sandbox, config.state_dir, config.cache_dir).image_builder()
+    return load_harbor_tasks(path, store=open_store(config.storage), builder=builder, agent=agent,
+                             reward_key=reward_key, strict_network=strict_network, progress=progress)  # fmt: skip

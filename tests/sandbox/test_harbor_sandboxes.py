@@ -1,0 +1,115 @@
+"""A Harbor task's sandbox on the real stack: its image run as built (the agent root in its
+WORKDIR, the image's environment, a writable root that checkpoints carry), its tests
+installed by PID 1 at verify time, its reward read from what they wrote, and nothing the
+agent planted beforehand (a reward file, a symbolic link) counted."""
+
+from __future__ import annotations
+
+import uuid
+
+import pytest
+
+from belayer.sandbox import runtime
+from belayer.sandbox.images import ImageBuilder
+from belayer.sandbox.models import Action, ImageSemantics, SandboxSpec
+from belayer.workloads.harbor_tasks import pack, store_files
+
+DOCKERFILE = """\
+FROM debian:bookworm
+WORKDIR /app
+RUN echo "print('hello from the image')" > /app/main.py
+ENV TASK_FLAVOUR=harbor
+"""
+TEST_SH = """\
+#!/bin/bash
+mkdir -p /logs/verifier
+if [ "$(cat /app/answer 2>/dev/null)" = 42 ]; then echo 1 > /logs/verifier/reward.txt; else echo 0 > /logs/verifier/reward.txt; fi
+echo "verifier ran as $(id -u) in $PWD with MODE=$MODE"
+"""
+
+
+@pytest.fixture
+def harbor_image(sandbox_runtime, tmp_path):
+    context = tmp_path / "environment"
+    context.mkdir()
+    (context / "Dockerfile").write_text(DOCKERFILE + f"LABEL test.run={uuid.uuid4().hex}\n")
+    builder = ImageBuilder({"debian:bookworm": runtime.base_image_name()})
+    image = builder.build(f"test-harbor-{uuid.uuid4().hex[:8]}", context, context / "Dockerfile")
+    yield image.tag
+    builder.podman("rmi", "-f", image.tag)
+
+
+@pytest.fixture
+def tests_files(sandboxes, tmp_path):
+    tests = tmp_path / "tests"
+    tests.mkdir()
+    (tests / "test.sh").write_text(TEST_SH)
+    return store_files(sandboxes.host.store, pack([tests]))
+
+
+def spec_for(sandboxes, image: str, **semantics) -> SandboxSpec:
+    return SandboxSpec(labels={"belayer.test": sandboxes.token}, image=image,
+                       semantics=ImageSemantics(workdir="/app", **semantics))  # fmt: skip
+
+
+def act(host, handle, step: int, command: str, trajectory: str = "t-harbor"):
+    return host.exec(handle, Action(trajectory=trajectory, step=step, command=command))
+
+
+def test_the_agent_is_a_capless_root_in_the_images_workdir_and_the_root_it_writes_is_checkpointed(
+    sandboxes, harbor_image
+):
+    host = sandboxes.host
+    handle = host.create(spec_for(sandboxes, harbor_image, env={"EXTRA": "from-task"}))
+    seen = act(host, handle, 1, "id -u; pwd; echo $TASK_FLAVOUR $EXTRA; python3 main.py; "
+                                "echo installed > /usr/local/bin/tool-marker")  # fmt: skip
+    assert seen.exit_code == 0, seen
+    assert seen.stdout.splitlines() == ["0", "/app", "harbor from-task", "hello from the image"]
+    # root, but no capability: not PID 1's environment, not the journal, not a signal to PID 1 that lands
+    probe = act(host, handle, 2, "grep Cap[EP] /proc/self/status; cat /proc/1/environ >/dev/null 2>&1 && echo READ-ENV; "
+                                 "ls /var/lib/belayer >/dev/null 2>&1 && echo READ-JOURNAL; true")  # fmt: skip
+    assert "READ-ENV" not in probe.stdout and "READ-JOURNAL" not in probe.stdout, probe
+    assert {line.split()[1] for line in probe.stdout.splitlines() if line.startswith("Cap")} == {
+        "0000000000000000"
+    }
+
+    ref = host.checkpoint(handle)
+    host.destroy(handle)
+    restored, _ = host.restore(ref, handle.generation + 1)
+    assert act(host, restored, 3, "cat /usr/local/bin/tool-marker; pwd").stdout == "installed\n/app\n"
+
+
+def test_the_tests_land_at_verify_time_and_what_the_agent_planted_counts_for_nothing(
+    sandboxes, harbor_image, tests_files
+):
+    host = sandboxes.host
+    handle = host.create(spec_for(sandboxes, harbor_image))
+    planted = act(host, handle, 1, "mkdir -p /logs/verifier && echo 1 > /logs/verifier/reward.txt && "
+                                   "ln -s /var/lib/belayer /logs/verifier/journal")  # fmt: skip
+    assert planted.exit_code == 0, planted
+    check = Action(trajectory="t-harbor", step=2, command="MODE=strict bash /tests/test.sh", timeout_s=30)
+    graded = host.verify(handle, check, tests_files, processes="running")
+    assert graded.files == {"reward.txt": b"0\n"}, (
+        graded
+    )  # the real tests ran; the planted link was never read
+    assert "verifier ran as 0 in /app with MODE=strict" in graded.observation.stdout
+
+    # a retried verify gets the journal's run and the same files: nothing reinstalled over them
+    again = host.verify(handle, check, tests_files, processes="running")
+    assert again.files == graded.files and again.observation.replayed_from_journal
+
+
+def test_the_answer_scores_and_a_verifier_that_writes_nothing_or_hangs_is_seen_as_such(
+    sandboxes, harbor_image, tests_files
+):
+    host = sandboxes.host
+    handle = host.create(spec_for(sandboxes, harbor_image, uploads={"/solution": tests_files}))
+    assert act(host, handle, 1, "ls /solution; echo 42 > answer").stdout == "test.sh\n"
+    solved = host.verify(handle, Action(trajectory="t-harbor", step=2, command="bash /tests/test.sh"),
+                         tests_files, processes="frozen")  # fmt: skip
+    assert solved.files["reward.txt"] == b"1\n"
+
+    other = host.create(spec_for(sandboxes, harbor_image))
+    hung = host.verify(other, Action(trajectory="t-hang", step=1, command="sleep 30", timeout_s=1),
+                       tests_files, processes="running")  # fmt: skip
+    assert hung.observation.timed_out and hung.files == {}
