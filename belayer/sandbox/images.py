@@ -25,6 +25,7 @@ import json
 import os
 import re
 import subprocess
+import uuid
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -239,8 +240,7 @@ def share_image(backend, store, name: str, work_dir: Path) -> str:
     if not image_id:
         raise ImageUnavailable(f"image {name} is not on this host: build it first (belayer tasks check)")
     if not store.exists(_archive_key(image_id)):
-        work_dir.mkdir(parents=True, exist_ok=True)
-        archive = work_dir / f"image-{image_id.removeprefix('sha256:')[:16]}-{os.getpid()}.tar"
+        archive = _scratch_archive(work_dir, image_id)
         try:
             backend.save_image(name, archive)
             with archive.open("rb") as f:
@@ -277,9 +277,17 @@ def _shared_id(store, name: str) -> str:
         ) from None
 
 
-def _load(backend, store, name: str, image_id: str, work_dir: Path) -> None:
+def _scratch_archive(work_dir: Path, image_id: str) -> Path:
+    """A path of its own for one image archive in flight: two sandboxes of one image started
+    at once on a host each save or load their own copy, never the other's half-written one."""
     work_dir.mkdir(parents=True, exist_ok=True)
-    archive = work_dir / f"image-{image_id.removeprefix('sha256:')[:16]}-{os.getpid()}.tar"
+    return (
+        work_dir / f"image-{image_id.removeprefix('sha256:')[:16]}-{os.getpid()}-{uuid.uuid4().hex[:8]}.tar"
+    )
+
+
+def _load(backend, store, name: str, image_id: str, work_dir: Path) -> None:
+    archive = _scratch_archive(work_dir, image_id)
     try:
         with archive.open("wb") as f:
             store.download_stream(_archive_key(image_id), f)

@@ -256,7 +256,7 @@ class PodmanBackend:
             "BELAYER_WORKSPACE": semantics.workdir,
             "BELAYER_HAND_OVER": "0",
         }
-        return ["--user=0:0", f"--workdir={semantics.workdir}", *(f"--env={k}={v}" for k, v in told.items())]
+        return ["--user=0:0", *(f"--env={k}={v}" for k, v in told.items())]
 
     def _image_config(self, image: str) -> tuple[str, dict[str, str]]:
         """The image's USER and ENV, as its build left them."""

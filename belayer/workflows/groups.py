@@ -68,8 +68,10 @@ async def prepare(group_id: str, task: Task, trajectory_ids: list[str], queues: 
         record.fallback = f"the group's prompt could not be tokenized: {cause_of(err)}"
         return record, [None] * len(trajectory_ids)
     starts: list[ForkStart | None] = [ForkStart(parent=group_id, prompt=prompt) for _ in trajectory_ids]
-    if len(trajectory_ids) < 2 or not task.setup:
-        # Forking a sandbox nothing was set up in costs a checkpoint and saves nothing.
+    spec = driver_for(task).sandbox(task)
+    if len(trajectory_ids) < 2 or not (spec.setup_commands or spec.semantics is not None):
+        # Forking a sandbox nothing was set up in costs a checkpoint and saves nothing (a task
+        # image's sandbox is set up by its start: its files installed, its healthcheck passed).
         record.fallback = (
             "a group of one" if len(trajectory_ids) < 2 else "the task has no setup"
         ) + ": every member creates its own sandbox"
@@ -83,7 +85,7 @@ async def prepare(group_id: str, task: Task, trajectory_ids: list[str], queues: 
         at = workflow.now()
         parent = await _activity(
             sandbox.CREATE,
-            CreateSandboxArgs(sandbox_id=_sandbox_id(), spec=driver_for(task).sandbox(task)),
+            CreateSandboxArgs(sandbox_id=_sandbox_id(), spec=spec),
             queue=queues.sandbox,
             on_host=False,
             summary=f"group {group_id}: create and set up the sandbox its {len(trajectory_ids)} members fork",

@@ -128,7 +128,7 @@ def _user(user: str | int | None) -> str | None:
 def _image_workdir(builder, image: str) -> str | None:
     """The image's WORKDIR, where a Harbor task's agent works unless task.toml names another."""
     found = builder.podman("image", "inspect", "--format", "{{.Config.WorkingDir}}", image)
-    return found.stdout.decode().strip() or None
+    return found.stdout.strip() or None
 
 
 def healthcheck_command(check: HealthcheckConfig) -> str:

@@ -1331,6 +1331,9 @@ def hand_over_directories() -> None:
     """At start: the journal to the guard, /workspace and /home/agent to the agent, and /run
     and /run/lock writable by every user as /tmp is (mode 1777: the agent's pid files,
     sockets and locks), as they were when the agent was root."""
+    if not HAND_OVER and not os.path.isdir(WORKSPACE):  # a task image without its WORKDIR (Harbor's /app)
+        os.makedirs(WORKSPACE, 0o755)
+        os.chown(WORKSPACE, AGENT_UID, AGENT_GID)
     owners = [(JOURNAL_DIR, GUARD_UID, GUARD_UID)]
     owners += [(WORKSPACE, AGENT_UID, AGENT_GID), (AGENT_HOME, AGENT_UID, AGENT_GID)] if HAND_OVER else []
     for directory, owner, group in owners:

@@ -1,0 +1,1 @@
+"""Small helpers for working with time ranges."""

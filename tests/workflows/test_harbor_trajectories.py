@@ -1,0 +1,104 @@
+"""Harbor tasks through the trajectory and group workflows on the real stack (Temporal,
+SeaweedFS, podman + CRIU; scripted engine): the oracle and nop agents, graded rewards from
+reward.json, a verifier that writes nothing or times out (the agent's failure, never a
+retry), a sandbox lost after the oracle's action recovered to the same reward, and a group
+of 4 forked from one set-up Harbor sandbox."""
+
+from __future__ import annotations
+
+import uuid
+from pathlib import Path
+
+import pytest
+
+from belayer.sandbox import runtime
+from belayer.sandbox.images import ImageBuilder
+from belayer.workloads.harbor_tasks import load_harbor_tasks
+from tests.workflows.test_groups import members, run_group
+from tests.workflows.test_trajectory import start
+
+DOCKERFILE = "FROM debian:bookworm\nWORKDIR /app\nRUN echo ready > /app/state\n"
+TASKS = {
+    # graded: two partial checks, the reward their mean
+    "graded": (
+        "[verifier]\ntimeout_sec = 30\n",
+        'if [ -f /app/done ]; then echo \'{"a": 1, "b": 0.5}\'; else echo \'{"a": 0, "b": 0}\'; fi'
+        " > /logs/verifier/reward.json",
+    ),
+    "silent": ("", "echo 'the tests forgot to write a reward'"),
+    "slow": ("[verifier]\ntimeout_sec = 2\n", "sleep 30; echo 1 > /logs/verifier/reward.txt"),
+}
+
+
+def write_dataset(root: Path) -> Path:
+    run = uuid.uuid4().hex  # a fresh build context: the test's images are its own
+    for name, (toml, test) in TASKS.items():
+        task = root / name
+        (task / "environment").mkdir(parents=True)
+        (task / "tests").mkdir()
+        (task / "solution").mkdir()
+        (task / "task.toml").write_text('version = "1.0"\n[environment]\nallow_internet = false\n' + toml)
+        (task / "instruction.md").write_text(f"Solve {name}.\n")
+        (task / "environment" / "Dockerfile").write_text(DOCKERFILE + f"LABEL test.run={run}\n")
+        (task / "tests" / "test.sh").write_text(f"#!/bin/bash\nmkdir -p /logs/verifier\n{test}\n")
+        (task / "solution" / "solve.sh").write_text("#!/bin/bash\ntouch /app/done\necho solved\n")
+    return root
+
+
+@pytest.fixture
+def dataset(stack, tmp_path):
+    builder = ImageBuilder({"debian:bookworm": runtime.base_image_name()})
+    path = write_dataset(tmp_path / "dataset")
+
+    def tasks(agent: str) -> dict:
+        loaded = load_harbor_tasks(path, store=stack.sandboxes.host.store, builder=builder, agent=agent)
+        return {task.id: task for task in loaded}
+
+    yield tasks
+    for tag in {task.image for task in tasks("nop").values()}:
+        builder.podman("rmi", "-f", tag)
+
+
+async def test_the_oracle_scores_graded_rewards_and_a_verifier_without_one_fails_the_agent(stack, dataset):
+    tasks = dataset("oracle")
+    graded = await (await start(stack, tasks["graded"])).result()
+    assert (graded.status, graded.reward, graded.rewards) == ("completed", 0.75, {"a": 1.0, "b": 0.5}), graded
+    assert graded.turns == 1 and graded.verifier_logs == {
+        "reward.json": f"trajectories/{graded.trajectory_id}/verifier/step-2/reward.json"
+    }
+    assert graded.notes == []  # it asks for no network
+    silent = await (await start(stack, tasks["silent"])).result()
+    assert (silent.status, silent.reward) == ("failed_policy", 0.0)
+    assert "wrote no reward" in silent.reason and silent.recoveries == [], silent.reason
+    slow = await (await start(stack, tasks["slow"])).result()
+    assert (slow.status, slow.reward) == ("failed_policy", 0.0)
+    assert "timed out after 2 s" in slow.reason and slow.recoveries == [], slow.reason
+
+
+async def test_the_nop_agent_scores_zero_on_a_sound_task(stack, dataset):
+    nop = await (await start(stack, dataset("nop")["graded"])).result()
+    assert (nop.status, nop.reward, nop.turns) == ("completed", 0.0, 0), nop
+
+
+async def test_a_sandbox_lost_after_the_oracles_action_recovers_to_the_same_reward(stack, dataset, monkeypatch):
+    task = dataset("oracle")["graded"]
+    original, killed = stack.sandboxes.host.exec, []
+
+    def exec_then_kill(handle, action, **kwargs):
+        observation = original(handle, action, **kwargs)
+        if action.step == 1 and not kwargs.get("isolated") and not killed:
+            killed.append(handle.container)
+            stack.sandboxes.host.kill(handle)
+        return observation
+
+    monkeypatch.setattr(stack.sandboxes.host, "exec", exec_then_kill)
+    result = await (await start(stack, task)).result()
+    assert killed and (result.status, result.reward) == ("completed", 0.75), result
+    (recovery,) = result.recoveries
+    assert recovery.consistent, recovery
+
+
+async def test_a_group_of_four_forks_from_one_set_up_harbor_sandbox(stack, dataset):
+    group = await run_group(stack, members(stack, dataset("oracle")["graded"], 4))
+    assert (group.group.forked, group.group.fallback) == (4, ""), group.group
+    assert [(r.status, r.reward) for r in group.results] == [("completed", 0.75)] * 4
