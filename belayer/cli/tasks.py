@@ -15,7 +15,9 @@ from rich.table import Table
 from belayer.cli.context import config_from, console, leave
 from belayer.errors import BelayerError
 from belayer.sandbox.backends import open_backend
+from belayer.sandbox.host import make_host
 from belayer.workloads.harbor import HarborTaskDir, HarborTaskError, is_task_dir, load_harbor, load_task
+from belayer.workloads.harbor_check import check_agent
 
 
 @dataclass
@@ -30,6 +32,9 @@ class TaskCheck:
     image_id: str | None = None
     image_built_s: float | None = None  # None: found under its context hash, no build ran
     warnings: list[str] = field(default_factory=list)
+    prebuilt: bool = False  # [environment].docker_image: nothing to build
+    oracle: float | None = None  # what each agent scored (None: not run)
+    nop: float | None = None
 
     @property
     def ok(self) -> bool:
@@ -43,25 +48,32 @@ def tasks() -> None:
 
 @tasks.command()
 @click.argument("path", type=click.Path(exists=True, file_okay=False, path_type=Path))
-@click.option("--no-build", is_flag=True, help="Validate the task files only; build no image.")
+@click.option("--no-build", is_flag=True, help="Validate the task files only; build no image, run nothing.")
+@click.option("--no-run", is_flag=True, help="Build the images but run neither the oracle nor the nop agent.")
 @click.option("--json", "as_json", is_flag=True, help='Print {"tasks": [...]} as JSON.')
 @click.pass_context
-def check(ctx: click.Context, path: Path, no_build: bool, as_json: bool) -> None:
-    """Validate the Harbor task directory PATH, or every task of the dataset PATH, and
-    build each task's image from its environment/Dockerfile (cached by the hash of the
-    build context: an unchanged task is a lookup).
+def check(ctx: click.Context, path: Path, no_build: bool, no_run: bool, as_json: bool) -> None:
+    """Validate the Harbor task directory PATH, or every task of the dataset PATH, build
+    each task's image from its environment/Dockerfile (cached by the hash of the build
+    context: an unchanged task is a lookup), then run its oracle (solution/solve.sh) and
+    nop (nothing) agents in real sandboxes: a sound task scores 1 and 0.
 
     Every problem is listed with its file and field; the exit status is 1 when any task
     has one. Builds run offline: a FROM image must be in Belayer's podman storage or
-    mapped onto one by sandbox.base_images. Running the oracle and nop agents against
-    the built images is not part of this check yet.
+    mapped onto one by sandbox.base_images. Running the agents needs the object store
+    (`belayer up`); no Temporal, no engine.
     """
     checks = [_validated(task_path) for task_path in _task_paths(path)]
     if not no_build:
-        builder = open_backend(*_backend_args(ctx)).image_builder()
+        config = config_from(ctx.find_root())
+        builder = open_backend(config.sandbox, config.state_dir, config.cache_dir).image_builder()
         for result, task in checks:
             if task is not None and result.ok:
                 _build(builder, result, task, quiet=as_json)
+        if not no_run:
+            _run_agents(
+                make_host(config), builder, [(r, t) for r, t in checks if t is not None and r.ok], as_json
+            )
     results = [result for result, _ in checks]
     if as_json:
         click.echo(json.dumps({"tasks": [_as_dict(r) for r in results]}, indent=2))
@@ -70,9 +82,27 @@ def check(ctx: click.Context, path: Path, no_build: bool, as_json: bool) -> None
     leave(0 if all(r.ok for r in results) else 1)
 
 
-def _backend_args(ctx: click.Context) -> tuple:
-    config = config_from(ctx.find_root())
-    return config.sandbox, config.state_dir, config.cache_dir
+def _run_agents(host, builder, checks: list[tuple[TaskCheck, HarborTaskDir]], quiet: bool) -> None:
+    """The oracle then the nop agent on each task; a task they do not score 1 and 0 has a problem."""
+    for result, task in checks:
+        for agent in ("oracle", "nop"):
+            if agent == "oracle" and any(step.solution_dir is None for step in task.steps):
+                result.warnings.append("no solution/: the oracle was not run")
+                continue
+            if not quiet:
+                console.print(f"  {escape(task.id)}: running the {agent} agent", highlight=False)
+            try:
+                scored = check_agent(host, task, result.image, agent, builder)
+            except BelayerError as exc:
+                result.problem = f"the {agent} agent could not run: {exc}"
+                break
+            setattr(result, agent, scored.reward)
+            expected = 1.0 if agent == "oracle" else 0.0
+            if scored.reward != expected and result.problem is None:
+                why = f" ({scored.problem})" if scored.problem else ""
+                result.problem = (
+                    f"the {agent} agent scored {scored.reward:g}, a sound task scores {expected:g}{why}"
+                )
 
 
 def _task_paths(path: Path) -> list[Path]:
@@ -105,7 +135,7 @@ def _validated(path: Path) -> tuple[TaskCheck, HarborTaskDir | None]:
 def _build(builder, result: TaskCheck, task: HarborTaskDir, quiet: bool) -> None:
     if task.environment_dir is None:  # a prebuilt docker_image
         reference = task.config.environment.docker_image
-        result.image, result.image_id = reference, builder.image_id(reference)
+        result.image, result.image_id, result.prebuilt = reference, builder.image_id(reference), True
         if result.image_id is None:
             result.problem = (f"{task.path}: [environment].docker_image {reference} is not in Belayer's podman "
                               "storage: load it there (podman load) or give the task an environment/Dockerfile")  # fmt: skip
@@ -125,19 +155,28 @@ def _build(builder, result: TaskCheck, task: HarborTaskDir, quiet: bool) -> None
 def _as_dict(result: TaskCheck) -> dict:
     return {"task": result.task, "path": result.path, "ok": result.ok, "steps": result.steps,
             "problem": result.problem, "image": result.image, "image_id": result.image_id,
-            "image_built_s": result.image_built_s, "warnings": result.warnings}  # fmt: skip
+            "image_built_s": result.image_built_s, "oracle": result.oracle, "nop": result.nop,
+            "warnings": result.warnings}  # fmt: skip
 
 
 def _show(results: list[TaskCheck]) -> None:
-    table = Table("task", "steps", "image", "result")
+    table = Table("task", "steps", "image", "oracle", "nop", "result")
     for r in results:
         image = (
             "-"
             if r.image is None
-            else r.image + (" (cached)" if r.image_built_s is None else f" (built in {r.image_built_s:g} s)")
+            else r.image
+            + (
+                " (prebuilt)"
+                if r.prebuilt
+                else " (cached)"
+                if r.image_built_s is None
+                else f" (built in {r.image_built_s:g} s)"
+            )  # fmt: skip
         )
         outcome = "[green]ok[/]" if r.ok else "[red]problem[/]"
-        table.add_row(r.task, str(r.steps), image, outcome)
+        scores = ["-" if score is None else f"{score:g}" for score in (r.oracle, r.nop)]
+        table.add_row(r.task, str(r.steps), image, *scores, outcome)
     out = Console() if Console().is_terminal else Console(width=200)
     out.print(table)
     for r in results:

@@ -79,3 +79,13 @@ def _scalar_of(rewards: dict[str, float], reward_key: str | None) -> float:
     if not rewards:
         raise NoReward(f"{REWARD_JSON} holds no numeric value")
     return sum(rewards.values()) / len(rewards)
+
+
+def task_reward(step_rewards: list[float | None], steps: int, strategy: str = "mean") -> float:
+    """A multi-step task's reward from its steps' (None: no reward written): the mean over
+    all `steps`, a step not run or without a reward counting 0, or with `final` the last
+    step's (0 unless it ran). A single-step task's is its step's."""
+    scored = [reward or 0.0 for reward in step_rewards] + [0.0] * (steps - len(step_rewards))
+    if strategy == "final":
+        return scored[-1]
+    return sum(scored) / steps

@@ -94,19 +94,13 @@ def _task(task: HarborTaskDir, image: str, *, store, builder, agent: HarborAgent
         notes.append(OFFLINE_NOTE)
     if environment.storage_mb != 10240 or environment.storage is not None:
         notes.append(STORAGE_NOTE)
-    agent_env = {**environment.env, **(task.config.solution.env if agent == "oracle" else {})}
+    agent_env = task.config.solution.env if agent == "oracle" else {}
     return HarborTask(
         id=task.id,
         instruction=step.instruction,
         image=image,
-        semantics=ImageSemantics(
-            workdir=environment.workdir or _image_workdir(builder, image) or DEFAULT_WORKDIR,
-            agent_user=_user(step.agent.user),
-            verifier_user=_user(step.verifier.user) or "0",
-            env=agent_env,
-            uploads=uploads,
-            memory_mb=environment.memory_mb,
-            cpus=environment.cpus,
+        semantics=semantics_of(task, image, builder, agent_env=agent_env).model_copy(
+            update={"uploads": uploads}
         ),
         setup=[healthcheck_command(step.healthcheck)] if step.healthcheck else [],
         agent=agent,
@@ -118,6 +112,20 @@ def _task(task: HarborTaskDir, image: str, *, store, builder, agent: HarborAgent
         reward_key=reward_key,
         notes=notes,
         metadata=task.config.metadata,
+    )
+
+
+def semantics_of(task: HarborTaskDir, image: str, builder, *, agent_env: dict[str, str]) -> ImageSemantics:
+    """How the task's image runs: its first step's agent and verifier users, its WORKDIR
+    (task.toml's, else the image's, else Harbor's /app), its [environment] env and limits."""
+    environment, step = task.config.environment, task.steps[0]
+    return ImageSemantics(
+        workdir=environment.workdir or _image_workdir(builder, image) or DEFAULT_WORKDIR,
+        agent_user=_user(step.agent.user),
+        verifier_user=_user(step.verifier.user) or "0",
+        env={**environment.env, **agent_env},
+        memory_mb=environment.memory_mb,
+        cpus=environment.cpus,
     )
 
 

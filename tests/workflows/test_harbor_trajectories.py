@@ -80,7 +80,9 @@ async def test_the_nop_agent_scores_zero_on_a_sound_task(stack, dataset):
     assert (nop.status, nop.reward, nop.turns) == ("completed", 0.0, 0), nop
 
 
-async def test_a_sandbox_lost_after_the_oracles_action_recovers_to_the_same_reward(stack, dataset, monkeypatch):
+async def test_a_sandbox_lost_after_the_oracles_action_recovers_to_the_same_reward(
+    stack, dataset, monkeypatch
+):
     task = dataset("oracle")["graded"]
     original, killed = stack.sandboxes.host.exec, []
 

@@ -1,0 +1,109 @@
+"""The oracle and nop agents run against a Harbor task on one sandbox host, without Temporal
+or an engine: `belayer tasks check`'s end-to-end validation of a dataset.
+
+A sound task scores 1 with its oracle (solution/solve.sh) and 0 with nop (nothing done):
+a task whose oracle fails has a broken solution or environment, and one whose untouched
+environment already passes rewards doing nothing. Each step of a multi-step task runs in
+order in one sandbox (its solution installed at /solution, its `workdir/` files into the
+WORKDIR, its setup.sh run, its tests at verify time), stopping early below `min_reward`.
+"""
+
+from __future__ import annotations
+
+import uuid
+from dataclasses import dataclass, field
+
+from belayer.sandbox.models import Action, ImageSemantics, SandboxSpec
+from belayer.workloads.drivers import SOLUTION_DIR, shell_quote
+from belayer.workloads.harbor import HarborStep, HarborTaskDir
+from belayer.workloads.harbor_reward import REWARD_JSON, REWARD_TXT, NoReward, read_reward, task_reward
+from belayer.workloads.harbor_tasks import pack, semantics_of, store_files
+
+
+@dataclass
+class AgentCheck:
+    """What one agent scored on one task: the task's reward, each step's, and why one had none."""
+
+    agent: str
+    reward: float = 0.0
+    step_rewards: list[float | None] = field(default_factory=list)
+    problem: str | None = None
+
+
+def check_agent(host, task: HarborTaskDir, image: str, agent: str, builder) -> AgentCheck:
+    """Run `agent` ("oracle" or "nop") through every step of `task` in one fresh sandbox."""
+    result = AgentCheck(agent=agent)
+    trajectory = f"tasks-check-{task.id}-{agent}-{uuid.uuid4().hex[:6]}"
+    semantics: ImageSemantics = semantics_of(task, image, builder, agent_env={})
+    spec = SandboxSpec(image=image, semantics=semantics, labels={"belayer.tasks-check": task.id})
+    handle = host.create(spec)
+    try:
+        action_step = 0
+        for step in task.steps:
+            action_step = _prepare_step(host, handle, step, semantics, trajectory, action_step, agent, task)
+            if agent == "oracle":
+                action_step += 1
+                env = "".join(f"export {k}={shell_quote(v)}\n" for k, v in task.config.solution.env.items())
+                solved = host.exec(handle, Action(trajectory=trajectory, step=action_step,
+                                                  command=f"{env}bash {SOLUTION_DIR}/solve.sh",
+                                                  timeout_s=step.agent.timeout_sec or 600.0))  # fmt: skip
+                if solved.timed_out:
+                    result.problem = f"step {step.name}: the oracle's solve.sh timed out"
+            action_step += 1
+            reward, why = _verify(host, handle, step, semantics, trajectory, action_step)
+            result.step_rewards.append(reward)
+            if why and result.problem is None:
+                result.problem = f"step {step.name}: {why}"
+            if step.min_reward is not None and (reward or 0.0) < step.min_reward:
+                break
+    finally:
+        host.destroy(handle)
+    result.reward = task_reward(result.step_rewards, len(task.steps), task.config.multi_step_reward_strategy)
+    return result
+
+
+def _prepare_step(host, handle, step: HarborStep, semantics: ImageSemantics, trajectory: str, action_step: int,
+                  agent: str, task: HarborTaskDir) -> int:  # fmt: skip
+    """A step's files in place before its agent acts: its solution (oracle), its workdir/
+    files, its setup.sh run as the agent. Returns the journal step reached."""
+    if agent == "oracle" and step.solution_dir is not None:
+        host.install(
+            handle.sandbox_id, SOLUTION_DIR, store_files(host.store, pack([step.solution_dir])), "agent"
+        )
+    if step.workdir_upload is not None and task.multi_step:
+        staged = f"/logs/agent/.step-{step.name}"
+        host.install(handle.sandbox_id, staged, store_files(host.store, pack([step.workdir_upload])), "agent")
+        action_step += 1
+        host.exec(handle, Action(trajectory=trajectory, step=action_step,
+                                 command=f"cp -a {staged}/. {shell_quote(semantics.workdir)}/ && rm -rf {staged}"))  # fmt: skip
+    if step.setup_script is not None:
+        staged = f"/logs/agent/.setup-{step.name}"
+        host.install(
+            handle.sandbox_id, staged, store_files(host.store, pack([step.setup_script.parent])), "agent"
+        )
+        action_step += 1
+        host.exec(handle, Action(trajectory=trajectory, step=action_step,
+                                 command=f"bash {staged}/{step.setup_script.name}; rm -rf {staged}"))  # fmt: skip
+    return action_step
+
+
+def _verify(host, handle, step: HarborStep, semantics: ImageSemantics, trajectory: str,
+            action_step: int) -> tuple[float | None, str | None]:  # fmt: skip
+    exports = "".join(f"export {k}={shell_quote(v)}\n" for k, v in step.verifier.env.items())
+    command = f"{exports}cd {shell_quote(semantics.workdir)} && bash /tests/test.sh"
+    action = Action(
+        trajectory=trajectory, step=action_step, command=command, timeout_s=step.verifier.timeout_sec
+    )
+    graded = host.verify(
+        handle, action, store_files(host.store, pack(list(step.tests_dirs))), processes="running"
+    )
+    if graded.observation.timed_out:
+        return None, f"the verifier timed out after {step.verifier.timeout_sec:g} s"
+    text = {name: data.decode("utf-8", "replace") for name, data in graded.files.items()}
+    try:
+        return read_reward(text.get(REWARD_TXT), text.get(REWARD_JSON)).reward, None
+    except NoReward as exc:
+        return (
+            None,
+            f"{exc} (verifier exit {graded.observation.exit_code}: {graded.observation.stderr[-300:]})",
+        )
