@@ -148,6 +148,7 @@ WORKSPACE = os.environ.get("BELAYER_WORKSPACE", "/workspace")
 # task image keeps the owners its build gave them.
 HAND_OVER = os.environ.get("BELAYER_HAND_OVER", "1") == "1"
 RUN_DIRS = ("/run", "/run/lock")
+UNMAPPED_UID = 65534  # the kernel's overflowuid: how a file of a uid outside the namespace's map shows
 SOCKET_NAME = "supervisor.sock"
 MAX_REQUEST = 8 * 1024 * 1024
 MAX_WAIT_S = 5.0
@@ -1334,6 +1335,16 @@ def hand_over_directories() -> None:
     if not HAND_OVER and not os.path.isdir(WORKSPACE):  # a task image without its WORKDIR (Harbor's /app)
         os.makedirs(WORKSPACE, 0o755)
         os.chown(WORKSPACE, AGENT_UID, AGENT_GID)
+    elif not HAND_OVER and os.stat(WORKSPACE).st_uid == UNMAPPED_UID:
+        # A WORKDIR no build step created: podman made it, empty, as the host's root, whom
+        # the sandbox's user namespace does not map (so not even CAP_CHOWN may give it away).
+        # Made anew, it is the agent's, as Docker would make it.
+        try:
+            os.rmdir(WORKSPACE)
+            os.mkdir(WORKSPACE, 0o755)
+            os.chown(WORKSPACE, AGENT_UID, AGENT_GID)
+        except OSError as exc:
+            log(f"the workdir {WORKSPACE} stays the unmapped user's: {exc}")
     owners = [(JOURNAL_DIR, GUARD_UID, GUARD_UID)]
     owners += [(WORKSPACE, AGENT_UID, AGENT_GID), (AGENT_HOME, AGENT_UID, AGENT_GID)] if HAND_OVER else []
     for directory, owner, group in owners:
