@@ -12,6 +12,7 @@ from pathlib import Path
 
 import click
 from rich.console import Console
+from rich.markup import escape
 from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 from temporalio.api.enums.v1 import EventType
@@ -615,6 +616,8 @@ async def _walk_history(handle, converter, store):
                 result = (await converter.decode(payloads, [TrajectoryResult]))[0]
                 decisions = await asyncio.to_thread(read_decisions, store, result.log) if result.log else []
                 summary = {"result": result.model_dump(), "decisions": [d.model_dump() for d in decisions]}
+                if result.verifier_observation is not None:
+                    summary["verifier"] = await asyncio.to_thread(_verifier_report, store, result)
     waits = sum(d.get("wait_s") or 0.0 for d in summary.get("decisions", []))
     summary["timing"] = clock.summary(turns=len(steps), checkpoint_wait_s=waits)
     return steps, checkpoints, summary
@@ -682,6 +685,19 @@ class _ActivityClock:
         }
 
 
+VERIFIER_SHOWN_CHARS = 4000
+
+
+def _verifier_report(store, result: TrajectoryResult) -> dict:
+    """A graded check's output and the files of its logs directory (a Harbor task's
+    /logs/verifier), read back from the store, each cut to its last few thousand characters."""
+    obs = load_observation(store, result.verifier_observation)
+    logs = {name: store.get_bytes(key).decode("utf-8", "replace")[-VERIFIER_SHOWN_CHARS:]
+            for name, key in result.verifier_logs.items()}  # fmt: skip
+    return {"exit_code": obs.exit_code, "timed_out": obs.timed_out, "stdout": obs.stdout[-VERIFIER_SHOWN_CHARS:],
+            "stderr": obs.stderr[-VERIFIER_SHOWN_CHARS:], "logs": logs, "rewards": result.rewards}  # fmt: skip
+
+
 def _print_inspection(report: dict) -> None:
     out = Console(width=max(Console().width, 160))
     out.print(f"[bold]{report['id']}[/]  {report['status']}  {report['ui']}")
@@ -727,6 +743,15 @@ def _print_inspection(report: dict) -> None:
                 f"  recovery at step {rec['step']}: {rec['reason'][:80]} → {rec['source']}, "
                 f"replayed {rec['replayed_steps']}, consistent={rec['consistent']}"
             )
+    verifier = report.get("verifier")
+    if verifier:
+        timed_out = ", timed out" if verifier["timed_out"] else ""
+        out.print(f"verifier: exit {verifier['exit_code']}{timed_out}, rewards {verifier['rewards']}")
+        for stream in ("stdout", "stderr"):
+            if verifier[stream].strip():
+                out.print(f"  {stream}:", escape(verifier[stream].rstrip()[-1500:]), highlight=False)
+        for name, text in verifier["logs"].items():
+            out.print(f"  /logs/verifier/{name}:", escape(text.rstrip()[-1500:]), highlight=False)
     if report.get("decisions"):
 
         def secs(value) -> str:
