@@ -48,7 +48,7 @@ from belayer.trajectory_log import read_decisions
 from belayer.workers.rollout.worker import generation_of, recoveries_of
 from belayer.workflows.groups import GroupInput, cause_of
 from belayer.workflows.models import TrajectoryResult
-from belayer.workloads.harbor_tasks import run_tasks
+from belayer.workloads.harbor_tasks import runnable_workload
 from belayer.workloads.registry import driver_for
 
 console = Console(stderr=True)
@@ -147,9 +147,9 @@ def run(
     """
 
     config = config_from(ctx.find_root())
-    progress = None if as_json else (lambda line: console.print(f"  {line}", highlight=False, markup=False))
-    tasks = run_tasks(config, workload, agent=agent, reward_key=reward_key, strict_network=strict_network,
-                      progress=progress)  # fmt: skip
+    progress = lambda line: console.print(f"  {line}", highlight=False, markup=False)  # noqa: E731 (stderr)
+    tasks = runnable_workload(config, workload, agent=agent, reward_key=reward_key, strict_network=strict_network,
+                              progress=progress).tasks  # fmt: skip
     plan = _chaos_plan(chaos_plan, chaos_rate, chaos_seed, tasks)
     started_at = time.monotonic()
     runner = _Runner(

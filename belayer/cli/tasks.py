@@ -16,6 +16,7 @@ from belayer.cli.context import config_from, console, leave
 from belayer.errors import BelayerError
 from belayer.sandbox.backends import open_backend
 from belayer.sandbox.host import make_host
+from belayer.storage.errors import StorageError
 from belayer.workloads.harbor import HarborTaskDir, HarborTaskError, is_task_dir, load_harbor, load_task
 from belayer.workloads.harbor_check import check_agent
 
@@ -93,6 +94,9 @@ def _run_agents(host, builder, checks: list[tuple[TaskCheck, HarborTaskDir]], qu
                 console.print(f"  {escape(task.id)}: running the {agent} agent", highlight=False)
             try:
                 scored = check_agent(host, task, result.image, agent, builder)
+            except StorageError as exc:
+                result.problem = f"the {agent} agent could not run: {exc} (it needs the object store: `belayer up`, or --no-run)"
+                break
             except BelayerError as exc:
                 result.problem = f"the {agent} agent could not run: {exc}"
                 break

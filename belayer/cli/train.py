@@ -31,7 +31,8 @@ from belayer.training import (
     start_training,
     training_input,
 )
-from belayer.workloads.loader import WorkloadError, load_workload
+from belayer.workloads.harbor_tasks import runnable_workload
+from belayer.workloads.loader import WorkloadError
 
 console = Console(stderr=True)
 POLL_S = 1.0
@@ -206,14 +207,16 @@ def start(
     chaos_seed: int,
     as_json: bool,
 ) -> None:
-    """Start a training run on WORKLOAD (.yaml or .jsonl) and follow it to its end.
+    """Start a training run on WORKLOAD (.yaml or .jsonl, or a Harbor task directory or
+    dataset) and follow it to its end.
 
     Exit status 1 when the run failed for an infrastructure reason. Ctrl-C leaves the run
     going; follow it with `belayer train status RUN` or in the Temporal web UI.
     """
 
     config = config_from(ctx.find_root())
-    loaded = load_workload(workload)
+    progress = lambda line: console.print(f"  {line}", highlight=False, markup=False)  # noqa: E731 (stderr)
+    loaded = runnable_workload(config, workload, progress=progress)
     tasks = loaded.tasks
     if tasks_per_iteration > len(tasks):
         raise WorkloadError(
@@ -238,7 +241,7 @@ def start(
         group_size=group_size,
         tasks_per_iteration=tasks_per_iteration,
         seed=seed,
-        heldout=load_workload(heldout).tasks if heldout else None,
+        heldout=runnable_workload(config, heldout, progress=progress).tasks if heldout else None,
         settings=settings,
         run_id=run_id,
         temperature=temperature,

@@ -25,8 +25,9 @@ import json
 import os
 import re
 import subprocess
+import threading
 import uuid
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -100,10 +101,13 @@ def _logical_lines(text: str) -> list[tuple[int, str]]:
     return lines
 
 
-def context_sha256(context: Path, dockerfile: Path) -> str:
+def context_sha256(context: Path, dockerfile: Path, base_ids: Sequence[str] = ()) -> str:
     """The hash of everything the build reads: every file of the context (relative path,
-    executable bit, content; symlinks by target) and the Dockerfile."""
+    executable bit, content; symlinks by target), the Dockerfile, and the ids of the images
+    its `FROM` lines resolve to (a base image rebuilt since makes the task's image anew)."""
     digest = hashlib.sha256()
+    for base_id in base_ids:
+        digest.update(f"B {base_id}\n".encode())
     for path in sorted(p for p in context.rglob("*") if not p.is_dir() or p.is_symlink()):
         relative = path.relative_to(context).as_posix()
         if path.is_symlink():
@@ -139,6 +143,13 @@ class ImageBuilder:
             found.stdout.strip().splitlines()[0] if found.returncode == 0 and found.stdout.strip() else None
         )
 
+    def base_ids(self, task_id: str, dockerfile: Path) -> list[str]:
+        """The ids of the images the Dockerfile's `FROM` lines resolve to (mapped or present);
+        refuses an unmapped, absent one (`build_contexts` says how)."""
+        self.build_contexts(task_id, dockerfile)
+        uses = base_images_of(dockerfile.read_text(encoding="utf-8"))
+        return [self.image_id(self.base_images.get(use.image, use.image)) or "" for use in uses]
+
     def build_contexts(self, task_id: str, dockerfile: Path) -> list[str]:
         """`--build-context` flags for the mapped `FROM` images; refuses an unmapped, absent one."""
         flags = []
@@ -163,7 +174,7 @@ class ImageBuilder:
     def build(self, task_id: str, context: Path, dockerfile: Path, *, timeout_s: float = 600.0,
               progress: Callable[[str], None] | None = None) -> TaskImage:  # fmt: skip
         """The task's image: found by its context hash, or built; each build step goes to `progress`."""
-        context_hash = context_sha256(context, dockerfile)
+        context_hash = context_sha256(context, dockerfile, self.base_ids(task_id, dockerfile))
         tag = task_image_tag(task_id, context_hash)
         found = self.image_id(tag)
         if found is not None:
@@ -189,17 +200,23 @@ class ImageBuilder:
         lines: list[str] = []
         with subprocess.Popen(command, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                               stdin=subprocess.DEVNULL, text=True, errors="replace") as build:  # fmt: skip
+            # The clock runs while the output is read: a build that prints nothing for long
+            # (one slow RUN) is still killed at its limit.
+            timed_out = threading.Event()
+            watchdog = threading.Timer(timeout_s, lambda: (timed_out.set(), build.kill()))
+            watchdog.start()
             try:
                 for line in build.stdout:
                     lines.append(line.rstrip("\n"))
                     if progress is not None and _STEP.match(line):
                         progress(f"{task_id}: {line.strip()}")
-                build.wait(timeout=timeout_s)
-            except subprocess.TimeoutExpired:
-                build.kill()
-                raise ImageBuildError(
-                    f"task {task_id}: the image build ran past {timeout_s:g} s ([environment].build_timeout_sec)"
-                ) from None
+                build.wait()
+            finally:
+                watchdog.cancel()
+        if timed_out.is_set():
+            raise ImageBuildError(
+                f"task {task_id}: the image build ran past {timeout_s:g} s ([environment].build_timeout_sec)"
+            )
         output = "\n".join(lines)
         if build.returncode != 0:
             raise ImageBuildError(

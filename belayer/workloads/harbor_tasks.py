@@ -28,6 +28,10 @@ OFFLINE_NOTE = (
     "the task asks for network (allow_internet, Harbor's default): sandboxes have none, so it ran "
     "offline (--strict-network refuses such tasks instead)"
 )
+MULTI_STEP_NOTE = (
+    "multi-step tasks ([[steps]]) are validated, built and checked with the oracle and nop agents "
+    "(`belayer tasks check`) but not yet run as trajectories"
+)
 STORAGE_NOTE = (
     "[environment].storage_mb is not enforced: overlay size limits need XFS, which this host's "
     "podman storage is not on"
@@ -41,20 +45,22 @@ def load_harbor_tasks(path: Path, *, store, builder, agent: HarborAgent = "model
     built into `builder`'s podman storage, tests and solutions put in `store`. Raises
     `HarborTaskError` for a task that cannot run as asked, naming it and the fix."""
     tasks = []
-    for directory in load_harbor(path):
+    directories = load_harbor(path)
+    for directory in directories:
+        if directory.multi_step:
+            if progress is not None:
+                progress(f"skipped {directory.id}: {MULTI_STEP_NOTE}")
+            continue
         _refuse_unrunnable(directory, agent, strict_network)
         image = task_image(builder, directory, progress)
         tasks.append(_task(directory, image, store=store, builder=builder, agent=agent,
                            reward_key=reward_key, max_turns=max_turns))  # fmt: skip
+    if not tasks:
+        raise HarborTaskError(f"{path}: every task there has [[steps]]: {MULTI_STEP_NOTE}")
     return tasks
 
 
 def _refuse_unrunnable(task: HarborTaskDir, agent: HarborAgent, strict_network: bool) -> None:
-    if task.multi_step:
-        raise HarborTaskError(
-            f"{task.path}: task {task.id} has [[steps]]: multi-step tasks are validated and built "
-            "(`belayer tasks check`) but not run yet; run its steps as separate tasks meanwhile"
-        )
     if strict_network and task.wants_network:
         raise HarborTaskError(
             f"{task.path}: task {task.id} asks for network (allow_internet defaults to true) and "
@@ -179,21 +185,32 @@ def store_files(store, data: bytes) -> StoredFiles:
     return StoredFiles(key=key, sha256=sha256)
 
 
-def run_tasks(config, path: Path, *, agent: HarborAgent = "model", reward_key: str | None = None,
-              strict_network: bool = False, progress: Callable[[str], None] | None = None) -> list:  # fmt: skip
-    """The tasks `belayer run PATH` and `belayer train PATH` start: a Harbor task directory or
-    dataset made ready to run (images built, files stored), or a workload file's tasks."""
+def runnable_workload(config, path: Path, *, agent: HarborAgent = "model", reward_key: str | None = None,
+                      strict_network: bool = False, progress: Callable[[str], None] | None = None):  # fmt: skip
+    """The workload `belayer run PATH` and `belayer train PATH` start: a Harbor task directory
+    or dataset made ready to run (images built, files stored), or a workload file's tasks with
+    the Harbor paths it lists (`harbor:`) made ready beside them. Its `heldout` is left a path."""
     from belayer.sandbox.backends import open_backend
     from belayer.storage.store import open_store
     from belayer.workloads.harbor import is_harbor_path
     from belayer.workloads.loader import WorkloadError, load_workload
+    from belayer.workloads.models import Workload
 
-    if not is_harbor_path(path):
+    workload = Workload(harbor=[path]) if is_harbor_path(path) else load_workload(path)
+    if not workload.harbor:
         if agent != "model" or reward_key is not None:
-            raise WorkloadError(
-                f"{path}: --agent {agent} and --reward-key apply to Harbor task directories only"
-            )
-        return load_workload(path).tasks
+            raise WorkloadError(f"{path}: --agent {agent} and --reward-key apply to Harbor tasks only")
+        return workload
     builder = open_backend(config.sandbox, config.state_dir, config.cache_dir).image_builder()
-    return load_harbor_tasks(path, store=open_store(config.storage), builder=builder, agent=agent,
-                             reward_key=reward_key, strict_network=strict_network, progress=progress)  # fmt: skip
+    store = open_store(config.storage)
+    harbor = [task for each in workload.harbor
+              for task in load_harbor_tasks(each, store=store, builder=builder, agent=agent, reward_key=reward_key,
+                                            strict_network=strict_network, progress=progress)]  # fmt: skip
+    tasks = [*workload.tasks, *harbor]
+    ids = [task.id for task in tasks]
+    repeated = sorted({i for i in ids if ids.count(i) > 1})
+    if repeated:
+        raise WorkloadError(
+            f"{path}: task ids repeat across its tasks and Harbor paths: {', '.join(repeated)}"
+        )
+    return workload.model_copy(update={"tasks": tasks, "harbor": []})

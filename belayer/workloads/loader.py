@@ -11,6 +11,8 @@ from pydantic import TypeAdapter, ValidationError
 
 from belayer.errors import BelayerError
 from belayer.model.build import ModelSize
+from belayer.workloads.drivers import HarborDriver
+from belayer.workloads.harbor import is_harbor_path
 from belayer.workloads.models import Task, Workload
 from belayer.workloads.registry import DRIVERS, KINDS, UnknownTaskKind, driver_for_kind, task_kind
 
@@ -20,15 +22,17 @@ class WorkloadError(BelayerError):
 
 
 _task_adapter: TypeAdapter[Task] = TypeAdapter(Task)
-TOP_LEVEL_KEYS = {"tasks", "model", "heldout"}
+TOP_LEVEL_KEYS = {"tasks", "model", "heldout", "harbor"}
 MODELS = get_args(ModelSize)
 
 
 def load_workload(path: Path) -> Workload:
     """Parse `path` (.yaml/.yml or .jsonl) into a `Workload`, or raise `WorkloadError`."""
     raw_tasks, options = _read_document(path)
-    if not raw_tasks:
-        raise WorkloadError(f"{path}: the workload has no tasks; add at least one under `tasks:`")
+    if not raw_tasks and not options.get("harbor"):
+        raise WorkloadError(
+            f"{path}: the workload has no tasks; add at least one under `tasks:` (or Harbor paths under `harbor:`)"
+        )
     tasks = [_validate_task(path, index, raw) for index, raw in enumerate(raw_tasks)]
     _refuse_duplicate_ids(path, tasks)
     return Workload(tasks=tasks, **_validate_options(path, options))
@@ -44,11 +48,22 @@ def _validate_options(path: Path, options: dict) -> dict:
     heldout = options.get("heldout")
     if heldout is not None:
         heldout = path.parent / str(heldout)
-        if not heldout.is_file():
+        if not heldout.is_file() and not is_harbor_path(heldout):
             raise WorkloadError(
-                f"{path}: `heldout: {options['heldout']}` names no file (looked for {heldout})"
+                f"{path}: `heldout: {options['heldout']}` names no workload file or Harbor dataset (looked for {heldout})"
             )
-    return {"model": model, "heldout": heldout}
+    harbor = options.get("harbor") or []
+    if not isinstance(harbor, list) or not all(isinstance(p, str) for p in harbor):
+        raise WorkloadError(
+            f"{path}: `harbor:` must be a list of paths to Harbor task directories or datasets"
+        )
+    resolved = [path.parent / p for p in harbor]
+    for given, found in zip(harbor, resolved, strict=True):
+        if not is_harbor_path(found):
+            raise WorkloadError(
+                f"{path}: `harbor: {given}` is no Harbor task directory or dataset (looked for task.toml in {found})"
+            )
+    return {"model": model, "heldout": heldout, "harbor": resolved}
 
 
 def _read_document(path: Path) -> tuple[list[Any], dict]:
@@ -74,14 +89,18 @@ def _read_document(path: Path) -> tuple[list[Any], dict]:
         raise WorkloadError(f"{path}: nested too deeply to be a workload; tasks are a flat list") from None
     if document is None:
         return [], {}
-    if not isinstance(document, dict) or "tasks" not in document or set(document) - TOP_LEVEL_KEYS:
+    if (
+        not isinstance(document, dict)
+        or not ({"tasks", "harbor"} & set(document))
+        or set(document) - TOP_LEVEL_KEYS
+    ):
         raise WorkloadError(
             f"{path}: the top level must be a mapping with `tasks:` (a list) and optionally "
-            "`model:` and `heldout:`"
+            "`model:`, `heldout:` and `harbor:`"
         )
-    if not isinstance(document["tasks"], list):
+    if not isinstance(document.get("tasks", []), list):
         raise WorkloadError(f"{path}: `tasks:` must be a list of tasks")
-    return document["tasks"], {k: v for k, v in document.items() if k != "tasks"}
+    return document.get("tasks") or [], {k: v for k, v in document.items() if k != "tasks"}
 
 
 def _parse_json_line(path: Path, number: int, line: str) -> Any:
@@ -114,6 +133,11 @@ def _refuse_unknown_kind(path: Path, task_id: str, raw: Any) -> None:
     """A kind no driver is registered for, named as such (not as a failed union match)."""
     if not isinstance(raw, dict):
         return
+    if task_kind(raw) == HarborDriver.kind:
+        raise WorkloadError(
+            f"{path}: task {task_id!r} is invalid:\n  field kind: Harbor tasks are read from their task "
+            "directories, not written here: list the directories or datasets under `harbor:`"
+        )
     try:
         driver_for_kind(task_kind(raw))
     except UnknownTaskKind as exc:

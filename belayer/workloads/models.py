@@ -10,7 +10,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Annotated, Union
 
-from pydantic import BaseModel, ConfigDict, Discriminator, Field, Tag
+from pydantic import BaseModel, ConfigDict, Discriminator, Field, Tag, model_validator
 
 from belayer.model.build import ModelSize
 from belayer.workloads.registry import DRIVERS, task_kind
@@ -25,11 +25,11 @@ Task = Annotated[
 
 
 class Workload(BaseModel):
-    """A validated workload: at least one task, unique ids."""
+    """A validated workload: at least one task (its own, or Harbor's), unique ids."""
 
     model_config = ConfigDict(extra="forbid")
 
-    tasks: list[Task] = Field(min_length=1)
+    tasks: list[Task] = Field(default_factory=list)
     model: ModelSize | None = Field(
         None,
         description="The project-built model the tasks were made for; `belayer train` starts from it "
@@ -37,6 +37,19 @@ class Workload(BaseModel):
     )
     heldout: Path | None = Field(
         None,
-        description="A workload of held-out tasks `belayer train` evaluates every iteration "
-        "(relative to this file).",
+        description="A workload of held-out tasks `belayer train` evaluates every iteration, or a Harbor "
+        "dataset (relative to this file).",
     )
+    harbor: list[Path] = Field(
+        default_factory=list,
+        description="Harbor task directories or datasets run beside `tasks` (relative to this file): "
+        "`belayer run` and `belayer train` build their images and add them (belayer.workloads.harbor_tasks).",
+    )
+
+    @model_validator(mode="after")
+    def _some_task(self) -> Workload:
+        if not self.tasks and not self.harbor:
+            raise ValueError(
+                "a workload needs at least one task under `tasks:` or a Harbor path under `harbor:`"
+            )
+        return self

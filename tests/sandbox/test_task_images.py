@@ -12,7 +12,13 @@ from pathlib import Path
 import pytest
 
 from belayer.sandbox import runtime
-from belayer.sandbox.images import ImageBuilder, ImageBuildError, base_images_of, context_sha256
+from belayer.sandbox.images import (
+    ImageBuilder,
+    ImageBuildError,
+    base_images_of,
+    context_sha256,
+    task_image_tag,
+)
 
 MULTI_STAGE = """\
 FROM ubuntu:24.04 AS build
@@ -45,7 +51,8 @@ def test_the_context_hash_covers_every_file_its_mode_and_the_dockerfile(tmp_path
     (tmp_path / "sub").mkdir()
     (tmp_path / "sub" / "b.txt").write_text("b")
     nested = context_sha256(tmp_path, dockerfile)
-    assert len({first, executable, nested}) == 3
+    rebased = context_sha256(tmp_path, dockerfile, ["sha256:another-base"])  # the FROM image rebuilt
+    assert len({first, executable, nested, rebased}) == 4
     assert context_sha256(tmp_path, dockerfile) == nested
 
 
@@ -119,6 +126,16 @@ def test_a_failing_run_line_fails_the_build_with_its_output(builder, tmp_path):
         builder.build(task_id, context, dockerfile)
 
 
+def test_a_build_past_its_timeout_is_killed_and_named(builder, tmp_path):
+    """The limit holds while a RUN line prints nothing (the output is read until the end)."""
+    task_id, context, dockerfile = task_context(
+        tmp_path, f"FROM ubuntu:24.04\nRUN sleep 120 # {uuid.uuid4()}\n"
+    )
+    with pytest.raises(ImageBuildError, match=r"ran past 3 s \(\[environment\].build_timeout_sec\)"):
+        builder.build(task_id, context, dockerfile, timeout_s=3)
+    assert builder.image_id(task_image_tag(task_id, context_sha256(context, dockerfile))) is None
+
+
 def test_tasks_check_builds_a_datasets_images_and_lists_each_tasks_problem(builder, tmp_path):
     dataset = tmp_path / "dataset"
     for name, toml in (
@@ -132,7 +149,7 @@ def test_tasks_check_builds_a_datasets_images_and_lists_each_tasks_problem(build
         (task / "instruction.md").write_text("do it\n")
         (task / "environment" / "Dockerfile").write_text("FROM ubuntu:24.04\nWORKDIR /app\n")
         (task / "tests" / "test.sh").write_text("echo 1 > /logs/verifier/reward.txt\n")
-    command = [sys.executable, "-m", "belayer.cli", "tasks", "check", str(dataset), "--json"]
+    command = [sys.executable, "-m", "belayer.cli", "tasks", "check", str(dataset), "--no-run", "--json"]
     checked = subprocess.run(command, capture_output=True, text=True, stdin=subprocess.DEVNULL, timeout=300)
     assert checked.returncode == 1, checked.stderr
     bad, good = json.loads(checked.stdout)["tasks"]

@@ -71,7 +71,9 @@ async def test_the_oracle_scores_graded_rewards_and_a_verifier_without_one_fails
     handle = stack.client.get_workflow_handle(graded.trajectory_id)
     _, _, summary = await _walk_history(handle, stack.client.data_converter, stack.sandboxes.host.store)
     verifier = summary["verifier"]  # what `belayer inspect` shows
-    assert verifier["exit_code"] == 0 and verifier["logs"] == {"reward.json": '{"a": 1, "b": 0.5}\n'}, verifier
+    assert verifier["exit_code"] == 0 and verifier["logs"] == {"reward.json": '{"a": 1, "b": 0.5}\n'}, (
+        verifier
+    )
     silent = await (await start(stack, tasks["silent"])).result()
     assert (silent.status, silent.reward) == ("failed_policy", 0.0)
     assert "wrote no reward" in silent.reason and silent.recoveries == [], silent.reason

@@ -6,13 +6,26 @@ import pytest
 from pydantic import TypeAdapter
 
 from belayer.agent_format import malformed_observation, parse_action
-from belayer.workloads.drivers import ModelDriver, TraceDriver, TurnSampling, Verification
+from belayer.sandbox.models import ImageSemantics, SandboxSpec, StoredFiles
+from belayer.workloads.drivers import (
+    GradedCheck,
+    HarborDriver,
+    ModelDriver,
+    TraceDriver,
+    TurnSampling,
+    Verification,
+)
 from belayer.workloads.models import ModelTask, Task, TraceTask, TraceTurn
 from belayer.workloads.registry import DRIVERS, KINDS, UnknownTaskKind, driver_for, driver_for_kind, task_kind
+from belayer.workloads.tasks import HarborTask
 
 TRACE = TraceTask(id="t1", turns=[TraceTurn(think_tokens=5, bash="ls"), TraceTurn(think_tokens=0, bash="pwd")],
                   check="test -f done", verify_with_processes="running")  # fmt: skip
 MODEL = ModelTask(id="m1", instruction="create hello.txt", max_turns=3, max_tokens_per_turn=64)
+TESTS = StoredFiles(key="harbor/files/t.tar", sha256="a" * 64)
+HARBOR = HarborTask(id="h1", instruction="fix the bug", image="localhost/belayer-task/h1:0", tests=TESTS,
+                    semantics=ImageSemantics(workdir="/app"), verifier_timeout_s=30, verifier_env={"LEVEL": "it's"},
+                    agent_timeout_s=120, max_turns=4)  # fmt: skip
 
 
 def test_trace_driver_replays_the_recorded_turns_whatever_the_engine_says():
@@ -50,6 +63,27 @@ def test_verification_is_the_tasks_check_with_its_processes_setting():
     assert ModelDriver().verification(MODEL) is None  # no check: reward 1
 
 
+def test_harbor_driver_runs_the_policy_the_solution_or_nothing():
+    driver = HarborDriver()
+    oracle, nop = (HARBOR.model_copy(update={"agent": agent}) for agent in ("oracle", "nop"))
+    assert [driver.turn_limit(t) for t in (HARBOR, oracle, nop)] == [4, 1, 0]
+    assert driver.next_action(HARBOR, 0, "<bash>make</bash>") == "make"
+    assert driver.next_action(oracle, 0, "<bash>rm -rf /</bash>") == "bash /solution/solve.sh"
+    assert driver.sampling(oracle, 0) == TurnSampling(max_tokens=1, ignore_eos=True)
+    assert [driver.expected_output_tokens(oracle, step) for step in (0, 1)] == [1, 0]
+    assert driver.action_timeout_s(HARBOR) == 120 and ModelDriver().action_timeout_s(MODEL) is None
+
+
+def test_harbor_verification_is_its_tests_graded_in_its_workdir_with_its_env():
+    verification = HarborDriver().verification(HARBOR)
+    assert verification.command == "export LEVEL='it'\\''s'\ncd '/app' && bash /tests/test.sh"
+    assert verification.processes == "running"  # Harbor's semantics: the agent's servers keep serving
+    assert verification.graded == GradedCheck(tests=TESTS, timeout_s=30, reward_key=None)
+    spec = HarborDriver().sandbox(HARBOR)
+    assert (spec.image, spec.semantics.workdir) == (HARBOR.image, "/app")
+    assert TraceDriver().sandbox(TRACE) == SandboxSpec(setup_commands=[])
+
+
 def answers(driver, task) -> list:
     return [driver.instruction(task), driver.turn_limit(task), driver.sampling(task, 0),
             driver.next_action(task, 0, "<bash>x</bash>"), driver.expected_output_tokens(task, 0),
@@ -58,19 +92,20 @@ def answers(driver, task) -> list:
 
 def test_drivers_answer_the_same_on_every_call():
     """Workflow code replays: a driver's answers depend on the task and the step alone."""
-    for driver, task in ((TraceDriver(), TRACE), (ModelDriver(), MODEL)):
+    for driver, task in ((TraceDriver(), TRACE), (ModelDriver(), MODEL), (HarborDriver(), HARBOR)):
         assert answers(driver, task) == answers(driver, task.model_copy(deep=True))
 
 
 def test_the_registry_finds_each_tasks_driver():
     assert isinstance(driver_for(TRACE), TraceDriver)
     assert isinstance(driver_for(MODEL), ModelDriver)
-    assert KINDS == tuple(driver.kind for driver in DRIVERS) == ("trace", "model")
+    assert isinstance(driver_for(HARBOR), HarborDriver)
+    assert KINDS == tuple(driver.kind for driver in DRIVERS) == ("trace", "model", "harbor")
 
 
-@pytest.mark.parametrize("kind", ["harbor", "", None, ["trace"]])
+@pytest.mark.parametrize("kind", ["swe", "", None, ["trace"]])
 def test_the_registry_refuses_an_unknown_kind_naming_the_known_ones(kind):
-    with pytest.raises(UnknownTaskKind, match=r"unknown task kind .*: use one of trace, model"):
+    with pytest.raises(UnknownTaskKind, match=r"unknown task kind .*: use one of trace, model, harbor"):
         driver_for_kind(kind)
 
 
@@ -84,6 +119,6 @@ def test_a_task_naming_no_kind_is_of_the_kind_its_fields_imply():
 def test_the_task_union_validates_each_kind_into_its_drivers_model():
     adapter = TypeAdapter(Task)
     for driver in DRIVERS:
-        task = TRACE if driver.kind == "trace" else MODEL
+        task = {"trace": TRACE, "model": MODEL, "harbor": HARBOR}[driver.kind]
         validated = adapter.validate_python(task.model_dump())
         assert type(validated) is driver.model and validated == task

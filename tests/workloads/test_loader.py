@@ -82,7 +82,7 @@ def test_jsonl(tmp_path):
         ("tasks: [{id: a, instruction: x}]\nmodel: gpt\n", ["`model: gpt`", "tiny-warm"]),
         (
             "tasks: [{id: a, instruction: x}]\nheldout: nowhere.yaml\n",
-            ["`heldout: nowhere.yaml` names no file"],
+            ["`heldout: nowhere.yaml` names no workload file or Harbor dataset"],
         ),
     ],
 )
@@ -94,13 +94,30 @@ def test_invalid_files_name_task_field_and_fix(tmp_path, text, expected):
 
 
 def test_an_unknown_kind_is_named_with_the_kinds_there_are(tmp_path):
-    path = write(tmp_path, "w.yaml", "tasks:\n  - {id: h1, kind: harbor, instruction: x}\n")
+    path = write(tmp_path, "w.yaml", "tasks:\n  - {id: s1, kind: swe, instruction: x}\n")
     with pytest.raises(
         WorkloadError,
-        match=r"task 'h1' is invalid:\n  field kind: unknown task kind 'harbor': "
-        r"use one of trace, model",
+        match=r"task 's1' is invalid:\n  field kind: unknown task kind 'swe': "
+        r"use one of trace, model, harbor",
     ):
         load_workload(path)
+
+
+def test_a_harbor_task_is_listed_by_its_directory_never_written_in_a_workload(tmp_path):
+    path = write(tmp_path, "w.yaml", "tasks:\n  - {id: h1, kind: harbor, instruction: x}\n")
+    with pytest.raises(WorkloadError, match="list the directories or datasets under `harbor:`"):
+        load_workload(path)
+
+
+def test_a_workload_lists_harbor_paths_beside_its_tasks_relative_to_itself(tmp_path):
+    task = tmp_path / "harbor" / "fix-it"
+    (task / "tests").mkdir(parents=True)
+    (task / "task.toml").write_text("")
+    path = write(tmp_path, "w.yaml", "harbor: [harbor]\nheldout: harbor\n")
+    loaded = load_workload(path)
+    assert (loaded.tasks, loaded.harbor, loaded.heldout) == ([], [tmp_path / "harbor"], tmp_path / "harbor")
+    with pytest.raises(WorkloadError, match=r"`harbor: elsewhere` is no Harbor task directory or dataset"):
+        load_workload(write(tmp_path, "x.yaml", "harbor: [elsewhere]\n"))
 
 
 def test_missing_file_and_unknown_format(tmp_path):
