@@ -112,6 +112,12 @@ console = Console(stderr=True)
     "(default: its `reward` key, else the mean of its numeric values).",
 )
 @click.option(
+    "--freeze-agent",
+    is_flag=True,
+    help="Harbor tasks: stop the agent's processes while the tests run (Harbor lets them run: a server "
+    "the tests query needs it, but a process left running can also change what the tests read).",
+)
+@click.option(
     "--strict-network",
     is_flag=True,
     help="Refuse Harbor tasks that ask for network (sandboxes have none) instead of running them offline.",
@@ -132,6 +138,7 @@ def run(
     agent: str,
     reward_key: str | None,
     strict_network: bool,
+    freeze_agent: bool,
 ) -> None:
     """Run every task of WORKLOAD (.yaml or .jsonl, or a Harbor task directory or dataset)
     as durable trajectories.
@@ -149,7 +156,7 @@ def run(
     config = config_from(ctx.find_root())
     progress = lambda line: console.print(f"  {line}", highlight=False, markup=False)  # noqa: E731 (stderr)
     tasks = runnable_workload(config, workload, agent=agent, reward_key=reward_key, strict_network=strict_network,
-                              progress=progress).tasks  # fmt: skip
+                              freeze_agent=freeze_agent, progress=progress).tasks  # fmt: skip
     plan = _chaos_plan(chaos_plan, chaos_rate, chaos_seed, tasks)
     started_at = time.monotonic()
     runner = _Runner(

@@ -39,7 +39,7 @@ STORAGE_NOTE = (
 
 
 def load_harbor_tasks(path: Path, *, store, builder, agent: HarborAgent = "model", reward_key: str | None = None,
-                      strict_network: bool = False, max_turns: int = 8,
+                      strict_network: bool = False, freeze_agent: bool = False, max_turns: int = 8,
                       progress: Callable[[str], None] | None = None) -> list[HarborTask]:  # fmt: skip
     """The Harbor task directory or dataset at `path` as tasks to run with `agent`: images
     built into `builder`'s podman storage, tests and solutions put in `store`. Raises
@@ -53,8 +53,9 @@ def load_harbor_tasks(path: Path, *, store, builder, agent: HarborAgent = "model
             continue
         _refuse_unrunnable(directory, agent, strict_network)
         image = task_image(builder, directory, progress)
-        tasks.append(_task(directory, image, store=store, builder=builder, agent=agent,
-                           reward_key=reward_key, max_turns=max_turns))  # fmt: skip
+        task = _task(directory, image, store=store, builder=builder, agent=agent, reward_key=reward_key,
+                     max_turns=max_turns)  # fmt: skip
+        tasks.append(task.model_copy(update={"verify_with_processes": "frozen"}) if freeze_agent else task)
     if not tasks:
         raise HarborTaskError(f"{path}: every task there has [[steps]]: {MULTI_STEP_NOTE}")
     return tasks
@@ -186,7 +187,8 @@ def store_files(store, data: bytes) -> StoredFiles:
 
 
 def runnable_workload(config, path: Path, *, agent: HarborAgent = "model", reward_key: str | None = None,
-                      strict_network: bool = False, progress: Callable[[str], None] | None = None):  # fmt: skip
+                      strict_network: bool = False, freeze_agent: bool = False,
+                      progress: Callable[[str], None] | None = None):  # fmt: skip
     """The workload `belayer run PATH` and `belayer train PATH` start: a Harbor task directory
     or dataset made ready to run (images built, files stored), or a workload file's tasks with
     the Harbor paths it lists (`harbor:`) made ready beside them. Its `heldout` is left a path."""
@@ -205,7 +207,8 @@ def runnable_workload(config, path: Path, *, agent: HarborAgent = "model", rewar
     store = open_store(config.storage)
     harbor = [task for each in workload.harbor
               for task in load_harbor_tasks(each, store=store, builder=builder, agent=agent, reward_key=reward_key,
-                                            strict_network=strict_network, progress=progress)]  # fmt: skip
+                                            strict_network=strict_network, freeze_agent=freeze_agent,
+                                            progress=progress)]  # fmt: skip
     tasks = [*workload.tasks, *harbor]
     ids = [task.id for task in tasks]
     repeated = sorted({i for i in ids if ids.count(i) > 1})
