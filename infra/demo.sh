@@ -3,7 +3,8 @@
 # once undisturbed, then again with a real engine crash (the leader vLLM engine SIGKILLed
 # at step 2) and a real sandbox crash (the container killed at step 4), and compare the
 # two runs' token and environment hashes. Then a group of four trajectories forked from one
-# set-up sandbox, and a branch of one of them from its step 2. Then a short training run,
+# set-up sandbox, and a branch of one of them from its step 2. Then the Harbor tasks of
+# examples/tasks with their oracle (and a sandbox crash), nop, and a group. Then a short training run,
 # undisturbed and with faults, whose final weights must be identical.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -15,9 +16,9 @@ trap 'rm -rf "$out"' EXIT
 $BELAYER up
 $BELAYER status
 echo
-echo "== 1/5: $WORKLOAD, no faults (the reference)"
+echo "== 1/6: $WORKLOAD, no faults (the reference)"
 $BELAYER run "$WORKLOAD" --json > "$out/reference.json"
-echo "== 2/5: $WORKLOAD with an engine crash at step 2 and a sandbox crash at step 4"
+echo "== 2/6: $WORKLOAD with an engine crash at step 2 and a sandbox crash at step 4"
 $BELAYER run "$WORKLOAD" --chaos "engine-crash@step=2:build-and-serve,sandbox-crash@step=4:build-and-serve" \
   --json > "$out/chaos.json"
 .venv/bin/python - "$out/reference.json" "$out/chaos.json" <<'PY'
@@ -52,7 +53,7 @@ PY
 # with its own seed, which must replay its last step exactly.
 GROUP_WORKLOAD=examples/workloads/group-setup.yaml
 echo
-echo "== 3/5: $GROUP_WORKLOAD as a group of 4 forked from one set-up sandbox, then a branch"
+echo "== 3/6: $GROUP_WORKLOAD as a group of 4 forked from one set-up sandbox, then a branch"
 $BELAYER run "$GROUP_WORKLOAD" -n 4 --keep-checkpoints --json > "$out/group.json"
 member=$(.venv/bin/python -c 'import json, sys; print(json.load(open(sys.argv[1]))["trajectories"][1]["id"])' \
   "$out/group.json")
@@ -76,6 +77,40 @@ print("GROUPS:", "forked, completed, and the branch replayed its parent exactly"
 sys.exit(0 if ok else 1)
 PY
 
+# Harbor tasks: the shipped dataset run with each task's reference solution (the oracle
+# agent) and the sandbox of one killed after the oracle's action, then with nothing done
+# (nop: every sound task scores 0), then one task as a group of 4 forked from one sandbox.
+HARBOR=examples/tasks
+echo
+echo "== 4/6: the Harbor dataset $HARBOR: oracle with a sandbox crash at step 1, nop, a group of 4"
+$BELAYER run "$HARBOR" --agent oracle --chaos "sandbox-crash@step=1" --json > "$out/harbor-oracle.json"
+$BELAYER run "$HARBOR" --agent nop --json > "$out/harbor-nop.json"
+$BELAYER run "$HARBOR/http-inventory-api" --agent oracle -n 4 --json > "$out/harbor-group.json"
+.venv/bin/python - "$out/harbor-oracle.json" "$out/harbor-nop.json" "$out/harbor-group.json" <<'PY'
+import json, sys
+
+oracle, nop, group = (json.load(open(p)) for p in sys.argv[1:4])
+nop_reward = {t["task"]: t["reward"] for t in nop["trajectories"]}
+print(f"\n{'task':24} {'oracle':>6} {'nop':>5}  recoveries")
+ok = True
+for t in oracle["trajectories"]:
+    ok &= t["status"] == "completed" and t["reward"] == 1.0 and nop_reward[t["task"]] == 0.0
+    print(f"{t['task']:24} {t['reward']:>6} {nop_reward[t['task']]:>5}  {len(t['recoveries'])}")
+faults = oracle.get("faults", [])
+for fault in faults:
+    print(f"fault {fault['kind']} at step {fault['at']} on {fault['trajectory']}: recovered by "
+          f"{fault['recovered_by']} in {fault['recovery_s']:.2f}s")
+(record,) = group["groups"]
+members = group["trajectories"]
+print(f"group of {record['size']} on {record['task']}: {record['forked']} sandboxes forked from one, "
+      f"rewards {[m['reward'] for m in members]}")
+ok &= len(faults) == 1 and faults[0]["recovered_by"] == "restore+replay"
+ok &= record["forked"] == 4 and all(m["reward"] == 1.0 for m in members)
+print("HARBOR:", "every oracle scored 1 through the crash, every nop 0, the group forked" if ok
+      else "FAILED: see above")
+sys.exit(0 if ok else 1)
+PY
+
 # Training: a few GRPO iterations of the warm-started model on the learn tasks (published
 # into the running engines), undisturbed and then with an engine crash, a sandbox crash
 # and the trainer's death; the two runs must end on the same weights.
@@ -83,9 +118,9 @@ TRAIN_WORKLOAD=examples/workloads/learn.yaml
 TRAIN_ARGS=(--iterations 3 --tasks-per-iteration 4 --group-size 2 --seed 5 --no-heldout --json)
 TRAIN_FAULTS="engine-crash@iteration=0,sandbox-crash@iteration=1,trainer-crash@iteration=1"
 echo
-echo "== 4/5: belayer train $TRAIN_WORKLOAD, 3 iterations, no faults (the reference)"
+echo "== 5/6: belayer train $TRAIN_WORKLOAD, 3 iterations, no faults (the reference)"
 $BELAYER train "$TRAIN_WORKLOAD" "${TRAIN_ARGS[@]}" > "$out/train-reference.json"
-echo "== 5/5: the same run with $TRAIN_FAULTS"
+echo "== 6/6: the same run with $TRAIN_FAULTS"
 $BELAYER train "$TRAIN_WORKLOAD" "${TRAIN_ARGS[@]}" --chaos "$TRAIN_FAULTS" > "$out/train-chaos.json"
 .venv/bin/python - "$out/train-reference.json" "$out/train-chaos.json" <<'PY'
 import json, sys
