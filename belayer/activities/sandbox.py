@@ -173,9 +173,8 @@ class SandboxActivities:
                          token_prefix_sha256=s.context_after_action.sha256)
             for s in steps
         ]  # fmt: skip
-        outcome = self.host.recover(
-            args.handle, args.checkpoints, logged, spec=args.spec, trajectory=args.trajectory_id
-        )
+        outcome = self.host.recover(args.handle, args.checkpoints, logged, spec=args.spec,
+                                    trajectory=args.trajectory_id, earliest_step=args.earliest_step)  # fmt: skip
         if outcome.mismatch_observation is None:
             return RecoverResult(outcome=outcome)
         ref = store_observation(self.host.store, args.trajectory_id, outcome.mismatch_step,
@@ -221,4 +220,25 @@ class SandboxActivities:
         except NoReward as exc:
             reason = f"{exc} (verifier exit {checked.observation.exit_code})"
             return VerifyResult(observation=observation, reward=None, logs=logs, reason=reason)
-        return VerifyResult(observation=observation, reward=found.reward, rewards=found.rewards, logs=logs)
+        verified = VerifyResult(
+            observation=observation, reward=found.reward, rewards=found.rewards, logs=logs
+        )
+        return self._begin_next_stage(args, verified) if args.next_stage is not None else verified
+
+    def _begin_next_stage(self, args: VerifyArgs, verified: VerifyResult) -> VerifyResult:
+        """A multi-step task goes on when the stage just checked scored at least its minimum:
+        the next stage's files and setup, then what the agent is told, stored as the check's
+        step's observation (the trajectory logs it as that step)."""
+        stage = args.next_stage
+        if stage.min_reward is not None and verified.reward < stage.min_reward:
+            return verified.model_copy(update={"reason": f"stopped early: reward {verified.reward:g} is below this "
+                                                         f"step's min_reward {stage.min_reward:g}"})  # fmt: skip
+        problem = self.host.begin_stage(
+            args.handle, stage.uploads, stage.setup_commands, stage.first_setup_step
+        )
+        if problem is not None:
+            return verified.model_copy(update={"reason": f"stopped early: {problem}"})
+        trajectory, step = args.action.trajectory, args.action.step
+        message = self.host.record_message(args.handle, trajectory, step, stage.message)
+        told = store_observation(self.host.store, trajectory, step, args.handle.generation, message)
+        return verified.model_copy(update={"next_observation": told})

@@ -55,6 +55,7 @@ __all__ = [
     "RecoverResult",
     "WorkspaceHashArgs",
     "WorkspaceHashResult",
+    "NextStageArgs",
     "VerifyArgs",
     "VerifyResult",
     "PLACE",
@@ -121,6 +122,20 @@ class VerifyArgs(_Model):
         None,
         description="With only reward.json: the key that is the reward (default: the mean of its values).",
     )
+    next_stage: NextStageArgs | None = Field(
+        None,
+        description="A multi-step task's next stage, begun here when this one scored at least its minimum.",
+    )
+
+
+class NextStageArgs(_Model):
+    """What the next stage of a multi-step task puts in the sandbox, runs, and tells the agent."""
+
+    uploads: dict[str, StoredFiles] = Field(default_factory=dict)
+    setup_commands: list[str] = Field(default_factory=list, description="Run as the agent, in order.")
+    first_setup_step: int = Field(ge=1, description="Journal step of the first (the setup journal's).")
+    min_reward: float | None = Field(None, description="The ending stage's minimum to go on.")
+    message: str = Field(description="The observation the agent sees: the verdict and the next instruction.")
 
 
 class VerifyResult(_Model):
@@ -130,6 +145,9 @@ class VerifyResult(_Model):
     reason: str = Field("", description="Why there is no reward: a timeout, no reward file, a bad one.")
     logs: dict[str, str] = Field(
         default_factory=dict, description="Its logs directory's files: name -> object key (belayer inspect)."
+    )
+    next_observation: ObservationRef | None = Field(
+        None, description="The next stage begun: the observation that tells the agent (at the check's step)."
     )
 
 
@@ -172,6 +190,12 @@ class RecoverArgs(_Model):
         "disagrees with them is skipped as unusable.",
     )
     spec: SandboxSpec = Field(default_factory=SandboxSpec, description="For a replay from the start.")
+    earliest_step: int = Field(
+        0,
+        ge=0,
+        description="No checkpoint before this step, and no replay from the start: a multi-step task's "
+        "stage boundary, whose check and files no replay would bring back.",
+    )
 
 
 class RecoverResult(_Model):

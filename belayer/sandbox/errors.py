@@ -126,3 +126,8 @@ class JournalMismatch(SandboxError):
 class CheckpointInconsistent(SandboxError):
     """A checkpoint's recorded token prefix is not the trajectory's context at its step: it
     was taken on a branch the context no longer has. Skipped, like a corrupt one."""
+
+
+class RecoveryImpossible(SandboxError):
+    """No checkpoint the recovery may use is left, and replaying from the start would cross a
+    point no replay brings back (a multi-step task's stage boundary): not retried."""

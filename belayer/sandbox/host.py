@@ -46,6 +46,7 @@ from belayer.sandbox.errors import (
     HostFull,
     InvalidSandboxId,
     JournalMismatch,
+    RecoveryImpossible,
     RestoreFailed,
     RuntimeUnavailable,
     SandboxError,
@@ -72,6 +73,7 @@ from belayer.sandbox.models import (
     StagedCheckpoint,
     StoredFiles,
     checked_sandbox_id,
+    message_observation,
     path_under,
 )
 from belayer.sandbox.placement import HostLoad
@@ -461,6 +463,33 @@ class SandboxHost:
             if name is not None:
                 (self._sock(sandbox_id).parent / name).unlink(missing_ok=True)
         return int(reply["files"])
+
+    def begin_stage(self, handle: SandboxHandle, uploads: dict[str, StoredFiles], setup_commands: list[str],
+                    first_setup_step: int) -> str | None:  # fmt: skip
+        """A multi-step task's next stage: its files installed, its setup commands run as the
+        agent (in the setup journal, from `first_setup_step`: a retry runs none twice). Returns
+        why a setup command failed (the task stops there: the sandbox the agent left may be
+        why), None when all ran."""
+        with self._lock(handle.sandbox_id):
+            self._refuse_if_moved(handle.sandbox_id)
+            for path, files in uploads.items():
+                self.install(handle.sandbox_id, path, files, "agent")
+            for step, command in enumerate(setup_commands, start=first_setup_step):
+                obs = self._run(handle.sandbox_id, SETUP_TRAJECTORY, step, handle.generation, command, None)
+                if obs.exit_code != 0:
+                    return (f"the next stage's setup command {command[:80]!r} failed (exit {obs.exit_code}): "
+                            f"{obs.stderr[-500:] or obs.stdout[-500:]}")  # fmt: skip
+        return None
+
+    def record_message(self, handle: SandboxHandle, trajectory: str, step: int, text: str) -> Observation:
+        """`text` journaled as step `step`'s observation (the supervisor's `record`): what a
+        multi-step task's boundary step logs, so restores and replays see that."""
+        observation = message_observation(text)
+        with self._lock(handle.sandbox_id):
+            self._refuse_if_moved(handle.sandbox_id)
+            channel.call(self._sock(handle), {"op": "record", "trajectory": trajectory, "step": step,
+                                              "observation": observation})  # fmt: skip
+        return Observation.from_supervisor(observation, replayed=False)
 
     def _install_task_files(self, sandbox_id: str, semantics: ImageSemantics) -> None:
         """A task image's sandbox as Harbor's start: /logs/agent there for the agent (the
@@ -898,6 +927,7 @@ class SandboxHost:
         mode: RecoveryMode = "full",
         spec: SandboxSpec | None = None,
         trajectory: str | None = None,
+        earliest_step: int = 0,
     ) -> RecoverOutcome:
         """Bring the sandbox back at the log's last step and check every replayed observation.
 
@@ -909,6 +939,10 @@ class SandboxHost:
 
         A checkpoint of another lineage (a fork's origin: its group's set-up sandbox, the
         trajectory it branched from) is restored as a fork serving `trajectory`.
+
+        `earliest_step`: no checkpoint from before it, nor a replay from the start, may serve
+        (a multi-step task's stage boundary: its check and the next stage's files are in no
+        replayable action); with none left, `RecoveryImpossible`.
         """
         spec = spec or SandboxSpec()
         new_gen = handle.generation + 1
@@ -930,6 +964,9 @@ class SandboxHost:
                 # its journal would answer the new steps with the old observations.
                 notes.append(f"checkpoint {ref.meta_key} (step {ref.step}) is past the log's last step "
                              f"{last_logged}: skipped")  # fmt: skip
+            elif ref.step < earliest_step:
+                notes.append(f"checkpoint {ref.meta_key} (step {ref.step}) is before step {earliest_step}, "
+                             "a stage boundary no replay crosses: skipped")  # fmt: skip
             else:
                 usable.append(ref)
         checkpoints = usable
@@ -951,6 +988,11 @@ class SandboxHost:
                 except CheckpointCorrupt as exc:
                     notes.append(f"file-system snapshot of {ref.meta_key} unusable: {exc}")
         try:
+            if new_handle is None and earliest_step > 0:
+                raise RecoveryImpossible(
+                    f"sandbox {handle.sandbox_id}: no usable checkpoint at or after step {earliest_step}, the "
+                    "stage boundary of a multi-step task, and a replay from the start cannot cross it"
+                )
             if new_handle is None:
                 if mode != "replay":
                     notes.append("falling back to replay from the start in a fresh sandbox")

@@ -143,6 +143,17 @@ class Observation(_Model):
         )
 
 
+def message_observation(text: str) -> dict:
+    """An observation no command produced, as the supervisor reports and journals one: what
+    Belayer itself tells the agent (a multi-step task's next stage). `Observation.from_supervisor`
+    reads it, and hashes it as any action's output."""
+    data = text.encode()
+    stream = {"b64": base64.b64encode(data).decode(), "total": len(data), "dropped": 0}
+    empty = {"b64": "", "total": 0, "dropped": 0}
+    return {"exit_code": 0, "stdout": stream, "stderr": empty, "duration_s": 0.0, "timed_out": False,
+            "shell_respawned": False, "note": "", "sha256": observation_hash(0, data, b"", False)}  # fmt: skip
+
+
 class ObservationRef(_Model):
     """What crosses Temporal of an observation: where it is stored, its hashes, and the few
     facts the workflow decides on. The text itself stays in the object store."""

@@ -10,7 +10,7 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-from belayer.contracts.sandbox import CheckpointRef, ObservationRef, SandboxHandle
+from belayer.contracts.sandbox import CheckpointRef, ObservationRef, SandboxHandle, VerifyResult
 from belayer.policy.adaptive import CheckpointPolicy, DecisionRecord
 from belayer.policy.config import PolicyConfig
 from belayer.storage.recordlog import RecordLogRef
@@ -158,6 +158,16 @@ class TrajectoryState(_Model):
         None,
         description="The step during which the sandbox was last lost with no cause found, until a "
         "sandbox call succeeds: losing it there again after the restore is the agent's doing.",
+    )
+    stage: int = Field(0, description="A multi-step task's stage (Harbor's [[steps]] entry) now running.")
+    stage_start: int = Field(
+        0, description="The step the stage began after (its boundary: no recovery goes behind it)."
+    )
+    stage_checks: list[VerifyResult] = Field(
+        [], description="The checks of the stages that ended before this one, in order."
+    )
+    stopped_early: bool = Field(
+        False, description="A stage scored below its minimum: no stage after it runs."
     )
 
 

@@ -61,6 +61,7 @@ with workflow.unsafe.imports_passed_through():
         CreateSandboxArgs,
         DestroyArgs,
         ExecArgs,
+        NextStageArgs,
         ObservationRef,
         PlaceArgs,
         PlaceResult,
@@ -89,6 +90,9 @@ with workflow.unsafe.imports_passed_through():
     from belayer.workloads.registry import driver_for
 
 TASK_KEY = SearchAttributeKey.for_keyword("BelayerTask")
+# A multi-step task's stage N runs its setup commands as steps N*1000+1... of the sandbox's
+# setup journal (the create's are 1, 2...): a retried check never runs one twice.
+SETUP_STEPS_PER_STAGE = 1000
 STATUS_KEY = SearchAttributeKey.for_keyword("BelayerStatus")
 
 # Sandbox failures that `recover` repairs (SANDBOX_LOST). Anything else from a sandbox is a
@@ -252,15 +256,18 @@ class TrajectoryWorkflow:
             return await self._fail_policy(broken.broken)
 
     async def _turns_then_finish(self) -> TrajectoryResult:
-        """The turn loop and the final check; a cut anywhere in it leaves by `ContextCut`."""
-        while not self._finished():
-            if self._should_continue_as_new():
-                await self._settle_checkpoint()
-                await self._flush_observation()
-                self._continue_as_new()
-            await self._turn()
-        await self._settle_checkpoint()
-        return await self._finish()
+        """The turn loop (of each stage, for a multi-step task) and the final check; a cut
+        anywhere in it leaves by `ContextCut`."""
+        while True:
+            while not self._finished():
+                if self._should_continue_as_new():
+                    await self._settle_checkpoint()
+                    await self._flush_observation()
+                    self._continue_as_new()
+                await self._turn()
+            await self._settle_checkpoint()
+            if not await self._next_stage():
+                return await self._finish()
 
     async def _start(self) -> None:
         start = self.input.start_from
@@ -359,7 +366,7 @@ class TrajectoryWorkflow:
             return True
         if state.context and state.context.length >= self.input.max_total_tokens:
             return True
-        return state.step >= self._driver.turn_limit(self.input.task)
+        return state.step - state.stage_start >= self._driver.turn_limit(self.input.task)
 
     async def _turn(self) -> None:
         generation = await self._generate()
@@ -372,7 +379,7 @@ class TrajectoryWorkflow:
             return
         self.state.step += 1
         action = Action(trajectory=self.input.trajectory_id, step=self.state.step, command=command,
-                        timeout_s=self._driver.action_timeout_s(self.input.task))  # fmt: skip
+                        timeout_s=self._driver.action_timeout_s(self.input.task, self.state.stage))  # fmt: skip
         executed = await self._on_sandbox(
             sandbox.EXEC,
             lambda handle: ExecArgs(handle=handle, action=action),
@@ -588,6 +595,7 @@ class TrajectoryWorkflow:
             checkpoints=self.state.checkpoints,
             steps=self.state.log.steps,
             spec=self._driver.sandbox(self.input.task),
+            earliest_step=self.state.stage_start,
         )
 
     def _cut_context(self, at: StepRecord, observation: ObservationRef, record: RecoveryRecord) -> StepRecord:
@@ -882,7 +890,7 @@ class TrajectoryWorkflow:
         return f"context budget exhausted after {self.state.step} turns: {used} of {budget} tokens"
 
     async def _reward(self, before_recovery: asyncio.Future | None = None) -> float:
-        verification = self._driver.verification(self.input.task)
+        verification = self._driver.verification(self.input.task, self.state.stage)
         if verification is None:
             return 1.0
         # The check is the trajectory's last action, run apart from the agent's shell (it
@@ -908,16 +916,80 @@ class TrajectoryWorkflow:
         """A check that writes its own reward (a Harbor task's tests): any value it wrote is
         the reward; none (a timeout, no reward file) is 0, and the trajectory the agent's
         failure with the reason (`_finish`)."""
-        graded = verification.graded
-        action = action.model_copy(update={"timeout_s": graded.timeout_s})
-        self.verdict = await self._on_sandbox(
-            sandbox.VERIFY,
-            lambda handle: VerifyArgs(handle=handle, action=action, tests=graded.tests,
-                                      processes=verification.processes, reward_key=graded.reward_key),
-            summary=f"verify: {_first_line(verification.command.splitlines()[-1])}",
-            before_recovery=before_recovery,
-        )  # fmt: skip
+        checks = list(self.state.stage_checks)
+        if not self.state.stopped_early:  # else the stage that stopped it was the last checked
+            graded = verification.graded
+            action = action.model_copy(update={"timeout_s": graded.timeout_s})
+            checks.append(await self._on_sandbox(
+                sandbox.VERIFY,
+                lambda handle: VerifyArgs(handle=handle, action=action, tests=graded.tests,
+                                          processes=verification.processes, reward_key=graded.reward_key),
+                summary=f"verify: {_first_line(verification.command.splitlines()[-1])}",
+                before_recovery=before_recovery,
+            ))  # fmt: skip
+        self.verdict = self._staged(checks)
         return self.verdict.reward if self.verdict.reward is not None else 0.0
+
+    def _staged(self, checks: list[VerifyResult]) -> VerifyResult:
+        """The task's verdict from its stages' checks: the last one's, with the reward the
+        task's driver makes of them all (a stage not run counts 0) and each stage's reward
+        kept (`step1`, `step2`...); no reward when the last check wrote none."""
+        last = checks[-1]
+        if len(checks) == 1 and self._driver.stages(self.input.task) == 1:
+            return last
+        per_stage = {f"step{n}": check.reward or 0.0 for n, check in enumerate(checks, start=1)}
+        reward = None if last.reward is None else self._driver.staged_reward(
+            self.input.task, [check.reward for check in checks])  # fmt: skip
+        return last.model_copy(update={"reward": reward, "rewards": {**last.rewards, **per_stage}})
+
+    async def _next_stage(self) -> bool:
+        """A multi-step task's stage boundary: the stage's check, and when it scored at least
+        its minimum, the next stage begun (its files and setup, by the same activity) and
+        told to the agent as the check's step's observation; then a checkpoint, awaited,
+        which every later recovery starts from or after (no replay crosses the boundary:
+        the check and the files are in no action). False when there is no next stage."""
+        state, task = self.state, self.input.task
+        if state.stage + 1 >= self._driver.stages(task) or state.stopped_early or self._budget_exhausted():
+            return False
+        await self._flush_observation()
+        verification = self._driver.verification(task, state.stage)
+        coming = self._driver.next_stage(task, state.stage + 1)
+        action = Action(trajectory=self.input.trajectory_id, step=state.step + 1, command=verification.command,
+                        timeout_s=verification.graded.timeout_s)  # fmt: skip
+        begin = NextStageArgs(
+            uploads=coming.uploads, setup_commands=list(coming.setup_commands), min_reward=coming.min_reward,
+            first_setup_step=SETUP_STEPS_PER_STAGE * (state.stage + 1) + 1,
+            message=f"The tests of this step have run. Next step ({state.stage + 2} of "
+                    f"{self._driver.stages(task)}, {coming.name}):\n\n{coming.instruction}",
+        )  # fmt: skip
+        checked = await self._on_sandbox(
+            sandbox.VERIFY,
+            lambda handle: VerifyArgs(handle=handle, action=action, tests=verification.graded.tests,
+                                      processes=verification.processes,
+                                      reward_key=verification.graded.reward_key, next_stage=begin),
+            summary=f"verify step {state.stage + 1}, then begin {coming.name}",
+        )  # fmt: skip
+        state.stage_checks.append(checked)
+        if checked.next_observation is None:
+            state.stopped_early = True
+            return False
+        state.step, state.stage, state.stage_start, state.stopped = (
+            action.step,
+            state.stage + 1,
+            action.step,
+            False,
+        )
+        record = StepRecord(step=action.step, command=f": step {coming.name} begins",
+                            observation=checked.next_observation, context_after_action=state.context)  # fmt: skip
+        await self._append_observation(record)
+        boundary = await self._on_sandbox(
+            sandbox.CHECKPOINT,
+            lambda handle: CheckpointArgs(handle=handle, token_prefix_len=state.context.length,
+                                          token_prefix_sha256=state.context.sha256),
+            summary=f"checkpoint as step {coming.name} begins",
+        )  # fmt: skip
+        state.checkpoints = [boundary.checkpoint]
+        return True
 
     async def _workspace_hash(self) -> str:
         spec = self._driver.sandbox(self.input.task)
@@ -977,7 +1049,7 @@ class TrajectoryWorkflow:
             task=self.input.task.id,
             status=status,
             reason=reason,
-            turns=state.step,
+            turns=state.step - sum(check.next_observation is not None for check in state.stage_checks),
             tokens=state.context.length if state.context else 0,
             reward=reward,
             token_sha256=state.context.sha256 if state.context else None,

@@ -18,6 +18,7 @@ from typing import ClassVar, Generic, Literal, Protocol, TypeVar
 
 from belayer.agent_format import malformed_observation, parse_action
 from belayer.sandbox.models import SandboxSpec, StoredFiles
+from belayer.workloads.harbor_reward import task_reward
 from belayer.workloads.tasks import HarborTask, ModelTask, TaskBase, TraceTask
 
 TaskT = TypeVar("TaskT", bound=TaskBase)
@@ -40,6 +41,18 @@ class GradedCheck:
     tests: StoredFiles
     timeout_s: float
     reward_key: str | None
+
+
+@dataclass(frozen=True)
+class NextStage:
+    """A multi-step task's next stage (Harbor's `[[steps]]` entry; "step" here is a turn):
+    what is put in the sandbox and run before the agent begins it, and what it is told."""
+
+    name: str
+    instruction: str
+    uploads: dict[str, StoredFiles]
+    setup_commands: tuple[str, ...]
+    min_reward: float | None  # the stage that ends: below it, the task stops there
 
 
 @dataclass(frozen=True)
@@ -85,15 +98,29 @@ class TaskDriver(Protocol[TaskT_contra]):
         turn); None when only the engine knows, and the checkpoint policy predicts."""
         ...
 
-    def verification(self, task: TaskT_contra) -> Verification | None:
-        """The check that scores the trajectory; None: no check, reward 1."""
+    def verification(self, task: TaskT_contra, stage: int = 0) -> Verification | None:
+        """The check that scores the trajectory (of a multi-stage task, its `stage`'s); None:
+        no check, reward 1."""
+        ...
+
+    def stages(self, task: TaskT_contra) -> int:
+        """How many stages the task has, each its own turns and check (Harbor's `[[steps]]`); 1
+        for every task that has none."""
+        ...
+
+    def next_stage(self, task: TaskT_contra, stage: int) -> NextStage:
+        """What stage `stage` (1 or later) puts in the sandbox and tells the agent."""
+        ...
+
+    def staged_reward(self, task: TaskT_contra, rewards: list[float | None]) -> float:
+        """The task's reward from its stages' (None: no reward written; fewer: it stopped early)."""
         ...
 
     def sandbox(self, task: TaskT_contra) -> SandboxSpec:
         """What the task's sandbox starts from (its image, setup commands, files)."""
         ...
 
-    def action_timeout_s(self, task: TaskT_contra) -> float | None:
+    def action_timeout_s(self, task: TaskT_contra, stage: int = 0) -> float | None:
         """Each action's time limit; None: the sandbox's default (sandbox.action_timeout_s)."""
         ...
 
@@ -105,13 +132,22 @@ class _CheckedByCommand(Generic[TaskT]):
     def sandbox(self, task: TaskT) -> SandboxSpec:
         return SandboxSpec(setup_commands=task.setup)
 
-    def action_timeout_s(self, task: TaskT) -> float | None:
+    def action_timeout_s(self, task: TaskT, stage: int = 0) -> float | None:
         return None
 
-    def verification(self, task: TaskT) -> Verification | None:
+    def verification(self, task: TaskT, stage: int = 0) -> Verification | None:
         if not task.check:
             return None
         return Verification(command=task.check, processes=task.verify_with_processes)
+
+    def stages(self, task: TaskT) -> int:
+        return 1
+
+    def next_stage(self, task: TaskT, stage: int) -> NextStage:
+        raise ValueError(f"task {task.id} has one stage")
+
+    def staged_reward(self, task: TaskT, rewards: list[float | None]) -> float:
+        return rewards[0] or 0.0
 
 
 class TraceDriver(_CheckedByCommand[TraceTask]):
@@ -195,23 +231,36 @@ class HarborDriver:
             return None
         return 1 if step < self.turn_limit(task) else 0
 
-    def verification(self, task: HarborTask) -> Verification:
+    def verification(self, task: HarborTask, stage: int = 0) -> Verification:
+        spec = task.later_steps[stage - 1] if stage else task
         exports = "".join(
-            f"export {name}={shell_quote(value)}\n" for name, value in task.verifier_env.items()
+            f"export {name}={shell_quote(value)}\n" for name, value in spec.verifier_env.items()
         )
         return Verification(
             command=f"{exports}cd {shell_quote(task.semantics.workdir)} && bash {TESTS_DIR}/test.sh",
             processes=task.verify_with_processes,
             graded=GradedCheck(
-                tests=task.tests, timeout_s=task.verifier_timeout_s, reward_key=task.reward_key
+                tests=spec.tests, timeout_s=spec.verifier_timeout_s, reward_key=task.reward_key
             ),
         )
+
+    def stages(self, task: HarborTask) -> int:
+        return 1 + len(task.later_steps)
+
+    def next_stage(self, task: HarborTask, stage: int) -> NextStage:
+        spec = task.later_steps[stage - 1]
+        ending = task.min_reward if stage == 1 else task.later_steps[stage - 2].min_reward
+        return NextStage(name=spec.name, instruction=spec.instruction, uploads=dict(spec.uploads),
+                         setup_commands=tuple(spec.setup_commands), min_reward=ending)  # fmt: skip
+
+    def staged_reward(self, task: HarborTask, rewards: list[float | None]) -> float:
+        return task_reward(rewards, self.stages(task), task.reward_strategy)
 
     def sandbox(self, task: HarborTask) -> SandboxSpec:
         return SandboxSpec(setup_commands=task.setup, image=task.image, semantics=task.semantics)
 
-    def action_timeout_s(self, task: HarborTask) -> float | None:
-        return task.agent_timeout_s
+    def action_timeout_s(self, task: HarborTask, stage: int = 0) -> float | None:
+        return task.later_steps[stage - 1].agent_timeout_s if stage else task.agent_timeout_s
 
 
 # Harbor's paths: its solutions and tests expect to be run from there.

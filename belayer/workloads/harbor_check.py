@@ -17,7 +17,7 @@ from belayer.sandbox.models import Action, ImageSemantics, SandboxSpec
 from belayer.workloads.drivers import SOLUTION_DIR, shell_quote
 from belayer.workloads.harbor import HarborStep, HarborTaskDir
 from belayer.workloads.harbor_reward import REWARD_JSON, REWARD_TXT, NoReward, read_reward, task_reward
-from belayer.workloads.harbor_tasks import pack, semantics_of, store_files
+from belayer.workloads.harbor_tasks import pack, semantics_of, stage_files, store_files
 
 
 @dataclass
@@ -39,8 +39,12 @@ def check_agent(host, task: HarborTaskDir, image: str, agent: str, builder) -> A
     handle = host.create(spec)
     try:
         action_step = 0
-        for step in task.steps:
-            action_step = _prepare_step(host, handle, step, semantics, trajectory, action_step, agent, task)
+        for index, step in enumerate(task.steps):
+            uploads, setup = stage_files(host.store, step, agent, semantics.workdir)
+            problem = host.begin_stage(handle, uploads, setup, first_setup_step=1000 * (index + 1) + 1)
+            if problem is not None:
+                result.problem = f"step {step.name}: {problem}"
+                break
             if agent == "oracle":
                 action_step += 1
                 env = "".join(f"export {k}={shell_quote(v)}\n" for k, v in task.config.solution.env.items())
@@ -60,31 +64,6 @@ def check_agent(host, task: HarborTaskDir, image: str, agent: str, builder) -> A
         host.destroy(handle)
     result.reward = task_reward(result.step_rewards, len(task.steps), task.config.multi_step_reward_strategy)
     return result
-
-
-def _prepare_step(host, handle, step: HarborStep, semantics: ImageSemantics, trajectory: str, action_step: int,
-                  agent: str, task: HarborTaskDir) -> int:  # fmt: skip
-    """A step's files in place before its agent acts: its solution (oracle), its workdir/
-    files, its setup.sh run as the agent. Returns the journal step reached."""
-    if agent == "oracle" and step.solution_dir is not None:
-        host.install(
-            handle.sandbox_id, SOLUTION_DIR, store_files(host.store, pack([step.solution_dir])), "agent"
-        )
-    if step.workdir_upload is not None and task.multi_step:
-        staged = f"/logs/agent/.step-{step.name}"
-        host.install(handle.sandbox_id, staged, store_files(host.store, pack([step.workdir_upload])), "agent")
-        action_step += 1
-        host.exec(handle, Action(trajectory=trajectory, step=action_step,
-                                 command=f"cp -a {staged}/. {shell_quote(semantics.workdir)}/ && rm -rf {staged}"))  # fmt: skip
-    if step.setup_script is not None:
-        staged = f"/logs/agent/.setup-{step.name}"
-        host.install(
-            handle.sandbox_id, staged, store_files(host.store, pack([step.setup_script.parent])), "agent"
-        )
-        action_step += 1
-        host.exec(handle, Action(trajectory=trajectory, step=action_step,
-                                 command=f"bash {staged}/{step.setup_script.name}; rm -rf {staged}"))  # fmt: skip
-    return action_step
 
 
 def _verify(host, handle, step: HarborStep, semantics: ImageSemantics, trajectory: str,

@@ -19,18 +19,21 @@ from pathlib import Path
 
 from belayer.sandbox.models import ImageSemantics, StoredFiles
 from belayer.workloads.drivers import SOLUTION_DIR, shell_quote
-from belayer.workloads.harbor import HarborTaskDir, HarborTaskError, HealthcheckConfig, load_harbor
-from belayer.workloads.tasks import HarborAgent, HarborTask
+from belayer.workloads.harbor import (
+    HarborStep,
+    HarborTaskDir,
+    HarborTaskError,
+    HealthcheckConfig,
+    load_harbor,
+)
+from belayer.workloads.tasks import HarborAgent, HarborStepSpec, HarborTask
 
 FILES_PREFIX = "harbor/files"
+STAGING_DIR = "/logs/agent/.belayer-staged"  # a step's files on their way into the WORKDIR
 DEFAULT_WORKDIR = "/app"  # Harbor's tasks' WORKDIR by convention; the image's own wins
 OFFLINE_NOTE = (
     "the task asks for network (allow_internet, Harbor's default): sandboxes have none, so it ran "
     "offline (--strict-network refuses such tasks instead)"
-)
-MULTI_STEP_NOTE = (
-    "multi-step tasks ([[steps]]) are validated, built and checked with the oracle and nop agents "
-    "(`belayer tasks check`) but not yet run as trajectories"
 )
 STORAGE_NOTE = (
     "[environment].storage_mb is not enforced: overlay size limits need XFS, which this host's "
@@ -47,17 +50,11 @@ def load_harbor_tasks(path: Path, *, store, builder, agent: HarborAgent = "model
     tasks = []
     directories = load_harbor(path)
     for directory in directories:
-        if directory.multi_step:
-            if progress is not None:
-                progress(f"skipped {directory.id}: {MULTI_STEP_NOTE}")
-            continue
         _refuse_unrunnable(directory, agent, strict_network)
         image = task_image(builder, directory, progress)
         task = _task(directory, image, store=store, builder=builder, agent=agent, reward_key=reward_key,
                      max_turns=max_turns)  # fmt: skip
         tasks.append(task.model_copy(update={"verify_with_processes": "frozen"}) if freeze_agent else task)
-    if not tasks:
-        raise HarborTaskError(f"{path}: every task there has [[steps]]: {MULTI_STEP_NOTE}")
     return tasks
 
 
@@ -67,9 +64,11 @@ def _refuse_unrunnable(task: HarborTaskDir, agent: HarborAgent, strict_network: 
             f"{task.path}: task {task.id} asks for network (allow_internet defaults to true) and "
             "--strict-network refuses it: set `allow_internet = false` in its [environment] if it runs offline"
         )
-    if agent == "oracle" and task.steps[0].solution_dir is None:
+    unsolved = [step.name for step in task.steps if step.solution_dir is None]
+    if agent == "oracle" and unsolved:
+        where = "solution/" if not task.multi_step else f"steps/{unsolved[0]}/solution/"
         raise HarborTaskError(
-            f"{task.path}: task {task.id} has no solution/ for --agent oracle: add solution/solve.sh"
+            f"{task.path}: task {task.id} has no {where} for --agent oracle: add its solve.sh"
         )
 
 
@@ -93,23 +92,21 @@ def _task(task: HarborTaskDir, image: str, *, store, builder, agent: HarborAgent
           max_turns: int) -> HarborTask:  # fmt: skip
     step = task.steps[0]
     environment = task.config.environment
-    uploads = {}
-    if agent == "oracle":
-        uploads[SOLUTION_DIR] = store_files(store, pack([step.solution_dir]))
+    semantics = semantics_of(
+        task, image, builder, agent_env=task.config.solution.env if agent == "oracle" else {}
+    )
+    uploads, setup = stage_files(store, step, agent, semantics.workdir)
     notes = list(task.warnings)
     if task.wants_network:
         notes.append(OFFLINE_NOTE)
     if environment.storage_mb != 10240 or environment.storage is not None:
         notes.append(STORAGE_NOTE)
-    agent_env = task.config.solution.env if agent == "oracle" else {}
     return HarborTask(
         id=task.id,
         instruction=step.instruction,
         image=image,
-        semantics=semantics_of(task, image, builder, agent_env=agent_env).model_copy(
-            update={"uploads": uploads}
-        ),
-        setup=[healthcheck_command(step.healthcheck)] if step.healthcheck else [],
+        semantics=semantics.model_copy(update={"uploads": uploads}),
+        setup=setup,
         agent=agent,
         max_turns=max_turns,
         agent_timeout_s=step.agent.timeout_sec or HarborTask.model_fields["agent_timeout_s"].default,
@@ -119,7 +116,45 @@ def _task(task: HarborTaskDir, image: str, *, store, builder, agent: HarborAgent
         reward_key=reward_key,
         notes=notes,
         metadata=task.config.metadata,
+        step_name=step.name if task.multi_step else None,
+        min_reward=step.min_reward,
+        later_steps=[_later_step(store, later, agent, semantics.workdir) for later in task.steps[1:]],
+        reward_strategy=task.config.multi_step_reward_strategy,
     )
+
+
+def _later_step(store, step: HarborStep, agent: HarborAgent, workdir: str) -> HarborStepSpec:
+    uploads, setup = stage_files(store, step, agent, workdir)
+    return HarborStepSpec(
+        name=step.name, instruction=step.instruction, tests=store_files(store, pack(list(step.tests_dirs))),
+        uploads=uploads, setup_commands=setup,
+        agent_timeout_s=step.agent.timeout_sec or HarborStepSpec.model_fields["agent_timeout_s"].default,
+        verifier_timeout_s=step.verifier.timeout_sec, verifier_env=step.verifier.env, min_reward=step.min_reward,
+    )  # fmt: skip
+
+
+def stage_files(
+    store, step: HarborStep, agent: HarborAgent, workdir: str
+) -> tuple[dict[str, StoredFiles], list[str]]:
+    """What a step puts in the sandbox before its agent begins, as Harbor does: the oracle's
+    solution at /solution; the step's `workdir/` files copied into the WORKDIR and its
+    `setup.sh` run, both staged under /logs/agent (the agent's) and run as the agent: PID 1
+    installs whole directories, never into the agent's tree; its healthcheck passed. Uploads
+    and setup commands, in order."""
+    uploads, setup = {}, []
+    if agent == "oracle" and step.solution_dir is not None:
+        uploads[SOLUTION_DIR] = store_files(store, pack([step.solution_dir]))
+    if step.workdir_upload is not None:
+        staged = f"{STAGING_DIR}/{step.name}-workdir"
+        uploads[staged] = store_files(store, pack([step.workdir_upload]))
+        setup.append(f"cp -a {staged}/. {shell_quote(workdir)}/")
+    if step.setup_script is not None:
+        staged = f"{STAGING_DIR}/{step.name}-setup"
+        uploads[staged] = store_files(store, pack_files({"setup.sh": step.setup_script}))
+        setup.append(f"cd {shell_quote(workdir)} && bash {staged}/setup.sh")
+    if step.healthcheck is not None:
+        setup.append(healthcheck_command(step.healthcheck))
+    return uploads, setup
 
 
 def semantics_of(task: HarborTaskDir, image: str, builder, *, agent_env: dict[str, str]) -> ImageSemantics:
@@ -167,6 +202,11 @@ def pack(directories: list[Path]) -> bytes:
                 raise HarborTaskError(f"{path}: a symbolic link; tests and solutions must be plain files")
             if path.is_file():
                 files[path.relative_to(directory).as_posix()] = path
+    return pack_files(files)
+
+
+def pack_files(files: dict[str, Path]) -> bytes:
+    """`files` (name in the tar -> file) as `pack` makes a tar."""
     out = io.BytesIO()
     with tarfile.open(fileobj=out, mode="w", format=tarfile.PAX_FORMAT) as tar:
         for name in sorted(files):

@@ -63,6 +63,25 @@ class ModelTask(TaskBase):
 HarborAgent = Literal["model", "oracle", "nop"]
 
 
+class HarborStepSpec(_Strict):
+    """A later step of a multi-step Harbor task ([[steps]] after the first): what the agent is
+    told when it begins, what is put in the sandbox first, how it is judged."""
+
+    name: str
+    instruction: str = Field(min_length=1)
+    tests: StoredFiles
+    uploads: dict[str, StoredFiles] = Field(
+        default_factory=dict, description="Installed before the step begins (its solution, its staged files)."
+    )
+    setup_commands: list[str] = Field(
+        default_factory=list, description="Run as the agent before it begins (its workdir/ files, setup.sh)."
+    )
+    agent_timeout_s: float = Field(600.0, gt=0)
+    verifier_timeout_s: float = Field(600.0, gt=0)
+    verifier_env: dict[str, str] = Field(default_factory=dict)
+    min_reward: float | None = Field(None, description="Below it, the task stops after this step.")
+
+
 class HarborTask(TaskBase):
     """A Harbor task as the workflows run it: pointers and hashes (its image's tag, its tests'
     and solution's tars in the store), never its files. Built by `harbor_tasks.py`."""
@@ -84,3 +103,12 @@ class HarborTask(TaskBase):
     reward_key: str | None = Field(None, description="The reward.json key that is the reward.")
     notes: list[str] = Field(default_factory=list, description="Warnings recorded in the result.")
     metadata: dict[str, Any] = Field(default_factory=dict, description="[metadata], kept and shown.")
+    step_name: str | None = Field(
+        None, description="A multi-step task's first step (its fields are the above)."
+    )
+    min_reward: float | None = Field(None, description="The first step's: below it, the task stops there.")
+    later_steps: list[HarborStepSpec] = Field(default_factory=list, description="The steps after the first.")
+    reward_strategy: Literal["mean", "final"] = Field(
+        "mean",
+        description="A multi-step task's reward: the mean of its steps' (one not run: 0), or the last's.",
+    )

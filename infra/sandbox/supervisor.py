@@ -894,6 +894,8 @@ class Supervisor:
             return self.install(str(req["path"]), req.get("archive"), str(req["owner"]))
         if op == "collect":
             return self.collect(str(req["path"]), int(req["max_bytes"]))
+        if op == "record":
+            return self.record(str(req["trajectory"]), int(req["step"]), req["observation"])
         raise RequestError("BadRequest", f"unknown op {op!r}")
 
     def install(self, path: str, archive: str | None, owner: str) -> dict:
@@ -917,6 +919,18 @@ class Supervisor:
                 if source is not None:
                     with_errors_ignored(os.unlink, source)
         return {"ok": True, "files": files}
+
+    def record(self, trajectory: str, step: int, observation: dict) -> dict:
+        """Journal `observation` as step `step`'s, over what ran there: a multi-step task's
+        boundary, whose check ran as that step but whose logged observation is what the
+        agent was told (the next step's instruction). A restore compares the journal with the
+        trajectory's log, and a replay answers from it: both must see the logged one."""
+        with self.lock:
+            if self.running is not None:
+                raise RequestError("Busy", f"action {self.running} is running")
+            self.journal.append({"type": "action", "trajectory": trajectory, "step": step,
+                                 "generation": self.journal.generation, "observation": observation})
+        return {"ok": True}
 
     def collect(self, path: str, max_bytes: int) -> dict:
         """The regular files directly in `path` (a verifier's /logs/verifier), base64, at most
@@ -1332,6 +1346,10 @@ def hand_over_directories() -> None:
     """At start: the journal to the guard, /workspace and /home/agent to the agent, and /run
     and /run/lock writable by every user as /tmp is (mode 1777: the agent's pid files,
     sockets and locks), as they were when the agent was root."""
+    if not HAND_OVER:
+        # podman starts PID 1 in the image's WORKDIR; it keeps none of the agent's directories
+        # as its cwd (one remade below would be a deleted directory CRIU cannot restore).
+        os.chdir("/")
     if not HAND_OVER and not os.path.isdir(WORKSPACE):  # a task image without its WORKDIR (Harbor's /app)
         os.makedirs(WORKSPACE, 0o755)
         os.chown(WORKSPACE, AGENT_UID, AGENT_GID)

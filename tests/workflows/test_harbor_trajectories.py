@@ -15,6 +15,7 @@ from belayer.cli.run import _walk_history
 from belayer.sandbox import runtime
 from belayer.sandbox.images import ImageBuilder
 from belayer.workloads.harbor_tasks import load_harbor_tasks
+from tests.sandbox.test_harbor_check import write_task as write_two_step_task
 from tests.workflows.test_groups import members, run_group
 from tests.workflows.test_trajectory import start
 
@@ -111,3 +112,42 @@ async def test_a_group_of_four_forks_from_one_set_up_harbor_sandbox(stack, datas
     group = await run_group(stack, members(stack, dataset("oracle")["graded"], 4))
     assert (group.group.forked, group.group.fallback) == (4, ""), group.group
     assert [(r.status, r.reward) for r in group.results] == [("completed", 0.75)] * 4
+
+
+@pytest.fixture
+def two_step(stack, tmp_path):
+    builder = ImageBuilder({"debian:bookworm": runtime.base_image_name()})
+    path = write_two_step_task(tmp_path)
+
+    def task(agent: str):
+        (loaded,) = load_harbor_tasks(path, store=stack.sandboxes.host.store, builder=builder, agent=agent)
+        return loaded
+
+    yield task
+    builder.podman("rmi", "-f", task("nop").image)
+
+
+async def test_a_multi_step_task_runs_its_steps_in_one_sandbox_and_recovers_within_a_step(
+    stack, two_step, monkeypatch
+):
+    original, killed = stack.sandboxes.host.exec, []
+
+    def exec_then_kill(handle, action, **kwargs):
+        observation = original(handle, action, **kwargs)
+        if action.command.startswith("bash /solution") and action.step > 1 and not killed:
+            killed.append(action.step)  # the second step's oracle action: after the boundary
+            stack.sandboxes.host.kill(handle)
+        return observation
+
+    monkeypatch.setattr(stack.sandboxes.host, "exec", exec_then_kill)
+    oracle = await (await start(stack, two_step("oracle"))).result()
+    assert (oracle.status, oracle.reward, oracle.turns) == ("completed", 1.0, 2), oracle
+    assert oracle.rewards == {"reward": 1.0, "half": 0.5, "step1": 1.0, "step2": 1.0}
+    (recovery,) = oracle.recoveries
+    assert killed == [3] and recovery.source == "checkpoint@2" and recovery.replayed_steps == 1, recovery
+
+
+async def test_a_step_below_its_min_reward_stops_the_task_there(stack, two_step):
+    nop = await (await start(stack, two_step("nop"))).result()
+    assert (nop.status, nop.reward, nop.turns) == ("completed", 0.0, 0), nop
+    assert nop.rewards == {"reward": 0.0, "step1": 0.0} and "stopped early" in nop.reason, nop
