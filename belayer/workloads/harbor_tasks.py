@@ -6,7 +6,8 @@ taken from `docker_image`), its tests/ and solution/ are packed into tars put in
 store (by content hash: a dataset run again uploads nothing), and the rest of task.toml
 becomes fields of the task. The workflow payloads then carry the image's tag and the
 tars' keys and hashes, never the files; the sandbox host unpacks them (the supervisor's
-`install`) into the sandbox: the solution at create, for the oracle, the tests at verify.
+`install`) into the sandbox: each step's files (the oracle's solution, staged workdir/ files and setup.sh) as the step
+begins, its tests when it is checked.
 """
 
 from __future__ import annotations
@@ -17,15 +18,20 @@ import tarfile
 from collections.abc import Callable
 from pathlib import Path
 
+from belayer.sandbox.backends import open_backend
 from belayer.sandbox.models import ImageSemantics, StoredFiles
+from belayer.storage.store import open_store
 from belayer.workloads.drivers import SOLUTION_DIR, shell_quote
 from belayer.workloads.harbor import (
     HarborStep,
     HarborTaskDir,
     HarborTaskError,
     HealthcheckConfig,
+    is_harbor_path,
     load_harbor,
 )
+from belayer.workloads.loader import WorkloadError, load_workload
+from belayer.workloads.models import Workload
 from belayer.workloads.tasks import HarborAgent, HarborStepSpec, HarborTask
 
 FILES_PREFIX = "harbor/files"
@@ -232,12 +238,6 @@ def runnable_workload(config, path: Path, *, agent: HarborAgent = "model", rewar
     """The workload `belayer run PATH` and `belayer train PATH` start: a Harbor task directory
     or dataset made ready to run (images built, files stored), or a workload file's tasks with
     the Harbor paths it lists (`harbor:`) made ready beside them. Its `heldout` is left a path."""
-    from belayer.sandbox.backends import open_backend
-    from belayer.storage.store import open_store
-    from belayer.workloads.harbor import is_harbor_path
-    from belayer.workloads.loader import WorkloadError, load_workload
-    from belayer.workloads.models import Workload
-
     workload = Workload(harbor=[path]) if is_harbor_path(path) else load_workload(path)
     if not workload.harbor:
         if agent != "model" or reward_key is not None:

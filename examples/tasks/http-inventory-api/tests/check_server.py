@@ -43,8 +43,11 @@ def main():
     status, _, body = health
     expect(status == 200 and body.strip() == b"ok", f"/health: {status} {body[:60]!r}")
 
-    for sku, name, qty in [("CRB-1100", "Carabiner screw-gate", 14), ("HLM-2203", "Climbing helmet", 0),
-                           ("RPE-9810", "Dynamic rope 9.8 mm", 6)]:
+    for sku, name, qty in [
+        ("CRB-1100", "Carabiner screw-gate", 14),
+        ("HLM-2203", "Climbing helmet", 0),
+        ("RPE-9810", "Dynamic rope 9.8 mm", 6),
+    ]:
         status, kind, body = get(f"/items/{sku}")
         try:
             data = json.loads(body)
@@ -62,8 +65,12 @@ def main():
         data = None
     expect(status == 404 and data == {"error": "not found"}, f"/items/ZZZ-0000: {status} {body[:80]!r}")
 
-    for below, want in [(10, ["GLV-0007", "HLM-2203", "RPE-9810"]), (1, ["HLM-2203"]), (0, []),
-                        (100, ["CRB-1100", "GLV-0007", "HLM-2203", "RPE-9810", "SLG-1200", "TPE-0025"])]:
+    for below, want in [
+        (10, ["GLV-0007", "HLM-2203", "RPE-9810"]),
+        (1, ["HLM-2203"]),
+        (0, []),
+        (100, ["CRB-1100", "GLV-0007", "HLM-2203", "RPE-9810", "SLG-1200", "TPE-0025"]),
+    ]:
         status, kind, body = get(f"/low-stock?below={below}")
         try:
             data = json.loads(body)

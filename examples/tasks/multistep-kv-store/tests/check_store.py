@@ -25,7 +25,9 @@ def main():
         assert store.keys() == ["alpha", "beta"], f"keys() = {store.keys()!r}"
         assert os.path.isfile(path), "the store file is not written (parent directories created?)"
         with open(path) as handle:
-            assert json.load(handle) == {"alpha": "1", "beta": "two"}, "the file is not the JSON object of the store"
+            assert json.load(handle) == {"alpha": "1", "beta": "two"}, (
+                "the file is not the JSON object of the store"
+            )
 
         reopened = KVStore(path)
         assert reopened.get("alpha") == "1", "a reopened store does not see earlier writes"

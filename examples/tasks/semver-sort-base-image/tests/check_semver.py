@@ -11,10 +11,26 @@ CASES = [
     ([], ["1.10.0", "1.9.0", "1.10.0-rc.1", "banana"], ["1.9.0", "1.10.0-rc.1", "1.10.0"], ["banana"], 1),
     (
         [],
-        ["1.0.0", "1.0.0-rc.1", "1.0.0-beta.11", "1.0.0-beta.2", "1.0.0-beta",
-         "1.0.0-alpha.beta", "1.0.0-alpha.1", "1.0.0-alpha"],
-        ["1.0.0-alpha", "1.0.0-alpha.1", "1.0.0-alpha.beta", "1.0.0-beta", "1.0.0-beta.2",
-         "1.0.0-beta.11", "1.0.0-rc.1", "1.0.0"],
+        [
+            "1.0.0",
+            "1.0.0-rc.1",
+            "1.0.0-beta.11",
+            "1.0.0-beta.2",
+            "1.0.0-beta",
+            "1.0.0-alpha.beta",
+            "1.0.0-alpha.1",
+            "1.0.0-alpha",
+        ],
+        [
+            "1.0.0-alpha",
+            "1.0.0-alpha.1",
+            "1.0.0-alpha.beta",
+            "1.0.0-beta",
+            "1.0.0-beta.2",
+            "1.0.0-beta.11",
+            "1.0.0-rc.1",
+            "1.0.0",
+        ],
         [],
         0,
     ),
@@ -27,11 +43,34 @@ CASES = [
     ),
     (
         [],
-        ["01.2.3", "1.2", "1.2.3-01", "1.2.3-", "v1.2.3", "1.2.3+", "1.2.3 beta", "1.2.3-a..b",
-         "1.2.3-0a", "1.2.3-x-y.0", "1.2.3-rc.1+b_1", "1.2.3.4", "1.2.3"],
+        [
+            "01.2.3",
+            "1.2",
+            "1.2.3-01",
+            "1.2.3-",
+            "v1.2.3",
+            "1.2.3+",
+            "1.2.3 beta",
+            "1.2.3-a..b",
+            "1.2.3-0a",
+            "1.2.3-x-y.0",
+            "1.2.3-rc.1+b_1",
+            "1.2.3.4",
+            "1.2.3",
+        ],
         ["1.2.3-0a", "1.2.3-x-y.0", "1.2.3"],
-        ["01.2.3", "1.2", "1.2.3-01", "1.2.3-", "v1.2.3", "1.2.3+", "1.2.3 beta", "1.2.3-a..b",
-         "1.2.3-rc.1+b_1", "1.2.3.4"],
+        [
+            "01.2.3",
+            "1.2",
+            "1.2.3-01",
+            "1.2.3-",
+            "v1.2.3",
+            "1.2.3+",
+            "1.2.3 beta",
+            "1.2.3-a..b",
+            "1.2.3-rc.1+b_1",
+            "1.2.3.4",
+        ],
         1,
     ),
     (
@@ -60,8 +99,14 @@ def main():
         done = subprocess.run([TOOL, *args], input="\n".join(lines) + "\n", capture_output=True,
                               text=True, timeout=10)  # fmt: skip
         got_out = done.stdout.splitlines()
-        got_invalid = [line[len("invalid: "):] for line in done.stderr.splitlines() if line.startswith("invalid: ")]
-        if got_out != want_out or sorted(got_invalid) != sorted(want_invalid) or done.returncode != want_status:
+        got_invalid = [
+            line[len("invalid: ") :] for line in done.stderr.splitlines() if line.startswith("invalid: ")
+        ]
+        if (
+            got_out != want_out
+            or sorted(got_invalid) != sorted(want_invalid)
+            or done.returncode != want_status
+        ):
             failed += 1
             print(f"FAIL case {number} {args}: stdout {got_out}, want {want_out}; invalid {got_invalid}, "
                   f"want {want_invalid}; exit {done.returncode}, want {want_status}")  # fmt: skip

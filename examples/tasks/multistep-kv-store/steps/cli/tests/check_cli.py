@@ -46,7 +46,9 @@ def main():
         assert kv(db, "incr", "visits") == (0, "1\n"), f"incr: {kv(db, 'incr', 'visits')!r}"
         assert kv(db, "incr", "visits", "9") == (0, "10\n"), "incr by 9"
         assert kv(db, "incr", "team")[0] == 1, "incr of a non-integer value"
-        assert KVStore(db).keys() == ["team", "user.bob", "visits"], f"the CLI's file holds {KVStore(db).keys()!r}"
+        assert KVStore(db).keys() == ["team", "user.bob", "visits"], (
+            f"the CLI's file holds {KVStore(db).keys()!r}"
+        )
 
 
 if __name__ == "__main__":
