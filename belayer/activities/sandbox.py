@@ -207,23 +207,33 @@ class SandboxActivities:
         trajectory, step = args.action.trajectory, args.action.step
         observation = store_observation(self.host.store, trajectory, step, args.handle.generation,
                                         checked.observation)  # fmt: skip
-        logs = {}
-        for name, data in sorted(checked.files.items()):
-            logs[name] = key = f"trajectories/{trajectory}/verifier/step-{step}/{name}"
-            self.host.store.put_bytes(key, data)
+        found = self.host.collect_artifacts(args.handle, args.artifacts) if args.artifacts else {}
+        stored = VerifyResult(
+            observation=observation, reward=None,
+            logs=self._stored(checked.files, f"trajectories/{trajectory}/verifier/step-{step}"),
+            artifacts=self._stored(found, f"trajectories/{trajectory}/artifacts/step-{step}"),
+        )  # fmt: skip
         if checked.observation.timed_out:
-            return VerifyResult(observation=observation, reward=None, logs=logs,
-                                reason=f"the verifier timed out after {args.action.timeout_s:g} s")  # fmt: skip
+            return stored.model_copy(
+                update={"reason": f"the verifier timed out after {args.action.timeout_s:g} s"}
+            )
         text = {name: data.decode("utf-8", "replace") for name, data in checked.files.items()}
         try:
-            found = read_reward(text.get(REWARD_TXT), text.get(REWARD_JSON), args.reward_key)
+            reward = read_reward(text.get(REWARD_TXT), text.get(REWARD_JSON), args.reward_key)
         except NoReward as exc:
-            reason = f"{exc} (verifier exit {checked.observation.exit_code})"
-            return VerifyResult(observation=observation, reward=None, logs=logs, reason=reason)
-        verified = VerifyResult(
-            observation=observation, reward=found.reward, rewards=found.rewards, logs=logs
-        )
+            return stored.model_copy(
+                update={"reason": f"{exc} (verifier exit {checked.observation.exit_code})"}
+            )
+        verified = stored.model_copy(update={"reward": reward.reward, "rewards": reward.rewards})
         return self._begin_next_stage(args, verified) if args.next_stage is not None else verified
+
+    def _stored(self, files: dict[str, bytes], prefix: str) -> dict[str, str]:
+        """`files` put in the store under `prefix`: name -> key."""
+        keys = {}
+        for name, data in sorted(files.items()):
+            keys[name] = key = f"{prefix}/{name}"
+            self.host.store.put_bytes(key, data)
+        return keys
 
     def _begin_next_stage(self, args: VerifyArgs, verified: VerifyResult) -> VerifyResult:
         """A multi-step task goes on when the stage just checked scored at least its minimum:

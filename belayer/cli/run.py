@@ -468,6 +468,7 @@ def _report(
                 if r.rewards or r.verifier_logs
                 else {}
             ),
+            **({"artifacts": r.artifacts} if r.artifacts else {}),
             **({"notes": r.notes} if r.notes else {}),
         }
         for r in results

@@ -34,6 +34,7 @@ class TaskCheck:
     image_built_s: float | None = None  # None: found under its context hash, no build ran
     warnings: list[str] = field(default_factory=list)
     prebuilt: bool = False  # [environment].docker_image: nothing to build
+    metadata: dict = field(default_factory=dict)  # task.toml's [metadata], as written
     oracle: float | None = None  # what each agent scored (None: not run)
     nop: float | None = None
 
@@ -131,6 +132,7 @@ def _validated(path: Path) -> tuple[TaskCheck, HarborTaskDir | None]:
         return result, None
     result.steps = len(task.steps)
     result.warnings = list(task.warnings)
+    result.metadata = task.config.metadata
     if task.wants_network:
         result.warnings.append("asks for network (allow_internet defaults to true): runs offline here")
     return result, task
@@ -160,7 +162,7 @@ def _as_dict(result: TaskCheck) -> dict:
     return {"task": result.task, "path": result.path, "ok": result.ok, "steps": result.steps,
             "problem": result.problem, "image": result.image, "image_id": result.image_id,
             "image_built_s": result.image_built_s, "oracle": result.oracle, "nop": result.nop,
-            "warnings": result.warnings}  # fmt: skip
+            "metadata": result.metadata, "warnings": result.warnings}  # fmt: skip
 
 
 def _show(results: list[TaskCheck]) -> None:
@@ -184,6 +186,9 @@ def _show(results: list[TaskCheck]) -> None:
     out = Console() if Console().is_terminal else Console(width=200)
     out.print(table)
     for r in results:
+        if r.metadata:
+            shown = ", ".join(f"{key}={value}" for key, value in r.metadata.items())
+            console.print(f"[dim]{escape(r.task)}: {escape(shown)}[/]", highlight=False)
         for warning in r.warnings:
             console.print(f"[yellow]warning:[/] {escape(r.task)}: {escape(warning)}", highlight=False)
         if r.problem:

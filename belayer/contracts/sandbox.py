@@ -110,6 +110,16 @@ class ExecResult(_Model):
     )
 
 
+class NextStageArgs(_Model):
+    """What the next stage of a multi-step task puts in the sandbox, runs, and tells the agent."""
+
+    uploads: dict[str, StoredFiles] = Field(default_factory=dict)
+    setup_commands: list[str] = Field(default_factory=list, description="Run as the agent, in order.")
+    first_setup_step: int = Field(ge=1, description="Journal step of the first (the setup journal's).")
+    min_reward: float | None = Field(None, description="The ending stage's minimum to go on.")
+    message: str = Field(description="The observation the agent sees: the verdict and the next instruction.")
+
+
 class VerifyArgs(_Model):
     """A task's own verifier (Harbor's tests/test.sh): its tests installed at /tests, its logs
     directory emptied, `action` run isolated, the reward read from what it wrote."""
@@ -122,20 +132,11 @@ class VerifyArgs(_Model):
         None,
         description="With only reward.json: the key that is the reward (default: the mean of its values).",
     )
+    artifacts: list[str] = Field(default_factory=list, description="Paths read back after the check.")
     next_stage: NextStageArgs | None = Field(
         None,
         description="A multi-step task's next stage, begun here when this one scored at least its minimum.",
     )
-
-
-class NextStageArgs(_Model):
-    """What the next stage of a multi-step task puts in the sandbox, runs, and tells the agent."""
-
-    uploads: dict[str, StoredFiles] = Field(default_factory=dict)
-    setup_commands: list[str] = Field(default_factory=list, description="Run as the agent, in order.")
-    first_setup_step: int = Field(ge=1, description="Journal step of the first (the setup journal's).")
-    min_reward: float | None = Field(None, description="The ending stage's minimum to go on.")
-    message: str = Field(description="The observation the agent sees: the verdict and the next instruction.")
 
 
 class VerifyResult(_Model):
@@ -145,6 +146,9 @@ class VerifyResult(_Model):
     reason: str = Field("", description="Why there is no reward: a timeout, no reward file, a bad one.")
     logs: dict[str, str] = Field(
         default_factory=dict, description="Its logs directory's files: name -> object key (belayer inspect)."
+    )
+    artifacts: dict[str, str] = Field(
+        default_factory=dict, description="The artifacts read back: path in the sandbox -> object key."
     )
     next_observation: ObservationRef | None = Field(
         None, description="The next stage begun: the observation that tells the agent (at the check's step)."

@@ -163,6 +163,15 @@ AGENT_LOGS = "/logs/agent"
 
 
 @dataclass(frozen=True)
+class Collected:
+    """Files PID 1 read back from a sandbox: a directory's regular files, or one file."""
+
+    files: dict[str, bytes]
+    skipped: list[str]  # entries that were no regular file (never read, never followed)
+    directory: bool
+
+
+@dataclass(frozen=True)
 class GradedCheck:
     """What a task's own verifier left: its observation and the files of its logs directory."""
 
@@ -518,12 +527,25 @@ class SandboxHost:
                 self.install(handle.sandbox_id, TESTS_DIR, tests, "verifier")
                 self.install(handle.sandbox_id, logs_dir, None, "verifier")
         observation = self.exec(handle, action, isolated=True, processes=processes)
+        collected = self._collect(handle, logs_dir, max_bytes)
+        return GradedCheck(observation=observation, files=collected.files, skipped=collected.skipped)
+
+    def collect_artifacts(self, handle: SandboxHandle, paths: list[str],
+                          max_bytes: int = 1 << 20) -> dict[str, bytes]:  # fmt: skip
+        """A step's `artifacts` (a file, or the files directly in a directory), read by PID 1
+        without following links, each named by its path in the sandbox without the leading /."""
+        found: dict[str, bytes] = {}
+        for path in paths:
+            collected = self._collect(handle, path, max_bytes)
+            for name, data in collected.files.items():
+                found[f"{path.strip('/')}/{name}" if collected.directory else path.strip("/")] = data
+        return found
+
+    def _collect(self, handle: SandboxHandle, path: str, max_bytes: int) -> Collected:
         with self._lock(handle.sandbox_id):
-            reply = channel.call(
-                self._sock(handle), {"op": "collect", "path": logs_dir, "max_bytes": max_bytes}
-            )
-        files = {name: base64.b64decode(data) for name, data in reply["files"].items()}
-        return GradedCheck(observation=observation, files=files, skipped=list(reply.get("skipped") or []))
+            reply = channel.call(self._sock(handle), {"op": "collect", "path": path, "max_bytes": max_bytes})
+        return Collected(files={name: base64.b64decode(data) for name, data in reply["files"].items()},
+                         skipped=list(reply.get("skipped") or []), directory=bool(reply.get("directory")))  # fmt: skip
 
     # ------------------------------------------------------------------ checkpoint
     def checkpoint(

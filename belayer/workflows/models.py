@@ -237,6 +237,10 @@ class TrajectoryResult(_Model):
     verifier_logs: dict[str, str] = Field(
         default_factory=dict, description="A graded check's logs directory: file name -> object key."
     )
+    artifacts: dict[str, str] = Field(
+        default_factory=dict,
+        description="A Harbor task's artifacts read back after its checks: path -> object key.",
+    )
     verifier_observation: ObservationRef | None = Field(
         None, description="A graded check's stdout and stderr, stored (belayer inspect shows them)."
     )

@@ -923,7 +923,8 @@ class TrajectoryWorkflow:
             checks.append(await self._on_sandbox(
                 sandbox.VERIFY,
                 lambda handle: VerifyArgs(handle=handle, action=action, tests=graded.tests,
-                                          processes=verification.processes, reward_key=graded.reward_key),
+                                          processes=verification.processes, reward_key=graded.reward_key,
+                                          artifacts=list(graded.artifacts)),
                 summary=f"verify: {_first_line(verification.command.splitlines()[-1])}",
                 before_recovery=before_recovery,
             ))  # fmt: skip
@@ -940,7 +941,9 @@ class TrajectoryWorkflow:
         per_stage = {f"step{n}": check.reward or 0.0 for n, check in enumerate(checks, start=1)}
         reward = None if last.reward is None else self._driver.staged_reward(
             self.input.task, [check.reward for check in checks])  # fmt: skip
-        return last.model_copy(update={"reward": reward, "rewards": {**last.rewards, **per_stage}})
+        artifacts = {path: key for check in checks for path, key in check.artifacts.items()}
+        return last.model_copy(update={"reward": reward, "rewards": {**last.rewards, **per_stage},
+                                       "artifacts": artifacts})  # fmt: skip
 
     async def _next_stage(self) -> bool:
         """A multi-step task's stage boundary: the stage's check, and when it scored at least
@@ -966,7 +969,8 @@ class TrajectoryWorkflow:
             sandbox.VERIFY,
             lambda handle: VerifyArgs(handle=handle, action=action, tests=verification.graded.tests,
                                       processes=verification.processes,
-                                      reward_key=verification.graded.reward_key, next_stage=begin),
+                                      reward_key=verification.graded.reward_key,
+                                      artifacts=list(verification.graded.artifacts), next_stage=begin),
             summary=f"verify step {state.stage + 1}, then begin {coming.name}",
         )  # fmt: skip
         state.stage_checks.append(checked)
@@ -1062,6 +1066,7 @@ class TrajectoryWorkflow:
             rewards=self.verdict.rewards if self.verdict else {},
             verifier_logs=self.verdict.logs if self.verdict else {},
             verifier_observation=self.verdict.observation if self.verdict else None,
+            artifacts=self.verdict.artifacts if self.verdict else {},
             notes=list(getattr(self.input.task, "notes", [])),
         )
 

@@ -41,6 +41,7 @@ class GradedCheck:
     tests: StoredFiles
     timeout_s: float
     reward_key: str | None
+    artifacts: tuple[str, ...] = ()  # paths read back after it ran (Harbor's [[steps]].artifacts)
 
 
 @dataclass(frozen=True)
@@ -240,8 +241,11 @@ class HarborDriver:
             command=f"{exports}cd {shell_quote(task.semantics.workdir)} && bash {TESTS_DIR}/test.sh",
             processes=task.verify_with_processes,
             graded=GradedCheck(
-                tests=spec.tests, timeout_s=spec.verifier_timeout_s, reward_key=task.reward_key
-            ),
+                tests=spec.tests,
+                timeout_s=spec.verifier_timeout_s,
+                reward_key=task.reward_key,
+                artifacts=tuple(spec.artifacts),
+            ),  # fmt: skip
         )
 
     def stages(self, task: HarborTask) -> int:

@@ -124,6 +124,7 @@ def _task(task: HarborTaskDir, image: str, *, store, builder, agent: HarborAgent
         metadata=task.config.metadata,
         step_name=step.name if task.multi_step else None,
         min_reward=step.min_reward,
+        artifacts=artifact_paths(step, semantics.workdir),
         later_steps=[_later_step(store, later, agent, semantics.workdir) for later in task.steps[1:]],
         reward_strategy=task.config.multi_step_reward_strategy,
     )
@@ -136,7 +137,13 @@ def _later_step(store, step: HarborStep, agent: HarborAgent, workdir: str) -> Ha
         uploads=uploads, setup_commands=setup,
         agent_timeout_s=step.agent.timeout_sec or HarborStepSpec.model_fields["agent_timeout_s"].default,
         verifier_timeout_s=step.verifier.timeout_sec, verifier_env=step.verifier.env, min_reward=step.min_reward,
+        artifacts=artifact_paths(step, workdir),
     )  # fmt: skip
+
+
+def artifact_paths(step: HarborStep, workdir: str) -> list[str]:
+    """A step's `artifacts`, absolute (a relative one is in the WORKDIR)."""
+    return [path if path.startswith("/") else f"{workdir.rstrip('/')}/{path}" for path in step.artifacts]
 
 
 def stage_files(

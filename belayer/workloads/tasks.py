@@ -80,6 +80,7 @@ class HarborStepSpec(_Strict):
     verifier_timeout_s: float = Field(600.0, gt=0)
     verifier_env: dict[str, str] = Field(default_factory=dict)
     min_reward: float | None = Field(None, description="Below it, the task stops after this step.")
+    artifacts: list[str] = Field(default_factory=list, description="Paths collected after its check.")
 
 
 class HarborTask(TaskBase):
@@ -107,6 +108,10 @@ class HarborTask(TaskBase):
         None, description="A multi-step task's first step (its fields are the above)."
     )
     min_reward: float | None = Field(None, description="The first step's: below it, the task stops there.")
+    artifacts: list[str] = Field(
+        default_factory=list,
+        description="The first step's paths collected after its check (files or directories).",
+    )
     later_steps: list[HarborStepSpec] = Field(default_factory=list, description="The steps after the first.")
     reward_strategy: Literal["mean", "final"] = Field(
         "mean",

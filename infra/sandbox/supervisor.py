@@ -933,13 +933,16 @@ class Supervisor:
         return {"ok": True}
 
     def collect(self, path: str, max_bytes: int) -> dict:
-        """The regular files directly in `path` (a verifier's /logs/verifier), base64, at most
-        `max_bytes` of each; symbolic links and anything else are skipped, never followed
-        (the agent may have planted one to make PID 1 read the journal)."""
+        """The regular files directly in `path` (a verifier's /logs/verifier, an artifact
+        directory), or `path` itself when it is a regular file, base64, at most `max_bytes`
+        of each; symbolic links and anything else are skipped, never followed (the agent may
+        have planted one to make PID 1 read the journal)."""
         files: dict[str, str] = {}
         skipped: list[str] = []
         try:
             fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW)
+        except NotADirectoryError:
+            return self._collect_file(path, max_bytes)
         except OSError as exc:
             return {"ok": True, "files": files, "skipped": skipped, "missing": f"{path}: {exc.strerror}"}
         try:
@@ -958,7 +961,22 @@ class Supervisor:
                     os.close(file_fd)
         finally:
             os.close(fd)
-        return {"ok": True, "files": files, "skipped": skipped, "missing": None}
+        return {"ok": True, "files": files, "skipped": skipped, "missing": None, "directory": True}
+
+    @staticmethod
+    def _collect_file(path: str, max_bytes: int) -> dict:
+        name = os.path.basename(path)
+        try:
+            fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
+        except OSError as exc:
+            return {"ok": True, "files": {}, "skipped": [name], "missing": f"{path}: {exc.strerror}"}
+        try:
+            if not stat.S_ISREG(os.fstat(fd).st_mode):
+                return {"ok": True, "files": {}, "skipped": [name], "missing": None}
+            return {"ok": True, "files": {name: base64.b64encode(os.read(fd, max_bytes)).decode()},
+                    "skipped": [], "missing": None, "directory": False}
+        finally:
+            os.close(fd)
 
     def describe(self) -> dict:
         with self.lock:

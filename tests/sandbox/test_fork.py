@@ -183,8 +183,10 @@ def test_a_fork_that_closed_connections_keeps_its_own_later_ones_through_a_resto
     (outcome,) = host.fork(host.checkpoint(parent), targets(1, sandboxes.token))
     fork, member = outcome.handle, "member-0"
     log = []
+    # The parent's client came along with its connection closed: it would answer the next
+    # ASK too (BrokenPipeError), racing the new client's answer. It goes first.
     reconnect = (
-        "rm -f /tmp/ask /tmp/answer; python3 /tmp/client.py >/dev/null 2>&1 &\n"
+        "pkill -f /tmp/client.py; rm -f /tmp/ask /tmp/answer; python3 /tmp/client.py >/dev/null 2>&1 &\n"
         "for i in $(seq 100); do grep -q ' 01 ' /proc/net/tcp && break; sleep 0.1; done; echo connected"
     )
     for step, command in enumerate([reconnect], 1):

@@ -25,6 +25,7 @@ name = "first"
 min_reward = 1.0
 [[steps]]
 name = "second"
+artifacts = ["two", "/app/given.txt"]
 """
 
 

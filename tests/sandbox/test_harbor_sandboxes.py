@@ -113,3 +113,17 @@ def test_the_answer_scores_and_a_verifier_that_writes_nothing_or_hangs_is_seen_a
     hung = host.verify(other, Action(trajectory="t-hang", step=1, command="sleep 30", timeout_s=1),
                        tests_files, processes="running")  # fmt: skip
     assert hung.observation.timed_out and hung.files == {}
+
+
+def test_a_named_agent_user_acts_as_itself_and_the_tests_stay_the_verifiers(
+    sandboxes, harbor_image, tests_files
+):
+    host = sandboxes.host
+    handle = host.create(spec_for(sandboxes, harbor_image, agent_user="nobody"))
+    seen = act(host, handle, 1, "id -un; touch /app/mine 2>/dev/null || echo read-only-app; echo $HOME")
+    assert seen.stdout.splitlines() == ["nobody", "read-only-app", "/nonexistent"], (
+        seen
+    )  # Docker's USER semantics
+    graded = host.verify(handle, Action(trajectory="t-harbor", step=2, command="id -un; bash /tests/test.sh"),
+                         tests_files, processes="running")  # fmt: skip
+    assert graded.observation.stdout.startswith("root\n") and graded.files == {"reward.txt": b"0\n"}

@@ -35,3 +35,4 @@ def test_every_shipped_task_scores_1_with_its_oracle_and_0_with_nop(sandbox_runt
     assert len(tasks) >= 8
     assert {(t["task"], t["oracle"], t["nop"]) for t in tasks} == {(t["task"], 1.0, 0.0) for t in tasks}
     assert any(t["steps"] > 1 for t in tasks)  # the multi-step task ran its steps in order
+    assert all(t["metadata"].get("difficulty") for t in tasks)  # [metadata] kept and shown

@@ -143,6 +143,12 @@ async def test_a_multi_step_task_runs_its_steps_in_one_sandbox_and_recovers_with
     oracle = await (await start(stack, two_step("oracle"))).result()
     assert (oracle.status, oracle.reward, oracle.turns) == ("completed", 1.0, 2), oracle
     assert oracle.rewards == {"reward": 1.0, "half": 0.5, "step1": 1.0, "step2": 1.0}
+    # the second step's artifacts, read back after its check
+    store = stack.sandboxes.host.store
+    assert {path: store.get_bytes(key) for path, key in oracle.artifacts.items()} == {
+        "app/two": b"two\n",
+        "app/given.txt": b"given\n",
+    }
     (recovery,) = oracle.recoveries
     assert killed == [3] and recovery.source == "checkpoint@2" and recovery.replayed_steps == 1, recovery
 
