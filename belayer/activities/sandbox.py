@@ -52,7 +52,7 @@ from belayer.sandbox import placement
 from belayer.sandbox.models import LoggedAction
 from belayer.sandbox.observations import store_observation
 from belayer.trajectory_log import read_steps
-from belayer.workloads.harbor_reward import REWARD_JSON, REWARD_TXT, NoReward, read_reward
+from belayer.workloads.harbor_reward import judge_check
 
 SHARED_QUEUE = "belayer-sandbox"
 HEARTBEAT_EVERY_S = 5.0
@@ -213,17 +213,11 @@ class SandboxActivities:
             logs=self._stored(checked.files, f"trajectories/{trajectory}/verifier/step-{step}"),
             artifacts=self._stored(found, f"trajectories/{trajectory}/artifacts/step-{step}"),
         )  # fmt: skip
-        if checked.observation.timed_out:
-            return stored.model_copy(
-                update={"reason": f"the verifier timed out after {args.action.timeout_s:g} s"}
-            )
-        text = {name: data.decode("utf-8", "replace") for name, data in checked.files.items()}
-        try:
-            reward = read_reward(text.get(REWARD_TXT), text.get(REWARD_JSON), args.reward_key)
-        except NoReward as exc:
-            return stored.model_copy(
-                update={"reason": f"{exc} (verifier exit {checked.observation.exit_code})"}
-            )
+        reward, reason = judge_check(checked.files, timed_out=checked.observation.timed_out,
+                                     timeout_s=args.action.timeout_s, exit_code=checked.observation.exit_code,
+                                     reward_key=args.reward_key)  # fmt: skip
+        if reward is None:
+            return stored.model_copy(update={"reason": reason})
         verified = stored.model_copy(update={"reward": reward.reward, "rewards": reward.rewards})
         return self._begin_next_stage(args, verified) if args.next_stage is not None else verified
 

@@ -224,7 +224,7 @@ class HarborDriver:
 
     def next_action(self, task: HarborTask, step: int, generated: str) -> str | None:
         if task.agent == "oracle":
-            return f"bash {SOLUTION_DIR}/solve.sh"
+            return ORACLE_ACTION
         return policy_action(generated)
 
     def expected_output_tokens(self, task: HarborTask, step: int) -> int | None:
@@ -234,11 +234,8 @@ class HarborDriver:
 
     def verification(self, task: HarborTask, stage: int = 0) -> Verification:
         spec = task.later_steps[stage - 1] if stage else task
-        exports = "".join(
-            f"export {name}={shell_quote(value)}\n" for name, value in spec.verifier_env.items()
-        )
         return Verification(
-            command=f"{exports}cd {shell_quote(task.semantics.workdir)} && bash {TESTS_DIR}/test.sh",
+            command=verifier_command(spec.verifier_env, task.semantics.workdir),
             processes=task.verify_with_processes,
             graded=GradedCheck(
                 tests=spec.tests,
@@ -270,6 +267,13 @@ class HarborDriver:
 # Harbor's paths: its solutions and tests expect to be run from there.
 SOLUTION_DIR = "/solution"
 TESTS_DIR = "/tests"
+ORACLE_ACTION = f"bash {SOLUTION_DIR}/solve.sh"
+
+
+def verifier_command(env: dict[str, str], workdir: str) -> str:
+    """A Harbor step's tests as the verifier runs them: its `[verifier].env` exported, in the WORKDIR."""
+    exports = "".join(f"export {name}={shell_quote(value)}\n" for name, value in env.items())
+    return f"{exports}cd {shell_quote(workdir)} && bash {TESTS_DIR}/test.sh"
 
 
 def policy_action(generated: str) -> str | None:

@@ -14,9 +14,9 @@ import uuid
 from dataclasses import dataclass, field
 
 from belayer.sandbox.models import Action, ImageSemantics, SandboxSpec
-from belayer.workloads.drivers import SOLUTION_DIR, shell_quote
+from belayer.workloads.drivers import ORACLE_ACTION, verifier_command
 from belayer.workloads.harbor import HarborStep, HarborTaskDir
-from belayer.workloads.harbor_reward import REWARD_JSON, REWARD_TXT, NoReward, read_reward, task_reward
+from belayer.workloads.harbor_reward import judge_check, task_reward
 from belayer.workloads.harbor_tasks import pack, semantics_of, stage_files, store_files
 
 
@@ -34,7 +34,9 @@ def check_agent(host, task: HarborTaskDir, image: str, agent: str, builder) -> A
     """Run `agent` ("oracle" or "nop") through every step of `task` in one fresh sandbox."""
     result = AgentCheck(agent=agent)
     trajectory = f"tasks-check-{task.id}-{agent}-{uuid.uuid4().hex[:6]}"
-    semantics: ImageSemantics = semantics_of(task, image, builder, agent_env={})
+    semantics: ImageSemantics = semantics_of(
+        task, image, builder, agent_env=task.config.solution.env if agent == "oracle" else {}
+    )
     spec = SandboxSpec(image=image, semantics=semantics, labels={"belayer.tasks-check": task.id})
     handle = host.create(spec)
     try:
@@ -47,9 +49,8 @@ def check_agent(host, task: HarborTaskDir, image: str, agent: str, builder) -> A
                 break
             if agent == "oracle":
                 action_step += 1
-                env = "".join(f"export {k}={shell_quote(v)}\n" for k, v in task.config.solution.env.items())
-                solved = host.exec(handle, Action(trajectory=trajectory, step=action_step,
-                                                  command=f"{env}bash {SOLUTION_DIR}/solve.sh",
+                # [solution].env is in the agent's environment (semantics_of), as for a trajectory
+                solved = host.exec(handle, Action(trajectory=trajectory, step=action_step, command=ORACLE_ACTION,
                                                   timeout_s=step.agent.timeout_sec or 600.0))  # fmt: skip
                 if solved.timed_out:
                     result.problem = f"step {step.name}: the oracle's solve.sh timed out"
@@ -68,21 +69,13 @@ def check_agent(host, task: HarborTaskDir, image: str, agent: str, builder) -> A
 
 def _verify(host, handle, step: HarborStep, semantics: ImageSemantics, trajectory: str,
             action_step: int) -> tuple[float | None, str | None]:  # fmt: skip
-    exports = "".join(f"export {k}={shell_quote(v)}\n" for k, v in step.verifier.env.items())
-    command = f"{exports}cd {shell_quote(semantics.workdir)} && bash /tests/test.sh"
-    action = Action(
-        trajectory=trajectory, step=action_step, command=command, timeout_s=step.verifier.timeout_sec
-    )
+    action = Action(trajectory=trajectory, step=action_step, command=verifier_command(step.verifier.env, semantics.workdir),
+                    timeout_s=step.verifier.timeout_sec)  # fmt: skip
     graded = host.verify(
         handle, action, store_files(host.store, pack(list(step.tests_dirs))), processes="running"
     )
-    if graded.observation.timed_out:
-        return None, f"the verifier timed out after {step.verifier.timeout_sec:g} s"
-    text = {name: data.decode("utf-8", "replace") for name, data in graded.files.items()}
-    try:
-        return read_reward(text.get(REWARD_TXT), text.get(REWARD_JSON)).reward, None
-    except NoReward as exc:
-        return (
-            None,
-            f"{exc} (verifier exit {graded.observation.exit_code}: {graded.observation.stderr[-300:]})",
-        )
+    reward, reason = judge_check(graded.files, timed_out=graded.observation.timed_out,
+                                 timeout_s=step.verifier.timeout_sec, exit_code=graded.observation.exit_code)  # fmt: skip
+    if reward is None:
+        return None, f"{reason}: {graded.observation.stderr[-300:]}" if graded.observation.stderr else reason
+    return reward.reward, None

@@ -89,3 +89,17 @@ def task_reward(step_rewards: list[float | None], steps: int, strategy: str = "m
     if strategy == "final":
         return scored[-1]
     return sum(scored) / steps
+
+
+def judge_check(files: dict[str, bytes], *, timed_out: bool, timeout_s: float | None, exit_code: int,
+                reward_key: str | None = None) -> tuple[VerifierReward | None, str]:  # fmt: skip
+    """What a verifier's run and the files of its logs directory amount to: its reward, or
+    none and why (it timed out; it wrote no usable reward). The one judgement of a graded
+    check, for the trajectories' verify activity and `belayer tasks check` alike."""
+    if timed_out:
+        return None, f"the verifier timed out after {timeout_s:g} s"
+    text = {name: data.decode("utf-8", "replace") for name, data in files.items()}
+    try:
+        return read_reward(text.get(REWARD_TXT), text.get(REWARD_JSON), reward_key), ""
+    except NoReward as exc:
+        return None, f"{exc} (verifier exit {exit_code})"
