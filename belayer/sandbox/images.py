@@ -20,16 +20,20 @@ hash: building the same context again is a lookup, a changed file is a new tag.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import os
 import re
+import shutil
 import subprocess
 import threading
 import uuid
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+
+import psutil
 
 from belayer.errors import BelayerError
 from belayer.sandbox import runtime
@@ -203,7 +207,10 @@ class ImageBuilder:
             # The clock runs while the output is read: a build that prints nothing for long
             # (one slow RUN) is still killed at its limit.
             timed_out = threading.Event()
-            watchdog = threading.Timer(timeout_s, lambda: (timed_out.set(), build.kill()))
+            left: list[Path] = []  # the RUN step's bundle directories, when killed mid-RUN
+            watchdog = threading.Timer(
+                timeout_s, lambda: (timed_out.set(), left.extend(_kill_build(build.pid)))
+            )
             watchdog.start()
             try:
                 for line in build.stdout:
@@ -214,6 +221,7 @@ class ImageBuilder:
             finally:
                 watchdog.cancel()
         if timed_out.is_set():
+            self._remove_working_containers(left)
             raise ImageBuildError(
                 f"task {task_id}: the image build ran past {timeout_s:g} s ([environment].build_timeout_sec)"
             )
@@ -223,6 +231,37 @@ class ImageBuilder:
                 f"task {task_id}: podman build failed (exit {build.returncode}):\n{output[-3000:]}"
             )
         return output
+
+    def _remove_working_containers(self, bundles: list[Path]) -> None:
+        """A killed build cleans up nothing: its working container (which holds its base
+        image) stays in the storage and its RUN step's bundle in /var/tmp. The bundle's
+        `hostname` is the working container's id (buildah's default), so exactly this
+        build's container is removed, never a concurrent build's."""
+        for bundle in bundles:
+            container = (bundle / "hostname").read_text().strip() if (bundle / "hostname").exists() else ""
+            if re.fullmatch(r"[0-9a-f]{12,64}", container):
+                self.podman("rm", "--force", container)
+            shutil.rmtree(bundle, ignore_errors=True)
+
+
+def _kill_build(pid: int) -> list[Path]:
+    """SIGKILL a build and every process under it (a RUN step's processes outlive podman
+    otherwise); the bundle directories of the RUN steps it was running."""
+    try:
+        build = psutil.Process(pid)
+        tree = [build, *build.children(recursive=True)]
+    except psutil.Error:
+        return []
+    bundles = set()
+    for member in tree:
+        with contextlib.suppress(psutil.Error):
+            cwd = Path(member.cwd())
+            if cwd.name.startswith("buildah") and (cwd / "config.json").exists():
+                bundles.add(cwd)
+    for member in tree:
+        with contextlib.suppress(psutil.Error):
+            member.kill()
+    return sorted(bundles)
 
 
 # ----------------------------------------------------------------------------- hosts share images

@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+import time
 import uuid
 from pathlib import Path
 
@@ -126,14 +127,30 @@ def test_a_failing_run_line_fails_the_build_with_its_output(builder, tmp_path):
         builder.build(task_id, context, dockerfile)
 
 
-def test_a_build_past_its_timeout_is_killed_and_named(builder, tmp_path):
-    """The limit holds while a RUN line prints nothing (the output is read until the end)."""
-    task_id, context, dockerfile = task_context(
-        tmp_path, f"FROM ubuntu:24.04\nRUN sleep 120 # {uuid.uuid4()}\n"
-    )
+def test_a_build_past_its_timeout_is_killed_and_named_and_leaves_nothing(builder, tmp_path):
+    """The limit holds while a RUN line prints nothing (the output is read until the end);
+    the killed build's RUN processes and its working container do not outlive it."""
+    marker = uuid.uuid4().hex
+    task_id, context, dockerfile = task_context(tmp_path, f"FROM ubuntu:24.04\nRUN sleep 120 # {marker}\n")
+    before = working_containers(builder)
     with pytest.raises(ImageBuildError, match=r"ran past 3 s \(\[environment\].build_timeout_sec\)"):
         builder.build(task_id, context, dockerfile, timeout_s=3)
     assert builder.image_id(task_image_tag(task_id, context_sha256(context, dockerfile))) is None
+    assert subprocess.run(["pgrep", "-f", marker], capture_output=True).returncode == 1, (
+        "the RUN step lives on"
+    )
+    # another build running beside this test has its own working container until it ends
+    for _ in range(30):
+        if not (left := working_containers(builder) - before):
+            break
+        time.sleep(1)
+    assert not left, f"the killed build's working container is left: {left}"
+
+
+def working_containers(builder) -> set[str]:
+    """Buildah's working containers in Belayer's storage (podman lists them as external)."""
+    listed = builder.podman("ps", "-a", "--external", "--format", "{{.ID}} {{.Status}}").stdout.split("\n")
+    return {line.split()[0] for line in listed if line.strip().endswith("Storage")}
 
 
 def test_tasks_check_builds_a_datasets_images_and_lists_each_tasks_problem(builder, tmp_path):
