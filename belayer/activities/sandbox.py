@@ -209,7 +209,7 @@ class SandboxActivities:
                                         checked.observation)  # fmt: skip
         found = self.host.collect_artifacts(args.handle, args.artifacts) if args.artifacts else {}
         stored = VerifyResult(
-            observation=observation, reward=None,
+            observation=observation, reward=None, disk_bytes=checked.disk_bytes,
             logs=self._stored(checked.files, f"trajectories/{trajectory}/verifier/step-{step}"),
             artifacts=self._stored(found, f"trajectories/{trajectory}/artifacts/step-{step}"),
         )  # fmt: skip

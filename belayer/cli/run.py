@@ -470,6 +470,7 @@ def _report(
             ),
             **({"artifacts": r.artifacts} if r.artifacts else {}),
             **({"notes": r.notes} if r.notes else {}),
+            **({"disk_bytes": r.disk_bytes} if r.disk_bytes is not None else {}),
         }
         for r in results
     ]

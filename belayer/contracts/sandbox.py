@@ -153,6 +153,9 @@ class VerifyResult(_Model):
     next_observation: ObservationRef | None = Field(
         None, description="The next stage begun: the observation that tells the agent (at the check's step)."
     )
+    disk_bytes: int | None = Field(
+        None, description="What the sandbox's writable layer held after the check (its storage use)."
+    )
 
 
 class CheckpointArgs(_Model):

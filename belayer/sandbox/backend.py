@@ -99,6 +99,10 @@ class SandboxBackend(Protocol):
     def container_facts(self) -> list[ContainerFacts]:
         """Every Belayer container on this host with its state, age, memory and disk (`belayer sandboxes`)."""
 
+    def disk_used(self, container: str) -> int | None:
+        """Bytes the container's writable layer holds (what the agent wrote over its image);
+        None when the engine cannot say."""
+
     def lineages(self) -> dict[str, list[str]]:
         """Every Belayer container on this host (any state), by sandbox id (the stale-lineage
         sweep, chaos, leak checks)."""

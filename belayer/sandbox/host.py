@@ -178,6 +178,7 @@ class GradedCheck:
     observation: Observation
     files: dict[str, bytes]
     skipped: list[str]  # entries of the logs directory that were no regular file (never read)
+    disk_bytes: int | None  # what the sandbox's writable layer held after the tests
 
 
 def default_host_queue(cfg: SandboxConfig) -> str:
@@ -528,7 +529,8 @@ class SandboxHost:
                 self.install(handle.sandbox_id, logs_dir, None, "verifier")
         observation = self.exec(handle, action, isolated=True, processes=processes)
         collected = self._collect(handle, logs_dir, max_bytes)
-        return GradedCheck(observation=observation, files=collected.files, skipped=collected.skipped)
+        return GradedCheck(observation=observation, files=collected.files, skipped=collected.skipped,
+                           disk_bytes=self.backend.disk_used(handle.container))  # fmt: skip
 
     def collect_artifacts(self, handle: SandboxHandle, paths: list[str],
                           max_bytes: int = 1 << 20) -> dict[str, bytes]:  # fmt: skip

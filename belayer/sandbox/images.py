@@ -28,6 +28,7 @@ import re
 import shutil
 import subprocess
 import threading
+import time
 import uuid
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
@@ -242,6 +243,23 @@ class ImageBuilder:
             if re.fullmatch(r"[0-9a-f]{12,64}", container):
                 self.podman("rm", "--force", container)
             shutil.rmtree(bundle, ignore_errors=True)
+            _remove_cgroups(f"buildah-{bundle.name}")
+
+
+def _remove_cgroups(name: str, tries: int = 50) -> None:
+    """The cgroups named `name` (one per v1 controller, or v2's one), once the processes
+    killed in them have exited (until then the kernel refuses: EBUSY)."""
+    root = Path("/sys/fs/cgroup")
+    left = [path for path in (root / name, *root.glob(f"*/{name}")) if path.is_dir()]
+    for _ in range(tries):
+        for path in list(left):
+            with contextlib.suppress(FileNotFoundError, OSError):
+                path.rmdir()
+            if not path.exists():
+                left.remove(path)
+        if not left:
+            return
+        time.sleep(0.1)
 
 
 def _kill_build(pid: int) -> list[Path]:

@@ -361,6 +361,13 @@ class PodmanBackend:
             ))  # fmt: skip
         return facts
 
+    def disk_used(self, container: str) -> int | None:
+        inspected = self.podman(
+            "container", "inspect", "--size", "--format", "{{.SizeRw}}", container, check=False
+        )
+        size = inspected.stdout.decode().strip()
+        return int(size) if inspected.returncode == 0 and size.isdigit() else None
+
     def _memory_in_use(self, container: str) -> int | None:
         """Bytes the container's memory cgroup holds now (cgroup v2 memory.current, v1 usage_in_bytes)."""
         counter = self.memory_cgroup(container)

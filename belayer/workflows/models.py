@@ -248,6 +248,10 @@ class TrajectoryResult(_Model):
         default_factory=list,
         description="What the task warned of as it ran (e.g. run offline though it asks for network).",
     )
+    disk_bytes: int | None = Field(
+        None,
+        description="A graded check's: what the sandbox had written over its image by then (storage use).",
+    )
     sandbox_broken: SandboxBreak | None = Field(
         None, description="failed_policy because the agent broke its own sandbox: at which step, and how."
     )

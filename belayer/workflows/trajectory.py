@@ -120,6 +120,8 @@ NODE_APPEND_RETRY = RetryPolicy(
 # Both sides heartbeat about every second: a dead worker is noticed within these.
 GENERATE_HEARTBEAT = timedelta(seconds=10)
 SANDBOX_HEARTBEAT = timedelta(seconds=15)
+SANDBOX_ACTIVITY_LIMIT = timedelta(minutes=10)
+ACTION_LIMIT_MARGIN = timedelta(minutes=2)  # the host's own work around an action: install, collect
 # Histories recorded before it carry no marker of this patch and replay as they ran: the
 # observation appended by a context activity (on the context queue) after every action.
 # With it, the observation rides with the next generation (`GenerateArgs.observation`) and
@@ -1067,8 +1069,19 @@ class TrajectoryWorkflow:
             verifier_logs=self.verdict.logs if self.verdict else {},
             verifier_observation=self.verdict.observation if self.verdict else None,
             artifacts=self.verdict.artifacts if self.verdict else {},
-            notes=list(getattr(self.input.task, "notes", [])),
+            notes=[*getattr(self.input.task, "notes", []), *self._storage_used()],
+            disk_bytes=self.verdict.disk_bytes if self.verdict else None,
         )
+
+    def _storage_used(self) -> list[str]:
+        """A task that declared a storage limit this host cannot enforce is told what it used."""
+        limit_mb = getattr(self.input.task, "storage_mb", None)
+        if limit_mb is None or self.verdict is None or self.verdict.disk_bytes is None:
+            return []
+        used_mb = self.verdict.disk_bytes / (1 << 20)
+        return [
+            f"storage: {used_mb:.1f} MB written over the image by the check (storage_mb {limit_mb}, not enforced)"
+        ]
 
     # ---------------------------------------------------------------- plumbing
 
@@ -1144,7 +1157,7 @@ class TrajectoryWorkflow:
             return await activity.execute(
                 args,
                 task_queue=queue,
-                start_to_close_timeout=timedelta(minutes=10),
+                start_to_close_timeout=_sandbox_activity_limit(args),
                 schedule_to_start_timeout=HOST_SCHEDULE_TO_START if on_host else SHARED_SCHEDULE_TO_START,
                 heartbeat_timeout=SANDBOX_HEARTBEAT,
                 retry_policy=retry,
@@ -1174,6 +1187,17 @@ class TrajectoryWorkflow:
             return await activity.execute(args, task_queue=self.input.queues.context, **options)
         except ActivityError as err:
             raise InfraFailure(f"{activity.name} failed: {_cause(err)}") from None
+
+
+def _sandbox_activity_limit(args) -> timedelta:
+    """Ten minutes for a sandbox activity, longer for one that runs an action allowed more
+    (an agent's command, a task's tests with `[verifier].timeout_sec` of 15 minutes): that
+    timeout plus a margin for the sandbox's own work, so the activity's limit never cuts
+    short what the task allows, and the host's timeout, not Temporal's, ends the action."""
+    timeout_s = getattr(getattr(args, "action", None), "timeout_s", None)
+    if timeout_s is None:
+        return SANDBOX_ACTIVITY_LIMIT
+    return max(SANDBOX_ACTIVITY_LIMIT, timedelta(seconds=timeout_s) + ACTION_LIMIT_MARGIN)
 
 
 class SandboxLost(Exception):

@@ -105,7 +105,8 @@ def _task(task: HarborTaskDir, image: str, *, store, builder, agent: HarborAgent
     notes = list(task.warnings)
     if task.wants_network:
         notes.append(OFFLINE_NOTE)
-    if environment.storage_mb != 10240 or environment.storage is not None:
+    storage_declared = environment.storage_mb != 10240 or environment.storage is not None
+    if storage_declared:
         notes.append(STORAGE_NOTE)
     return HarborTask(
         id=task.id,
@@ -121,6 +122,7 @@ def _task(task: HarborTaskDir, image: str, *, store, builder, agent: HarborAgent
         verifier_env=step.verifier.env,
         reward_key=reward_key,
         notes=notes,
+        storage_mb=environment.storage_mb if storage_declared else None,
         metadata=task.config.metadata,
         step_name=step.name if task.multi_step else None,
         min_reward=step.min_reward,

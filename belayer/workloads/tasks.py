@@ -103,6 +103,9 @@ class HarborTask(TaskBase):
     verifier_env: dict[str, str] = Field(default_factory=dict, description="[verifier].env.")
     reward_key: str | None = Field(None, description="The reward.json key that is the reward.")
     notes: list[str] = Field(default_factory=list, description="Warnings recorded in the result.")
+    storage_mb: int | None = Field(
+        None, description="[environment].storage_mb when declared: not enforced here, its measured use noted."
+    )
     metadata: dict[str, Any] = Field(default_factory=dict, description="[metadata], kept and shown.")
     step_name: str | None = Field(
         None, description="A multi-step task's first step (its fields are the above)."

@@ -6,6 +6,7 @@ agent planted beforehand (a reward file, a symbolic link) counted."""
 from __future__ import annotations
 
 import uuid
+from pathlib import Path
 
 import pytest
 
@@ -127,3 +128,39 @@ def test_a_named_agent_user_acts_as_itself_and_the_tests_stay_the_verifiers(
     graded = host.verify(handle, Action(trajectory="t-harbor", step=2, command="id -un; bash /tests/test.sh"),
                          tests_files, processes="running")  # fmt: skip
     assert graded.observation.stdout.startswith("root\n") and graded.files == {"reward.txt": b"0\n"}
+
+
+def test_a_named_verifier_user_runs_the_tests_and_the_storage_used_is_measured(
+    sandboxes, harbor_image, tests_files
+):
+    host = sandboxes.host
+    handle = host.create(spec_for(sandboxes, harbor_image, verifier_user="nobody"))
+    wrote = act(host, handle, 1, "head -c 5000000 /dev/urandom > /app/blob && echo 42 > /app/answer")
+    assert wrote.exit_code == 0, wrote
+    graded = host.verify(handle, Action(trajectory="t-harbor", step=2, command="id -un; bash /tests/test.sh"),
+                         tests_files, processes="running")  # fmt: skip
+    assert graded.observation.stdout.startswith("nobody\n"), graded.observation
+    assert "verifier ran as 65534" in graded.observation.stdout and graded.files == {"reward.txt": b"1\n"}
+    # what the agent wrote over the image, as the engine counts it: the 5 MB blob and a little more
+    assert 5_000_000 <= graded.disk_bytes < 20_000_000, graded.disk_bytes
+
+
+def test_the_tasks_cpus_and_memory_are_the_kernels_limits(sandboxes, harbor_image):
+    host = sandboxes.host
+    handle = host.create(spec_for(sandboxes, harbor_image, memory_mb=96, cpus=0.5))
+    # the container's cgroup, as the kernel keeps it
+    assert cgroup_limits(host.backend.memory_cgroup(handle.container).parent) == (96 << 20, 50_000, 100_000)
+    # and they bind: what the agent allocates past its memory is killed, not granted
+    hog = act(host, handle, 1, "python3 -c 'b = bytearray(300 << 20); print(len(b))'; echo exit=$?")
+    assert "exit=137" in hog.stdout, hog
+
+
+def cgroup_limits(memory_dir: Path) -> tuple[int, int, int]:
+    """(memory limit, CPU quota, CPU period) of a container's cgroup, v2 or v1."""
+    if (memory_dir / "memory.max").exists():
+        quota, period = (memory_dir / "cpu.max").read_text().split()
+        return int((memory_dir / "memory.max").read_text()), int(quota), int(period)
+    cpu_dir = Path("/sys/fs/cgroup/cpu") / memory_dir.relative_to("/sys/fs/cgroup/memory")
+    read = lambda path: int(path.read_text())  # noqa: E731
+    return (read(memory_dir / "memory.limit_in_bytes"), read(cpu_dir / "cpu.cfs_quota_us"),
+            read(cpu_dir / "cpu.cfs_period_us"))  # fmt: skip

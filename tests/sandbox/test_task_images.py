@@ -132,7 +132,7 @@ def test_a_build_past_its_timeout_is_killed_and_named_and_leaves_nothing(builder
     the killed build's RUN processes and its working container do not outlive it."""
     marker = uuid.uuid4().hex
     task_id, context, dockerfile = task_context(tmp_path, f"FROM ubuntu:24.04\nRUN sleep 120 # {marker}\n")
-    before = working_containers(builder)
+    before = working_containers(builder) | build_cgroups()
     with pytest.raises(ImageBuildError, match=r"ran past 3 s \(\[environment\].build_timeout_sec\)"):
         builder.build(task_id, context, dockerfile, timeout_s=3)
     assert builder.image_id(task_image_tag(task_id, context_sha256(context, dockerfile))) is None
@@ -141,10 +141,17 @@ def test_a_build_past_its_timeout_is_killed_and_named_and_leaves_nothing(builder
     )
     # another build running beside this test has its own working container until it ends
     for _ in range(30):
-        if not (left := working_containers(builder) - before):
+        if not (left := (working_containers(builder) | build_cgroups()) - before):
             break
         time.sleep(1)
-    assert not left, f"the killed build's working container is left: {left}"
+    assert not left, f"the killed build's working container or cgroups are left: {left}"
+
+
+def build_cgroups() -> set[str]:
+    """The cgroups of buildah's RUN steps (`buildah-<bundle>`), every controller's."""
+    return {str(path) for path in Path("/sys/fs/cgroup").glob("*buildah-*")} | {
+        str(path) for path in Path("/sys/fs/cgroup").glob("*/buildah-*")
+    }
 
 
 def working_containers(builder) -> set[str]:

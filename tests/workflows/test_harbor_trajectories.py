@@ -12,9 +12,10 @@ from pathlib import Path
 import pytest
 
 from belayer.cli.run import _walk_history
+from belayer.contracts.sandbox import VERIFY
 from belayer.sandbox import runtime
 from belayer.sandbox.images import ImageBuilder
-from belayer.workloads.harbor_tasks import load_harbor_tasks
+from belayer.workloads.harbor_tasks import STORAGE_NOTE, load_harbor_tasks
 from tests.sandbox.test_harbor_check import write_task as write_two_step_task
 from tests.workflows.test_groups import members, run_group
 from tests.workflows.test_trajectory import start
@@ -23,7 +24,8 @@ DOCKERFILE = "FROM debian:bookworm\nWORKDIR /app\nRUN echo ready > /app/state\n"
 TASKS = {
     # graded: two partial checks, the reward their mean
     "graded": (
-        "[verifier]\ntimeout_sec = 30\n",
+        # a check allowed 15 minutes (past the sandbox activities' 10), a storage limit to note
+        "storage_mb = 512\n[verifier]\ntimeout_sec = 900\n",
         'if [ -f /app/done ]; then echo \'{"a": 1, "b": 0.5}\'; else echo \'{"a": 0, "b": 0}\'; fi'
         " > /logs/verifier/reward.json",
     ),
@@ -68,8 +70,15 @@ async def test_the_oracle_scores_graded_rewards_and_a_verifier_without_one_fails
     assert graded.turns == 1 and graded.verifier_logs == {
         "reward.json": f"trajectories/{graded.trajectory_id}/verifier/step-2/reward.json"
     }
-    assert graded.notes == []  # it asks for no network
+    # it asks for no network; its storage limit cannot be enforced here: what it used is noted
+    assert graded.notes[:1] == [STORAGE_NOTE] and len(graded.notes) == 2, graded.notes
+    assert graded.notes[1].startswith("storage: ") and "(storage_mb 512, not enforced)" in graded.notes[1]
+    assert 0 < graded.disk_bytes < 10 << 20, graded.disk_bytes
     handle = stack.client.get_workflow_handle(graded.trajectory_id)
+    limits = [event.activity_task_scheduled_event_attributes.start_to_close_timeout.ToSeconds()
+              async for event in handle.fetch_history_events()
+              if event.activity_task_scheduled_event_attributes.activity_type.name == VERIFY.name]  # fmt: skip
+    assert limits == [900 + 120], "the activity outlasts the check's own limit"
     _, _, summary = await _walk_history(handle, stack.client.data_converter, stack.sandboxes.host.store)
     verifier = summary["verifier"]  # what `belayer inspect` shows
     assert verifier["exit_code"] == 0 and verifier["logs"] == {"reward.json": '{"a": 1, "b": 0.5}\n'}, (
