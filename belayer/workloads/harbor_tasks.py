@@ -31,7 +31,7 @@ from belayer.workloads.harbor import (
     load_harbor,
 )
 from belayer.workloads.loader import WorkloadError, load_workload
-from belayer.workloads.models import Workload
+from belayer.workloads.models import HarborSource, Workload
 from belayer.workloads.tasks import HarborAgent, HarborStepSpec, HarborTask
 
 FILES_PREFIX = "harbor/files"
@@ -247,7 +247,7 @@ def runnable_workload(config, path: Path, *, agent: HarborAgent = "model", rewar
     """The workload `belayer run PATH` and `belayer train PATH` start: a Harbor task directory
     or dataset made ready to run (images built, files stored), or a workload file's tasks with
     the Harbor paths it lists (`harbor:`) made ready beside them. Its `heldout` is left a path."""
-    workload = Workload(harbor=[path]) if is_harbor_path(path) else load_workload(path)
+    workload = Workload(harbor=[HarborSource(path=path)]) if is_harbor_path(path) else load_workload(path)
     if not workload.harbor:
         if agent != "model" or reward_key is not None:
             raise WorkloadError(f"{path}: --agent {agent} and --reward-key apply to Harbor tasks only")
@@ -255,8 +255,9 @@ def runnable_workload(config, path: Path, *, agent: HarborAgent = "model", rewar
     builder = open_backend(config.sandbox, config.state_dir, config.cache_dir).image_builder()
     store = open_store(config.storage)
     harbor = [task for each in workload.harbor
-              for task in load_harbor_tasks(each, store=store, builder=builder, agent=agent, reward_key=reward_key,
-                                            strict_network=strict_network, freeze_agent=freeze_agent,
+              for task in load_harbor_tasks(each.path, store=store, builder=builder, agent=agent,
+                                            reward_key=reward_key, strict_network=strict_network,
+                                            freeze_agent=freeze_agent or each.freeze_agent,
                                             progress=progress)]  # fmt: skip
     tasks = [*workload.tasks, *harbor]
     ids = [task.id for task in tasks]

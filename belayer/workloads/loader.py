@@ -13,7 +13,7 @@ from belayer.errors import BelayerError
 from belayer.model.build import ModelSize
 from belayer.workloads.drivers import HarborDriver
 from belayer.workloads.harbor import is_harbor_path
-from belayer.workloads.models import Task, Workload
+from belayer.workloads.models import HarborSource, Task, Workload
 from belayer.workloads.registry import DRIVERS, KINDS, UnknownTaskKind, driver_for_kind, task_kind
 
 
@@ -53,17 +53,33 @@ def _validate_options(path: Path, options: dict) -> dict:
                 f"{path}: `heldout: {options['heldout']}` names no workload file or Harbor dataset (looked for {heldout})"
             )
     harbor = options.get("harbor") or []
-    if not isinstance(harbor, list) or not all(isinstance(p, str) for p in harbor):
+    if not isinstance(harbor, list):
+        raise WorkloadError(f"{path}: {HARBOR_ENTRIES}")
+    return {"model": model, "heldout": heldout, "harbor": [_harbor_source(path, entry) for entry in harbor]}
+
+
+HARBOR_ENTRIES = (
+    "`harbor:` must be a list of Harbor task directories or datasets, each a path or "
+    "`{path: PATH, freeze_agent: true}`"
+)
+
+
+def _harbor_source(path: Path, entry: Any) -> HarborSource:
+    """One `harbor:` entry: a path (relative to the workload file), or a path with options."""
+    fields = {"path": entry} if isinstance(entry, str) else entry
+    if not isinstance(fields, dict) or not isinstance(fields.get("path"), str):
+        raise WorkloadError(f"{path}: {HARBOR_ENTRIES}; got {entry!r}")
+    try:
+        source = HarborSource.model_validate({**fields, "path": path.parent / fields["path"]})
+    except ValidationError as err:
+        problems = "; ".join(f"field {'.'.join(map(str, e['loc']))}: {e['msg']}" for e in err.errors())
+        raise WorkloadError(f"{path}: `harbor: {entry}`: {problems}; {HARBOR_ENTRIES}") from None
+    if not is_harbor_path(source.path):
         raise WorkloadError(
-            f"{path}: `harbor:` must be a list of paths to Harbor task directories or datasets"
+            f"{path}: `harbor: {fields['path']}` is no Harbor task directory or dataset "
+            f"(looked for task.toml in {source.path})"
         )
-    resolved = [path.parent / p for p in harbor]
-    for given, found in zip(harbor, resolved, strict=True):
-        if not is_harbor_path(found):
-            raise WorkloadError(
-                f"{path}: `harbor: {given}` is no Harbor task directory or dataset (looked for task.toml in {found})"
-            )
-    return {"model": model, "heldout": heldout, "harbor": resolved}
+    return source
 
 
 def _read_document(path: Path) -> tuple[list[Any], dict]:

@@ -16,12 +16,27 @@ from belayer.model.build import ModelSize
 from belayer.workloads.registry import DRIVERS, task_kind
 from belayer.workloads.tasks import TASK_ID_PATTERN, ModelTask, TaskBase, TraceTask, TraceTurn
 
-__all__ = ["TASK_ID_PATTERN", "ModelTask", "Task", "TaskBase", "TraceTask", "TraceTurn", "Workload"]
+__all__ = [
+    "TASK_ID_PATTERN", "HarborSource", "ModelTask", "Task", "TaskBase", "TraceTask", "TraceTurn", "Workload",
+]  # fmt: skip
 
 Task = Annotated[
     Union[tuple(Annotated[driver.model, Tag(driver.kind)] for driver in DRIVERS)],  # noqa: UP007 (built at runtime)
     Discriminator(task_kind),
 ]
+
+
+class HarborSource(BaseModel):
+    """A Harbor task directory or dataset a workload lists, and how its tasks are judged."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    path: Path = Field(description="The task directory or dataset (relative to the workload file).")
+    freeze_agent: bool = Field(
+        False,
+        description="Stop the agent's processes while these tasks' tests run (Harbor lets them run: a "
+        "process left behind could change what the tests read). Its tasks' tests must not need them.",
+    )
 
 
 class Workload(BaseModel):
@@ -40,10 +55,11 @@ class Workload(BaseModel):
         description="A workload of held-out tasks `belayer train` evaluates every iteration, or a Harbor "
         "dataset (relative to this file).",
     )
-    harbor: list[Path] = Field(
+    harbor: list[HarborSource] = Field(
         default_factory=list,
-        description="Harbor task directories or datasets run beside `tasks` (relative to this file): "
-        "`belayer run` and `belayer train` build their images and add them (belayer.workloads.harbor_tasks).",
+        description="Harbor task directories or datasets run beside `tasks` (a path, or `{path, "
+        "freeze_agent}`): `belayer run` and `belayer train` build their images and add them "
+        "(belayer.workloads.harbor_tasks).",
     )
 
     @model_validator(mode="after")

@@ -293,3 +293,24 @@ def test_run_forks_each_tasks_group_and_fork_branches_a_finished_trajectory(stac
         assert start["kind"] == "fork" and start["consistent"] and start["step"] == 2, start
     refused = belayer(env, "fork", parent["id"], "--at-step", "9", check=False)
     assert refused.returncode != 0 and "has steps 1..4" in refused.stderr
+
+
+def test_a_workload_trains_on_harbor_tasks_beside_its_own_and_holds_out_a_harbor_dataset(stack, tmp_path):
+    """`harbor:` in a workload and a Harbor task as its `heldout:`: one iteration of GRPO on a
+    learn task and a shipped Harbor task (the policy prompted with its instruction.md, graded
+    by its own tests), the Harbor group forked from one set-up sandbox of the task's image."""
+    learn = yaml.safe_load((ROOT / "examples/workloads/learn.yaml").read_text())["tasks"][:1]
+    workload = tmp_path / "mixed.yaml"
+    workload.write_text(yaml.safe_dump({
+        "tasks": learn, "harbor": [str(ROOT / "examples/tasks/py-interval-merge")],
+        "heldout": str(ROOT / "examples/tasks/csv-sales-summary"),
+    }))  # fmt: skip
+    ran = train(
+        stack[1], str(workload), "--iterations", "1", "--group-size", "2", "--tasks-per-iteration", "2"
+    )
+    (record,) = ran["iterations"]
+    assert (record["groups_kept"], record["groups_dropped"], record["infra_retries"]) == (2, 0, 0), record
+    groups = {group["task"]: group for group in record["group_sandboxes"]}
+    assert set(groups) == {learn[0]["id"], "py-interval-merge"} and groups["py-interval-merge"]["forked"] == 2
+    assert all(0.0 <= reward <= 1.0 for group in record["rewards"] for reward in group)
+    assert record["heldout_reward"] is not None and 0.0 <= record["heldout_reward"] <= 1.0, record

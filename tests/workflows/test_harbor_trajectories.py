@@ -166,3 +166,39 @@ async def test_a_step_below_its_min_reward_stops_the_task_there(stack, two_step)
     nop = await (await start(stack, two_step("nop"))).result()
     assert (nop.status, nop.reward, nop.turns) == ("completed", 0.0, 0), nop
     assert nop.rewards == {"reward": 0.0, "step1": 0.0} and "stopped early" in nop.reason, nop
+
+
+# The oracle leaves a process ticking; the tests pass only when it ticks while they run.
+TICKING_SOLUTION = (
+    "#!/bin/bash\nnohup bash -c 'while true; do date +%s%N > /app/tick; sleep 0.1; done' >/dev/null 2>&1 &\n"
+)
+TICKING_TEST = (
+    "#!/bin/bash\nmkdir -p /logs/verifier\nfirst=$(cat /app/tick); sleep 1\n"
+    '[ "$first" != "$(cat /app/tick)" ] && echo 1 > /logs/verifier/reward.txt || echo 0 > /logs/verifier/reward.txt\n'
+)
+
+
+async def test_the_agents_processes_run_through_its_tests_unless_frozen(stack, tmp_path):
+    """Harbor's semantics by default (a server the agent left must answer the tests); with
+    freezing asked for (`--freeze-agent`, or `freeze_agent: true` on a workload's `harbor:`
+    entry) nothing of the agent's runs while it is judged."""
+    task = tmp_path / "ticking"
+    (task / "environment").mkdir(parents=True)
+    (task / "tests").mkdir()
+    (task / "solution").mkdir()
+    (task / "task.toml").write_text('version = "1.0"\n[environment]\nallow_internet = false\n')
+    (task / "instruction.md").write_text("Keep it ticking.\n")
+    (task / "environment" / "Dockerfile").write_text(DOCKERFILE + f"LABEL test.run={uuid.uuid4().hex}\n")
+    (task / "tests" / "test.sh").write_text(TICKING_TEST)
+    (task / "solution" / "solve.sh").write_text(TICKING_SOLUTION)
+    builder = ImageBuilder({"debian:bookworm": runtime.base_image_name()})
+    store = stack.sandboxes.host.store
+    (running,) = load_harbor_tasks(task, store=store, builder=builder, agent="oracle")
+    (frozen,) = load_harbor_tasks(task, store=store, builder=builder, agent="oracle", freeze_agent=True)
+    try:
+        kept = await (await start(stack, running)).result()
+        stopped = await (await start(stack, frozen)).result()
+    finally:
+        builder.podman("rmi", "-f", running.image)
+    assert (kept.status, kept.reward) == ("completed", 1.0), kept
+    assert (stopped.status, stopped.reward) == ("completed", 0.0), stopped

@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 
 from belayer.workloads.loader import WorkloadError, load_workload
-from belayer.workloads.models import ModelTask, TraceTask
+from belayer.workloads.models import HarborSource, ModelTask, TraceTask
 
 EXAMPLES = Path(__file__).resolve().parents[2] / "examples" / "workloads"
 
@@ -113,11 +113,21 @@ def test_a_workload_lists_harbor_paths_beside_its_tasks_relative_to_itself(tmp_p
     task = tmp_path / "harbor" / "fix-it"
     (task / "tests").mkdir(parents=True)
     (task / "task.toml").write_text("")
-    path = write(tmp_path, "w.yaml", "harbor: [harbor]\nheldout: harbor\n")
+    path = write(
+        tmp_path, "w.yaml", "harbor: [harbor, {path: harbor/fix-it, freeze_agent: true}]\nheldout: harbor\n"
+    )
     loaded = load_workload(path)
-    assert (loaded.tasks, loaded.harbor, loaded.heldout) == ([], [tmp_path / "harbor"], tmp_path / "harbor")
+    assert (loaded.tasks, loaded.heldout) == ([], tmp_path / "harbor")
+    assert loaded.harbor == [HarborSource(path=tmp_path / "harbor"),
+                             HarborSource(path=tmp_path / "harbor" / "fix-it", freeze_agent=True)]  # fmt: skip
     with pytest.raises(WorkloadError, match=r"`harbor: elsewhere` is no Harbor task directory or dataset"):
         load_workload(write(tmp_path, "x.yaml", "harbor: [elsewhere]\n"))
+    with pytest.raises(
+        WorkloadError, match=r"field freeze: Extra inputs are not permitted; `harbor:` must be"
+    ):
+        load_workload(write(tmp_path, "y.yaml", "harbor: [{path: harbor, freeze: true}]\n"))
+    with pytest.raises(WorkloadError, match=r"each a path or `\{path: PATH, freeze_agent: true\}`; got 3"):
+        load_workload(write(tmp_path, "z.yaml", "harbor: [3]\n"))
 
 
 def test_missing_file_and_unknown_format(tmp_path):
