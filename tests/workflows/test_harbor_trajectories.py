@@ -31,7 +31,13 @@ TASKS = {
     ),
     "silent": ("", "echo 'the tests forgot to write a reward'"),
     "slow": ("[verifier]\ntimeout_sec = 2\n", "sleep 30; echo 1 > /logs/verifier/reward.txt"),
+    # the oracle's action cut at [agent].timeout_sec; the tests see [verifier].env
+    "limited": (
+        '[agent]\ntimeout_sec = 2\n[verifier]\nenv = { MODE = "strict" }\n',
+        '[ "$MODE" = strict ] && [ -f /app/started ] && [ ! -f /app/done ] && r=1 || r=0; echo $r > /logs/verifier/reward.txt',
+    ),
 }
+SOLUTIONS = {"limited": "touch /app/started; sleep 30; touch /app/done\n"}
 
 
 def write_dataset(root: Path) -> Path:
@@ -45,7 +51,9 @@ def write_dataset(root: Path) -> Path:
         (task / "instruction.md").write_text(f"Solve {name}.\n")
         (task / "environment" / "Dockerfile").write_text(DOCKERFILE + f"LABEL test.run={run}\n")
         (task / "tests" / "test.sh").write_text(f"#!/bin/bash\nmkdir -p /logs/verifier\n{test}\n")
-        (task / "solution" / "solve.sh").write_text("#!/bin/bash\ntouch /app/done\necho solved\n")
+        (task / "solution" / "solve.sh").write_text(
+            "#!/bin/bash\n" + SOLUTIONS.get(name, "touch /app/done\necho solved\n")
+        )
     return root
 
 
@@ -90,6 +98,8 @@ async def test_the_oracle_scores_graded_rewards_and_a_verifier_without_one_fails
     slow = await (await start(stack, tasks["slow"])).result()
     assert (slow.status, slow.reward) == ("failed_policy", 0.0)
     assert "timed out after 2 s" in slow.reason and slow.recoveries == [], slow.reason
+    limited = await (await start(stack, tasks["limited"])).result()
+    assert (limited.status, limited.reward) == ("completed", 1.0), limited
 
 
 async def test_the_nop_agent_scores_zero_on_a_sound_task(stack, dataset):
