@@ -161,3 +161,12 @@ def sandboxes(sandbox_runtime, storage_config, request):
 
 def pytest_configure(config):
     config.addinivalue_line("markers", "sandbox_config(**limits): SandboxConfig overrides for `sandboxes`")
+
+
+def own_layers(dockerfile: str) -> str:
+    """`dockerfile` with a label of its own right after its FROM line, so that none of its
+    build steps is shared through podman's layer cache with another test's build: a test
+    removing its image (`rmi`) takes dangling intermediate images with it, which a build
+    running beside it may have just found in the cache."""
+    first, rest = dockerfile.split("\n", 1)
+    return f"{first}\nLABEL test.run={uuid.uuid4().hex}\n{rest}"

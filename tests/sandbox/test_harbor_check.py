@@ -16,6 +16,7 @@ from belayer.sandbox.images import ImageBuilder
 from belayer.workloads.harbor import load_task
 from belayer.workloads.harbor_check import check_agent
 from belayer.workloads.harbor_tasks import task_image
+from tests.sandbox.conftest import own_layers
 
 TASK_TOML = """\
 version = "1.0"
@@ -41,9 +42,7 @@ FETCH_TWO = "python3 -c 'import urllib.request; print(urllib.request.urlopen(\"h
 def write_task(root: Path) -> Path:
     task = root / f"two-steps-{uuid.uuid4().hex[:6]}"
     (task / "environment").mkdir(parents=True)
-    (task / "environment" / "Dockerfile").write_text(
-        f"FROM debian:bookworm\nWORKDIR /app\nLABEL run={task.name}\n"
-    )
+    (task / "environment" / "Dockerfile").write_text(own_layers("FROM debian:bookworm\nWORKDIR /app\n"))
     (task / "task.toml").write_text(TASK_TOML)
     first, second = task / "steps" / "first", task / "steps" / "second"
     for step in (first, second):

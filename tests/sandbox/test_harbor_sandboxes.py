@@ -14,6 +14,7 @@ from belayer.sandbox import runtime
 from belayer.sandbox.images import ImageBuilder
 from belayer.sandbox.models import Action, ImageSemantics, SandboxSpec
 from belayer.workloads.harbor_tasks import pack, store_files
+from tests.sandbox.conftest import own_layers
 
 DOCKERFILE = """\
 FROM debian:bookworm
@@ -33,7 +34,7 @@ echo "verifier ran as $(id -u) in $PWD with MODE=$MODE"
 def harbor_image(sandbox_runtime, tmp_path):
     context = tmp_path / "environment"
     context.mkdir()
-    (context / "Dockerfile").write_text(DOCKERFILE + f"LABEL test.run={uuid.uuid4().hex}\n")
+    (context / "Dockerfile").write_text(own_layers(DOCKERFILE))
     builder = ImageBuilder({"debian:bookworm": runtime.base_image_name()})
     image = builder.build(f"test-harbor-{uuid.uuid4().hex[:8]}", context, context / "Dockerfile")
     yield image.tag

@@ -10,6 +10,7 @@ import pytest
 from belayer.sandbox import runtime
 from belayer.sandbox.images import IMAGES_PREFIX, ImageBuilder, ImageUnavailable
 from belayer.sandbox.models import Action, ForkTarget, SandboxSpec
+from tests.sandbox.conftest import own_layers
 
 DOCKERFILE = """\
 FROM ubuntu:24.04
@@ -22,7 +23,7 @@ ENV TASK_LEVEL=hard
 def task_image(sandbox_runtime, tmp_path):
     context = tmp_path / "environment"
     context.mkdir()
-    (context / "Dockerfile").write_text(DOCKERFILE + f"LABEL test.run={uuid.uuid4().hex}\n")
+    (context / "Dockerfile").write_text(own_layers(DOCKERFILE))
     builder = ImageBuilder({"ubuntu:24.04": runtime.base_image_name()})
     image = builder.build(f"test-img-{uuid.uuid4().hex[:8]}", context, context / "Dockerfile")
     yield image

@@ -6,7 +6,6 @@ of 4 forked from one set-up Harbor sandbox."""
 
 from __future__ import annotations
 
-import uuid
 from pathlib import Path
 
 import pytest
@@ -16,6 +15,7 @@ from belayer.contracts.sandbox import VERIFY
 from belayer.sandbox import runtime
 from belayer.sandbox.images import ImageBuilder
 from belayer.workloads.harbor_tasks import STORAGE_NOTE, load_harbor_tasks
+from tests.sandbox.conftest import own_layers
 from tests.sandbox.test_harbor_check import write_task as write_two_step_task
 from tests.workflows.test_groups import members, run_group
 from tests.workflows.test_trajectory import start
@@ -41,7 +41,6 @@ SOLUTIONS = {"limited": "touch /app/started; sleep 30; touch /app/done\n"}
 
 
 def write_dataset(root: Path) -> Path:
-    run = uuid.uuid4().hex  # a fresh build context: the test's images are its own
     for name, (toml, test) in TASKS.items():
         task = root / name
         (task / "environment").mkdir(parents=True)
@@ -49,7 +48,7 @@ def write_dataset(root: Path) -> Path:
         (task / "solution").mkdir()
         (task / "task.toml").write_text('version = "1.0"\n[environment]\nallow_internet = false\n' + toml)
         (task / "instruction.md").write_text(f"Solve {name}.\n")
-        (task / "environment" / "Dockerfile").write_text(DOCKERFILE + f"LABEL test.run={run}\n")
+        (task / "environment" / "Dockerfile").write_text(own_layers(DOCKERFILE))
         (task / "tests" / "test.sh").write_text(f"#!/bin/bash\nmkdir -p /logs/verifier\n{test}\n")
         (task / "solution" / "solve.sh").write_text(
             "#!/bin/bash\n" + SOLUTIONS.get(name, "touch /app/done\necho solved\n")
@@ -198,7 +197,7 @@ async def test_the_agents_processes_run_through_its_tests_unless_frozen(stack, t
     (task / "solution").mkdir()
     (task / "task.toml").write_text('version = "1.0"\n[environment]\nallow_internet = false\n')
     (task / "instruction.md").write_text("Keep it ticking.\n")
-    (task / "environment" / "Dockerfile").write_text(DOCKERFILE + f"LABEL test.run={uuid.uuid4().hex}\n")
+    (task / "environment" / "Dockerfile").write_text(own_layers(DOCKERFILE))
     (task / "tests" / "test.sh").write_text(TICKING_TEST)
     (task / "solution" / "solve.sh").write_text(TICKING_SOLUTION)
     builder = ImageBuilder({"debian:bookworm": runtime.base_image_name()})
