@@ -1080,7 +1080,7 @@ class TrajectoryWorkflow:
             return []
         used_mb = self.verdict.disk_bytes / (1 << 20)
         return [
-            f"storage: {used_mb:.1f} MB written over the image by the check (storage_mb {limit_mb}, not enforced)"
+            f"storage: {used_mb:.1f} MB written over the image when the tests ran (storage_mb {limit_mb} is not enforced here)"
         ]
 
     # ---------------------------------------------------------------- plumbing

@@ -32,6 +32,8 @@ echo "verifier ran as $(id -u) in $PWD with MODE=$MODE"
 
 @pytest.fixture
 def harbor_image(sandbox_runtime, tmp_path):
+    """Tests name it before `sandboxes`, so it is removed after their containers are: `rmi -f`
+    of an image containers still run stops each with a 10 s grace."""
     context = tmp_path / "environment"
     context.mkdir()
     (context / "Dockerfile").write_text(own_layers(DOCKERFILE))
@@ -59,7 +61,7 @@ def act(host, handle, step: int, command: str, trajectory: str = "t-harbor"):
 
 
 def test_the_agent_is_a_capless_root_in_the_images_workdir_and_the_root_it_writes_is_checkpointed(
-    sandboxes, harbor_image
+    harbor_image, sandboxes
 ):
     host = sandboxes.host
     handle = host.create(spec_for(sandboxes, harbor_image, env={"EXTRA": "from-task"}))
@@ -82,7 +84,7 @@ def test_the_agent_is_a_capless_root_in_the_images_workdir_and_the_root_it_write
 
 
 def test_the_tests_land_at_verify_time_and_what_the_agent_planted_counts_for_nothing(
-    sandboxes, harbor_image, tests_files
+    harbor_image, sandboxes, tests_files
 ):
     host = sandboxes.host
     handle = host.create(spec_for(sandboxes, harbor_image))
@@ -102,7 +104,7 @@ def test_the_tests_land_at_verify_time_and_what_the_agent_planted_counts_for_not
 
 
 def test_the_answer_scores_and_a_verifier_that_writes_nothing_or_hangs_is_seen_as_such(
-    sandboxes, harbor_image, tests_files
+    harbor_image, sandboxes, tests_files
 ):
     host = sandboxes.host
     handle = host.create(spec_for(sandboxes, harbor_image, uploads={"/solution": tests_files}))
@@ -118,7 +120,7 @@ def test_the_answer_scores_and_a_verifier_that_writes_nothing_or_hangs_is_seen_a
 
 
 def test_a_named_agent_user_acts_as_itself_and_the_tests_stay_the_verifiers(
-    sandboxes, harbor_image, tests_files
+    harbor_image, sandboxes, tests_files
 ):
     host = sandboxes.host
     handle = host.create(spec_for(sandboxes, harbor_image, agent_user="nobody"))
@@ -132,7 +134,7 @@ def test_a_named_agent_user_acts_as_itself_and_the_tests_stay_the_verifiers(
 
 
 def test_a_named_verifier_user_runs_the_tests_and_the_storage_used_is_measured(
-    sandboxes, harbor_image, tests_files
+    harbor_image, sandboxes, tests_files
 ):
     host = sandboxes.host
     handle = host.create(spec_for(sandboxes, harbor_image, verifier_user="nobody"))
@@ -146,7 +148,7 @@ def test_a_named_verifier_user_runs_the_tests_and_the_storage_used_is_measured(
     assert 5_000_000 <= graded.disk_bytes < 20_000_000, graded.disk_bytes
 
 
-def test_the_tasks_cpus_and_memory_are_the_kernels_limits(sandboxes, harbor_image):
+def test_the_tasks_cpus_and_memory_are_the_kernels_limits(harbor_image, sandboxes):
     host = sandboxes.host
     handle = host.create(spec_for(sandboxes, harbor_image, memory_mb=96, cpus=0.5))
     # the container's cgroup, as the kernel keeps it

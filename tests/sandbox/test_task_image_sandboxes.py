@@ -21,6 +21,8 @@ ENV TASK_LEVEL=hard
 
 @pytest.fixture
 def task_image(sandbox_runtime, tmp_path):
+    """Tests name it before `sandboxes`, so it is removed after their containers are: `rmi -f`
+    of an image containers still run stops each with a 10 s grace."""
     context = tmp_path / "environment"
     context.mkdir()
     (context / "Dockerfile").write_text(own_layers(DOCKERFILE))
@@ -35,7 +37,7 @@ def run(sandboxes, handle, step: int, command: str):
 
 
 def test_a_task_image_sandbox_is_checkpointed_and_restored_on_a_host_that_lacks_the_image(
-    sandboxes, task_image
+    task_image, sandboxes
 ):
     host, backend = sandboxes.host, sandboxes.backend
     spec = SandboxSpec(labels={"belayer.test": sandboxes.token}, image=task_image.tag)

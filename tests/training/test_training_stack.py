@@ -42,6 +42,23 @@ EVERY_FAULT = ",".join(
         "temporal-worker-crash@iteration=2",
     ]
 )
+
+
+# A trace task runs long enough for a fault to find a trajectory mid-way; its groups all
+# score the same. The learn tasks give the gradient: the warm-started model solves them
+# some of the time, so their groups' rewards differ.
+TRACE_TASKS = [
+    {
+        "id": "trace-pass",
+        "setup": ["mkdir -p /workspace/t"],
+        "check": "test $(wc -l < /workspace/t/log) = 4",
+        "turns": [
+            {"think_tokens": 24, "bash": f"echo {i} >> /workspace/t/log && wc -l < /workspace/t/log"}
+            for i in range(4)
+        ],
+    }
+]
+TASKS = len(TRACE_TASKS) + 2  # and two learn tasks: every task, every iteration
 ITERATIONS = 4
 TRAIN_ARGS = [
     "--iterations",
@@ -49,28 +66,11 @@ TRAIN_ARGS = [
     "--group-size",
     "2",
     "--tasks-per-iteration",
-    "4",
+    str(TASKS),
     "--seed",
     "5",
     "--lr",
     "1e-4",
-]
-
-
-# Trace tasks run long enough for a fault to find a trajectory mid-way; their groups
-# all score the same. The learn tasks give the gradient: the warm-started model solves
-# them some of the time, so their groups' rewards differ.
-TRACE_TASKS = [
-    {
-        "id": f"trace-{name}",
-        "setup": ["mkdir -p /workspace/t"],
-        "check": check,
-        "turns": [
-            {"think_tokens": 24, "bash": f"echo {i} >> /workspace/t/log && wc -l < /workspace/t/log"}
-            for i in range(4)
-        ],
-    }
-    for name, check in (("pass", "test $(wc -l < /workspace/t/log) = 4"), ("fail", "test -f /workspace/none"))
 ]
 
 
@@ -97,7 +97,7 @@ def test_a_run_trains_publishes_and_is_followed(stack, calm, tmp_path):
     iterations = calm["iterations"]
     assert [i["iteration"] for i in iterations] == list(range(ITERATIONS))
     assert all(
-        i["groups_kept"] == 4 and i["groups_dropped"] == 0 and i["infra_retries"] == 0 for i in iterations
+        i["groups_kept"] == TASKS and i["groups_dropped"] == 0 and i["infra_retries"] == 0 for i in iterations
     )
     assert all(r in (0.0, 1.0) for i in iterations for group in i["rewards"] for r in group)
     versions = [i["weights_version"] for i in iterations]
@@ -108,7 +108,7 @@ def test_a_run_trains_publishes_and_is_followed(stack, calm, tmp_path):
     # every task here has a setup to share: each group's two members are forks of one sandbox,
     # and later iterations fork the first iteration's set-up checkpoint again (--reuse-setup)
     groups = [(i["iteration"], g) for i in iterations for g in i["group_sandboxes"]]
-    assert len(groups) == ITERATIONS * 4 and all(g["forked"] == 2 for _, g in groups), groups
+    assert len(groups) == ITERATIONS * TASKS and all(g["forked"] == 2 for _, g in groups), groups
     assert all(str(g["reused_from"]).endswith(f"-i00000-{g['task']}") for n, g in groups if n > 0), groups
     learned = [any(len(set(group)) > 1 for group in i["rewards"]) for i in iterations]
     assert any(learned), "no group with differing rewards: pick another --seed for this test"
@@ -123,7 +123,7 @@ def test_a_run_trains_publishes_and_is_followed(stack, calm, tmp_path):
         (config.state_dir / "run" / f"rollout-{env['BELAYER_ROLLOUT__NODE_ID']}.roles.json").read_text()
     )
     assert roles["weights_version"] == versions[-1], "the node serves the last published version"
-    assert asyncio.run(_children(config, calm["run_id"])) == ITERATIONS * 4 * 2
+    assert asyncio.run(_children(config, calm["run_id"])) == ITERATIONS * TASKS * 2
 
     exported = tmp_path / "exported"
     belayer(env, "model", "export", calm["run_id"], "--out", str(exported))

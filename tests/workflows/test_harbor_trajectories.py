@@ -79,7 +79,9 @@ async def test_the_oracle_scores_graded_rewards_and_a_verifier_without_one_fails
     }
     # it asks for no network; its storage limit cannot be enforced here: what it used is noted
     assert graded.notes[:1] == [STORAGE_NOTE] and len(graded.notes) == 2, graded.notes
-    assert graded.notes[1].startswith("storage: ") and "(storage_mb 512, not enforced)" in graded.notes[1]
+    assert (
+        graded.notes[1].startswith("storage: ") and "(storage_mb 512 is not enforced here)" in graded.notes[1]
+    )
     assert 0 < graded.disk_bytes < 10 << 20, graded.disk_bytes
     handle = stack.client.get_workflow_handle(graded.trajectory_id)
     limits = [event.activity_task_scheduled_event_attributes.start_to_close_timeout.ToSeconds()
