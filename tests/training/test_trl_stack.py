@@ -163,7 +163,7 @@ def run_example(env, *args: str) -> dict:
 def test_trl_weights_are_identical_through_an_engine_crash_and_a_sandbox_crash(stack_env):
     _, env = stack_env
     env = os.environ | env
-    steps = ("--max-steps", "3", "--tasks-per-step", "2", "--group-size", "4", "--seed", "1")
+    steps = ("--max-steps", "3", "--tasks-per-step", "2", "--group-size", "2", "--seed", "1")
     calm = run_example(env, *steps)
     faulted = run_example(env, *steps, "--chaos", "engine-crash@iteration=1,sandbox-crash@iteration=2")
     print("trl runs:", json.dumps({"calm": calm, "faulted": faulted}))
