@@ -24,7 +24,7 @@ import pytest
 @pytest.fixture
 def slow_to_stop(seaweedfs):
     yield seaweedfs
-    time.sleep(12)  # longer than xdist waits for a worker to exit (10 s), as a stack going down
+    time.sleep(float(os.environ["PROBE_TEARDOWN_S"]))  # a stack going down takes a while
 
 def test_waits_to_be_terminated(seaweedfs, slow_to_stop):
     proc = seaweedfs.process.running()
@@ -32,8 +32,9 @@ def test_waits_to_be_terminated(seaweedfs, slow_to_stop):
     Path(os.environ["PROBE_PID_DIR"], worker).write_text(str(proc.pid))
     time.sleep(120)
 """
-# A parallel run gets two probe modules (one work unit each), so both workers hold a server.
-RUNS = {"serial": ([], 1), "parallel": (["-n", "2", "--dist", "loadgroup"], 2)}
+# A parallel run gets two probe modules (one work unit each), so both workers hold a server,
+# and teardowns longer than xdist waits for a worker to exit (10 s).
+RUNS = {"serial": ([], 1, 1), "parallel": (["-n", "2", "--dist", "loadgroup"], 2, 12)}
 
 
 @pytest.mark.usefixtures("local_processes")
@@ -41,7 +42,7 @@ RUNS = {"serial": ([], 1), "parallel": (["-n", "2", "--dist", "loadgroup"], 2)}
 def test_a_terminated_run_stops_the_services_it_started(tmp_path, mode):
     """Also in a parallel run, where the workers hold the services and SIGTERM reaches only
     the controller (`timeout`, a CI job's limit)."""
-    options, servers = RUNS[mode]
+    options, servers, teardown_s = RUNS[mode]
     probe_dir = tmp_path / "probe"
     probe_dir.mkdir()
     (probe_dir / "conftest.py").write_text("from tests.conftest import *  # noqa: F403\n")
@@ -52,7 +53,8 @@ def test_a_terminated_run_stops_the_services_it_started(tmp_path, mode):
     run = subprocess.Popen(
         [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", *options, "--rootdir", str(probe_dir),
          str(probe_dir)],
-        cwd=REPO_ROOT, env={**os.environ, "PROBE_PID_DIR": str(pid_dir), "PYTHONPATH": str(REPO_ROOT)},
+        cwd=REPO_ROOT, env={**os.environ, "PROBE_PID_DIR": str(pid_dir), "PYTHONPATH": str(REPO_ROOT),
+             "PROBE_TEARDOWN_S": str(teardown_s)},
         stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
     )  # fmt: skip
     try:
