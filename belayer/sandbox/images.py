@@ -253,7 +253,7 @@ def _remove_cgroups(name: str, tries: int = 50) -> None:
     left = [path for path in (root / name, *root.glob(f"*/{name}")) if path.is_dir()]
     for _ in range(tries):
         for path in list(left):
-            with contextlib.suppress(FileNotFoundError, OSError):
+            with contextlib.suppress(OSError):  # EBUSY until they have exited; gone already
                 path.rmdir()
             if not path.exists():
                 left.remove(path)

@@ -164,6 +164,10 @@ def cgroup_limits(memory_dir: Path) -> tuple[int, int, int]:
         quota, period = (memory_dir / "cpu.max").read_text().split()
         return int((memory_dir / "memory.max").read_text()), int(quota), int(period)
     cpu_dir = Path("/sys/fs/cgroup/cpu") / memory_dir.relative_to("/sys/fs/cgroup/memory")
-    read = lambda path: int(path.read_text())  # noqa: E731
-    return (read(memory_dir / "memory.limit_in_bytes"), read(cpu_dir / "cpu.cfs_quota_us"),
-            read(cpu_dir / "cpu.cfs_period_us"))  # fmt: skip
+    files = (
+        memory_dir / "memory.limit_in_bytes",
+        cpu_dir / "cpu.cfs_quota_us",
+        cpu_dir / "cpu.cfs_period_us",
+    )
+    memory, quota, period = (int(path.read_text()) for path in files)
+    return memory, quota, period
