@@ -28,7 +28,6 @@ import re
 import shutil
 import subprocess
 import threading
-import time
 import uuid
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
@@ -199,19 +198,25 @@ class ImageBuilder:
 
     def _stream(self, task_id: str, args: list[str], timeout_s: float,
                 progress: Callable[[str], None] | None) -> str:  # fmt: skip
-        """Run the build, handing each `STEP` line to `progress`; the whole output on failure."""
-        command = runtime.podman_command(*args, state_dir=self.state_dir, cache_dir=self.cache_dir)
+        """Run the build, handing each `STEP` line to `progress`; the whole output on failure.
+
+        podman logs at debug level so that the working containers and RUN bundles this
+        build makes are known by name (`BuildLeftovers`): a build killed at its limit
+        cleans up nothing itself, and only this build's are removed, never a concurrent
+        one's."""
+        command = runtime.podman_command("--log-level=debug", *args, state_dir=self.state_dir,
+                                         cache_dir=self.cache_dir)  # fmt: skip
         env = runtime.podman_env(state_dir=self.state_dir, cache_dir=self.cache_dir)
         lines: list[str] = []
-        with subprocess.Popen(command, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+        made = BuildLeftovers()
+        with subprocess.Popen(command, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                               stdin=subprocess.DEVNULL, text=True, errors="replace") as build:  # fmt: skip
+            logs = threading.Thread(target=made.read, args=(build.stderr, lines), daemon=True)
+            logs.start()
             # The clock runs while the output is read: a build that prints nothing for long
             # (one slow RUN) is still killed at its limit.
             timed_out = threading.Event()
-            left: list[Path] = []  # the RUN step's bundle directories, when killed mid-RUN
-            watchdog = threading.Timer(
-                timeout_s, lambda: (timed_out.set(), left.extend(_kill_build(build.pid)))
-            )
+            watchdog = threading.Timer(timeout_s, lambda: (timed_out.set(), _kill_tree(build.pid)))
             watchdog.start()
             try:
                 for line in build.stdout:
@@ -219,10 +224,11 @@ class ImageBuilder:
                     if progress is not None and _STEP.match(line):
                         progress(f"{task_id}: {line.strip()}")
                 build.wait()
+                logs.join()
             finally:
                 watchdog.cancel()
         if timed_out.is_set():
-            self._remove_working_containers(left)
+            self._remove(made)
             raise ImageBuildError(
                 f"task {task_id}: the image build ran past {timeout_s:g} s ([environment].build_timeout_sec)"
             )
@@ -233,53 +239,61 @@ class ImageBuilder:
             )
         return output
 
-    def _remove_working_containers(self, bundles: list[Path]) -> None:
-        """A killed build cleans up nothing: its working container (which holds its base
-        image) stays in the storage and its RUN step's bundle in /var/tmp. The bundle's
-        `hostname` is the working container's id (buildah's default), so exactly this
-        build's container is removed, never a concurrent build's."""
-        for bundle in bundles:
-            container = (bundle / "hostname").read_text().strip() if (bundle / "hostname").exists() else ""
-            if re.fullmatch(r"[0-9a-f]{12,64}", container):
-                self.podman("rm", "--force", container)
+    def _remove(self, made: BuildLeftovers) -> None:
+        """What a killed build leaves: each RUN step's runc container (its processes, cgroups
+        and state under /run/runc: `runc delete --force`) and bundle in /var/tmp, and the
+        working containers, which hold their base images in the storage."""
+        for bundle in made.bundles:
+            subprocess.run(["runc", "delete", "--force", f"buildah-{bundle.name}"], capture_output=True,
+                           env=runtime.podman_env(), timeout=60, check=False)  # fmt: skip
             shutil.rmtree(bundle, ignore_errors=True)
-            _remove_cgroups(f"buildah-{bundle.name}")
+        for container in made.containers:
+            self.podman("rm", "--force", container)
 
 
-def _remove_cgroups(name: str, tries: int = 50) -> None:
-    """The cgroups named `name` (one per v1 controller, or v2's one), once the processes
-    killed in them have exited (until then the kernel refuses: EBUSY)."""
-    root = Path("/sys/fs/cgroup")
-    left = [path for path in (root / name, *root.glob(f"*/{name}")) if path.is_dir()]
-    for _ in range(tries):
-        for path in list(left):
-            with contextlib.suppress(OSError):  # EBUSY until they have exited; gone already
-                path.rmdir()
-            if not path.exists():
-                left.remove(path)
-        if not left:
-            return
-        time.sleep(0.1)
+class BuildLeftovers:
+    """The working containers and RUN bundles one `podman build` made, read from its debug
+    log (stderr); the other lines of stderr (warnings, errors) join the build's output."""
+
+    _CONTAINER = re.compile(r"Container ID: (?P<id>[0-9a-f]{64})")
+    _BUNDLE = re.compile(r'using \\"(?P<path>/[^"\\]+)\\" to hold bundle data')
+
+    def __init__(self) -> None:
+        self.containers: list[str] = []
+        self.bundles: list[Path] = []
+
+    def read(self, stderr, lines: list[str]) -> None:
+        for line in stderr:
+            if "level=debug" not in line:
+                lines.append(line.rstrip("\n"))
+            elif found := self._CONTAINER.search(line):
+                self.containers.append(found["id"])
+            elif (found := self._BUNDLE.search(line)) and Path(found["path"]).name.startswith("buildah"):
+                self.bundles.append(Path(found["path"]))
 
 
-def _kill_build(pid: int) -> list[Path]:
+def _kill_tree(pid: int) -> None:
     """SIGKILL a build and every process under it (a RUN step's processes outlive podman
-    otherwise); the bundle directories of the RUN steps it was running."""
+    otherwise). The tree is stopped first, pass after pass until a pass finds nothing new,
+    so no process forks a child after the tree was listed (a stopped one cannot)."""
     try:
-        build = psutil.Process(pid)
-        tree = [build, *build.children(recursive=True)]
+        tree = {pid: psutil.Process(pid)}
     except psutil.Error:
-        return []
-    bundles = set()
-    for member in tree:
-        with contextlib.suppress(psutil.Error):
-            cwd = Path(member.cwd())
-            if cwd.name.startswith("buildah") and (cwd / "config.json").exists():
-                bundles.add(cwd)
-    for member in tree:
+        return
+    while True:
+        for member in list(tree.values()):
+            with contextlib.suppress(psutil.Error):
+                member.suspend()
+        found = {}
+        for member in list(tree.values()):
+            with contextlib.suppress(psutil.Error):
+                found.update((child.pid, child) for child in member.children(recursive=True))
+        if found.keys() <= tree.keys():
+            break
+        tree.update(found)
+    for member in tree.values():
         with contextlib.suppress(psutil.Error):
             member.kill()
-    return sorted(bundles)
 
 
 # ----------------------------------------------------------------------------- hosts share images

@@ -87,6 +87,7 @@ import base64
 import errno
 import fcntl
 import hashlib
+import itertools
 import json
 import os
 import re
@@ -217,9 +218,12 @@ AGENT_OOM_SCORE_ADJ = 1000
 # none of them ends PID 1 (Python's own SIGINT handler would raise KeyboardInterrupt).
 IGNORED_BY_PID1 = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT, signal.SIGUSR1,
                    signal.SIGUSR2, signal.SIGALRM, signal.SIGTSTP, signal.SIGTTIN, signal.SIGTTOU)
-# How many passes the freezer makes before it gives up on a sandbox that keeps spawning
-# or waking processes (a pass stops everything it sees; a stopped process cannot fork).
-FREEZE_PASSES = 200
+# How long the freezer passes before it gives up on a sandbox whose processes keep running
+# (a pass stops everything it sees; a stopped process cannot fork). A process stops when it
+# next leaves the kernel, which on a loaded host takes a while: 200 passes (2 s) were not
+# always enough. Below the host's 30 s wait for the reply.
+FREEZE_DEADLINE_S = 20.0
+SIGSTOP_BIT = 1 << (signal.SIGSTOP - 1)
 MAX_ENTRY_BYTES = 128 * 1024 - 1  # execve's MAX_ARG_STRLEN: a longer entry makes the next exec fail
 MAX_STATE_BYTES = 1 << 20
 _IDENTIFIER = re.compile(r"[A-Za-z_][A-Za-z0-9_]*\Z")
@@ -362,14 +366,48 @@ def list_processes() -> dict[int, tuple[int, int, int]]:
     return out
 
 
-def _proc_state(pid: int) -> str | None:
-    """The state letter of a process (R, S, D, T, t, Z...), or None when it is gone."""
+def _thread_states(pid: int) -> list[str]:
+    """The state letter (R, S, D, T, t, Z...) of each thread of a process; none when it is
+    gone. Every thread counts: a leader that exited (Z) may leave its threads running."""
+    states = []
     try:
-        with open(f"/proc/{pid}/stat", "rb") as f:
-            stat = f.read()
+        threads = os.listdir(f"/proc/{pid}/task")
     except OSError:
-        return None
-    return stat[stat.rfind(b")") + 2 :][:1].decode()
+        return states
+    for tid in threads:
+        try:
+            with open(f"/proc/{pid}/task/{tid}/stat", "rb") as f:
+                stat = f.read()
+        except OSError:
+            continue
+        states.append(stat[stat.rfind(b")") + 2 :][:1].decode())
+    return states
+
+
+def _stop_pending(pid: int) -> bool:
+    """Whether a SIGSTOP waits in the process's shared pending set (not yet taken by a thread)."""
+    try:
+        with open(f"/proc/{pid}/status") as f:
+            for line in f:
+                if line.startswith("ShdPnd:"):
+                    return bool(int(line.split()[1], 16) & SIGSTOP_BIT)
+    except (OSError, ValueError):
+        pass
+    return False
+
+
+def may_run(pid: int) -> bool:
+    """Whether a process may still run its own code: a thread neither stopped nor exited.
+    One in uninterruptible sleep (D) with a SIGSTOP pending does not: it stops before it
+    returns from the kernel, however long it sleeps there (a write throttled under disk
+    pressure; a vfork parent, whose stopped child never execs); and it cannot fork before
+    (a pending signal aborts a fork)."""
+    states = [state for state in _thread_states(pid) if state not in ("T", "t", "Z", "X", "x")]
+    return bool(states) and not (set(states) == {"D"} and _stop_pending(pid))
+
+
+def has_stopped_thread(pid: int) -> bool:
+    return "T" in _thread_states(pid)
 
 
 class FreezeFailed(Exception):
@@ -381,12 +419,15 @@ def signal_until_none(signum: int, wanted: Callable[[int, tuple, dict], bool]) -
     nor this one), pass after pass, until a pass selects none: what a pass signals cannot
     hide the next one's targets (a stopped process cannot fork; a resumed one may stop
     another). Returns pid -> start time of every process signalled, and whether a pass
-    found none left (False: the passes ran out first; the caller decides whether that is
-    an error, and still owns what was signalled)."""
+    found none left (False: FREEZE_DEADLINE_S ran out first; the caller decides whether
+    that is an error, and still owns what was signalled)."""
     me, signalled = os.getpid(), {}
-    for attempt in range(FREEZE_PASSES):
+    deadline = time.monotonic() + FREEZE_DEADLINE_S
+    for attempt in itertools.count():
         if attempt >= 10:
-            time.sleep(0.01)  # a process in uninterruptible sleep takes the signal when it wakes
+            if time.monotonic() > deadline:
+                break
+            time.sleep(0.01)  # a process waits for the CPU, or sleeps in the kernel, to take the signal
         targets = [
             (pid, info[0]) for pid, info in list_processes().items()
             if pid not in (me, 1) and wanted(pid, info, signalled)
@@ -420,14 +461,14 @@ class Freezer:
 
     def freeze(self, sessions: set[int]) -> int:
         def running(pid: int, info: tuple, _signalled: dict) -> bool:
-            return (not LOCAL or info[1] in sessions) and _proc_state(pid) not in (None, "T", "t", "Z", "X")
+            return (not LOCAL or info[1] in sessions) and may_run(pid)
 
         stopped, settled = signal_until_none(signal.SIGSTOP, running)
         for pid, start in stopped.items():  # resumed at the next action, even when this fails
             self.frozen.setdefault(pid, start)
         if not settled:
             raise FreezeFailed(
-                f"the agent's processes could not be frozen: still running after {FREEZE_PASSES} passes"
+                f"the agent's processes could not be frozen: still running after {FREEZE_DEADLINE_S:g} s"
             )
         return len(self.frozen)
 
@@ -437,7 +478,7 @@ class Freezer:
         self.thaw()
 
         def stopped(pid: int, info: tuple, _signalled: dict) -> bool:
-            return (not LOCAL or info[1] in sessions) and _proc_state(pid) == "T"
+            return (not LOCAL or info[1] in sessions) and has_stopped_thread(pid)
 
         resumed, _ = signal_until_none(signal.SIGCONT, stopped)
         return len(resumed)

@@ -12,6 +12,7 @@ import asyncio
 
 import pytest
 
+from belayer.policy.config import PolicyConfig
 from belayer.workloads.models import TraceTask, TraceTurn
 from tests.hostile.test_agent_breaks_sandbox import BRING_PID1_DOWN
 from tests.hostile.test_trajectory_hostile import _steps, start
@@ -34,6 +35,25 @@ VERDICT_CHECK = (
 REWRITER = (
     'nohup sh -c \'while :; do for d in /tmp /tmp/*/ /tmp/*/*/; do echo pass > "$d/verdict" 2>/dev/null; '
     "done; sleep 0.01; done' >/dev/null 2>&1 & echo started"
+)
+# A check that passes only when something of the agent's runs while it does (a file that
+# keeps changing): it stands for any check a running process could sway.
+TICKS_CHECK = 'a=$(cat /workspace/ticks); sleep 1; [ "$a" != "$(cat /workspace/ticks)" ]'
+# The process that sways it hides from a freezer that reads only each process's leader:
+# its main thread exits (the leader reads Z, a zombie) while a second thread goes on.
+TICKER_BEHIND_AN_EXITED_LEADER = (
+    "printf '%s\\n' 'import ctypes, itertools, threading, time' 'def tick():' "
+    '\'    for n in itertools.count(): open("/workspace/ticks", "w").write(str(n)); time.sleep(0.01)\' '
+    "'threading.Thread(target=tick).start()' 'ctypes.CDLL(None).pthread_exit(None)' > /tmp/ticker.py && "
+    "{ nohup python3 /tmp/ticker.py >/dev/null 2>&1 & } && sleep 0.5 && "
+    "test \"$(cut -d' ' -f3 /proc/$!/stat)\" = Z && echo ticking"
+)
+# A parent that vforked a child which never execs sleeps in the kernel (D) until it does;
+# once the child is stopped, never: a freezer that waits for it to stop gives up, and the
+# sandbox reads as broken by infrastructure (`failed_infra`: a dropped group, not a 0).
+VFORK_PARENT = (
+    "{ nohup python3 -c 'import ctypes; libc = ctypes.CDLL(None); libc.vfork() == 0 and libc.pause()' "
+    ">/dev/null 2>&1 & } && sleep 0.5 && test \"$(cut -d' ' -f3 /proc/$!/stat)\" = D && echo waiting"
 )
 
 FORGERIES = {
@@ -63,7 +83,14 @@ FORGERIES = {
     # the same, against a check that keeps the agent's processes running (its servers):
     # the check runs as another user, whose TMPDIR the agent's process cannot enter
     "background-rewriter-running": ([REWRITER], VERDICT_CHECK, "running"),
+    # a thread that keeps working after its process's leader exited: frozen all the same
+    "ticker-behind-an-exited-leader": ([TICKER_BEHIND_AN_EXITED_LEADER], TICKS_CHECK, "frozen"),
+    # a process that cannot stop until its child runs: frozen as it is, the check fails honestly
+    "vfork-parent-in-the-kernel": ([VFORK_PARENT], PYTHON_CHECK, "frozen"),
 }
+# CRIU cannot dump a vfork parent and child (each capture fails, retried 3 times: 30 s);
+# the checkpoint is not what these forgeries are about.
+UNCHECKPOINTABLE = {"vfork-parent-in-the-kernel"}
 
 
 @pytest.mark.parametrize("forgery", sorted(FORGERIES))
@@ -71,7 +98,8 @@ async def test_a_planted_forgery_does_not_pass_a_failing_check(stack, forgery):
     commands, check, processes = FORGERIES[forgery]
     turns = [TraceTurn(think_tokens=4, bash=c) for c in commands]
     task = TraceTask(id=f"forge-{forgery}", turns=turns, check=check, verify_with_processes=processes)
-    handle = await start(stack, task)
+    policy = PolicyConfig(mode="none") if forgery in UNCHECKPOINTABLE else PolicyConfig(mode="every-step")
+    handle = await start(stack, task, policy=policy)
     result = await asyncio.wait_for(handle.result(), 600)
     steps = {s["step"]: s for s in await _steps(stack, handle.id)}
     assert steps[1]["exit_code"] == 0, steps[1]  # the forgery was planted
