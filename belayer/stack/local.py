@@ -13,6 +13,7 @@ import os
 import signal
 import time
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Protocol
@@ -182,16 +183,19 @@ class LocalStack:
         )
 
     def down(self, report: Reporter = lambda _msg: None) -> list[str]:
-        """Stop what `up` started, in reverse order; returns the names stopped."""
+        """Stop what `up` started: Belayer's workers, then the services they use; returns
+        the names stopped. The members of a layer stop together: each takes its time to
+        shut down gracefully (SeaweedFS 3.7 s, Temporal 3 s here: 6.7 s one after the other)."""
+        workers = [s for s in reversed(self.services) if isinstance(s, WorkerService)]
+        servers = [s for s in reversed(self.services) if not isinstance(s, WorkerService)]
         stopped = []
-        for service in reversed(self.services):
-            if self.process(service).stop(sig=getattr(service, "stop_signal", signal.SIGTERM)):
-                report(f"{service.name}: stopped")
-                stopped.append(service.name)
-            else:
-                report(f"{service.name}: was not running")
-            if getattr(service, "host_index", 0):  # a host of its own goes with everything on it
-                if ended := sandbox_hosts.end(self.config, service.host_index):
+        for layer in (workers, servers):
+            with ThreadPoolExecutor(max_workers=max(len(layer), 1)) as pool:
+                outcomes = list(pool.map(self._stop, layer))
+            for service, (was_running, ended) in zip(layer, outcomes, strict=True):
+                report(f"{service.name}: {'stopped' if was_running else 'was not running'}")
+                stopped += [service.name] if was_running else []
+                if ended:
                     report(f"{service.name}: ended {ended} processes of its sandboxes")
         self._remove_rollout_leftovers(report)
         self._end_orphaned_monitors(report)
@@ -221,6 +225,13 @@ class LocalStack:
         return [
             node_config(self.config, node_id) for node_id in rollout_node_ids(self.config, self.rollout_nodes)
         ]
+
+    def _stop(self, service: Service) -> tuple[bool, int]:
+        """Stop one service: whether it was running, and how many processes of its sandboxes
+        were ended with it (a sandbox host of its own goes with everything on it)."""
+        was_running = self.process(service).stop(sig=getattr(service, "stop_signal", signal.SIGTERM))
+        host_index = getattr(service, "host_index", 0)
+        return was_running, sandbox_hosts.end(self.config, host_index) if host_index else 0
 
     def _remove_rollout_leftovers(self, report: Reporter) -> None:
         """A rollout node killed hard cannot unlink its shared memory: `down` does."""
