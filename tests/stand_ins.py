@@ -32,12 +32,17 @@ def reward_of(seed: int) -> float:
     return float(hashlib.sha256(str(seed).encode()).digest()[0] % 2)
 
 
+def actions_of(task_id: str) -> int:
+    return int(task_id.split("-")[1]) if task_id.startswith("actions-") else 2
+
+
 @workflow.defn(name="TrajectoryWorkflow", sandboxed=False)  # a stand-in: nothing to guard
 class StandInTrajectory:
     """Ends as `TrajectoryInput.task.id` says: 'infra-always' tasks fail every attempt,
     'infra-once' tasks fail their first attempt only; the rest write a token log of two
     model turns (`TokenLogs`, on the workflow's queue) and score `reward_of(seed)`,
-    'held' tasks once they are signalled `release`."""
+    'held' tasks once they are signalled `release`. Each ran two actions, 'actions-N'
+    tasks N."""
 
     def __init__(self) -> None:
         self.released = False
@@ -68,7 +73,7 @@ class StandInTrajectory:
             task=input.task.id,
             status="failed_infra" if infra else ("completed" if reward else "failed_policy"),
             reason="sandbox host gone" if infra else "",
-            turns=0 if infra else 2,
+            turns=0 if infra else actions_of(input.task.id),
             tokens=0 if infra else context.length,
             reward=reward,
             token_sha256=None,

@@ -380,8 +380,10 @@ def iteration_line(record) -> str:
     heldout = f" held-out {record.heldout_reward:.3f}" if record.heldout_reward is not None else ""
     reward = f"{record.mean_reward:.3f}" if record.mean_reward is not None else "-"
     dropped = f", {record.groups_dropped} dropped" if record.groups_dropped else ""
+    actions = mean_actions([record])
+    acted = f"; {actions:.1f} actions per trajectory" if actions is not None else ""
     return (
-        f"iteration {record.iteration}: reward {reward}{heldout}; groups {record.groups_kept} kept{dropped}; "
+        f"iteration {record.iteration}: reward {reward}{heldout}{acted}; groups {record.groups_kept} kept{dropped}; "
         f"{record.infra_retries} infra retries; loss {record.loss:.4f}; weights v{record.weights_version} "
         f"{record.weights_sha256[:12]}; rollout {record.rollout_s:.1f}s train {record.train_s:.1f}s "
         f"publish {record.publish_s:.1f}s"
@@ -422,6 +424,7 @@ def run_report(result, records, settings: dict | None = None) -> dict:
                 "iteration": r.iteration,
                 "mean_reward": r.mean_reward,
                 "heldout_reward": r.heldout_reward,
+                "mean_actions_per_trajectory": mean_actions([r]),
                 "groups_kept": r.groups_kept,
                 "groups_dropped": r.groups_dropped,
                 "uniform_groups": r.uniform_groups,
@@ -435,6 +438,7 @@ def run_report(result, records, settings: dict | None = None) -> dict:
                 "elapsed_s": r.elapsed_s,
                 "tasks": r.tasks,
                 "rewards": r.rewards,
+                "actions": r.actions,
                 "dropped": [d.model_dump() for d in r.dropped],
                 "loss": r.loss,
                 "engine_logprob_drift": r.engine_logprob_drift,
@@ -444,8 +448,16 @@ def run_report(result, records, settings: dict | None = None) -> dict:
             }
             for r in records
         ],
+        "mean_actions_per_trajectory": mean_actions(records),
         "final_weights_sha256": records[-1].weights_sha256 if records else None,
     }
+
+
+def mean_actions(records) -> float | None:
+    """Actions per trajectory, over the records' trajectories that did not fail on
+    infrastructure: how much the policy acts (one that answers without acting runs none)."""
+    counted = [actions for r in records for group in r.actions for actions in group if actions is not None]
+    return sum(counted) / len(counted) if counted else None
 
 
 def _print_end(report: dict, wall: float) -> None:

@@ -345,6 +345,9 @@ class TrainingWorkflow:
             iteration=iteration,
             tasks=[t.id for t in tasks],
             rewards=[[m.reward for m in members] for members in groups],
+            actions=[
+                [None if m.status == "failed_infra" else m.turns for m in members] for members in groups
+            ],
             mean_reward=sum(kept) / len(kept) if kept else None,
             heldout_reward=sum(evaluated) / len(evaluated) if evaluated else None,
             groups_kept=len(tasks) - len(dropped_names),

@@ -107,6 +107,11 @@ class IterationRecord(_Model):
     iteration: int
     tasks: list[str]
     rewards: list[list[float | None]] = Field(description="Per group (task order), per member: the rewards.")
+    actions: list[list[int | None]] = Field(
+        default_factory=list,
+        description="Per group (task order), per member: the actions its trajectory ran in its sandbox "
+        "(None when it failed on infrastructure; empty in a record from before they were kept).",
+    )
     mean_reward: float | None = Field(description="Over the kept groups' members.")
     heldout_reward: float | None = None
     groups_kept: int

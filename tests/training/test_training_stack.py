@@ -103,6 +103,13 @@ def test_a_run_trains_publishes_and_is_followed(stack, calm, tmp_path):
     versions = [i["weights_version"] for i in iterations]
     assert versions == list(range(versions[0], versions[0] + ITERATIONS))
     assert calm["final_weights_sha256"] == iterations[-1]["weights_sha256"]
+    # the trace task's trajectories run its four actions; the figures count every trajectory's
+    for i in iterations:
+        assert i["actions"][i["tasks"].index("trace-pass")] == [4, 4], i["actions"]
+        counted = [a for group in i["actions"] for a in group]
+        assert i["mean_actions_per_trajectory"] == pytest.approx(sum(counted) / len(counted))
+    every = [a for i in iterations for group in i["actions"] for a in group]
+    assert calm["mean_actions_per_trajectory"] == pytest.approx(sum(every) / len(every))
     # fp32 engines and trainer score the sampled tokens alike (a step trains on every iteration)
     assert all(i["engine_logprob_drift"] is not None and i["engine_logprob_drift"] < 1e-3 for i in iterations)
     # every task here has a setup to share: each group's two members are forks of one sandbox,

@@ -15,6 +15,7 @@ from temporalio.worker import Worker
 
 from belayer.activities.runtime import implements
 from belayer.activities.training_log import TrainingLogActivities, read_iterations
+from belayer.cli.train import iteration_line, run_report
 from belayer.contracts.trainer import (
     START_WEIGHTS,
     TRAIN_STEP,
@@ -246,6 +247,25 @@ async def test_a_group_still_incomplete_after_its_retries_is_dropped_whole(harne
         "no member of the dropped group is trained on"
     )
     assert record.mean_reward == pytest.approx(sum(record.rewards[record.tasks.index(TASKS[0].id)]) / 3)
+
+
+async def test_each_iteration_counts_the_actions_its_trajectories_ran(harness):
+    """`mean_actions_per_trajectory` (per iteration and for the run, in `--json`) counts
+    the trajectories that did not fail on infrastructure: a dropped group's are none."""
+    _, train = harness
+    tasks = [
+        TraceTask(id=name, turns=[TraceTurn(think_tokens=1, bash="true")])
+        for name in ("actions-5", "infra-always")
+    ]
+    result, records = await train(tasks=[*tasks, TASKS[0]], tasks_per_iteration=3, max_infra_retries=1)
+    for record in records:
+        assert dict(zip(record.tasks, record.actions, strict=True)) == {
+            "actions-5": [5, 5, 5], "infra-always": [None, None, None], TASKS[0].id: [2, 2, 2]
+        }  # fmt: skip
+    report = run_report(result, records)
+    assert [i["mean_actions_per_trajectory"] for i in report["iterations"]] == [3.5, 3.5]
+    assert report["mean_actions_per_trajectory"] == 3.5
+    assert "; 3.5 actions per trajectory;" in iteration_line(records[0])
 
 
 async def test_nodes_serving_another_runs_weights_get_the_start_model_back_first(harness):
