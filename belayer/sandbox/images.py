@@ -253,7 +253,8 @@ class ImageBuilder:
 
 class BuildLeftovers:
     """The working containers and RUN bundles one `podman build` made, read from its debug
-    log (stderr); the other lines of stderr (warnings, errors) join the build's output."""
+    log (stderr); its warnings and errors join the build's output, its debug and info lines
+    do not."""
 
     _CONTAINER = re.compile(r"Container ID: (?P<id>[0-9a-f]{64})")
     _BUNDLE = re.compile(r'using \\"(?P<path>/[^"\\]+)\\" to hold bundle data')
@@ -264,7 +265,7 @@ class BuildLeftovers:
 
     def read(self, stderr, lines: list[str]) -> None:
         for line in stderr:
-            if "level=debug" not in line:
+            if "level=debug" not in line and "level=info" not in line:
                 lines.append(line.rstrip("\n"))
             elif found := self._CONTAINER.search(line):
                 self.containers.append(found["id"])
