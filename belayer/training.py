@@ -73,8 +73,13 @@ def training_input(
 ) -> TrainingInput:
     """The input of a run over `tasks` with the stack's queues and policy, starting from
     `model` (default: the model the stack's engines were built from), with `belayer train`'s
-    defaults for whatever is not given."""
-    settings = settings or default_settings(iterations)
+    defaults for whatever is not given. One temperature serves the rollouts and the trainer:
+    `temperature=` alone sets both, `settings` alone its own for both (both, differing, are refused)."""
+    temperature = overrides.pop("temperature", None)
+    if settings is None:
+        settings = default_settings(iterations)
+        if temperature is not None:
+            settings = settings.model_copy(update={"temperature": temperature})
     return TrainingInput(
         run_id=run_id or f"train-{uuid.uuid4().hex[:8]}",
         tasks=tasks,
@@ -85,6 +90,7 @@ def training_input(
         tasks_per_iteration=tasks_per_iteration,
         seed=seed,
         trainer=settings.model_copy(update={"threads": config.trainer.threads}),
+        temperature=settings.temperature if temperature is None else temperature,
         policy=config.policy,
         max_total_tokens=config.rollout.max_model_len,
         queues=training_queues(config),

@@ -9,6 +9,9 @@ import runpy
 import sys
 from pathlib import Path
 
+import pytest
+from pydantic import ValidationError
+
 from belayer.cli.bench.training import training as bench_training
 from belayer.cli.train import start
 from belayer.config import load_config
@@ -52,6 +55,18 @@ def test_belayer_train_and_the_library_train_alike_by_default(tmp_path):
     # `--lr-decay linear` (the command's default): to 0 over the run's iterations.
     assert cli["lr_decay"] == "linear" and library.trainer.lr_decay_iterations == library.iterations
     assert (library.trainer.lr, library.trainer.minibatches) == (TRAINER.lr, TRAINER.minibatches)
+
+
+def test_one_temperature_serves_the_rollouts_and_the_trainer(tmp_path):
+    config = load_config(state_dir=tmp_path)
+    tasks = [TraceTask(id=f"t{i}", turns=[TraceTurn(think_tokens=1, bash="true")]) for i in range(4)]
+    alone = training_input(config, tasks, temperature=0.7)
+    settings = training_input(config, tasks, settings=TrainerSettings(temperature=0.7))
+    assert {(i.temperature, i.trainer.temperature) for i in (alone, settings)} == {(0.7, 0.7)}
+    with pytest.raises(ValidationError) as refused:
+        training_input(config, tasks, settings=TrainerSettings(temperature=1.0), temperature=0.7)
+    message = str(refused.value)
+    assert "temperature 0.7" in message and "trainer.temperature 1" in message and "--temperature" in message
 
 
 def test_the_training_benchmark_and_the_example_use_the_same_learning_rate(monkeypatch):

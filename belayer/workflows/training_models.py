@@ -92,6 +92,19 @@ class TrainingInput(_Model):
         return RolloutSettings(**self.model_dump(include=set(RolloutSettings.model_fields)))
 
     @model_validator(mode="after")
+    def _one_temperature(self) -> TrainingInput:
+        """The trainer takes logprobs under the temperature the rollouts sampled at: at
+        another, every ratio it clips against would be off from the first minibatch on,
+        and nothing would say so."""
+        if self.trainer.temperature != self.temperature:
+            raise ValueError(
+                f"the rollouts sample at temperature {self.temperature:g} but the trainer takes logprobs at "
+                f"trainer.temperature {self.trainer.temperature:g}: give both the same value "
+                "(`belayer train --temperature` sets both)"
+            )
+        return self
+
+    @model_validator(mode="after")
     def _enough_tasks(self) -> TrainingInput:
         if self.tasks_per_iteration > len(self.tasks):
             raise ValueError(
