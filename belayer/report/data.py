@@ -70,6 +70,7 @@ class TrainingIteration(BaseModel):
     recovery_s: float = 0.0
     elapsed_s: float | None = None
     engine_logprob_drift: float | None = None
+    mean_actions_per_trajectory: float | None = None
     dropped: list[dict] = []
 
 

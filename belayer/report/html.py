@@ -167,6 +167,10 @@ def _training_summary(run: TrainingRun, control: TrainingRun | None) -> str:
         ("train reward, first → last", _first_to_last(run, "mean_reward"), ""),
         ("held-out reward, first → last", _first_to_last(run, "heldout_reward"), ""),
     ]
+    if any(i.mean_actions_per_trajectory is not None for i in run.iterations):
+        rows.append(
+            ("actions per trajectory, first → last", _first_to_last(run, "mean_actions_per_trajectory"), "")
+        )
     if control is not None:
         rows += [
             ("control", f"run {control.run_id} ({control.status}), {control.label}", ""),
@@ -234,6 +238,7 @@ def _iterations(run: TrainingRun) -> str:
             i.infra_retries,
             f"v{i.weights_version} {i.weights_sha256[:12]}",
             None if i.engine_logprob_drift is None else f"{i.engine_logprob_drift:.1e}",
+            None if i.mean_actions_per_trajectory is None else f"{i.mean_actions_per_trajectory:.2f}",
         ]
         for i in run.iterations
     ]
@@ -248,6 +253,7 @@ def _iterations(run: TrainingRun) -> str:
             "infra retries",
             "weights (version, sha256)",
             "engine logprob drift",
+            "actions per trajectory",
         ],
         rows,
     )

@@ -79,6 +79,8 @@ def test_iteration_table_has_a_row_per_iteration(tmp_path):
     assert f"v7 {sha[:12]}" in table and sha not in table
     assert "member 2 ended failed_infra" in text  # the group dropped in iteration 5, and why
     assert "<th>engine logprob drift</th>" in table and "<td>1.2e-05</td>" in table
+    assert "<th>actions per trajectory</th>" in table and "<td>1.25</td>" in table
+    assert "1.000 (iteration 0) → 2.500 (iteration 5), +1.500" in text  # the summary's line
 
 
 def test_control_appears_only_when_given(tmp_path):
