@@ -59,20 +59,16 @@ def test_the_context_hash_covers_every_file_its_mode_and_the_dockerfile(tmp_path
 
 @pytest.fixture
 def builder(sandbox_runtime):
-    """An image builder whose images are removed after the test: only those its own builds
-    tagged (another worker's test may be using its own `test-*` image meanwhile)."""
     built = ImageBuilder({"ubuntu:24.04": runtime.base_image_name()})
-    tags = []
-    build = built.build
-
-    def recording(*args, **kwargs):
-        image = build(*args, **kwargs)
-        tags.append(image.tag)
-        return image
-
-    built.build = recording
     yield built
-    for tag in tags:
+    listed = built.podman(
+        "images",
+        "--format",
+        "{{.Repository}}:{{.Tag}}",
+        "--filter",
+        "reference=localhost/belayer-task/test-*",
+    )
+    for tag in listed.stdout.split():
         built.podman("rmi", "-f", tag)
 
 
