@@ -223,6 +223,10 @@ IGNORED_BY_PID1 = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT,
 # next leaves the kernel, which on a loaded host takes a while: 200 passes (2 s) were not
 # always enough. Below the host's 30 s wait for the reply.
 FREEZE_DEADLINE_S = 20.0
+# How long resuming before a checkpoint passes: best effort, below the host's 10 s wait for
+# `quiesce` (an agent that keeps stopping a process wins this race; the dump watchdog then
+# fails the checkpoint as the agent's doing).
+RESUME_DEADLINE_S = 3.0
 SIGSTOP_BIT = 1 << (signal.SIGSTOP - 1)
 MAX_ENTRY_BYTES = 128 * 1024 - 1  # execve's MAX_ARG_STRLEN: a longer entry makes the next exec fail
 MAX_STATE_BYTES = 1 << 20
@@ -406,6 +410,11 @@ def may_run(pid: int) -> bool:
     return bool(states) and not (set(states) == {"D"} and _stop_pending(pid))
 
 
+def _exited(pid: int) -> bool:
+    """Whether every thread of a process has exited (a zombie waiting for its parent)."""
+    return set(_thread_states(pid)) <= {"Z", "X", "x"}
+
+
 def has_stopped_thread(pid: int) -> bool:
     return "T" in _thread_states(pid)
 
@@ -414,15 +423,17 @@ class FreezeFailed(Exception):
     """The agent's processes kept running through every freezing pass."""
 
 
-def signal_until_none(signum: int, wanted: Callable[[int, tuple, dict], bool]) -> tuple[dict[int, int], bool]:
+def signal_until_none(
+    signum: int, wanted: Callable[[int, tuple, dict], bool], deadline_s: float = FREEZE_DEADLINE_S
+) -> tuple[dict[int, int], bool]:
     """Send `signum` to every process `wanted(pid, info, signalled)` selects (never PID 1
     nor this one), pass after pass, until a pass selects none: what a pass signals cannot
     hide the next one's targets (a stopped process cannot fork; a resumed one may stop
     another). Returns pid -> start time of every process signalled, and whether a pass
-    found none left (False: FREEZE_DEADLINE_S ran out first; the caller decides whether
-    that is an error, and still owns what was signalled)."""
+    found none left (False: `deadline_s` ran out first; the caller decides whether that
+    is an error, and still owns what was signalled)."""
     me, signalled = os.getpid(), {}
-    deadline = time.monotonic() + FREEZE_DEADLINE_S
+    deadline = time.monotonic() + deadline_s
     for attempt in itertools.count():
         if attempt >= 10:
             if time.monotonic() > deadline:
@@ -480,7 +491,7 @@ class Freezer:
         def stopped(pid: int, info: tuple, _signalled: dict) -> bool:
             return (not LOCAL or info[1] in sessions) and has_stopped_thread(pid)
 
-        resumed, _ = signal_until_none(signal.SIGCONT, stopped)
+        resumed, _ = signal_until_none(signal.SIGCONT, stopped, RESUME_DEADLINE_S)
         return len(resumed)
 
     def thaw(self) -> None:
@@ -1268,19 +1279,25 @@ class Supervisor:
     def _kill_new_processes(self, before: dict, *, session: int, spare: int) -> int:
         """Kill every process the action started (but `spare`).
 
-        Freeze first (SIGSTOP, repeated until a pass finds nothing new: a stopped process
-        cannot fork), then SIGKILL them all, so a fork bomb cannot refill the pids it frees.
+        Freeze first (SIGSTOP, repeated until a pass finds none of them still able to run:
+        a stopped process cannot fork), then SIGKILL them all, so a fork bomb cannot refill
+        the pids it frees. Signalled is not stopped: a process the SIGSTOP reached in the
+        middle of a fork completes it, and its child is seen only by a later pass.
         """
 
-        def started_by_the_action(pid: int, info: tuple, signalled: dict) -> bool:
-            if pid == spare or pid in signalled or before.get(pid, (None,))[0] == info[0]:
+        def started_by_the_action(pid: int, info: tuple) -> bool:
+            if pid == spare or before.get(pid, (None,))[0] == info[0]:
                 return False
             return not LOCAL or info[1] == session  # locally, only the action's own session
 
-        frozen, _ = signal_until_none(signal.SIGSTOP, started_by_the_action)  # all killed, settled or not
-        for pid in frozen:
+        signal_until_none(signal.SIGSTOP, lambda pid, info, _: started_by_the_action(pid, info) and may_run(pid))
+        doomed = [
+            pid for pid, info in list_processes().items()
+            if pid not in (os.getpid(), 1) and started_by_the_action(pid, info) and not _exited(pid)
+        ]  # fmt: skip
+        for pid in doomed:  # all killed, settled or not: stopped ones too (the action's own)
             _kill(pid)
-        return len(frozen)
+        return len(doomed)
 
 
 def _kill(pid: int) -> None:
