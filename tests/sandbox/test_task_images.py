@@ -58,7 +58,14 @@ def test_the_context_hash_covers_every_file_its_mode_and_the_dockerfile(tmp_path
 
 
 @pytest.fixture
-def builder(sandbox_runtime):
+def task_id() -> str:
+    """The test's own task id (the start of every task id it builds): its teardown removes
+    only its own images (another xdist worker's test may be running a sandbox from one)."""
+    return f"test-{uuid.uuid4().hex[:8]}"
+
+
+@pytest.fixture
+def builder(sandbox_runtime, task_id):
     built = ImageBuilder({"ubuntu:24.04": runtime.base_image_name()})
     yield built
     listed = built.podman(
@@ -66,18 +73,18 @@ def builder(sandbox_runtime):
         "--format",
         "{{.Repository}}:{{.Tag}}",
         "--filter",
-        "reference=localhost/belayer-task/test-*",
+        f"reference=localhost/belayer-task/{task_id}*",
     )
     for tag in listed.stdout.split():
         built.podman("rmi", "-f", tag)
 
 
-def task_context(tmp_path: Path, dockerfile: str) -> tuple[str, Path, Path]:
+def task_context(tmp_path: Path, dockerfile: str) -> tuple[Path, Path]:
     context = tmp_path / "environment"
     context.mkdir()
     (context / "Dockerfile").write_text(dockerfile)
     (context / "input.txt").write_text("from the context\n")
-    return f"test-{uuid.uuid4().hex[:8]}", context, context / "Dockerfile"
+    return context, context / "Dockerfile"
 
 
 def in_image(builder: ImageBuilder, tag: str, script: str) -> str:
@@ -86,8 +93,10 @@ def in_image(builder: ImageBuilder, tag: str, script: str) -> str:
     return ran.stdout
 
 
-def test_a_multi_stage_dockerfile_builds_as_dockerfiles_mean_and_is_cached_by_its_context(builder, tmp_path):
-    task_id, context, dockerfile = task_context(tmp_path, MULTI_STAGE)
+def test_a_multi_stage_dockerfile_builds_as_dockerfiles_mean_and_is_cached_by_its_context(
+    builder, tmp_path, task_id
+):
+    context, dockerfile = task_context(tmp_path, MULTI_STAGE)
     steps: list[str] = []
     image = builder.build(task_id, context, dockerfile, progress=steps.append)
     assert not image.cached and image.tag.startswith(f"localhost/belayer-task/{task_id}:")
@@ -107,10 +116,8 @@ def test_a_multi_stage_dockerfile_builds_as_dockerfiles_mean_and_is_cached_by_it
     assert in_image(builder, changed.tag, "cat /app/input.txt") == "changed\n"
 
 
-def test_an_unmapped_from_is_refused_before_any_build(builder, tmp_path):
-    task_id, context, dockerfile = task_context(
-        tmp_path, "FROM ubuntu:24.04\nFROM registry.example/tool:1 AS t\n"
-    )
+def test_an_unmapped_from_is_refused_before_any_build(builder, tmp_path, task_id):
+    context, dockerfile = task_context(tmp_path, "FROM ubuntu:24.04\nFROM registry.example/tool:1 AS t\n")
     with pytest.raises(ImageBuildError) as refused:
         builder.build(task_id, context, dockerfile)
     message = str(refused.value)
@@ -119,19 +126,17 @@ def test_an_unmapped_from_is_refused_before_any_build(builder, tmp_path):
     assert builder.image_id(f"localhost/belayer-task/{task_id}") is None
 
 
-def test_a_failing_run_line_fails_the_build_with_its_output(builder, tmp_path):
-    task_id, context, dockerfile = task_context(
-        tmp_path, "FROM ubuntu:24.04\nRUN echo about-to-fail && false\n"
-    )
+def test_a_failing_run_line_fails_the_build_with_its_output(builder, tmp_path, task_id):
+    context, dockerfile = task_context(tmp_path, "FROM ubuntu:24.04\nRUN echo about-to-fail && false\n")
     with pytest.raises(ImageBuildError, match=r"podman build failed \(exit \d+\):[\s\S]*about-to-fail"):
         builder.build(task_id, context, dockerfile)
 
 
-def test_a_build_past_its_timeout_is_killed_and_named_and_leaves_nothing(builder, tmp_path):
+def test_a_build_past_its_timeout_is_killed_and_named_and_leaves_nothing(builder, tmp_path, task_id):
     """The limit holds while a RUN line prints nothing (the output is read until the end);
     the killed build's RUN processes and its working container do not outlive it."""
     marker = uuid.uuid4().hex
-    task_id, context, dockerfile = task_context(tmp_path, f"FROM ubuntu:24.04\nRUN sleep 120 # {marker}\n")
+    context, dockerfile = task_context(tmp_path, f"FROM ubuntu:24.04\nRUN sleep 120 # {marker}\n")
     before = working_containers(builder) | build_cgroups()
     with pytest.raises(ImageBuildError, match=r"ran past 3 s \(\[environment\].build_timeout_sec\)"):
         builder.build(task_id, context, dockerfile, timeout_s=3)
@@ -160,11 +165,11 @@ def working_containers(builder) -> set[str]:
     return {line.split()[0] for line in listed if line.strip().endswith("Storage")}
 
 
-def test_tasks_check_builds_a_datasets_images_and_lists_each_tasks_problem(builder, tmp_path):
+def test_tasks_check_builds_a_datasets_images_and_lists_each_tasks_problem(builder, tmp_path, task_id):
     dataset = tmp_path / "dataset"
     for name, toml in (
-        ("test-good", "[environment]\nallow_internet = false\n"),
-        ("test-bad", "[agent]\ntimeout = 3\n"),
+        (f"{task_id}-good", "[environment]\nallow_internet = false\n"),
+        (f"{task_id}-bad", "[agent]\ntimeout = 3\n"),
     ):
         task = dataset / name
         (task / "environment").mkdir(parents=True)
@@ -177,7 +182,7 @@ def test_tasks_check_builds_a_datasets_images_and_lists_each_tasks_problem(build
     checked = subprocess.run(command, capture_output=True, text=True, stdin=subprocess.DEVNULL, timeout=300)
     assert checked.returncode == 1, checked.stderr
     bad, good = json.loads(checked.stdout)["tasks"]
-    assert (bad["task"], bad["ok"], bad["image"]) == ("test-bad", False, None)
+    assert (bad["task"], bad["ok"], bad["image"]) == (f"{task_id}-bad", False, None)
     assert "field agent.timeout: unknown field" in bad["problem"]
     assert good["ok"] and good["steps"] == 1 and good["image_built_s"] is not None
     assert builder.image_id(good["image"]) == good["image_id"]
