@@ -7,18 +7,32 @@ from __future__ import annotations
 
 import hashlib
 import random
+import uuid
 from dataclasses import dataclass, field
 from datetime import timedelta
 
 from temporalio import activity, workflow
 
 from belayer.activities.runtime import implements
+from belayer.contracts import sandbox
+from belayer.contracts.context import START_CONTEXT, ContextResult, StartContextArgs
 from belayer.contracts.publish import (
     PUBLISH_WEIGHTS,
     WEIGHTS_VERSION,
     PublishWeightsArgs,
     PublishWeightsResult,
 )
+from belayer.contracts.sandbox import (
+    CheckpointArgs,
+    CheckpointResult,
+    CreateSandboxArgs,
+    CreateSandboxResult,
+    DestroyArgs,
+    DestroyResult,
+    ForkArgs,
+    ForkResult,
+)
+from belayer.sandbox.models import CheckpointRef, ForkOutcome, SandboxHandle
 from belayer.storage.tokenlog import PrefixRef
 from belayer.workflows.models import TrajectoryInput, TrajectoryResult
 from tests.token_logs import Written, trajectory
@@ -42,7 +56,8 @@ class StandInTrajectory:
     'infra-once' tasks fail their first attempt only; the rest write a token log of two
     model turns (`TokenLogs`, on the workflow's queue) and score `reward_of(seed)`,
     'held' tasks once they are signalled `release`. Each ran two actions, 'actions-N'
-    tasks N."""
+    tasks N. A task with setup commands holds a sandbox for a while (`StandInSandboxes`):
+    its fork, or one it creates."""
 
     def __init__(self) -> None:
         self.released = False
@@ -60,6 +75,8 @@ class StandInTrajectory:
             input.task.id.startswith("infra-once") and attempt == 0
         )
         context = None
+        if input.task.setup:
+            await self._hold_a_sandbox(input)
         if not infra:
             context = await workflow.execute_activity(
                 TOKEN_LOG,
@@ -82,6 +99,68 @@ class StandInTrajectory:
             checkpoints=0,
             context=context,
         )
+
+    @staticmethod
+    async def _hold_a_sandbox(input: TrajectoryInput) -> None:
+        options = {"start_to_close_timeout": timedelta(seconds=30)}
+        handle = input.start_from.sandbox if input.start_from is not None else None
+        if handle is None:
+            created = await sandbox.CREATE.execute(
+                CreateSandboxArgs(), task_queue=input.queues.sandbox, **options
+            )
+            handle = created.handle
+        await workflow.sleep(0.3)
+        await sandbox.DESTROY.execute(DestroyArgs(handle=handle), task_queue=handle.host_queue, **options)
+
+
+@dataclass
+class StandInSandboxes:
+    """A sandbox host on `queue` that counts the sandboxes alive, and the most at once: it
+    creates, checkpoints and forks them for groups (and tokenizes their prompts), and
+    destroys them."""
+
+    queue: str
+    store: object
+    alive: set[str] = field(default_factory=set)
+    most: int = 0
+    forked: int = 0
+
+    def activities(self) -> list:
+        return [self.create, self.checkpoint, self.fork, self.destroy, self.start_context]
+
+    def _started(self, sandbox_id: str) -> SandboxHandle:
+        self.alive.add(sandbox_id)
+        self.most = max(self.most, len(self.alive))
+        return SandboxHandle(sandbox_id=sandbox_id, host_queue=self.queue, generation=1, container=sandbox_id)
+
+    @implements(sandbox.CREATE)
+    async def create(self, args: CreateSandboxArgs) -> CreateSandboxResult:
+        return CreateSandboxResult(handle=self._started(args.sandbox_id or f"sbx-{uuid.uuid4().hex[:12]}"))
+
+    @implements(sandbox.CHECKPOINT)
+    async def checkpoint(self, args: CheckpointArgs) -> CheckpointResult:
+        ref = CheckpointRef(meta_key=f"ck/{args.handle.sandbox_id}/meta.json", step=0, archive_sha256="0" * 64,
+                            archive_bytes=0)  # fmt: skip
+        return CheckpointResult(checkpoint=ref)
+
+    @implements(sandbox.FORK)
+    async def fork(self, args: ForkArgs) -> ForkResult:
+        self.forked += len(args.targets)
+        return ForkResult(
+            forks=[
+                ForkOutcome(sandbox_id=t.sandbox_id, handle=self._started(t.sandbox_id)) for t in args.targets
+            ]
+        )
+
+    @implements(sandbox.DESTROY)
+    async def destroy(self, args: DestroyArgs) -> DestroyResult:
+        self.alive.discard(args.handle.sandbox_id)
+        return DestroyResult()
+
+    @implements(START_CONTEXT)
+    async def start_context(self, args: StartContextArgs) -> ContextResult:
+        prompt = trajectory(self.store, args.log_key, random.Random(0), version=3, model_turns=())
+        return ContextResult(prefix=prompt, appended_tokens=prompt.length)
 
 
 @dataclass

@@ -26,7 +26,7 @@ from belayer.workflows.publishing import PublishWorkflow
 from belayer.workflows.rollout_models import RolloutQueues, RolloutRequest, RolloutSettings
 from belayer.workflows.rollouts import RolloutWorkflow
 from belayer.workloads.models import TraceTask, TraceTurn
-from tests.stand_ins import StandInNode, StandInTrajectory, TokenLogs, reward_of
+from tests.stand_ins import StandInNode, StandInSandboxes, StandInTrajectory, TokenLogs, reward_of
 from tests.token_logs import Written
 
 TASKS = [TraceTask(id=f"task{i}", turns=[TraceTurn(think_tokens=1, bash="true")]) for i in range(2)]
@@ -84,6 +84,30 @@ async def test_a_batch_is_every_group_in_order_with_its_tokens_aligned(api):
         assert r.reward == reward_of(fakes.seeds[r.trajectory_id]) and r.rewards == {"reward": r.reward}
         assert_is_what_was_written(r, fakes.written[r.trajectory_id])
     assert len({fakes.seeds[r.trajectory_id] for r in got}) == len(got), "every member its own seed"
+
+
+async def test_a_batch_never_holds_more_sandboxes_than_its_concurrency(api):
+    """A group takes its members' slots before it forks them (a fork is live while its
+    member waits) and its set-up sandbox goes before the forks start: two groups of 3
+    under a limit of 4 hold 3 sandboxes at most, where both once set up and forked at the
+    start (8). A group larger than the limit is not forked: its members wait for slots."""
+    rollouts, _, _, store = api
+    queue = f"sandboxes-{uuid.uuid4().hex[:8]}"
+    sandboxes = StandInSandboxes(queue, store)
+    rollouts.queues = rollouts.queues.model_copy(
+        update={"trajectories": TaskQueues(sandbox=queue, context=queue)}
+    )
+    tasks = [
+        TraceTask(id=f"setup{i}", setup=["true"], turns=[TraceTurn(think_tokens=1, bash="true")])
+        for i in range(2)
+    ]
+    async with Worker(rollouts.temporal, task_queue=queue, activities=sandboxes.activities()):
+        forked = await generate(rollouts, tasks, fork=True, max_concurrency=4)
+        assert (len(forked), sandboxes.forked, sandboxes.most) == (6, 6, 3)
+        sandboxes.most = 0
+        alone = await generate(rollouts, tasks[:1], fork=True, max_concurrency=2)
+        assert (len(alone), sandboxes.forked, sandboxes.most) == (3, 6, 2)
+    assert not sandboxes.alive, "every sandbox destroyed"
 
 
 async def test_the_same_seed_gives_the_same_members_the_same_seeds(api):

@@ -44,6 +44,10 @@ with workflow.unsafe.imports_passed_through():
     from belayer.workloads.registry import driver_for
 
 RETRY = RetryPolicy(initial_interval=timedelta(seconds=1), maximum_attempts=3)
+# Since this patch the set-up sandbox is removed once checkpointed, before its forks start
+# from the checkpoint: a group never holds more sandboxes than it has members (the slots
+# GroupRunner takes for them, belayer/workflows/rollouts.py).
+SETUP_GONE_BEFORE_FORKS_PATCH = "setup-sandbox-gone-before-forks"
 ON_HOST_SCHEDULE_TO_START = timedelta(seconds=30)
 ANY_HOST_SCHEDULE_TO_START = timedelta(minutes=5)
 
@@ -80,7 +84,7 @@ async def prepare(group_id: str, task: Task, trajectory_ids: list[str], queues: 
         reused = await _fork_reused(record, reuse, prompt, trajectory_ids, queues, started)
         if reused is not None:
             return record, reused
-    stage = "create and set up the group's sandbox"
+    stage, discarded = "create and set up the group's sandbox", False
     try:
         at = workflow.now()
         parent = await _activity(
@@ -100,6 +104,10 @@ async def prepare(group_id: str, task: Task, trajectory_ids: list[str], queues: 
         )
         record.origin = checkpoint.checkpoint
         record.checkpoint_s, at, stage = _since(at), workflow.now(), "fork it"
+        if workflow.patched(SETUP_GONE_BEFORE_FORKS_PATCH):
+            discarded = True
+            await _discard(record.setup_sandbox, queues, delete_checkpoints=False)  # the origin stays
+            at = workflow.now()
         targets = [ForkTarget(sandbox_id=_sandbox_id(), trajectory=t) for t in trajectory_ids]
         forked = await _activity(
             sandbox.FORK,
@@ -110,11 +118,11 @@ async def prepare(group_id: str, task: Task, trajectory_ids: list[str], queues: 
         record.fork_s = _since(at)
     except ActivityError as err:
         record.fallback = f"could not {stage}: {cause_of(err)}; every member creates its own sandbox"
-        await _discard(record.setup_sandbox, queues, delete_checkpoints=False)
+        if not discarded:
+            await _discard(record.setup_sandbox, queues, delete_checkpoints=False)
         return record, starts
-    await _discard(
-        record.setup_sandbox, queues, delete_checkpoints=False
-    )  # the origin stays: members recover from it
+    if not discarded:
+        await _discard(record.setup_sandbox, queues, delete_checkpoints=False)  # the origin stays
     _take_forks(record, forked, starts, trajectory_ids, prompt, started)
     return record, starts
 

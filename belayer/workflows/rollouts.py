@@ -18,6 +18,7 @@ Workflow code only: no I/O, clocks or randomness outside Temporal's APIs.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import hashlib
 from datetime import timedelta
 
@@ -41,6 +42,7 @@ with workflow.unsafe.imports_passed_through():
         RolloutResult,
         RolloutSettings,
     )
+    from belayer.workflows.slots import Slots
     from belayer.workflows.trajectory import STATUS_KEY, TASK_KEY
     from belayer.workloads.models import Task
 
@@ -50,6 +52,10 @@ ITERATION_KEY = SearchAttributeKey.for_int("BelayerIteration")
 # A queue nobody polls this long has no worker: the run ends failed_infra and says which.
 NO_WORKER_AFTER = timedelta(minutes=10)
 STORAGE_RETRY = RetryPolicy(initial_interval=timedelta(seconds=1), maximum_attempts=10)
+# Since this patch a batch never holds more sandboxes than `concurrency`: a group takes its
+# members' slots before it forks them (their sandboxes are live while they wait for one),
+# and its set-up sandbox goes before the forks start (groups.SETUP_GONE_BEFORE_FORKS_PATCH).
+GROUP_SLOTS_PATCH = "groups-take-their-members-slots"
 
 
 class GroupRunner:
@@ -63,7 +69,9 @@ class GroupRunner:
         self.settings = settings
         self.queues = queues
         self.origins: dict[str, GroupRecord] = dict(origins or {})
-        self.limit = asyncio.Semaphore(settings.concurrency)
+        self.limit = asyncio.Semaphore(settings.concurrency)  # a run from before GROUP_SLOTS_PATCH
+        self.slots = Slots(settings.concurrency)
+        self._slots_patched: bool | None = None
         self.running: set[str] = set()
         self.finished: list[MemberOutcome] = []
         self.group_records: list[GroupRecord] = []
@@ -74,25 +82,31 @@ class GroupRunner:
 
     async def group(self, iteration: int, task: Task) -> list[MemberOutcome]:
         """The group's members, forked from one set-up sandbox (belayer/workflows/groups.py)
-        when `fork_groups`; their retries start alone."""
+        when `fork_groups`, in slots the group takes for them first; their retries start alone."""
         size = self.settings.group_size
         starts: list[ForkStart | None] = [None] * size
         record = replaced = None
-        if self.settings.fork_groups:
-            ids = [
-                self.trajectory_id(iteration, task, member, prefix="", attempt=0) for member in range(size)
-            ]
-            kept = self.origins.get(task.id) if self.settings.reuse_setup else None
-            record, starts = await prepare_group(self.group_id(iteration, task), task, ids,
-                                                 self.queues.trajectories, reuse=kept)  # fmt: skip
-            self.group_records.append(record)
-            if self.settings.reuse_setup and record.origin is not None and record.reused_from is None:
-                replaced = self._keep_origin(task.id, record)
+        held = self.settings.fork_groups and self._use_slots() and size <= self.slots.limit
+        if held:
+            await self.slots.take(size)
+        try:
+            if self.settings.fork_groups and self._use_slots() and not held:
+                record = GroupRecord(group=self.group_id(iteration, task), task=task.id, size=size, fallback=(
+                    f"the group ({size}) is larger than the concurrency limit ({self.slots.limit}): "
+                    "every member creates its own sandbox when a slot is free"
+                ))  # fmt: skip
+                self.group_records.append(record)
+            elif self.settings.fork_groups:
+                record, replaced = await self._prepare(iteration, task, starts)
+        except BaseException:
+            if held:
+                self.slots.give(size)
+            raise
         try:
             return list(
                 await asyncio.gather(
                     *(
-                        self.member(iteration, task, member, prefix="", start=starts[member])
+                        self.member(iteration, task, member, prefix="", start=starts[member], held=held)
                         for member in range(size)
                     )
                 )
@@ -101,6 +115,44 @@ class GroupRunner:
             for done in [record if not self.settings.reuse_setup else None, replaced]:
                 if done is not None:
                     await release_group(done, self.queues.trajectories)
+
+    async def _prepare(self, iteration: int, task: Task,
+                       starts: list[ForkStart | None]) -> tuple[GroupRecord, GroupRecord | None]:  # fmt: skip
+        """Fork the group's sandboxes into `starts`; its record, and the origin it replaces."""
+        ids = [
+            self.trajectory_id(iteration, task, member, prefix="", attempt=0) for member in range(len(starts))
+        ]
+        kept = self.origins.get(task.id) if self.settings.reuse_setup else None
+        record, forked = await prepare_group(self.group_id(iteration, task), task, ids,
+                                             self.queues.trajectories, reuse=kept)  # fmt: skip
+        starts[:] = forked
+        self.group_records.append(record)
+        replaced = None
+        if self.settings.reuse_setup and record.origin is not None and record.reused_from is None:
+            replaced = self._keep_origin(task.id, record)
+        return record, replaced
+
+    def _use_slots(self) -> bool:
+        """Whether this run bounds its sandboxes with `slots` (GROUP_SLOTS_PATCH), decided
+        once: a run from before keeps the semaphore it started with."""
+        if self._slots_patched is None:
+            self._slots_patched = workflow.patched(GROUP_SLOTS_PATCH)
+        return self._slots_patched
+
+    @contextlib.asynccontextmanager
+    async def _slot(self, *, taken: bool):
+        """The slot one attempt runs in: taken here, or by its group before forking it; given
+        back when the attempt ends."""
+        if not self._use_slots():
+            async with self.limit:
+                yield
+            return
+        if not taken:
+            await self.slots.take()
+        try:
+            yield
+        finally:
+            self.slots.give()
 
     async def heldout(self, iteration: int, tasks: list[Task]) -> list[MemberOutcome]:
         """One trajectory of each held-out task, never forked."""
@@ -132,14 +184,15 @@ class GroupRunner:
         return replaced
 
     async def member(self, iteration: int, task: Task, member: int, *, prefix: str,
-                     start: ForkStart | None = None) -> MemberOutcome:  # fmt: skip
+                     start: ForkStart | None = None, held: bool = False) -> MemberOutcome:  # fmt: skip
         """One trajectory of the group, run again (same seed) while it ends failed_infra;
-        the first attempt starts from `start` (its group's fork), a retry alone."""
+        the first attempt starts from `start` (its group's fork) in the slot its group took
+        (`held`), a retry alone in a slot of its own."""
         seed = digest(self.settings.seed, iteration, prefix + task.id, member) % 2**31
         outcome, recovery_s, recoveries = None, 0.0, 0
         for attempt in range(self.settings.max_infra_retries + 1):
             trajectory_id = self.trajectory_id(iteration, task, member, prefix=prefix, attempt=attempt)
-            async with self.limit:
+            async with self._slot(taken=held and attempt == 0):
                 self.running.add(trajectory_id)
                 try:
                     result = await self._trajectory(iteration, task, trajectory_id, seed,
