@@ -10,26 +10,33 @@ from __future__ import annotations
 import hashlib
 import json
 import uuid
+from datetime import datetime
 
-from temporalio.client import Client, WorkflowHandle
+from temporalio.api.enums.v1 import EventType
+from temporalio.client import Client, WorkflowExecutionStatus, WorkflowHandle
 from temporalio.common import SearchAttributePair, TypedSearchAttributes
+from temporalio.service import RPCError
 
 from belayer.activities.training_log import read_iterations as read_records
+from belayer.activities.training_log import run_log_key
 from belayer.client import task_queues
 from belayer.config import BelayerConfig
 from belayer.errors import BelayerError
 from belayer.storage.errors import ObjectConflict
+from belayer.storage.recordlog import RecordLog, RecordLogRef
 from belayer.storage.store import open_store
-from belayer.trainer.models import TrainerSettings
+from belayer.trainer.models import TrainerSettings, checkpoint_key
 from belayer.workers.rollout.fleet import node_config, rollout_node_ids
 from belayer.workers.rollout.worker import node_task_queue
 from belayer.workflows.rollouts import RUN_KEY
 from belayer.workflows.training_models import (
+    RECENT_RECORDS,
     IterationRecord,
     TrainingInput,
     TrainingProgress,
     TrainingQueues,
     TrainingResult,
+    TrainingState,
 )
 from belayer.workloads.models import Task
 
@@ -108,8 +115,9 @@ def settings_key(run_id: str) -> str:
 
 
 def canonical_settings(input: TrainingInput) -> dict:
-    """What defines a run's numbers: its input without its id and the queues it reaches."""
-    return input.model_dump(mode="json", exclude={"run_id", "queues"})
+    """What defines a run's numbers: its input without its id, the queues it reaches and
+    the state it carries (a resumed run carries its own, and is the same run)."""
+    return input.model_dump(mode="json", exclude={"run_id", "queues", "carried"})
 
 
 def claim_run_id(store, input: TrainingInput) -> None:
@@ -151,14 +159,91 @@ async def start_training(client: Client, config: BelayerConfig, input: TrainingI
     )
 
 
+class NotResumable(BelayerError):
+    """The run is going, or ended complete, or never started: there is nothing to resume."""
+
+
+async def resume_training(
+    client: Client, config: BelayerConfig, run_id: str
+) -> tuple[WorkflowHandle, TrainingInput]:
+    """Continue run `run_id`, which ended failed_infra or was terminated, cancelled or timed
+    out, from its record log and the checkpoint of its last recorded iteration: the same
+    settings, seeds and task picks, so it ends as the run would have without stopping.
+
+    An iteration the run had begun but not recorded runs again, whole (its trajectories
+    under new ids; a checkpoint its train step wrote is removed first, since nothing
+    recorded refers to it). The nodes serve the checkpoint's weights again, as a new
+    version, before the first iteration samples. The run keeps its id: `belayer train
+    status` and the web UI show the new execution."""
+    ended, started_at = await _ended_run(client, run_id)
+    with open_store(config.storage, encrypted=False) as store:
+        recorded = RecordLog(store, run_log_key(run_id)).written()
+        _remove_unrecorded_checkpoint(store, run_id, recorded)
+    carried = None
+    if recorded:
+        log = RecordLogRef(key=run_log_key(run_id), length=recorded)
+        records = read_log(config, log)
+        carried = TrainingState(
+            iteration=recorded,
+            checkpoint=records[-1].checkpoint,
+            serving_version=records[-1].weights_version,
+            log=log,
+            recent=records[-RECENT_RECORDS:],
+            started_at=started_at,
+            resumed=(ended.carried.resumed if ended.carried else 0) + 1,
+            publish_checkpoint=True,
+        )
+    input = ended.model_copy(update={"queues": training_queues(config), "carried": carried})
+    return await start_training(client, config, input), input
+
+
+async def _ended_run(client: Client, run_id: str) -> tuple[TrainingInput, datetime | None]:
+    """The input of the run's latest execution (continue-as-new carries its state there)
+    and when the run began; refused while it runs or when it completed."""
+    handle = client.get_workflow_handle(run_id, result_type=TrainingResult)
+    try:
+        described = await handle.describe()
+    except RPCError as exc:
+        raise NotResumable(
+            f"no training run {run_id!r} ({exc.message}); `belayer train status` takes the same id"
+        ) from None
+    if described.status == WorkflowExecutionStatus.RUNNING:
+        raise NotResumable(f"run {run_id} is still running: follow it with `belayer train status {run_id}`")
+    if described.status == WorkflowExecutionStatus.COMPLETED:
+        result = await handle.result()
+        if result.status == "completed":
+            raise NotResumable(
+                f"run {run_id} completed all its {result.iterations_done} iterations: nothing to resume"
+            )
+    async for event in handle.fetch_history_events():
+        if event.event_type == EventType.EVENT_TYPE_WORKFLOW_EXECUTION_STARTED:
+            payloads = event.workflow_execution_started_event_attributes.input.payloads
+            (input,) = await client.data_converter.decode(payloads, [TrainingInput])
+            began = input.carried.started_at if input.carried else described.start_time
+            return input, began
+    raise NotResumable(f"{run_id} has no start event in its history: is it a training run?")
+
+
+def _remove_unrecorded_checkpoint(store, run_id: str, recorded: int) -> None:
+    """The trainer checkpoint of iteration `recorded` (the one after the last recorded),
+    if the stopped run's train step wrote it: the resumed run steps that iteration again,
+    and its write-once checkpoint must not meet the old one (published under a version
+    number the resume's renumbering may reuse). Nothing recorded refers to it."""
+    key = checkpoint_key(run_id, recorded)
+    if store.exists(key):
+        store.delete(key)
+
+
 async def run_progress(client: Client, run_id: str) -> TrainingProgress:
     return await client.get_workflow_handle(run_id).query("progress", result_type=TrainingProgress)
 
 
 def read_iterations(config: BelayerConfig, result_or_progress) -> list[IterationRecord]:
     """Every iteration the run recorded so far, from its log in the object store."""
+    return read_log(config, result_or_progress.log)
 
-    log = result_or_progress.log
+
+def read_log(config: BelayerConfig, log: RecordLogRef | None) -> list[IterationRecord]:
     if log is None or log.length == 0:
         return []
     store = open_store(config.storage)

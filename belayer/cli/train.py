@@ -27,6 +27,7 @@ from belayer.training import (
     DEFAULT_ITERATIONS,
     DEFAULT_TASKS_PER_ITERATION,
     read_iterations,
+    resume_training,
     run_progress,
     start_training,
     training_input,
@@ -56,6 +57,7 @@ def train() -> None:
     \b
     belayer train WORKLOAD [options]   start a run and follow it (see `belayer train start --help`)
     belayer train status RUN           a run's iterations so far
+    belayer train resume RUN           continue a run that failed or was terminated
     """
 
 
@@ -262,13 +264,7 @@ def start(
         )
         os._exit(130)
     report = run_report(result, records, run_settings(input, workload)) | ({"faults": faults} if plan else {})
-    if as_json:
-        click.echo(json.dumps(report, indent=2))
-    else:
-        _print_end(report, time.monotonic() - started)
-    sys.stdout.flush()
-    # Exit without interpreter teardown: the Temporal SDK can abort at exit (docs/design.md §7).
-    os._exit(1 if result.status == "failed_infra" else 0)
+    _end(report, result, as_json, started)
 
 
 @train.command("status")
@@ -301,6 +297,41 @@ def status(ctx: click.Context, run_id: str, as_json: bool) -> None:
     console.print(f"web UI: {_ui(config, run_id)}")
 
 
+@train.command("resume")
+@click.argument("run_id")
+@click.option("--json", "as_json", is_flag=True, help="Print one JSON object when the run ends.")
+@click.pass_context
+def resume(ctx: click.Context, run_id: str, as_json: bool) -> None:
+    """Continue run RUN_ID, which ended failed_infra or was terminated, from the checkpoint
+    of its last recorded iteration, with the settings it started with; it ends as it would
+    have without stopping (the same rewards and weights).
+
+    An iteration it had begun but not recorded runs again. Exit status 1 when the run
+    fails again for an infrastructure reason.
+    """
+    config = config_from(ctx.find_root())
+    started = time.monotonic()
+    try:
+        input, result, records = asyncio.run(_resume(config, run_id, quiet=as_json))
+    except KeyboardInterrupt:
+        console.print(
+            f"\n[yellow]interrupted[/]: run {run_id} goes on. Follow it with\n  belayer train status {run_id}"
+        )
+        os._exit(130)
+    _end(run_report(result, records, run_settings(input, None)), result, as_json, started)
+
+
+def _end(report: dict, result, as_json: bool, started: float) -> None:
+    """Print the run's end and exit: 1 when it ended failed_infra."""
+    if as_json:
+        click.echo(json.dumps(report, indent=2))
+    else:
+        _print_end(report, time.monotonic() - started)
+    sys.stdout.flush()
+    # Exit without interpreter teardown: the Temporal SDK can abort at exit (docs/design.md §7).
+    os._exit(1 if result.status == "failed_infra" else 0)
+
+
 def _chaos_plan(plan: str | None, rate: float | None, seed: int, iterations: int) -> list:
     if plan and rate is not None:
         raise click.UsageError("give --chaos or --chaos-rate, not both")
@@ -316,15 +347,34 @@ def _chaos_plan(plan: str | None, rate: float | None, seed: int, iterations: int
 
 
 async def _run(config, input, plan, *, quiet: bool):
-
     client = await connect(config.temporal, config.storage.encryption_key)
     handle = await start_training(client, config, input)
-    follower = _Follower(client, input.run_id)
     if not quiet:
         console.print(
             f"run {input.run_id}: {input.iterations} iterations of {input.tasks_per_iteration} tasks x "
             f"{input.group_size} trajectories; web UI {_ui(config, input.run_id)}"
         )
+    return await _follow(config, client, handle, input, plan, quiet=quiet)
+
+
+async def _resume(config, run_id: str, *, quiet: bool):
+    client = await connect(config.temporal, config.storage.encryption_key)
+    handle, input = await resume_training(client, config, run_id)
+    if not quiet:
+        done = input.carried.iteration if input.carried else 0
+        console.print(
+            f"run {run_id} resumed at iteration {done}/{input.iterations} "
+            f"(from {'its checkpoint of iteration ' + str(done - 1) if done else 'its start'}); "
+            f"web UI {_ui(config, run_id)}"
+        )
+    result, records, _faults = await _follow(config, client, handle, input, [], quiet=quiet)
+    return input, result, records
+
+
+async def _follow(config, client, handle, input, plan, *, quiet: bool):
+    """Follow the run to its end, injecting `plan`'s faults; its result, records and faults."""
+    follower = _Follower(client, input.run_id)
+    follower.printed = input.carried.iteration if input.carried else 0
     following = None if quiet else asyncio.ensure_future(follower.follow())
     chaos = TrainingChaos(
         config,
@@ -390,10 +440,11 @@ def iteration_line(record) -> str:
     )
 
 
-def run_settings(input, workload: Path) -> dict:
-    """What decides the run's curve, for the report and for reruns."""
+def run_settings(input, workload: Path | None) -> dict:
+    """What decides the run's curve, for the report and for reruns (a resumed run's
+    workload is the tasks its input carries: no path)."""
     return {
-        "workload": str(workload),
+        "workload": str(workload) if workload else None,
         "model": input.model,
         "iterations": input.iterations,
         "group_size": input.group_size,

@@ -78,6 +78,19 @@ class RecordLog:
         """Records 1..upto, in order; `CorruptObject` when one is missing."""
         return _collect(self.store, self.key, upto)
 
+    def written(self) -> int:
+        """How many records the log holds (1..N, its own: a fork's inherited ones are not
+        counted), found by listing: what a reader without a `RecordLogRef` trusts, e.g. a
+        resume after the writer died between writing a record and saying so."""
+        _read_manifest(self.store, self.key)
+        positions = [int(k[len(self.key) + 1 :].split("/", 1)[0]) for k in self.store.list(f"{self.key}/")
+                     if k.endswith("/record")]  # fmt: skip
+        if sorted(positions) != list(range(1, len(positions) + 1)):
+            raise CorruptObject(
+                f"record log {self.key!r}: records {sorted(positions)} are not 1..{len(positions)}"
+            )
+        return len(positions)
+
 
 def _collect(store: Any, key: str, upto: int) -> list[dict]:
     if upto <= 0:

@@ -77,6 +77,14 @@ class TrainSample(_Model):
     )
 
 
+def checkpoint_key(run_id: str, iteration: int) -> str:
+    return f"runs/{run_id}/trainer/iteration-{iteration:06d}.safetensors"
+
+
+def weights_key(run_id: str, version: int) -> str:
+    return f"runs/{run_id}/weights/v{version}.safetensors"
+
+
 class TrainerCheckpointRef(_Model):
     """A trainer state written once: weights, AdamW state, RNG, iteration."""
 
@@ -114,6 +122,11 @@ class TrainStepArgs(_Model):
     )
     weights_version: int | None = Field(
         None, ge=2, description="The version the new weights are published as (default sampled_version + 1)."
+    )
+    base_republished: bool = Field(
+        False,
+        description="The nodes serve `base`'s weights under `sampled_version`, not the version they were "
+        "first published as (a resumed run publishes its last checkpoint again, as a new version).",
     )
     minibatch_seed: int = Field(
         0,

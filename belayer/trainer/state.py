@@ -31,7 +31,13 @@ from safetensors.torch import load, save
 
 from belayer.storage.errors import CorruptObject
 from belayer.storage.store import ObjectRef
-from belayer.trainer.models import SkippedGroup, TrainerCheckpointRef, TrainerSettings
+from belayer.trainer.models import (  # noqa: F401 (the keys: re-exported)
+    SkippedGroup,
+    TrainerCheckpointRef,
+    TrainerSettings,
+    checkpoint_key,
+    weights_key,
+)
 from belayer.trainer.policy import load_policy
 from belayer.trainer.update import StepStats
 
@@ -39,14 +45,6 @@ FORMAT = "belayer-trainer-checkpoint/1"
 _OPTIM = "optim/"
 _RNG = "rng/torch"
 _ADAM_FIELDS = ("exp_avg", "exp_avg_sq", "step")
-
-
-def checkpoint_key(run_id: str, iteration: int) -> str:
-    return f"runs/{run_id}/trainer/iteration-{iteration:06d}.safetensors"
-
-
-def weights_key(run_id: str, version: int) -> str:
-    return f"runs/{run_id}/weights/v{version}.safetensors"
 
 
 @dataclass

@@ -73,6 +73,8 @@ class Trainer:
             if done is not None:
                 return done
             state, resumed_from = self._state_for(store, args)
+            if args.base_republished:  # the same bytes, served under a new number since a resume
+                state.weights_version = args.sampled_version
             _check_version(args, state)
             here = platform_of(self.device)
             _check_platform(args, state, here)

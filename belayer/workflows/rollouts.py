@@ -64,8 +64,9 @@ class GroupRunner:
     `reuse_setup`, each task's set-up checkpoint (`origins`) for later groups to fork."""
 
     def __init__(self, run_id: str, settings: RolloutSettings, queues: RolloutQueues,
-                 origins: dict[str, GroupRecord] | None = None) -> None:  # fmt: skip
+                 origins: dict[str, GroupRecord] | None = None, *, resumed: int = 0) -> None:  # fmt: skip
         self.run_id = run_id
+        self.id_prefix = f"{run_id}-r{resumed}" if resumed else run_id  # a resumed run's ids are new
         self.settings = settings
         self.queues = queues
         self.origins: dict[str, GroupRecord] = dict(origins or {})
@@ -167,10 +168,10 @@ class GroupRunner:
         self.origins = {}
 
     def trajectory_id(self, iteration: int, task: Task, member: int, *, prefix: str, attempt: int) -> str:
-        return f"{self.run_id}-i{iteration:05d}-{prefix}{task.id}-m{member}-a{attempt}"
+        return f"{self.id_prefix}-i{iteration:05d}-{prefix}{task.id}-m{member}-a{attempt}"
 
     def group_id(self, iteration: int, task: Task) -> str:
-        return f"{self.run_id}-i{iteration:05d}-{task.id}"
+        return f"{self.id_prefix}-i{iteration:05d}-{task.id}"
 
     def record_of(self, task: Task) -> GroupRecord | None:
         """How `task`'s group of this batch got its sandboxes (None when not forked)."""

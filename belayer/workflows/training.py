@@ -105,7 +105,8 @@ class TrainingWorkflow:
         self.phase: Phase = "starting"
         self.members_total = 0
         self.first_iteration_of_run = self.state.iteration
-        self.runner = GroupRunner(input.run_id, input.rollout_settings(), input.queues, self.state.origins)
+        self.runner = GroupRunner(input.run_id, input.rollout_settings(), input.queues, self.state.origins,
+                                  resumed=self.state.resumed)  # fmt: skip
 
     @workflow.query(name="progress")
     def progress(self) -> TrainingProgress:
@@ -128,6 +129,8 @@ class TrainingWorkflow:
         try:
             if self.state.log is None:
                 await self._start()
+            elif self.state.publish_checkpoint:
+                await self._serve_checkpoint_again()
             while self.state.iteration < input.iterations:
                 if self._should_continue_as_new():
                     workflow.continue_as_new(
@@ -172,6 +175,19 @@ class TrainingWorkflow:
                 serving, weights=None, model=self.input.model, summary=f"the built {self.input.model}"
             )
         self.state = self.state.model_copy(update={"log": log, "serving_version": serving})
+
+    async def _serve_checkpoint_again(self) -> None:
+        """A resumed run's start: every node serves the last recorded checkpoint's weights,
+        as a new version (versions only grow; since the run stopped the nodes may have served
+        other weights, or been rebuilt), before the next iteration samples with them."""
+        try:
+            versions = await node_versions(self.input.queues.nodes)
+        except ApplicationError as err:
+            raise RunFailure(err.message) from None
+        serving, checkpoint = max(versions) + 1, self.state.checkpoint
+        await self._publish(serving, weights=checkpoint.weights,
+                            summary=f"resume: iteration {checkpoint.iteration}'s weights again")  # fmt: skip
+        self.state = self.state.model_copy(update={"serving_version": serving, "publish_checkpoint": False})
 
     async def _start_weights(self, version: int):
         """The trainer's own start, stored: the nodes verify its sha256 as they load it, so
@@ -288,16 +304,18 @@ class TrainingWorkflow:
         return samples, dropped
 
     async def _train(self, iteration: int, samples: list[TrainSample]) -> TrainStepResult:
+        base = self.state.checkpoint
         args = TrainStepArgs(
             run_id=self.input.run_id,
             iteration=iteration,
             model=self.input.model,
-            base=self.state.checkpoint,
+            base=base,
             samples=samples,
             settings=self.input.trainer,
             sampled_version=self.state.serving_version,
             weights_version=self.state.serving_version + 1,
             minibatch_seed=digest(self.input.seed, iteration, "minibatches"),
+            base_republished=base is not None and base.weights_version != self.state.serving_version,
         )
         try:
             return await TRAIN_STEP.execute(

@@ -188,6 +188,17 @@ class TrainingState(_Model):
         description="Per task, the group whose set-up checkpoint later groups fork "
         "(`reuse_setup`); deleted when the run ends.",
     )
+    resumed: int = Field(
+        0,
+        ge=0,
+        description="How many times `belayer train resume` continued the run. Its trajectory ids carry "
+        "it: an iteration the run had begun runs again as new trajectories, not over the old ones' logs.",
+    )
+    publish_checkpoint: bool = Field(
+        False,
+        description="Set by a resume: the nodes serve `checkpoint`'s weights again (as a new version) "
+        "before the next iteration samples.",
+    )
 
 
 class TrainingProgress(_Model):

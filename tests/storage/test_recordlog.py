@@ -29,6 +29,20 @@ def test_records_are_written_once_and_read_in_order(store):
     assert log.read(5)[-1]["command"] == "echo 5"
 
 
+def test_a_log_says_how_many_records_it_holds_and_a_gap_is_corruption(store):
+    log = RecordLog.create(store, "runs/r/iterations")
+    RecordLog.create(store, "runs/r/iterations-2").put(1, {"other": "log"})  # a key that starts alike
+    assert log.written() == 0
+    for position in range(1, 4):
+        log.put(position, {"iteration": position - 1})
+    assert log.written() == 3
+    log.put(5, {"iteration": 4})
+    with pytest.raises(CorruptObject, match=r"records \[1, 2, 3, 5\] are not 1..4"):
+        log.written()
+    with pytest.raises(CorruptObject, match="no record log"):
+        RecordLog(store, "runs/never").written()
+
+
 def test_a_fork_inherits_a_prefix_without_copying(store):
     base = RecordLog.create(store, "traj/steps/v0")
     for position in range(1, 6):

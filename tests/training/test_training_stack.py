@@ -20,7 +20,7 @@ import pytest
 import yaml
 from safetensors.torch import load_file
 
-from tests.test_stack import belayer
+from tests.test_stack import BELAYER, belayer
 from tests.training.conftest import MODEL
 
 ROOT = Path(__file__).parents[2]
@@ -157,6 +157,58 @@ def test_faults_of_every_kind_change_nothing_in_the_result(stack, workload, calm
         ]
 
     assert outcome(stormy) == outcome(calm)
+
+
+def test_a_terminated_run_resumes_and_ends_as_if_it_had_not_stopped(stack, workload, calm):
+    """`belayer train resume`: the run stopped from Temporal while it published an
+    iteration's weights (trained and checkpointed, not recorded), so the resume removes that
+    checkpoint, serves the last recorded one's weights again and runs the iteration anew."""
+    config, env = stack
+    run_id = f"resumed-{uuid.uuid4().hex[:6]}"
+    first = subprocess.Popen(
+        [*BELAYER, "train", str(workload), *TRAIN_ARGS, "--run-id", run_id, "--json"],
+        env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, stdin=subprocess.DEVNULL,
+    )  # fmt: skip
+    try:
+        stopped_in = asyncio.run(_terminate_while_publishing(config, run_id))
+    finally:
+        first.wait(timeout=120)
+    refused = belayer(env, "train", "resume", f"{run_id}-unknown", check=False)
+    assert refused.returncode != 0 and "no training run" in refused.stderr, refused.stderr
+    resumed = train(env, "resume", run_id)
+    assert resumed["status"] == "completed"
+    assert [(i["rewards"], i["weights_sha256"]) for i in resumed["iterations"]] == [
+        (i["rewards"], i["weights_sha256"]) for i in calm["iterations"]
+    ]
+    assert resumed["final_weights_sha256"] == calm["final_weights_sha256"]
+    versions = [i["weights_version"] for i in resumed["iterations"]]
+    assert versions[stopped_in] > versions[stopped_in - 1] + 1, (
+        "the checkpoint was served again, as a new version"
+    )
+    again = belayer(env, "train", "resume", run_id, check=False)
+    assert again.returncode != 0 and "completed all its" in again.stderr, again.stderr
+
+
+async def _terminate_while_publishing(config, run_id: str) -> int:
+    """Terminate the run once an iteration past the first is publishing; that iteration."""
+    from temporalio.client import WorkflowExecutionStatus
+
+    from belayer.temporal_client import connect
+    from belayer.training import run_progress
+
+    client = await connect(config.temporal, config.storage.encryption_key)
+    handle = client.get_workflow_handle(run_id)
+    while True:
+        try:
+            progress = await run_progress(client, run_id)
+        except Exception:  # not started yet
+            progress = None
+        if progress is not None and progress.phase == "publish" and 1 <= progress.iteration < ITERATIONS - 1:
+            await handle.terminate(reason="the test stops the run mid-iteration")
+            return progress.iteration
+        if progress is not None and (await handle.describe()).status != WorkflowExecutionStatus.RUNNING:
+            raise AssertionError(f"the run ended before it could be stopped while publishing: {progress}")
+        await asyncio.sleep(0.1)
 
 
 def checkpoint_weights(config, run_id: str, iteration: int) -> dict:
