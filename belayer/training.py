@@ -18,14 +18,14 @@ from temporalio.common import SearchAttributePair, TypedSearchAttributes
 from temporalio.service import RPCError
 
 from belayer.activities.training_log import read_iterations as read_records
-from belayer.activities.training_log import run_log_key
+from belayer.activities.training_log import run_log_key, stack_weights_key
 from belayer.client import task_queues
 from belayer.config import BelayerConfig
 from belayer.errors import BelayerError
 from belayer.storage.errors import ObjectConflict
 from belayer.storage.recordlog import RecordLog, RecordLogRef
 from belayer.storage.store import open_store
-from belayer.trainer.models import TrainerSettings, checkpoint_key
+from belayer.trainer.models import TrainerSettings, checkpoint_key, weights_key
 from belayer.workers.rollout.fleet import node_config, rollout_node_ids
 from belayer.workers.rollout.worker import node_task_queue
 from belayer.workflows.rollouts import RUN_KEY
@@ -178,11 +178,11 @@ async def resume_training(
     ended, started_at = await _ended_run(client, run_id)
     with open_store(config.storage, encrypted=False) as store:
         recorded = RecordLog(store, run_log_key(run_id)).written()
-        _remove_unrecorded_checkpoint(store, run_id, recorded)
-    carried = None
-    if recorded:
         log = RecordLogRef(key=run_log_key(run_id), length=recorded)
         records = read_log(config, log)
+        _remove_unrecorded_step(store, run_id, recorded, records[-1].weights_version if records else None)
+    carried = None
+    if recorded:
         carried = TrainingState(
             iteration=recorded,
             checkpoint=records[-1].checkpoint,
@@ -224,14 +224,35 @@ async def _ended_run(client: Client, run_id: str) -> tuple[TrainingInput, dateti
     raise NotResumable(f"{run_id} has no start event in its history: is it a training run?")
 
 
-def _remove_unrecorded_checkpoint(store, run_id: str, recorded: int) -> None:
-    """The trainer checkpoint of iteration `recorded` (the one after the last recorded),
-    if the stopped run's train step wrote it: the resumed run steps that iteration again,
-    and its write-once checkpoint must not meet the old one (published under a version
-    number the resume's renumbering may reuse). Nothing recorded refers to it."""
-    key = checkpoint_key(run_id, recorded)
-    if store.exists(key):
-        store.delete(key)
+def _remove_unrecorded_step(store, run_id: str, recorded: int, last_version: int | None) -> None:
+    """What the stopped run's train step of iteration `recorded` (the one after the last
+    recorded) wrote, if it got that far: the resumed run steps that iteration again, and its
+    write-once checkpoint must not meet the old one. Nothing recorded refers to either; the
+    weights (version `last_version` + 1: a run's step always publishes the version after the
+    one it sampled) stay while the stack serves them (a node that restarts loads them)."""
+    doomed = [checkpoint_key(run_id, recorded)]
+    if last_version is not None:
+        weights = weights_key(run_id, last_version + 1)
+        if weights != stack_weights_key(store):
+            doomed.append(weights)
+    for key in doomed:
+        if store.exists(key):
+            store.delete(key)
+
+
+def run_storage(config: BelayerConfig, run_id: str) -> dict:
+    """What run `run_id` holds in the object store: objects and bytes under `runs/<run>/`,
+    and the iterations whose trainer checkpoints are kept (`--keep-last` deletes others)."""
+    prefix = f"runs/{run_id}/"
+    with open_store(config.storage, encrypted=False) as store:
+        objects, size = store.usage(prefix)
+        trainer_dir = checkpoint_key(run_id, 0).rsplit("/", 1)[0] + "/"
+        checkpoints = sorted(
+            int(key.rsplit("/iteration-", 1)[1].split(".", 1)[0])
+            for key in store.list(trainer_dir)
+            if "/iteration-" in key
+        )
+    return {"objects": objects, "bytes": size, "checkpoints": checkpoints}
 
 
 async def run_progress(client: Client, run_id: str) -> TrainingProgress:

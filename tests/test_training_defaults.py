@@ -69,6 +69,17 @@ def test_one_temperature_serves_the_rollouts_and_the_trainer(tmp_path):
     assert "temperature 0.7" in message and "trainer.temperature 1" in message and "--temperature" in message
 
 
+def test_retention_keeps_every_checkpoint_unless_asked_and_keep_every_needs_keep_last(tmp_path):
+    config = load_config(state_dir=tmp_path)
+    tasks = [TraceTask(id=f"t{i}", turns=[TraceTurn(think_tokens=1, bash="true")]) for i in range(4)]
+    assert (defaults(start)["keep_last"], training_input(config, tasks).keep_last) == (None, None)
+    kept = training_input(config, tasks, keep_last=1, keep_every=3)
+    assert [i for i in range(9) if kept.kept(i)] == [2, 5, 8]
+    assert not any(training_input(config, tasks, keep_last=2).kept(i) for i in range(9))
+    with pytest.raises(ValidationError, match="keep_every without keep_last"):
+        training_input(config, tasks, keep_every=3)
+
+
 def test_the_training_benchmark_and_the_example_use_the_same_learning_rate(monkeypatch):
     assert defaults(bench_training)["lr"] == TRAINER.lr
     example = runpy.run_path(str(ROOT / "examples/train_with_client.py"), run_name="not_main")

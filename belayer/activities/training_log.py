@@ -1,4 +1,5 @@
-"""A training run's iteration log: one JSON record per iteration in the object store.
+"""A training run's iteration log: one JSON record per iteration in the object store, and
+the retention of its checkpoints.
 
 The workflow keeps only its latest records; `belayer train status` and `--json` read the
 whole run from here (`read_iterations`). Records are written create-if-absent at their
@@ -9,13 +10,18 @@ from __future__ import annotations
 
 import asyncio
 
+from belayer.activities.publish import STACK_WEIGHTS_KEY, PublishedWeights
 from belayer.activities.runtime import implements
 from belayer.contracts.training_log import (
+    PRUNE_CHECKPOINT,
     RECORD_ITERATION,
     START_RUN_LOG,
+    PruneCheckpointArgs,
+    PrunedCheckpoint,
     RecordIterationArgs,
     StartRunLogArgs,
 )
+from belayer.storage.errors import ObjectNotFound
 from belayer.storage.recordlog import RecordLog, RecordLogRef
 
 
@@ -44,5 +50,35 @@ class TrainingLogActivities:
     async def record_iteration(self, args: RecordIterationArgs) -> None:
         await asyncio.to_thread(RecordLog(self.store, args.log.key).put, args.position, args.record)
 
+    @implements(PRUNE_CHECKPOINT)
+    async def prune_checkpoint(self, args: PruneCheckpointArgs) -> PrunedCheckpoint:
+        return await asyncio.to_thread(prune_checkpoint, self.store, args)
+
     def all(self) -> list:
-        return [self.start_log, self.record_iteration]
+        return [self.start_log, self.record_iteration, self.prune_checkpoint]
+
+
+def prune_checkpoint(store, args: PruneCheckpointArgs) -> PrunedCheckpoint:
+    """Delete the trainer checkpoint of `args.iteration` and its weights, as its record names
+    them. The weights stay while the stack serves them (`STACK_WEIGHTS_KEY`: a node that
+    restarts loads them), which a run's older iterations never are, since every node serves
+    the run's latest version before it goes on. Deleting what is gone is no error (a retry)."""
+    checkpoint = RecordLog(store, args.log.key).get(args.iteration + 1)["checkpoint"]
+    doomed, kept = [checkpoint["key"]], ""
+    if checkpoint["weights"]["key"] == stack_weights_key(store):
+        kept = "the stack serves these weights"
+    else:
+        doomed.append(checkpoint["weights"]["key"])
+    deleted = [key for key in doomed if store.exists(key)]
+    for key in deleted:
+        store.delete(key)
+    return PrunedCheckpoint(iteration=args.iteration, deleted=deleted, kept=kept)
+
+
+def stack_weights_key(store) -> str | None:
+    """The key of the weights the stack's nodes serve (None: none published, or the built model)."""
+    try:
+        served = PublishedWeights.model_validate_json(store.get_bytes(STACK_WEIGHTS_KEY))
+    except ObjectNotFound:
+        return None
+    return served.weights.key if served.weights is not None else None

@@ -29,6 +29,7 @@ from belayer.training import (
     read_iterations,
     resume_training,
     run_progress,
+    run_storage,
     start_training,
     training_input,
 )
@@ -169,6 +170,19 @@ def train() -> None:
     "sampling); they are counted either way.",
 )
 @click.option(
+    "--keep-last",
+    type=click.IntRange(1, None),
+    default=None,
+    help="Keep the trainer checkpoints (and weights) of the last N iterations and delete older ones "
+    "as the run goes  [default: keep every one]",
+)
+@click.option(
+    "--keep-every",
+    type=click.IntRange(1, None),
+    default=None,
+    help="With --keep-last: also keep every K-th iteration's checkpoint (iterations K-1, 2K-1, ...).",
+)
+@click.option(
     "--run-id",
     default=None,
     help="Name of the run (default train-<random>); one used before with other settings is refused.",
@@ -203,6 +217,8 @@ def start(
     fork_groups: bool,
     reuse_setup: bool,
     skip_uniform_groups: bool,
+    keep_last: int | None,
+    keep_every: int | None,
     run_id: str | None,
     chaos_plan: str | None,
     chaos_rate: float | None,
@@ -225,6 +241,8 @@ def start(
             f"{workload} has {len(tasks)} tasks, fewer than --tasks-per-iteration "
             f"{tasks_per_iteration}; lower it or add tasks"
         )
+    if keep_every is not None and keep_last is None:
+        raise click.UsageError("--keep-every needs --keep-last (without it every checkpoint is kept anyway)")
     if heldout and no_heldout:
         raise click.UsageError("--heldout and --no-heldout contradict each other; give one")
     heldout = None if no_heldout else heldout or loaded.heldout
@@ -252,6 +270,8 @@ def start(
         fork_groups=fork_groups,
         reuse_setup=reuse_setup,
         skip_uniform_groups=skip_uniform_groups,
+        keep_last=keep_last,
+        keep_every=keep_every,
     )
     plan = _chaos_plan(chaos_plan, chaos_rate, chaos_seed, iterations)
     started = time.monotonic()
@@ -275,6 +295,7 @@ def status(ctx: click.Context, run_id: str, as_json: bool) -> None:
     """Show run RUN_ID: its state and every iteration recorded so far."""
     config = config_from(ctx.find_root())
     progress, records = asyncio.run(_status(config, run_id))
+    storage = run_storage(config, run_id)
     if as_json:
         click.echo(
             json.dumps(
@@ -283,6 +304,7 @@ def status(ctx: click.Context, run_id: str, as_json: bool) -> None:
                     "status": progress.status,
                     "phase": progress.phase,
                     **run_report(progress, records),
+                    "storage": storage,
                 },
                 indent=2,
             )
@@ -294,6 +316,12 @@ def status(ctx: click.Context, run_id: str, as_json: bool) -> None:
     )
     for record in records:
         console.print("  " + iteration_line(record), highlight=False)
+    checkpoints = storage["checkpoints"]
+    console.print(
+        f"storage: {storage['bytes'] / 2**20:.1f} MiB in {storage['objects']} objects under runs/{run_id}/; "
+        f"{len(checkpoints)} trainer checkpoints"
+        + (f" (iterations {', '.join(map(str, checkpoints))})" if checkpoints else "")
+    )
     console.print(f"web UI: {_ui(config, run_id)}")
 
 
@@ -460,6 +488,8 @@ def run_settings(input, workload: Path | None) -> dict:
         "fork_groups": input.fork_groups,
         "reuse_setup": input.reuse_setup,
         "skip_uniform_groups": input.skip_uniform_groups,
+        "keep_last": input.keep_last,
+        "keep_every": input.keep_every,
     }
 
 

@@ -1,5 +1,6 @@
-"""`training.start_log` and `training.record_iteration`: a training run's iteration log in
-the object store (belayer/activities/training_log.py says how)."""
+"""`training.start_log`, `training.record_iteration` and `training.prune_checkpoint`: a
+training run's iteration log in the object store, and the checkpoints its retention lets go
+(belayer/activities/training_log.py says how)."""
 
 from __future__ import annotations
 
@@ -23,5 +24,17 @@ class RecordIterationArgs(_Model):
     record: dict = Field(description="An `IterationRecord`, as JSON.")
 
 
+class PruneCheckpointArgs(_Model):
+    log: RecordLogRef = Field(description="The run's log, holding the record of `iteration`.")
+    iteration: int = Field(ge=0, description="The iteration whose trainer checkpoint and weights go.")
+
+
+class PrunedCheckpoint(_Model):
+    iteration: int
+    deleted: list[str] = Field(description="The keys deleted (none when an earlier attempt deleted them).")
+    kept: str = Field("", description="Why the weights stayed, when they did.")
+
+
 START_RUN_LOG = Activity("training.start_log", StartRunLogArgs, RecordLogRef)
 RECORD_ITERATION = Activity("training.record_iteration", RecordIterationArgs, None)
+PRUNE_CHECKPOINT = Activity("training.prune_checkpoint", PruneCheckpointArgs, PrunedCheckpoint)

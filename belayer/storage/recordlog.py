@@ -78,6 +78,10 @@ class RecordLog:
         """Records 1..upto, in order; `CorruptObject` when one is missing."""
         return _collect(self.store, self.key, upto)
 
+    def get(self, position: int) -> dict:
+        """Record `position`, one of the log's own (a fork's inherited ones are its base's)."""
+        return json.loads(_get_record(self.store, self.key, position))
+
     def written(self) -> int:
         """How many records the log holds (1..N, its own: a fork's inherited ones are not
         counted), found by listing: what a reader without a `RecordLogRef` trusts, e.g. a

@@ -614,7 +614,20 @@ class ObjectStore:
                 ) from exc
             raise
 
+    def usage(self, prefix: str) -> tuple[int, int]:
+        """(objects, bytes) stored under `prefix`, as the server counts them (encrypted
+        objects at their stored size)."""
+        objects = size = 0
+        for item in self._list_items(self._full(prefix, check=False)):
+            if not item["Key"][len(self.cfg.key_prefix) :].startswith(RECORD_ROOT):
+                objects, size = objects + 1, size + int(item["Size"])
+        return objects, size
+
     def _list_full(self, full_prefix: str) -> Iterator[str]:
+        for item in self._list_items(full_prefix):
+            yield item["Key"]
+
+    def _list_items(self, full_prefix: str) -> Iterator[dict]:
         token: dict[str, str] = {}
         while True:
             page = self._call(
@@ -624,8 +637,7 @@ class ObjectStore:
                     Bucket=self.cfg.bucket, Prefix=full_prefix, **token
                 ),
             )
-            for item in page.get("Contents", []):
-                yield item["Key"]
+            yield from page.get("Contents", [])
             if not page.get("IsTruncated"):
                 return
             token = {"ContinuationToken": page["NextContinuationToken"]}

@@ -47,8 +47,10 @@ with workflow.unsafe.imports_passed_through():
         algorithm,
     )
     from belayer.contracts.training_log import (
+        PRUNE_CHECKPOINT,
         RECORD_ITERATION,
         START_RUN_LOG,
+        PruneCheckpointArgs,
         RecordIterationArgs,
         StartRunLogArgs,
     )
@@ -260,6 +262,22 @@ class TrainingWorkflow:
                 "recent": [*self.state.recent, record][-RECENT_RECORDS:],
                 "origins": self.runner.origins,
             }
+        )
+        await self._retire(iteration)
+
+    async def _retire(self, iteration: int) -> None:
+        """With `keep_last`: delete the checkpoint that has just fallen `keep_last` behind,
+        unless it is an every-`keep_every`-th one. Only runs that set retention call this
+        (a run from before it was there replays without it)."""
+        if self.input.keep_last is None:
+            return
+        leaving = iteration - self.input.keep_last
+        if leaving < 0 or self.input.kept(leaving):
+            return
+        await self._record_activity(
+            PRUNE_CHECKPOINT,
+            PruneCheckpointArgs(log=self.state.log, iteration=leaving),
+            summary=f"retention: delete iteration {leaving}'s checkpoint and weights",
         )
 
     def _pick_tasks(self, iteration: int) -> list[Task]:

@@ -83,6 +83,15 @@ class TrainingInput(_Model):
         description="Leave out of the step every group whose members all scored the same (DAPO's dynamic "
         "sampling): such a group has no advantage to teach, yet its tokens count in the loss's mean.",
     )
+    keep_last: int | None = Field(
+        None,
+        ge=1,
+        description="Keep the trainer checkpoints (and their weights) of the last N iterations, and "
+        "every `keep_every`-th; delete the others as the run goes (None: keep every one).",
+    )
+    keep_every: int | None = Field(
+        None, ge=1, description="With keep_last: also keep iteration K-1, 2K-1, ... (every K-th)."
+    )
     queues: TrainingQueues
     continue_as_new_every: int = Field(10, ge=1, description="Iterations per workflow run.")
     carried: TrainingState | None = Field(None, description="Set by continue-as-new only.")
@@ -103,6 +112,19 @@ class TrainingInput(_Model):
                 "(`belayer train --temperature` sets both)"
             )
         return self
+
+    @model_validator(mode="after")
+    def _retention(self) -> TrainingInput:
+        if self.keep_every is not None and self.keep_last is None:
+            raise ValueError(
+                "keep_every without keep_last keeps every checkpoint anyway: give keep_last too "
+                "(`belayer train --keep-last N --keep-every K`)"
+            )
+        return self
+
+    def kept(self, iteration: int) -> bool:
+        """Whether iteration `iteration`'s checkpoint is kept once it is `keep_last` behind."""
+        return self.keep_every is not None and (iteration + 1) % self.keep_every == 0
 
     @model_validator(mode="after")
     def _enough_tasks(self) -> TrainingInput:

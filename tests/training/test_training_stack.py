@@ -20,6 +20,7 @@ import pytest
 import yaml
 from safetensors.torch import load_file
 
+from belayer.trainer.models import weights_key
 from tests.test_stack import BELAYER, belayer
 from tests.training.conftest import MODEL
 
@@ -162,11 +163,14 @@ def test_faults_of_every_kind_change_nothing_in_the_result(stack, workload, calm
 def test_a_terminated_run_resumes_and_ends_as_if_it_had_not_stopped(stack, workload, calm):
     """`belayer train resume`: the run stopped from Temporal while it published an
     iteration's weights (trained and checkpointed, not recorded), so the resume removes that
-    checkpoint, serves the last recorded one's weights again and runs the iteration anew."""
+    checkpoint, serves the last recorded one's weights again and runs the iteration anew.
+    The run keeps the last checkpoint and every third (`--keep-last 1 --keep-every 3`),
+    which changes nothing in its numbers, through the resume too."""
     config, env = stack
     run_id = f"resumed-{uuid.uuid4().hex[:6]}"
+    retention = ["--keep-last", "1", "--keep-every", "3"]
     first = subprocess.Popen(
-        [*BELAYER, "train", str(workload), *TRAIN_ARGS, "--run-id", run_id, "--json"],
+        [*BELAYER, "train", str(workload), *TRAIN_ARGS, *retention, "--run-id", run_id, "--json"],
         env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, stdin=subprocess.DEVNULL,
     )  # fmt: skip
     try:
@@ -187,6 +191,21 @@ def test_a_terminated_run_resumes_and_ends_as_if_it_had_not_stopped(stack, workl
     )
     again = belayer(env, "train", "resume", run_id, check=False)
     assert again.returncode != 0 and "completed all its" in again.stderr, again.stderr
+
+    storage = json.loads(belayer(env, "train", "status", run_id, "--json").stdout)["storage"]
+    assert storage["checkpoints"] == [2, 3], storage  # the last, and iteration 2 (every third)
+    present = set(_keys(config, f"runs/{run_id}/weights/"))
+    weights = [weights_key(run_id, version) for version in versions]
+    assert weights[0] not in present and weights[1] not in present, present
+    assert {weights[2], weights[3]} <= present
+    assert storage["objects"] >= len(present) + 2 and storage["bytes"] > 0
+
+
+def _keys(config, prefix: str) -> list[str]:
+    from belayer.storage.store import open_store
+
+    with open_store(config.storage, encrypted=False) as store:
+        return list(store.list(prefix))
 
 
 async def _terminate_while_publishing(config, run_id: str) -> int:
