@@ -47,8 +47,9 @@ _SANDBOX_WORKER, _ROLLOUT_WORKER = "belayer.workers.sandbox", "belayer.workers.r
 # Asking a program its version or whether the kernel supports it starts nothing of its kind.
 _PROBES = (["--version"], ["check"])
 # Programs that only read what the machine has: matplotlib lists the fonts (`fc-list`) the
-# first time it is imported, wherever that is.
-_QUERIES = {"fc-list"}
+# first time it is imported, wherever that is; ctypes' find_library reads the linker cache
+# (`ldconfig -p`) for torch's TensorBoard writer.
+_QUERIES = {"fc-list", "ldconfig"}
 
 
 def needs(*resources: str) -> Callable:

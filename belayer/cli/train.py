@@ -19,6 +19,7 @@ from belayer.chaos.training import TrainingChaos
 from belayer.cli.context import config_from
 from belayer.client import result_through_restarts, ui_link
 from belayer.errors import BelayerError
+from belayer.report.tensorboard import EventLog, rewards_by_family
 from belayer.temporal_client import connect
 from belayer.trainer.algorithms import ALGORITHMS, DEFAULT
 from belayer.trainer.models import TrainerSettings
@@ -196,6 +197,13 @@ def train() -> None:
 )
 @click.option("--chaos-rate", type=float, default=None, help="Seeded random faults per iteration (0-1].")
 @click.option("--chaos-seed", type=int, default=0, show_default=True, help="Seed of --chaos-rate.")
+@click.option(
+    "--logdir",
+    type=click.Path(file_okay=False, path_type=Path),
+    default=None,
+    help="Write each iteration's metrics as TensorBoard event files under LOGDIR/<run id> "
+    "(`tensorboard --logdir LOGDIR`).",
+)
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object when the run ends.")
 @click.pass_context
 def start(
@@ -223,6 +231,7 @@ def start(
     chaos_plan: str | None,
     chaos_rate: float | None,
     chaos_seed: int,
+    logdir: Path | None,
     as_json: bool,
 ) -> None:
     """Start a training run on WORKLOAD (.yaml or .jsonl, or a Harbor task directory or
@@ -276,7 +285,7 @@ def start(
     plan = _chaos_plan(chaos_plan, chaos_rate, chaos_seed, iterations)
     started = time.monotonic()
     try:
-        result, records, faults = asyncio.run(_run(config, input, plan, quiet=as_json))
+        result, records, faults = asyncio.run(_run(config, input, plan, quiet=as_json, logdir=logdir))
     except KeyboardInterrupt:
         console.print(
             f"\n[yellow]interrupted[/]: run {input.run_id} goes on. Follow it with\n"
@@ -289,12 +298,23 @@ def start(
 
 @train.command("status")
 @click.argument("run_id")
+@click.option(
+    "--logdir",
+    type=click.Path(file_okay=False, path_type=Path),
+    default=None,
+    help="Write each iteration's metrics as TensorBoard event files under LOGDIR/<run id> "
+    "(`tensorboard --logdir LOGDIR`).",
+)
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object.")
 @click.pass_context
-def status(ctx: click.Context, run_id: str, as_json: bool) -> None:
+def status(ctx: click.Context, run_id: str, logdir: Path | None, as_json: bool) -> None:
     """Show run RUN_ID: its state and every iteration recorded so far."""
     config = config_from(ctx.find_root())
     progress, records = asyncio.run(_status(config, run_id))
+    if logdir is not None:
+        events = EventLog(logdir, run_id)
+        events.write(records)
+        events.close()
     storage = run_storage(config, run_id)
     if as_json:
         click.echo(
@@ -327,9 +347,16 @@ def status(ctx: click.Context, run_id: str, as_json: bool) -> None:
 
 @train.command("resume")
 @click.argument("run_id")
+@click.option(
+    "--logdir",
+    type=click.Path(file_okay=False, path_type=Path),
+    default=None,
+    help="Write each iteration's metrics as TensorBoard event files under LOGDIR/<run id> "
+    "(`tensorboard --logdir LOGDIR`).",
+)
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object when the run ends.")
 @click.pass_context
-def resume(ctx: click.Context, run_id: str, as_json: bool) -> None:
+def resume(ctx: click.Context, run_id: str, logdir: Path | None, as_json: bool) -> None:
     """Continue run RUN_ID, which ended failed_infra or was terminated, from the checkpoint
     of its last recorded iteration, with the settings it started with; it ends as it would
     have without stopping (the same rewards and weights).
@@ -340,7 +367,7 @@ def resume(ctx: click.Context, run_id: str, as_json: bool) -> None:
     config = config_from(ctx.find_root())
     started = time.monotonic()
     try:
-        input, result, records = asyncio.run(_resume(config, run_id, quiet=as_json))
+        input, result, records = asyncio.run(_resume(config, run_id, quiet=as_json, logdir=logdir))
     except KeyboardInterrupt:
         console.print(
             f"\n[yellow]interrupted[/]: run {run_id} goes on. Follow it with\n  belayer train status {run_id}"
@@ -374,7 +401,7 @@ def _chaos_plan(plan: str | None, rate: float | None, seed: int, iterations: int
     return random_training_plan(rate, seed, iterations) if rate is not None else []
 
 
-async def _run(config, input, plan, *, quiet: bool):
+async def _run(config, input, plan, *, quiet: bool, logdir: Path | None):
     client = await connect(config.temporal, config.storage.encryption_key)
     handle = await start_training(client, config, input)
     if not quiet:
@@ -382,10 +409,10 @@ async def _run(config, input, plan, *, quiet: bool):
             f"run {input.run_id}: {input.iterations} iterations of {input.tasks_per_iteration} tasks x "
             f"{input.group_size} trajectories; web UI {_ui(config, input.run_id)}"
         )
-    return await _follow(config, client, handle, input, plan, quiet=quiet)
+    return await _follow(config, client, handle, input, plan, quiet=quiet, logdir=logdir)
 
 
-async def _resume(config, run_id: str, *, quiet: bool):
+async def _resume(config, run_id: str, *, quiet: bool, logdir: Path | None):
     client = await connect(config.temporal, config.storage.encryption_key)
     handle, input = await resume_training(client, config, run_id)
     if not quiet:
@@ -395,13 +422,15 @@ async def _resume(config, run_id: str, *, quiet: bool):
             f"(from {'its checkpoint of iteration ' + str(done - 1) if done else 'its start'}); "
             f"web UI {_ui(config, run_id)}"
         )
-    result, records, _faults = await _follow(config, client, handle, input, [], quiet=quiet)
+    result, records, _faults = await _follow(config, client, handle, input, [], quiet=quiet, logdir=logdir)
     return input, result, records
 
 
-async def _follow(config, client, handle, input, plan, *, quiet: bool):
-    """Follow the run to its end, injecting `plan`'s faults; its result, records and faults."""
-    follower = _Follower(client, input.run_id)
+async def _follow(config, client, handle, input, plan, *, quiet: bool, logdir: Path | None):
+    """Follow the run to its end, injecting `plan`'s faults (and writing its metrics under
+    `logdir` as they come); its result, records and faults."""
+    events = EventLog(logdir, input.run_id) if logdir is not None else None
+    follower = _Follower(client, input.run_id, events)
     follower.printed = input.carried.iteration if input.carried else 0
     following = None if quiet else asyncio.ensure_future(follower.follow())
     chaos = TrainingChaos(
@@ -421,14 +450,17 @@ async def _follow(config, client, handle, input, plan, *, quiet: bool):
     records = await asyncio.to_thread(read_iterations, config, result)
     if not quiet:
         follower.print_new(records)
+    if events is not None:
+        events.write(records)
+        events.close()
     return result, records, chaos.settle()
 
 
 class _Follower:
     """One line per finished iteration, and a status line for the one in progress."""
 
-    def __init__(self, client, run_id: str):
-        self.client, self.run_id = client, run_id
+    def __init__(self, client, run_id: str, events: EventLog | None = None):
+        self.client, self.run_id, self.events = client, run_id, events
         self.printed = 0
 
     async def follow(self) -> None:
@@ -452,6 +484,8 @@ class _Follower:
             if record.iteration >= self.printed:
                 console.print(iteration_line(record), highlight=False)
                 self.printed = record.iteration + 1
+        if self.events is not None:
+            self.events.write(records)
 
 
 def iteration_line(record) -> str:
@@ -521,7 +555,14 @@ def run_report(result, records, settings: dict | None = None) -> dict:
                 "rewards": r.rewards,
                 "actions": r.actions,
                 "dropped": [d.model_dump() for d in r.dropped],
+                "rewards_by_family": rewards_by_family(r),
                 "loss": r.loss,
+                "kl": r.kl,
+                "clip_fraction": r.clip_fraction,
+                "entropy": r.entropy,
+                "grad_norm": r.grad_norm,
+                "lr": r.lr,
+                "response_tokens": r.response_tokens,
                 "engine_logprob_drift": r.engine_logprob_drift,
                 "group_sandboxes": [
                     g.model_dump(mode="json", exclude={"origin", "setup_sandbox"}) for g in r.group_sandboxes
@@ -530,7 +571,9 @@ def run_report(result, records, settings: dict | None = None) -> dict:
             for r in records
         ],
         "mean_actions_per_trajectory": mean_actions(records),
-        "final_weights_sha256": records[-1].weights_sha256 if records else None,
+        # the workflow's own word when the run has ended (its result), else the last record's
+        "final_weights_sha256": getattr(result, "final_weights_sha256", None)
+        or (records[-1].weights_sha256 if records else None),
     }
 
 

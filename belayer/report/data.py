@@ -72,6 +72,15 @@ class TrainingIteration(BaseModel):
     engine_logprob_drift: float | None = None
     mean_actions_per_trajectory: float | None = None
     dropped: list[dict] = []
+    # The trainer's numbers (None in a run from before they were reported):
+    loss: float | None = None
+    kl: float | None = None
+    clip_fraction: float | None = None
+    entropy: float | None = None
+    grad_norm: float | None = None
+    lr: float | None = None
+    response_tokens: float | None = None
+    rewards_by_family: dict[str, float] = {}
 
 
 class TrainingFault(BaseModel):

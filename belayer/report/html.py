@@ -74,6 +74,7 @@ def training_page(
     parts += [figure(*drawn) for drawn in figures]
     parts.append(_training_faults(run))
     parts.append(_iterations(run))
+    parts.append(_trainer_metrics(run))
     parts.append(_dropped_groups(run))
     parts.append(_benches(benches))
     return document(f"Belayer training report — {run.run_id}", parts)
@@ -257,6 +258,34 @@ def _iterations(run: TrainingRun) -> str:
         ],
         rows,
     )
+
+
+def _trainer_metrics(run: TrainingRun) -> str:
+    """What the trainer saw each iteration, and the reward of each task family: the
+    numbers people read in TensorBoard (`belayer train --logdir`), for a run that reports them."""
+    if all(i.entropy is None and i.grad_norm is None for i in run.iterations):
+        return ""
+    families = sorted({f for i in run.iterations for f in i.rewards_by_family})
+
+    def shown(value: float | None, spec: str) -> str | None:
+        return None if value is None else format(value, spec)
+
+    rows = [
+        [
+            i.iteration,
+            shown(i.loss, ".4f"),
+            shown(i.kl, ".2e"),
+            shown(i.clip_fraction, ".3f"),
+            shown(i.entropy, ".3f"),
+            shown(i.grad_norm, ".3f"),
+            shown(i.lr, ".2e"),
+            shown(i.response_tokens, ".1f"),
+            *(_reward(i.rewards_by_family.get(f)) for f in families),
+        ]
+        for i in run.iterations
+    ]
+    header = ["iteration", "loss", "KL", "clip fraction", "entropy", "grad norm", "lr", "response tokens"]
+    return "<h2>Trainer</h2>" + _table(header + [f"reward: {f}" for f in families], rows)
 
 
 def _reward(value: float | None) -> str | None:

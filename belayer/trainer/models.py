@@ -162,5 +162,13 @@ class TrainStepResult(_Model):
         description="Largest |engine logprob - trainer logprob| over the sampled tokens: how far "
         "the engines' numerics are from the trainer's (reported, not used by the loss).",
     )
+    entropy: float | None = Field(
+        None, description="Mean over the trained tokens of the sampling policy's entropy at each."
+    )
+    grad_norm: float | None = Field(
+        None, description="Mean over the minibatches that stepped of the gradient norm, before clipping."
+    )
+    lr: float | None = Field(None, description="The step's learning rate, after decay.")
+    response_tokens: float | None = Field(None, description="Model-generated tokens per trained trajectory.")
     resumed_from: Literal["memory", "checkpoint", "built model", "already done"]
     train_s: float = Field(description="Seconds of this attempt (0 when already done).")

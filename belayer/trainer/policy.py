@@ -49,7 +49,21 @@ def load_policy(model_dir: Path, device: torch.device, state: dict | None = None
 def token_logprobs(model, tokens: list[int], temperature: float) -> torch.Tensor:
     """logprob of tokens[1:] each under softmax(logits / temperature) of its prefix: element
     i is the logprob of token i + 1 (token 0 has no prefix and is never trained on)."""
+    return _token_distributions(model, tokens, temperature)[0]
+
+
+def token_logprobs_and_entropy(
+    model, tokens: list[int], temperature: float
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """`token_logprobs` (the very same numbers) and, at each position, the entropy of the
+    policy's whole next-token distribution there: how sure of itself the policy is."""
+    logprobs, distributions = _token_distributions(model, tokens, temperature)
+    return logprobs, -(distributions.exp() * distributions).sum(dim=-1)
+
+
+def _token_distributions(model, tokens: list[int], temperature: float) -> tuple[torch.Tensor, torch.Tensor]:
     device = next(model.parameters()).device
     ids = torch.tensor([tokens], dtype=torch.long, device=device)
     logits = model(input_ids=ids).logits[0, :-1].float() / temperature
-    return torch.log_softmax(logits, dim=-1).gather(1, ids[0, 1:, None])[:, 0]
+    distributions = torch.log_softmax(logits, dim=-1)
+    return distributions.gather(1, ids[0, 1:, None])[:, 0], distributions

@@ -38,7 +38,7 @@ import torch
 from belayer.storage.errors import CorruptObject
 from belayer.trainer.algorithms import PolicyLoss, TokenTerms, algorithm
 from belayer.trainer.models import SkippedGroup, TrainerSettings
-from belayer.trainer.policy import token_logprobs
+from belayer.trainer.policy import token_logprobs, token_logprobs_and_entropy
 from belayer.trainer.samples import LoadedSample
 
 
@@ -53,6 +53,11 @@ class StepStats:
     samples: int
     skipped: list[SkippedGroup]
     engine_logprob_drift: float | None
+    # None in a checkpoint from before they were kept:
+    entropy: float | None = None  # mean over trained tokens of the sampling policy's entropy there
+    grad_norm: float | None = None  # mean over the minibatches that stepped, before clipping
+    lr: float | None = None  # the step's learning rate (after decay)
+    response_tokens: float | None = None  # model tokens per trained trajectory
 
 
 @dataclass
@@ -62,6 +67,7 @@ class _Prepared:
     sample: LoadedSample
     mask: torch.Tensor
     old: torch.Tensor  # the sampling policy's logprobs (the trainer's weights, no grad)
+    entropy: torch.Tensor  # the sampling policy's entropy at each position
     reference: torch.Tensor | None  # the initial weights' logprobs, when the KL term is on
 
 
@@ -79,7 +85,7 @@ def update_policy(
     check_vocabulary(kept, model.config.vocab_size)
     prepared = [_prepare(model, reference_model, s, settings) for s in kept]
     drift = engine_drift(prepared)
-    totals = {"loss": 0.0, "kl": 0.0, "clipped": 0, "tokens": 0, "steps": 0}
+    totals = {"loss": 0.0, "kl": 0.0, "clipped": 0, "tokens": 0, "steps": 0, "grad_norm": 0.0}
     loss = algorithm(settings.algorithm).loss
     for part in minibatch_slices(prepared, settings.minibatches, minibatch_seed):
         _minibatch(model, optimizer, part, loss, settings, totals)
@@ -92,7 +98,19 @@ def update_policy(
         samples=len(kept),
         skipped=skipped,
         engine_logprob_drift=drift,
+        entropy=mean_entropy(prepared),
+        grad_norm=totals["grad_norm"] / steps if steps else None,
+        lr=optimizer.param_groups[0]["lr"],
+        response_tokens=sum(float(p.mask.sum()) for p in prepared) / len(prepared) if prepared else None,
     )
+
+
+def mean_entropy(prepared: list[_Prepared]) -> float | None:
+    """The sampling policy's entropy, averaged over every model token of the batch."""
+    tokens = sum(float(p.mask.sum()) for p in prepared)
+    if not tokens:
+        return None
+    return sum(float((p.entropy * p.mask).sum()) for p in prepared) / tokens
 
 
 def split_by_version(
@@ -163,13 +181,13 @@ def _prepare(model, reference_model, sample: LoadedSample, settings: TrainerSett
     device = next(model.parameters()).device
     mask = torch.tensor(sample.mask[1:], dtype=torch.float32, device=device)
     with torch.no_grad():
-        old = token_logprobs(model, sample.tokens, settings.temperature)
+        old, entropy = token_logprobs_and_entropy(model, sample.tokens, settings.temperature)
         reference = (
             token_logprobs(reference_model, sample.tokens, settings.temperature)
             if settings.kl_coef > 0
             else None
         )
-    return _Prepared(sample, mask, old, reference)
+    return _Prepared(sample, mask, old, entropy, reference)
 
 
 def _minibatch(
@@ -188,7 +206,7 @@ def _minibatch(
         loss_total += loss.item()
         totals["kl"] += kl
         totals["clipped"] += clipped
-    torch.nn.utils.clip_grad_norm_(model.parameters(), settings.max_grad_norm)
+    totals["grad_norm"] += float(torch.nn.utils.clip_grad_norm_(model.parameters(), settings.max_grad_norm))
     optimizer.step()
     optimizer.zero_grad(set_to_none=True)
     totals["loss"] += loss_total

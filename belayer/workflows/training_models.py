@@ -170,6 +170,12 @@ class IterationRecord(_Model):
         description="Largest |engine logprob - trainer logprob| over the trained tokens: how far the "
         "engines' numbers are from the trainer's (None: no token trained, or a record from before it was kept).",
     )
+    entropy: float | None = Field(
+        None, description="The sampling policy's mean entropy over the trained tokens (None: none trained)."
+    )
+    grad_norm: float | None = Field(None, description="Mean gradient norm before clipping, per minibatch.")
+    lr: float | None = Field(None, description="The step's learning rate, after decay.")
+    response_tokens: float | None = Field(None, description="Model-generated tokens per trained trajectory.")
     trainer_resumed_from: str
     rollout_s: float
     train_s: float

@@ -83,6 +83,32 @@ def test_iteration_table_has_a_row_per_iteration(tmp_path):
     assert "1.000 (iteration 0) → 2.500 (iteration 5), +1.500" in text  # the summary's line
 
 
+def test_the_trainers_numbers_and_each_task_familys_reward_have_a_table(tmp_path):
+    def report_metrics(document):
+        for n, i in enumerate(document["iterations"]):
+            i.update(kl=0.0, clip_fraction=0.05, entropy=2.0 - 0.25 * n, grad_norm=0.5, lr=1e-5 * (1 - n / 6),
+                     response_tokens=40.0 + n, rewards_by_family={"learn-sum": 0.25 + 0.1 * n, "trace": 1.0})  # fmt: skip
+
+    text = build(tmp_path, rewritten(tmp_path, TRAIN, report_metrics))
+    table = text.split("<h2>Trainer</h2>")[1].split("</table>")[0]
+    assert (
+        "<th>entropy</th>" in table
+        and "<th>reward: learn-sum</th>" in table
+        and "<th>reward: trace</th>" in table
+    )
+    rows = re.findall(r"<tr><td>(\d+)</td>((?:<td>[^<]*</td>)+)</tr>", table)
+    assert [r[0] for r in rows] == ["0", "1", "2", "3", "4", "5"]
+    assert re.findall(r"<td>([^<]*)</td>", rows[-1][1])[3:] == [
+        "0.750",
+        "0.500",
+        "1.67e-06",
+        "45.0",
+        "0.750",
+        "1.000",
+    ]
+    assert "<h2>Trainer</h2>" not in build(tmp_path / "before")  # a run from before they were reported
+
+
 def test_control_appears_only_when_given(tmp_path):
     alone = build(tmp_path / "alone")
     assert "control" not in alone.lower()

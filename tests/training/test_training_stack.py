@@ -19,7 +19,9 @@ from pathlib import Path
 import pytest
 import yaml
 from safetensors.torch import load_file
+from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
+from belayer.report.tensorboard import task_family
 from belayer.trainer.models import weights_key
 from tests.test_stack import BELAYER, belayer
 from tests.training.conftest import MODEL
@@ -88,12 +90,17 @@ def train(env, *args) -> dict:
 
 
 @pytest.fixture(scope="module")
-def calm(stack, workload) -> dict:
-    """The run without faults, which the other tests look at."""
-    return train(stack[1], str(workload), *TRAIN_ARGS)
+def logdir(tmp_path_factory) -> Path:
+    return tmp_path_factory.mktemp("tensorboard")
 
 
-def test_a_run_trains_publishes_and_is_followed(stack, calm, tmp_path):
+@pytest.fixture(scope="module")
+def calm(stack, workload, logdir) -> dict:
+    """The run without faults, which the other tests look at; its metrics go to `logdir`."""
+    return train(stack[1], str(workload), *TRAIN_ARGS, "--logdir", str(logdir))
+
+
+def test_a_run_trains_publishes_and_is_followed(stack, calm, logdir, tmp_path):
     config, env = stack
     iterations = calm["iterations"]
     assert [i["iteration"] for i in iterations] == list(range(ITERATIONS))
@@ -124,6 +131,28 @@ def test_a_run_trains_publishes_and_is_followed(stack, calm, tmp_path):
     for n, taught in enumerate(learned):
         if taught:
             assert previous[n + 1] != previous[n], f"iteration {n} had a group to learn from"
+
+    # the numbers people read in TensorBoard: in --json, and in event files as the run went
+    assert all(i["entropy"] > 0 and i["grad_norm"] >= 0 and i["response_tokens"] > 0 for i in iterations)
+    # a gradient exactly where a group's rewards differed (all-equal groups have no advantage)
+    assert [i["grad_norm"] > 0 for i in iterations] == [
+        any(len(set(g)) > 1 for g in i["rewards"]) for i in iterations
+    ]
+    assert [i["lr"] for i in iterations] == sorted(
+        (i["lr"] for i in iterations), reverse=True
+    )  # linear decay
+    for i in iterations:
+        trace = i["rewards"][i["tasks"].index("trace-pass")]
+        assert i["rewards_by_family"]["trace-pass"] == pytest.approx(sum(trace) / len(trace))
+        assert set(i["rewards_by_family"]) == {task_family(t) for t in i["tasks"]}
+    events = EventAccumulator(str(logdir / calm["run_id"]))
+    events.Reload()
+    assert [(e.step, e.value) for e in events.Scalars("reward/mean")] == [
+        (i["iteration"], pytest.approx(i["mean_reward"])) for i in iterations
+    ]
+    assert [e.value for e in events.Scalars("train/entropy")] == [
+        pytest.approx(i["entropy"]) for i in iterations
+    ]
 
     status = belayer(env, "train", "status", calm["run_id"], "--json")
     assert json.loads(status.stdout)["iterations"] == iterations
