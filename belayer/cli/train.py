@@ -38,6 +38,13 @@ from belayer.workloads.harbor_tasks import runnable_workload
 from belayer.workloads.loader import WorkloadError
 
 console = Console(stderr=True)
+LOGDIR = click.option(
+    "--logdir",
+    type=click.Path(file_okay=False, path_type=Path),
+    default=None,
+    help="Write each iteration's metrics as TensorBoard event files under LOGDIR/<run id> "
+    "(`tensorboard --logdir LOGDIR`).",
+)
 POLL_S = 1.0
 TRAINER_DEFAULTS = TrainerSettings()  # one set of defaults: the library's
 
@@ -197,13 +204,7 @@ def train() -> None:
 )
 @click.option("--chaos-rate", type=float, default=None, help="Seeded random faults per iteration (0-1].")
 @click.option("--chaos-seed", type=int, default=0, show_default=True, help="Seed of --chaos-rate.")
-@click.option(
-    "--logdir",
-    type=click.Path(file_okay=False, path_type=Path),
-    default=None,
-    help="Write each iteration's metrics as TensorBoard event files under LOGDIR/<run id> "
-    "(`tensorboard --logdir LOGDIR`).",
-)
+@LOGDIR
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object when the run ends.")
 @click.pass_context
 def start(
@@ -298,13 +299,7 @@ def start(
 
 @train.command("status")
 @click.argument("run_id")
-@click.option(
-    "--logdir",
-    type=click.Path(file_okay=False, path_type=Path),
-    default=None,
-    help="Write each iteration's metrics as TensorBoard event files under LOGDIR/<run id> "
-    "(`tensorboard --logdir LOGDIR`).",
-)
+@LOGDIR
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object.")
 @click.pass_context
 def status(ctx: click.Context, run_id: str, logdir: Path | None, as_json: bool) -> None:
@@ -347,13 +342,7 @@ def status(ctx: click.Context, run_id: str, logdir: Path | None, as_json: bool) 
 
 @train.command("resume")
 @click.argument("run_id")
-@click.option(
-    "--logdir",
-    type=click.Path(file_okay=False, path_type=Path),
-    default=None,
-    help="Write each iteration's metrics as TensorBoard event files under LOGDIR/<run id> "
-    "(`tensorboard --logdir LOGDIR`).",
-)
+@LOGDIR
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object when the run ends.")
 @click.pass_context
 def resume(ctx: click.Context, run_id: str, logdir: Path | None, as_json: bool) -> None:
