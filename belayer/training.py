@@ -177,7 +177,8 @@ async def resume_training(
     status` and the web UI show the new execution."""
     ended, started_at = await _ended_run(client, run_id)
     with open_store(config.storage, encrypted=False) as store:
-        recorded = RecordLog(store, run_log_key(run_id)).written()
+        run_log = RecordLog(store, run_log_key(run_id))
+        recorded = run_log.written() if run_log.exists() else 0  # it may have stopped before it began one
         log = RecordLogRef(key=run_log_key(run_id), length=recorded)
         records = read_log(config, log)
         _remove_unrecorded_step(store, run_id, recorded, records[-1].weights_version if records else None)

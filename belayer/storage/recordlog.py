@@ -78,6 +78,10 @@ class RecordLog:
         """Records 1..upto, in order; `CorruptObject` when one is missing."""
         return _collect(self.store, self.key, upto)
 
+    def exists(self) -> bool:
+        """Whether the log was created (its manifest written)."""
+        return self.store.exists(_manifest_key(self.key))
+
     def get(self, position: int) -> dict:
         """Record `position`, one of the log's own (a fork's inherited ones are its base's)."""
         return json.loads(_get_record(self.store, self.key, position))

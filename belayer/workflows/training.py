@@ -163,11 +163,7 @@ class TrainingWorkflow:
             StartRunLogArgs(run_id=self.input.run_id),
             summary="create the run's iteration log",
         )
-        try:
-            versions = await node_versions(self.input.queues.nodes)
-        except ApplicationError as err:
-            raise RunFailure(err.message) from None
-        serving = max(versions) + 1
+        serving = await self._next_version()
         if workflow.patched(START_FROM_TRAINER_BYTES):
             weights = await self._start_weights(serving)
             summary = f"the trainer's {self.input.model}, sha256 {weights.sha256[:12]}"
@@ -182,14 +178,19 @@ class TrainingWorkflow:
         """A resumed run's start: every node serves the last recorded checkpoint's weights,
         as a new version (versions only grow; since the run stopped the nodes may have served
         other weights, or been rebuilt), before the next iteration samples with them."""
+        serving, checkpoint = await self._next_version(), self.state.checkpoint
+        await self._publish(serving, weights=checkpoint.weights,
+                            summary=f"resume: iteration {checkpoint.iteration}'s weights again")  # fmt: skip
+        self.state = self.state.model_copy(update={"serving_version": serving, "publish_checkpoint": False})
+
+    async def _next_version(self) -> int:
+        """The version above every node's: the run's start is published as it, and so is a
+        resumed run's checkpoint."""
         try:
             versions = await node_versions(self.input.queues.nodes)
         except ApplicationError as err:
             raise RunFailure(err.message) from None
-        serving, checkpoint = max(versions) + 1, self.state.checkpoint
-        await self._publish(serving, weights=checkpoint.weights,
-                            summary=f"resume: iteration {checkpoint.iteration}'s weights again")  # fmt: skip
-        self.state = self.state.model_copy(update={"serving_version": serving, "publish_checkpoint": False})
+        return max(versions) + 1
 
     async def _start_weights(self, version: int):
         """The trainer's own start, stored: the nodes verify its sha256 as they load it, so

@@ -41,6 +41,8 @@ def test_a_log_says_how_many_records_it_holds_and_a_gap_is_corruption(store):
         log.written()
     with pytest.raises(CorruptObject, match="no record log"):
         RecordLog(store, "runs/never").written()
+    assert log.exists() and not RecordLog(store, "runs/never").exists()
+    assert log.get(2) == {"iteration": 1}
 
 
 def test_a_fork_inherits_a_prefix_without_copying(store):
