@@ -182,7 +182,8 @@ async def resume_training(
         log = RecordLogRef(key=run_log_key(run_id), length=recorded)
         records = read_log(config, log)
         _remove_unrecorded_step(store, run_id, recorded, records[-1].weights_version if records else None)
-    carried = None
+    resumed = (ended.carried.resumed if ended.carried else 0) + 1  # new trajectory ids, even from the start
+    carried = TrainingState(resumed=resumed)  # stopped before it recorded an iteration: from its start
     if recorded:
         carried = TrainingState(
             iteration=recorded,
@@ -191,7 +192,7 @@ async def resume_training(
             log=log,
             recent=records[-RECENT_RECORDS:],
             started_at=started_at,
-            resumed=(ended.carried.resumed if ended.carried else 0) + 1,
+            resumed=resumed,
             publish_checkpoint=True,
         )
     input = ended.model_copy(update={"queues": training_queues(config), "carried": carried})
@@ -220,7 +221,7 @@ async def _ended_run(client: Client, run_id: str) -> tuple[TrainingInput, dateti
         if event.event_type == EventType.EVENT_TYPE_WORKFLOW_EXECUTION_STARTED:
             payloads = event.workflow_execution_started_event_attributes.input.payloads
             (input,) = await client.data_converter.decode(payloads, [TrainingInput])
-            began = input.carried.started_at if input.carried else described.start_time
+            began = (input.carried.started_at if input.carried else None) or described.start_time
             return input, began
     raise NotResumable(f"{run_id} has no start event in its history: is it a training run?")
 
