@@ -40,7 +40,7 @@ from temporalio.client import WorkflowExecutionStatus
 from belayer import measure
 from belayer.chaos.faults import node_roles
 from belayer.chaos.plan import PlannedFault, random_training_plan
-from belayer.chaos.training import TrainingChaos
+from belayer.chaos.training import TrainingChaos, policy_tasks_of
 from belayer.client import result_through_restarts
 from belayer.rollout.identity import cleanup_node
 from belayer.stack.local import LocalStack
@@ -420,7 +420,7 @@ class BenchRun:
             **overrides,
         )
         plan = self.plan if FAULTED[mode] else []
-        chaos = TrainingChaos(config, client, input.run_id, plan)
+        chaos = TrainingChaos(config, client, input.run_id, plan, policy_tasks=policy_tasks_of(input.tasks))
         injected_at = _record_injections(chaos)
         load_before = os.getloadavg()[0]
         started_epoch, started = time.time(), time.monotonic()

@@ -20,7 +20,7 @@ from pydantic import BaseModel, Field, ValidationError, model_validator
 from belayer.chaos.faults import FAULT_KINDS, TRAINING_FAULT_KINDS, ChaosError
 
 _INLINE = re.compile(
-    r"^(?P<fault>[a-z0-9-]+)@(?P<key>step|t|iteration)=(?P<value>\d+(\.\d+)?)(:(?P<target>\S+))?$"
+    r"^(?P<fault>[a-z0-9-]+)@(?P<key>step|t|iteration|first-generation)=(?P<value>\d+(\.\d+)?)(:(?P<target>\S+))?$"
 )
 
 
@@ -29,14 +29,22 @@ class PlannedFault(BaseModel):
     step: int | None = Field(None, ge=1, description="Inject once the target reaches this step.")
     t: float | None = Field(None, ge=0, description="Inject this many seconds after the run starts.")
     iteration: int | None = Field(None, ge=0, description="Training runs: inject during this iteration.")
+    first_generation: int | None = Field(
+        None,
+        ge=0,
+        description="Training runs: inject during this iteration while a trajectory of a task the "
+        "policy acts in (not a trace task) is at its first generation, before its first action.",
+    )
     target: str | None = Field(None, description="Trajectory id; default the first one started.")
 
     @model_validator(mode="after")
     def _one_trigger(self) -> PlannedFault:
         if self.fault not in TRAINING_FAULT_KINDS:
             raise ValueError(f"unknown fault {self.fault!r}; choose one of {', '.join(TRAINING_FAULT_KINDS)}")
-        if [self.step, self.t, self.iteration].count(None) != 2:
-            raise ValueError(f"fault {self.fault}: give exactly one of step, t or iteration")
+        if [self.step, self.t, self.iteration, self.first_generation].count(None) != 3:
+            raise ValueError(
+                f"fault {self.fault}: give exactly one of step, t, iteration or first_generation"
+            )
         return self
 
 
@@ -56,10 +64,11 @@ def _parse_inline(part: str) -> PlannedFault:
     match = _INLINE.match(part)
     if not match:
         raise ChaosError(
-            f"chaos plan entry {part!r} is not FAULT@step=N, FAULT@iteration=K or FAULT@t=SECONDS[:TARGET]"
+            f"chaos plan entry {part!r} is not FAULT@step=N, FAULT@iteration=K, FAULT@first-generation=K "
+            "or FAULT@t=SECONDS[:TARGET]"
         )
-    value = match["value"]
-    trigger = {match["key"]: float(value) if match["key"] == "t" else int(float(value))}
+    value, key = match["value"], match["key"].replace("-", "_")
+    trigger = {key: float(value) if key == "t" else int(float(value))}
     return PlannedFault(fault=match["fault"], target=match["target"], **trigger)
 
 

@@ -41,8 +41,10 @@ RECOVERED_BY = {
 class TrainingChaos:
     """Injects `plan` into run `run_id` while it runs; `faults` holds one record per fault."""
 
-    def __init__(self, config, client, run_id: str, plan: list[PlannedFault], say=None):
+    def __init__(self, config, client, run_id: str, plan: list[PlannedFault], say=None, *,
+                 policy_tasks: frozenset[str] = frozenset()):  # fmt: skip
         self.config, self.client, self.run_id = config, client, run_id
+        self.policy_tasks = policy_tasks  # the ids of the tasks the policy acts in (first-generation faults)
         self.say = say or (lambda _line: None)
         self.pending = list(plan)
         self.faults: list[dict] = []
@@ -91,8 +93,10 @@ class TrainingChaos:
         if planned.t is not None:
             if time.monotonic() - self.started < planned.t:
                 return None
-        elif planned.iteration is None or progress.iteration < planned.iteration:
-            return None
+        else:
+            iteration = planned.iteration if planned.first_generation is None else planned.first_generation
+            if iteration is None or progress.iteration < iteration:
+                return None
         if planned.fault == "trainer-crash":
             return ("trainer", None) if progress.phase == "train" else None
         for trajectory_id in progress.running:
@@ -100,8 +104,8 @@ class TrainingChaos:
             if (
                 seen is not None
                 and seen.status == "running"
-                and seen.step >= (planned.step or 1)
                 and seen.sandbox
+                and aimed_at(planned, seen, self.policy_tasks)
             ):
                 return trajectory_id, seen
         return None
@@ -187,3 +191,19 @@ class TrainingChaos:
             if recoveries_of(roles) > recoveries_before:
                 return roles.last_recovery.kind if roles.last_recovery else "takeover"
         return RECOVERED_BY[kind]
+
+
+def aimed_at(planned: PlannedFault, seen, policy_tasks: frozenset[str]) -> bool:
+    """Whether the running trajectory `seen` is what `planned` waits for: one past its first
+    action (or `planned.step`), or with `first_generation` one of a task the policy acts in
+    (`policy_tasks`), still at its first generation."""
+    if planned.first_generation is not None:
+        return seen.step == 0 and seen.task in policy_tasks
+    return seen.step >= (planned.step or 1)
+
+
+def policy_tasks_of(tasks) -> frozenset[str]:
+    """The ids of the tasks the policy acts in: every kind but the scripted trace task."""
+    from belayer.workloads.models import TraceTask
+
+    return frozenset(t.id for t in tasks if not isinstance(t, TraceTask))

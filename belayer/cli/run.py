@@ -196,10 +196,14 @@ def _chaos_plan(plan: str | None, rate: float | None, seed: int, tasks) -> list:
         raise click.UsageError("give --chaos or --chaos-rate, not both")
     if plan:
         parsed = parse_plan(plan)
-        training_only = [p.fault for p in parsed if p.iteration is not None or p.fault == "trainer-crash"]
+        training_only = [
+            p.fault
+            for p in parsed
+            if p.iteration is not None or p.first_generation is not None or p.fault == "trainer-crash"
+        ]
         if training_only:
             raise click.UsageError(
-                f"{training_only[0]}: iteration triggers and trainer-crash are for "
+                f"{training_only[0]}: iteration and first-generation triggers and trainer-crash are for "
                 "`belayer train --chaos`; trajectories take FAULT@step=N or FAULT@t=SECONDS"
             )
         return parsed

@@ -15,7 +15,7 @@ from rich.console import Console
 from temporalio.service import RPCError
 
 from belayer.chaos.plan import parse_plan, random_training_plan
-from belayer.chaos.training import TrainingChaos
+from belayer.chaos.training import TrainingChaos, policy_tasks_of
 from belayer.cli.context import config_from
 from belayer.client import result_through_restarts, ui_link
 from belayer.errors import BelayerError
@@ -428,6 +428,7 @@ async def _follow(config, client, handle, input, plan, *, quiet: bool, logdir: P
         input.run_id,
         plan,
         say=None if quiet else lambda line: console.print(line, highlight=False),
+        policy_tasks=policy_tasks_of(input.tasks),
     )
     injecting = asyncio.ensure_future(chaos.run()) if plan else None
     try:

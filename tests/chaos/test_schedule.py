@@ -4,12 +4,14 @@
 from __future__ import annotations
 
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 
 from belayer.chaos.faults import FAULT_KINDS, ChaosError
 from belayer.chaos.plan import parse_plan, random_plan
 from belayer.chaos.soak import SoakSettings, percentile, schedule
+from belayer.chaos.training import aimed_at
 
 EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "workloads" / "build-and-serve.yaml"
 
@@ -65,3 +67,21 @@ def test_plans_mix_step_and_time_triggers_and_targets():
     with pytest.raises(ChaosError):
         random_plan(0, 1, 5)
     assert random_plan(1.0, 7, 9) == random_plan(1.0, 7, 9)
+
+
+def test_a_training_fault_can_wait_for_a_first_generation_of_a_task_the_policy_acts_in(tmp_path):
+    """`FAULT@first-generation=K`: during iteration K, at a trajectory of a task the policy
+    acts in (not a trace task) that has taken no action yet; otherwise at one past its first."""
+    (planned,) = parse_plan("engine-crash@first-generation=1")
+    assert (planned.first_generation, planned.iteration, planned.step) == (1, None, None)
+    both = tmp_path / "both.yaml"
+    both.write_text("faults:\n  - {fault: engine-crash, iteration: 0, first_generation: 0}\n")
+    with pytest.raises(ChaosError, match="exactly one of"):
+        parse_plan(str(both))
+    policy = frozenset({"learn-sum"})
+    at = lambda task, step: SimpleNamespace(task=task, step=step)  # noqa: E731
+    assert aimed_at(planned, at("learn-sum", 0), policy)
+    assert not aimed_at(planned, at("learn-sum", 1), policy)  # past its first generation
+    assert not aimed_at(planned, at("trace-pass", 0), policy)  # scripted: no policy generates there
+    (later,) = parse_plan("engine-crash@iteration=1")
+    assert [aimed_at(later, at("trace-pass", step), policy) for step in (0, 1)] == [False, True]

@@ -31,13 +31,15 @@ ROOT = Path(__file__).parents[2]
 # Every fault the chaos suite knows, plus the trainer's death, over the first three
 # iterations. Faults land one at a time, each after the previous one's recovery, so the
 # fourth iteration (planned without faults) leaves room for those the recoveries pushed on.
+# The engine's crash and hang find a learn task's trajectory at its first generation, before
+# any action (the others, one past its first action).
 EVERY_FAULT = ",".join(
     [
-        "engine-crash@iteration=0",
+        "engine-crash@first-generation=0",
         "sandbox-crash@iteration=0",
         "trainer-crash@iteration=0",
         "owner-crash@iteration=1",
-        "engine-hang@iteration=1",
+        "engine-hang@first-generation=1",
         "s3-outage@iteration=1",
         "temporal-restart@iteration=1",
         "node-crash@iteration=2",
