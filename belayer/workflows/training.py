@@ -269,17 +269,21 @@ class TrainingWorkflow:
     async def _retire(self, iteration: int) -> None:
         """With `keep_last`: delete the checkpoint that has just fallen `keep_last` behind,
         unless it is an every-`keep_every`-th one. Only runs that set retention call this
-        (a run from before it was there replays without it)."""
+        (a run from before it was there replays without it). A deletion that fails after its
+        retries leaves the checkpoint and says so: it costs storage, never the run."""
         if self.input.keep_last is None:
             return
         leaving = iteration - self.input.keep_last
         if leaving < 0 or self.input.kept(leaving):
             return
-        await self._record_activity(
-            PRUNE_CHECKPOINT,
-            PruneCheckpointArgs(log=self.state.log, iteration=leaving),
-            summary=f"retention: delete iteration {leaving}'s checkpoint and weights",
-        )
+        try:
+            await self._record_activity(
+                PRUNE_CHECKPOINT,
+                PruneCheckpointArgs(log=self.state.log, iteration=leaving),
+                summary=f"retention: delete iteration {leaving}'s checkpoint and weights",
+            )
+        except RunFailure as failure:
+            workflow.logger.warning("iteration %d's checkpoint was kept: %s", leaving, failure)
 
     def _pick_tasks(self, iteration: int) -> list[Task]:
         """`tasks_per_iteration` distinct tasks, ranked by a hash of (seed, iteration, id)."""
