@@ -22,6 +22,7 @@ from belayer.chaos.plan import PlannedFault
 from belayer.client import trajectory_progress
 from belayer.training import run_progress
 from belayer.workers.rollout.worker import recoveries_of
+from belayer.workloads.models import TraceTask
 
 POLL_S = 0.25
 RECOVERED_BY = {
@@ -204,6 +205,4 @@ def aimed_at(planned: PlannedFault, seen, policy_tasks: frozenset[str]) -> bool:
 
 def policy_tasks_of(tasks) -> frozenset[str]:
     """The ids of the tasks the policy acts in: every kind but the scripted trace task."""
-    from belayer.workloads.models import TraceTask
-
     return frozenset(t.id for t in tasks if not isinstance(t, TraceTask))
