@@ -17,8 +17,8 @@ from temporalio.client import Client, WorkflowExecutionStatus, WorkflowHandle
 from temporalio.common import SearchAttributePair, TypedSearchAttributes
 from temporalio.service import RPCError
 
+from belayer.activities.training_log import delete_step, run_log_key
 from belayer.activities.training_log import read_iterations as read_records
-from belayer.activities.training_log import run_log_key, stack_weights_key
 from belayer.client import task_queues
 from belayer.config import BelayerConfig
 from belayer.errors import BelayerError
@@ -229,17 +229,11 @@ async def _ended_run(client: Client, run_id: str) -> tuple[TrainingInput, dateti
 def _remove_unrecorded_step(store, run_id: str, recorded: int, last_version: int | None) -> None:
     """What the stopped run's train step of iteration `recorded` (the one after the last
     recorded) wrote, if it got that far: the resumed run steps that iteration again, and its
-    write-once checkpoint must not meet the old one. Nothing recorded refers to either; the
-    weights (version `last_version` + 1: a run's step always publishes the version after the
-    one it sampled) stay while the stack serves them (a node that restarts loads them)."""
-    doomed = [checkpoint_key(run_id, recorded)]
-    if last_version is not None:
-        weights = weights_key(run_id, last_version + 1)
-        if weights != stack_weights_key(store):
-            doomed.append(weights)
-    for key in doomed:
-        if store.exists(key):
-            store.delete(key)
+    write-once checkpoint must not meet the old one. Nothing recorded refers to either; its
+    weights are version `last_version` + 1 (a run's step always publishes the version after
+    the one it sampled)."""
+    weights = weights_key(run_id, last_version + 1) if last_version is not None else None
+    delete_step(store, checkpoint_key(run_id, recorded), weights)
 
 
 def run_storage(config: BelayerConfig, run_id: str) -> dict:

@@ -60,19 +60,26 @@ class TrainingLogActivities:
 
 def prune_checkpoint(store, args: PruneCheckpointArgs) -> PrunedCheckpoint:
     """Delete the trainer checkpoint of `args.iteration` and its weights, as its record names
-    them. The weights stay while the stack serves them (`STACK_WEIGHTS_KEY`: a node that
-    restarts loads them), which a run's older iterations never are, since every node serves
-    the run's latest version before it goes on. Deleting what is gone is no error (a retry)."""
+    them (`delete_step`: unless the stack serves them, which a run's older iterations never
+    are, since every node serves the run's latest version before it goes on)."""
     checkpoint = RecordLog(store, args.log.key).get(args.iteration + 1)["checkpoint"]
-    doomed, kept = [checkpoint["key"]], ""
-    if checkpoint["weights"]["key"] == stack_weights_key(store):
+    deleted, kept = delete_step(store, checkpoint["key"], checkpoint["weights"]["key"])
+    return PrunedCheckpoint(iteration=args.iteration, deleted=deleted, kept=kept)
+
+
+def delete_step(store, checkpoint: str, weights: str | None) -> tuple[list[str], str]:
+    """Delete a train step's checkpoint and its weights object (None: not known). The weights
+    stay while the stack serves them (a node that restarts loads them). Deleting what is
+    gone is no error (a retry). The keys deleted, and why the weights stayed when they did."""
+    doomed, kept = [checkpoint], ""
+    if weights is not None and weights == stack_weights_key(store):
         kept = "the stack serves these weights"
-    else:
-        doomed.append(checkpoint["weights"]["key"])
+    elif weights is not None:
+        doomed.append(weights)
     deleted = [key for key in doomed if store.exists(key)]
     for key in deleted:
         store.delete(key)
-    return PrunedCheckpoint(iteration=args.iteration, deleted=deleted, kept=kept)
+    return deleted, kept
 
 
 def stack_weights_key(store) -> str | None:

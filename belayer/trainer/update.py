@@ -98,19 +98,11 @@ def update_policy(
         samples=len(kept),
         skipped=skipped,
         engine_logprob_drift=drift,
-        entropy=mean_entropy(prepared),
+        entropy=sum(float((p.entropy * p.mask).sum()) for p in prepared) / tokens if tokens else None,
         grad_norm=totals["grad_norm"] / steps if steps else None,
         lr=optimizer.param_groups[0]["lr"],
-        response_tokens=sum(float(p.mask.sum()) for p in prepared) / len(prepared) if prepared else None,
+        response_tokens=tokens / len(prepared) if prepared else None,
     )
-
-
-def mean_entropy(prepared: list[_Prepared]) -> float | None:
-    """The sampling policy's entropy, averaged over every model token of the batch."""
-    tokens = sum(float(p.mask.sum()) for p in prepared)
-    if not tokens:
-        return None
-    return sum(float((p.entropy * p.mask).sum()) for p in prepared) / tokens
 
 
 def split_by_version(

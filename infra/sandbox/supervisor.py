@@ -424,9 +424,9 @@ class FreezeFailed(Exception):
 
 
 def signal_until_none(
-    signum: int, wanted: Callable[[int, tuple, dict], bool], deadline_s: float = FREEZE_DEADLINE_S
+    signum: int, wanted: Callable[[int, tuple], bool], deadline_s: float = FREEZE_DEADLINE_S
 ) -> tuple[dict[int, int], bool]:
-    """Send `signum` to every process `wanted(pid, info, signalled)` selects (never PID 1
+    """Send `signum` to every process `wanted(pid, info)` selects (never PID 1
     nor this one), pass after pass, until a pass selects none: what a pass signals cannot
     hide the next one's targets (a stopped process cannot fork; a resumed one may stop
     another). Returns pid -> start time of every process signalled, and whether a pass
@@ -441,7 +441,7 @@ def signal_until_none(
             time.sleep(0.01)  # a process waits for the CPU, or sleeps in the kernel, to take the signal
         targets = [
             (pid, info[0]) for pid, info in list_processes().items()
-            if pid not in (me, 1) and wanted(pid, info, signalled)
+            if pid not in (me, 1) and wanted(pid, info)
         ]  # fmt: skip
         if not targets:
             return signalled, True
@@ -471,7 +471,7 @@ class Freezer:
         self.frozen: dict[int, int] = {}  # pid -> start time
 
     def freeze(self, sessions: set[int]) -> int:
-        def running(pid: int, info: tuple, _signalled: dict) -> bool:
+        def running(pid: int, info: tuple) -> bool:
             return (not LOCAL or info[1] in sessions) and may_run(pid)
 
         stopped, settled = signal_until_none(signal.SIGSTOP, running)
@@ -488,7 +488,7 @@ class Freezer:
         stopped (a running one may stop another); returns how many were resumed."""
         self.thaw()
 
-        def stopped(pid: int, info: tuple, _signalled: dict) -> bool:
+        def stopped(pid: int, info: tuple) -> bool:
             return (not LOCAL or info[1] in sessions) and has_stopped_thread(pid)
 
         resumed, _ = signal_until_none(signal.SIGCONT, stopped, RESUME_DEADLINE_S)
@@ -1290,7 +1290,7 @@ class Supervisor:
                 return False
             return not LOCAL or info[1] == session  # locally, only the action's own session
 
-        signal_until_none(signal.SIGSTOP, lambda pid, info, _: started_by_the_action(pid, info) and may_run(pid))
+        signal_until_none(signal.SIGSTOP, lambda pid, info: started_by_the_action(pid, info) and may_run(pid))
         doomed = [
             pid for pid, info in list_processes().items()
             if pid not in (os.getpid(), 1) and started_by_the_action(pid, info) and not _exited(pid)
