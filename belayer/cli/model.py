@@ -11,7 +11,7 @@ import click
 
 from belayer.cli.context import config_from
 from belayer.config import load_config
-from belayer.model.build import build_model
+from belayer.model.build import MODEL_NAMES, build_model
 
 
 @click.group("model")
@@ -22,10 +22,11 @@ def model() -> None:
 @model.command("build")
 @click.option(
     "--size",
-    type=click.Choice(["tiny", "bench", "tiny-warm"]),
+    type=click.Choice(list(MODEL_NAMES)),
     default="tiny",
     show_default=True,
-    help="tiny-warm: tiny after the supervised warm start (builds tiny first; ~2 min on 2 cores).",
+    help="tiny-warm, tiny-agent: tiny after a supervised warm start on the learn or the "
+    "multistep tasks (builds tiny first; a few minutes on 2 cores).",
 )
 @click.option(
     "--cache-dir",

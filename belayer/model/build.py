@@ -26,7 +26,8 @@ from typing import Literal
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 
 from belayer.errors import BelayerError
-from belayer.model.warmstart import RECIPE, warm_state
+from belayer.model import multistep_tasks
+from belayer.model.warmstart import RECIPE, SftRecipe, Transcript, transcript, warm_state
 
 # Bump when anything that changes the produced bytes changes (corpus, sizes, init, format):
 # the cache folder name carries it, so an old build is never mistaken for a new one.
@@ -36,7 +37,7 @@ CORPUS_DIR = Path(__file__).parent / "corpus"
 BOS, EOS, PAD = "<|bos|>", "<|endoftext|>", "<|pad|>"
 MANIFEST = "belayer-model.json"
 
-ModelSize = Literal["tiny", "bench", "tiny-warm"]
+ModelSize = Literal["tiny", "bench", "tiny-warm", "tiny-agent"]
 
 
 class ModelBuildError(BelayerError):
@@ -60,7 +61,13 @@ SHAPES: dict[str, ModelShape] = {
     "bench": ModelShape(hidden=768, intermediate=3072, layers=12, heads=12, kv_heads=12, max_positions=4096),
 }
 # Fine-tuned models: name -> the size they start from (same tokenizer and config).
-WARM_STARTS: dict[str, str] = {"tiny-warm": "tiny"}
+WARM_STARTS: dict[str, str] = {"tiny-warm": "tiny", "tiny-agent": "tiny"}
+# ... and the recipe and corpus each is fine-tuned with: tiny-warm on the one-action learn
+# family, tiny-agent on the three-action multistep family.
+WARM_RECIPES: dict[str, tuple[SftRecipe, Transcript]] = {
+    "tiny-warm": (RECIPE, transcript),
+    "tiny-agent": (multistep_tasks.WARM_RECIPE, multistep_tasks.transcript),
+}
 MODEL_NAMES = (*SHAPES, *WARM_STARTS)
 TOKENIZER_VOCAB = 2048
 VOCAB_MULTIPLE = 64
@@ -71,7 +78,7 @@ Progress = Callable[[str], None]
 def model_dir_name(size: str) -> str:
     """Cache folder name: a recipe change (base or fine-tuning) never reuses an old build."""
     if size in WARM_STARTS:
-        return f"{size}-r{RECIPE_VERSION}.{RECIPE.version}"
+        return f"{size}-r{RECIPE_VERSION}.{WARM_RECIPES[size][0].version}"
     return f"{size}-r{RECIPE_VERSION}"
 
 
@@ -144,8 +151,9 @@ def write_warm_model(size: str, base: Path, out: Path, say: Progress) -> None:
     for item in sorted(base.iterdir()):
         if item.is_file() and item.name not in ("model.safetensors", MANIFEST):
             shutil.copyfile(item, out / item.name)
-    say(f"fine-tuning {base.name} on generated transcripts ({RECIPE.steps} steps)")
-    state = warm_state(base, RECIPE, say)
+    recipe, transcript_of = WARM_RECIPES[size]
+    say(f"fine-tuning {base.name} on generated transcripts ({recipe.steps} steps)")
+    state = warm_state(base, recipe, say, transcript_of)
     save_file(state, str(out / "model.safetensors"), metadata={"format": "pt"})
     base_manifest = json.loads((base / MANIFEST).read_text())
     origin = {"size": base_manifest["size"], "manifest_sha256": file_sha256(base / MANIFEST)}
@@ -153,7 +161,7 @@ def write_warm_model(size: str, base: Path, out: Path, say: Progress) -> None:
         out,
         size=size,
         recipe=RECIPE_VERSION,
-        sft=asdict(RECIPE),
+        sft=asdict(recipe),
         base=origin,
         params=base_manifest["params"],
         vocab=base_manifest["vocab"],

@@ -37,10 +37,18 @@ def sample_first_turns(model, tokenizer, instruction: str, n: int, seed: int) ->
 
     prompt = tokenizer.encode(PROMPT_TEMPLATE.format(instruction=instruction), add_special_tokens=False).ids
     torch.manual_seed(seed)
+    return [tokenizer.decode(turn, skip_special_tokens=True) for turn in sample_turns(model, prompt, n)]
+
+
+def sample_turns(model, context: list[int], n: int) -> list[list[int]]:
+    """`n` turns sampled after `context` (token ids) at temperature 1 over the full
+    vocabulary, as the rollout engine samples, each up to EOS (kept) or the turn's limit."""
+    import torch  # import cost: torch, ~2.5 s
+
     with torch.no_grad():
         out = model.generate(
-            torch.tensor([prompt]),
-            attention_mask=torch.ones((1, len(prompt)), dtype=torch.long),
+            torch.tensor([context]),
+            attention_mask=torch.ones((1, len(context)), dtype=torch.long),
             do_sample=True,
             temperature=1.0,
             top_k=0,
@@ -50,7 +58,13 @@ def sample_first_turns(model, tokenizer, instruction: str, n: int, seed: int) ->
             eos_token_id=model.config.eos_token_id,
             pad_token_id=model.config.pad_token_id,
         )
-    return [tokenizer.decode(row[len(prompt) :].tolist(), skip_special_tokens=True) for row in out]
+    eos, pad = model.config.eos_token_id, model.config.pad_token_id
+    return [_until_eos(row[len(context) :].tolist(), eos, pad) for row in out]
+
+
+def _until_eos(turn: list[int], eos: int, pad: int) -> list[int]:
+    """A sampled row cut after its EOS (rows sampled together are padded to one length)."""
+    return turn[: turn.index(eos) + 1] if eos in turn else [t for t in turn if t != pad]
 
 
 def rates(model, tokenizer, tasks: list[Problem], n: int, seed: int) -> Rates:

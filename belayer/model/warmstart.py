@@ -59,6 +59,10 @@ class Segment:
     trained: bool
 
 
+# A corpus: transcript `index`, drawn with `rng`.
+Transcript = Callable[[int, random.Random], list["Segment"]]
+
+
 def candidates(problem: Problem, rng: random.Random) -> list[str]:
     """The correct command and three plausible wrong ones: another constant, the wrong
     operator, the wrong output file."""
@@ -100,14 +104,15 @@ def encode(tokenizer, segments: list[Segment], eos_id: int) -> tuple[list[int], 
     return ids, labels
 
 
-def batches(tokenizer, recipe: SftRecipe, eos_id: int, pad_id: int):
+def batches(tokenizer, recipe: SftRecipe, eos_id: int, pad_id: int, transcript_of: Transcript):
     """`recipe.steps` padded batches of fresh transcripts (input ids, attention mask, labels)."""
     import torch  # import cost: torch, ~2.5 s
 
     rng = random.Random(recipe.seed)
     for step in range(recipe.steps):
         rows = [
-            encode(tokenizer, transcript(step * recipe.batch + i, rng), eos_id) for i in range(recipe.batch)
+            encode(tokenizer, transcript_of(step * recipe.batch + i, rng), eos_id)
+            for i in range(recipe.batch)
         ]
         width = max(len(ids) for ids, _ in rows)
         ids = torch.full((len(rows), width), pad_id, dtype=torch.long)
@@ -120,7 +125,9 @@ def batches(tokenizer, recipe: SftRecipe, eos_id: int, pad_id: int):
         yield ids, mask, labels
 
 
-def fine_tune(model, tokenizer, recipe: SftRecipe, say: Callable[[str], None]) -> list[float]:
+def fine_tune(
+    model, tokenizer, recipe: SftRecipe, say: Callable[[str], None], transcript_of: Transcript
+) -> list[float]:
     """Train `model` in place (AdamW, linear warmup then linear decay); the losses per step."""
     import torch  # import cost: torch, ~2.5 s
 
@@ -133,7 +140,7 @@ def fine_tune(model, tokenizer, recipe: SftRecipe, say: Callable[[str], None]) -
     model.train()
     losses = []
     for step, (ids, mask, labels) in enumerate(
-        batches(tokenizer, recipe, config.eos_token_id, config.pad_token_id)
+        batches(tokenizer, recipe, config.eos_token_id, config.pad_token_id, transcript_of)
     ):
         loss = model(input_ids=ids, attention_mask=mask, labels=labels).loss
         loss.backward()
@@ -166,8 +173,11 @@ def deterministic_torch(seed: int, threads: int):
         torch.use_deterministic_algorithms(saved[1])
 
 
-def warm_state(base: Path, recipe: SftRecipe, say: Callable[[str], None]) -> dict:
-    """The fine-tuned state dict, with exactly the base checkpoint's tensor names."""
+def warm_state(
+    base: Path, recipe: SftRecipe, say: Callable[[str], None], transcript_of: Transcript = transcript
+) -> dict:
+    """The fine-tuned state dict, with exactly the base checkpoint's tensor names.
+    `transcript_of(index, rng)` writes the corpus (default: the learn family's)."""
     import torch  # import cost: torch, ~2.5 s
     from safetensors.torch import load_file  # import cost: torch, ~2.5 s
     from transformers import LlamaForCausalLM  # import cost: transformers, ~2 s
@@ -177,7 +187,7 @@ def warm_state(base: Path, recipe: SftRecipe, say: Callable[[str], None]) -> dic
     with deterministic_torch(recipe.seed, recipe.threads):
         model = LlamaForCausalLM.from_pretrained(str(base), dtype=torch.float32)
         started = time.monotonic()
-        fine_tune(model, tokenizer, recipe, say)
+        fine_tune(model, tokenizer, recipe, say, transcript_of)
         say(f"sft took {time.monotonic() - started:.0f} s")
     state = model.state_dict()
     return {name: state[name].detach().contiguous().clone() for name in names}

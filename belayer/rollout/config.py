@@ -4,6 +4,7 @@ from typing import Literal
 
 from pydantic import Field
 
+from belayer.model.build import ModelSize
 from belayer.section import Section
 
 
@@ -16,8 +17,9 @@ class RolloutConfig(Section):
         description="Names the node's task queue and its shared-memory segments (/dev/shm/belayer-<node_id>-*); "
         "unique per node: a node whose id a live node has (on this machine or another host) is refused.",
     )
-    model: Literal["tiny", "bench", "tiny-warm"] = Field(
-        "tiny", description="Which project-built model to serve (tiny-warm: tiny after the warm start)."
+    model: ModelSize = Field(
+        "tiny",
+        description="Which project-built model to serve (tiny-warm, tiny-agent: tiny after a warm start).",
     )
     dtype: Literal["float32", "bfloat16"] = Field(
         "float32", description="Engine dtype; fp32 keeps takeover replay token-identical."

@@ -20,8 +20,7 @@ usage() { sed -n '2,11p' "$0" | sed 's/^# \{0,1\}//'; }
 # that builds it gets the same bytes.
 built_model() {
   local size; size=$("$BELAYER" config show --json | "$PY" -c 'import json,sys; print(json.load(sys.stdin)["rollout"]["model"])')
-  if [ "$size" = tiny-warm ]; then "$BELAYER" model build --size tiny; fi
-  "$BELAYER" model build --size "$size"
+  "$BELAYER" model build --size "$size"  # a warm start builds its base first
 }
 
 role="${1:---help}"

@@ -2,9 +2,9 @@
 # Installs everything Belayer needs on a fresh machine of this kind (idempotent):
 # the Python environment with the pinned Temporal and SeaweedFS binaries, the sandbox
 # runtime (podman + runc + CRIU + base image), the rollout engine (vLLM on CPU), the
-# project-built tiny model and its warm start (tiny-warm, ~2 min of fine-tuning). Heavy
-# artefacts are cached under ~/.cache/belayer keyed by version, so a second run takes
-# seconds.
+# project-built tiny model and its two warm starts (tiny-warm and tiny-agent, ~2 min of
+# fine-tuning each). Heavy artefacts are cached under ~/.cache/belayer keyed by version,
+# so a second run takes seconds.
 set -euo pipefail
 exec </dev/null
 HERE="$(cd "$(dirname "$0")" && pwd)"
@@ -20,3 +20,4 @@ step bash "$HERE/sandbox-runtime.sh"
 step bash "$HERE/vllm.sh"
 step "$ROOT/.venv/bin/belayer" model build --size tiny
 step "$ROOT/.venv/bin/belayer" model build --size tiny-warm
+step "$ROOT/.venv/bin/belayer" model build --size tiny-agent

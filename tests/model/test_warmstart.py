@@ -79,3 +79,29 @@ def test_tiny_warm_calls_a_tool_almost_always(warm):
     result = rates(model, tokenizer, tasks, n=8, seed=7)
     assert result.tool_calls >= 0.85 * result.samples, result
     assert 0 < result.correct < result.samples, result
+
+
+@pytest.fixture(scope="module")
+def agent():
+    """The cached tiny-agent build (the multistep family's warm start; ~2 minutes)."""
+    return model_path("tiny-agent")
+
+
+def test_tiny_agent_records_its_own_recipe(agent):
+    from belayer.model.multistep_tasks import WARM_RECIPE
+
+    manifest = json.loads((agent / MANIFEST).read_text())
+    assert manifest["sft"] == dataclasses.asdict(WARM_RECIPE) != dataclasses.asdict(RECIPE)
+    assert manifest["base"]["size"] == "tiny"
+
+
+def test_tiny_agent_solves_multistep_tasks_only_by_reading_its_observations(agent):
+    from belayer.model.evaluate import load
+    from belayer.model.multistep_eval import success_rate
+    from belayer.model.multistep_tasks import problems
+
+    model, tokenizer = load(agent)
+    tasks = problems("train")[:12]
+    seen = success_rate(model, tokenizer, tasks, 1, seed=3)
+    blind = success_rate(model, tokenizer, tasks, 1, seed=3, blank=True)
+    assert 0 < seen < 1 and blind <= 0.2 and blind < seen, (seen, blind)

@@ -1,0 +1,191 @@
+"""A multi-action task family the warm-started model can get better at by RL: find the
+number two folders down, then compute with it.
+
+Each task's setup writes a number to `/workspace/in/<folder>/<file>`, the two names drawn
+per task from `NAMES`; the instruction asks for the number plus, minus or times a
+constant, written to `/workspace/output`, and says only that it lies under
+`/workspace/in`. The solution takes three actions, each built on what the one before
+observed:
+
+    ls /workspace/in                    -> the folder's name
+    ls /workspace/in/<folder>           -> the file's name
+    echo $(($(cat /workspace/in/<folder>/<file>) + K)) > /workspace/output
+
+then a final answer. A policy that ignores its observations guesses both names (one
+chance in 16) and the check reads only the output file, so the reward comes from the
+sandbox state that the agent's actions left. `belayer.model.ablation` measures that.
+
+The held-out split puts the number under folder-file pairs that neither the train split
+nor the warm start's corpus (`transcript`) ever contains: a gain there is a gain in
+following observations, not in remembering paths.
+
+`python -m belayer.model.multistep_tasks [FOLDER]` rewrites the two workload files
+(default examples/workloads); a test checks that they are up to date.
+"""
+
+from __future__ import annotations
+
+import random
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+from types import SimpleNamespace
+
+from belayer.agent_format import OBSERVATION_TEMPLATE, PROMPT_TEMPLATE, observation_text
+from belayer.model.learn_tasks import OPERATIONS, apply, render_workload_file, write_split_files
+from belayer.model.warmstart import DONE, Segment, SftRecipe
+
+# Paths relative to the agent's working directory (/workspace): short commands, which the
+# tiny model samples with fewer slips at temperature 1.
+ROOT, OUTPUT = "in", "output"
+# Four one-token names: the tiny model learns to copy among four in a 2-minute warm start
+# (among eight it does not, in that budget).
+NAMES = ("b", "c", "d", "f")
+CONSTANTS = range(2, 10)
+WORKSPACE = "/workspace"  # the agent's working directory; setup and check use full paths
+MAX_TURNS = 4  # three actions and the answer
+MAX_TOKENS_PER_TURN = 48
+WARM_MODEL = "tiny-agent"
+HELDOUT_NAME_PAIRS = 4
+SPLITS = {"train": ("learn-multistep.yaml", 96, 11), "heldout": ("learn-multistep-heldout.yaml", 8, 12)}
+# In the warm start's corpus each decision (a name copied from an observation, the
+# operator, the constant) is wrong this often, so the warm model solves about a third of
+# the tasks at temperature 1: a mixture RL can sharpen.
+CORPUS_ERROR_RATE = 0.15
+# 250 steps of 8 transcripts: about 2 minutes on 2 cores.
+WARM_RECIPE = SftRecipe(version=1, seed=20261206, steps=250, batch=8, lr=3e-3, warmup=10, threads=2)
+
+
+@dataclass(frozen=True)
+class Problem:
+    """One task: `operation` with `constant` on `value`, stored at ROOT/folder/file."""
+
+    operation: str
+    constant: int
+    value: int
+    folder: str
+    file: str
+
+    @property
+    def instruction(self) -> str:
+        source = f"the file two levels under ./{ROOT}"
+        return OPERATIONS[self.operation][0].format(k=self.constant, src=source, dst=f"./{OUTPUT}")
+
+    @property
+    def expected(self) -> int:
+        return apply(OPERATIONS[self.operation][1], self.value, self.constant)
+
+    def actions(self, *, folder: str | None = None, path: tuple[str, str] | None = None) -> list[str]:
+        """The three commands of the solution; `folder` swaps the name the second lists,
+        `path` the folder and file the third reads."""
+        listed = folder or self.folder
+        read_folder, read_file = path or (self.folder, self.file)
+        return [f"ls {ROOT}", f"ls {ROOT}/{listed}", self.compute(f"{ROOT}/{read_folder}/{read_file}")]
+
+    def compute(self, source: str, *, constant: int | None = None, symbol: str | None = None) -> str:
+        k = self.constant if constant is None else constant
+        op = symbol or OPERATIONS[self.operation][1]
+        return f"echo $(($(cat {source}) {op} {k})) > {OUTPUT}"
+
+    def listing(self, command: str) -> tuple[str, str, int]:
+        """What the sandbox answers an `ls` of the solution's folders: (stdout, stderr, exit)."""
+        path = command.removeprefix("ls ")
+        if path == ROOT:
+            return f"{self.folder}\n", "", 0
+        if path == f"{ROOT}/{self.folder}":
+            return f"{self.file}\n", "", 0
+        return "", f"ls: cannot access '{path}': No such file or directory\n", 2
+
+
+def heldout_name_pairs() -> set[tuple[str, str]]:
+    rng = random.Random(SPLITS["heldout"][2])
+    return set(rng.sample([(a, b) for a in NAMES for b in NAMES], HELDOUT_NAME_PAIRS))
+
+
+def draw(rng: random.Random, heldout: bool) -> Problem:
+    """A problem whose folder-file pair is (or, for the train side, is not) held out."""
+    held = heldout_name_pairs()
+    pairs = sorted(held) if heldout else [(a, b) for a in NAMES for b in NAMES if (a, b) not in held]
+    folder, file = rng.choice(pairs)
+    return Problem(
+        rng.choice(sorted(OPERATIONS)), rng.choice(CONSTANTS), rng.randrange(30, 100), folder, file
+    )
+
+
+def problems(split: str) -> list[Problem]:
+    _, count, seed = SPLITS[split]
+    rng = random.Random(seed)
+    return [draw(rng, heldout=split == "heldout") for _ in range(count)]
+
+
+def task(problem: Problem, index: int) -> dict:
+    """The workload entry of `problem` (a model task)."""
+    return {
+        "id": f"multistep-{problem.operation}-{problem.constant}-{index:02d}",
+        "instruction": problem.instruction,
+        "setup": [
+            f"mkdir -p {WORKSPACE}/{ROOT}/{problem.folder}",
+            f"echo {problem.value} > {WORKSPACE}/{ROOT}/{problem.folder}/{problem.file}",
+        ],
+        "check": f'test "$(cat {WORKSPACE}/{OUTPUT})" = {problem.expected}',
+        "max_turns": MAX_TURNS,
+        "max_tokens_per_turn": MAX_TOKENS_PER_TURN,
+    }
+
+
+def observation(stdout: str = "", stderr: str = "", exit_code: int = 0) -> str:
+    """The observation text exactly as the context activity renders it."""
+    shown = SimpleNamespace(stdout=stdout, stderr=stderr, exit_code=exit_code)
+    return OBSERVATION_TEMPLATE.format(body=observation_text(shown))
+
+
+def transcript(index: int, rng: random.Random) -> list[Segment]:
+    """Warm-start transcript `index`: a train-side task (never a held-out folder-file pair)."""
+    return problem_transcript(draw(rng, heldout=False), rng)
+
+
+def problem_transcript(problem: Problem, rng: random.Random) -> list[Segment]:
+    """`problem` played with each decision wrong at `CORPUS_ERROR_RATE` (another name than
+    the one observed, the wrong operator, another constant): the prompt, the three actions
+    and the observations the sandbox gives them, then "done"."""
+
+    def maybe_other(name: str) -> str:
+        return rng.choice([n for n in NAMES if n != name]) if rng.random() < CORPUS_ERROR_RATE else name
+
+    listed = maybe_other(problem.folder)
+    path = (maybe_other(problem.folder), maybe_other(problem.file))
+    constant = problem.constant
+    if rng.random() < CORPUS_ERROR_RATE:
+        constant = rng.choice([k for k in CONSTANTS if k != problem.constant])
+    symbol = OPERATIONS[problem.operation][2] if rng.random() < CORPUS_ERROR_RATE else None
+    first, second, _ = problem.actions(folder=listed)
+    third = problem.compute(f"{ROOT}/{path[0]}/{path[1]}", constant=constant, symbol=symbol)
+    segments = [Segment(PROMPT_TEMPLATE.format(instruction=problem.instruction), trained=False)]
+    for command in (first, second):
+        segments += [
+            Segment(f"<bash>{command}</bash>", trained=True),
+            Segment(observation(*problem.listing(command)), trained=False),
+        ]
+    segments += [Segment(f"<bash>{third}</bash>", trained=True), Segment(observation(), trained=False)]
+    return [*segments, Segment(DONE, trained=True)]
+
+
+def write_workloads(folder: Path) -> list[Path]:
+    """Write both splits' workload files into `folder`."""
+    return write_split_files(folder, {split: name for split, (name, _, _) in SPLITS.items()}, render_workload)
+
+
+def render_workload(split: str) -> str:
+    """The YAML text of the split's workload file (deterministic)."""
+    tasks = [task(p, i) for i, p in enumerate(problems(split))]
+    header = [
+        "Three actions: list /workspace/in, list the folder it shows, compute from the file",
+        f"that shows; the check reads {OUTPUT}. {WARM_MODEL} solves about a third at temperature 1.",
+    ]
+    training = {"model": WARM_MODEL, "heldout": SPLITS["heldout"][0]} if split == "train" else {}
+    return render_workload_file("belayer.model.multistep_tasks", split, header, tasks, training)
+
+
+if __name__ == "__main__":
+    for written_path in write_workloads(Path(sys.argv[1] if len(sys.argv) > 1 else "examples/workloads")):
+        print(written_path)

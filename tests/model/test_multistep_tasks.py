@@ -1,0 +1,137 @@
+"""The multistep task family: generated workloads are current, the held-out folder-file
+pairs appear in neither the train split nor the warm start's corpus, the solution takes
+three actions that each need the one before's observation, and the evaluator's stand-in
+answers as the shell does."""
+
+import random
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from belayer.model import multistep_tasks
+from belayer.model.multistep_eval import StandIn
+from belayer.model.multistep_tasks import (
+    MAX_TURNS,
+    NAMES,
+    ROOT,
+    SPLITS,
+    heldout_name_pairs,
+    problem_transcript,
+    problems,
+    render_workload,
+    transcript,
+)
+from belayer.workloads.loader import load_workload
+
+WORKLOADS = Path(__file__).resolve().parents[2] / "examples" / "workloads"
+
+
+@pytest.mark.parametrize("split", sorted(SPLITS))
+def test_workload_files_are_up_to_date(split):
+    path = WORKLOADS / SPLITS[split][0]
+    assert path.read_text(encoding="utf-8") == render_workload(split), (
+        "regenerate with: python -m belayer.model.multistep_tasks examples/workloads"
+    )
+    workload = load_workload(path)
+    assert len(workload.tasks) == SPLITS[split][1]
+    assert all(t.max_turns == MAX_TURNS for t in workload.tasks)
+
+
+def test_the_train_workload_names_its_model_and_heldout_split():
+    workload = load_workload(WORKLOADS / SPLITS["train"][0])
+    assert workload.model == "tiny-agent"
+    assert workload.heldout == WORKLOADS / SPLITS["heldout"][0]
+
+
+def _paths_in(segments) -> set[tuple[str, str]]:
+    """The folder-file pairs a transcript's setup-equivalent names: the listings it observes."""
+    text = "".join(s.text for s in segments if not s.trained)
+    shown = [line for line in text.splitlines() if len(line) == 1 and line in NAMES]
+    return {(shown[0], shown[1])} if len(shown) >= 2 else set()
+
+
+def test_heldout_pairs_are_in_neither_the_train_split_nor_the_warm_start_corpus():
+    held = heldout_name_pairs()
+    assert len(held) == multistep_tasks.HELDOUT_NAME_PAIRS
+    assert {(p.folder, p.file) for p in problems("heldout")} <= held
+    assert not {(p.folder, p.file) for p in problems("train")} & held
+    rng = random.Random(0)
+    corpus = [transcript(i, rng) for i in range(2000)]
+    seen = set().union(*(_paths_in(t) for t in corpus))
+    assert seen and not seen & held, "a held-out folder-file pair is in the warm start's corpus"
+    # Every train-side pair is taught, so held-out measures combining names, not unseen ones.
+    assert {(a, b) for a in NAMES for b in NAMES} - held <= seen
+
+
+def test_transcripts_mix_correct_solutions_with_each_kind_of_slip():
+    rng = random.Random(1)
+    played = [
+        (p, problem_transcript(p, rng))
+        for p in (multistep_tasks.draw(rng, heldout=False) for _ in range(400))
+    ]
+    solved = 0
+    for problem, segments in played:
+        shell = StandIn(problem)
+        commands = [s.text.removeprefix("<bash>").removesuffix("</bash>") for s in segments if s.trained]
+        assert commands[0] == f"ls {ROOT}" and commands[-1] == "done"
+        for command in commands[:3]:
+            shell.run(command)
+        solved += shell.solved
+    assert 0.3 < solved / len(played) < 0.6, solved  # about 0.85**5: a mixture RL can sharpen
+    assert len({segments[5].text for _, segments in played}) > 100
+
+
+def _shell(task: dict, commands: list[str], workspace: Path) -> tuple[list[str], bool]:
+    """Run the task's setup, then `commands` in the workspace as the agent's cwd, then the
+    check, with /workspace mapped to a temp folder: (each command's stdout, rewarded)."""
+    workspace.mkdir()
+
+    def run(line, cwd=None):
+        return subprocess.run(
+            ["bash", "-c", line.replace("/workspace", str(workspace))],
+            cwd=cwd,
+            capture_output=True,
+            text=True,
+        )
+
+    for line in task["setup"]:
+        assert run(line).returncode == 0
+    outputs = [run(command, cwd=workspace).stdout for command in commands]
+    return outputs, run(task["check"]).returncode == 0
+
+
+@pytest.mark.parametrize("split", sorted(SPLITS))
+@pytest.mark.usefixtures("local_processes")
+def test_only_the_three_actions_built_on_their_observations_earn_the_reward(split, tmp_path):
+    problem = problems(split)[0]
+    task = multistep_tasks.task(problem, 0)
+    outputs, rewarded = _shell(task, problem.actions(), tmp_path / "right")
+    assert rewarded
+    assert outputs[:2] == [f"{problem.folder}\n", f"{problem.file}\n"]  # what the next action needs
+    other = next(n for n in NAMES if n != problem.folder)
+    blind = [
+        problem.actions(path=(other, problem.file)),  # ignored the first listing
+        problem.actions(path=(problem.folder, next(n for n in NAMES if n != problem.file))),  # the second
+        [problem.compute(f"{ROOT}/{problem.folder}/{problem.file}", constant=problem.constant + 1)],
+    ]
+    for i, commands in enumerate(blind):
+        assert not _shell(task, commands, tmp_path / str(i))[1], commands
+
+
+@pytest.mark.usefixtures("local_processes")
+def test_the_evaluators_stand_in_answers_as_the_shell_does(tmp_path):
+    problem = problems("train")[3]
+    task = multistep_tasks.task(problem, 0)
+    wrong = next(n for n in NAMES if n != problem.folder)
+    commands = [f"ls {ROOT}", f"ls {ROOT}/{problem.folder}", f"ls {ROOT}/{wrong}"]
+    outputs, _ = _shell(task, commands, tmp_path / "shell")
+    stand_in = StandIn(problem)
+    for command, stdout in zip(commands, outputs, strict=True):
+        assert problem.listing(command)[0] == stdout
+    assert problem.listing(commands[2])[2] != 0
+    stand_in.run(problem.actions()[2])
+    assert stand_in.solved
+    other = StandIn(problem)
+    other.run(problem.compute(f"{ROOT}/{wrong}/{problem.file}"))
+    assert not other.solved
