@@ -13,7 +13,7 @@ import pytest
 from pydantic import ValidationError
 
 from belayer.cli.bench.training import training as bench_training
-from belayer.cli.train import start
+from belayer.cli.train import learning_rate, start
 from belayer.config import load_config
 from belayer.trainer.models import TrainerSettings
 from belayer.training import (
@@ -22,7 +22,7 @@ from belayer.training import (
     DEFAULT_TASKS_PER_ITERATION,
     training_input,
 )
-from belayer.workloads.models import TraceTask, TraceTurn
+from belayer.workloads.models import TraceTask, TraceTurn, Workload
 
 ROOT = Path(__file__).parents[1]
 TRAINER = TrainerSettings()
@@ -39,13 +39,18 @@ def test_belayer_train_and_the_library_train_alike_by_default(tmp_path):
         DEFAULT_GROUP_SIZE,
         DEFAULT_TASKS_PER_ITERATION,
     )
-    assert (cli["lr"], cli["minibatches"], cli["kl_coef"], cli["algorithm"]) == (
+    tasks = [TraceTask(id=f"t{i}", turns=[TraceTurn(think_tokens=1, bash="true")]) for i in range(4)]
+    assert (
+        learning_rate(cli["lr"], Workload(tasks=tasks)),
+        cli["minibatches"],
+        cli["kl_coef"],
+        cli["algorithm"],
+    ) == (
         TRAINER.lr,
         TRAINER.minibatches,
         TRAINER.kl_coef,
         TRAINER.algorithm,
     )
-    tasks = [TraceTask(id=f"t{i}", turns=[TraceTurn(think_tokens=1, bash="true")]) for i in range(4)]
     library = training_input(load_config(state_dir=tmp_path), tasks)
     assert (library.iterations, library.group_size, library.tasks_per_iteration) == (
         DEFAULT_ITERATIONS,
@@ -55,6 +60,14 @@ def test_belayer_train_and_the_library_train_alike_by_default(tmp_path):
     # `--lr-decay linear` (the command's default): to 0 over the run's iterations.
     assert cli["lr_decay"] == "linear" and library.trainer.lr_decay_iterations == library.iterations
     assert (library.trainer.lr, library.trainer.minibatches) == (TRAINER.lr, TRAINER.minibatches)
+
+
+def test_a_workloads_learning_rate_is_the_default_and_lr_overrides_it_even_with_zero():
+    tasks = [TraceTask(id="t", turns=[TraceTurn(think_tokens=1, bash="true")])]
+    tuned = Workload(tasks=tasks, lr=2e-4)
+    assert learning_rate(None, tuned) == 2e-4
+    assert learning_rate(0.0, tuned) == 0.0  # the control run
+    assert learning_rate(3e-4, Workload(tasks=tasks)) == 3e-4
 
 
 def test_one_temperature_serves_the_rollouts_and_the_trainer(tmp_path):

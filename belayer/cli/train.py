@@ -36,6 +36,7 @@ from belayer.training import (
 )
 from belayer.workloads.harbor_tasks import runnable_workload
 from belayer.workloads.loader import WorkloadError
+from belayer.workloads.models import Workload
 
 console = Console(stderr=True)
 LOGDIR = click.option(
@@ -47,6 +48,12 @@ LOGDIR = click.option(
 )
 POLL_S = 1.0
 TRAINER_DEFAULTS = TrainerSettings()  # one set of defaults: the library's
+
+
+def learning_rate(given: float | None, workload: Workload) -> float:
+    """`--lr` when given (0 included: the control run), else the workload's `lr:`, else the
+    library's default."""
+    return next(rate for rate in (given, workload.lr, TRAINER_DEFAULTS.lr) if rate is not None)
 
 
 class _TrainGroup(click.Group):
@@ -110,10 +117,9 @@ def train() -> None:
 )
 @click.option(
     "--lr",
-    default=TRAINER_DEFAULTS.lr,
-    show_default=True,
+    default=None,
     type=click.FloatRange(0),
-    help="AdamW learning rate.",
+    help=f"AdamW learning rate [default: the workload's `lr:`, else {TRAINER_DEFAULTS.lr:g}].",
 )
 @click.option(
     "--lr-decay",
@@ -215,7 +221,7 @@ def start(
     tasks_per_iteration: int,
     seed: int,
     algorithm: str,
-    lr: float,
+    lr: float | None,
     lr_decay: str,
     minibatches: int,
     kl_coef: float,
@@ -258,7 +264,7 @@ def start(
     heldout = None if no_heldout else heldout or loaded.heldout
     settings = TrainerSettings(
         algorithm=algorithm,
-        lr=lr,
+        lr=learning_rate(lr, loaded),
         lr_decay_iterations=iterations if lr_decay == "linear" else 0,
         minibatches=minibatches,
         kl_coef=kl_coef,

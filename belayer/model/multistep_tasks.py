@@ -3,21 +3,23 @@ number two folders down, then compute with it.
 
 Each task's setup writes a number to `/workspace/in/<folder>/<file>`, the two names drawn
 per task from `NAMES`; the instruction asks for the number plus, minus or times a
-constant, written to `/workspace/output`, and says only that it lies under
-`/workspace/in`. The solution takes three actions, each built on what the one before
-observed:
+constant, written to `./output`, and says only that it lies two levels under `./in` (the
+agent's working directory is /workspace). The solution takes three actions, each built
+on what the one before observed:
 
-    ls /workspace/in                    -> the folder's name
-    ls /workspace/in/<folder>           -> the file's name
-    echo $(($(cat /workspace/in/<folder>/<file>) + K)) > /workspace/output
+    ls in                                 -> the folder's name
+    ls in/<folder>                        -> the file's name
+    echo $(($(cat in/<folder>/<file>) + K)) > output
 
 then a final answer. A policy that ignores its observations guesses both names (one
-chance in 16) and the check reads only the output file, so the reward comes from the
-sandbox state that the agent's actions left. `belayer.model.ablation` measures that.
+chance in 16), and the check reads only /workspace/output after the trajectory, so the
+reward comes from the sandbox state the agent's actions left. `belayer.model.multistep_eval`
+measures a checkpoint with its observations blanked.
 
-The held-out split puts the number under folder-file pairs that neither the train split
-nor the warm start's corpus (`transcript`) ever contains: a gain there is a gain in
-following observations, not in remembering paths.
+A held-out task has the prompt of some train task but its number lies under other names
+than any train task with that prompt uses, and no held-out task (prompt and names) is in
+the warm start's corpus (`transcript`): a policy that remembered where its train tasks'
+numbers lie fails there; one that reads its observations does not.
 
 `python -m belayer.model.multistep_tasks [FOLDER]` rewrites the two workload files
 (default examples/workloads); a test checks that they are up to date.
@@ -25,6 +27,7 @@ following observations, not in remembering paths.
 
 from __future__ import annotations
 
+import functools
 import random
 import sys
 from dataclasses import dataclass
@@ -46,13 +49,15 @@ WORKSPACE = "/workspace"  # the agent's working directory; setup and check use f
 MAX_TURNS = 4  # three actions and the answer
 MAX_TOKENS_PER_TURN = 48
 WARM_MODEL = "tiny-agent"
-HELDOUT_NAME_PAIRS = 4
 SPLITS = {"train": ("learn-multistep.yaml", 96, 11), "heldout": ("learn-multistep-heldout.yaml", 8, 12)}
 # In the warm start's corpus each decision (a name copied from an observation, the
 # operator, the constant) is wrong this often, so the warm model solves about a third of
 # the tasks at temperature 1: a mixture RL can sharpen.
 CORPUS_ERROR_RATE = 0.15
 # 250 steps of 8 transcripts: about 2 minutes on 2 cores.
+# The learning rate the train split names (`lr:`): twice `belayer train`'s default, since
+# three decisions per trajectory must sharpen in the default 24 iterations.
+LR = 2e-4
 WARM_RECIPE = SftRecipe(version=1, seed=20261206, steps=250, batch=8, lr=3e-3, warmup=10, threads=2)
 
 
@@ -97,25 +102,39 @@ class Problem:
         return "", f"ls: cannot access '{path}': No such file or directory\n", 2
 
 
-def heldout_name_pairs() -> set[tuple[str, str]]:
-    rng = random.Random(SPLITS["heldout"][2])
-    return set(rng.sample([(a, b) for a in NAMES for b in NAMES], HELDOUT_NAME_PAIRS))
-
-
-def draw(rng: random.Random, heldout: bool) -> Problem:
-    """A problem whose folder-file pair is (or, for the train side, is not) held out."""
-    held = heldout_name_pairs()
-    pairs = sorted(held) if heldout else [(a, b) for a in NAMES for b in NAMES if (a, b) not in held]
-    folder, file = rng.choice(pairs)
-    return Problem(
-        rng.choice(sorted(OPERATIONS)), rng.choice(CONSTANTS), rng.randrange(30, 100), folder, file
-    )
+def draw(rng: random.Random) -> Problem:
+    """A problem: every part drawn at random."""
+    operation, constant = rng.choice(sorted(OPERATIONS)), rng.choice(CONSTANTS)
+    return Problem(operation, constant, rng.randrange(30, 100), rng.choice(NAMES), rng.choice(NAMES))
 
 
 def problems(split: str) -> list[Problem]:
+    """The split's tasks. Held-out: tasks whose prompt is a train task's but whose number
+    lies under names no train task with that prompt uses."""
     _, count, seed = SPLITS[split]
     rng = random.Random(seed)
-    return [draw(rng, heldout=split == "heldout") for _ in range(count)]
+    if split == "train":
+        return [draw(rng) for _ in range(count)]
+    train = problems("train")
+    prompts = {(p.operation, p.constant) for p in train}
+    taken = {_layout(p) for p in train}
+    heldout: list[Problem] = []
+    while len(heldout) < count:
+        problem = draw(rng)
+        if (problem.operation, problem.constant) in prompts and _layout(problem) not in taken:
+            heldout.append(problem)
+            taken.add(_layout(problem))
+    return heldout
+
+
+def _layout(problem: Problem) -> tuple[str, int, str, str]:
+    """What a policy that memorized a task could reuse: its prompt and where the number lies."""
+    return (problem.operation, problem.constant, problem.folder, problem.file)
+
+
+@functools.cache
+def heldout_layouts() -> frozenset[tuple[str, int, str, str]]:
+    return frozenset(_layout(p) for p in problems("heldout"))
 
 
 def task(problem: Problem, index: int) -> dict:
@@ -140,8 +159,12 @@ def observation(stdout: str = "", stderr: str = "", exit_code: int = 0) -> str:
 
 
 def transcript(index: int, rng: random.Random) -> list[Segment]:
-    """Warm-start transcript `index`: a train-side task (never a held-out folder-file pair)."""
-    return problem_transcript(draw(rng, heldout=False), rng)
+    """Warm-start transcript `index`: a random task, never one of the held-out split's."""
+    held = heldout_layouts()
+    problem = draw(rng)
+    while _layout(problem) in held:
+        problem = draw(rng)
+    return problem_transcript(problem, rng)
 
 
 def problem_transcript(problem: Problem, rng: random.Random) -> list[Segment]:
@@ -179,10 +202,10 @@ def render_workload(split: str) -> str:
     """The YAML text of the split's workload file (deterministic)."""
     tasks = [task(p, i) for i, p in enumerate(problems(split))]
     header = [
-        "Three actions: list /workspace/in, list the folder it shows, compute from the file",
-        f"that shows; the check reads {OUTPUT}. {WARM_MODEL} solves about a third at temperature 1.",
+        "Three actions: list ./in, list the folder it shows, compute from the file that shows;",
+        f"the check reads {WORKSPACE}/{OUTPUT}. {WARM_MODEL} solves about a third at temperature 1.",
     ]
-    training = {"model": WARM_MODEL, "heldout": SPLITS["heldout"][0]} if split == "train" else {}
+    training = {"model": WARM_MODEL, "heldout": SPLITS["heldout"][0], "lr": LR} if split == "train" else {}
     return render_workload_file("belayer.model.multistep_tasks", split, header, tasks, training)
 
 

@@ -22,7 +22,7 @@ class WorkloadError(BelayerError):
 
 
 _task_adapter: TypeAdapter[Task] = TypeAdapter(Task)
-TOP_LEVEL_KEYS = {"tasks", "model", "heldout", "harbor"}
+TOP_LEVEL_KEYS = {"tasks", "model", "heldout", "lr", "harbor"}
 MODELS = get_args(ModelSize)
 
 
@@ -39,7 +39,8 @@ def load_workload(path: Path) -> Workload:
 
 
 def _validate_options(path: Path, options: dict) -> dict:
-    """The training keys beside `tasks:`: the model the tasks were made for, the held-out file."""
+    """The training keys beside `tasks:`: the model the tasks were made for, the held-out
+    file, the learning rate they were tuned with."""
     model = options.get("model")
     if model is not None and model not in MODELS:
         raise WorkloadError(
@@ -55,7 +56,11 @@ def _validate_options(path: Path, options: dict) -> dict:
     harbor = options.get("harbor") or []
     if not isinstance(harbor, list):
         raise WorkloadError(f"{path}: {HARBOR_ENTRIES}")
-    return {"model": model, "heldout": heldout, "harbor": [_harbor_source(path, entry) for entry in harbor]}
+    lr = options.get("lr")
+    if lr is not None and (isinstance(lr, bool) or not isinstance(lr, int | float) or lr < 0):
+        raise WorkloadError(f"{path}: `lr: {lr}` is not a learning rate; give a number >= 0 (say 0.0001)")
+    harbor_sources = [_harbor_source(path, entry) for entry in harbor]
+    return {"model": model, "heldout": heldout, "lr": lr, "harbor": harbor_sources}
 
 
 HARBOR_ENTRIES = (
@@ -112,7 +117,7 @@ def _read_document(path: Path) -> tuple[list[Any], dict]:
     ):
         raise WorkloadError(
             f"{path}: the top level must be a mapping with `tasks:` (a list) and optionally "
-            "`model:`, `heldout:` and `harbor:`"
+            "`model:`, `heldout:`, `lr:` and `harbor:`"
         )
     if not isinstance(document.get("tasks", []), list):
         raise WorkloadError(f"{path}: `tasks:` must be a list of tasks")

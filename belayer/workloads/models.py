@@ -55,6 +55,12 @@ class Workload(BaseModel):
         description="A workload of held-out tasks `belayer train` evaluates every iteration, or a Harbor "
         "dataset (relative to this file).",
     )
+    lr: float | None = Field(
+        None,
+        ge=0,
+        description="The learning rate `belayer train` uses on these tasks unless `--lr` is given: the "
+        "one they were tuned with.",
+    )
     harbor: list[HarborSource] = Field(
         default_factory=list,
         description="Harbor task directories or datasets run beside `tasks` (a path, or `{path, "

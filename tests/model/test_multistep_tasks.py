@@ -4,6 +4,7 @@ three actions that each need the one before's observation, and the evaluator's s
 answers as the shell does."""
 
 import random
+import re
 import subprocess
 from pathlib import Path
 
@@ -16,7 +17,7 @@ from belayer.model.multistep_tasks import (
     NAMES,
     ROOT,
     SPLITS,
-    heldout_name_pairs,
+    heldout_layouts,
     problem_transcript,
     problems,
     render_workload,
@@ -42,34 +43,31 @@ def test_the_train_workload_names_its_model_and_heldout_split():
     workload = load_workload(WORKLOADS / SPLITS["train"][0])
     assert workload.model == "tiny-agent"
     assert workload.heldout == WORKLOADS / SPLITS["heldout"][0]
+    assert workload.lr == multistep_tasks.LR
 
 
-def _paths_in(segments) -> set[tuple[str, str]]:
-    """The folder-file pairs a transcript's setup-equivalent names: the listings it observes."""
-    text = "".join(s.text for s in segments if not s.trained)
-    shown = [line for line in text.splitlines() if len(line) == 1 and line in NAMES]
-    return {(shown[0], shown[1])} if len(shown) >= 2 else set()
+def _layout_of(segments) -> tuple[str, int, str, str] | None:
+    """(operation, constant, folder, file) a transcript shows, when both its listings did."""
+    prompt = segments[0].text
+    verb, constant = re.search(r"Task: (Add|Subtract|Multiply)\D*(\d+)", prompt).groups()
+    shown = [line for s in segments[1:] if not s.trained for line in s.text.splitlines() if line in NAMES]
+    return (verb.lower(), int(constant), *shown) if len(shown) == 2 else None
 
 
-def test_heldout_pairs_are_in_neither_the_train_split_nor_the_warm_start_corpus():
-    held = heldout_name_pairs()
-    assert len(held) == multistep_tasks.HELDOUT_NAME_PAIRS
-    assert {(p.folder, p.file) for p in problems("heldout")} <= held
-    assert not {(p.folder, p.file) for p in problems("train")} & held
+def test_heldout_tasks_share_train_prompts_but_never_a_train_or_corpus_layout():
+    train, heldout = problems("train"), problems("heldout")
+    assert {(p.operation, p.constant) for p in heldout} <= {(p.operation, p.constant) for p in train}
+    layouts = {(p.operation, p.constant, p.folder, p.file) for p in heldout}
+    assert len(layouts) == len(heldout) and layouts == heldout_layouts()
+    assert not layouts & {(p.operation, p.constant, p.folder, p.file) for p in train}
     rng = random.Random(0)
-    corpus = [transcript(i, rng) for i in range(2000)]
-    seen = set().union(*(_paths_in(t) for t in corpus))
-    assert seen and not seen & held, "a held-out folder-file pair is in the warm start's corpus"
-    # Every train-side pair is taught, so held-out measures combining names, not unseen ones.
-    assert {(a, b) for a in NAMES for b in NAMES} - held <= seen
+    corpus = {_layout_of(transcript(i, rng)) for i in range(3000)} - {None}
+    assert len(corpus) > 300 and not corpus & layouts, "a held-out task is in the warm start's corpus"
 
 
 def test_transcripts_mix_correct_solutions_with_each_kind_of_slip():
     rng = random.Random(1)
-    played = [
-        (p, problem_transcript(p, rng))
-        for p in (multistep_tasks.draw(rng, heldout=False) for _ in range(400))
-    ]
+    played = [(p, problem_transcript(p, rng)) for p in (multistep_tasks.draw(rng) for _ in range(400))]
     solved = 0
     for problem, segments in played:
         shell = StandIn(problem)

@@ -48,8 +48,17 @@ def test_a_training_workload_names_its_model_and_heldout_file(tmp_path):
         tmp_path, "w.yaml", "tasks: [{id: a, instruction: x}]\nmodel: tiny-warm\nheldout: held.yaml\n"
     )
     workload = load_workload(path)
-    assert workload.model == "tiny-warm"
+    assert workload.model == "tiny-warm" and workload.lr is None
     assert [t.id for t in load_workload(workload.heldout).tasks] == ["h"]
+
+
+def test_a_training_workload_names_the_learning_rate_it_was_tuned_with(tmp_path):
+    path = write(tmp_path, "w.yaml", "tasks: [{id: a, instruction: x}]\nlr: 0.0002\n")
+    assert load_workload(path).lr == 0.0002
+    for bad in ("-1", "fast", "true"):
+        path = write(tmp_path, "bad.yaml", f"tasks: [{{id: a, instruction: x}}]\nlr: {bad}\n")
+        with pytest.raises(WorkloadError, match=r"`lr: .*` is not a learning rate; give a number >= 0"):
+            load_workload(path)
 
 
 def test_jsonl(tmp_path):
