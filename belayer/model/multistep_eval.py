@@ -100,7 +100,6 @@ def success_rate(
 
 
 def main(name: str = "tiny-agent", samples: int = 2) -> None:
-
     folder = model_path(name, progress=print) if name in MODEL_NAMES else Path(name)  # type: ignore[arg-type]
     model, tokenizer = load(folder)
     for split in SPLITS:

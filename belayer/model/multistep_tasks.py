@@ -54,10 +54,10 @@ SPLITS = {"train": ("learn-multistep.yaml", 96, 11), "heldout": ("learn-multiste
 # operator, the constant) is wrong this often, so the warm model solves about a third of
 # the tasks at temperature 1: a mixture RL can sharpen.
 CORPUS_ERROR_RATE = 0.15
-# 250 steps of 8 transcripts: about 2 minutes on 2 cores.
-# The learning rate the train split names (`lr:`): twice `belayer train`'s default, since
-# three decisions per trajectory must sharpen in the default 24 iterations.
+# The learning rate the train split names (`lr:`): twice `belayer train`'s default, for
+# three decisions per trajectory to sharpen within the default 24 iterations.
 LR = 2e-4
+# 250 steps of 8 transcripts: about 2 minutes on 2 cores.
 WARM_RECIPE = SftRecipe(version=1, seed=20261206, steps=250, batch=8, lr=3e-3, warmup=10, threads=2)
 
 

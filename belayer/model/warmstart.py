@@ -13,6 +13,9 @@ family (the tiny model learns the constants it sees; it does not learn to copy u
 digits in this budget); RL then trains on the train split only. Loss is on the model's
 turns only.
 
+The fine-tuning itself takes any corpus (`warm_state(..., transcript_of)`): the multistep
+family writes its own for `tiny-agent` (`belayer.model.multistep_tasks.transcript`).
+
 Everything is seeded, single-process, fp32 on the CPU, with deterministic algorithms and
 a fixed thread count, so the same recipe gives the same bytes.
 """
