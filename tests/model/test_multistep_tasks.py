@@ -1,7 +1,7 @@
-"""The multistep task family: generated workloads are current, the held-out folder-file
-pairs appear in neither the train split nor the warm start's corpus, the solution takes
-three actions that each need the one before's observation, and the evaluator's stand-in
-answers as the shell does."""
+"""The multistep task family: generated workloads are current, no held-out task (its
+prompt and where its number lies) is in the train split or the warm start's corpus, the
+solution takes three actions that each need the one before's observation, and the
+evaluator's stand-in answers as the shell does."""
 
 import random
 import re
