@@ -38,7 +38,7 @@ from belayer.workflows.training_models import (
     TrainingResult,
     TrainingState,
 )
-from belayer.workloads.models import Task
+from belayer.workloads.models import Task, Workload
 
 
 def training_queues(config: BelayerConfig) -> TrainingQueues:
@@ -56,6 +56,12 @@ def training_queues(config: BelayerConfig) -> TrainingQueues:
 DEFAULT_ITERATIONS = 24
 DEFAULT_GROUP_SIZE = 4
 DEFAULT_TASKS_PER_ITERATION = 4
+
+
+def learning_rate(given: float | None, workload: Workload) -> float:
+    """The rate a run on `workload` trains with: the one given (0 included: the control
+    run), else the workload's `lr:` (the rate it was tuned with), else the default."""
+    return next(rate for rate in (given, workload.lr, TrainerSettings().lr) if rate is not None)
 
 
 def default_settings(iterations: int) -> TrainerSettings:

@@ -6,7 +6,7 @@
 
 This is what `belayer train` does, spelled out with the Temporal Python client:
 
-1. load a workload file (its `tasks:`, and the `model:` and `heldout:` it may name);
+1. load a workload file (its `tasks:`, and the `model:`, `heldout:` and `lr:` it may name);
 2. build the run's `TrainingInput` with `belayer.training.training_input`, which fills in
    what the stack's configuration knows: the task queues, the rollout nodes, the model
    the engines serve, the policy and the token budget;
@@ -39,7 +39,7 @@ from belayer.config import BelayerConfig, load_config
 from belayer.storage.store import open_store
 from belayer.temporal_client import connect
 from belayer.trainer.models import TrainerSettings
-from belayer.training import claim_run_id, default_settings, training_input
+from belayer.training import claim_run_id, default_settings, learning_rate, training_input
 from belayer.workflows.rollouts import RUN_KEY
 from belayer.workflows.training_models import IterationRecord, TrainingInput, TrainingProgress, TrainingResult
 from belayer.workloads.loader import load_workload
@@ -65,8 +65,8 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument(
         "--lr",
         type=float,
-        default=TrainerSettings().lr,
-        help=f"AdamW learning rate (default {TrainerSettings().lr:g}).",
+        default=None,
+        help=f"AdamW learning rate (default: the workload's `lr:`, else {TrainerSettings().lr:g}).",
     )
     parser.add_argument(
         "--heldout",
@@ -90,7 +90,9 @@ def run_input(config: BelayerConfig, args: argparse.Namespace) -> TrainingInput:
         tasks_per_iteration=args.tasks_per_iteration,
         seed=args.seed,
         heldout=load_workload(heldout).tasks if heldout else None,
-        settings=default_settings(args.iterations).model_copy(update={"lr": args.lr}),
+        settings=default_settings(args.iterations).model_copy(
+            update={"lr": learning_rate(args.lr, workload)}
+        ),
         run_id=args.run_id,
         model=workload.model,
     )

@@ -13,13 +13,14 @@ import pytest
 from pydantic import ValidationError
 
 from belayer.cli.bench.training import training as bench_training
-from belayer.cli.train import learning_rate, start
+from belayer.cli.train import start
 from belayer.config import load_config
 from belayer.trainer.models import TrainerSettings
 from belayer.training import (
     DEFAULT_GROUP_SIZE,
     DEFAULT_ITERATIONS,
     DEFAULT_TASKS_PER_ITERATION,
+    learning_rate,
     training_input,
 )
 from belayer.workloads.models import TraceTask, TraceTurn, Workload
@@ -97,4 +98,5 @@ def test_the_training_benchmark_and_the_example_use_the_same_learning_rate(monke
     assert defaults(bench_training)["lr"] == TRAINER.lr
     example = runpy.run_path(str(ROOT / "examples/train_with_client.py"), run_name="not_main")
     monkeypatch.setattr(sys, "argv", ["train_with_client.py", "w.yaml"])
-    assert example["parse_args"]().lr == TRAINER.lr
+    tasks = [TraceTask(id="t", turns=[TraceTurn(think_tokens=1, bash="true")])]
+    assert learning_rate(example["parse_args"]().lr, Workload(tasks=tasks)) == TRAINER.lr

@@ -27,6 +27,7 @@ from belayer.training import (
     DEFAULT_GROUP_SIZE,
     DEFAULT_ITERATIONS,
     DEFAULT_TASKS_PER_ITERATION,
+    learning_rate,
     read_iterations,
     resume_training,
     run_progress,
@@ -36,7 +37,6 @@ from belayer.training import (
 )
 from belayer.workloads.harbor_tasks import runnable_workload
 from belayer.workloads.loader import WorkloadError
-from belayer.workloads.models import Workload
 
 console = Console(stderr=True)
 LOGDIR = click.option(
@@ -48,12 +48,6 @@ LOGDIR = click.option(
 )
 POLL_S = 1.0
 TRAINER_DEFAULTS = TrainerSettings()  # one set of defaults: the library's
-
-
-def learning_rate(given: float | None, workload: Workload) -> float:
-    """`--lr` when given (0 included: the control run), else the workload's `lr:`, else the
-    library's default."""
-    return next(rate for rate in (given, workload.lr, TRAINER_DEFAULTS.lr) if rate is not None)
 
 
 class _TrainGroup(click.Group):
