@@ -60,13 +60,22 @@ SHAPES: dict[str, ModelShape] = {
     "tiny": ModelShape(hidden=256, intermediate=768, layers=4, heads=4, kv_heads=4, max_positions=4096),
     "bench": ModelShape(hidden=768, intermediate=3072, layers=12, heads=12, kv_heads=12, max_positions=4096),
 }
-# Fine-tuned models: name -> the size they start from (same tokenizer and config).
-WARM_STARTS: dict[str, str] = {"tiny-warm": "tiny", "tiny-agent": "tiny"}
-# ... and the recipe and corpus each is fine-tuned with: tiny-warm on the one-action learn
-# family, tiny-agent on the three-action multistep family.
-WARM_RECIPES: dict[str, tuple[SftRecipe, Transcript]] = {
-    "tiny-warm": (RECIPE, transcript),
-    "tiny-agent": (multistep_tasks.WARM_RECIPE, multistep_tasks.transcript),
+
+
+@dataclass(frozen=True)
+class WarmStart:
+    """A fine-tuned model: the size it starts from (same tokenizer and config), and the
+    recipe and corpus it is fine-tuned with."""
+
+    base: str
+    recipe: SftRecipe
+    transcript: Transcript
+
+
+# tiny-warm on the one-action learn family, tiny-agent on the three-action multistep family.
+WARM_STARTS: dict[str, WarmStart] = {
+    "tiny-warm": WarmStart("tiny", RECIPE, transcript),
+    "tiny-agent": WarmStart("tiny", multistep_tasks.WARM_RECIPE, multistep_tasks.transcript),
 }
 MODEL_NAMES = (*SHAPES, *WARM_STARTS)
 TOKENIZER_VOCAB = 2048
@@ -78,7 +87,7 @@ Progress = Callable[[str], None]
 def model_dir_name(size: str) -> str:
     """Cache folder name: a recipe change (base or fine-tuning) never reuses an old build."""
     if size in WARM_STARTS:
-        return f"{size}-r{RECIPE_VERSION}.{WARM_RECIPES[size][0].version}"
+        return f"{size}-r{RECIPE_VERSION}.{WARM_STARTS[size].recipe.version}"
     return f"{size}-r{RECIPE_VERSION}"
 
 
@@ -113,7 +122,7 @@ def build_model(
     if (target / MANIFEST).is_file() and not force:
         say(f"already built: {target}")
         return target
-    base = model_path(WARM_STARTS[size], cache_dir, progress) if size in WARM_STARTS else None
+    base = model_path(WARM_STARTS[size].base, cache_dir, progress) if size in WARM_STARTS else None
     with staged_folder(target) as staging:
         if base is None:
             write_model(size, staging, say)
@@ -151,9 +160,9 @@ def write_warm_model(size: str, base: Path, out: Path, say: Progress) -> None:
     for item in sorted(base.iterdir()):
         if item.is_file() and item.name not in ("model.safetensors", MANIFEST):
             shutil.copyfile(item, out / item.name)
-    recipe, transcript_of = WARM_RECIPES[size]
-    say(f"fine-tuning {base.name} on generated transcripts ({recipe.steps} steps)")
-    state = warm_state(base, recipe, say, transcript_of)
+    warm = WARM_STARTS[size]
+    say(f"fine-tuning {base.name} on generated transcripts ({warm.recipe.steps} steps)")
+    state = warm_state(base, warm.recipe, say, warm.transcript)
     save_file(state, str(out / "model.safetensors"), metadata={"format": "pt"})
     base_manifest = json.loads((base / MANIFEST).read_text())
     origin = {"size": base_manifest["size"], "manifest_sha256": file_sha256(base / MANIFEST)}
@@ -161,7 +170,7 @@ def write_warm_model(size: str, base: Path, out: Path, say: Progress) -> None:
         out,
         size=size,
         recipe=RECIPE_VERSION,
-        sft=asdict(recipe),
+        sft=asdict(warm.recipe),
         base=origin,
         params=base_manifest["params"],
         vocab=base_manifest["vocab"],

@@ -58,6 +58,11 @@ def apply(symbol: str, value: int, constant: int) -> int:
     return {"+": value + constant, "-": value - constant, "*": value * constant}[symbol]
 
 
+def arithmetic_command(source: str, symbol: str, constant: int, dst: str) -> str:
+    """The command that writes `(number in source) symbol constant` to `dst`."""
+    return f"echo $(($(cat {source}) {symbol} {constant})) > {dst}"
+
+
 @dataclass(frozen=True)
 class Problem:
     """One arithmetic task: `operation` with `constant` on `value` (which only setup sees)."""
@@ -77,8 +82,7 @@ class Problem:
     def command(self, *, constant: int | None = None, symbol: str | None = None, dst: str = OUTPUT) -> str:
         """The correct command; a keyword swaps in a wrong constant, operator or file."""
         k = self.constant if constant is None else constant
-        op = symbol or OPERATIONS[self.operation][1]
-        return f"echo $(($(cat {INPUT}) {op} {k})) > {dst}"
+        return arithmetic_command(INPUT, symbol or OPERATIONS[self.operation][1], k, dst)
 
     def wrong_symbol(self) -> str:
         return OPERATIONS[self.operation][2]

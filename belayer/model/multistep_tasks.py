@@ -35,7 +35,13 @@ from pathlib import Path
 from types import SimpleNamespace
 
 from belayer.agent_format import OBSERVATION_TEMPLATE, PROMPT_TEMPLATE, observation_text
-from belayer.model.learn_tasks import OPERATIONS, apply, render_workload_file, write_split_files
+from belayer.model.learn_tasks import (
+    OPERATIONS,
+    apply,
+    arithmetic_command,
+    render_workload_file,
+    write_split_files,
+)
 from belayer.model.warmstart import DONE, Segment, SftRecipe
 
 # Paths relative to the agent's working directory (/workspace): short commands, which the
@@ -89,8 +95,7 @@ class Problem:
 
     def compute(self, source: str, *, constant: int | None = None, symbol: str | None = None) -> str:
         k = self.constant if constant is None else constant
-        op = symbol or OPERATIONS[self.operation][1]
-        return f"echo $(($(cat {source}) {op} {k})) > {OUTPUT}"
+        return arithmetic_command(source, symbol or OPERATIONS[self.operation][1], k, OUTPUT)
 
     def listing(self, command: str) -> tuple[str, str, int]:
         """What the sandbox answers an `ls` of the solution's folders: (stdout, stderr, exit)."""
