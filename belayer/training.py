@@ -56,6 +56,7 @@ def training_queues(config: BelayerConfig) -> TrainingQueues:
 DEFAULT_ITERATIONS = 24
 DEFAULT_GROUP_SIZE = 4
 DEFAULT_TASKS_PER_ITERATION = 4
+DEFAULT_CONCURRENCY = TrainingInput.model_fields["concurrency"].default
 
 
 def learning_rate(given: float | None, workload: Workload) -> float:

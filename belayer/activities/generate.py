@@ -34,8 +34,15 @@ from tokenizers import Tokenizer
 from belayer.activities.context import ContextActivities, PreparedAppend, StartedAppend
 from belayer.activities.runtime import FailsAs, Failures, heartbeating, implements
 from belayer.contracts.errors import BAD_REQUEST, CORRUPT_PREFIX
-from belayer.contracts.generate import GENERATE, EngineTiming, GenerateArgs, GenerateResult, SamplingParams
-from belayer.rollout.errors import BadRequestError
+from belayer.contracts.generate import (
+    GENERATE,
+    EngineTiming,
+    GenerateArgs,
+    GenerateResult,
+    RecoveryReplay,
+    SamplingParams,
+)
+from belayer.rollout.errors import BadRequestError, RolloutError
 from belayer.rollout.protocol import SamplingSpec
 from belayer.storage.errors import CorruptObject, StorageError
 from belayer.storage.generation import SampledTokens, decode_sampled, encode_sampled, write_generation
@@ -106,19 +113,22 @@ class RolloutActivities:
         log = TokenLog(self.store, prefix.key, prefix=encode_tokens(context))
         produced = resumed
         stored = bool(resumed) or activity.info().attempt > 1  # an earlier attempt may have stored some
-        finish_reason, prefill_s, per_token_s, recoveries = "length", 0.0, 0.0, []
+        finish_reason, prefill_s, per_token_s, recoveries, replay = "length", 0.0, 0.0, [], None
         if turn.request is not None:
             try:
-                completion, stored_now = await self._await_with_heartbeats(
+                completion, last_beat = await self._await_with_heartbeats(
                     turn.request, resumed, _partial_key(prefix)
                 )
             except asyncio.CancelledError:
                 self.node.cancel(turn.request.request_id, "activity cancelled")
                 raise
             produced += _sampled(completion)
-            stored = stored or stored_now
+            stored = stored or last_beat.key is not None
             finish_reason, prefill_s = completion.finish_reason, completion.prefill_s
             per_token_s, recoveries = completion.decode_s_per_token, list(completion.recoveries)
+            recovered_at = first_recovery(len(resumed), completion.recovered_at)
+            if recovered_at is not None and recovered_at < len(produced):
+                replay = await self._replay_turn(turn, args, produced, recovered_at, last_beat)
         head, generation, versions = await asyncio.to_thread(
             self._store_turn,
             log,
@@ -151,6 +161,7 @@ class RolloutActivities:
             engine_recoveries=recoveries,
             generation=generation,
             weights_versions=versions,
+            recovery_replay=replay,
         )
 
     def _store_turn(
@@ -216,8 +227,8 @@ class RolloutActivities:
 
     async def _await_with_heartbeats(self, handle, resumed: SampledTokens, partial_key: str):
         """Heartbeat until the request is done, storing the tokens so far (with their
-        logprobs and versions) as they grow; returns the completion and whether anything
-        was stored.
+        logprobs and versions) as they grow; returns the completion and what was last
+        stored (and heartbeated).
 
         Reading them takes the node's lock, which a takeover or cold start holds for as
         long as it runs (seconds), and storing them is a network call: both happen on
@@ -229,7 +240,35 @@ class RolloutActivities:
             ended = _ended_event(handle).wait()
             await heartbeating(ended, every_s=_heartbeat_every(), details=partial.advance, at_start=True)
         await partial.settled()
-        return await asyncio.to_thread(handle.result, 0), partial.stored.key is not None
+        return await asyncio.to_thread(handle.result, 0), partial.stored
+
+    async def _replay_turn(
+        self, turn: BegunTurn, args: GenerateArgs, kept: SampledTokens, at: int, last_beat: PartialTokens
+    ) -> RecoveryReplay:
+        """The turn generated again on this node from its start, uninterrupted, compared with
+        the tokens it kept (`at`: its first token generated after a recovery). Only a turn a
+        recovery interrupted pays for this: nothing when nothing failed. Heartbeats go on
+        carrying the last stored tokens, so a retry resumes the turn as it would have."""
+        spec = _sampling_spec(args.sampling, args.max_tokens_after(turn.prefix))
+        try:
+            handle = await asyncio.to_thread(self.node.submit, turn.context, spec, f"{_attempt_id()}/replay")
+        except RolloutError as exc:
+            return not_compared(kept, at, f"the replay was refused: {exc}")
+        try:
+            await heartbeating(
+                _ended_event(handle).wait(), every_s=_heartbeat_every(), details=lambda: last_beat
+            )
+            replayed = await asyncio.to_thread(handle.result, 0)
+        except asyncio.CancelledError:
+            self.node.cancel(handle.request_id, "activity cancelled")
+            raise
+        except RolloutError as exc:
+            return not_compared(kept, at, f"the replay failed: {exc}")
+        if replayed.recoveries:
+            return not_compared(
+                kept, at, f"the replay was interrupted too ({', '.join(replayed.recoveries)})"
+            )
+        return compare_replay(kept, _sampled(replayed), at)
 
     def _store_partial(self, key: str, sampled: SampledTokens) -> PartialTokens:
 
@@ -288,6 +327,44 @@ class BegunTurn:
     resumed: SampledTokens
     request: RequestHandle | None
     observation: StartedAppend | None
+
+
+def first_recovery(resumed: int, recovered_at: tuple[int, ...]) -> int | None:
+    """The turn's first token generated after an engine recovery, or None when none
+    interrupted it: a retried attempt went on after the `resumed` tokens its predecessor
+    stored, and the node re-prefilled its request after `recovered_at[i]` of its own tokens
+    at each takeover or cold start."""
+    positions = ([resumed] if resumed else []) + [resumed + at for at in recovered_at]
+    return min(positions, default=None)
+
+
+def compare_replay(kept: SampledTokens, replayed: SampledTokens, at: int) -> RecoveryReplay:
+    """What a replay of a recovered turn says about the tokens the turn kept."""
+    if set(replayed.versions) != set(kept.versions) or len(set(kept.versions)) > 1:
+        return not_compared(kept, at, "weights were published during the turn or since: other weights")
+    shorter = min(len(kept), len(replayed))
+    differ = next((i for i in range(shorter) if kept.tokens[i] != replayed.tokens[i]), None)
+    if differ is None and len(kept) != len(replayed):
+        differ = shorter
+    if differ is None:
+        return RecoveryReplay(position=at, tokens_after=len(kept) - at, outcome="same")
+    return RecoveryReplay(
+        position=at,
+        tokens_after=len(kept) - at,
+        outcome="differs",
+        first_difference=differ,
+        detail=f"token {differ}: kept {_token_at(kept, differ)}, the replay drew {_token_at(replayed, differ)}",
+    )
+
+
+def not_compared(kept: SampledTokens, at: int, why: str) -> RecoveryReplay:
+    return RecoveryReplay(position=at, tokens_after=len(kept) - at, outcome="not_compared", detail=why)
+
+
+def _token_at(sampled: SampledTokens, position: int) -> str:
+    if position >= len(sampled):
+        return "nothing (it ended there)"
+    return f"{sampled.tokens[position]} (logprob {sampled.logprobs[position]:.6f})"
 
 
 def _sampling_spec(sampling: SamplingParams, max_tokens: int):

@@ -451,6 +451,18 @@ def _turns_of(task) -> int:
     return driver_for(task).turn_limit(task)
 
 
+def _after_recovery(result) -> dict:
+    """What `--json` says of the tokens an engine recovery may have changed: nothing when
+    no recovery interrupted a turn."""
+    if not result.recovered_turns:
+        return {}
+    return {
+        "tokens_after_recovery": result.tokens_after_recovery,
+        "recovered_turns": [turn.model_dump(mode="json") for turn in result.recovered_turns],
+        "recovered_tokens_differ": result.recovered_tokens_differ,
+    }
+
+
 def _report(
     results, wall: float, as_json: bool, faults: list[dict] | None = None, groups: list | None = None
 ) -> None:
@@ -475,6 +487,7 @@ def _report(
             **({"artifacts": r.artifacts} if r.artifacts else {}),
             **({"notes": r.notes} if r.notes else {}),
             **({"disk_bytes": r.disk_bytes} if r.disk_bytes is not None else {}),
+            **_after_recovery(r),
         }
         for r in results
     ]
@@ -521,6 +534,15 @@ def _report(
             console.print(
                 f"  {r.trajectory_id}: {rec.kind} recovery at step {rec.step} from {rec.source}, "
                 f"{rec.replayed_steps} steps replayed, {rec.time_lost_s:.2f}s lost{cut}"
+            )
+        for turn in r.recovered_turns:
+            replay = turn.replay
+            verdict = {"same": "the same tokens", "differs": "[yellow]other tokens[/] (a near-tie flipped)"}
+            console.print(
+                f"  {r.trajectory_id}: turn {turn.turn} recovered after its token {replay.position}; "
+                f"replayed uninterrupted: {verdict.get(replay.outcome, 'not compared')}"
+                f"{f' ({replay.detail})' if replay.detail else ''}; "
+                f"{r.tokens_after_recovery} tokens generated after the recovery"
             )
         if r.reason:
             console.print(f"  {r.trajectory_id}: {r.reason}")

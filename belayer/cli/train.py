@@ -24,6 +24,7 @@ from belayer.temporal_client import connect
 from belayer.trainer.algorithms import ALGORITHMS, DEFAULT
 from belayer.trainer.models import TrainerSettings
 from belayer.training import (
+    DEFAULT_CONCURRENCY,
     DEFAULT_GROUP_SIZE,
     DEFAULT_ITERATIONS,
     DEFAULT_TASKS_PER_ITERATION,
@@ -93,6 +94,13 @@ def train() -> None:
     show_default=True,
     type=click.IntRange(1, 4096),
     help="Tasks drawn (seeded) for each iteration.",
+)
+@click.option(
+    "--concurrency",
+    default=DEFAULT_CONCURRENCY,
+    show_default=True,
+    type=click.IntRange(1, 4096),
+    help="Trajectories (and so sandboxes) running at once; groups are set up under this limit too.",
 )
 @click.option(
     "--seed",
@@ -213,6 +221,7 @@ def start(
     iterations: int,
     group_size: int,
     tasks_per_iteration: int,
+    concurrency: int,
     seed: int,
     algorithm: str,
     lr: float | None,
@@ -282,6 +291,7 @@ def start(
         skip_uniform_groups=skip_uniform_groups,
         keep_last=keep_last,
         keep_every=keep_every,
+        concurrency=concurrency,
     )
     plan = _chaos_plan(chaos_plan, chaos_rate, chaos_seed, iterations)
     started = time.monotonic()

@@ -3,6 +3,8 @@ context in and out by reference (belayer/activities/generate.py says how)."""
 
 from __future__ import annotations
 
+from typing import Literal
+
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from belayer.contracts.activity import Activity
@@ -65,6 +67,29 @@ class EngineTiming(_Model):
     total_s: float = Field(ge=0, description="Whole activity attempt.")
 
 
+class RecoveryReplay(_Model):
+    """A turn that an engine recovery interrupted (a takeover or cold start in the node, or a
+    retried attempt that went on from the tokens its predecessor stored), checked against
+    the same turn generated again on the same engine from its start, uninterrupted.
+
+    The two agree with high probability, not always: the recovered request prefilled what
+    the interrupted one had decoded, the kernels sum in another order, and a token whose two
+    best choices lie closer than that difference can flip (README, determinism contract).
+    The trajectory keeps its own tokens either way (its sandbox ran them); this says
+    whether they are the ones an uninterrupted run would most likely have drawn."""
+
+    position: int = Field(ge=0, description="The turn's first token generated after the recovery.")
+    tokens_after: int = Field(ge=0, description="The turn's tokens from that position on.")
+    outcome: Literal["same", "differs", "not_compared"] = Field(
+        description="same / differs: the replay's tokens against the turn's; not_compared: the "
+        "replay could not be compared (`detail` says why: weights published meanwhile, a failure)."
+    )
+    first_difference: int | None = Field(
+        None, ge=0, description="differs: the turn's first token where the replay drew another."
+    )
+    detail: str = Field("", max_length=2000)
+
+
 class GenerateResult(_Model):
     prefix: PrefixRef = Field(description="The context including this turn's tokens.")
     segment_start: int = Field(0, ge=0, description="Position of this turn's first token in prefix's log.")
@@ -93,6 +118,9 @@ class GenerateResult(_Model):
         default_factory=list,
         description="The weights versions that produced this turn's tokens, in order (one unless "
         "a publish landed during the turn).",
+    )
+    recovery_replay: RecoveryReplay | None = Field(
+        None, description="Set when an engine recovery interrupted this turn: the turn, replayed."
     )
 
 

@@ -28,6 +28,7 @@ class Completion:
     recoveries: tuple[str, ...]
     logprobs: list[float] = field(default_factory=list)  # one per token
     versions: list[int] = field(default_factory=list)  # weights version of each token
+    recovered_at: tuple[int, ...] = ()  # how many tokens it held at each recovery
 
 
 @dataclass
@@ -48,6 +49,7 @@ class InFlight:
     finish_reason: str | None = None
     error: RolloutError | None = None
     recoveries: list[str] = field(default_factory=list)
+    recovered_at: list[int] = field(default_factory=list)  # len(tokens) at each recovery
     done: threading.Event = field(default_factory=threading.Event)
     on_progress: Callable[[int], None] | None = None
     done_callbacks: list[Callable[[], None]] = field(default_factory=list)
@@ -160,6 +162,7 @@ def completion(record: InFlight, decode: Callable[[list[int]], str]) -> Completi
         recoveries=tuple(record.recoveries),
         logprobs=list(record.logprobs[:n]),
         versions=list(record.versions[:n]),
+        recovered_at=tuple(record.recovered_at),
     )
 
 

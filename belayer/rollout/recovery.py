@@ -130,6 +130,7 @@ def recover(node: RecoveringNode, reason: str) -> None:
         records = node.inflight.open()
         for record in records:
             record.recoveries.append(kind)
+            record.recovered_at.append(len(record.tokens))  # re-prefilled from here on
             if record.pinned_version is not None and record.pinned_version != node.holders.leader.version:
                 record.pinned_version = None  # its version cannot be served any more: say so per token
     node.dispatcher.send_unsent()

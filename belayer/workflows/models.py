@@ -10,6 +10,7 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
+from belayer.contracts.generate import RecoveryReplay
 from belayer.contracts.sandbox import CheckpointRef, ObservationRef, SandboxHandle, VerifyResult
 from belayer.policy.adaptive import CheckpointPolicy, DecisionRecord
 from belayer.policy.config import PolicyConfig
@@ -132,6 +133,13 @@ class TrajectoryInput(_Model):
     carried: TrajectoryState | None = Field(None, description="Set by continue-as-new only.")
 
 
+class RecoveredTurn(_Model):
+    """A turn an engine recovery interrupted, and what its replay said."""
+
+    turn: int = Field(ge=1, description="The turn (1 is the first).")
+    replay: RecoveryReplay
+
+
 class TrajectoryState(_Model):
     """The workflow's whole memory; carried across continue-as-new."""
 
@@ -168,6 +176,12 @@ class TrajectoryState(_Model):
     )
     stopped_early: bool = Field(
         False, description="A stage scored below its minimum: no stage after it runs."
+    )
+    recovered_turns: list[RecoveredTurn] = Field(
+        [], description="Each turn an engine recovery interrupted, with its replay's verdict."
+    )
+    tokens_after_recovery: int = Field(
+        0, ge=0, description="Tokens generated since the first engine recovery (see TrajectoryResult)."
     )
 
 
@@ -255,6 +269,22 @@ class TrajectoryResult(_Model):
     sandbox_broken: SandboxBreak | None = Field(
         None, description="failed_policy because the agent broke its own sandbox: at which step, and how."
     )
+    tokens_after_recovery: int = Field(
+        0,
+        ge=0,
+        description="Tokens generated after an engine recovery interrupted a turn (that turn's rest and "
+        "every later turn): the ones that equal an uninterrupted run's with high probability, not surely.",
+    )
+    recovered_turns: list[RecoveredTurn] = Field(
+        default_factory=list,
+        description="Each turn an engine recovery interrupted, replayed from its start on the same engine.",
+    )
+
+    @property
+    def recovered_tokens_differ(self) -> bool:
+        """The flag: a recovered turn's replay drew other tokens than the ones the trajectory
+        kept (a near-tie flipped); its reward is still the reward of what its sandbox ran."""
+        return any(turn.replay.outcome == "differs" for turn in self.recovered_turns)
 
 
 TrajectoryInput.model_rebuild()

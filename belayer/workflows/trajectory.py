@@ -77,6 +77,7 @@ with workflow.unsafe.imports_passed_through():
     from belayer.trajectory_log import LogEntries, TrajectoryLogRef, steps_key
     from belayer.workflows.models import (
         ForkStart,
+        RecoveredTurn,
         RecoveryRecord,
         SandboxBreak,
         StepRecord,
@@ -438,6 +439,7 @@ class TrajectoryWorkflow:
                 return None
         self.state.generations += 1
         self.state.node_queue = result.node_queue
+        self._count_tokens_after_recovery(result)
         self.state.policy.observe_generation(
             GenerationSample(
                 output_tokens=result.output_tokens,
@@ -447,6 +449,17 @@ class TrajectoryWorkflow:
             )
         )
         return result
+
+    def _count_tokens_after_recovery(self, result: GenerateResult) -> None:
+        """Every token from the first engine recovery on is one a near-tie may have flipped
+        (README, determinism contract): count them, and keep each recovered turn's replay."""
+        if result.recovery_replay is not None:
+            self.state.recovered_turns.append(
+                RecoveredTurn(turn=self.state.step + 1, replay=result.recovery_replay)
+            )
+            self.state.tokens_after_recovery += result.recovery_replay.tokens_after
+        elif self.state.recovered_turns:
+            self.state.tokens_after_recovery += result.output_tokens
 
     async def _generate_with_affinity(self, args: GenerateArgs) -> GenerateResult:
         """Prefer the node that served the previous turn (its prefix cache holds this
@@ -1071,6 +1084,8 @@ class TrajectoryWorkflow:
             artifacts=self.verdict.artifacts if self.verdict else {},
             notes=[*getattr(self.input.task, "notes", []), *self._storage_used()],
             disk_bytes=self.verdict.disk_bytes if self.verdict else None,
+            tokens_after_recovery=state.tokens_after_recovery,
+            recovered_turns=state.recovered_turns,
         )
 
     def _storage_used(self) -> list[str]:

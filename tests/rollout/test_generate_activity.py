@@ -108,6 +108,10 @@ async def test_retry_resumes_from_heartbeated_tokens(activity_node, store):
     result = await env.run(acts.generate, GenerateArgs(prefix=ref, sampling=SAMPLING))
     assert result.resumed_tokens == 20
     assert read_prefix(store, result.prefix)[len(PROMPT) :] == expected
+    # The tokens after the resumed ones were generated after a recovery: the turn, replayed
+    # uninterrupted on the same engine, drew them too.
+    replay = result.recovery_replay
+    assert (replay.position, replay.tokens_after, replay.outcome) == (20, SAMPLING.max_tokens - 20, "same")
     # The turn's record covers the resumed tokens too: theirs from the stored partial, the
     # rest from the engine.
     logprobs, versions = _assert_one_logprob_and_version_per_token(store, result)
@@ -248,6 +252,12 @@ async def test_generate_through_temporal_survives_a_leader_kill(
     first, second = GenerateResult.model_validate(out["first"]), GenerateResult.model_validate(out["second"])
     assert killed, "the leader was never killed"
     assert first.engine_recoveries == ["takeover"] and first.output_tokens == 300
+    # From the takeover on (the kill came at the 100th token or soon after) the tokens came
+    # from a re-prefilled request; the turn replayed uninterrupted drew the same ones.
+    replay = first.recovery_replay
+    assert replay.outcome == "same" and 100 <= replay.position < 300, replay
+    assert replay.tokens_after == 300 - replay.position
+    assert second.recovery_replay is None and second.engine_recoveries == []
     spec = SamplingSpec(max_tokens=300, temperature=0.7, seed=3, ignore_eos=True)
     assert (
         read_prefix(store, first.prefix)[len(PROMPT) :]

@@ -10,6 +10,8 @@ import signal
 
 import pytest
 
+from belayer.storage.store import open_store
+from belayer.storage.tokenlog import read_marks
 from belayer.workloads.models import TraceTask, TraceTurn
 from tests.rollout.conftest import node_config, started_node, tiny_model  # noqa: F401 (fixture)
 from tests.workflows.conftest import trajectory_stack
@@ -50,4 +52,16 @@ async def test_primary_engine_killed_mid_turn(
     assert len(node.recoveries) > takeovers_before
     assert node.recoveries[-1].kind == "takeover"
     assert (result.token_sha256, result.env_sha256) == (reference.token_sha256, reference.env_sha256)
+    assert reference.recovered_turns == [] and reference.tokens_after_recovery == 0
+    if node.recoveries[-1].replayed_requests:  # the kill landed inside a turn, not between two
+        (recovered,) = result.recovered_turns
+        assert recovered.replay.outcome == "same" and not result.recovered_tokens_differ
+        # Counted: the recovered turn's tokens from the takeover on, and every later turn's.
+        model_turns = [
+            s
+            for s in read_marks(open_store(storage_config, encrypted=False), result.context)
+            if s.source == "model"
+        ]
+        later = sum(s.end - s.start for s in model_turns[recovered.turn :])
+        assert result.tokens_after_recovery == recovered.replay.tokens_after + later > later
     assert node.wait_shadow_ready(), "no fresh shadow after the takeover"
