@@ -86,6 +86,14 @@ class Rollout(BaseModel):
         description="Actions the agent ran in its sandbox (a last model turn without one is not counted)."
     )
     recoveries: int = Field(description="Sandbox recoveries Belayer made on its way (over all attempts).")
+    tokens_after_recovery: int = Field(
+        0,
+        description="Tokens generated after an engine recovery interrupted a turn: equal to an "
+        "uninterrupted run's with high probability, not surely (a near-tie can flip).",
+    )
+    recovered_tokens_differ: bool = Field(
+        False, description="Flag: a recovered turn, replayed uninterrupted on its engine, drew other tokens."
+    )
     attempts: int = Field(description="Trajectories run for this member (more than 1: failed_infra retried).")
     trajectory_id: str = Field(description="Open it in the Temporal web UI or with `belayer inspect`.")
     reason: str = ""
@@ -284,6 +292,8 @@ def rollout_of(store, outcome: MemberOutcome) -> Rollout:
         weights_versions=versions,
         turns=outcome.turns,
         recoveries=outcome.recoveries,
+        tokens_after_recovery=outcome.tokens_after_recovery,
+        recovered_tokens_differ=outcome.recovered_tokens_differ,
         attempts=outcome.attempts,
         trajectory_id=outcome.trajectory_id,
         reason=outcome.reason,

@@ -333,8 +333,9 @@ def first_recovery(resumed: int, recovered_at: tuple[int, ...]) -> int | None:
     """The turn's first token generated after an engine recovery, or None when none
     interrupted it: a retried attempt went on after the `resumed` tokens its predecessor
     stored, and the node re-prefilled its request after `recovered_at[i]` of its own tokens
-    at each takeover or cold start."""
-    positions = ([resumed] if resumed else []) + [resumed + at for at in recovered_at]
+    at each takeover or cold start. A recovery before the turn's first token changes
+    nothing: an uninterrupted request prefills its prompt too."""
+    positions = ([resumed] if resumed else []) + [resumed + at for at in recovered_at if resumed + at]
     return min(positions, default=None)
 
 

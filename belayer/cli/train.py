@@ -494,8 +494,15 @@ def iteration_line(record) -> str:
     dropped = f", {record.groups_dropped} dropped" if record.groups_dropped else ""
     actions = mean_actions([record])
     acted = f"; {actions:.1f} actions per trajectory" if actions is not None else ""
+    flagged = (
+        f"; {len(record.recovered_tokens_differ)} trajectories drew other tokens than a replay after an engine "
+        f"recovery ({', '.join(record.recovered_tokens_differ)})"
+        if record.recovered_tokens_differ
+        else ""
+    )
     return (
-        f"iteration {record.iteration}: reward {reward}{heldout}{acted}; groups {record.groups_kept} kept{dropped}; "
+        f"iteration {record.iteration}: reward {reward}{heldout}{acted}{flagged}; groups {record.groups_kept} "
+        f"kept{dropped}; "
         f"{record.infra_retries} infra retries; loss {record.loss:.4f}; weights v{record.weights_version} "
         f"{record.weights_sha256[:12]}; rollout {record.rollout_s:.1f}s train {record.train_s:.1f}s "
         f"publish {record.publish_s:.1f}s"
@@ -550,6 +557,8 @@ def run_report(result, records, settings: dict | None = None) -> dict:
                 "train_s": r.train_s,
                 "publish_s": r.publish_s,
                 "recovery_s": r.recovery_s,
+                "tokens_after_recovery": r.tokens_after_recovery,
+                "recovered_tokens_differ": r.recovered_tokens_differ,
                 "elapsed_s": r.elapsed_s,
                 "tasks": r.tasks,
                 "rewards": r.rewards,

@@ -70,6 +70,14 @@ class MemberOutcome(_Model):
     member: int = Field(0, ge=0, description="Its place in the group.")
     turns: int = Field(0, ge=0, description="Actions the attempt that counts ran in its sandbox.")
     recoveries: int = Field(0, ge=0, description="Sandbox recoveries over all attempts.")
+    tokens_after_recovery: int = Field(
+        0,
+        ge=0,
+        description="The attempt that counts: tokens generated after an engine recovery (TrajectoryResult).",
+    )
+    recovered_tokens_differ: bool = Field(
+        False, description="The attempt that counts: a recovered turn's replay drew other tokens (the flag)."
+    )
 
 
 class GroupOutcome(_Model):

@@ -214,6 +214,8 @@ class GroupRunner:
                 member=member,
                 turns=result.turns,
                 recoveries=recoveries,
+                tokens_after_recovery=result.tokens_after_recovery,
+                recovered_tokens_differ=result.recovered_tokens_differ,
             )
             if result.status != "failed_infra":
                 break

@@ -414,6 +414,15 @@ class TrainingWorkflow:
             publish_s=publish_s,
             elapsed_s=elapsed_s,
             recovery_s=sum(m.recovery_s for members in [*groups, heldout] for m in members),
+            tokens_after_recovery=sum(
+                m.tokens_after_recovery for members in [*groups, heldout] for m in members
+            ),
+            recovered_tokens_differ=[
+                m.trajectory_id
+                for members in [*groups, heldout]
+                for m in members
+                if m.recovered_tokens_differ
+            ],
             group_sandboxes=sorted(self.runner.group_records, key=lambda r: r.group),
         )
 

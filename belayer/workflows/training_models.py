@@ -188,6 +188,16 @@ class IterationRecord(_Model):
     elapsed_s: float = Field(
         0.0, description="Seconds from the run's start to this record (the curve's x axis)."
     )
+    tokens_after_recovery: int = Field(
+        0,
+        ge=0,
+        description="Tokens the iteration's trajectories generated after an engine recovery interrupted a "
+        "turn: the ones equal to an uninterrupted run's with high probability, not surely.",
+    )
+    recovered_tokens_differ: list[str] = Field(
+        default_factory=list,
+        description="Trajectories flagged: a recovered turn, replayed uninterrupted, drew other tokens.",
+    )
     group_sandboxes: list[GroupRecord] = Field(
         default_factory=list,
         description="How each group's members got their sandboxes (forks of one set-up "

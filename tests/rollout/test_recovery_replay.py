@@ -14,6 +14,7 @@ def _sampled(tokens: list[int], version: int = 0) -> SampledTokens:
 
 def test_a_turn_no_recovery_interrupted_has_no_recovery_position():
     assert first_recovery(0, ()) is None
+    assert first_recovery(0, (0,)) is None  # a takeover before its first token: prefilled as ever
 
 
 def test_the_first_recovery_counts_resumed_tokens_and_in_node_recoveries_after_them():

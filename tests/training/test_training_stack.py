@@ -189,6 +189,9 @@ def test_faults_of_every_kind_change_nothing_in_the_result(stack, workload, calm
         ]
 
     assert outcome(stormy) == outcome(calm)
+    # Turns the engine's crash and hang interrupted were replayed: none drew other tokens.
+    assert [i["recovered_tokens_differ"] for i in stormy["iterations"]] == [[]] * ITERATIONS
+    assert [i["tokens_after_recovery"] for i in calm["iterations"]] == [0] * ITERATIONS
 
 
 def test_a_terminated_run_resumes_and_ends_as_if_it_had_not_stopped(stack, workload, calm):
