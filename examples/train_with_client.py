@@ -39,7 +39,7 @@ from belayer.config import BelayerConfig, load_config
 from belayer.storage.store import open_store
 from belayer.temporal_client import connect
 from belayer.trainer.models import TrainerSettings
-from belayer.training import claim_run_id, default_settings, learning_rate, training_input
+from belayer.training import claim_run_id, default_settings, training_input, tuned
 from belayer.workflows.rollouts import RUN_KEY
 from belayer.workflows.training_models import IterationRecord, TrainingInput, TrainingProgress, TrainingResult
 from belayer.workloads.loader import load_workload
@@ -90,9 +90,7 @@ def run_input(config: BelayerConfig, args: argparse.Namespace) -> TrainingInput:
         tasks_per_iteration=args.tasks_per_iteration,
         seed=args.seed,
         heldout=load_workload(heldout).tasks if heldout else None,
-        settings=default_settings(args.iterations).model_copy(
-            update={"lr": learning_rate(args.lr, workload)}
-        ),
+        settings=default_settings(args.iterations).model_copy(update={"lr": tuned("lr", args.lr, workload)}),
         run_id=args.run_id,
         model=workload.model,
     )

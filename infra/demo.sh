@@ -5,7 +5,8 @@
 # two runs' token and environment hashes. Then a group of four trajectories forked from one
 # set-up sandbox, and a branch of one of them from its step 2. Then the Harbor tasks of
 # examples/tasks with their oracle (and a sandbox crash), nop, and a group. Then a short training run,
-# undisturbed and with faults, whose final weights must be identical.
+# undisturbed and with faults, whose final weights must be identical. Last, the multi-action
+# task family trained with its defaults: its learning curve, train and held-out.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 BELAYER=.venv/bin/belayer
@@ -16,9 +17,9 @@ trap 'rm -rf "$out"' EXIT
 $BELAYER up
 $BELAYER status
 echo
-echo "== 1/6: $WORKLOAD, no faults (the reference)"
+echo "== 1/7: $WORKLOAD, no faults (the reference)"
 $BELAYER run "$WORKLOAD" --json > "$out/reference.json"
-echo "== 2/6: $WORKLOAD with an engine crash at step 2 and a sandbox crash at step 4"
+echo "== 2/7: $WORKLOAD with an engine crash at step 2 and a sandbox crash at step 4"
 $BELAYER run "$WORKLOAD" --chaos "engine-crash@step=2:build-and-serve,sandbox-crash@step=4:build-and-serve" \
   --json > "$out/chaos.json"
 .venv/bin/python - "$out/reference.json" "$out/chaos.json" <<'PY'
@@ -53,7 +54,7 @@ PY
 # with its own seed, which must replay its last step exactly.
 GROUP_WORKLOAD=examples/workloads/group-setup.yaml
 echo
-echo "== 3/6: $GROUP_WORKLOAD as a group of 4 forked from one set-up sandbox, then a branch"
+echo "== 3/7: $GROUP_WORKLOAD as a group of 4 forked from one set-up sandbox, then a branch"
 $BELAYER run "$GROUP_WORKLOAD" -n 4 --keep-checkpoints --json > "$out/group.json"
 member=$(.venv/bin/python -c 'import json, sys; print(json.load(open(sys.argv[1]))["trajectories"][1]["id"])' \
   "$out/group.json")
@@ -82,7 +83,7 @@ PY
 # (nop: every sound task scores 0), then one task as a group of 4 forked from one sandbox.
 HARBOR=examples/tasks
 echo
-echo "== 4/6: the Harbor dataset $HARBOR: oracle with a sandbox crash at step 1, nop, a group of 4"
+echo "== 4/7: the Harbor dataset $HARBOR: oracle with a sandbox crash at step 1, nop, a group of 4"
 $BELAYER run "$HARBOR" --agent oracle --chaos "sandbox-crash@step=1" --json > "$out/harbor-oracle.json"
 $BELAYER run "$HARBOR" --agent nop --json > "$out/harbor-nop.json"
 $BELAYER run "$HARBOR/http-inventory-api" --agent oracle -n 4 --json > "$out/harbor-group.json"
@@ -118,9 +119,9 @@ TRAIN_WORKLOAD=examples/workloads/learn.yaml
 TRAIN_ARGS=(--iterations 3 --tasks-per-iteration 4 --group-size 2 --seed 5 --no-heldout --json)
 TRAIN_FAULTS="engine-crash@iteration=0,sandbox-crash@iteration=1,trainer-crash@iteration=1"
 echo
-echo "== 5/6: belayer train $TRAIN_WORKLOAD, 3 iterations, no faults (the reference)"
+echo "== 5/7: belayer train $TRAIN_WORKLOAD, 3 iterations, no faults (the reference)"
 $BELAYER train "$TRAIN_WORKLOAD" "${TRAIN_ARGS[@]}" > "$out/train-reference.json"
-echo "== 6/6: the same run with $TRAIN_FAULTS"
+echo "== 6/7: the same run with $TRAIN_FAULTS"
 $BELAYER train "$TRAIN_WORKLOAD" "${TRAIN_ARGS[@]}" --chaos "$TRAIN_FAULTS" > "$out/train-chaos.json"
 .venv/bin/python - "$out/train-reference.json" "$out/train-chaos.json" <<'PY'
 import json, sys
@@ -141,6 +142,40 @@ print(f"\nTRAINING: final weights {'identical' if same else 'DIFFERENT'} with {l
       f"(sha256 {chaos['final_weights_sha256'][:16]}); mean reward moved {first:.3f} -> {last:.3f} "
       f"({last - first:+.3f}) in {len(reference['iterations'])} iterations")
 sys.exit(0 if ok else 1)
+PY
+# Learning: the multi-action task family trained with its workload's defaults (the curve the
+# README reports): each trajectory must list ./in, list the folder it saw, and compute from
+# the file it saw. The mean reward over the first 4 and the last 4 iterations, train and
+# held-out (tasks whose names no train task with their prompt uses).
+MULTISTEP=examples/workloads/learn-multistep.yaml
+echo
+echo "== 7/7: belayer train $MULTISTEP with its defaults (the model learns a three-action task)"
+$BELAYER train "$MULTISTEP" --json > "$out/multistep.json"
+.venv/bin/python - "$out/multistep.json" <<'PY'
+import json, sys
+
+report = json.load(open(sys.argv[1]))
+iterations = report["iterations"]
+
+
+def mean(values):
+    values = [v for v in values if v is not None]
+    return sum(values) / len(values) if values else float("nan")
+
+
+print(f"\n{'iterations':>10}  {'train':>5}  {'held-out':>8}  {'actions':>7}  {'at':>6}")
+for start in range(0, len(iterations), 4):
+    block = iterations[start : start + 4]
+    print(f"{block[0]['iteration']:>4}-{block[-1]['iteration']:<5}  {mean(i['mean_reward'] for i in block):>5.2f}  "
+          f"{mean(i['heldout_reward'] for i in block):>8.2f}  "
+          f"{mean(i['mean_actions_per_trajectory'] for i in block):>7.1f}  {block[-1]['elapsed_s']:>5.0f}s")
+first, last = iterations[:4], iterations[-4:]
+train = mean(i["mean_reward"] for i in first), mean(i["mean_reward"] for i in last)
+heldout = mean(i["heldout_reward"] for i in first), mean(i["heldout_reward"] for i in last)
+print(f"\nLEARNING: train {train[0]:.2f} -> {train[1]:.2f}, held-out {heldout[0]:.2f} -> {heldout[1]:.2f} "
+      f"(first 4 -> last 4 iterations) in {iterations[-1]['elapsed_s']:.0f}s; "
+      f"{report['mean_actions_per_trajectory']:.1f} actions per trajectory")
+sys.exit(0 if report["status"] == "completed" else 1)
 PY
 echo
 echo "The stack keeps running: Temporal UI on http://127.0.0.1:8233. Stop it with 'make down'."

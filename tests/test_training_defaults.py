@@ -20,8 +20,10 @@ from belayer.training import (
     DEFAULT_GROUP_SIZE,
     DEFAULT_ITERATIONS,
     DEFAULT_TASKS_PER_ITERATION,
-    learning_rate,
+    MAX_DEFAULT_CONCURRENCY,
+    default_concurrency,
     training_input,
+    tuned,
 )
 from belayer.workloads.models import TraceTask, TraceTurn, Workload
 
@@ -35,16 +37,21 @@ def defaults(command) -> dict:
 
 def test_belayer_train_and_the_library_train_alike_by_default(tmp_path):
     cli = defaults(start)
-    assert (cli["iterations"], cli["group_size"], cli["tasks_per_iteration"]) == (
+    tasks = [TraceTask(id=f"t{i}", turns=[TraceTurn(think_tokens=1, bash="true")]) for i in range(4)]
+    untuned = Workload(tasks=tasks)
+    assert (
+        cli["iterations"],
+        tuned("group_size", cli["group_size"], untuned),
+        cli["tasks_per_iteration"],
+    ) == (
         DEFAULT_ITERATIONS,
         DEFAULT_GROUP_SIZE,
         DEFAULT_TASKS_PER_ITERATION,
     )
-    tasks = [TraceTask(id=f"t{i}", turns=[TraceTurn(think_tokens=1, bash="true")]) for i in range(4)]
     assert (
-        learning_rate(cli["lr"], Workload(tasks=tasks)),
+        tuned("lr", cli["lr"], untuned),
         cli["minibatches"],
-        cli["kl_coef"],
+        tuned("kl_coef", cli["kl_coef"], untuned),
         cli["algorithm"],
     ) == (
         TRAINER.lr,
@@ -65,10 +72,24 @@ def test_belayer_train_and_the_library_train_alike_by_default(tmp_path):
 
 def test_a_workloads_learning_rate_is_the_default_and_lr_overrides_it_even_with_zero():
     tasks = [TraceTask(id="t", turns=[TraceTurn(think_tokens=1, bash="true")])]
-    tuned = Workload(tasks=tasks, lr=2e-4)
-    assert learning_rate(None, tuned) == 2e-4
-    assert learning_rate(0.0, tuned) == 0.0  # the control run
-    assert learning_rate(3e-4, Workload(tasks=tasks)) == 3e-4
+    workload = Workload(tasks=tasks, lr=2e-4)
+    assert tuned("lr", None, workload) == 2e-4
+    assert tuned("lr", 0.0, workload) == 0.0  # the control run
+    assert tuned("lr", 3e-4, Workload(tasks=tasks)) == 3e-4
+
+
+def test_a_workloads_group_size_and_kl_weight_are_defaults_that_the_flags_override():
+    tasks = [TraceTask(id="t", turns=[TraceTurn(think_tokens=1, bash="true")])]
+    workload = Workload(tasks=tasks, group_size=8, kl_coef=0.1)
+    assert (tuned("group_size", None, workload), tuned("kl_coef", None, workload)) == (8, 0.1)
+    assert (tuned("group_size", 2, workload), tuned("kl_coef", 0.0, workload)) == (2, 0.0)
+    assert tuned("group_size", None, Workload(tasks=tasks)) == DEFAULT_GROUP_SIZE
+
+
+def test_an_iteration_runs_all_at_once_by_default_up_to_a_hosts_capacity():
+    tasks = [TraceTask(id="t", turns=[TraceTurn(think_tokens=1, bash="true")])]
+    assert default_concurrency(32, tasks * 16) == 48 and default_concurrency(6, None) == 6
+    assert default_concurrency(256, None) == MAX_DEFAULT_CONCURRENCY
 
 
 def test_one_temperature_serves_the_rollouts_and_the_trainer(tmp_path):
@@ -99,4 +120,4 @@ def test_the_training_benchmark_and_the_example_use_the_same_learning_rate(monke
     example = runpy.run_path(str(ROOT / "examples/train_with_client.py"), run_name="not_main")
     monkeypatch.setattr(sys, "argv", ["train_with_client.py", "w.yaml"])
     tasks = [TraceTask(id="t", turns=[TraceTurn(think_tokens=1, bash="true")])]
-    assert learning_rate(example["parse_args"]().lr, Workload(tasks=tasks)) == TRAINER.lr
+    assert tuned("lr", example["parse_args"]().lr, Workload(tasks=tasks)) == TRAINER.lr

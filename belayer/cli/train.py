@@ -24,17 +24,18 @@ from belayer.temporal_client import connect
 from belayer.trainer.algorithms import ALGORITHMS, DEFAULT
 from belayer.trainer.models import TrainerSettings
 from belayer.training import (
-    DEFAULT_CONCURRENCY,
     DEFAULT_GROUP_SIZE,
     DEFAULT_ITERATIONS,
     DEFAULT_TASKS_PER_ITERATION,
-    learning_rate,
+    MAX_DEFAULT_CONCURRENCY,
+    default_concurrency,
     read_iterations,
     resume_training,
     run_progress,
     run_storage,
     start_training,
     training_input,
+    tuned,
 )
 from belayer.workloads.harbor_tasks import runnable_workload
 from belayer.workloads.loader import WorkloadError
@@ -83,10 +84,10 @@ def train() -> None:
 )
 @click.option(
     "--group-size",
-    default=DEFAULT_GROUP_SIZE,
-    show_default=True,
+    default=None,
     type=click.IntRange(2, 256),
-    help="Trajectories per task per iteration (a GRPO group).",
+    help=f"Trajectories per task per iteration (a GRPO group) [default: the workload's `group_size:`, "
+    f"else {DEFAULT_GROUP_SIZE}].",
 )
 @click.option(
     "--tasks-per-iteration",
@@ -97,10 +98,10 @@ def train() -> None:
 )
 @click.option(
     "--concurrency",
-    default=DEFAULT_CONCURRENCY,
-    show_default=True,
+    default=None,
     type=click.IntRange(1, 4096),
-    help="Trajectories (and so sandboxes) running at once; groups are set up under this limit too.",
+    help="Trajectories (and so sandboxes) running at once; groups are set up under this limit too "
+    f"[default: an iteration's trajectories, train and held-out, up to {MAX_DEFAULT_CONCURRENCY}].",
 )
 @click.option(
     "--seed",
@@ -140,10 +141,10 @@ def train() -> None:
 )
 @click.option(
     "--kl-coef",
-    default=TRAINER_DEFAULTS.kl_coef,
-    show_default=True,
+    default=None,
     type=click.FloatRange(0),
-    help="Weight of a KL penalty to the start weights (k3 estimator); 0 is off.",
+    help="Weight of a KL penalty to the start weights (k3 estimator); 0 is off [default: the "
+    f"workload's `kl_coef:`, else {TRAINER_DEFAULTS.kl_coef:g}].",
 )
 @click.option(
     "--temperature",
@@ -219,15 +220,15 @@ def start(
     ctx: click.Context,
     workload: Path,
     iterations: int,
-    group_size: int,
+    group_size: int | None,
     tasks_per_iteration: int,
-    concurrency: int,
+    concurrency: int | None,
     seed: int,
     algorithm: str,
     lr: float | None,
     lr_decay: str,
     minibatches: int,
-    kl_coef: float,
+    kl_coef: float | None,
     temperature: float,
     heldout: Path | None,
     no_heldout: bool,
@@ -267,12 +268,14 @@ def start(
     heldout = None if no_heldout else heldout or loaded.heldout
     settings = TrainerSettings(
         algorithm=algorithm,
-        lr=learning_rate(lr, loaded),
+        lr=tuned("lr", lr, loaded),
         lr_decay_iterations=iterations if lr_decay == "linear" else 0,
         minibatches=minibatches,
-        kl_coef=kl_coef,
+        kl_coef=tuned("kl_coef", kl_coef, loaded),
         temperature=temperature,
     )
+    group_size = tuned("group_size", group_size, loaded)
+    heldout_tasks = runnable_workload(config, heldout, progress=progress).tasks if heldout else None
     input = training_input(
         config,
         tasks,
@@ -280,7 +283,7 @@ def start(
         group_size=group_size,
         tasks_per_iteration=tasks_per_iteration,
         seed=seed,
-        heldout=runnable_workload(config, heldout, progress=progress).tasks if heldout else None,
+        heldout=heldout_tasks,
         settings=settings,
         run_id=run_id,
         temperature=temperature,
@@ -291,7 +294,7 @@ def start(
         skip_uniform_groups=skip_uniform_groups,
         keep_last=keep_last,
         keep_every=keep_every,
-        concurrency=concurrency,
+        concurrency=concurrency or default_concurrency(group_size * tasks_per_iteration, heldout_tasks),
     )
     plan = _chaos_plan(chaos_plan, chaos_rate, chaos_seed, iterations)
     started = time.monotonic()
@@ -518,6 +521,7 @@ def run_settings(input, workload: Path | None) -> dict:
         "iterations": input.iterations,
         "group_size": input.group_size,
         "tasks_per_iteration": input.tasks_per_iteration,
+        "concurrency": input.concurrency,
         "seed": input.seed,
         "algorithm": input.trainer.algorithm,
         "lr": input.trainer.lr,

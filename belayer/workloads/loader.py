@@ -22,7 +22,14 @@ class WorkloadError(BelayerError):
 
 
 _task_adapter: TypeAdapter[Task] = TypeAdapter(Task)
-TOP_LEVEL_KEYS = {"tasks", "model", "heldout", "lr", "harbor"}
+# The settings a workload may name that it was tuned with: (a number of this type, at
+# least this, what it is, an example); `belayer train`'s flags override them.
+TUNED_KEYS = {
+    "lr": (float, 0, "a learning rate", "0.0001"),
+    "group_size": (int, 2, "a group size", "8"),
+    "kl_coef": (float, 0, "a KL penalty's weight", "0.1"),
+}
+TOP_LEVEL_KEYS = {"tasks", "model", "heldout", "harbor", *TUNED_KEYS}
 MODELS = get_args(ModelSize)
 
 
@@ -40,7 +47,7 @@ def load_workload(path: Path) -> Workload:
 
 def _validate_options(path: Path, options: dict) -> dict:
     """The training keys beside `tasks:`: the model the tasks were made for, the held-out
-    file, the learning rate they were tuned with."""
+    file, the settings they were tuned with."""
     model = options.get("model")
     if model is not None and model not in MODELS:
         raise WorkloadError(
@@ -56,11 +63,20 @@ def _validate_options(path: Path, options: dict) -> dict:
     harbor = options.get("harbor") or []
     if not isinstance(harbor, list):
         raise WorkloadError(f"{path}: {HARBOR_ENTRIES}")
-    lr = options.get("lr")
-    if lr is not None and (isinstance(lr, bool) or not isinstance(lr, int | float) or lr < 0):
-        raise WorkloadError(f"{path}: `lr: {lr}` is not a learning rate; give a number >= 0 (say 0.0001)")
     harbor_sources = [_harbor_source(path, entry) for entry in harbor]
-    return {"model": model, "heldout": heldout, "lr": lr, "harbor": harbor_sources}
+    tuned = {key: _tuned_value(path, key, options.get(key)) for key in TUNED_KEYS}
+    return {"model": model, "heldout": heldout, "harbor": harbor_sources, **tuned}
+
+
+def _tuned_value(path: Path, key: str, value):
+    kind, least, what, example = TUNED_KEYS[key]
+    numeric = (int,) if kind is int else (int, float)
+    if value is not None and (isinstance(value, bool) or not isinstance(value, numeric) or value < least):
+        whole = "a whole number" if kind is int else "a number"
+        raise WorkloadError(
+            f"{path}: `{key}: {value}` is not {what}; give {whole} >= {least} (say {example})"
+        )
+    return value
 
 
 HARBOR_ENTRIES = (
@@ -117,7 +133,7 @@ def _read_document(path: Path) -> tuple[list[Any], dict]:
     ):
         raise WorkloadError(
             f"{path}: the top level must be a mapping with `tasks:` (a list) and optionally "
-            "`model:`, `heldout:`, `lr:` and `harbor:`"
+            "`model:`, `heldout:`, `harbor:` and the settings it was tuned with (`lr:`, `group_size:`, `kl_coef:`)"
         )
     if not isinstance(document.get("tasks", []), list):
         raise WorkloadError(f"{path}: `tasks:` must be a list of tasks")

@@ -61,6 +61,12 @@ class Workload(BaseModel):
         description="The learning rate `belayer train` uses on these tasks unless `--lr` is given: the "
         "one they were tuned with.",
     )
+    group_size: int | None = Field(
+        None, ge=2, le=256, description="Likewise the group size (`--group-size`) they were tuned with."
+    )
+    kl_coef: float | None = Field(
+        None, ge=0, description="Likewise the KL penalty's weight (`--kl-coef`) they were tuned with."
+    )
     harbor: list[HarborSource] = Field(
         default_factory=list,
         description="Harbor task directories or datasets run beside `tasks` (a path, or `{path, "

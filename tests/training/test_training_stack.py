@@ -194,6 +194,25 @@ def test_faults_of_every_kind_change_nothing_in_the_result(stack, workload, calm
     assert [i["tokens_after_recovery"] for i in calm["iterations"]] == [0] * ITERATIONS
 
 
+# A second seed: other tasks' samples, other groups to learn from, faults finding other
+# trajectories. The faults that touch the numbers (a re-prefill after the engine's death or
+# hang, the trainer's restart from its checkpoint) and a sandbox's restore, over 2 iterations.
+OTHER_SEED_FAULTS = "engine-crash@first-generation=0,trainer-crash@iteration=0,engine-hang@first-generation=1,sandbox-crash@iteration=1"
+
+
+def test_faults_change_nothing_with_a_second_seed(stack, workload):
+    args = [str(workload), *TRAIN_ARGS, "--seed", "6", "--iterations", "2"]  # the last --seed counts
+    calm, stormy = train(stack[1], *args), train(stack[1], *args, "--chaos", OTHER_SEED_FAULTS)
+    assert not [f for f in stormy["faults"] if str(f["recovered_by"]).startswith("not injected")], stormy[
+        "faults"
+    ]
+    assert len(stormy["faults"]) == len(OTHER_SEED_FAULTS.split(","))
+    assert [(i["rewards"], i["weights_sha256"]) for i in stormy["iterations"]] == [
+        (i["rewards"], i["weights_sha256"]) for i in calm["iterations"]
+    ]
+    assert stormy["final_weights_sha256"] == calm["final_weights_sha256"]
+
+
 def test_a_terminated_run_resumes_and_ends_as_if_it_had_not_stopped(stack, workload, calm):
     """`belayer train resume`: the run stopped from Temporal while it published an
     iteration's weights (trained and checkpointed, not recorded), so the resume removes that

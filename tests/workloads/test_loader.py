@@ -61,6 +61,20 @@ def test_a_training_workload_names_the_learning_rate_it_was_tuned_with(tmp_path)
             load_workload(path)
 
 
+def test_a_training_workload_names_the_group_size_and_kl_weight_it_was_tuned_with(tmp_path):
+    path = write(tmp_path, "w.yaml", "tasks: [{id: a, instruction: x}]\ngroup_size: 8\nkl_coef: 0.1\n")
+    workload = load_workload(path)
+    assert (workload.group_size, workload.kl_coef) == (8, 0.1)
+    for line, message in [
+        ("group_size: 1", r"`group_size: 1` is not a group size; give a whole number >= 2 \(say 8\)"),
+        ("group_size: 2.5", r"`group_size: 2.5` is not a group size"),
+        ("kl_coef: -0.1", r"`kl_coef: -0.1` is not a KL penalty's weight; give a number >= 0"),
+    ]:
+        path = write(tmp_path, "bad.yaml", f"tasks: [{{id: a, instruction: x}}]\n{line}\n")
+        with pytest.raises(WorkloadError, match=message):
+            load_workload(path)
+
+
 def test_jsonl(tmp_path):
     path = write(
         tmp_path,
