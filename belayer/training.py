@@ -104,6 +104,7 @@ def training_input(
     settings: TrainerSettings | None = None,
     run_id: str | None = None,
     model: str | None = None,
+    concurrency: int | None = None,
     **overrides,
 ) -> TrainingInput:
     """The input of a run over `tasks` with the stack's queues and policy, starting from
@@ -129,6 +130,7 @@ def training_input(
         policy=config.policy,
         max_total_tokens=config.rollout.max_model_len,
         queues=training_queues(config),
+        concurrency=concurrency or default_concurrency(group_size * tasks_per_iteration, heldout),
         **overrides,
     )
 

@@ -65,6 +65,10 @@ def test_belayer_train_and_the_library_train_alike_by_default(tmp_path):
         DEFAULT_GROUP_SIZE,
         DEFAULT_TASKS_PER_ITERATION,
     )
+    # the whole iteration at once
+    assert (
+        cli["concurrency"] is None and library.concurrency == DEFAULT_GROUP_SIZE * DEFAULT_TASKS_PER_ITERATION
+    )
     # `--lr-decay linear` (the command's default): to 0 over the run's iterations.
     assert cli["lr_decay"] == "linear" and library.trainer.lr_decay_iterations == library.iterations
     assert (library.trainer.lr, library.trainer.minibatches) == (TRAINER.lr, TRAINER.minibatches)

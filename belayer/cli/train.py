@@ -28,7 +28,6 @@ from belayer.training import (
     DEFAULT_ITERATIONS,
     DEFAULT_TASKS_PER_ITERATION,
     MAX_DEFAULT_CONCURRENCY,
-    default_concurrency,
     read_iterations,
     resume_training,
     run_progress,
@@ -294,7 +293,7 @@ def start(
         skip_uniform_groups=skip_uniform_groups,
         keep_last=keep_last,
         keep_every=keep_every,
-        concurrency=concurrency or default_concurrency(group_size * tasks_per_iteration, heldout_tasks),
+        concurrency=concurrency,
     )
     plan = _chaos_plan(chaos_plan, chaos_rate, chaos_seed, iterations)
     started = time.monotonic()

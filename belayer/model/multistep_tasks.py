@@ -59,16 +59,25 @@ SPLITS = {"train": ("learn-multistep.yaml", 96, 11), "heldout": ("learn-multiste
 # In the warm start's corpus each name copied from an observation (the folder listed, the
 # folder and file read) is another name this often, so the warm model solves about a third
 # of the tasks at temperature 1: what RL must teach is to read the observations.
-NAME_ERROR_RATE = 0.28
-# The operator and constant come from the instruction. Wrong as often as the names (15%
-# each, earlier), they were the errors RL fixed slowest: a run's final checkpoint still
-# got one wrong in a fifth of its trajectories, after fixing most of the names.
+NAME_ERROR_RATE = 0.32
+# The operator and the constant, read from the instruction, are rarely wrong in it.
 INSTRUCTION_ERROR_RATE = 0.03
-# The learning rate the train split names (`lr:`): twice `belayer train`'s default, for
-# three decisions per trajectory to sharpen within the default 24 iterations.
+# Each operation's instruction, its constant right after the verb. With learn_tasks'
+# wording ("Multiply the number in ... by 4") RL taught the names and unlearned the
+# multiply constants: three runs' final checkpoints wrote another constant for most
+# multiply tasks (all 12 samples of "by 4"), and for almost no add or subtract task.
+INSTRUCTIONS = {
+    "add": "Add {k} to the number in {src} and write the result to {dst}.",
+    "subtract": "Subtract {k} from the number in {src} and write the result to {dst}.",
+    "multiply": "Multiply by {k} the number in {src} and write the result to {dst}.",
+}
+# What the train split names that it was tuned with: the learning rate (twice `belayer
+# train`'s default, for three decisions per trajectory to sharpen within 24 iterations)
+# and groups of 8 (of 4, a run's reward swung by a third between iterations).
 LR = 2e-4
-# 250 steps of 8 transcripts: about 2 minutes on 2 cores.
-WARM_RECIPE = SftRecipe(version=2, seed=20261206, steps=250, batch=8, lr=3e-3, warmup=10, threads=2)
+GROUP_SIZE = 8
+# 250 steps of 8 transcripts: 1 to 2 minutes on 2 cores.
+WARM_RECIPE = SftRecipe(version=3, seed=20261206, steps=250, batch=8, lr=3e-3, warmup=10, threads=2)
 
 
 @dataclass(frozen=True)
@@ -84,7 +93,7 @@ class Problem:
     @property
     def instruction(self) -> str:
         source = f"the file two levels under ./{ROOT}"
-        return OPERATIONS[self.operation][0].format(k=self.constant, src=source, dst=f"./{OUTPUT}")
+        return INSTRUCTIONS[self.operation].format(k=self.constant, src=source, dst=f"./{OUTPUT}")
 
     @property
     def expected(self) -> int:
@@ -214,7 +223,11 @@ def render_workload(split: str) -> str:
         "Three actions: list ./in, list the folder it shows, compute from the file that shows;",
         f"the check reads {WORKSPACE}/{OUTPUT}. {WARM_MODEL} solves about a third at temperature 1.",
     ]
-    training = {"model": WARM_MODEL, "heldout": SPLITS["heldout"][0], "lr": LR} if split == "train" else {}
+    training = (
+        {"model": WARM_MODEL, "heldout": SPLITS["heldout"][0], "lr": LR, "group_size": GROUP_SIZE}
+        if split == "train"
+        else {}
+    )
     return render_workload_file("belayer.model.multistep_tasks", split, header, tasks, training)
 
 
