@@ -174,7 +174,8 @@ train = mean(i["mean_reward"] for i in first), mean(i["mean_reward"] for i in la
 heldout = mean(i["heldout_reward"] for i in first), mean(i["heldout_reward"] for i in last)
 print(f"\nLEARNING: train {train[0]:.2f} -> {train[1]:.2f}, held-out {heldout[0]:.2f} -> {heldout[1]:.2f} "
       f"(first 4 -> last 4 iterations) in {iterations[-1]['elapsed_s']:.0f}s; "
-      f"{report['mean_actions_per_trajectory']:.1f} actions per trajectory")
+      f"{report['mean_actions_per_trajectory']:.1f} actions per trajectory "
+      f"(the goal: at most 0.5 over the first 4, at least 0.8 over the last 4)")
 sys.exit(0 if report["status"] == "completed" else 1)
 PY
 echo
