@@ -81,6 +81,7 @@ class ScriptedHandle:
             prefill_s=0.0,
             decode_s_per_token=self.per_token_s,
             recoveries=(),
+            recovered_at=(),
         )
 
 
@@ -164,9 +165,13 @@ async def test_a_resumed_turn_records_all_its_tokens(store):
     details = PartialTokens(tokens=33, key=stored.key, sha256=stored.sha256).model_dump()
     env.info = dataclasses.replace(env.info, heartbeat_details=[details], attempt=2)
     result = await env.run(acts.generate, GenerateArgs(prefix=ref, sampling=SAMPLING))
-    assert result.resumed_tokens == 33 and node.prompts == [PROMPT + earlier.tokens[:33]]
+    # the turn went on after the 33 stored tokens; then it was replayed from its start
+    assert result.resumed_tokens == 33 and node.prompts == [PROMPT + earlier.tokens[:33], PROMPT]
     assert read_generation(store, result.generation) == (expected(40).logprobs, expected(40).versions)
     assert result.weights_versions == [1, 2]
+    # a publish landed inside the turn: its replay, on other weights, says nothing of the tokens
+    replay = result.recovery_replay
+    assert (replay.position, replay.tokens_after, replay.outcome) == (33, 7, "not_compared")
 
 
 async def test_a_partial_without_logprobs_starts_the_turn_over(store):
