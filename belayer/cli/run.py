@@ -451,6 +451,14 @@ def _turns_of(task) -> int:
     return driver_for(task).turn_limit(task)
 
 
+# What a recovered turn's replay says of the tokens it kept, as `belayer run` prints it.
+REPLAY_VERDICTS = {
+    "same": "the same tokens",
+    "differs": "[yellow]other tokens[/] (a near-tie flipped)",
+    "not_compared": "not compared",
+}
+
+
 def _after_recovery(result) -> dict:
     """What `--json` says of the tokens an engine recovery may have changed: nothing when
     no recovery interrupted a turn."""
@@ -537,10 +545,9 @@ def _report(
             )
         for turn in r.recovered_turns:
             replay = turn.replay
-            verdict = {"same": "the same tokens", "differs": "[yellow]other tokens[/] (a near-tie flipped)"}
             console.print(
                 f"  {r.trajectory_id}: turn {turn.turn} recovered after its token {replay.position}; "
-                f"replayed uninterrupted: {verdict.get(replay.outcome, 'not compared')}"
+                f"replayed uninterrupted: {REPLAY_VERDICTS[replay.outcome]}"
                 f"{f' ({replay.detail})' if replay.detail else ''}; "
                 f"{r.tokens_after_recovery} tokens generated after the recovery"
             )

@@ -62,13 +62,12 @@ SPLITS = {"train": ("learn-multistep.yaml", 96, 11), "heldout": ("learn-multiste
 NAME_ERROR_RATE = 0.32
 # The operator and the constant, read from the instruction, are rarely wrong in it.
 INSTRUCTION_ERROR_RATE = 0.03
-# Each operation's instruction, its constant right after the verb. With learn_tasks'
-# wording ("Multiply the number in ... by 4") RL taught the names and unlearned the
-# multiply constants: three runs' final checkpoints wrote another constant for most
-# multiply tasks (all 12 samples of "by 4"), and for almost no add or subtract task.
-INSTRUCTIONS = {
-    "add": "Add {k} to the number in {src} and write the result to {dst}.",
-    "subtract": "Subtract {k} from the number in {src} and write the result to {dst}.",
+# Each operation's instruction: learn_tasks' wording, but with the multiply constant right
+# after the verb, as add's and subtract's are. Worded "Multiply the number in ... by 4", RL
+# taught the names and unlearned the multiply constants: three runs' final checkpoints
+# wrote another constant for most multiply tasks (all 12 samples of "by 4"), and for
+# almost no add or subtract task.
+INSTRUCTIONS = {operation: template for operation, (template, _, _) in OPERATIONS.items()} | {
     "multiply": "Multiply by {k} the number in {src} and write the result to {dst}.",
 }
 # What the train split names that it was tuned with: the learning rate (twice `belayer

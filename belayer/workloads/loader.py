@@ -23,11 +23,11 @@ class WorkloadError(BelayerError):
 
 _task_adapter: TypeAdapter[Task] = TypeAdapter(Task)
 # The settings a workload may name that it was tuned with: (a number of this type, at
-# least this, what it is, an example); `belayer train`'s flags override them.
+# least this, at most this, what it is, an example); `belayer train`'s flags override them.
 TUNED_KEYS = {
-    "lr": (float, 0, "a learning rate", "0.0001"),
-    "group_size": (int, 2, "a group size", "8"),
-    "kl_coef": (float, 0, "a KL penalty's weight", "0.1"),
+    "lr": (float, 0, None, "a learning rate", "0.0001"),
+    "group_size": (int, 2, 256, "a group size", "8"),
+    "kl_coef": (float, 0, None, "a KL penalty's weight", "0.1"),
 }
 TOP_LEVEL_KEYS = {"tasks", "model", "heldout", "harbor", *TUNED_KEYS}
 MODELS = get_args(ModelSize)
@@ -69,13 +69,14 @@ def _validate_options(path: Path, options: dict) -> dict:
 
 
 def _tuned_value(path: Path, key: str, value):
-    kind, least, what, example = TUNED_KEYS[key]
+    kind, least, most, what, example = TUNED_KEYS[key]
     numeric = (int,) if kind is int else (int, float)
-    if value is not None and (isinstance(value, bool) or not isinstance(value, numeric) or value < least):
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, numeric) or value < least or (most and value > most):
         whole = "a whole number" if kind is int else "a number"
-        raise WorkloadError(
-            f"{path}: `{key}: {value}` is not {what}; give {whole} >= {least} (say {example})"
-        )
+        bounds = f"from {least} to {most}" if most else f">= {least}"
+        raise WorkloadError(f"{path}: `{key}: {value}` is not {what}; give {whole} {bounds} (say {example})")
     return value
 
 

@@ -66,7 +66,11 @@ def test_a_training_workload_names_the_group_size_and_kl_weight_it_was_tuned_wit
     workload = load_workload(path)
     assert (workload.group_size, workload.kl_coef) == (8, 0.1)
     for line, message in [
-        ("group_size: 1", r"`group_size: 1` is not a group size; give a whole number >= 2 \(say 8\)"),
+        (
+            "group_size: 1",
+            r"`group_size: 1` is not a group size; give a whole number from 2 to 256 \(say 8\)",
+        ),
+        ("group_size: 1000", r"`group_size: 1000` is not a group size; give a whole number from 2 to 256"),
         ("group_size: 2.5", r"`group_size: 2.5` is not a group size"),
         ("kl_coef: -0.1", r"`kl_coef: -0.1` is not a KL penalty's weight; give a number >= 0"),
     ]:
