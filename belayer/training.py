@@ -17,7 +17,7 @@ from temporalio.client import Client, WorkflowExecutionStatus, WorkflowHandle
 from temporalio.common import SearchAttributePair, TypedSearchAttributes
 from temporalio.service import RPCError
 
-from belayer.activities.training_log import delete_step, run_log_key
+from belayer.activities.training_log import delete_batch, delete_step, run_log_key
 from belayer.activities.training_log import read_iterations as read_records
 from belayer.client import task_queues
 from belayer.config import BelayerConfig
@@ -39,6 +39,7 @@ from belayer.workflows.training_models import (
     TrainingState,
 )
 from belayer.workloads.models import Task, Workload
+from belayer.workloads.task_set import store_task_set
 
 
 def training_queues(config: BelayerConfig) -> TrainingQueues:
@@ -172,10 +173,20 @@ def claim_run_id(store, input: TrainingInput) -> None:
         )
 
 
+def tasks_by_reference(store, input: TrainingInput) -> TrainingInput:
+    """`input` with its inline tasks stored (belayer/workloads/task_set.py): its payload is
+    then a pointer, whatever the dataset's size."""
+    if input.task_set is not None:
+        return input
+    return input.model_copy(update={"tasks": [], "task_set": store_task_set(store, input.tasks)})
+
+
 async def start_training(client: Client, config: BelayerConfig, input: TrainingInput) -> WorkflowHandle:
-    """Start `TrainingWorkflow`; its id is the run id (the web UI finds it, and its
-    trajectories by BelayerRun). A run id used before with other settings is refused."""
+    """Start `TrainingWorkflow` with its tasks stored by reference; its id is the run id
+    (the web UI finds it, and its trajectories by BelayerRun). A run id used before with
+    other settings is refused."""
     with open_store(config.storage, encrypted=False) as store:
+        input = tasks_by_reference(store, input)
         claim_run_id(store, input)
     return await client.start_workflow(
         "TrainingWorkflow",
@@ -261,9 +272,10 @@ def _remove_unrecorded_step(store, run_id: str, recorded: int, last_version: int
     recorded) wrote, if it got that far: the resumed run steps that iteration again, and its
     write-once checkpoint must not meet the old one. Nothing recorded refers to either; its
     weights are version `last_version` + 1 (a run's step always publishes the version after
-    the one it sampled)."""
+    the one it sampled). The samples it stored go too."""
     weights = weights_key(run_id, last_version + 1) if last_version is not None else None
     delete_step(store, checkpoint_key(run_id, recorded), weights)
+    delete_batch(store, run_id, recorded)
 
 
 def run_storage(config: BelayerConfig, run_id: str) -> dict:

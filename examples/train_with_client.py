@@ -10,8 +10,9 @@ This is what `belayer train` does, spelled out with the Temporal Python client:
 2. build the run's `TrainingInput` with `belayer.training.training_input`, which fills in
    what the stack's configuration knows: the task queues, the rollout nodes, the model
    the engines serve, the policy and the token budget;
-3. claim the run id (`belayer.training.claim_run_id`: one used before with other
-   settings is refused) and start the `TrainingWorkflow` on the stack's workflow task
+3. store the tasks once in the object store (`belayer.training.tasks_by_reference`: the
+   workflow's input then holds a pointer, whatever the dataset's size), claim the run id
+   (`belayer.training.claim_run_id`: one used before with other settings is refused) and start the `TrainingWorkflow` on the stack's workflow task
    queue; the workflow id is the run id;
 4. poll the workflow's `progress` query (`TrainingProgress`) and print one line per
    finished iteration: its mean reward, held-out reward and the weights version it
@@ -39,7 +40,7 @@ from belayer.config import BelayerConfig, load_config
 from belayer.storage.store import open_store
 from belayer.temporal_client import connect
 from belayer.trainer.models import TrainerSettings
-from belayer.training import claim_run_id, default_settings, training_input, tuned
+from belayer.training import claim_run_id, default_settings, tasks_by_reference, training_input, tuned
 from belayer.workflows.rollouts import RUN_KEY
 from belayer.workflows.training_models import IterationRecord, TrainingInput, TrainingProgress, TrainingResult
 from belayer.workloads.loader import load_workload
@@ -97,9 +98,11 @@ def run_input(config: BelayerConfig, args: argparse.Namespace) -> TrainingInput:
 
 
 async def start(client: Client, config: BelayerConfig, input: TrainingInput) -> WorkflowHandle:
-    """Start the run; the BelayerRun search attribute lets the web UI list it with its
-    trajectories. The run id is claimed first: one used before with other settings is refused."""
+    """Start the run with its tasks stored; the BelayerRun search attribute lets the web UI
+    list it with its trajectories. The run id is claimed first: one used before with other
+    settings is refused."""
     with open_store(config.storage, encrypted=False) as store:
+        input = tasks_by_reference(store, input)
         claim_run_id(store, input)
     return await client.start_workflow(
         "TrainingWorkflow",

@@ -23,6 +23,7 @@ from belayer.contracts.training_log import (
 )
 from belayer.storage.errors import ObjectNotFound
 from belayer.storage.recordlog import RecordLog, RecordLogRef
+from belayer.trainer.batch import batch_prefix
 
 
 def run_log_key(run_id: str) -> str:
@@ -64,7 +65,18 @@ def prune_checkpoint(store, args: PruneCheckpointArgs) -> PrunedCheckpoint:
     are, since every node serves the run's latest version before it goes on)."""
     checkpoint = RecordLog(store, args.log.key).get(args.iteration + 1)["checkpoint"]
     deleted, kept = delete_step(store, checkpoint["key"], checkpoint["weights"]["key"])
+    if args.run_id is not None:
+        deleted += delete_batch(store, args.run_id, args.iteration)
     return PrunedCheckpoint(iteration=args.iteration, deleted=deleted, kept=kept)
+
+
+def delete_batch(store, run_id: str, iteration: int) -> list[str]:
+    """Delete the samples an iteration's train step read (belayer/trainer/batch.py): its
+    checkpoint gone, nothing reads them again. The keys deleted."""
+    deleted = list(store.list(batch_prefix(run_id, iteration)))
+    for key in deleted:
+        store.delete(key)
+    return deleted
 
 
 def delete_step(store, checkpoint: str, weights: str | None) -> tuple[list[str], str]:

@@ -52,7 +52,7 @@ async def history_sizes(client, workflow_id: str) -> dict:
     async for execution in client.list_workflows(f'WorkflowId = "{workflow_id}"'):
         handle = client.get_workflow_handle(workflow_id, run_id=execution.run_id)
         history = await handle.fetch_history()
-        payloads = [len(p.SerializeToString()) for event in history.events for p in _payloads(event)]
+        payloads = [len(p.SerializeToString()) for event in history.events for p in event_payloads(event)]
         carried = _carried_state_bytes(history)
         runs.append(
             {
@@ -81,7 +81,7 @@ def history_proto(history):
     return History(events=history.events)
 
 
-def _payloads(event):
+def event_payloads(event):
     """Every payload an event carries (inputs, results, heartbeat details, failures' details)."""
     for _, value in event.ListFields():
         if hasattr(value, "ListFields"):

@@ -27,6 +27,7 @@ class RecordIterationArgs(_Model):
 class PruneCheckpointArgs(_Model):
     log: RecordLogRef = Field(description="The run's log, holding the record of `iteration`.")
     iteration: int = Field(ge=0, description="The iteration whose trainer checkpoint and weights go.")
+    run_id: str | None = Field(None, description="The run's id: the iteration's stored samples go too.")
 
 
 class PrunedCheckpoint(_Model):

@@ -77,6 +77,15 @@ class TrainSample(_Model):
     )
 
 
+class SamplesRef(_Model):
+    """A part of a train step's batch (belayer/trainer/batch.py): the samples stored at
+    `key`, whose JSON has sha256 `sha256`."""
+
+    key: str = Field(min_length=1)
+    sha256: str = Field(pattern=r"^[0-9a-f]{64}$")
+    count: int = Field(ge=0)
+
+
 def checkpoint_key(run_id: str, iteration: int) -> str:
     return f"runs/{run_id}/trainer/iteration-{iteration:06d}.safetensors"
 
@@ -112,7 +121,12 @@ class TrainStepArgs(_Model):
     base: TrainerCheckpointRef | None = Field(
         None, description="The state to step from; None: the built model (weights version 1)."
     )
-    samples: list[TrainSample]
+    samples: list[TrainSample] = Field(
+        default_factory=list, description="The samples inline (runs from before `batch`); a step takes both."
+    )
+    batch: list[SamplesRef] = Field(
+        default_factory=list, description="The samples by reference, in parts (belayer/trainer/batch.py)."
+    )
     settings: TrainerSettings = TrainerSettings()
     sampled_version: int = Field(
         1,

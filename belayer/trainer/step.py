@@ -29,6 +29,7 @@ from belayer.model.build import MANIFEST, file_sha256, model_path
 from belayer.storage.errors import ObjectConflict
 from belayer.storage.store import ObjectRef
 from belayer.storage.weights import store_weights
+from belayer.trainer.batch import load_samples
 from belayer.trainer.models import StartWeightsArgs, TrainerCheckpointRef, TrainStepArgs, TrainStepResult
 from belayer.trainer.policy import load_policy, make_deterministic, resolve_device
 from belayer.trainer.samples import load_groups
@@ -80,7 +81,7 @@ class Trainer:
             _check_platform(args, state, here)
             state.platform = here  # what computes the step's new state
             self._state = None  # half-stepped until its checkpoint is written
-            samples, unreadable = load_groups(store, args.samples)
+            samples, unreadable = load_groups(store, [*args.samples, *load_samples(store, args.batch)])
             configure(state.optimizer, args.settings, args.iteration)
             stats = update_policy(
                 state.model,

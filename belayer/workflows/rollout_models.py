@@ -124,3 +124,27 @@ class RolloutProgress(_Model):
 class RolloutResult(_Model):
     batch_id: str
     groups: list[GroupOutcome]
+
+
+class NestedGroupInput(_Model):
+    """One group of a large batch, run as a child workflow of its own (`NestedGroupWorkflow`)."""
+
+    run_id: str = Field(description="The run or batch the group belongs to (its trajectories carry it).")
+    resumed: int = Field(0, ge=0, description="How many times the run was resumed (its ids say so).")
+    iteration: int = Field(ge=0)
+    task: Task
+    settings: RolloutSettings = Field(
+        description="The batch's, with `concurrency` the slots the group holds."
+    )
+    queues: RolloutQueues
+    origin: GroupRecord | None = Field(
+        None, description="The task's set-up checkpoint kept from an earlier group."
+    )
+
+
+class NestedGroupResult(_Model):
+    members: list[MemberOutcome]
+    records: list[GroupRecord] = Field(description="How the group got its sandboxes.")
+    origin: GroupRecord | None = Field(
+        None, description="The set-up checkpoint later groups of the task fork."
+    )

@@ -19,16 +19,16 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import hashlib
 from datetime import timedelta
 
 from temporalio import workflow
 from temporalio.common import RetryPolicy, SearchAttributeKey, SearchAttributePair, TypedSearchAttributes
-from temporalio.exceptions import ActivityError, ApplicationError
+from temporalio.exceptions import ActivityError, ApplicationError, ChildWorkflowError
 
 with workflow.unsafe.imports_passed_through():
     from belayer.contracts.errors import WRONG_WEIGHTS_VERSION
     from belayer.contracts.publish import WEIGHTS_VERSION
+    from belayer.seeding import digest
     from belayer.workflows.groups import GroupRecord, cause_of, run_member
     from belayer.workflows.groups import prepare as prepare_group
     from belayer.workflows.groups import release as release_group
@@ -36,13 +36,15 @@ with workflow.unsafe.imports_passed_through():
     from belayer.workflows.rollout_models import (
         GroupOutcome,
         MemberOutcome,
+        NestedGroupInput,
+        NestedGroupResult,
         RolloutProgress,
         RolloutQueues,
         RolloutRequest,
         RolloutResult,
         RolloutSettings,
     )
-    from belayer.workflows.slots import Slots
+    from belayer.workflows.slots import PolledSlots, Slots
     from belayer.workflows.trajectory import STATUS_KEY, TASK_KEY
     from belayer.workloads.models import Task
 
@@ -56,6 +58,16 @@ STORAGE_RETRY = RetryPolicy(initial_interval=timedelta(seconds=1), maximum_attem
 # members' slots before it forks them (their sandboxes are live while they wait for one),
 # and its set-up sandbox goes before the forks start (groups.SETUP_GONE_BEFORE_FORKS_PATCH).
 GROUP_SLOTS_PATCH = "groups-take-their-members-slots"
+# Since this patch each waiter for slots waits on a future of its own (slots.Slots), not a
+# condition re-evaluated for every waiter (slots.PolledSlots).
+SLOTS_IN_LINE_PATCH = "slots-granted-in-line"
+# Since this patch a batch of more than NEST_ABOVE members runs each group as a child
+# workflow of its own (`NestedGroupWorkflow`), its members the group's children: the
+# batch's history then grows by a few events per group, not per member. An iteration of
+# 10,000 members as direct children made a history of 33,000 events that the Python worker
+# could no longer replay within Temporal's 10 s workflow-task timeout.
+NESTED_GROUPS_PATCH = "groups-nested-above-256"
+NEST_ABOVE = 256
 
 
 class GroupRunner:
@@ -66,24 +78,30 @@ class GroupRunner:
     def __init__(self, run_id: str, settings: RolloutSettings, queues: RolloutQueues,
                  origins: dict[str, GroupRecord] | None = None, *, resumed: int = 0) -> None:  # fmt: skip
         self.run_id = run_id
+        self.resumed = resumed
+        self.nested = False
         self.id_prefix = f"{run_id}-r{resumed}" if resumed else run_id  # a resumed run's ids are new
         self.settings = settings
         self.queues = queues
         self.origins: dict[str, GroupRecord] = dict(origins or {})
         self.limit = asyncio.Semaphore(settings.concurrency)  # a run from before GROUP_SLOTS_PATCH
-        self.slots = Slots(settings.concurrency)
+        self.slots: Slots | PolledSlots | None = None  # chosen with GROUP_SLOTS_PATCH, by _use_slots
         self._slots_patched: bool | None = None
         self.running: set[str] = set()
         self.finished: list[MemberOutcome] = []
         self.group_records: list[GroupRecord] = []
 
-    def begin(self) -> None:
-        """A new batch of groups: forget the previous one's finished members and records."""
+    def begin(self, members: int = 0) -> None:
+        """A new batch of groups, of `members` trajectories in all: forget the previous one's
+        finished members and records; above NEST_ABOVE members, its groups run nested."""
         self.finished, self.group_records = [], []
+        self.nested = members > NEST_ABOVE and workflow.patched(NESTED_GROUPS_PATCH)
 
     async def group(self, iteration: int, task: Task) -> list[MemberOutcome]:
         """The group's members, forked from one set-up sandbox (belayer/workflows/groups.py)
         when `fork_groups`, in slots the group takes for them first; their retries start alone."""
+        if self.nested:
+            return await self._nested_group(iteration, task)
         size = self.settings.group_size
         starts: list[ForkStart | None] = [None] * size
         record = replaced = None
@@ -133,11 +151,38 @@ class GroupRunner:
             replaced = self._keep_origin(task.id, record)
         return record, replaced
 
+    async def _nested_group(self, iteration: int, task: Task) -> list[MemberOutcome]:
+        """The group as a `NestedGroupWorkflow`, in the slots it takes for its members (all
+        of them, or the whole limit when the group is larger): what `group` does, one level
+        down, with the same ids and seeds."""
+        self._use_slots()
+        held = min(self.settings.group_size, self.slots.limit)
+        await self.slots.take(held)
+        group_id = self.group_id(iteration, task)
+        try:
+            result = await run_nested_group(
+                NestedGroupInput(run_id=self.run_id, resumed=self.resumed, iteration=iteration, task=task,
+                                 settings=self.settings.model_copy(update={"concurrency": held}),
+                                 queues=self.queues, origin=self.origins.get(task.id)),
+                workflow_id=f"{group_id}-members", task_queue=self.queues.workflows,
+                search_attributes=TypedSearchAttributes([SearchAttributePair(RUN_KEY, self.run_id),
+                                                         SearchAttributePair(ITERATION_KEY, iteration)]),
+            )  # fmt: skip
+        finally:
+            self.slots.give(held)
+        if result.origin is not None and self.settings.reuse_setup:
+            self.origins = {**self.origins, task.id: result.origin}
+        self.group_records.extend(result.records)
+        self.finished.extend(result.members)
+        return result.members
+
     def _use_slots(self) -> bool:
         """Whether this run bounds its sandboxes with `slots` (GROUP_SLOTS_PATCH), decided
         once: a run from before keeps the semaphore it started with."""
         if self._slots_patched is None:
             self._slots_patched = workflow.patched(GROUP_SLOTS_PATCH)
+            in_line = self._slots_patched and workflow.patched(SLOTS_IN_LINE_PATCH)
+            self.slots = (Slots if in_line else PolledSlots)(self.settings.concurrency)
         return self._slots_patched
 
     @contextlib.asynccontextmanager
@@ -268,6 +313,39 @@ async def _node_version(queue: str) -> int:
         raise ApplicationError(f"rollout node queue {queue} does not answer: {cause_of(err)}") from None
 
 
+async def run_nested_group(input: NestedGroupInput, *, workflow_id: str, task_queue: str,
+                           search_attributes) -> NestedGroupResult:  # fmt: skip
+    """The group's outcome; a group workflow that fails outright leaves every member
+    failed_infra (never a reward), and the caller drops the group."""
+    try:
+        return await workflow.execute_child_workflow(
+            "NestedGroupWorkflow", input, id=workflow_id, task_queue=task_queue,
+            result_type=NestedGroupResult, search_attributes=search_attributes,
+            static_summary=f"iteration {input.iteration}: {input.task.id}, {input.settings.group_size} members",
+        )  # fmt: skip
+    except ChildWorkflowError as err:
+        reason = f"group workflow failed: {cause_of(err)}"
+        return NestedGroupResult(records=[], members=[
+            MemberOutcome(trajectory_id=f"{workflow_id}-m{member}", status="failed_infra", reward=None, attempts=1,
+                          reason=reason, context=None, recovery_s=0.0, task=input.task.id, member=member, turns=0)
+            for member in range(input.settings.group_size)
+        ])  # fmt: skip
+
+
+@workflow.defn(name="NestedGroupWorkflow")
+class NestedGroupWorkflow:
+    """One group of a large batch (GroupRunner, above NEST_ABOVE members): its members as
+    children of their own, run exactly as `GroupRunner.group` runs them in the batch."""
+
+    @workflow.run
+    async def run(self, input: NestedGroupInput) -> NestedGroupResult:
+        origins = {input.task.id: input.origin} if input.origin is not None else {}
+        runner = GroupRunner(input.run_id, input.settings, input.queues, origins, resumed=input.resumed)
+        members = await runner.group(input.iteration, input.task)
+        return NestedGroupResult(members=members, records=runner.group_records,
+                                 origin=runner.origins.get(input.task.id))  # fmt: skip
+
+
 @workflow.defn(name="RolloutWorkflow")
 class RolloutWorkflow:
     """One batch of a `RolloutClient` (belayer/rollouts.py): a group per task, run as a
@@ -319,7 +397,3 @@ class RolloutWorkflow:
                 type=WRONG_WEIGHTS_VERSION,
                 non_retryable=True,
             )
-
-
-def digest(*parts) -> int:
-    return int.from_bytes(hashlib.sha256(":".join(map(str, parts)).encode()).digest()[:8], "big")

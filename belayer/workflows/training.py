@@ -33,6 +33,7 @@ from temporalio.exceptions import ActivityError, ApplicationError
 
 with workflow.unsafe.imports_passed_through():
     from belayer.contracts.activity import Activity
+    from belayer.contracts.batches import PICK_TASKS, STORE_SAMPLES, PickTasksArgs, StoreSamplesArgs
     from belayer.contracts.errors import BAD_TRAIN_REQUEST, CORRUPT_SAMPLE
     from belayer.contracts.publish import PublishWeightsArgs
     from belayer.contracts.trainer import (
@@ -54,7 +55,9 @@ with workflow.unsafe.imports_passed_through():
         RecordIterationArgs,
         StartRunLogArgs,
     )
+    from belayer.seeding import digest
     from belayer.storage.recordlog import RecordLogRef
+    from belayer.trainer.batch import parts
     from belayer.workflows.groups import cause_of
     from belayer.workflows.publishing import PublishFailed, publish_to_nodes
     from belayer.workflows.rollout_models import MemberOutcome
@@ -63,7 +66,6 @@ with workflow.unsafe.imports_passed_through():
         NO_WORKER_AFTER,
         STORAGE_RETRY,
         GroupRunner,
-        digest,
         node_versions,
     )
     from belayer.workflows.training_models import (
@@ -77,10 +79,14 @@ with workflow.unsafe.imports_passed_through():
         TrainingStatus,
     )
     from belayer.workloads.models import Task
+    from belayer.workloads.task_set import pick
 
 # Runs started after this change publish their start from the trainer's bytes (replays of
 # earlier runs keep publishing the nodes' own build).
 START_FROM_TRAINER_BYTES = "start-from-trainer-bytes"
+# Runs started after this change send their train step its samples stored in parts
+# (belayer/trainer/batch.py), not inline.
+SAMPLES_BY_REFERENCE = "samples-by-reference"
 TRAINER_RETRY = RetryPolicy(
     initial_interval=timedelta(seconds=1),
     backoff_coefficient=2,
@@ -214,11 +220,11 @@ class TrainingWorkflow:
         began = workflow.now()
         if self.state.started_at is None:
             self.state = self.state.model_copy(update={"started_at": began})
-        tasks = self._pick_tasks(iteration)
+        tasks = await self._pick_tasks(iteration)
         workflow.upsert_search_attributes([ITERATION_KEY.value_set(iteration)])
         self.phase = "rollout"
-        self.runner.begin()
         self.members_total = len(tasks) * self.input.group_size + len(self.input.heldout)
+        self.runner.begin(self.members_total)
         groups, heldout = await asyncio.gather(
             asyncio.gather(*(self.runner.group(iteration, task) for task in tasks)),
             self.runner.heldout(iteration, self.input.heldout),
@@ -279,16 +285,26 @@ class TrainingWorkflow:
         try:
             await self._record_activity(
                 PRUNE_CHECKPOINT,
-                PruneCheckpointArgs(log=self.state.log, iteration=leaving),
+                PruneCheckpointArgs(log=self.state.log, iteration=leaving, run_id=self.input.run_id),
                 summary=f"retention: delete iteration {leaving}'s checkpoint and weights",
             )
         except RunFailure as failure:
             workflow.logger.warning("iteration %d's checkpoint was kept: %s", leaving, failure)
 
-    def _pick_tasks(self, iteration: int) -> list[Task]:
-        """`tasks_per_iteration` distinct tasks, ranked by a hash of (seed, iteration, id)."""
-        ranked = sorted(self.input.tasks, key=lambda task: digest(self.input.seed, iteration, task.id))
-        return ranked[: self.input.tasks_per_iteration]
+    async def _pick_tasks(self, iteration: int) -> list[Task]:
+        """`tasks_per_iteration` distinct tasks, ranked by a hash of (seed, iteration, id):
+        drawn here from tasks given inline, by an activity from a stored task set."""
+        count = self.input.tasks_per_iteration
+        if self.input.task_set is None:
+            return pick(self.input.tasks, self.input.seed, iteration, count)
+        picked = await self._record_activity(
+            PICK_TASKS,
+            PickTasksArgs(
+                task_set=self.input.task_set, seed=self.input.seed, iteration=iteration, count=count
+            ),
+            summary=f"iteration {iteration}: draw {count} of the run's {self.input.task_set.count} tasks",
+        )
+        return picked.tasks
 
     def _batch(
         self, tasks: list[Task], groups: list[list[MemberOutcome]]
@@ -328,12 +344,15 @@ class TrainingWorkflow:
 
     async def _train(self, iteration: int, samples: list[TrainSample]) -> TrainStepResult:
         base = self.state.checkpoint
+        batch = {"samples": samples}
+        if workflow.patched(SAMPLES_BY_REFERENCE):
+            batch = {"batch": await self._store_samples(iteration, samples)}
         args = TrainStepArgs(
             run_id=self.input.run_id,
             iteration=iteration,
             model=self.input.model,
             base=base,
-            samples=samples,
+            **batch,
             settings=self.input.trainer,
             sampled_version=self.state.serving_version,
             weights_version=self.state.serving_version + 1,
@@ -352,6 +371,22 @@ class TrainingWorkflow:
             )
         except ActivityError as err:
             raise RunFailure(f"train step of iteration {iteration} failed: {cause_of(err)}") from None
+
+    async def _store_samples(self, iteration: int, samples: list[TrainSample]):
+        """The batch stored in parts, an activity each: no payload grows with the batch."""
+        cut = parts(samples)
+        return list(
+            await asyncio.gather(
+                *(
+                    self._record_activity(
+                        STORE_SAMPLES,
+                        StoreSamplesArgs(run_id=self.input.run_id, iteration=iteration, samples=part),
+                        summary=f"iteration {iteration}: store samples, part {n + 1} of {len(cut)}",
+                    )
+                    for n, part in enumerate(cut)
+                )
+            )
+        )
 
     async def _publish(self, version: int, *, weights, summary: str, model: str | None = None) -> None:
         """Publish `version` to every node; all of them serve it before the run goes on."""

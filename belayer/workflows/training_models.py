@@ -19,6 +19,7 @@ from belayer.storage.recordlog import RecordLogRef
 from belayer.workflows.models import GroupRecord
 from belayer.workflows.rollout_models import RolloutQueues, RolloutSettings
 from belayer.workloads.models import Task
+from belayer.workloads.task_set import TaskSetRef
 
 TrainingStatus = Literal["running", "completed", "failed_infra"]
 Phase = Literal["starting", "rollout", "train", "publish", "done"]
@@ -39,7 +40,15 @@ class TrainingInput(_Model):
     """What a client passes to `TrainingWorkflow` (`belayer.training.training_input` fills it)."""
 
     run_id: str = Field(min_length=1, max_length=80, pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]*$")
-    tasks: list[Task] = Field(min_length=1, description="The tasks iterations draw from.")
+    tasks: list[Task] = Field(
+        default_factory=list,
+        description="The tasks iterations draw from, inline: a small set, or a run from before `task_set`.",
+    )
+    task_set: TaskSetRef | None = Field(
+        None,
+        description="The tasks iterations draw from, stored (belayer/workloads/task_set.py): "
+        "`belayer.training.start_training` stores them, so a dataset of any size starts.",
+    )
     heldout: list[Task] = Field(
         default_factory=list,
         description="Evaluated once per iteration (one trajectory each, never trained on).",
@@ -126,11 +135,19 @@ class TrainingInput(_Model):
         """Whether iteration `iteration`'s checkpoint is kept once it is `keep_last` behind."""
         return self.keep_every is not None and (iteration + 1) % self.keep_every == 0
 
+    @property
+    def task_count(self) -> int:
+        return self.task_set.count if self.task_set is not None else len(self.tasks)
+
     @model_validator(mode="after")
     def _enough_tasks(self) -> TrainingInput:
-        if self.tasks_per_iteration > len(self.tasks):
+        if bool(self.tasks) == (self.task_set is not None):
             raise ValueError(
-                f"tasks_per_iteration is {self.tasks_per_iteration} but the workload has {len(self.tasks)} "
+                "give the run's tasks either inline (tasks) or stored (task_set), not both or neither"
+            )
+        if self.tasks_per_iteration > self.task_count:
+            raise ValueError(
+                f"tasks_per_iteration is {self.tasks_per_iteration} but the workload has {self.task_count} "
                 "tasks; lower it or add tasks"
             )
         return self

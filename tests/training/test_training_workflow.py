@@ -7,14 +7,25 @@ from __future__ import annotations
 
 import asyncio
 import hashlib
+import json
+import os
+import time
 import uuid
 from dataclasses import dataclass, field
 
 import pytest
+from temporalio.api.enums.v1 import EventType
 from temporalio.worker import Worker
 
+from belayer.activities.batches import BatchActivities
 from belayer.activities.runtime import implements
 from belayer.activities.training_log import TrainingLogActivities, read_iterations
+from belayer.bench.history import (
+    TEMPORAL_HISTORY_LIMIT,
+    TEMPORAL_PAYLOAD_LIMIT,
+    event_payloads,
+    history_proto,
+)
 from belayer.cli.train import iteration_line, run_report
 from belayer.contracts.trainer import (
     START_WEIGHTS,
@@ -26,8 +37,13 @@ from belayer.contracts.trainer import (
 )
 from belayer.storage.store import ObjectRef, open_store
 from belayer.temporal_client import connect
+from belayer.trainer import batch
 from belayer.trainer.algorithms import grpo
+from belayer.trainer.batch import load_samples
+from belayer.training import tasks_by_reference
+from belayer.workflows import rollouts
 from belayer.workflows.models import TaskQueues
+from belayer.workflows.rollouts import NestedGroupWorkflow
 from belayer.workflows.training import TrainingWorkflow
 from belayer.workflows.training_models import IterationRecord, TrainingInput, TrainingQueues, TrainingResult
 from belayer.workloads.models import TraceTask, TraceTurn
@@ -38,9 +54,11 @@ TASKS = [TraceTask(id=f"task{i}", turns=[TraceTurn(think_tokens=1, bash="true")]
 
 @dataclass
 class StandInTrainer:
-    """A trainer that records what it was asked."""
+    """A trainer that records what it was asked, its samples read back from the store."""
 
+    store: object
     steps: list[TrainStepArgs] = field(default_factory=list)
+    batches: list[list] = field(default_factory=list)
     starts: list[StartWeightsArgs] = field(default_factory=list)
     stored: list[ObjectRef] = field(default_factory=list)
 
@@ -55,6 +73,8 @@ class StandInTrainer:
 
     @implements(TRAIN_STEP)
     async def train_step(self, args: TrainStepArgs) -> TrainStepResult:
+        self.batches.append(args.batch)
+        args = args.model_copy(update={"samples": [*args.samples, *load_samples(self.store, args.batch)]})
         self.steps.append(args)
         sha = hashlib.sha256(f"{args.iteration}".encode()).hexdigest()
         checkpoint = TrainerCheckpointRef(
@@ -112,13 +132,17 @@ async def harness(temporal_server, seaweedfs, stack_config, storage_config):
     )
     client = await connect(stack_config.temporal)
     store = open_store(storage_config, encrypted=False)
-    fakes = StandIns(StandInTrainer(), StandInNode(queues.nodes[0]))
+    fakes = StandIns(StandInTrainer(store), StandInNode(queues.nodes[0]))
     workers = [
         Worker(
             client,
             task_queue=queues.workflows,
-            workflows=[TrainingWorkflow, StandInTrajectory],
-            activities=[*TrainingLogActivities(store).all(), TokenLogs(store).token_log],
+            workflows=[TrainingWorkflow, NestedGroupWorkflow, StandInTrajectory],
+            activities=[
+                *TrainingLogActivities(store).all(),
+                *BatchActivities(store).all(),
+                TokenLogs(store).token_log,
+            ],
         ),
         Worker(
             client,
@@ -129,7 +153,9 @@ async def harness(temporal_server, seaweedfs, stack_config, storage_config):
     ]
     runs = [asyncio.create_task(w.run()) for w in workers]
 
-    async def train(tasks=TASKS, **overrides) -> tuple[TrainingResult, list[IterationRecord]]:
+    async def train(tasks=TASKS, inline=False, **overrides) -> tuple[TrainingResult, list[IterationRecord]]:
+        """A run to its end; its tasks stored, as `start_training` stores them (`inline`:
+        in the input, as a run from before task sets was started)."""
         values = (
             dict(
                 run_id=f"run-{uuid.uuid4().hex[:8]}",
@@ -144,9 +170,10 @@ async def harness(temporal_server, seaweedfs, stack_config, storage_config):
             )
             | overrides
         )  # stand-in members: no sandboxes to fork
+        input = TrainingInput(**values)
         result = await client.execute_workflow(
             "TrainingWorkflow",
-            TrainingInput(**values),
+            input if inline else tasks_by_reference(store, input),
             id=values["run_id"],
             task_queue=queues.workflows,
             result_type=TrainingResult,
@@ -217,9 +244,27 @@ async def test_the_same_seed_picks_the_same_tasks_and_seeds(harness):
     fakes, train = harness
     _, first = await train(seed=11, run_id="same-a")
     _, second = await train(seed=11, run_id="same-b")
+    _, inline = await train(seed=11, run_id="same-inline", inline=True)
     _, other = await train(seed=12, run_id="other")
     assert [(r.tasks, r.rewards) for r in first] == [(r.tasks, r.rewards) for r in second]
+    assert [(r.tasks, r.rewards) for r in first] == [(r.tasks, r.rewards) for r in inline], (
+        "a stored task set draws as the same tasks inline do"
+    )
     assert [(r.tasks, r.rewards) for r in first] != [(r.tasks, r.rewards) for r in other]
+
+
+async def test_the_train_step_gets_its_samples_by_reference_in_parts(harness, monkeypatch):
+    """No payload grows with the batch: the samples go to the store in parts of
+    SAMPLES_PER_PART, and the step carries only the parts' references."""
+    monkeypatch.setattr(batch, "SAMPLES_PER_PART", 4)  # read by the workflow worker, in this process
+    fakes, train = harness
+    result, records = await train(iterations=1, tasks_per_iteration=3)
+    assert result.status == "completed"
+    (refs,) = fakes.trainer.batches
+    assert [ref.count for ref in refs] == [4, 4, 1], "9 samples in parts of 4"
+    assert all(ref.key.startswith(f"runs/{result.run_id}/batches/iteration-000000/") for ref in refs)
+    (step,) = fakes.steps
+    assert len(step.samples) == 9 and {s.group for s in step.samples} == set(records[0].tasks)
 
 
 async def test_an_infra_failure_is_retried_and_never_a_reward(harness):
@@ -311,3 +356,71 @@ async def test_a_runs_history_replays_without_nondeterminism(harness, stack_conf
     replayer = Replayer(workflows=[TrainingWorkflow], data_converter=data_converter(stack_config.temporal))
     for history in histories:
         await replayer.replay_workflow(history)
+
+
+async def test_an_iteration_of_many_samples_stays_within_temporals_limits(harness, stack_config):
+    """Task sets and samples travel by reference, so neither the dataset's size nor the
+    batch's makes a payload grow past Temporal's 2 MB or a history past its 50 MB. `make
+    test` runs 512 samples from 5,000 tasks; the figures in the README come from
+    BELAYER_SCALE_SAMPLES=10000 BELAYER_SCALE_TASKS=100000 (stand-in trajectories, which
+    write real token logs, and a stand-in trainer that reads the batch back)."""
+    samples = int(os.environ.get("BELAYER_SCALE_SAMPLES", "512"))
+    dataset = int(os.environ.get("BELAYER_SCALE_TASKS", "5000"))
+    fakes, train = harness
+    tasks = [TraceTask(id=f"task{i}", turns=[TraceTurn(think_tokens=1, bash="true")]) for i in range(dataset)]
+    started = time.monotonic()
+    result, records = await train(tasks=tasks, iterations=1, group_size=8, tasks_per_iteration=samples // 8,
+                                  concurrency=min(1024, samples))  # fmt: skip
+    wall_s = time.monotonic() - started
+    assert result.status == "completed" and records[0].groups_kept == samples // 8
+    (refs,) = fakes.trainer.batches
+    assert sum(ref.count for ref in refs) == samples == len(fakes.steps[0].samples)
+    assert all(ref.count <= batch.SAMPLES_PER_PART for ref in refs)
+
+    client = await connect(stack_config.temporal)
+    history = await client.get_workflow_handle(result.run_id).fetch_history()
+    sizes = [
+        (len(p.SerializeToString()), event.event_type)
+        for event in history.events
+        for p in event_payloads(event)
+    ]
+    (largest, kind), input_bytes = max(sizes), sizes[0][0]
+    history_bytes = history_proto(history).ByteSize()
+    print(json.dumps({"samples": samples, "tasks": dataset, "events": len(history.events),
+                      "history_bytes": history_bytes, "largest_payload_bytes": largest,
+                      "largest_payload_event": EventType.Name(kind), "input_bytes": input_bytes,
+                      "batch_parts": len(refs), "wall_s": round(wall_s, 1)}))  # fmt: skip
+    assert input_bytes < 8192, "the run's input holds a pointer to its tasks, not the tasks"
+    assert largest < TEMPORAL_PAYLOAD_LIMIT / 4 and history_bytes < TEMPORAL_HISTORY_LIMIT / 4
+
+
+async def test_nested_groups_give_what_direct_children_give(harness, stack_config, monkeypatch):
+    """Above NEST_ABOVE members an iteration runs each group as a workflow of its own: the
+    same trajectory ids, seeds, rewards, retries and drops as when they are direct children."""
+    trace = [TraceTurn(think_tokens=1, bash="true")]
+    tasks = [TraceTask(id="infra-once", turns=trace), TraceTask(id="infra-always", turns=trace), *TASKS]
+    fakes, train = harness
+
+    def trained(steps, run_id):
+        return [[(s.trajectory_id.removeprefix(run_id), s.advantage) for s in step.samples] for step in steps]
+
+    direct_id, nested_id = f"direct-{uuid.uuid4().hex[:6]}", f"nested-{uuid.uuid4().hex[:6]}"
+    _, direct = await train(tasks=tasks, tasks_per_iteration=6, seed=3, run_id=direct_id)
+    direct_steps = list(fakes.steps)
+    monkeypatch.setattr(rollouts, "NEST_ABOVE", 0)  # read by the workflow worker, in this process
+    _, nested = await train(tasks=tasks, tasks_per_iteration=6, seed=3, run_id=nested_id)
+    summary = [(r.tasks, r.rewards, r.infra_retries, r.groups_dropped) for r in nested]
+    assert summary == [(r.tasks, r.rewards, r.infra_retries, r.groups_dropped) for r in direct]
+    assert all(r.groups_dropped == 1 and r.infra_retries > 0 for r in nested), (
+        "infra-always dropped, infra-once retried"
+    )
+    assert trained(fakes.steps[len(direct_steps) :], nested_id) == trained(direct_steps, direct_id)
+
+    client = await connect(stack_config.temporal)
+    history = await client.get_workflow_handle(nested_id).fetch_history()
+    started = [
+        e.start_child_workflow_execution_initiated_event_attributes.workflow_type.name
+        for e in history.events
+        if e.event_type == EventType.EVENT_TYPE_START_CHILD_WORKFLOW_EXECUTION_INITIATED
+    ]
+    assert started.count("NestedGroupWorkflow") == 2 * 6 and "TrajectoryWorkflow" not in started

@@ -1,12 +1,15 @@
 """`python -m belayer.workers.trajectory`: the workflow worker.
 
-Serves `TrajectoryWorkflow`, `TrajectoryGroupWorkflow`, `TrainingWorkflow`, the rollout API's
-`RolloutWorkflow`, `PublishWorkflow` and `ServedVersionsWorkflow`, the context (tokenizer) activities and
-the training runs' iteration log on the workflow task queue. Deterministic workflow code only runs here; every side effect is an activity.
+Serves `TrajectoryWorkflow`, `TrajectoryGroupWorkflow`, `TrainingWorkflow` (and the
+`NestedGroupWorkflow`s of its large iterations), the rollout API's `RolloutWorkflow`,
+`PublishWorkflow` and `ServedVersionsWorkflow`, the context (tokenizer) activities, and the
+training runs' iteration log, task draws and stored samples on the workflow task queue.
+Deterministic workflow code only runs here; every side effect is an activity.
 """
 
 import sys
 
+from belayer.activities.batches import BatchActivities
 from belayer.activities.context import ContextActivities
 from belayer.activities.training_log import TrainingLogActivities
 from belayer.config import BelayerConfig
@@ -15,7 +18,7 @@ from belayer.storage.store import open_store
 from belayer.workers.runner import main, run_worker
 from belayer.workflows.groups import TrajectoryGroupWorkflow
 from belayer.workflows.publishing import PublishWorkflow, ServedVersionsWorkflow
-from belayer.workflows.rollouts import RolloutWorkflow
+from belayer.workflows.rollouts import NestedGroupWorkflow, RolloutWorkflow
 from belayer.workflows.training import TrainingWorkflow
 from belayer.workflows.trajectory import TrajectoryWorkflow
 
@@ -34,10 +37,11 @@ async def serve(config: BelayerConfig) -> None:
             TrajectoryGroupWorkflow,
             TrainingWorkflow,
             RolloutWorkflow,
+            NestedGroupWorkflow,
             PublishWorkflow,
             ServedVersionsWorkflow,
         ],
-        activities=[*context.all(), *TrainingLogActivities(store).all()],
+        activities=[*context.all(), *TrainingLogActivities(store).all(), *BatchActivities(store).all()],
     )
 
 

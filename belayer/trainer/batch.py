@@ -1,0 +1,45 @@
+"""A train step's samples by reference: stored in parts, each named by key and sha256.
+
+Temporal refuses a payload over 2 MB: an iteration of 10,000 samples inline in
+`TrainStepArgs` (a few hundred bytes each: the trajectory id, its group and its token
+log's `PrefixRef`) would be refused. The workflow stores them in parts of
+`SAMPLES_PER_PART` (an activity each, so no payload grows with the batch), and the step
+carries only the parts' references. A part's key is its iteration's folder and its own
+sha256: a retried write is the same object, and retention deletes an iteration's parts
+with its checkpoint (`batch_prefix`).
+"""
+
+from __future__ import annotations
+
+import hashlib
+
+from pydantic import TypeAdapter
+
+from belayer.trainer.models import SamplesRef, TrainSample
+
+# About 150 KB a part: far under Temporal's 2 MB, few activities per iteration.
+SAMPLES_PER_PART = 512
+SAMPLES = TypeAdapter(list[TrainSample])
+
+
+def batch_prefix(run_id: str, iteration: int) -> str:
+    return f"runs/{run_id}/batches/iteration-{iteration:06d}/"
+
+
+def parts(samples: list[TrainSample]) -> list[list[TrainSample]]:
+    """`samples` cut into parts of at most SAMPLES_PER_PART, in order."""
+    return [samples[i : i + SAMPLES_PER_PART] for i in range(0, len(samples), SAMPLES_PER_PART)]
+
+
+def store_samples(store, run_id: str, iteration: int, samples: list[TrainSample]) -> SamplesRef:
+    data = SAMPLES.dump_json(samples)
+    sha256 = hashlib.sha256(data).hexdigest()
+    key = f"{batch_prefix(run_id, iteration)}{sha256}.json"
+    store.put_bytes(key, data, if_absent=True)
+    return SamplesRef(key=key, sha256=sha256, count=len(samples))
+
+
+def load_samples(store, refs: list[SamplesRef]) -> list[TrainSample]:
+    """Every sample of `refs`, in order; `CorruptObject` when a part does not verify."""
+    return [sample for ref in refs for sample in SAMPLES.validate_json(store.get_bytes(ref.key,
+                                                                                       expected_sha256=ref.sha256))]  # fmt: skip
