@@ -30,6 +30,7 @@ from belayer.workers.rollout.fleet import node_config, rollout_node_ids
 from belayer.workers.rollout.worker import node_task_queue
 from belayer.workflows.rollouts import RUN_KEY
 from belayer.workflows.training_models import (
+    MAX_REUSED_SETUPS,
     RECENT_RECORDS,
     IterationRecord,
     TrainingInput,
@@ -110,9 +111,12 @@ def training_input(
 ) -> TrainingInput:
     """The input of a run over `tasks` with the stack's queues and policy, starting from
     `model` (default: the model the stack's engines were built from), with `belayer train`'s
-    defaults for whatever is not given. One temperature serves the rollouts and the trainer:
-    `temperature=` alone sets both, `settings` alone its own for both (both, differing, are refused)."""
+    defaults for whatever is not given (set-ups reused up to MAX_REUSED_SETUPS tasks). One
+    temperature serves the rollouts and the trainer: `temperature=` alone sets both,
+    `settings` alone its own for both (both, differing, are refused)."""
     temperature = overrides.pop("temperature", None)
+    if overrides.get("reuse_setup") is None:
+        overrides["reuse_setup"] = len(tasks) <= MAX_REUSED_SETUPS
     if settings is None:
         settings = default_settings(iterations)
         if temperature is not None:

@@ -175,9 +175,9 @@ def train() -> None:
 )
 @click.option(
     "--reuse-setup/--no-reuse-setup",
-    default=True,
-    show_default=True,
-    help="Later iterations fork a task's set-up checkpoint again instead of rerunning its setup.",
+    default=None,
+    help="Later iterations fork a task's set-up checkpoint again instead of rerunning its setup "
+    "(default: on for workloads of up to 256 tasks, since the run keeps one per task drawn).",
 )
 @click.option(
     "--skip-uniform-groups",
@@ -233,7 +233,7 @@ def start(
     no_heldout: bool,
     max_infra_retries: int,
     fork_groups: bool,
-    reuse_setup: bool,
+    reuse_setup: bool | None,
     skip_uniform_groups: bool,
     keep_last: int | None,
     keep_every: int | None,

@@ -266,7 +266,11 @@ class TrainingWorkflow:
                 "checkpoint": step.checkpoint,
                 "serving_version": version,
                 "log": RecordLogRef(key=self.state.log.key, length=iteration + 1),
-                "recent": [*self.state.recent, record][-RECENT_RECORDS:],
+                # without each group's sandboxes (read them from the log): a state carried
+                # through continue-as-new stays far under 2 MB at thousands of groups
+                "recent": [*self.state.recent, record.model_copy(update={"group_sandboxes": []})][
+                    -RECENT_RECORDS:
+                ],
                 "origins": self.runner.origins,
             }
         )

@@ -24,6 +24,11 @@ from belayer.workloads.task_set import TaskSetRef
 TrainingStatus = Literal["running", "completed", "failed_infra"]
 Phase = Literal["starting", "rollout", "train", "publish", "done"]
 RECENT_RECORDS = 5
+# With reuse_setup a run keeps a set-up checkpoint per task it has drawn, in its state (so
+# through every continue-as-new) and on the sandbox hosts' disks, until it ends: bounded by
+# refusing reuse over more tasks than this (`belayer.training.training_input` turns it off
+# above it by default).
+MAX_REUSED_SETUPS = 256
 
 
 class _Model(BaseModel):
@@ -131,6 +136,16 @@ class TrainingInput(_Model):
             )
         return self
 
+    @model_validator(mode="after")
+    def _bounded_setups(self) -> TrainingInput:
+        if self.fork_groups and self.reuse_setup and self.task_count > MAX_REUSED_SETUPS:
+            raise ValueError(
+                f"reuse_setup keeps a set-up checkpoint for every task drawn, in the run's state and on the "
+                f"sandbox hosts, until the run ends: {self.task_count} tasks is more than {MAX_REUSED_SETUPS}; "
+                "turn it off (`belayer train --no-reuse-setup`, reuse_setup=False): each group then sets up anew"
+            )
+        return self
+
     def kept(self, iteration: int) -> bool:
         """Whether iteration `iteration`'s checkpoint is kept once it is `keep_last` behind."""
         return self.keep_every is not None and (iteration + 1) % self.keep_every == 0
@@ -232,7 +247,8 @@ class TrainingState(_Model):
     serving_version: int = Field(1, description="The weights version every node serves now.")
     log: RecordLogRef | None = None
     recent: list[IterationRecord] = Field(
-        default_factory=list, description=f"The last {RECENT_RECORDS} records."
+        default_factory=list,
+        description=f"The last {RECENT_RECORDS} records, without `group_sandboxes` (the record log has them).",
     )
     runs: int = 1
     started_at: datetime | None = Field(
