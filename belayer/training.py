@@ -40,7 +40,7 @@ from belayer.workflows.training_models import (
     TrainingState,
 )
 from belayer.workloads.models import Task, Workload
-from belayer.workloads.task_set import store_task_set
+from belayer.workloads.task_set import TASKS, encoded, store_task_set
 
 
 def training_queues(config: BelayerConfig) -> TrainingQueues:
@@ -152,7 +152,17 @@ def settings_key(run_id: str) -> str:
 def canonical_settings(input: TrainingInput) -> dict:
     """What defines a run's numbers: its input without its id, the queues it reaches and
     the state it carries (a resumed run carries its own, and is the same run)."""
-    return input.model_dump(mode="json", exclude={"run_id", "queues", "carried"})
+    return _tasks_as_a_set(input.model_dump(mode="json", exclude={"run_id", "queues", "carried"}))
+
+
+def _tasks_as_a_set(settings: dict) -> dict:
+    """`settings` with inline tasks replaced by the reference they are stored under: a run
+    is the same run whichever way its input carries its tasks (a run claimed before task
+    sets recorded them inline, and its resume carries them so)."""
+    tasks = settings.pop("tasks", None)
+    if tasks:
+        settings["task_set"] = encoded(TASKS.validate_python(tasks))[0].model_dump(mode="json")
+    return settings
 
 
 def claim_run_id(store, input: TrainingInput) -> None:
@@ -167,10 +177,9 @@ def claim_run_id(store, input: TrainingInput) -> None:
         store.put_bytes(settings_key(input.run_id), record, if_absent=True)
         return
     except ObjectConflict:
-        recorded = json.loads(store.get_bytes(settings_key(input.run_id)))
-    if recorded["settings_sha256"] != digest:
-        differ = sorted(k for k in settings.keys() | recorded["settings"].keys()
-                        if settings.get(k) != recorded["settings"].get(k))  # fmt: skip
+        recorded = _tasks_as_a_set(json.loads(store.get_bytes(settings_key(input.run_id)))["settings"])
+    if recorded != settings:
+        differ = sorted(k for k in settings.keys() | recorded.keys() if settings.get(k) != recorded.get(k))
         raise RunIdReused(
             f"run id {input.run_id!r} was used by a run with other settings ({', '.join(differ)} differ); "
             "pick another --run-id, or leave it out for a fresh one"
@@ -235,7 +244,7 @@ async def resume_training(
             checkpoint=records[-1].checkpoint,
             serving_version=records[-1].weights_version,
             log=log,
-            recent=records[-RECENT_RECORDS:],
+            recent=[record.for_state() for record in records[-RECENT_RECORDS:]],
             started_at=started_at,
             resumed=resumed,
             publish_checkpoint=True,

@@ -30,9 +30,9 @@ PACKAGE = Path(__file__).resolve().parents[1] / "belayer"
 
 # Bottom first: a part may import parts of its own layer and of the layers below.
 LAYERS: dict[str, set[str]] = {
-    # What every layer may use: the exception root, the configuration-section base, and the
-    # registry of fault points.
-    "base": {"errors", "faults", "section"},
+    # What every layer may use: the exception root, the configuration-section base, the
+    # registry of fault points, and the seeds derived from a run's seed.
+    "base": {"errors", "faults", "section", "seeding"},
     # The system's own work, usable without Temporal or the CLI: object storage, sandboxes,
     # rollout nodes, the trainer, the model builder, the adaptive policy, workloads, the
     # agent's text format.

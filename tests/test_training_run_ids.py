@@ -5,11 +5,20 @@ object store; no worker runs the workflows."""
 
 from __future__ import annotations
 
+import json
+
 import pytest
 
 from belayer.storage.store import open_store
 from belayer.temporal_client import connect
-from belayer.training import RunIdReused, settings_key, start_training, training_input
+from belayer.training import (
+    RunIdReused,
+    claim_run_id,
+    settings_key,
+    start_training,
+    tasks_by_reference,
+    training_input,
+)
 from belayer.workloads.models import TraceTask, TraceTurn
 
 TASKS = [TraceTask(id="t0", turns=[TraceTurn(think_tokens=1, bash="true")])]
@@ -48,3 +57,22 @@ async def test_the_same_settings_again_are_the_same_run(config):
     again = await start_training(client, config, run(config, "same-run"))
     assert again.id == first.id
     await again.terminate("test over")
+
+
+def test_a_run_is_the_same_run_whichever_way_it_carries_its_tasks(config):
+    """Inline tasks claim as the set they are stored as: a run claimed before task sets
+    (its settings record the tasks inline) is the same run when resumed by reference,
+    and other tasks are still other settings."""
+    inline = run(config, "carried-alike")
+    before = inline.model_dump(mode="json", exclude={"run_id", "queues", "carried"})  # as claimed until now
+    with open_store(config.storage, encrypted=False) as store:
+        store.put_bytes(
+            settings_key("carried-alike"),
+            json.dumps({"settings_sha256": "0" * 64, "settings": before}).encode(),
+        )
+        claim_run_id(store, tasks_by_reference(store, inline))
+        claim_run_id(store, inline)
+        other = training_input(config, [*TASKS, TraceTask(id="t1", turns=TASKS[0].turns)], run_id="carried-alike",
+                               iterations=2, group_size=2, tasks_per_iteration=1, seed=0)  # fmt: skip
+        with pytest.raises(RunIdReused, match=r"\(task_set differ\)"):
+            claim_run_id(store, tasks_by_reference(store, other))

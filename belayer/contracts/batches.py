@@ -11,6 +11,14 @@ from belayer.trainer.models import SamplesRef, TrainSample
 from belayer.workloads.models import Task
 from belayer.workloads.task_set import TaskSetRef
 
+# About 150 KB a part: far under Temporal's 2 MB, few activities per iteration.
+SAMPLES_PER_PART = 512
+
+
+def parts(samples: list[TrainSample]) -> list[list[TrainSample]]:
+    """`samples` cut into parts of at most SAMPLES_PER_PART, in order: one STORE_SAMPLES each."""
+    return [samples[i : i + SAMPLES_PER_PART] for i in range(0, len(samples), SAMPLES_PER_PART)]
+
 
 class _Model(BaseModel):
     model_config = ConfigDict(extra="forbid")

@@ -3,10 +3,10 @@
 Temporal refuses a payload over 2 MB: an iteration of 10,000 samples inline in
 `TrainStepArgs` (a few hundred bytes each: the trajectory id, its group and its token
 log's `PrefixRef`) would be refused. The workflow stores them in parts of
-`SAMPLES_PER_PART` (an activity each, so no payload grows with the batch), and the step
-carries only the parts' references. A part's key is its iteration's folder and its own
-sha256: a retried write is the same object, and retention deletes an iteration's parts
-with its checkpoint (`batch_prefix`).
+`SAMPLES_PER_PART` (belayer/contracts/batches.py; an activity each, so no payload grows
+with the batch), and the step carries only the parts' references. A part's key is its
+iteration's folder and its own sha256: a retried write is the same object, and retention
+deletes an iteration's parts with its checkpoint (`batch_prefix`).
 """
 
 from __future__ import annotations
@@ -17,18 +17,11 @@ from pydantic import TypeAdapter
 
 from belayer.trainer.models import SamplesRef, TrainSample
 
-# About 150 KB a part: far under Temporal's 2 MB, few activities per iteration.
-SAMPLES_PER_PART = 512
 SAMPLES = TypeAdapter(list[TrainSample])
 
 
 def batch_prefix(run_id: str, iteration: int) -> str:
     return f"runs/{run_id}/batches/iteration-{iteration:06d}/"
-
-
-def parts(samples: list[TrainSample]) -> list[list[TrainSample]]:
-    """`samples` cut into parts of at most SAMPLES_PER_PART, in order."""
-    return [samples[i : i + SAMPLES_PER_PART] for i in range(0, len(samples), SAMPLES_PER_PART)]
 
 
 def store_samples(store, run_id: str, iteration: int, samples: list[TrainSample]) -> SamplesRef:

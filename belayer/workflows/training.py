@@ -33,7 +33,7 @@ from temporalio.exceptions import ActivityError, ApplicationError
 
 with workflow.unsafe.imports_passed_through():
     from belayer.contracts.activity import Activity
-    from belayer.contracts.batches import PICK_TASKS, STORE_SAMPLES, PickTasksArgs, StoreSamplesArgs
+    from belayer.contracts.batches import PICK_TASKS, STORE_SAMPLES, PickTasksArgs, StoreSamplesArgs, parts
     from belayer.contracts.errors import BAD_TRAIN_REQUEST, CORRUPT_SAMPLE
     from belayer.contracts.publish import PublishWeightsArgs
     from belayer.contracts.trainer import (
@@ -57,7 +57,6 @@ with workflow.unsafe.imports_passed_through():
     )
     from belayer.seeding import digest
     from belayer.storage.recordlog import RecordLogRef
-    from belayer.trainer.batch import parts
     from belayer.workflows.groups import cause_of
     from belayer.workflows.publishing import PublishFailed, publish_to_nodes
     from belayer.workflows.rollout_models import MemberOutcome
@@ -266,11 +265,7 @@ class TrainingWorkflow:
                 "checkpoint": step.checkpoint,
                 "serving_version": version,
                 "log": RecordLogRef(key=self.state.log.key, length=iteration + 1),
-                # without each group's sandboxes (read them from the log): a state carried
-                # through continue-as-new stays far under 2 MB at thousands of groups
-                "recent": [*self.state.recent, record.model_copy(update={"group_sandboxes": []})][
-                    -RECENT_RECORDS:
-                ],
+                "recent": [*self.state.recent, record.for_state()][-RECENT_RECORDS:],
                 "origins": self.runner.origins,
             }
         )

@@ -236,6 +236,12 @@ class IterationRecord(_Model):
         "sandbox, or their own) and what it took.",
     )
 
+    def for_state(self) -> IterationRecord:
+        """The record as the workflow's state keeps it (`TrainingState.recent`): without
+        each group's sandboxes, which the record log has, so the state carried through
+        continue-as-new stays far under Temporal's 2 MB at thousands of groups."""
+        return self.model_copy(update={"group_sandboxes": []})
+
 
 class TrainingState(_Model):
     """The run's whole memory; carried across continue-as-new."""

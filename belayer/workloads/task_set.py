@@ -37,12 +37,18 @@ def task_set_key(sha256: str) -> str:
     return f"task-sets/{sha256}.json"
 
 
-def store_task_set(store, tasks: list[Task]) -> TaskSetRef:
-    """Store `tasks` under their own hash (a set stored before is left as it is)."""
+def encoded(tasks: list[Task]) -> tuple[TaskSetRef, bytes]:
+    """`tasks` as they are stored, and the reference that names them."""
     data = TASKS.dump_json(tasks)
     sha256 = hashlib.sha256(data).hexdigest()
-    store.put_bytes(task_set_key(sha256), data, if_absent=True)
-    return TaskSetRef(key=task_set_key(sha256), sha256=sha256, count=len(tasks))
+    return TaskSetRef(key=task_set_key(sha256), sha256=sha256, count=len(tasks)), data
+
+
+def store_task_set(store, tasks: list[Task]) -> TaskSetRef:
+    """Store `tasks` under their own hash (a set stored before is left as it is)."""
+    ref, data = encoded(tasks)
+    store.put_bytes(ref.key, data, if_absent=True)
+    return ref
 
 
 def load_task_set(store, ref: TaskSetRef) -> list[Task]:

@@ -7,10 +7,11 @@ import pytest
 from pydantic import ValidationError
 
 from belayer.config import load_config
+from belayer.contracts.batches import parts
 from belayer.storage.errors import CorruptObject
 from belayer.storage.store import open_store
 from belayer.storage.tokenlog import PrefixRef
-from belayer.trainer.batch import batch_prefix, load_samples, parts, store_samples
+from belayer.trainer.batch import batch_prefix, load_samples, store_samples
 from belayer.trainer.models import TrainSample
 from belayer.training import tasks_by_reference, training_input
 from belayer.workflows.training_models import MAX_REUSED_SETUPS

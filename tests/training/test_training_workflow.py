@@ -27,6 +27,7 @@ from belayer.bench.history import (
     history_proto,
 )
 from belayer.cli.train import iteration_line, run_report
+from belayer.contracts import batches
 from belayer.contracts.trainer import (
     START_WEIGHTS,
     TRAIN_STEP,
@@ -37,7 +38,6 @@ from belayer.contracts.trainer import (
 )
 from belayer.storage.store import ObjectRef, open_store
 from belayer.temporal_client import connect
-from belayer.trainer import batch
 from belayer.trainer.algorithms import grpo
 from belayer.trainer.batch import load_samples
 from belayer.training import tasks_by_reference
@@ -256,7 +256,7 @@ async def test_the_same_seed_picks_the_same_tasks_and_seeds(harness):
 async def test_the_train_step_gets_its_samples_by_reference_in_parts(harness, monkeypatch):
     """No payload grows with the batch: the samples go to the store in parts of
     SAMPLES_PER_PART, and the step carries only the parts' references."""
-    monkeypatch.setattr(batch, "SAMPLES_PER_PART", 4)  # read by the workflow worker, in this process
+    monkeypatch.setattr(batches, "SAMPLES_PER_PART", 4)  # read by the workflow worker, in this process
     fakes, train = harness
     result, records = await train(iterations=1, tasks_per_iteration=3)
     assert result.status == "completed"
@@ -375,7 +375,7 @@ async def test_an_iteration_of_many_samples_stays_within_temporals_limits(harnes
     assert result.status == "completed" and records[0].groups_kept == samples // 8
     (refs,) = fakes.trainer.batches
     assert sum(ref.count for ref in refs) == samples == len(fakes.steps[0].samples)
-    assert all(ref.count <= batch.SAMPLES_PER_PART for ref in refs)
+    assert all(ref.count <= batches.SAMPLES_PER_PART for ref in refs)
 
     client = await connect(stack_config.temporal)
     history = await client.get_workflow_handle(result.run_id).fetch_history()
