@@ -13,8 +13,8 @@ that loop holds here. Engines and sandboxes that fail on the way are recovered i
 trajectory; what comes back never depends on them. `publish` puts a new weights version
 into every rollout node with the loop's guarantees (`PublishWorkflow`).
 
-Only pointers cross Temporal; the tokens are read here, from the object store, by the
-same reader the built-in trainer uses (belayer/storage/trajectory_tokens.py).
+Only pointers cross Temporal; the tokens are read here, from the object store, into the
+very `Rollout` Belayer's own trainer reads and trains on (belayer/trainer/rollout.py).
 """
 
 from __future__ import annotations
@@ -23,9 +23,7 @@ import asyncio
 import uuid
 from collections.abc import AsyncIterator, Sequence
 from pathlib import Path
-from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
 from temporalio.client import Client, WorkflowFailureError, WorkflowHandle
 from temporalio.common import SearchAttributePair, TypedSearchAttributes
 
@@ -35,14 +33,14 @@ from belayer.errors import BelayerError
 from belayer.model.build import model_path
 from belayer.model.param_names import hf_state_dict
 from belayer.storage.store import open_store
-from belayer.storage.trajectory_tokens import read_trajectory_tokens
 from belayer.storage.weights import store_weights
 from belayer.temporal_client import connect
+from belayer.trainer.models import RolloutRef
+from belayer.trainer.rollout import Rollout, read_rollout
 from belayer.training import training_queues
 from belayer.workflows.groups import cause_of
 from belayer.workflows.publishing import PublishRequest, PublishWorkflow, ServedVersionsWorkflow
 from belayer.workflows.rollout_models import (
-    MemberOutcome,
     RolloutQueues,
     RolloutRequest,
     RolloutResult,
@@ -58,59 +56,6 @@ DEFAULT_CONCURRENCY = 8
 
 class RolloutError(BelayerError):
     """A batch or a publish that could not be done; the message says why and what to do."""
-
-
-class Rollout(BaseModel):
-    """One trajectory, ready for a trainer's loss. `logprobs`, `loss_mask` and
-    `weights_versions` are aligned one-to-one with `completion_ids`: the whole multi-turn
-    sequence after the prompt, the model's tokens (mask 1: the engine's logprob, the
-    weights version that sampled it) and the environment's (mask 0: logprob 0.0, version -1)."""
-
-    model_config = ConfigDict(extra="forbid", frozen=True)
-
-    task_id: str
-    member: int = Field(description="Its place in the task's group.")
-    status: Literal["completed", "failed_policy", "failed_infra"] = Field(
-        description="failed_infra only after Belayer's own retries; such a rollout has no tokens and no reward."
-    )
-    reward: float | None
-    rewards: dict[str, float] = Field(
-        description="The verifier's named rewards; today's task kinds have one, `reward`."
-    )
-    prompt_ids: list[int]
-    completion_ids: list[int]
-    logprobs: list[float]
-    loss_mask: list[int]
-    weights_versions: list[int]
-    turns: int = Field(
-        description="Actions the agent ran in its sandbox (a last model turn without one is not counted)."
-    )
-    recoveries: int = Field(description="Sandbox recoveries Belayer made on its way (over all attempts).")
-    tokens_after_recovery: int = Field(
-        0,
-        description="Tokens generated after an engine recovery interrupted a turn: equal to an "
-        "uninterrupted run's with high probability, not surely (a near-tie can flip).",
-    )
-    recovered_tokens_differ: bool = Field(
-        False, description="Flag: a recovered turn, replayed uninterrupted on its engine, drew other tokens."
-    )
-    attempts: int = Field(description="Trajectories run for this member (more than 1: failed_infra retried).")
-    trajectory_id: str = Field(description="Open it in the Temporal web UI or with `belayer inspect`.")
-    reason: str = ""
-
-    @model_validator(mode="after")
-    def _aligned(self) -> Rollout:
-        lengths = {
-            len(self.completion_ids),
-            len(self.logprobs),
-            len(self.loss_mask),
-            len(self.weights_versions),
-        }
-        if len(lengths) != 1:
-            raise ValueError(
-                f"rollout {self.trajectory_id}: per-token lists of different lengths {sorted(lengths)}"
-            )
-        return self
 
 
 class RolloutClient:
@@ -144,7 +89,7 @@ class RolloutClient:
         handle = await self._start(tasks, settings, weights_version)
         result = await self._result(handle)
         with open_store(self.config.storage, encrypted=False) as store:
-            return [rollout_of(store, m) for group in result.groups for m in group.members]
+            return [read_rollout(store, m) for group in result.groups for m in group.members]
 
     async def stream(self, tasks: str | Path | Sequence[Task], *, group_size: int, seed: int,
                      temperature: float = 1.0, max_concurrency: int | None = None,
@@ -162,7 +107,7 @@ class RolloutClient:
                     for outcome in await self._finished(handle, done):
                         if outcome.trajectory_id not in yielded:
                             yielded.add(outcome.trajectory_id)
-                            yield rollout_of(store, outcome)
+                            yield read_rollout(store, outcome)
                     if finished:
                         return
                     await asyncio.wait({done}, timeout=every_s)
@@ -203,7 +148,7 @@ class RolloutClient:
         except WorkflowFailureError as err:
             raise RolloutError(f"batch {handle.id} failed: {cause_of(err)}") from None
 
-    async def _finished(self, handle: WorkflowHandle, done: asyncio.Future) -> list[MemberOutcome]:
+    async def _finished(self, handle: WorkflowHandle, done: asyncio.Future) -> list[RolloutRef]:
         """Every member done so far: from the result once it is in, else the progress query
         (a query that fails now, racing the start or a server restart, is asked next round)."""
         if done.done():
@@ -268,36 +213,6 @@ class RolloutClient:
         staged, version = self._staged, self._staged_version
         self._staged = self._staged_version = None
         return await self.publish(staged, version)
-
-
-def rollout_of(store, outcome: MemberOutcome) -> Rollout:
-    """`outcome` with its tokens read from the object store (none for failed_infra)."""
-    prompt, completion, logprobs, mask, versions = [], [], [], [], []
-    if outcome.context is not None:
-        read = read_trajectory_tokens(store, outcome.context)
-        cut = read.prompt_length
-        prompt, completion, mask = read.tokens[:cut], read.tokens[cut:], read.mask[cut:]
-        logprobs = [0.0 if lp is None else lp for lp in read.logprobs[cut:]]
-        versions = [-1 if v is None else v for v in read.versions[cut:]]
-    return Rollout(
-        task_id=outcome.task,
-        member=outcome.member,
-        status=outcome.status,
-        reward=outcome.reward,
-        rewards={} if outcome.reward is None else {"reward": outcome.reward},
-        prompt_ids=prompt,
-        completion_ids=completion,
-        logprobs=logprobs,
-        loss_mask=mask,
-        weights_versions=versions,
-        turns=outcome.turns,
-        recoveries=outcome.recoveries,
-        tokens_after_recovery=outcome.tokens_after_recovery,
-        recovered_tokens_differ=outcome.recovered_tokens_differ,
-        attempts=outcome.attempts,
-        trajectory_id=outcome.trajectory_id,
-        reason=outcome.reason,
-    )
 
 
 def _tasks(tasks: str | Path | Sequence[Task]) -> list[Task]:

@@ -9,6 +9,7 @@ from belayer.contracts.activity import Activity
 from belayer.storage.store import ObjectRef
 from belayer.trainer.algorithms import Algorithm, algorithm
 from belayer.trainer.models import (
+    RolloutRef,
     SkippedGroup,
     StartWeightsArgs,
     TrainerCheckpointRef,
@@ -23,6 +24,7 @@ __all__ = [
     "TRAIN_STEP",
     "StartWeightsArgs",
     "Algorithm",
+    "RolloutRef",
     "SkippedGroup",
     "TrainSample",
     "TrainStepArgs",

@@ -66,6 +66,35 @@ class TrainerSettings(_Model):
         return algorithm(name).name
 
 
+class RolloutRef(_Model):
+    """One member of a group after Belayer's own retries, by reference: how it ended and a
+    pointer to its token log. Both consumers of rollouts read it as the same `Rollout`
+    (belayer/trainer/rollout.py): Belayer's own trainer, through the `TrainSample` that
+    carries it, and a trainer of yours, through the rollout API."""
+
+    trajectory_id: str = Field(description="The attempt whose result counts (the last one).")
+    status: Literal["completed", "failed_policy", "failed_infra"]
+    reward: float | None
+    attempts: int
+    reason: str = ""
+    context: PrefixRef | None = Field(
+        None, description="The trajectory's token log (None when failed_infra)."
+    )
+    recovery_s: float = Field(0.0, description="Time its recoveries lost, over all attempts.")
+    task: str = Field("", description="The task's id.")
+    member: int = Field(0, ge=0, description="Its place in the group.")
+    turns: int = Field(0, ge=0, description="Actions the attempt that counts ran in its sandbox.")
+    recoveries: int = Field(0, ge=0, description="Sandbox recoveries over all attempts.")
+    tokens_after_recovery: int = Field(
+        0,
+        ge=0,
+        description="The attempt that counts: tokens generated after an engine recovery (TrajectoryResult).",
+    )
+    recovered_tokens_differ: bool = Field(
+        False, description="The attempt that counts: a recovered turn's replay drew other tokens (the flag)."
+    )
+
+
 class TrainSample(_Model):
     """One trajectory to learn from: its final context and the advantage of its group."""
 
@@ -74,6 +103,10 @@ class TrainSample(_Model):
     context: PrefixRef = Field(description="The trajectory's whole token log (tokens, marks, generations).")
     advantage: float = Field(
         description="The algorithm's advantage for this member of its group, applied to every model token."
+    )
+    rollout: RolloutRef | None = Field(
+        None,
+        description="The member it is (samples from before it: its `context` alone), read as a `Rollout`.",
     )
 
 

@@ -2,17 +2,18 @@
 batch both run (belayer/workflows/rollouts.py), and what each member ended as.
 
 One data model for both: `RolloutSettings` says how every trajectory of a batch runs,
-`MemberOutcome` is one group member after Belayer's own retries (pointers and hashes; the
-tokens stay in the object store), `GroupOutcome` is one task's group.
+`RolloutRef` (belayer/trainer/models.py) is one group member after Belayer's own retries
+(pointers and hashes; the tokens stay in the object store, and Belayer's trainer and the
+rollout API read them as the same `Rollout`), `GroupOutcome` is one task's group.
 """
 
 from __future__ import annotations
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
+from belayer.contracts.trainer import RolloutRef
 from belayer.policy.config import PolicyConfig
-from belayer.storage.tokenlog import PrefixRef
-from belayer.workflows.models import GroupRecord, TaskQueues, TrajectoryStatus
+from belayer.workflows.models import GroupRecord, TaskQueues
 from belayer.workloads.models import Task
 
 
@@ -54,37 +55,11 @@ class RolloutSettings(_Model):
     )
 
 
-class MemberOutcome(_Model):
-    """One member of a group after its retries."""
-
-    trajectory_id: str = Field(description="The attempt whose result counts (the last one).")
-    status: TrajectoryStatus
-    reward: float | None
-    attempts: int
-    reason: str = ""
-    context: PrefixRef | None = Field(
-        None, description="The trajectory's token log (None when failed_infra)."
-    )
-    recovery_s: float = Field(0.0, description="Time its recoveries lost, over all attempts.")
-    task: str = Field("", description="The task's id.")
-    member: int = Field(0, ge=0, description="Its place in the group.")
-    turns: int = Field(0, ge=0, description="Actions the attempt that counts ran in its sandbox.")
-    recoveries: int = Field(0, ge=0, description="Sandbox recoveries over all attempts.")
-    tokens_after_recovery: int = Field(
-        0,
-        ge=0,
-        description="The attempt that counts: tokens generated after an engine recovery (TrajectoryResult).",
-    )
-    recovered_tokens_differ: bool = Field(
-        False, description="The attempt that counts: a recovered turn's replay drew other tokens (the flag)."
-    )
-
-
 class GroupOutcome(_Model):
     """One task's group: its members in order, and how they got their sandboxes."""
 
     task: str
-    members: list[MemberOutcome]
+    members: list[RolloutRef]
     sandboxes: GroupRecord | None = Field(None, description="None when the group was not forked.")
 
 
@@ -117,7 +92,7 @@ class RolloutProgress(_Model):
 
     batch_id: str
     members_total: int
-    finished: list[MemberOutcome]
+    finished: list[RolloutRef]
     running: list[str] = Field(default_factory=list, description="Trajectories in flight now.")
 
 
@@ -143,7 +118,7 @@ class NestedGroupInput(_Model):
 
 
 class NestedGroupResult(_Model):
-    members: list[MemberOutcome]
+    members: list[RolloutRef]
     records: list[GroupRecord] = Field(description="How the group got its sandboxes.")
     origin: GroupRecord | None = Field(
         None, description="The set-up checkpoint later groups of the task fork."

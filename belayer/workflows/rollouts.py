@@ -28,6 +28,7 @@ from temporalio.exceptions import ActivityError, ApplicationError, ChildWorkflow
 with workflow.unsafe.imports_passed_through():
     from belayer.contracts.errors import WRONG_WEIGHTS_VERSION
     from belayer.contracts.publish import WEIGHTS_VERSION
+    from belayer.contracts.trainer import RolloutRef
     from belayer.seeding import digest
     from belayer.workflows.groups import GroupRecord, cause_of, run_member
     from belayer.workflows.groups import prepare as prepare_group
@@ -35,7 +36,6 @@ with workflow.unsafe.imports_passed_through():
     from belayer.workflows.models import ForkStart, Sampling, TrajectoryInput, TrajectoryResult
     from belayer.workflows.rollout_models import (
         GroupOutcome,
-        MemberOutcome,
         NestedGroupInput,
         NestedGroupResult,
         RolloutProgress,
@@ -88,7 +88,7 @@ class GroupRunner:
         self.slots: Slots | PolledSlots | None = None  # chosen with GROUP_SLOTS_PATCH, by _use_slots
         self._slots_patched: bool | None = None
         self.running: set[str] = set()
-        self.finished: list[MemberOutcome] = []
+        self.finished: list[RolloutRef] = []
         self.group_records: list[GroupRecord] = []
 
     def begin(self, members: int = 0) -> None:
@@ -97,7 +97,7 @@ class GroupRunner:
         self.finished, self.group_records = [], []
         self.nested = members > NEST_ABOVE and workflow.patched(NESTED_GROUPS_PATCH)
 
-    async def group(self, iteration: int, task: Task) -> list[MemberOutcome]:
+    async def group(self, iteration: int, task: Task) -> list[RolloutRef]:
         """The group's members, forked from one set-up sandbox (belayer/workflows/groups.py)
         when `fork_groups`, in slots the group takes for them first; their retries start alone."""
         if self.nested:
@@ -151,7 +151,7 @@ class GroupRunner:
             replaced = self._keep_origin(task.id, record)
         return record, replaced
 
-    async def _nested_group(self, iteration: int, task: Task) -> list[MemberOutcome]:
+    async def _nested_group(self, iteration: int, task: Task) -> list[RolloutRef]:
         """The group as a `NestedGroupWorkflow`, in the slots it takes for its members (all
         of them, or the whole limit when the group is larger): what `group` does, one level
         down, with the same ids and seeds."""
@@ -200,7 +200,7 @@ class GroupRunner:
         finally:
             self.slots.give()
 
-    async def heldout(self, iteration: int, tasks: list[Task]) -> list[MemberOutcome]:
+    async def heldout(self, iteration: int, tasks: list[Task]) -> list[RolloutRef]:
         """One trajectory of each held-out task, never forked."""
         return list(
             await asyncio.gather(*(self.member(iteration, task, 0, prefix="heldout-") for task in tasks))
@@ -230,7 +230,7 @@ class GroupRunner:
         return replaced
 
     async def member(self, iteration: int, task: Task, member: int, *, prefix: str,
-                     start: ForkStart | None = None, held: bool = False) -> MemberOutcome:  # fmt: skip
+                     start: ForkStart | None = None, held: bool = False) -> RolloutRef:  # fmt: skip
         """One trajectory of the group, run again (same seed) while it ends failed_infra;
         the first attempt starts from `start` (its group's fork) in the slot its group took
         (`held`), a retry alone in a slot of its own."""
@@ -247,7 +247,7 @@ class GroupRunner:
                     self.running.discard(trajectory_id)
             recovery_s += sum(r.time_lost_s for r in result.recoveries)
             recoveries += len(result.recoveries)
-            outcome = MemberOutcome(
+            outcome = RolloutRef(
                 trajectory_id=trajectory_id,
                 status=result.status,
                 reward=result.reward,
@@ -326,7 +326,7 @@ async def run_nested_group(input: NestedGroupInput, *, workflow_id: str, task_qu
     except ChildWorkflowError as err:
         reason = f"group workflow failed: {cause_of(err)}"
         return NestedGroupResult(records=[], members=[
-            MemberOutcome(trajectory_id=f"{workflow_id}-m{member}", status="failed_infra", reward=None, attempts=1,
+            RolloutRef(trajectory_id=f"{workflow_id}-m{member}", status="failed_infra", reward=None, attempts=1,
                           reason=reason, context=None, recovery_s=0.0, task=input.task.id, member=member, turns=0)
             for member in range(input.settings.group_size)
         ])  # fmt: skip

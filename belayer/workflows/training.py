@@ -40,6 +40,7 @@ with workflow.unsafe.imports_passed_through():
         START_WEIGHTS,
         TRAIN_STEP,
         Algorithm,
+        RolloutRef,
         SkippedGroup,
         StartWeightsArgs,
         TrainSample,
@@ -59,7 +60,6 @@ with workflow.unsafe.imports_passed_through():
     from belayer.storage.recordlog import RecordLogRef
     from belayer.workflows.groups import cause_of
     from belayer.workflows.publishing import PublishFailed, publish_to_nodes
-    from belayer.workflows.rollout_models import MemberOutcome
     from belayer.workflows.rollouts import (
         ITERATION_KEY,
         NO_WORKER_AFTER,
@@ -306,7 +306,7 @@ class TrainingWorkflow:
         return picked.tasks
 
     def _batch(
-        self, tasks: list[Task], groups: list[list[MemberOutcome]]
+        self, tasks: list[Task], groups: list[list[RolloutRef]]
     ) -> tuple[list[TrainSample], list[SkippedGroup]]:
         """Complete groups with their advantages; an incomplete group is dropped whole."""
         samples, dropped = [], []
@@ -337,6 +337,7 @@ class TrainingWorkflow:
                         group=task.id,
                         context=member.context,
                         advantage=advantage,
+                        rollout=member,
                     )
                 )
         return samples, dropped

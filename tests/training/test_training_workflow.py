@@ -40,6 +40,8 @@ from belayer.storage.store import ObjectRef, open_store
 from belayer.temporal_client import connect
 from belayer.trainer.algorithms import grpo
 from belayer.trainer.batch import load_samples
+from belayer.trainer.rollout import read_rollout
+from belayer.trainer.samples import load_sample
 from belayer.training import tasks_by_reference
 from belayer.workflows import rollouts
 from belayer.workflows.models import TaskQueues
@@ -103,6 +105,7 @@ class StandIns:
 
     trainer: StandInTrainer
     node: StandInNode
+    logs: TokenLogs
 
     @property
     def steps(self) -> list[TrainStepArgs]:
@@ -132,7 +135,7 @@ async def harness(temporal_server, seaweedfs, stack_config, storage_config):
     )
     client = await connect(stack_config.temporal)
     store = open_store(storage_config, encrypted=False)
-    fakes = StandIns(StandInTrainer(store), StandInNode(queues.nodes[0]))
+    fakes = StandIns(StandInTrainer(store), StandInNode(queues.nodes[0]), TokenLogs(store))
     workers = [
         Worker(
             client,
@@ -141,7 +144,7 @@ async def harness(temporal_server, seaweedfs, stack_config, storage_config):
             activities=[
                 *TrainingLogActivities(store).all(),
                 *BatchActivities(store).all(),
-                TokenLogs(store).token_log,
+                fakes.logs.token_log,
             ],
         ),
         Worker(
@@ -251,6 +254,29 @@ async def test_the_same_seed_picks_the_same_tasks_and_seeds(harness):
         "a stored task set draws as the same tasks inline do"
     )
     assert [(r.tasks, r.rewards) for r in first] != [(r.tasks, r.rewards) for r in other]
+
+
+async def test_the_trainer_reads_each_sample_as_the_rollout_the_api_gives(harness):
+    """One data model: each sample carries its member by reference, and the trainer's
+    arrays are that member's `Rollout` (what `RolloutClient` hands a trainer of yours),
+    which is its token log as written."""
+    fakes, train = harness
+    _, records = await train(iterations=1)
+    rewards = {(task, member): reward for task, group in zip(records[0].tasks, records[0].rewards, strict=True)
+               for member, reward in enumerate(group)}  # fmt: skip
+    (step,) = fakes.steps
+    for sample in step.samples:
+        loaded = load_sample(fakes.trainer.store, sample)
+        rollout, written = loaded.rollout, fakes.logs.written[sample.trajectory_id]
+        assert rollout == read_rollout(fakes.trainer.store, sample.rollout)
+        assert (rollout.task_id, rollout.trajectory_id) == (sample.group, sample.trajectory_id)
+        assert rollout.reward == rewards[(rollout.task_id, rollout.member)]
+        assert rollout.prompt_ids + rollout.completion_ids == loaded.tokens == written.tokens
+        assert loaded.mask == written.mask and loaded.versions == written.versions
+        assert [lp is None for lp in loaded.engine_logprobs] == [lp is None for lp in written.logprobs]
+        assert [lp for lp in loaded.engine_logprobs if lp is not None] == pytest.approx(
+            [lp for lp in written.logprobs if lp is not None], rel=1e-6
+        )
 
 
 async def test_the_train_step_gets_its_samples_by_reference_in_parts(harness, monkeypatch):
