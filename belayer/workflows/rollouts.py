@@ -327,7 +327,7 @@ async def run_nested_group(input: NestedGroupInput, *, workflow_id: str, task_qu
         reason = f"group workflow failed: {cause_of(err)}"
         return NestedGroupResult(records=[], members=[
             RolloutRef(trajectory_id=f"{workflow_id}-m{member}", status="failed_infra", reward=None, attempts=1,
-                          reason=reason, context=None, recovery_s=0.0, task=input.task.id, member=member, turns=0)
+                       reason=reason, task=input.task.id, member=member)
             for member in range(input.settings.group_size)
         ])  # fmt: skip
 
