@@ -6,14 +6,16 @@
 
 This is what `belayer train` does, spelled out with the Temporal Python client:
 
-1. load a workload file (its `tasks:`, and the `model:`, `heldout:` and `lr:` it may name);
+1. load a workload file (its `tasks:`, and the `model:`, `heldout:`, `lr:`, `group_size:` and
+   `kl_coef:` it may name); what is not given defaults as in `belayer train`;
 2. build the run's `TrainingInput` with `belayer.training.training_input`, which fills in
    what the stack's configuration knows: the task queues, the rollout nodes, the model
    the engines serve, the policy and the token budget;
 3. store the tasks once in the object store (`belayer.training.tasks_by_reference`: the
    workflow's input then holds a pointer, whatever the dataset's size), claim the run id
-   (`belayer.training.claim_run_id`: one used before with other settings is refused) and start the `TrainingWorkflow` on the stack's workflow task
-   queue; the workflow id is the run id;
+   (`belayer.training.claim_run_id`: one used before with other settings is refused) and
+   start the `TrainingWorkflow` on the stack's workflow task queue; the workflow id is the
+   run id;
 4. poll the workflow's `progress` query (`TrainingProgress`) and print one line per
    finished iteration: its mean reward, held-out reward and the weights version it
    published;
@@ -40,7 +42,16 @@ from belayer.config import BelayerConfig, load_config
 from belayer.storage.store import open_store
 from belayer.temporal_client import connect
 from belayer.trainer.models import TrainerSettings
-from belayer.training import claim_run_id, default_settings, tasks_by_reference, training_input, tuned
+from belayer.training import (
+    DEFAULT_GROUP_SIZE,
+    DEFAULT_ITERATIONS,
+    DEFAULT_TASKS_PER_ITERATION,
+    claim_run_id,
+    default_settings,
+    tasks_by_reference,
+    training_input,
+    tuned,
+)
 from belayer.workflows.rollouts import RUN_KEY
 from belayer.workflows.training_models import IterationRecord, TrainingInput, TrainingProgress, TrainingResult
 from belayer.workloads.loader import load_workload
@@ -53,12 +64,24 @@ def parse_args() -> argparse.Namespace:
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
     parser.add_argument("workload", type=Path, help="A workload file (.yaml or .jsonl).")
-    parser.add_argument("--iterations", type=int, default=2, help="Optimizer steps (default 2).")
     parser.add_argument(
-        "--group-size", type=int, default=2, help="Trajectories per task per iteration (default 2)."
+        "--iterations",
+        type=int,
+        default=DEFAULT_ITERATIONS,
+        help=f"Optimizer steps (default {DEFAULT_ITERATIONS}, as `belayer train`).",
     )
     parser.add_argument(
-        "--tasks-per-iteration", type=int, default=2, help="Tasks drawn per iteration (default 2)."
+        "--group-size",
+        type=int,
+        default=None,
+        help=f"Trajectories per task per iteration (default: the workload's `group_size:`, else "
+        f"{DEFAULT_GROUP_SIZE}).",
+    )
+    parser.add_argument(
+        "--tasks-per-iteration",
+        type=int,
+        default=DEFAULT_TASKS_PER_ITERATION,
+        help=f"Tasks drawn per iteration (default {DEFAULT_TASKS_PER_ITERATION}).",
     )
     parser.add_argument(
         "--seed", type=int, default=0, help="Fixes the task draws and sampling seeds (default 0)."
@@ -87,11 +110,13 @@ def run_input(config: BelayerConfig, args: argparse.Namespace) -> TrainingInput:
         config,
         workload.tasks,
         iterations=args.iterations,
-        group_size=args.group_size,
+        group_size=tuned("group_size", args.group_size, workload),
         tasks_per_iteration=args.tasks_per_iteration,
         seed=args.seed,
         heldout=load_workload(heldout).tasks if heldout else None,
-        settings=default_settings(args.iterations).model_copy(update={"lr": tuned("lr", args.lr, workload)}),
+        settings=default_settings(args.iterations).model_copy(
+            update={"lr": tuned("lr", args.lr, workload), "kl_coef": tuned("kl_coef", None, workload)}
+        ),
         run_id=args.run_id,
         model=workload.model,
     )

@@ -119,9 +119,21 @@ def test_retention_keeps_every_checkpoint_unless_asked_and_keep_every_needs_keep
         training_input(config, tasks, keep_every=3)
 
 
-def test_the_training_benchmark_and_the_example_use_the_same_learning_rate(monkeypatch):
+def test_the_training_benchmark_and_the_example_train_as_belayer_train_does(monkeypatch, tmp_path):
     assert defaults(bench_training)["lr"] == TRAINER.lr
     example = runpy.run_path(str(ROOT / "examples/train_with_client.py"), run_name="not_main")
     monkeypatch.setattr(sys, "argv", ["train_with_client.py", "w.yaml"])
+    args = example["parse_args"]()
     tasks = [TraceTask(id="t", turns=[TraceTurn(think_tokens=1, bash="true")])]
-    assert tuned("lr", example["parse_args"]().lr, Workload(tasks=tasks)) == TRAINER.lr
+    assert tuned("lr", args.lr, Workload(tasks=tasks)) == TRAINER.lr
+    cli = defaults(start)
+    assert (args.iterations, args.tasks_per_iteration, args.group_size) == (
+        cli["iterations"], cli["tasks_per_iteration"], cli["group_size"]
+    )  # fmt: skip
+    workload = tmp_path / "tuned.yaml"
+    workload.write_text(
+        "tasks:\n- {id: t, turns: [{think_tokens: 1, bash: 'true'}]}\ngroup_size: 6\nkl_coef: 0.05\n"
+    )
+    args.workload, args.tasks_per_iteration = workload, 1
+    input = example["run_input"](load_config(state_dir=tmp_path), args)
+    assert (input.group_size, input.trainer.kl_coef, input.iterations) == (6, 0.05, DEFAULT_ITERATIONS)

@@ -25,9 +25,8 @@ TrainingStatus = Literal["running", "completed", "failed_infra"]
 Phase = Literal["starting", "rollout", "train", "publish", "done"]
 RECENT_RECORDS = 5
 # With reuse_setup a run keeps a set-up checkpoint per task it has drawn, in its state (so
-# through every continue-as-new) and on the sandbox hosts' disks, until it ends: bounded by
-# refusing reuse over more tasks than this (`belayer.training.training_input` turns it off
-# above it by default).
+# through every continue-as-new) and on the sandbox hosts' disks, until it ends:
+# `belayer.training.training_input` turns it off above this many tasks, and refuses it asked for.
 MAX_REUSED_SETUPS = 256
 
 
@@ -133,16 +132,6 @@ class TrainingInput(_Model):
             raise ValueError(
                 "keep_every without keep_last keeps every checkpoint anyway: give keep_last too "
                 "(`belayer train --keep-last N --keep-every K`)"
-            )
-        return self
-
-    @model_validator(mode="after")
-    def _bounded_setups(self) -> TrainingInput:
-        if self.fork_groups and self.reuse_setup and self.task_count > MAX_REUSED_SETUPS:
-            raise ValueError(
-                f"reuse_setup keeps a set-up checkpoint for every task drawn, in the run's state and on the "
-                f"sandbox hosts, until the run ends: {self.task_count} tasks is more than {MAX_REUSED_SETUPS}; "
-                "turn it off (`belayer train --no-reuse-setup`, reuse_setup=False): each group then sets up anew"
             )
         return self
 

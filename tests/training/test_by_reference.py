@@ -13,7 +13,7 @@ from belayer.storage.store import open_store
 from belayer.storage.tokenlog import PrefixRef
 from belayer.trainer.batch import batch_prefix, load_samples, store_samples
 from belayer.trainer.models import TrainSample
-from belayer.training import tasks_by_reference, training_input
+from belayer.training import TooManySetups, tasks_by_reference, training_input
 from belayer.workflows.training_models import MAX_REUSED_SETUPS
 from belayer.workloads.models import TraceTask, TraceTurn
 from belayer.workloads.task_set import load_task_set, pick, store_task_set
@@ -92,5 +92,5 @@ def test_setups_are_reused_only_for_a_bounded_number_of_tasks():
     config = load_config(None)
     assert training_input(config, tasks(MAX_REUSED_SETUPS)).reuse_setup
     assert not training_input(config, tasks(MAX_REUSED_SETUPS + 1)).reuse_setup
-    with pytest.raises(ValidationError, match="--no-reuse-setup"):
+    with pytest.raises(TooManySetups, match="--no-reuse-setup"):
         training_input(config, tasks(MAX_REUSED_SETUPS + 1), reuse_setup=True)
