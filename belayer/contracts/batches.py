@@ -11,7 +11,8 @@ from belayer.trainer.models import SamplesRef, TrainSample
 from belayer.workloads.models import Task
 from belayer.workloads.task_set import TaskSetRef
 
-# About 150 KB a part: far under Temporal's 2 MB, few activities per iteration.
+# About 340 KB a part (a sample carries its RolloutRef): far under Temporal's 2 MB, few
+# activities per iteration.
 SAMPLES_PER_PART = 512
 
 

@@ -1,8 +1,8 @@
 """A train step's samples by reference: stored in parts, each named by key and sha256.
 
 Temporal refuses a payload over 2 MB: an iteration of 10,000 samples inline in
-`TrainStepArgs` (a few hundred bytes each: the trajectory id, its group and its token
-log's `PrefixRef`) would be refused. The workflow stores them in parts of
+`TrainStepArgs` (about 650 bytes each: the trajectory id, its group, its token log's
+`PrefixRef` and its `RolloutRef`) would be refused. The workflow stores them in parts of
 `SAMPLES_PER_PART` (belayer/contracts/batches.py; an activity each, so no payload grows
 with the batch), and the step carries only the parts' references. A part's key is its
 iteration's folder and its own sha256: a retried write is the same object, and retention
