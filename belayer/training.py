@@ -115,7 +115,9 @@ def training_input(
     temperature serves the rollouts and the trainer: `temperature=` alone sets both,
     `settings` alone its own for both (both, differing, are refused)."""
     temperature = overrides.pop("temperature", None)
-    overrides["reuse_setup"] = _reuse_setup(overrides.get("reuse_setup"), len(tasks), overrides)
+    overrides["reuse_setup"] = _reuse_setup(
+        overrides.get("reuse_setup"), len(tasks), fork_groups=overrides.get("fork_groups", True)
+    )
     if settings is None:
         settings = default_settings(iterations)
         if temperature is not None:
@@ -143,13 +145,13 @@ class TooManySetups(BelayerError):
     """Set-ups reused over more tasks than a run should keep set-up checkpoints of."""
 
 
-def _reuse_setup(asked: bool | None, tasks: int, overrides: dict) -> bool:
+def _reuse_setup(asked: bool | None, tasks: int, *, fork_groups: bool) -> bool:
     """Whether the run reuses set-ups: as asked, else for up to MAX_REUSED_SETUPS tasks. It
     keeps a set-up checkpoint per task drawn (in its state and on the sandbox hosts) until it
     ends, so reuse over more tasks is refused (it is moot without forks)."""
     if asked is None:
         return tasks <= MAX_REUSED_SETUPS
-    if asked and tasks > MAX_REUSED_SETUPS and overrides.get("fork_groups", True):
+    if asked and tasks > MAX_REUSED_SETUPS and fork_groups:
         raise TooManySetups(
             f"reuse_setup keeps a set-up checkpoint for every task drawn, in the run's state and on the sandbox "
             f"hosts, until the run ends: {tasks} tasks is more than {MAX_REUSED_SETUPS}; turn it off "

@@ -73,9 +73,9 @@ def prune_checkpoint(store, args: PruneCheckpointArgs) -> PrunedCheckpoint:
 def delete_batch(store, run_id: str, iteration: int) -> list[str]:
     """Delete the samples an iteration's train step read (belayer/trainer/batch.py): its
     checkpoint gone, nothing reads them again. The keys deleted."""
-    deleted = list(store.list(batch_prefix(run_id, iteration)))
-    for key in deleted:
-        store.delete(key)
+    prefix = batch_prefix(run_id, iteration)
+    deleted = list(store.list(prefix))
+    store.delete_prefix(prefix)
     return deleted
 
 

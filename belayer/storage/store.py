@@ -772,6 +772,12 @@ def _chain(head: list[bytearray], rest: Iterator[bytearray]) -> Iterator[bytearr
     yield from rest
 
 
+def put_by_hash(store, prefix: str, data: bytes, suffix: str = "") -> ObjectRef:
+    """`data` at `<prefix><sha256><suffix>`, create-if-absent: the same bytes are one object,
+    stored once however often they are written."""
+    return store.put_bytes(f"{prefix}{hashlib.sha256(data).hexdigest()}{suffix}", data, if_absent=True)
+
+
 def open_store(cfg: StorageConfig, *, encrypted: bool = True) -> Any:
     """The object store `cfg` names: the one way Belayer opens it.
 

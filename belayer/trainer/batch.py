@@ -11,10 +11,9 @@ deletes an iteration's parts with its checkpoint (`batch_prefix`).
 
 from __future__ import annotations
 
-import hashlib
-
 from pydantic import TypeAdapter
 
+from belayer.storage.store import put_by_hash
 from belayer.trainer.models import SamplesRef, TrainSample
 
 SAMPLES = TypeAdapter(list[TrainSample])
@@ -25,11 +24,8 @@ def batch_prefix(run_id: str, iteration: int) -> str:
 
 
 def store_samples(store, run_id: str, iteration: int, samples: list[TrainSample]) -> SamplesRef:
-    data = SAMPLES.dump_json(samples)
-    sha256 = hashlib.sha256(data).hexdigest()
-    key = f"{batch_prefix(run_id, iteration)}{sha256}.json"
-    store.put_bytes(key, data, if_absent=True)
-    return SamplesRef(key=key, sha256=sha256, count=len(samples))
+    stored = put_by_hash(store, batch_prefix(run_id, iteration), SAMPLES.dump_json(samples), ".json")
+    return SamplesRef(key=stored.key, sha256=stored.sha256, count=len(samples))
 
 
 def load_samples(store, refs: list[SamplesRef]) -> list[TrainSample]:

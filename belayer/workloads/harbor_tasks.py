@@ -12,7 +12,6 @@ begins, its tests when it is checked.
 
 from __future__ import annotations
 
-import hashlib
 import io
 import tarfile
 from collections.abc import Callable
@@ -20,7 +19,7 @@ from pathlib import Path
 
 from belayer.sandbox.backends import open_backend
 from belayer.sandbox.models import ImageSemantics, StoredFiles
-from belayer.storage.store import open_store
+from belayer.storage.store import open_store, put_by_hash
 from belayer.workloads.drivers import SOLUTION_DIR, shell_quote
 from belayer.workloads.harbor import (
     HarborStep,
@@ -235,10 +234,8 @@ def pack_files(files: dict[str, Path]) -> bytes:
 
 def store_files(store, data: bytes) -> StoredFiles:
     """`data` in the store under its own hash (uploaded once, whoever asks again)."""
-    sha256 = hashlib.sha256(data).hexdigest()
-    key = f"{FILES_PREFIX}/{sha256}.tar"
-    store.put_bytes(key, data, if_absent=True)
-    return StoredFiles(key=key, sha256=sha256)
+    stored = put_by_hash(store, f"{FILES_PREFIX}/", data, ".tar")
+    return StoredFiles(key=stored.key, sha256=stored.sha256)
 
 
 def runnable_workload(config, path: Path, *, agent: HarborAgent = "model", reward_key: str | None = None,
