@@ -8,8 +8,15 @@ or declares a busy large one hung. `HangDeadline` derives the deadline from the 
 the node has seen, separately for decode steps and for the prompt tokens a step prefills:
 
     deadline = clamp(MULTIPLE * (slowest recent decode step
-                                 + pending prompt tokens * slowest recent prefill cost per token)
+                                 + pending prompt tokens * recent prefill cost per token)
                      + heartbeat interval, floor, ceiling)
+
+A step that prefills also decodes the batch's other sequences, so a prefill's cost is what
+its step took beyond the slowest recent decode step, and the cost per token is that excess
+over the recent prefill steps divided by the tokens they prefilled. Dividing each step's
+whole time by its own tokens instead charges a turn's few uncached tokens (the prefix cache
+holds the rest) with a whole decode step: about 10 ms a token where 1 ms is real, so a few
+pending prompts put the deadline at the ceiling, and a hung engine went unnoticed for 60 s.
 
 The history belongs to the node (same model, same machine), not to one engine, so a leader
 that took over inherits it. Until both kinds are observed the deadline is the ceiling
@@ -57,7 +64,7 @@ class HangDeadline:
         self.heartbeat_interval_s = heartbeat_interval_s
         self.multiple = multiple
         self._decode: deque[float] = deque(maxlen=DECODE_WINDOW)
-        self._prefill_per_token: deque[float] = deque(maxlen=PREFILL_WINDOW)
+        self._prefills: deque[tuple[float, int]] = deque(maxlen=PREFILL_WINDOW)  # (excess s, tokens)
         self._pending: dict[str, int] = {}  # engine request id -> prompt tokens not yet prefilled
 
     def sent(self, engine_request_id: str, prompt_tokens: int) -> None:
@@ -71,9 +78,17 @@ class HangDeadline:
         for rid in engine_request_ids:
             self._pending.pop(rid, None)
         if prefilled_tokens:
-            self._prefill_per_token.append(seconds / prefilled_tokens)
+            decode = max(self._decode, default=0.0)
+            self._prefills.append((max(0.0, seconds - decode), prefilled_tokens))
         else:
             self._decode.append(seconds)
+
+    def _prefill_s_per_token(self) -> float | None:
+        """The recent prefill steps' excess over decoding per token they prefilled; None
+        before any."""
+        if not self._prefills:
+            return None
+        return sum(s for s, _ in self._prefills) / sum(tokens for _, tokens in self._prefills)
 
     def deadlines(self, live: set[str]) -> Deadlines:
         """The deadline now; `live` are the engine request ids the leader still works on (an
@@ -81,7 +96,7 @@ class HangDeadline:
         for gone in self._pending.keys() - live:
             del self._pending[gone]
         decode = max(self._decode) if self._decode else None
-        per_token = max(self._prefill_per_token) if self._prefill_per_token else None
+        per_token = self._prefill_s_per_token()
         pending = sum(self._pending.values())
         if decode is None or (pending and per_token is None):
             current = self.ceiling_s  # not yet seen what this engine's steps cost

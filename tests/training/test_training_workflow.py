@@ -387,10 +387,11 @@ async def test_a_runs_history_replays_without_nondeterminism(harness, stack_conf
 async def test_an_iteration_of_many_samples_stays_within_temporals_limits(harness, stack_config):
     """Task sets and samples travel by reference, so neither the dataset's size nor the
     batch's makes a payload grow past Temporal's 2 MB or a history past its 50 MB. `make
-    test` runs 512 samples from 5,000 tasks; the figures in the README come from
-    BELAYER_SCALE_SAMPLES=10000 BELAYER_SCALE_TASKS=100000 (stand-in trajectories, which
-    write real token logs, and a stand-in trainer that reads the batch back)."""
-    samples = int(os.environ.get("BELAYER_SCALE_SAMPLES", "512"))
+    test` runs one group more than an iteration holds unnested (264 samples, nested, from
+    5,000 tasks); the figures in the README come from BELAYER_SCALE_SAMPLES=10000
+    BELAYER_SCALE_TASKS=100000 (stand-in trajectories, which write real token logs, and a
+    stand-in trainer that reads the batch back)."""
+    samples = int(os.environ.get("BELAYER_SCALE_SAMPLES", rollouts.NEST_ABOVE + 8))
     dataset = int(os.environ.get("BELAYER_SCALE_TASKS", "5000"))
     fakes, train = harness
     tasks = [TraceTask(id=f"task{i}", turns=[TraceTurn(think_tokens=1, bash="true")]) for i in range(dataset)]
