@@ -14,14 +14,15 @@ import os
 import time
 from pathlib import Path
 
-from pydantic import BaseModel, ConfigDict
 from temporalio.exceptions import ApplicationError
 
 from belayer.activities.runtime import FailsAs, Failures, heartbeating, implements
 from belayer.contracts.errors import BAD_REQUEST, CORRUPT_WEIGHTS, MODEL_NOT_BUILT, STALE_WEIGHTS_VERSION
 from belayer.contracts.publish import (
     PUBLISH_WEIGHTS,
+    STACK_WEIGHTS_KEY,
     WEIGHTS_VERSION,
+    PublishedWeights,
     PublishWeightsArgs,
     PublishWeightsResult,
 )
@@ -39,26 +40,6 @@ FAILURES = Failures(
         BadRequestError: FailsAs(BAD_REQUEST),
     }
 )
-
-
-class _Model(BaseModel):
-    model_config = ConfigDict(extra="forbid")
-
-
-class PublishedWeights(_Model):
-    """What a node serves, recorded after each publish so that a restarted node worker
-    comes back on it instead of on the model it was built from: its shared memory died
-    with it, and a training run's next rollouts must not sample older weights."""
-
-    version: int
-    weights: ObjectRef | None
-    model: str | None = None
-
-
-# The weights the stack's nodes serve, recorded in the stack's object store by every publish:
-# a node that starts (a new one, or one whose own memory is older) comes up on them, so one
-# stack serves one policy whichever node a turn lands on.
-STACK_WEIGHTS_KEY = "rollout/stack-weights.json"
 
 
 class PublishActivities:

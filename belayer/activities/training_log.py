@@ -10,8 +10,8 @@ from __future__ import annotations
 
 import asyncio
 
-from belayer.activities.publish import STACK_WEIGHTS_KEY, PublishedWeights
 from belayer.activities.runtime import implements
+from belayer.contracts.publish import STACK_WEIGHTS_KEY, PublishedWeights
 from belayer.contracts.training_log import (
     PRUNE_CHECKPOINT,
     RECORD_ITERATION,

@@ -49,3 +49,19 @@ class PublishWeightsResult(_Model):
 PUBLISH_WEIGHTS = Activity("rollout.publish_weights", PublishWeightsArgs, PublishWeightsResult)
 # The version the node serves now (1: the model it was built from).
 WEIGHTS_VERSION = Activity("rollout.weights_version", None, int)
+
+
+class PublishedWeights(_Model):
+    """What a node serves, recorded after each publish so that a restarted node worker
+    comes back on it instead of on the model it was built from: its shared memory died
+    with it, and a training run's next rollouts must not sample older weights."""
+
+    version: int
+    weights: ObjectRef | None
+    model: str | None = None
+
+
+# The weights the stack's nodes serve, recorded in the stack's object store by every publish:
+# a node that starts (a new one, or one whose own memory is older) comes up on them, so one
+# stack serves one policy whichever node a turn lands on.
+STACK_WEIGHTS_KEY = "rollout/stack-weights.json"

@@ -13,7 +13,8 @@ from types import SimpleNamespace
 import torch
 from temporalio.testing import ActivityEnvironment
 
-from belayer.activities.publish import STACK_WEIGHTS_KEY, PublishActivities, PublishWeightsArgs
+from belayer.activities.publish import PublishActivities
+from belayer.contracts.publish import STACK_WEIGHTS_KEY, PublishWeightsArgs
 from belayer.rollout.publish import PublishReport
 from belayer.storage.weights import store_weights
 
