@@ -30,7 +30,7 @@ from dataclasses import dataclass
 from multiprocessing.connection import Connection, wait
 from pathlib import Path
 
-from belayer.rollout.procutil import die_with_parent, memory_of
+from belayer.rollout.procutil import die_with_parent, engine_environment, memory_of
 from belayer.rollout.protocol import SamplingSpec
 
 _MP = mp.get_context("spawn")  # never fork a process that may hold vLLM / OpenMP state
@@ -227,10 +227,8 @@ class PlainEngine:
 def _engine_main(spec: PlainSpec, conn: Connection) -> None:
     """Entry point of the engine process: the node engines' environment, then a serve loop."""
     t0 = time.perf_counter()
-    from belayer.rollout.vllm_hooks import engine_environment  # import cost: vLLM, ~15 s
-
     die_with_parent()
-    os.environ.update(engine_environment(spec.threads))
+    os.environ.update(engine_environment(spec.threads))  # before vLLM loads (_build imports it)
     try:
         engine = _build(spec)
     except Exception as exc:

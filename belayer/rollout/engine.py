@@ -18,6 +18,7 @@ from belayer import faults
 from belayer.rollout.procutil import (
     BACKGROUND_NICENESS,
     die_with_parent,
+    engine_environment,
     memory_of,
     run_in_background,
     set_niceness,
@@ -54,11 +55,7 @@ def engine_main(spec: EngineSpec, conn: Connection) -> None:
         if "shadow_start_fail" in faults.switched_on():
             faults.die_now()
         run_in_background()  # before torch starts its threads: they inherit the niceness
-    from belayer.rollout.vllm_hooks import (
-        engine_environment,  # import cost: vLLM, ~15 s; only the engine process loads it, not the node
-    )
-
-    os.environ.update(engine_environment(spec.threads))
+    os.environ.update(engine_environment(spec.threads))  # before vLLM loads (EngineLoop imports it)
     t0 = time.perf_counter()
     try:
         loop = EngineLoop(spec, conn)

@@ -300,24 +300,6 @@ def sample_at_position(row: torch.Tensor, extra: dict, position: int) -> tuple[i
 # ----------------------------------------------------------------- engine construction
 
 
-def engine_environment(threads: int) -> dict[str, str]:
-    """Environment an engine process needs before vLLM is imported (docs/design.md §7)."""
-    env = {
-        "VLLM_ENABLE_V1_MULTIPROCESSING": "0",  # in-process engine: ~7 s cold start, one pid to fence
-        "HF_HUB_OFFLINE": "1",
-        "TRANSFORMERS_OFFLINE": "1",
-        "VLLM_USE_V2_MODEL_RUNNER": "0",  # the KV hook targets the V1 CPU model runner
-        "VLLM_NO_USAGE_STATS": "1",
-        "DO_NOT_TRACK": "1",
-        "TOKENIZERS_PARALLELISM": "false",
-    }
-    if threads:
-        env["OMP_NUM_THREADS"] = str(threads)
-    # vLLM's INFO lines from every engine drown the node's own log; an explicit setting wins.
-    env["VLLM_LOGGING_LEVEL"] = os.environ.get("VLLM_LOGGING_LEVEL", "WARNING")
-    return env
-
-
 def build_engine(spec: EngineSpec) -> LLMEngine:
     args = EngineArgs(
         model=str(spec.model_dir),

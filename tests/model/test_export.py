@@ -23,7 +23,7 @@ from safetensors.torch import load_file
 
 from belayer.export import PROVENANCE_FILE, ExportError, export_checkpoint, export_run, pick_iteration
 from belayer.model.build import MANIFEST, model_path
-from belayer.rollout.vllm_hooks import engine_environment
+from belayer.rollout.procutil import engine_environment
 from belayer.storage.store import open_store
 from belayer.temporal_client import TemporalUnreachable
 from belayer.trainer.policy import load_policy, token_logprobs
