@@ -76,11 +76,20 @@ def _no_run_left_behind():
     _IN_BACKGROUND.clear()
 
 
-@pytest.fixture
-def workload(tmp_path) -> Path:
-    path = tmp_path / "two-hosts.yaml"
+@pytest.fixture(scope="module")
+def workload(tmp_path_factory) -> Path:
+    path = tmp_path_factory.mktemp("two-hosts") / "two-hosts.yaml"
     path.write_text(WORKLOAD)
     return path
+
+
+@pytest.fixture(scope="module")
+def clean(two_host_stack, workload) -> dict:
+    """The workload's trajectory without faults, run once for the module: a faulted run
+    must end with its tokens and workspace, whichever host and node it ran on."""
+    result = run(two_host_stack[1], workload)["trajectories"][0]
+    assert result["status"] == "completed" and not result["recoveries"], result
+    return result
 
 
 def run(env, workload: Path, *args: str, background: bool = False):
@@ -97,7 +106,7 @@ def run(env, workload: Path, *args: str, background: bool = False):
     return json.loads(done.stdout)
 
 
-def test_a_lost_node_and_a_lost_host_are_each_recovered_on_the_other(two_hosts, workload):
+def test_a_lost_node_and_a_lost_host_are_each_recovered_on_the_other(two_hosts, workload, clean):
     config, env = two_hosts
     second = f"{socket.gethostname()}-h1"
     status = service_status(env)
@@ -110,8 +119,6 @@ def test_a_lost_node_and_a_lost_host_are_each_recovered_on_the_other(two_hosts, 
     # after a run of this session's other tests published trained weights to the first.
     assert len({served_version(config, node_id) for node_id in node_ids(env)}) == 1
     assert not any("ANOTHER NODE" in status[name]["detail"] for name in NODES), status
-    clean = run(env, workload)["trajectories"][0]
-    assert clean["status"] == "completed" and not clean["recoveries"]
 
     # The node serving the trajectory is lost: its turns finish on the other node.
     node_lost = run(env, workload, "--chaos", "node-crash@step=2")
@@ -190,10 +197,9 @@ def test_sandboxes_spread_by_load_and_a_drain_moves_every_one_off_its_host(two_h
     assert service_status(env)["sandbox-worker.1"]["healthy"]
 
 
-def test_a_host_back_after_a_power_cut_removes_its_stale_container_before_serving(two_hosts, workload):
+def test_a_host_back_after_a_power_cut_removes_its_stale_container_before_serving(two_hosts, workload, clean):
     config, env = two_hosts
     belayer(env, "up")
-    clean = run(env, workload)["trajectories"][0]
     ManagedProcess(
         "sandbox-worker", config.state_dir
     ).stop()  # the trajectory's sandbox goes to the second host
