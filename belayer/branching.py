@@ -34,7 +34,7 @@ async def branch_inputs(client, config, parent_id: str, at_step: int, count: int
     seed `seed + i` (default: the parent's seed + 1 + i; the parent's own seed replays its
     later steps) and the parent's temperature unless `temperature` is given."""
 
-    parent, result, sandbox_id = await _parent(client, parent_id)
+    parent, result, sandbox_id, stage_checks = await _parent(client, parent_id)
     if result.log is None:
         raise BelayerError(
             f"{parent_id} ended before its first step ({result.reason}): nothing to branch from"
@@ -43,14 +43,26 @@ async def branch_inputs(client, config, parent_id: str, at_step: int, count: int
     steps = read_steps(store, result.log.steps)
     if not 1 <= at_step <= len(steps):
         raise BelayerError(f"{parent_id} has steps 1..{len(steps)}; --at-step {at_step} is not one of them")
+    at = steps[at_step - 1]
+    # Within a multi-step task's later stage, nothing before its boundary can be replayed
+    # (the tests and the next stage's files ran in no action): only checkpoints from there.
+    stage_start = min(step.step for step in steps if step.stage == at.stage) if at.stage else 0
     checkpoints = []
     if sandbox_id is not None:  # `store` decrypts what the sandbox hosts encrypted, when a key is set
         checkpoints = checkpoints_at_or_before(store, config.sandbox.checkpoint_prefix, sandbox_id, at_step)
     if parent.start_from is not None:  # the parent's own origin: its group's setup, or its parent's
         checkpoints += [c for c in parent.start_from.checkpoints if c.step <= at_step]
+    checkpoints = [c for c in checkpoints if c.step >= stage_start]
+    if at.stage and not checkpoints:
+        raise BelayerError(
+            f"step {at_step} of {parent_id} is in its task's step {at.stage + 1}, which began at step "
+            f"{stage_start}, and no checkpoint of it from there was kept: a branch cannot replay across "
+            "a step's tests. Run the parent with --keep-checkpoints to branch there."
+        )
     start = ForkStart(
-        parent=parent_id, at_step=steps[at_step - 1], steps=result.log.steps, checkpoints=checkpoints
-    )
+        parent=parent_id, at_step=at, steps=result.log.steps, checkpoints=checkpoints,
+        stage_checks=stage_checks[: at.stage], stage_start=stage_start,
+    )  # fmt: skip
     first_seed = parent.sampling.seed + 1 if seed is None else seed
     token = uuid.uuid4().hex[:4]
     return [parent.model_copy(update={
@@ -64,11 +76,13 @@ async def branch_inputs(client, config, parent_id: str, at_step: int, count: int
 
 
 async def _parent(client, parent_id: str):
-    """The parent's input, result, and sandbox lineage id, from its history."""
+    """The parent's input, result, sandbox lineage id, and the checks of the stages it
+    passed (a multi-step task's boundaries, in order), from its history."""
 
     handle = client.get_workflow_handle(parent_id)
     converter = client.data_converter
     parent = result = sandbox_id = None
+    boundaries, passed = set(), []  # the VERIFY events that begin a next stage; their results
     try:
         async for event in handle.fetch_history_events():
             kind = event.event_type
@@ -80,6 +94,16 @@ async def _parent(client, parent_id: str):
                 if attrs.activity_type.name == sandbox.DESTROY.name:
                     destroyed = (await converter.decode(attrs.input.payloads, [sandbox.DESTROY.args]))[0]
                     sandbox_id = destroyed.handle.sandbox_id
+                elif attrs.activity_type.name == sandbox.VERIFY.name:
+                    verify = (await converter.decode(attrs.input.payloads, [sandbox.VERIFY.args]))[0]
+                    if verify.next_stage is not None:
+                        boundaries.add(event.event_id)
+            elif kind == EventType.EVENT_TYPE_ACTIVITY_TASK_COMPLETED:
+                attrs = event.activity_task_completed_event_attributes
+                if attrs.scheduled_event_id in boundaries:
+                    checked = (await converter.decode(attrs.result.payloads, [sandbox.VERIFY.result]))[0]
+                    if checked.next_observation is not None:
+                        passed.append(checked)
             elif kind == EventType.EVENT_TYPE_WORKFLOW_EXECUTION_COMPLETED:
                 payloads = event.workflow_execution_completed_event_attributes.result.payloads
                 result = (await converter.decode(payloads, [TrajectoryResult]))[0]
@@ -91,6 +115,12 @@ async def _parent(client, parent_id: str):
         raise BelayerError(
             f"{parent_id} has not ended (or is not a TrajectoryWorkflow): branch it once it has"
         )
+    # The stages passed before this run of the history: carried over a continue-as-new, or
+    # inherited from the trajectory the parent itself branched from.
+    if parent.carried is not None:
+        earlier = parent.carried.stage_checks
+    else:
+        earlier = parent.start_from.stage_checks if parent.start_from is not None else []
     if parent.carried is not None and parent.carried.sandbox is not None:
         sandbox_id = sandbox_id or parent.carried.sandbox.sandbox_id
-    return parent.model_copy(update={"carried": None}), result, sandbox_id
+    return parent.model_copy(update={"carried": None}), result, sandbox_id, [*earlier, *passed]

@@ -38,6 +38,12 @@ class StepRecord(_Model):
     command: str
     observation: ObservationRef = Field(description="Where the step's observation is stored, and its hash.")
     context_after_action: PrefixRef = Field(description="Context up to and including this action.")
+    stage: int = Field(
+        0,
+        ge=0,
+        description="A multi-step task's stage (Harbor's [[steps]] entry, 0 first) the step belongs to; "
+        "a later stage's first step is its boundary (its tests, then the next stage's files).",
+    )
 
 
 class RecoveryRecord(_Model):

@@ -72,6 +72,14 @@ class ForkStart(_Model):
     steps: RecordLogRef | None = Field(
         None, description="A branch: the parent's step log (steps 1..K-1 inherited)."
     )
+    stage_checks: list[VerifyResult] = Field(
+        [],
+        description="A branch after K within a multi-step task's later stage: the parent's checks of the "
+        "stages before it, in order (the stage the branch continues is the next one).",
+    )
+    stage_start: int = Field(
+        0, ge=0, description="A branch: the boundary step its stage began at (no recovery goes behind it)."
+    )
 
     @model_validator(mode="after")
     def _member_or_branch(self) -> ForkStart:
@@ -81,6 +89,16 @@ class ForkStart(_Model):
             )
         if self.at_step is not None and self.steps is None:
             raise ValueError("a branch needs the parent's step log (steps)")
+        if self.stage_checks and self.at_step is None:
+            raise ValueError("only a branch continues a later stage (stage_checks)")
+        if self.at_step is not None and (self.at_step.stage, self.stage_start > 0) != (
+            len(self.stage_checks),
+            bool(self.stage_checks),
+        ):
+            raise ValueError(
+                f"a branch at step {self.at_step.step} (stage {self.at_step.stage}) needs the checks of the "
+                f"{self.at_step.stage} stage(s) before it and the step its stage began at"
+            )
         return self
 
 

@@ -332,7 +332,10 @@ class TrajectoryWorkflow:
         steps 1..K inherited; the sandbox comes from the parent's latest usable checkpoint
         at or before K with replay-verify up to K (`sandbox_pending`, before the first turn),
         and a mismatch cuts the context like any recovery. Sampling seeds continue where
-        the parent's were (one generation per step), so the parent's seed replays its turns."""
+        the parent's were (one generation per step), so the parent's seed replays its turns.
+        Within a multi-step task's later stage the branch continues that stage: its
+        boundary and the earlier stages' checks are the parent's, and no restore or replay
+        goes behind the boundary."""
         at = start.at_step
         forked = await self._context_activity(
             FORK_CONTEXT,
@@ -346,6 +349,8 @@ class TrajectoryWorkflow:
             summary=f"fork {start.parent}'s token and step logs at step {at.step}",
         )
         self.state.step = self.state.generations = at.step
+        self.state.stage, self.state.stage_start = at.stage, start.stage_start
+        self.state.stage_checks = list(start.stage_checks)
         self.state.context = forked.prefix
         self.state.log = TrajectoryLogRef(
             trajectory_id=self.input.trajectory_id,
@@ -394,6 +399,7 @@ class TrajectoryWorkflow:
                 command=command,
                 observation=executed.observation,
                 context_after_action=generation.prefix,
+                stage=self.state.stage,
             )
         )
 
@@ -998,7 +1004,7 @@ class TrajectoryWorkflow:
             action.step,
             False,
         )
-        record = StepRecord(step=action.step, command=f": step {coming.name} begins",
+        record = StepRecord(step=action.step, command=f": step {coming.name} begins", stage=state.stage,
                             observation=checked.next_observation, context_after_action=state.context)  # fmt: skip
         await self._append_observation(record)
         boundary = await self._on_sandbox(

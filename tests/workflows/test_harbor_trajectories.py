@@ -10,10 +10,15 @@ from pathlib import Path
 
 import pytest
 
+from belayer.branching import branch_inputs
 from belayer.cli.run import _walk_history
+from belayer.client import trajectory_progress
 from belayer.contracts.sandbox import VERIFY
+from belayer.errors import BelayerError
 from belayer.sandbox import runtime
 from belayer.sandbox.images import ImageBuilder
+from belayer.trajectory_log import read_steps
+from belayer.workflows.models import TrajectoryResult
 from belayer.workloads.harbor_tasks import STORAGE_NOTE, load_harbor_tasks
 from tests.sandbox.conftest import own_layers
 from tests.sandbox.test_harbor_check import write_task as write_two_step_task
@@ -171,6 +176,54 @@ async def test_a_multi_step_task_runs_its_steps_in_one_sandbox_and_recovers_with
     }
     (recovery,) = oracle.recoveries
     assert killed == [3] and recovery.source == "checkpoint@2" and recovery.replayed_steps == 1, recovery
+
+
+async def test_a_branch_inside_a_later_step_continues_that_step(
+    stack, two_step, stack_config, storage_config
+):
+    """`belayer fork --at-step K` with K in a multi-step task's second step: the branch
+    starts from the boundary's checkpoint, keeps the first step's check as the parent had
+    it and runs only the second step; without a checkpoint past the boundary it is refused
+    (a replay cannot cross the tests), while the first step still branches by replay."""
+    config = stack_config.model_copy(update={"storage": storage_config})
+    # no checkpoint but the boundary's (awaited whatever the policy): step 3 replays from it
+    handle = await start(stack, two_step("oracle"), "none", keep_checkpoints=True)
+    parent = await handle.result()
+    lineage = (await trajectory_progress(handle)).sandbox.sandbox_id
+    try:
+        assert (parent.status, parent.turns) == ("completed", 2), parent
+        assert [(s.step, s.stage) for s in read_steps(stack.store, parent.log.steps)] == [
+            (1, 0),
+            (2, 1),
+            (3, 1),
+        ]
+        for k in (2, 3):  # the boundary itself, and the second step's action
+            (branch,) = await branch_inputs(stack.client, config, parent.trajectory_id, k, 1)
+            assert (branch.start_from.stage_start, len(branch.start_from.stage_checks)) == (2, 1)
+            result = await stack.client.execute_workflow(
+                "TrajectoryWorkflow", branch.model_copy(update={"keep_checkpoints": False}),
+                id=branch.trajectory_id, task_queue=stack.queues.context, result_type=TrajectoryResult,
+            )  # fmt: skip
+            assert (result.status, result.reward, result.rewards) == ("completed", 1.0, parent.rewards), (
+                result
+            )
+            (forked,) = result.recoveries
+            assert (forked.kind, forked.source, forked.replayed_steps) == ("fork", "checkpoint@2", k - 2), (
+                forked
+            )
+            assert [(s.step, s.stage) for s in read_steps(stack.store, result.log.steps)] == [
+                (1, 0),
+                (2, 1),
+                (3, 1),
+            ]
+    finally:
+        stack.sandboxes.host.delete_checkpoints(lineage)
+
+    unkept = await (await start(stack, two_step("oracle"))).result()
+    with pytest.raises(BelayerError, match="began at step 2.*--keep-checkpoints"):
+        await branch_inputs(stack.client, config, unkept.trajectory_id, 3, 1)
+    (first_step,) = await branch_inputs(stack.client, config, unkept.trajectory_id, 1, 1)
+    assert (first_step.start_from.stage_checks, first_step.start_from.checkpoints) == ([], [])
 
 
 async def test_a_step_below_its_min_reward_stops_the_task_there(stack, two_step):
