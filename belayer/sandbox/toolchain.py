@@ -21,6 +21,7 @@ tarball is gone, the imported base image), into one host directory:
     usr/lib/python3.X/         its standard library, byte-compiled (unchecked-hash .pyc:
                                nothing can change a source under a read-only mount)
     supervisor.py              infra/sandbox/supervisor.py
+    drop_caps_exec.py          infra/sandbox/drop_caps_exec.py (the helper starting each action)
 
 The directory is named by the hash of its contents (`<cache>/toolchain/<hash>`): the same
 path on every host built from the same rootfs and supervisor, which a restore needs
@@ -60,8 +61,10 @@ from belayer.sandbox import runtime
 MOUNT = "/.belayer"  # where every sandbox sees the toolchain (read-only)
 LOADER = "ld-linux-x86-64.so.2"
 # Bump when what `build` puts in the directory changes (the input key names it).
-LAYOUT_VERSION = "1"
+LAYOUT_VERSION = "2"
 SUPERVISOR = runtime.INFRA_DIR / "sandbox" / "supervisor.py"
+# Copied beside the supervisor, which runs it to start each action.
+HELPERS = (SUPERVISOR, runtime.INFRA_DIR / "sandbox" / "drop_caps_exec.py")
 # The environment of every toolchain process: the C locale is glibc's own, so no locale
 # file of the image is read (a UTF-8 locale would be, and Python coerces "C" to one
 # unless LC_ALL is set).
@@ -108,9 +111,14 @@ def rootfs_tar(cache_dir: str | os.PathLike[str] | None = None) -> Path:
 
 def input_key(cache_dir: str | os.PathLike[str] | None = None) -> str:
     """What a toolchain is built from: the rootfs (by name: release and image version), the
-    supervisor's bytes and this module's layout."""
+    supervisor's and its helper's bytes and this module's layout."""
     h = hashlib.sha256()
-    for part in (rootfs_tar(cache_dir).name.encode(), SUPERVISOR.read_bytes(), LAYOUT_VERSION.encode()):
+    parts = (
+        rootfs_tar(cache_dir).name.encode(),
+        *(helper.read_bytes() for helper in HELPERS),
+        LAYOUT_VERSION.encode(),
+    )
+    for part in parts:
         h.update(hashlib.sha256(part).digest())
     return h.hexdigest()[:16]
 
@@ -119,7 +127,8 @@ def installed(cache_dir: str | os.PathLike[str] | None = None) -> Path | None:
     """The toolchain built for this checkout (its content-hash directory), or None."""
     link = toolchain_root(cache_dir) / f"for-{input_key(cache_dir)}"
     target = Path(os.path.realpath(link))
-    return target if link.is_symlink() and (target / "supervisor.py").is_file() else None
+    complete = all((target / helper.name).is_file() for helper in HELPERS)
+    return target if link.is_symlink() and complete else None
 
 
 # ----------------------------------------------------------------------------- build
@@ -137,7 +146,8 @@ def build(cache_dir: str | os.PathLike[str] | None = None, state_dir: str | os.P
     try:
         with _source_rootfs(cache_dir, state_dir, log) as source:
             _copy_runtime(source, work)
-        shutil.copyfile(SUPERVISOR, work / "supervisor.py")
+        for helper in HELPERS:
+            shutil.copyfile(helper, work / helper.name)
         _compile_stdlib(work)
         _normalize(work)
         digest = content_hash(work)

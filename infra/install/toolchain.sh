@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Builds Belayer's trusted toolchain for this checkout, idempotently: the base rootfs's
 # python3, its standard library (byte-compiled), the shared libraries it needs and its
-# dynamic loader, plus infra/sandbox/supervisor.py, in
+# dynamic loader, plus infra/sandbox/supervisor.py and its drop_caps_exec.py, in
 # $BELAYER_CACHE_DIR/toolchain/<content hash> (~/.cache/belayer). Every sandbox mounts it
 # read-only at /.belayer, and PID 1, the action helper and the workspace hash run from it,
 # never from the image's own python3 (belayer/sandbox/toolchain.py says why and how).

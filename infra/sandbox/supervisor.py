@@ -51,7 +51,7 @@ users: PID 1 is root with CAP_DAC_OVERRIDE, CAP_CHOWN, CAP_FOWNER, CAP_SETUID,
 CAP_SETGID and CAP_KILL only (FOWNER, unused here, is for the host's `podman exec` tar);
 every action runs as the agent, uid/gid 1000, which owns /workspace and
 /home/agent; the reward check runs as the verifier, uid/gid 1001, in a HOME and TMPDIR of
-its own (mode 0700). Each is started through `--drop-caps-exec`, which becomes the uid
+its own (mode 0700). Each is started through `drop_caps_exec.py`, which becomes the uid
 (no supplementary groups) and so holds no capability, and the container's
 no-new-privileges keeps every later exec from gaining one. That helper starts from a
 fixed environment and gets the action's environment as data (a memfd), so no LD_*,
@@ -211,9 +211,9 @@ LOADER_PREFIXES = ("LD_", "MALLOC_")
 # at 1000 (raising needs no privilege), so memory pressure kills the agent's processes.
 # An agent may lower its own to 0, but not raise PID 1's (another uid's): an OOM kill of
 # PID 1 is still possible when the agent's processes hold the memory at 0, and is the
-# sandbox's own, counted as the agent's failure by the host.
+# sandbox's own, counted as the agent's failure by the host. (The actions' 1000 is
+# drop_caps_exec.py's AGENT_OOM_SCORE_ADJ.)
 PID1_OOM_SCORE_ADJ = 0
-AGENT_OOM_SCORE_ADJ = 1000
 # Signals the agent may send PID 1 from inside: each gets a handler that does nothing, so
 # none of them ends PID 1 (Python's own SIGINT handler would raise KeyboardInterrupt).
 IGNORED_BY_PID1 = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT, signal.SIGUSR1,
@@ -687,8 +687,8 @@ def spawn_action(command: bytes, state: ShellState, streams: ActionStreams,
                  user: tuple[int, int]) -> tuple[int, int]:
     """Start one action's bash as `user` (uid, gid); returns (pid, fd of the state dump its EXIT trap writes).
 
-    In a sandbox the bash is started by the capability-dropping helper (this file with
-    --drop-caps-exec), which holds PID 1's capabilities until it becomes `uid` and execs:
+    In a sandbox the bash is started by the capability-dropping helper
+    (drop_caps_exec.py, beside this file), which holds PID 1's capabilities until it becomes `uid` and execs:
     it starts from a fixed environment (nothing of the agent's -- LD_PRELOAD,
     LD_DEBUG_OUTPUT, GCONV_PATH -- can steer how it is loaded while it holds them) and
     receives the action's environment as data in a memfd, which applies only to the
@@ -703,7 +703,7 @@ def spawn_action(command: bytes, state: ShellState, streams: ActionStreams,
         if not LOCAL:
             env_fd = _high_fd(os.memfd_create("belayer-env"))
             os.write(env_fd, _encode_environment(state.env))
-            argv = [*HELPER_INTERPRETER, os.path.abspath(__file__), "--drop-caps-exec", str(env_fd), f"{user[0]}:{user[1]}", *argv]
+            argv = [*HELPER_INTERPRETER, DROP_CAPS_EXEC, str(env_fd), f"{user[0]}:{user[1]}", *argv]
             env, pass_fds = HELPER_ENVIRONMENT, (text_fd, dump_fd, env_fd)
         with open(os.devnull, "rb") as null:
             proc = subprocess.Popen(
@@ -730,6 +730,8 @@ HELPER_ENVIRONMENT = {"PATH": "/usr/sbin:/usr/bin:/sbin:/bin", "LC_ALL": "C"}
 # when the root file system is writable. sys.executable would not do: it names the
 # toolchain's python3, which the image's loader and libraries would run.
 HELPER_INTERPRETER: list[str] = []
+# The helper itself, beside this file in the toolchain (infra/sandbox/drop_caps_exec.py).
+DROP_CAPS_EXEC = os.path.join(os.path.dirname(os.path.abspath(__file__)), "drop_caps_exec.py")
 
 
 def _encode_environment(env: dict[str, str]) -> bytes:
@@ -737,15 +739,6 @@ def _encode_environment(env: dict[str, str]) -> bytes:
         k.encode("utf-8", "surrogateescape") + b"=" + v.encode("utf-8", "surrogateescape") + b"\0"
         for k, v in env.items()
     )
-
-
-def _decode_environment(data: bytes) -> dict[bytes, bytes]:
-    env = {}
-    for entry in data.split(b"\0"):
-        name, sep, value = entry.partition(b"=")
-        if sep and name:
-            env[name] = value
-    return env
 
 
 def _high_fd(fd: int) -> int:
@@ -1297,7 +1290,17 @@ class Supervisor:
         ]  # fmt: skip
         for pid in doomed:  # all killed, settled or not: stopped ones too (the action's own)
             _kill(pid)
+        _await_reaped(doomed, SHELL_GRACE_S)
         return len(doomed)
+
+
+def _await_reaped(pids: list[int], timeout: float) -> None:
+    """Until the killed processes are reaped (their parents or PID 1's reaper), at most
+    `timeout`: a killed process holds its pid until then, and the next action, started
+    at once, would find a fork bomb's pids still counted against the sandbox's limit."""
+    deadline = time.monotonic() + timeout
+    while any(os.path.exists(f"/proc/{pid}") for pid in pids) and time.monotonic() < deadline:
+        time.sleep(0.01)
 
 
 def _kill(pid: int) -> None:
@@ -1370,44 +1373,6 @@ def _serve_one(sup: Supervisor, conn: socket.socket) -> None:
         pass
     finally:
         conn.close()
-
-
-def drop_caps_exec(env_fd: int, uid: int, gid: int, argv: list[str]) -> None:
-    """Raise this process's OOM score (inherited by all it starts), become `uid` and `gid`
-    (no supplementary groups), clear what is left of its capability sets, then exec
-    argv (the action's shell) with the environment read from `env_fd` (a memfd the
-    supervisor wrote).
-
-    Runs as `python3 -I -S` from a fixed environment: until it becomes `uid` it holds PID
-    1's capabilities, so nothing of the agent's may apply before they are gone. Leaving
-    uid 0 empties the effective, permitted and ambient sets; the inheritable one is
-    cleared here too, and the capset clears them all for an agent that stays uid 0 (a task
-    image's root): no-new-privileges then keeps its execs from regaining any, so that root
-    can neither trace PID 1 nor read the journal."""
-    import ctypes
-
-    _set_oom_score_adj(AGENT_OOM_SCORE_ADJ)
-    size = os.fstat(env_fd).st_size
-    env = _decode_environment(os.pread(env_fd, size, 0) if size else b"")
-    os.close(env_fd)
-    os.setgroups([])
-    os.setresgid(gid, gid, gid)
-    os.setresuid(uid, uid, uid)
-    libc = ctypes.CDLL(None, use_errno=True)
-
-    class Header(ctypes.Structure):
-        _fields_ = [("version", ctypes.c_uint32), ("pid", ctypes.c_int)]
-
-    class Data(ctypes.Structure):
-        _fields_ = [("effective", ctypes.c_uint32), ("permitted", ctypes.c_uint32),
-                    ("inheritable", ctypes.c_uint32)]
-
-    header = Header(0x20080522, 0)  # _LINUX_CAPABILITY_VERSION_3
-    data = (Data * 2)()
-    if libc.capset(ctypes.byref(header), data) != 0:
-        raise SystemExit(f"capset failed: errno {ctypes.get_errno()}")
-    libc.prctl(47, 4, 0, 0, 0)  # PR_CAP_AMBIENT, PR_CAP_AMBIENT_CLEAR_ALL
-    os.execve(argv[0], argv, env)
 
 
 def _set_oom_score_adj(value: int) -> None:
@@ -1518,9 +1483,6 @@ def _ignore_signal(signum, frame) -> None:
 
 
 def main() -> None:
-    if len(sys.argv) > 1 and sys.argv[1] == "--drop-caps-exec":
-        uid, _, gid = sys.argv[3].partition(":")
-        drop_caps_exec(int(sys.argv[2]), int(uid), int(gid or uid), sys.argv[4:])
     if sys.argv[1:2] == ["--interpreter"]:
         HELPER_INTERPRETER[:] = sys.argv[2:]
     elif not LOCAL:

@@ -180,7 +180,9 @@ def test_the_toolchain_is_read_only_to_the_agent(sandboxes):
                        "rename": "EROFS"}, refused  # fmt: skip
     assert moved != "done"  # a mount point is not renamed (EACCES on these hosts)
     intact = run(host, handle, 2, "ls /.belayer; echo still; exit 3", [])
-    assert (intact.stdout, intact.exit_code) == ("lib\nsupervisor.py\nusr\nstill\n", 3), intact
+    assert (intact.stdout, intact.exit_code) == ("drop_caps_exec.py\nlib\nsupervisor.py\nusr\nstill\n", 3), (
+        intact
+    )
 
 
 def test_a_rebuild_gives_the_same_toolchain_at_the_same_path(sandbox_runtime, tmp_path):
