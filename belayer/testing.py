@@ -68,7 +68,7 @@ class ScriptedRollout:
             tokens = tokens[:max_tokens]
         else:
             vocab = self.tokenizer.get_vocab_size()
-            tokens = [_token_at(args.sampling.seed, prefix.length + i, vocab) for i in range(max_tokens)]
+            tokens = [scripted_token(args.sampling.seed, prefix.length + i, vocab) for i in range(max_tokens)]
         if self.per_token_s:
             await asyncio.sleep(self.per_token_s * len(tokens))
         activity.heartbeat({"tokens": len(tokens)})  # a count, as the real activity's
@@ -85,6 +85,8 @@ class ScriptedRollout:
         )
 
 
-def _token_at(seed: int, position: int, vocab: int) -> int:
+def scripted_token(seed: int, position: int, vocab: int) -> int:
+    """The scripted engine's token at `position` of a context sampled with `seed`: reproducible,
+    whoever asks (a retried turn, a plain loop that stands beside it)."""
     digest = hashlib.blake2b(f"{seed}:{position}".encode(), digest_size=4).digest()
     return int.from_bytes(digest, "little") % vocab

@@ -178,6 +178,22 @@ async def run_belayer(config, client, task: TraceTask) -> LoopSplit:
 # ---------------------------------------------------------------- the plain loop
 
 
+def plain_exec(host, handle, trajectory: str, step: int, command: str) -> Observation:
+    """The command through the sandbox's channel, as `SandboxHost.exec` runs it but
+    without its lineage check (a plain loop has no recoveries to fence)."""
+
+    reply = channel.run_action(
+        host.backend.channel_path(handle.sandbox_id),
+        trajectory=trajectory,
+        step=step,
+        generation=handle.generation,
+        command=command,
+        timeout_s=host.cfg.action_timeout_s,
+        output_cap=host.cfg.output_cap_bytes,
+    )
+    return Observation.from_supervisor(reply["observation"], replayed=False)
+
+
 @dataclass
 class PlainRun:
     turns: int
@@ -204,22 +220,6 @@ class PlainLoop:
         tokens = await asyncio.to_thread(self.engine.generate, uuid.uuid4().hex, context, spec)
         return tokens, time.monotonic() - t0
 
-    def _exec(self, handle, trajectory: str, step: int, command: str):
-        """The command through the sandbox's channel, as `SandboxHost.exec` runs it but
-        without its lineage check (a plain loop has no recoveries to fence)."""
-
-        cfg = self.host.cfg
-        reply = channel.run_action(
-            self.host.backend.channel_path(handle.sandbox_id),
-            trajectory=trajectory,
-            step=step,
-            generation=handle.generation,
-            command=command,
-            timeout_s=cfg.action_timeout_s,
-            output_cap=cfg.output_cap_bytes,
-        )
-        return Observation.from_supervisor(reply["observation"], replayed=False)
-
     async def run(self, task: TraceTask) -> PlainRun:
         def encode(text: str) -> list[int]:
             return self.tokenizer.encode(text, add_special_tokens=False).ids
@@ -234,7 +234,9 @@ class PlainLoop:
                 generated, gen_s = await self._generate(context, turn.think_tokens, seed=step)
                 self.tokenizer.decode(generated)
                 context += generated
-                observation = await asyncio.to_thread(self._exec, handle, trajectory, step, turn.bash)
+                observation = await asyncio.to_thread(
+                    plain_exec, self.host, handle, trajectory, step, turn.bash
+                )
                 context += encode(OBSERVATION_TEMPLATE.format(body=observation_text(observation)))
                 work += gen_s + observation.duration_s
             return PlainRun(turns=len(task.turns), loop_s=time.monotonic() - t0, work_s=work)

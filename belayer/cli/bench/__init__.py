@@ -16,6 +16,7 @@ from belayer.cli.bench.storage import storage
 from belayer.cli.bench.suite import suite
 from belayer.cli.bench.training import training
 from belayer.cli.bench.turn_overhead import turn_overhead
+from belayer.cli.bench.turn_throughput import turn_throughput
 from belayer.cli.bench.worker_recovery import worker_recovery
 
 
@@ -36,6 +37,7 @@ for command in (
     training,
     fork,
     turn_overhead,
+    turn_throughput,
     suite,
 ):
     bench.add_command(command)

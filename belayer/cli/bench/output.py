@@ -14,10 +14,16 @@ from belayer.measure import machine_load
 
 
 def report_and_exit(report: dict, *, as_json: bool, print_table: Callable[[dict], None]) -> None:
+    """Print the report; exit 1, naming the goal on stderr, when it says its goal was not
+    met (`goal_met` false), else 0."""
     report.setdefault("machine", machine_load())
     if as_json:
         click.echo(json.dumps(report, indent=2))
     else:
         print_table(report)
     sys.stdout.flush()
-    os._exit(0)
+    missed = report.get("goal_met") is False
+    if missed:
+        click.echo(f"goal not met: {report.get('goal', '(unnamed)')}", err=True)
+        sys.stderr.flush()
+    os._exit(1 if missed else 0)
