@@ -48,6 +48,7 @@ class Bench:
 BENCHES = (
     Bench("storage", stack=False),
     Bench("turn-overhead"),
+    Bench("turn-throughput"),
     Bench("fork"),
     Bench("checkpoint", stack=False),
     Bench("env-recovery", stack=False),
