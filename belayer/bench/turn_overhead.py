@@ -12,10 +12,10 @@ order rotated each repetition:
              Temporal, no token log, no observation store, no checkpoints. It tokenizes each
              observation into its context, as any agent loop must.
 
-Both clocks run from the first generation request to the moment the next action could
-start after the last turn (Belayer: the next activity is scheduled, the final check, which
-the last observation's append runs beside; plain: the last observation is in the context),
-so sandbox creation and the final check are outside.
+The turn clocks run from the first generation request to the moment the next action
+could start after the last turn (Belayer: the next activity is scheduled, the final check,
+which the last observation's append runs beside; plain: the last observation is in the
+context), so sandbox creation and the final check are outside them.
 `orchestration_ms_per_turn` is the difference per turn (medians). Belayer's share is split
 from the workflow's own history:
 
@@ -27,10 +27,19 @@ from the workflow's own history:
                      the observation's append and the step record (inside `generate`),
                      object-store reads and writes of tokens, logprobs and the observation,
                      the sandbox channel;
-  other           -- the rest of the difference (e.g. the engines' speed differing between
-                     runs; it may be negative).
+  slower_work     -- the node's engine and the sandbox doing the turns' work more slowly
+                     than the plain loop's engine and sandbox (the node runs its worker and
+                     its shadow beside the engine): Belayer's cost too;
+  other           -- the rest of the difference (it may be negative).
 
-What is simulated: nothing; the accelerator share assumes a 1-second turn of work.
+The report leads with the measured share: how much longer Belayer's turn is than the plain
+loop's, in percent. What a trajectory costs outside its turns is measured on both sides
+(`per_trajectory_s`): its start (Belayer: the workflow's start to its first generation,
+the sandbox's creation included; plain: the sandbox's creation) and its finish (the final
+check; Belayer: to the workflow's close).
+
+What is simulated: nothing; the accelerator share is an estimate that assumes a 1-second
+turn of work.
 """
 
 from __future__ import annotations
@@ -92,6 +101,8 @@ class LoopSplit:
     workflow_tasks_s: float
     in_activities_s: float
     work_s: float
+    start_s: float = 0.0  # the workflow's start to its first generation (sandbox creation)
+    finish_s: float = 0.0  # the loop's end to the workflow's close (the final check)
 
 
 def split_turn_loop(spans: list[ActivitySpan], turns: int) -> LoopSplit:
@@ -130,11 +141,10 @@ def split_turn_loop(spans: list[ActivitySpan], turns: int) -> LoopSplit:
     )
 
 
-async def activity_spans(client, handle) -> list[ActivitySpan]:
+async def activity_spans(client, history) -> list[ActivitySpan]:
     """Every activity's first scheduling, start and completion in the run's history, with
     the work it reports (the engine's time for `generate`, the action's for `sandbox.exec`)."""
 
-    history = await handle.fetch_history()
     scheduled: dict[int, tuple[str, float]] = {}
     started: dict[int, float] = {}
     spans = []
@@ -172,7 +182,15 @@ async def run_belayer(config, client, task: TraceTask) -> LoopSplit:
         raise click.ClickException(
             f"trajectory {result.trajectory_id} ended {result.status}: {result.reason}"
         )
-    return split_turn_loop(await activity_spans(client, handle), len(task.turns))
+    history = await handle.fetch_history()
+    spans = await activity_spans(client, history)
+    split = split_turn_loop(spans, len(task.turns))
+    opened, closed = (
+        event.event_time.ToDatetime().timestamp() for event in (history.events[0], history.events[-1])
+    )
+    first = min(s.scheduled for s in spans if s.name == GENERATE.name)
+    split.start_s, split.finish_s = first - opened, closed - (first + split.loop_s)
+    return split
 
 
 # ---------------------------------------------------------------- the plain loop
@@ -199,6 +217,8 @@ class PlainRun:
     turns: int
     loop_s: float
     work_s: float
+    start_s: float = 0.0  # the sandbox's creation and the prompt's tokens
+    finish_s: float = 0.0  # the task's check
 
 
 class PlainLoop:
@@ -225,6 +245,7 @@ class PlainLoop:
             return self.tokenizer.encode(text, add_special_tokens=False).ids
 
         trajectory = f"plain-{uuid.uuid4().hex[:8]}"
+        opened = time.monotonic()
         handle = await asyncio.to_thread(self.host.create, SandboxSpec(setup_commands=task.setup))
         try:
             context = encode(PROMPT_TEMPLATE.format(instruction=f"replay trace {task.id}"))
@@ -239,7 +260,12 @@ class PlainLoop:
                 )
                 context += encode(OBSERVATION_TEMPLATE.format(body=observation_text(observation)))
                 work += gen_s + observation.duration_s
-            return PlainRun(turns=len(task.turns), loop_s=time.monotonic() - t0, work_s=work)
+            t1 = time.monotonic()
+            if task.check:
+                step = len(task.turns) + 1
+                await asyncio.to_thread(plain_exec, self.host, handle, trajectory, step, task.check)
+            return PlainRun(turns=len(task.turns), loop_s=t1 - t0, work_s=work, start_s=t0 - opened,
+                            finish_s=time.monotonic() - t1)  # fmt: skip
         finally:
             await asyncio.to_thread(self.host.destroy, handle)
 
@@ -266,25 +292,40 @@ def summarize(belayer: list[LoopSplit], plain: list[PlainRun], *, task: TraceTas
         "workflow_tasks_ms": per_turn_ms(s.workflow_tasks_s for s in belayer),
         "in_activities_ms": per_turn_ms(s.in_activities_s for s in belayer),
     }
-    other = overhead - sum(p["median"] for p in parts.values())
+    work = {"belayer": per_turn_ms(s.work_s for s in belayer), "plain": per_turn_ms(r.work_s for r in plain)}
+    # The node's engine and the sandbox doing the same work more slowly than the plain
+    # loop's is Belayer's cost too (the node's settings, its worker beside the engine).
+    slower_work = work["belayer"]["median"] - work["plain"]["median"]
+    other = overhead - sum(p["median"] for p in parts.values()) - slower_work
     accelerator_ms = ACCELERATOR_TURN_S * 1000
     return {
         "bench": "turn-overhead",
+        "orchestration_pct": round(overhead / loop_p["median"] * 100, 1) if loop_p["median"] else None,
+        "orchestration_ms_per_turn": round(overhead, 1),
+        "per_trajectory_s": {
+            "belayer": _trajectory_s(belayer),
+            "plain": _trajectory_s(plain),
+        },
         "task": task.id,
         "turns": turns,
         "think_tokens_per_turn": round(statistics.mean(t.think_tokens for t in task.turns), 1),
         "repetitions": len(belayer),
-        "orchestration_ms_per_turn": round(overhead, 1),
-        "orchestration_pct": round(overhead / loop_p["median"] * 100, 1) if loop_p["median"] else None,
         "accelerator_turn_pct": round(overhead / (accelerator_ms + overhead) * 100, 1),
         "belayer_turn_ms": loop_b,
         "plain_turn_ms": loop_p,
-        "work_turn_ms": {
-            "belayer": per_turn_ms(s.work_s for s in belayer),
-            "plain": per_turn_ms(r.work_s for r in plain),
-        },
-        "split_ms_per_turn": {**parts, "other_ms": round(other, 1)},
+        "work_turn_ms": work,
+        "split_ms_per_turn": {**parts, "slower_work_ms": round(slower_work, 1), "other_ms": round(other, 1)},
         "machine": load,
+    }
+
+
+def _trajectory_s(runs) -> dict:
+    """What a trajectory costs outside its turns: its start (the sandbox's creation) and its
+    finish (the final check), and both together."""
+    return {
+        "start_s": spread(r.start_s for r in runs),
+        "finish_s": spread(r.finish_s for r in runs),
+        "total_s": spread(r.start_s + r.finish_s for r in runs),
     }
 
 
@@ -333,12 +374,21 @@ def print_report(report: dict) -> None:
         if isinstance(figures, dict):
             row(f"  {name.removesuffix('_ms')}", figures)
     out = Console()
-    out.print(table)
     out.print(
-        f"orchestration {report['orchestration_ms_per_turn']} ms per turn "
-        f"({report['orchestration_pct']}% of the plain loop's turn; other "
-        f"{report['split_ms_per_turn']['other_ms']} ms); on an accelerator's 1-second turn it would be "
-        f"{report['accelerator_turn_pct']}%"
+        f"Belayer's turn takes {report['orchestration_pct']}% longer than the plain loop's "
+        f"({report['orchestration_ms_per_turn']} ms per turn)"
+    )
+    out.print(table)
+    split = report["split_ms_per_turn"]
+    out.print(
+        f"of which the node's slower engine and sandbox work {split['slower_work_ms']} ms, other "
+        f"{split['other_ms']} ms; on an accelerator's 1-second turn it would be "
+        f"{report['accelerator_turn_pct']}% (estimated, not measured)"
+    )
+    per = report["per_trajectory_s"]
+    out.print(
+        f"per trajectory, outside its turns (start with the sandbox's creation, the final check): "
+        f"Belayer {per['belayer']['total_s']['median']:.2f} s, plain {per['plain']['total_s']['median']:.2f} s"
     )
     machine = report["machine"]
     out.print(

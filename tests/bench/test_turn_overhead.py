@@ -101,11 +101,20 @@ def test_summary_is_per_turn_and_names_the_remainder():
     task = TraceTask(id="t", turns=[TraceTurn(think_tokens=16, bash="true")] * 4)
     belayer = [
         LoopSplit(
-            turns=4, loop_s=s, dispatch_s=0.04, workflow_tasks_s=0.08, in_activities_s=0.12, work_s=s - 0.24
-        )
+            turns=4,
+            loop_s=s,
+            dispatch_s=0.04,
+            workflow_tasks_s=0.08,
+            in_activities_s=0.12,
+            work_s=s - 0.24,
+            start_s=0.9,
+            finish_s=0.3,
+        )  # fmt: skip
         for s in (1.3, 1.2, 1.4)
     ]
-    plain = [PlainRun(turns=4, loop_s=s, work_s=s - 0.01) for s in (0.8, 0.9, 0.85)]
+    plain = [
+        PlainRun(turns=4, loop_s=s, work_s=s - 0.01, start_s=0.5, finish_s=0.05) for s in (0.8, 0.9, 0.85)
+    ]
     report = summarize(belayer, plain, task=task, load={"cores": 2, "load_avg": [0.5, 0.5, 0.5]})
     assert report["belayer_turn_ms"] == {"min": 300.0, "median": 325.0, "max": 350.0}
     assert report["plain_turn_ms"]["median"] == 212.5
@@ -117,6 +126,11 @@ def test_summary_is_per_turn_and_names_the_remainder():
         split["workflow_tasks_ms"]["median"],
         split["in_activities_ms"]["median"],
     ) == (10.0, 20.0, 30.0)
-    assert split["other_ms"] == 52.5
+    # Belayer's engine and sandbox did the turns' work in 265 ms a turn, the plain loop's in
+    # 210: those 55 ms are Belayer's cost too, named; the rest of the 112.5 ms is -2.5
+    assert (split["slower_work_ms"], split["other_ms"]) == (55.0, -2.5)
+    assert list(report)[:2] == ["bench", "orchestration_pct"]  # the measured share leads
+    assert report["per_trajectory_s"]["belayer"]["total_s"]["median"] == pytest.approx(1.2)
+    assert report["per_trajectory_s"]["plain"]["start_s"]["median"] == pytest.approx(0.5)
     assert report["accelerator_turn_pct"] == round(112.5 / 1112.5 * 100, 1)
     assert report["repetitions"] == 3 and report["machine"]["cores"] == 2

@@ -25,4 +25,11 @@ def test_the_bench_measures_both_loops_and_splits_belayers_turns(stack):
     assert all(p >= 0 for p in parts)
     assert sum(parts) + report["work_turn_ms"]["belayer"]["median"] == pytest.approx(belayer_turn, rel=0.01)
     assert report["work_turn_ms"]["plain"]["median"] > 0
+    # the node's slower work is named, and what a trajectory costs outside its turns is measured
+    assert split["slower_work_ms"] == pytest.approx(
+        report["work_turn_ms"]["belayer"]["median"] - report["work_turn_ms"]["plain"]["median"], abs=0.15
+    )
+    for side in ("belayer", "plain"):
+        per = report["per_trajectory_s"][side]
+        assert per["start_s"]["median"] > 0 and per["finish_s"]["median"] > 0, per
     assert report["machine"]["cores"] >= 1 and len(report["machine"]["load_avg"]) == 3
