@@ -2,8 +2,13 @@
 
 The best-case rows place one checkpoint at a late step and fail right after the last
 action. Here each workload runs once under the default adaptive policy, which decides
-after every action whether to checkpoint, as the workflow does. Then failures are drawn
-at uniformly random steps (seeded), and each is recovered three ways on the same host:
+after every action whether to checkpoint, as the workflow does, and its timeline is kept:
+each step's generation (simulated, below), action and checkpoint, as long as each took.
+Failures strike at times drawn uniformly over that unfailed run (seeded), as a crash
+does, not at uniformly drawn steps: a long step is hit more often than a short one. A
+fault during step k's generation or action loses the sandbox with k - 1 actions done; one
+during the checkpoint after step k, with k done and that checkpoint not yet stored. Each
+is recovered three ways on the same host:
 
   belayer  -- the newest checkpoints the policy took at or before the failure (up to 3,
               as the workflow keeps them), restore + replay-verify to the failure; with
@@ -25,7 +30,7 @@ from __future__ import annotations
 import random
 import statistics
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from belayer.measure import spread
 from belayer.policy.adaptive import CheckpointPolicy, CheckpointSample, GenerationSample
@@ -44,12 +49,43 @@ def think_tokens(turns: int, seed: int, workload: str) -> list[int]:
 
 @dataclass
 class PolicyRun:
-    """An unfailed run under the adaptive policy: its log and the checkpoints it took."""
+    """An unfailed run under the adaptive policy: its log, the checkpoints it took, and its
+    timeline (what it was doing, at which step, for how many seconds, in order)."""
 
     log: list  # LoggedAction, step order
     checkpoints: list  # CheckpointRef, step order
     verdicts: list[str]
     handle: object
+    timeline: list[tuple[str, int, float]] = field(default_factory=list)  # ("generation" | ..., step, s)
+
+
+@dataclass(frozen=True)
+class Fault:
+    """Where a fault drawn at `at_s` seconds into the unfailed run strikes."""
+
+    at_s: float
+    during: str  # "generation 3", "action 3", "checkpoint 3"
+    completed: int  # actions done: the sandbox is recovered to after these
+    stored_until: int  # the newest step whose checkpoint was stored by then
+
+
+def fault_times(total_s: float, count: int, seed: int, workload: str) -> list[float]:
+    """Uniformly random moments of the unfailed run (seeded per workload)."""
+    rng = random.Random(f"{seed}/fault-times/{workload}")
+    return [rng.uniform(0.0, total_s) for _ in range(count)]
+
+
+def fault_at(timeline: list[tuple[str, int, float]], at_s: float) -> Fault:
+    """The fault striking `at_s` seconds into the run of `timeline`."""
+    elapsed, hit = 0.0, timeline[-1]  # the very end: as in its last part
+    for part in timeline:
+        if at_s < elapsed + part[2]:
+            hit = part
+            break
+        elapsed += part[2]
+    kind, step, _ = hit
+    done = step if kind == "checkpoint" else step - 1
+    return Fault(at_s=round(at_s, 3), during=f"{kind} {step}", completed=done, stored_until=step - 1)
 
 
 def run_under_policy(host, workload, trajectory: str, policy_config, tokens: list[int],
@@ -75,9 +111,10 @@ def run_under_policy(host, workload, trajectory: str, policy_config, tokens: lis
 def _steps_under_policy(host, handle, workload, trajectory: str, policy, tokens: list[int],
                         decode_s_per_token: float) -> PolicyRun:  # fmt: skip
 
-    log, checkpoints, verdicts = [], [], []
+    log, checkpoints, verdicts, timeline = [], [], [], []
     for step, command in enumerate(workload.actions, start=1):
         generated = tokens[step - 1]
+        timeline.append(("generation", step, round(generated * decode_s_per_token, 4)))
         policy.observe_generation(
             GenerationSample(
                 output_tokens=generated,
@@ -85,7 +122,9 @@ def _steps_under_policy(host, handle, workload, trajectory: str, policy, tokens:
                 total_s=generated * decode_s_per_token,
             )
         )
+        started = time.monotonic()
         obs = host.exec(handle, Action(trajectory=trajectory, step=step, command=command, timeout_s=600))
+        timeline.append(("action", step, round(time.monotonic() - started, 4)))
         if obs.exit_code != 0:
             raise RuntimeError(
                 f"workload {workload.name} step {step} failed (exit {obs.exit_code}): {obs.stderr[-1500:]}"
@@ -99,17 +138,11 @@ def _steps_under_policy(host, handle, workload, trajectory: str, policy, tokens:
         if decision.checkpointed:
             started = time.monotonic()
             ref = host.checkpoint(handle, fs_snapshot=True)
-            policy.observe_checkpoint(
-                CheckpointSample(duration_s=time.monotonic() - started, size_mb=ref.archive_bytes / 2**20)
-            )
+            taken_s = time.monotonic() - started
+            policy.observe_checkpoint(CheckpointSample(duration_s=taken_s, size_mb=ref.archive_bytes / 2**20))
+            timeline.append(("checkpoint", step, round(taken_s, 4)))
             checkpoints.append(ref)
-    return PolicyRun(log, checkpoints, verdicts, handle)
-
-
-def failure_steps(steps: int, count: int, seed: int, workload: str) -> list[int]:
-    """Uniformly random steps at which the sandbox is lost (after that step's action)."""
-    rng = random.Random(f"{seed}/failures/{workload}")
-    return [rng.randint(1, steps) for _ in range(count)]
+    return PolicyRun(log, checkpoints, verdicts, handle, timeline)
 
 
 def usable(checkpoints: list, failed_at: int) -> list:
@@ -118,7 +151,7 @@ def usable(checkpoints: list, failed_at: int) -> list:
 
 
 def recover_three_ways(host, run: PolicyRun, spec, failed_at: int, checkpoints: list) -> dict:
-    """Lose the sandbox after step `failed_at`; recover it by each method in turn."""
+    """Lose the sandbox with `failed_at` actions done; recover it by each method in turn."""
     row: dict = {"failed_at": failed_at, "checkpoint_step": checkpoints[0].step if checkpoints else None}
     for method in METHODS:
         host.kill(run.handle)
@@ -160,22 +193,32 @@ def run_realistic(host, workloads: list, policy_config, *, failures: int, seed: 
             host, workload, f"bench-real-{workload.name}", policy_config, tokens, decode_s_per_token
         )
         steps = [c.step for c in run.checkpoints]
+        run_s = round(sum(seconds for _, _, seconds in run.timeline), 3)
         policies.append(
             {
                 "workload": workload.name,
                 "checkpoint_steps": steps,
                 "verdicts": run.verdicts,
                 "think_tokens": tokens,
+                "run_s": run_s,
+                "timeline": [list(part) for part in run.timeline],
             }
         )
-        log_fn(f"{workload.name}: the policy checkpointed after steps {steps} of {len(run.log)}")
+        log_fn(
+            f"{workload.name}: the policy checkpointed after steps {steps} of {len(run.log)} ({run_s:.1f} s)"
+        )
         try:
-            for failed_at in failure_steps(len(run.log), failures, seed, workload.name):
-                row = recover_three_ways(host, run, spec, failed_at, usable(run.checkpoints, failed_at))
-                rows.append({"workload": workload.name, **row})
+            for at_s in fault_times(run_s, failures, seed, workload.name):
+                fault = fault_at(run.timeline, at_s)
+                row = recover_three_ways(host, run, spec, fault.completed,
+                                         usable(run.checkpoints, fault.stored_until))  # fmt: skip
+                rows.append(
+                    {"workload": workload.name, "fault_at_s": fault.at_s, "during": fault.during, **row}
+                )
                 log_fn(
-                    f"{workload.name}: failure after step {failed_at}: belayer {row['belayer_s']:.2f}s "
-                    f"({row['belayer_source']}), replay {row['replay_s']:.2f}s, fs-only {row['fs_only_s']:.2f}s"
+                    f"{workload.name}: fault at {fault.at_s:.1f}s ({fault.during}, {fault.completed} actions done): "
+                    f"belayer {row['belayer_s']:.2f}s ({row['belayer_source']}), replay {row['replay_s']:.2f}s, "
+                    f"fs-only {row['fs_only_s']:.2f}s"
                 )
             if run.checkpoints:
                 first = run.checkpoints[0]
@@ -186,6 +229,10 @@ def run_realistic(host, workloads: list, policy_config, *, failures: int, seed: 
             host.remove(run.handle.sandbox_id)
             host.delete_checkpoints(run.handle.sandbox_id)
     return summarize(rows, sweep) | {
+        # the page shows them: where the policy checkpointed, per workload
+        "checkpoint_steps": {
+            p["workload"]: ", ".join(map(str, p["checkpoint_steps"])) or "none" for p in policies
+        },
         "policy": policies,
         "decode_s_per_token": decode_s_per_token,
         "seed": seed,

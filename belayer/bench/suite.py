@@ -60,6 +60,7 @@ BENCHES = (
     Bench("training"),
 )
 TAIL_LINES = 30
+SHORT_TEXT = 200  # a report's texts up to this long are shown on the page (longer: the JSON)
 
 
 @dataclass
@@ -145,11 +146,12 @@ def is_named_rows(value) -> bool:
 
 
 def figures(
-    report: dict, prefix: str = "", depth: int = 3
+    report: dict, prefix: str = "", depth: int = 8
 ) -> tuple[list[tuple[str, dict]], list[tuple[str, object]]]:
-    """The report's min / median / max figures and its single numbers, by dotted path
-    (lists of per-run records are left to the JSON file; a list of named rows, such as
-    env-recovery's workloads, is read as a dict by name)."""
+    """The report's min / median / max figures and its single values (numbers, verdicts,
+    short texts such as a goal or what was simulated), by dotted path, however deeply
+    nested (lists of per-run records are left to the JSON file; a list of named rows, such
+    as env-recovery's workloads, is read as a dict by name)."""
     spreads: list[tuple[str, dict]] = []
     numbers: list[tuple[str, object]] = []
     for key, value in report.items():
@@ -157,14 +159,14 @@ def figures(
         if key == "machine":
             continue
         if is_named_rows(value):
-            value = {row["name"]: row for row in value}
+            value = {row["name"]: {k: v for k, v in row.items() if k != "name"} for row in value}
         if is_spread(value):
             spreads.append((path, value))
         elif isinstance(value, dict) and depth > 1:
             inner_spreads, inner_numbers = figures(value, f"{path}.", depth - 1)
             spreads += inner_spreads
             numbers += inner_numbers
-        elif isinstance(value, (int, float)) and not isinstance(value, bool):
+        elif isinstance(value, (int, float)) or (isinstance(value, str) and len(value) <= SHORT_TEXT):
             numbers.append((path, value))
     return spreads, numbers
 
@@ -228,6 +230,8 @@ def plots_page(outcomes: list[Outcome], machine: dict, out_dir: Path) -> str:
 
 
 def _num(value) -> str:
+    if isinstance(value, bool):
+        return "yes" if value else "no"
     return f"{value:.4g}" if isinstance(value, float) else str(value)
 
 

@@ -28,16 +28,28 @@ def test_every_repetitions_option_the_suite_passes_is_one_its_benchmark_takes():
 
 
 def test_figures_are_found_at_any_depth_and_lists_of_runs_left_out():
+    deep = {"min": 0.1, "median": 0.2, "max": 0.3}
     report = {
         "speedup": 2.8,
         "fork": {"ready_s": {"min": 1.0, "median": 2.0, "max": 3.0}, "group": 8},
         "runs": [{"ready_s": 1.0}],
         "identical_start": True,
+        "goal": "cpu_ms_per_turn <= 10",
+        "log": "x" * 500,
+        "per": {"64": {"belayer": {"by_process": {"temporal": deep}}}},
         "machine": {"cores": 2},
     }
     spreads, numbers = figures(report)
-    assert spreads == [("fork.ready_s", {"min": 1.0, "median": 2.0, "max": 3.0})]
-    assert numbers == [("speedup", 2.8), ("fork.group", 8)]
+    assert spreads == [
+        ("fork.ready_s", {"min": 1.0, "median": 2.0, "max": 3.0}),
+        ("per.64.belayer.by_process.temporal", deep),
+    ]
+    assert numbers == [("speedup", 2.8), ("fork.group", 8), ("identical_start", True),
+                       ("goal", "cpu_ms_per_turn <= 10")]  # fmt: skip
+    assert "| identical_start | yes |" in markdown(
+        [Outcome("fork", ["belayer"], True, 1.0, report=report)],
+        {"cores": 2, "before": [0] * 3, "after": [0] * 3},
+    )
 
 
 def test_named_rows_are_read_by_name():

@@ -7,12 +7,13 @@ from __future__ import annotations
 
 import json
 
+import pytest
 from click.testing import CliRunner
 
 
 def test_env_recovery_json(sandbox_runtime, tmp_path, monkeypatch):
     from belayer.bench.env_recovery import build_wheel
-    from belayer.bench.env_recovery_realistic import failure_steps
+    from belayer.bench.env_recovery_realistic import fault_at, fault_times
     from belayer.cli.bench.env_recovery import env_recovery
 
     assert build_wheel() == build_wheel()  # deterministic artefact
@@ -55,9 +56,16 @@ def test_env_recovery_json(sandbox_runtime, tmp_path, monkeypatch):
     real = data["realistic"]
     (policy,) = real["policy"]
     assert policy["checkpoint_steps"] == [s for s, v in enumerate(policy["verdicts"], 1) if v != "skip"]
-    assert [r["failed_at"] for r in real["rows"]] == failure_steps(len(policy["verdicts"]), 2, 3, row["name"])
-    for r in real["rows"]:
-        taken = [s for s in policy["checkpoint_steps"] if s <= r["failed_at"]]
+    # faults strike at moments drawn over the unfailed run's own timeline
+    timeline = [tuple(part) for part in policy["timeline"]]
+    assert sum(seconds for *_, seconds in timeline) == pytest.approx(policy["run_s"], abs=0.01)
+    faults = [fault_at(timeline, t) for t in fault_times(policy["run_s"], 2, 3, row["name"])]
+    assert [(r["during"], r["failed_at"]) for r in real["rows"]] == [(f.during, f.completed) for f in faults]
+    assert real["checkpoint_steps"] == {
+        row["name"]: ", ".join(map(str, policy["checkpoint_steps"])) or "none"
+    }
+    for r, fault in zip(real["rows"], faults, strict=True):
+        taken = [s for s in policy["checkpoint_steps"] if s <= fault.stored_until]
         assert r["checkpoint_step"] == (taken[-1] if taken else None)
         assert r["belayer_source"] == (f"checkpoint@{taken[-1]}" if taken else "replay-from-start")
     assert real["consistent_share"]["belayer"] == 1.0

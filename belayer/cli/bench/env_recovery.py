@@ -43,21 +43,21 @@ from belayer.sandbox.localstore import LocalDirStore
     "--realistic/--best-case-only",
     default=True,
     show_default=True,
-    help="Also run the realistic case: the adaptive policy's own checkpoints, failures at random steps.",
+    help="Also run the realistic case: the adaptive policy's own checkpoints, faults at random moments of its run.",
 )
 @click.option(
     "--failures",
     type=click.IntRange(1, 100),
     default=5,
     show_default=True,
-    help="Realistic case: random failures per workload.",
+    help="Realistic case: faults per workload, at random moments of its run.",
 )
 @click.option(
     "--seed",
     type=click.IntRange(0),
     default=0,
     show_default=True,
-    help="Realistic case: seed of the failure steps and the simulated generation lengths.",
+    help="Realistic case: seed of the fault times and the simulated generation lengths.",
 )
 @click.option(
     "--decode-ms-per-token",
@@ -73,7 +73,8 @@ def env_recovery(ctx: click.Context, as_json: bool, names: tuple[str, ...], scal
     """Environment recovery: Belayer's full restore vs replay vs fs-only, same run.
 
     The best case places one checkpoint at a late step; the realistic case runs each
-    workload under the adaptive policy (policy.* settings) and fails it at random steps.
+    workload under the adaptive policy (policy.* settings) and strikes it at random
+    moments of its run.
     """
     config = load_config((ctx.obj or {}).get("config_file"))
     store = None
