@@ -17,7 +17,10 @@ Per-phase figures come from the trajectories' own decision records (generation, 
 checkpoint and wait durations). From them `accelerator_estimate` replays the trace through
 `belayer.policy.simulate`, i.e. the workflow's overlap rule without CPU contention between
 the engine and the checkpoint: the figure this trace would show with the engine on its
-own accelerator. Scheduling and summarising are pure functions; only `run_trial` talks
+own accelerator. Before it, `simulator_check` replays each mode's own measured phases
+through the same rule and gives its error against that mode's measured overhead, and
+`none_spread_pct` says how far the `none` runs differ among themselves (`rounds_enough`:
+less than the 3 % goal, so the rounds can resolve it). Scheduling and summarising are pure functions; only `run_trial` talks
 to the stack.
 """
 
@@ -54,6 +57,7 @@ MODES = ("none", "every-step", "adaptive", "adaptive-model")
 KEY = {"none": "none", "every-step": "every_step", "adaptive": "adaptive", "adaptive-model": "adaptive_model"}
 CHECKPOINTING = MODES[1:]  # the modes whose overhead is measured against `none`
 DEFAULT_WORKLOAD = Path(__file__).resolve().parents[2] / "examples" / "workloads" / "overhead.yaml"
+GOAL_OVERHEAD_PCT = 3.0  # adaptive checkpointing's failure-free overhead on model tasks
 
 
 class Trial(BaseModel):
@@ -232,8 +236,13 @@ def summarize(
         "policy": policy.model_dump(include={"alpha", "max_unprotected_steps", "max_unprotected_replay_s"}),
         "per_round": per_round,
         "phases": {KEY[m]: _phases(task, clean[m], clean["none"]) for m in MODES},
+        "none_spread_pct": _none_spread_pct(clean["none"]),
+        # the simulator checked against the runs it can be checked against, before its estimate
+        "simulator_check": simulator_check(task, policy, clean),
         "accelerator_estimate": accelerator_estimate(task, policy, clean),
     }
+    spread_pct = report["none_spread_pct"]
+    report["rounds_enough"] = spread_pct is not None and spread_pct < GOAL_OVERHEAD_PCT
     # The part of the overhead that is waiting for a checkpoint on the critical path; the
     # rest is the checkpoint's CPU slowing the engine, plus noise.
     report["wait_overhead_pct"] = {
@@ -423,6 +432,45 @@ def _affine_fit(points: list[tuple[int, float]]) -> tuple[float, float]:
     return max(mean_y - slope * mean_x, 0.0), slope
 
 
+def _none_spread_pct(none: list[TrialResult]) -> float | None:
+    """How far the `none` runs differ among themselves: (max - min) / median, in percent. An
+    overhead smaller than this is within the noise of the rounds run."""
+    walls = [r.wall_s for r in none]
+    return _round((max(walls) - min(walls)) / statistics.median(walls) * 100, 2) if len(walls) > 1 else None
+
+
+def simulator_check(
+    task: TraceTask, policy: PolicyConfig, clean: dict[str, list[TrialResult]]
+) -> dict | None:
+    """How well the simulator reproduces the runs that were measured: each mode's own
+    phases (its generations as slowed by its checkpoints, its actions, its checkpoints)
+    replayed through the workflow's overlap rule, against that mode's measured wall time
+    and overhead. Its error here bounds how far to trust `accelerator_estimate`, which
+    replays the same rule on other phases."""
+    none_trace = measured_trace(task, clean["none"], clean["every-step"])
+    if none_trace is None:
+        return None
+    measured = {m: _mean([r.wall_s for r in clean[m]]) for m in MODES}
+    unmodelled = max(measured["none"] - simulate(none_trace, mode_policy(policy, "none")).wall_s, 0.0)
+    check = {}
+    for mode in CHECKPOINTING:
+        own = measured_trace(task, clean[mode], clean[mode]) if clean[mode] else None
+        if own is None or measured[mode] is None:
+            continue
+        simulated = simulate(own, mode_policy(policy, mode)).wall_s + unmodelled
+        measured_pct, simulated_pct = (
+            _pct(measured[mode], measured["none"]),
+            _pct(simulated, measured["none"]),
+        )
+        check[KEY[mode]] = {
+            "measured_overhead_pct": measured_pct,
+            "simulated_overhead_pct": simulated_pct,
+            "error_pct_points": _round(simulated_pct - measured_pct, 2),
+            "wall_error_pct": _pct(simulated, measured[mode]),
+        }
+    return check or None
+
+
 def accelerator_estimate(
     task: TraceTask, policy: PolicyConfig, clean: dict[str, list[TrialResult]]
 ) -> dict | None:
@@ -566,6 +614,18 @@ def print_report(report: dict) -> None:
         + ", ".join(f"{m} {_fmt(waits.get(KEY[m]))}%" for m in CHECKPOINTING)
         + " of the none wall time"
     )
+    spread_pct = report.get("none_spread_pct")
+    if spread_pct is not None and not report.get("rounds_enough"):
+        out.print(
+            f"the none runs differ by {spread_pct}% among themselves, more than the {GOAL_OVERHEAD_PCT}% goal: "
+            "an overhead below that is noise; run more --rounds"
+        )
+    check = report.get("simulator_check") or {}
+    if check:
+        out.print(
+            "the simulator on the measured runs (simulated - measured overhead, points): "
+            + ", ".join(f"{m} {_fmt(v['error_pct_points'])}" for m, v in check.items())
+        )
     estimate = report.get("accelerator_estimate")
     if estimate:
         out.print(

@@ -185,6 +185,18 @@ def test_summary_of_recorded_figures():
     assert [r["adaptive_model_overhead_pct"] for r in report["per_round"]] == [2.0, 4.0]
     assert report["failures"]["adaptive"]["lost_s_per_failure"] == 2.0
     assert report["failures"]["adaptive"]["sources"] == ["checkpoint@1"]
+    # the none runs agree (10.0 s both rounds): the rounds resolve a 3 % overhead
+    assert (report["none_spread_pct"], report["rounds_enough"]) == (0.0, True)
+    # the simulator, given each mode's own measured phases, against that mode's runs: its
+    # error is reported before its estimate is (every-step's recorded runs are 6 points
+    # cheaper than their own phases replayed: the error a reader needs to see)
+    check = report["simulator_check"]
+    assert {m: c["measured_overhead_pct"] for m, c in check.items()} == {
+        "every_step": 10.0, "adaptive": 1.0, "adaptive_model": 3.0}  # fmt: skip
+    for c in check.values():
+        assert c["error_pct_points"] == round(c["simulated_overhead_pct"] - c["measured_overhead_pct"], 2)
+    assert check["every_step"]["error_pct_points"] == 6.0
+    assert list(report).index("simulator_check") < list(report).index("accelerator_estimate")
     estimate = report["accelerator_estimate"]
     # the simulator sees no contention: every-step costs only the final checkpoint it waits for
     assert estimate["none_s"] == 10.0 and estimate["checkpoints"]["every_step"] == 4
@@ -198,6 +210,11 @@ def test_report_table_shows_every_mode_with_its_spread(capsys):
     print_report(report)
     table = capsys.readouterr().out
     assert "min/median/max" in table
+    assert "the simulator on the measured runs" in table and "run more --rounds" not in table
+    noisy = [t.model_copy(update={"wall_s": 10.5}) if (t.mode, t.round) == ("none", 1) else t
+             for t in recorded_trials()]  # fmt: skip
+    print_report(summarize(TASK, PolicyConfig(mode="adaptive"), noisy, rounds=2, fail_at=2))
+    assert "differ by 4.88% among themselves, more than the 3.0% goal" in capsys.readouterr().out
     model_row = next(line for line in table.splitlines() if line.startswith("│ adaptive-model"))
     assert "10.20/10.30/10.40" in model_row and "2.00/3.00/4.00" in model_row
     assert "1.00% told the trace's lengths, 3.00% predicting them" in table
