@@ -11,7 +11,14 @@ repetition, on the same host and store, modes in rotated order:
                   set-up checkpoint an earlier group made is forked again, no setup;
   independent  -- G sandboxes each created and set up from scratch, `--concurrency`
                   at a time (what a user does without forking, with the parallelism
-                  the forks get).
+                  the forks get);
+  baked        -- the strongest simple alternative to a reused fork: the set-up baked
+                  into an image once (the setup run in a plain container of the base
+                  image, `podman commit`; not timed, like the reused fork's origin), then
+                  G plain containers started from it, `--concurrency` at a time, each
+                  starting the server again (an image holds files, not processes) and
+                  ready when it answers. Plain podman, no Belayer: no tmpfs workspace, no
+                  capability drop, no supervisor.
 
 The clock runs from the start until all G sandboxes are ready to take the members'
 first actions (the group's first generation can start). `cpu_ratio`: host CPU seconds
@@ -42,6 +49,12 @@ from belayer.measure import spread
 from belayer.sandbox.host import make_host
 from belayer.sandbox.models import ForkTarget, SandboxSpec
 
+# The set-up's last part: a server holding state, started and asked once.
+SERVE = "python3 -m benchpkg.serve db.sqlite 8500 >/tmp/serve.log 2>&1 &"
+ASK = "python3 -m benchpkg.client 8500 /stats"
+# A container of the baked image: the server started again, in the set-up's directory and venv.
+BAKED_ENV = "cd /workspace/repo && . $HOME/venv/bin/activate"
+
 
 def setup_commands(scale: float) -> list[str]:
     """The set-up a group's members share (deterministic, offline)."""
@@ -57,8 +70,7 @@ def setup_commands(scale: float) -> list[str]:
         f'[print(*r) for r in benchpkg.rows(400, seed=$i)]" > f$i.txt; git add f$i.txt; '
         'git commit -qm "file $i"; done; git log --oneline | wc -l',
         f"python3 -m benchpkg.gen {rows} data.csv && python3 -m benchpkg.index data.csv db.sqlite >/dev/null && ls",
-        "python3 -m benchpkg.serve db.sqlite 8500 >/tmp/serve.log 2>&1 &\n"
-        "python3 -m benchpkg.client 8500 /stats",
+        f"{SERVE}\n{ASK}",
     ]
 
 
@@ -163,6 +175,43 @@ def run_independent(host, spec, group_size: int, concurrency: int) -> dict:
     return {"ready_s": ready_s, "hashes": hashes}
 
 
+def bake_image(host, base_image: str, spec, token: str) -> str:
+    """The set-up baked into an image: run (all but its server) in a plain container of the
+    base image, as one shell, then `podman commit`; the image's name."""
+    name, image = f"belayer-bench-bake-{token}", f"localhost/belayer-bench-baked:{token}"
+    host.backend.podman("run", "-d", "--name", name, "--network=none", base_image, "sleep", "infinity")
+    try:
+        script = "\n".join(["set -e", "export HOME=/root", *spec.setup_commands[:-1]])
+        host.backend.podman("exec", name, "bash", "-c", script)
+        host.backend.podman("commit", "-q", name, image)
+        return image
+    finally:
+        host.backend.podman("rm", "-f", "-t", "0", name)
+
+
+def run_baked(host, image: str, group_size: int, concurrency: int, token: str) -> dict:
+    """G plain containers of the baked image, each ready when its restarted server answers."""
+    cfg = host.cfg
+
+    def start(i: int) -> str:
+        name = f"belayer-bench-baked-{token}-{i}"
+        host.backend.podman("run", "-d", "--name", name, "--network=none", "--label", "belayer.bench=fork",
+                            f"--memory={cfg.memory_mb}m", f"--cpus={cfg.cpus:g}", image,
+                            "bash", "-c", f"{BAKED_ENV} && {SERVE} exec sleep infinity")  # fmt: skip
+        host.backend.podman("exec", name, "bash", "-c", f"{BAKED_ENV} && {ASK}")
+        return name
+
+    t0 = time.monotonic()
+    names = []
+    try:
+        with ThreadPoolExecutor(max_workers=concurrency) as pool:
+            names = list(pool.map(start, range(group_size)))
+        return {"ready_s": time.monotonic() - t0, "hashes": set()}
+    finally:
+        started = names or [f"belayer-bench-baked-{token}-{i}" for i in range(group_size)]
+        host.backend.podman("rm", "-f", "-t", "0", "--ignore", *started, check=False)
+
+
 def run_bench(config, *, group_size: int, repetitions: int, scale: float, concurrency: int | None, store=None,
               log_fn=lambda m: None) -> dict:  # fmt: skip
 
@@ -170,37 +219,20 @@ def run_bench(config, *, group_size: int, repetitions: int, scale: float, concur
     host = make_host(config, store=store)
     host.cfg = host.cfg.model_copy(update={"fork_concurrency": concurrency})
     spec = SandboxSpec(setup_commands=setup_commands(scale), labels={"belayer.bench": "fork"})
-    modes = ["fork", "fork_reused", "independent"]
+    modes = ["fork", "fork_reused", "independent", "baked"]
     runs: dict[str, list[dict]] = {mode: [] for mode in modes}
     independent_hashes: set[str] = set()
-    for rep in range(repetitions):
-        origins = []  # (checkpoint, its sandbox id): a reused fork takes this repetition's
-        for mode in modes[rep % 3 :] + modes[: rep % 3]:
-            if mode == "fork_reused" and not origins:
-                origins.append(make_origin(host, spec))  # the earlier group's setup: not timed
-            with PeakSampler(config.state_dir) as peaks:
-                if mode == "independent":
-                    row = run_independent(host, spec, group_size, concurrency)
-                elif mode == "fork":
-                    row = run_fork(host, spec, group_size, uuid.uuid4().hex[:8])
-                    origins.append((row.pop("origin"), row.pop("origin_sandbox")))
-                else:
-                    row = run_fork_reused(host, origins[0][0], group_size, uuid.uuid4().hex[:8])
-            row["peak_memory_mb"], row["peak_disk_mb"] = peaks.peaks_mb()
-            row["cpu_s"] = peaks.cpu_s
-            hashes = row.pop("hashes")
-            if mode == "independent":
-                independent_hashes |= hashes
-            else:
-                row["identical"] = len(hashes) == 1  # the forks of one checkpoint (and its sandbox)
-            runs[mode].append(row)
-            log_fn(
-                f"repetition {rep + 1}/{repetitions} {mode:11s}: {group_size} sandboxes ready in "
-                f"{row['ready_s']:.2f}s, host CPU {row['cpu_s']:.1f}s, peak memory +{row['peak_memory_mb']} MiB, "
-                f"disk +{row['peak_disk_mb']} MiB"
-            )
-        for _, sandbox_id in origins:
-            host.delete_checkpoints(sandbox_id)
+    token = uuid.uuid4().hex[:8]
+    t0 = time.monotonic()
+    baked_image = bake_image(host, config.sandbox.image, spec, token)  # once, like a reused origin
+    bake_s = time.monotonic() - t0
+    log_fn(f"baked the set-up into {baked_image} in {bake_s:.1f}s (not timed)")
+    try:
+        for rep in range(repetitions):
+            _repetition(host, config, spec, modes, rep, repetitions, runs, independent_hashes, group_size,
+                        concurrency, baked_image, log_fn)  # fmt: skip
+    finally:
+        host.backend.podman("rmi", "-f", baked_image, check=False)
     median = {mode: statistics.median(r["ready_s"] for r in runs[mode]) for mode in modes}
     cpu = {mode: statistics.median(r["cpu_s"] for r in runs[mode]) for mode in modes}
     load1, load5, _ = os.getloadavg()
@@ -208,18 +240,56 @@ def run_bench(config, *, group_size: int, repetitions: int, scale: float, concur
         "group_size": group_size,
         "repetitions": repetitions,
         "concurrency": concurrency,
+        "speedup_reused_vs_baked": round(median["baked"] / median["fork_reused"], 2),
+        "fork_reused_ready_s": round(median["fork_reused"], 3),
+        "baked_ready_s": round(median["baked"], 3),
+        "bake_s": round(bake_s, 2),
         "fork_ready_s": round(median["fork"], 3),
         "independent_ready_s": round(median["independent"], 3),
         "speedup": round(median["independent"] / median["fork"], 2),
-        "fork_reused_ready_s": round(median["fork_reused"], 3),
         "speedup_reused": round(median["independent"] / median["fork_reused"], 2),
         "cpu_ratio": round(cpu["independent"] / cpu["fork"], 2),
+        "cpu_ratio_baked_vs_reused": round(cpu["baked"] / cpu["fork_reused"], 2),
         "identical_start": all(r["identical"] for mode in ("fork", "fork_reused") for r in runs[mode]),
         "independent_identical": len(independent_hashes) == 1,
         **{mode: _summary(runs[mode]) for mode in modes},
         "machine": {"cpus": os.cpu_count(), "load_avg_1m": round(load1, 2), "load_avg_5m": round(load5, 2)},
         "sandbox": {"cpus": config.sandbox.cpus, "memory_mb": config.sandbox.memory_mb},
     }  # fmt: skip
+
+
+def _repetition(host, config, spec, modes, rep, repetitions, runs, independent_hashes, group_size, concurrency,
+                baked_image, log_fn) -> None:  # fmt: skip
+    """One repetition: every mode once, in an order rotated by the repetition."""
+    origins = []  # (checkpoint, its sandbox id): a reused fork takes this repetition's
+    for mode in modes[rep % len(modes) :] + modes[: rep % len(modes)]:
+        if mode == "fork_reused" and not origins:
+            origins.append(make_origin(host, spec))  # the earlier group's setup: not timed
+        with PeakSampler(config.state_dir) as peaks:
+            if mode == "independent":
+                row = run_independent(host, spec, group_size, concurrency)
+            elif mode == "baked":
+                row = run_baked(host, baked_image, group_size, concurrency, uuid.uuid4().hex[:8])
+            elif mode == "fork":
+                row = run_fork(host, spec, group_size, uuid.uuid4().hex[:8])
+                origins.append((row.pop("origin"), row.pop("origin_sandbox")))
+            else:
+                row = run_fork_reused(host, origins[0][0], group_size, uuid.uuid4().hex[:8])
+        row["peak_memory_mb"], row["peak_disk_mb"] = peaks.peaks_mb()
+        row["cpu_s"] = peaks.cpu_s
+        hashes = row.pop("hashes")
+        if mode == "independent":
+            independent_hashes |= hashes
+        elif mode != "baked":
+            row["identical"] = len(hashes) == 1  # the forks of one checkpoint (and its sandbox)
+        runs[mode].append(row)
+        log_fn(
+            f"repetition {rep + 1}/{repetitions} {mode:11s}: {group_size} sandboxes ready in "
+            f"{row['ready_s']:.2f}s, host CPU {row['cpu_s']:.1f}s, peak memory +{row['peak_memory_mb']} MiB, "
+            f"disk +{row['peak_disk_mb']} MiB"
+        )
+    for _, sandbox_id in origins:
+        host.delete_checkpoints(sandbox_id)
 
 
 def _summary(rows: list[dict]) -> dict:

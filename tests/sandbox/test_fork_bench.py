@@ -24,11 +24,15 @@ def test_fork_bench_json(sandbox_runtime, tmp_path):
     assert result.exit_code == 0, result.output
     data = json.loads(result.stdout.strip().splitlines()[-1])
     for key in ("fork_ready_s", "independent_ready_s", "speedup", "fork_reused_ready_s", "speedup_reused",
-                "cpu_ratio", "group_size", "machine"):  # fmt: skip
+                "cpu_ratio", "group_size", "machine", "baked_ready_s", "bake_s"):  # fmt: skip
         assert key in data
     assert data["identical_start"] is True and data["group_size"] == 2
-    for mode in ("fork", "fork_reused", "independent"):
+    for mode in ("fork", "fork_reused", "independent", "baked"):
         assert set(data[mode]["ready_s"]) == {"min", "median", "max"}
+    # the reused fork leads, against the set-up baked into an image
+    assert list(data)[3] == "speedup_reused_vs_baked"
+    assert data["speedup_reused_vs_baked"] == round(data["baked_ready_s"] / data["fork_reused_ready_s"], 2)
+    assert "baked the set-up into localhost/belayer-bench-baked:" in result.stderr
     assert data["fork"]["setup_s"]["median"] > 0 and "setup_s" not in data["fork_reused"]
     assert not any(tmp_path.rglob("archive")), "checkpoint objects left behind"
     config = load_config(None)
@@ -38,3 +42,9 @@ def test_fork_bench_json(sandbox_runtime, tmp_path):
         .stdout.split()
     )
     assert left == [], f"bench sandboxes left running: {left}"
+    images = (
+        PodmanBackend(config.sandbox, config.state_dir)
+        .podman("images", "--format", "{{.Repository}}")
+        .stdout.decode()
+    )
+    assert "belayer-bench-baked" not in images and "belayer-bench-bake" not in images
