@@ -5,14 +5,20 @@ serving them is SIGKILLed (request 0 has `kill_after` tokens):
 
 - Belayer: a `RolloutNode`; its pre-initialized shadow takes the lease and re-prefills every
   request from the node's log (prompt + tokens streamed so far).
-- Baseline: vLLM as users run it without Belayer (`plain_engine.py`): the dead engine process
-  is replaced by a new one that loads the same weights with vLLM's default safetensors loader
-  (the file already in the page cache), then serves the same requests again from their logged
-  prefixes. The baseline is given Belayer's prefix log for free; without one it would also
-  regenerate every token streamed before the kill.
+- Baseline (restart): vLLM as users run it without Belayer (`plain_engine.py`): the dead
+  engine process is replaced by a new one that loads the same weights with vLLM's default
+  safetensors loader (the file already in the page cache), then serves the same requests
+  again from their logged prefixes. The baseline is given Belayer's prefix log for free;
+  without one it would also regenerate every token streamed before the kill.
+- Baseline (hot spare): the strongest simple alternative, two plain engines with client
+  failover: a second engine, loaded and idle, takes the unfinished requests from their
+  logged prefixes the moment the first dies (the memory of Belayer's private mode, two
+  engines' worth). Its replacement spare is started after the run, off the clock.
 
-Each is run `repetitions` times per weight mode, interleaved (Belayer, baseline, Belayer, ...),
-after one unfailed run of each that gives the reference tokens and the unfailed timing.
+Each is run `repetitions` times per weight mode, the order of the three rotated every
+repetition, after one unfailed run of each that gives the reference tokens, the unfailed
+timing, tokens/s and memory. Before every run the node's shadow is ready (a shadow still
+starting would take CPU from whichever side runs next).
 All times are seconds from the kill:
 
 - detection: the failure is noticed (process sentinel);
@@ -41,6 +47,7 @@ import click
 
 from belayer.bench.plain_engine import PlainEngine, PlainSpec, parameter_count, warm_page_cache
 from belayer.config import load_config
+from belayer.measure import rotated
 from belayer.model.build import model_path
 from belayer.rollout.config import RolloutConfig
 from belayer.rollout.node import RolloutNode
@@ -51,6 +58,7 @@ RUN_TIMEOUT_S = 1800
 WEIGHT_MODES = ("private", "shared")
 DEFAULT_MODE = "private"
 PHASES = ("detection_s", "serving_s", "first_token_s", "caught_up_s")
+SIDES = ("belayer", "baseline", "hot_spare")  # baseline: a restart
 
 SIMULATED = [
     "the fault is an injected SIGKILL of the serving engine process at a fixed point of progress "
@@ -60,6 +68,8 @@ SIMULATED = [
     "the baseline restarts its engine at once from the same parent process: no orchestrator "
     "restart delay or back-off (the baseline's best case)",
     "the baseline's weights file is in the page cache (read once before each repetition)",
+    "the hot spare's replacement is started after each run, off the clock (on a shared machine it "
+    "would take CPU from the catch-up: the baseline's best case)",
     "the baseline samples with Belayer's position-seeded sampler, so its replay can be compared "
     "token for token; vLLM's own seeded sampling would not replay identically",
 ]
@@ -233,6 +243,7 @@ class PlainServer:
     def __init__(self, spec: PlainSpec):
         self.spec = spec
         self.engine: PlainEngine | None = None
+        self.spare: PlainEngine | None = None  # a hot spare: loaded, idle, takes over on failover
         self.requests: dict[str, tuple[list[int], SamplingSpec]] = {}
         self.tokens: dict[str, list[int]] = {}
         self.done: dict[str, threading.Event] = {}
@@ -242,6 +253,15 @@ class PlainServer:
         """A new engine process; returns the monotonic time it accepts work."""
         self.engine = PlainEngine(self.spec, self._on_delta).start()
         return self.engine.wait_ready(RUN_TIMEOUT_S)
+
+    def start_spare(self) -> None:
+        """A second engine, loaded and idle, unless one is (off any clock)."""
+        if self.spare is None:
+            self.spare = PlainEngine(self.spec, self._on_delta).start()
+            self.spare.wait_ready(RUN_TIMEOUT_S)
+
+    def memory(self) -> dict[str, tuple[int, int, int]]:
+        return {"engine": self.engine.memory(), **({"spare": self.spare.memory()} if self.spare else {})}
 
     def run(self, work: Work, trace: Trace) -> None:
         """Submit the workload with `trace` listening (it may kill the engine)."""
@@ -260,14 +280,21 @@ class PlainServer:
         self.done[request_id] = threading.Event()
         self.engine.add(request_id, prompt, spec, spec.max_tokens)
 
-    def restart(self) -> tuple[float, float, float]:
-        """Wait for the engine's death, start a new one, re-send what is unfinished.
-        Returns (death noticed, new engine ready, requests re-sent), monotonic."""
+    def restart(self, *, failover: bool = False) -> tuple[float, float, float]:
+        """Wait for the engine's death, start a new one (with `failover`: switch to the hot
+        spare, already loaded), re-send what is unfinished. Returns (death noticed, an
+        engine ready, requests re-sent), monotonic."""
         if not self.engine.dead.wait(RUN_TIMEOUT_S):
             raise click.ClickException("the baseline engine was not killed")
         died_at = self.engine.died_at
         self.engine.close()
-        ready_at = self.start()
+        if failover:
+            if self.spare is None:
+                raise click.ClickException("no hot spare to fail over to")
+            self.engine, self.spare = self.spare, None
+            ready_at = time.monotonic()
+        else:
+            ready_at = self.start()
         for rid, event in self.done.items():
             if not event.is_set():
                 prompt, spec = self.requests[rid]
@@ -283,8 +310,9 @@ class PlainServer:
         return [list(self.tokens[rid]) for rid, _p, _s in work]
 
     def close(self) -> None:
-        if self.engine is not None:
-            self.engine.close()
+        for engine in (self.engine, self.spare):
+            if engine is not None:
+                engine.close()
 
     def _on_delta(self, request_id: str, token_ids: list[int], finished: bool) -> None:
         tokens = self.tokens.get(request_id)
@@ -325,6 +353,21 @@ def baseline_rep(server: PlainServer, work: Work, kill_after: int, reference: di
     }
 
 
+def hot_spare_rep(server: PlainServer, work: Work, kill_after: int, reference: dict) -> dict:
+    """One faulted run with a hot spare: SIGKILL the active engine, fail over to the spare,
+    replay the prefixes there."""
+    server.start_spare()  # off the clock: the replacement of the last run's
+    trace = Trace(work[0][0], kill_after, kill=server.engine.kill)
+    server.run(work, trace)
+    died_at, _ready_at, serving_at = server.restart(failover=True)
+    tokens = server.results(work)
+    return {
+        "recovery": "failover",
+        **_with_lost(phases(trace, work, died_at, serving_at), reference["hot_spare_tail_s"]),
+        "tokens_identical": tokens == reference["hot_spare_tokens"],
+    }
+
+
 # ----------------------------------------------------------------------------- one weight mode
 
 
@@ -334,18 +377,21 @@ def measure_mode(settings: Settings, mode: str, model_dir: Path, server: PlainSe
     config = _config(settings, mode, model_dir)
     say(f"{mode}: starting the node ({settings.model}, {settings.dtype})")
     node = RolloutNode(config, model_dir).start()
+    reps = {"belayer": belayer_rep, "baseline": baseline_rep, "hot_spare": hot_spare_rep}
     try:
         unfailed, memory = _unfailed(settings, node, server)
-        belayer_runs, baseline_runs = [], []
-        for rep in range(settings.repetitions):
-            work = _work(settings, node, f"{mode}{rep}")
-            belayer_runs.append(belayer_rep(node, work, settings.kill_after, unfailed))
-            work = _work(settings, node, f"{mode}{rep}b")
-            baseline_runs.append(baseline_rep(server, work, settings.kill_after, unfailed))
-            say(_progress_line(mode, rep, settings.repetitions, belayer_runs[-1], baseline_runs[-1]))
+        runs: dict[str, list[dict]] = {side: [] for side in SIDES}
+        for rep, side in rotated(SIDES, settings.repetitions):
+            if not node.wait_shadow_ready():  # a shadow still starting would slow any side
+                raise click.ClickException("the node's shadow did not become ready between repetitions")
+            work = _work(settings, node, f"{mode}{rep}{side}")
+            target = node if side == "belayer" else server
+            runs[side].append(reps[side](target, work, settings.kill_after, unfailed))
+            if all(len(r) == rep + 1 for r in runs.values()):
+                say(_progress_line(mode, rep, settings.repetitions, {s: r[-1] for s, r in runs.items()}))
     finally:
         node.close()
-    return _mode_result(unfailed, memory, belayer_runs, baseline_runs)
+    return _mode_result(unfailed, memory, runs)
 
 
 def _work(settings: Settings, node, tag: str) -> Work:
@@ -353,9 +399,16 @@ def _work(settings: Settings, node, tag: str) -> Work:
 
 
 def _unfailed(settings: Settings, node, server: PlainServer) -> tuple[dict, dict]:
-    """One run of each side with no fault: reference tokens, tail time, decode rate, memory."""
+    """One run of each side with no fault: reference tokens, tail time, decode rate, memory
+    (the plain engine's alone, then with its hot spare loaded beside it)."""
     out: dict = {}
-    for side in ("belayer", "baseline"):
+    memory: dict = {"belayer": node_memory(node)}
+    for side in SIDES:
+        if side == "baseline":
+            memory["baseline"] = {"engine": _mib(server.engine.memory())}
+        if side == "hot_spare":
+            server.start_spare()
+            memory["hot_spare"] = {role: _mib(mem) for role, mem in server.memory().items()}
         work = _work(settings, node, f"ref-{side}-{uuid.uuid4().hex[:4]}")
         trace = Trace(work[0][0], settings.kill_after)
         t0 = time.monotonic()
@@ -368,21 +421,33 @@ def _unfailed(settings: Settings, node, server: PlainServer) -> tuple[dict, dict
         out[f"{side}_tokens"] = tokens
         out[f"{side}_tail_s"] = round(unfailed_tail_s(trace, work), 4)
         out[f"{side}_tokens_per_s"] = round(sum(len(t) for t in tokens) / wall, 1)
-    memory = {"belayer": node_memory(node), "baseline": {"engine": _mib(server.engine.memory())}}
     return out, memory
 
 
-def _mode_result(unfailed: dict, memory: dict, belayer_runs: list[dict], baseline_runs: list[dict]) -> dict:
-    belayer, baseline = _side(belayer_runs), _side(baseline_runs)
+def _mode_result(unfailed: dict, memory: dict, runs: dict[str, list[dict]]) -> dict:
+    belayer, baseline, hot_spare = (_side(runs[side]) for side in SIDES)
+    per_rep = {
+        against: [_ratio(b["caught_up_s"], r["caught_up_s"]) for r, b in zip(runs["belayer"], runs[against],
+                                                                                 strict=True)]
+        for against in ("baseline", "hot_spare")
+    }  # fmt: skip
     return {
+        "speedup_caught_up_spread": _spread([x for x in per_rep["baseline"] if x is not None]),
+        "speedup_caught_up_vs_hot_spare": _ratio(
+            hot_spare["caught_up_s"]["median"], belayer["caught_up_s"]["median"]
+        ),
+        "speedup_caught_up_vs_hot_spare_spread": _spread([x for x in per_rep["hot_spare"] if x is not None]),
         "belayer": belayer,
         "baseline": baseline,
+        "hot_spare": hot_spare,
         **{
             f"speedup_{p.removesuffix('_s')}": _ratio(baseline[p]["median"], belayer[p]["median"])
             for p in PHASES[1:]
         },
         "unfailed": {k: v for k, v in unfailed.items() if not k.endswith("_tokens")},
-        "reference_tokens_identical": unfailed["belayer_tokens"] == unfailed["baseline_tokens"],
+        "reference_tokens_identical": unfailed["belayer_tokens"]
+        == unfailed["baseline_tokens"]
+        == unfailed["hot_spare_tokens"],
         "memory_mib": memory,
     }
 
@@ -422,13 +487,18 @@ def run_bench(settings: Settings, say: Callable[[str], None]) -> dict:
 def _summary(settings: Settings, model_dir: Path, modes: dict) -> dict:
     head = modes.get(DEFAULT_MODE) or next(iter(modes.values()))
     return {
-        "speedup_serving": head["speedup_serving"],
-        "speedup_first_token": head["speedup_first_token"],
+        # what a user waits for: every request caught up, then the first token back
         "speedup_caught_up": head["speedup_caught_up"],
+        "speedup_caught_up_spread": head["speedup_caught_up_spread"],
+        "first_token_s": head["belayer"]["first_token_s"]["median"],
+        "speedup_caught_up_vs_hot_spare": head["speedup_caught_up_vs_hot_spare"],
+        "speedup_caught_up_vs_hot_spare_spread": head["speedup_caught_up_vs_hot_spare_spread"],
+        "speedup_first_token": head["speedup_first_token"],
+        "speedup_serving": head["speedup_serving"],
         "takeover_serving_s": head["belayer"]["serving_s"]["median"],
-        "tokens_identical": all(
-            m[s]["tokens_identical"] for m in modes.values() for s in ("belayer", "baseline")
-        ),
+        "memory_mib": _memory_per_side(modes),
+        "unfailed_tokens_per_s": {side: head["unfailed"][f"{side}_tokens_per_s"] for side in SIDES},
+        "tokens_identical": all(m[s]["tokens_identical"] for m in modes.values() for s in SIDES),
         "repetitions": settings.repetitions,
         "headline_weight_mode": DEFAULT_MODE if DEFAULT_MODE in modes else next(iter(modes)),
         "model": settings.model,
@@ -454,7 +524,24 @@ def _summary(settings: Settings, model_dir: Path, modes: dict) -> dict:
 # ----------------------------------------------------------------------------- helpers
 
 
-def _spread(values: list[float]) -> dict[str, float]:
+def _memory_per_side(modes: dict) -> dict[str, float]:
+    """Total RSS (MiB) each side holds to serve: the plain engine, the hot spare's two, and
+    Belayer's owner, leader and shadow in each weight mode measured."""
+
+    def total(roles: dict) -> float:
+        return round(sum(mem["rss"] for mem in roles.values()), 1)
+
+    head = modes.get(DEFAULT_MODE) or next(iter(modes.values()))
+    return {
+        "plain": total(head["memory_mib"]["baseline"]),
+        "hot_spare": total(head["memory_mib"]["hot_spare"]),
+        **{f"belayer_{mode}": total(m["memory_mib"]["belayer"]) for mode, m in modes.items()},
+    }
+
+
+def _spread(values: list[float]) -> dict[str, float] | None:
+    if not values:
+        return None
     return {
         "min": round(min(values), 4),
         "median": round(statistics.median(values), 4),
@@ -480,14 +567,14 @@ def _mib(mem: tuple[int, int, int]) -> dict[str, float]:
     return {"rss": round(rss / MB, 1), "private": round(private / MB, 1), "shared": round(shared / MB, 1)}
 
 
-def _progress_line(mode: str, rep: int, total: int, belayer: dict, baseline: dict) -> str:
+def _progress_line(mode: str, rep: int, total: int, last: dict[str, dict]) -> str:
     def side(r: dict) -> str:
         return (
             f"{r['recovery']} serving {r['serving_s']:.2f}s, first token {r['first_token_s']:.2f}s, "
             f"caught up {r['caught_up_s']:.2f}s{'' if r['tokens_identical'] else ', TOKENS DIFFER'}"
         )
 
-    return f"{mode} {rep + 1}/{total}: belayer {side(belayer)} | baseline {side(baseline)}"
+    return f"{mode} {rep + 1}/{total}: " + " | ".join(f"{name} {side(r)}" for name, r in last.items())
 
 
 def _kv_mb_needed(model_dir: Path, dtype: str, tokens: int) -> int:
@@ -504,13 +591,21 @@ def _kv_mb_needed(model_dir: Path, dtype: str, tokens: int) -> int:
 
 
 def print_report(result: dict) -> None:
+    spread = result["speedup_caught_up_spread"]
+    click.echo(
+        f"caught up {result['speedup_caught_up']}x sooner than a restart ({_mmm(spread)} min/med/max), "
+        f"{result['speedup_caught_up_vs_hot_spare']}x than a hot spare; first token back "
+        f"{result['first_token_s']:.3f}s after the kill; memory MiB {json.dumps(result['memory_mib'])}"
+    )
     for mode, m in result["modes"].items():
         click.echo(f"\nweight mode {mode} ({result['repetitions']} repetitions, seconds from the kill)")
-        click.echo(f"{'phase':<14}{'belayer min/med/max':>26}{'baseline min/med/max':>26}{'speedup':>9}")
+        click.echo(f"{'phase':<14}{'belayer min/med/max':>26}{'restart min/med/max':>26}{'speedup':>9}"
+                   f"{'hot spare min/med/max':>26}")  # fmt: skip
         for phase in (*PHASES, "lost_s"):
-            b, p = m["belayer"][phase], m["baseline"][phase]
+            b, p, h = m["belayer"][phase], m["baseline"][phase], m["hot_spare"][phase]
             ratio = m.get(f"speedup_{phase.removesuffix('_s')}")
-            click.echo(f"{phase:<14}{_mmm(b):>26}{_mmm(p):>26}{'' if ratio is None else f'{ratio}x':>9}")
+            click.echo(f"{phase:<14}{_mmm(b):>26}{_mmm(p):>26}{'' if ratio is None else f'{ratio}x':>9}"
+                       f"{_mmm(h):>26}")  # fmt: skip
         click.echo(
             f"recoveries: belayer {m['belayer']['recoveries']}, tokens identical: "
             f"belayer {m['belayer']['tokens_identical']}, baseline {m['baseline']['tokens_identical']}"
@@ -519,5 +614,7 @@ def print_report(result: dict) -> None:
     click.echo("\nsimulated: " + "; ".join(result["simulated"]))
 
 
-def _mmm(spread: dict) -> str:
+def _mmm(spread: dict | None) -> str:
+    if spread is None:
+        return "-"
     return f"{spread['min']:.3f}/{spread['median']:.3f}/{spread['max']:.3f}"

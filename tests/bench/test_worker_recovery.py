@@ -17,7 +17,9 @@ pytestmark = pytest.mark.usefixtures("tiny_model")
 pytest.importorskip("vllm")
 
 PHASES = ("detection_s", "serving_s", "first_token_s", "caught_up_s")
-HEADLINE = ("speedup_serving", "speedup_first_token", "speedup_caught_up", "takeover_serving_s")
+HEADLINE = ("speedup_serving", "speedup_first_token", "speedup_caught_up", "takeover_serving_s",
+            "speedup_caught_up_vs_hot_spare", "first_token_s")  # fmt: skip
+SIDES = ("belayer", "baseline", "hot_spare")
 
 
 def run_cli(*args: str) -> dict:
@@ -40,6 +42,13 @@ def test_headline_fields(result):
     assert result["repetitions"] == 1
     assert result["tokens_identical"] is True
     assert all(isinstance(result[k], float) and result[k] > 0 for k in HEADLINE)
+    # it leads with what a user waits for: caught up (min / median / max), then the first token
+    assert list(result)[:3] == ["speedup_caught_up", "speedup_caught_up_spread", "first_token_s"]
+    assert set(result["speedup_caught_up_spread"]) == {"min", "median", "max"}
+    memory = result["memory_mib"]
+    assert set(memory) == {"plain", "hot_spare", "belayer_private", "belayer_shared"}
+    assert memory["hot_spare"] > memory["plain"] > 0  # two engines against one
+    assert all(result["unfailed_tokens_per_s"][side] > 0 for side in SIDES)
     assert result["headline_weight_mode"] == "private"
     assert set(result["modes"]) == {"private", "shared"}
     assert result["simulated"] and set(result["phases"]) >= set(PHASES)
@@ -48,7 +57,7 @@ def test_headline_fields(result):
 @pytest.mark.parametrize("mode", ["private", "shared"])
 def test_both_sides_recover_in_order_with_identical_tokens(result, mode):
     block = result["modes"][mode]
-    for side in ("belayer", "baseline"):
+    for side in SIDES:
         summary = block[side]
         assert summary["tokens_identical"] is True, (mode, side)
         assert len(summary["runs"]) == 1
@@ -62,11 +71,16 @@ def test_both_sides_recover_in_order_with_identical_tokens(result, mode):
     assert block["belayer"]["recoveries"] == ["takeover"]
     assert all(r["waited_for_shadow_s"] == 0 for r in block["belayer"]["runs"])
     assert block["baseline"]["recoveries"] == ["restart"]
+    assert block["hot_spare"]["recoveries"] == ["failover"]
+    # the hot spare was loaded before the kill: no engine started after it, unlike the restart
+    assert all("engine_start_s" in run for run in block["baseline"]["runs"])
+    assert not any("engine_start_s" in run for run in block["hot_spare"]["runs"])
 
 
 @pytest.mark.parametrize("mode", ["private", "shared"])
 def test_memory_per_engine(result, mode):
     memory = result["modes"][mode]["memory_mib"]
     assert set(memory["belayer"]) >= {"owner", "leader", "shadow"}
-    for mem in [*memory["belayer"].values(), memory["baseline"]["engine"]]:
+    assert set(memory["hot_spare"]) == {"engine", "spare"}
+    for mem in [*memory["belayer"].values(), memory["baseline"]["engine"], *memory["hot_spare"].values()]:
         assert mem["rss"] > 0 and mem["private"] > 0
