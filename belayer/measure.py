@@ -37,6 +37,12 @@ def rotated(modes, repetitions: int) -> list[tuple[int, str]]:
     return [(rep, modes[(rep + i) % len(modes)]) for rep in range(repetitions) for i in range(len(modes))]
 
 
+def goals(met: dict[str, bool]) -> dict:
+    """A benchmark's goals for its report: `goals` (each goal as a sentence, and whether this
+    run met it) and `goal_met` (all of them); `belayer bench` exits 1 naming each one missed."""
+    return {"goals": met, "goal_met": all(met.values())}
+
+
 def machine_load() -> dict:
     """Cores this process may use and the 1 / 5 / 15-minute load averages now."""
     return {"cores": len(os.sched_getaffinity(0)), "load_avg": [round(x, 2) for x in os.getloadavg()]}

@@ -43,7 +43,7 @@ from rich.table import Table
 
 from belayer.chaos.faults import Chaos
 from belayer.client import follow_trajectories, start_trajectory, trajectory_input
-from belayer.measure import spread, spread_cells
+from belayer.measure import goals, spread, spread_cells
 from belayer.policy.adaptive import DecisionRecord, predictor_error
 from belayer.policy.config import PolicyConfig
 from belayer.policy.simulate import TraceStep, simulate
@@ -243,6 +243,11 @@ def summarize(
     }
     spread_pct = report["none_spread_pct"]
     report["rounds_enough"] = spread_pct is not None and spread_pct < GOAL_OVERHEAD_PCT
+    model_pct = report["adaptive_overhead_pct_model"]
+    report.update(goals({
+        f"adaptive checkpointing on model tasks costs <= {GOAL_OVERHEAD_PCT:g} % failure-free "
+        "(adaptive_overhead_pct_model)": model_pct is not None and model_pct <= GOAL_OVERHEAD_PCT,
+    }))  # fmt: skip
     # The part of the overhead that is waiting for a checkpoint on the critical path; the
     # rest is the checkpoint's CPU slowing the engine, plus noise.
     report["wait_overhead_pct"] = {

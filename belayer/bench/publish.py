@@ -38,6 +38,7 @@ import click
 
 from belayer.bench.plain_engine import SAFETENSORS, PlainEngine, PlainSpec, parameter_count
 from belayer.bench.worker_recovery import node_config, plain_spec, workload
+from belayer.measure import goals
 from belayer.model.build import model_path
 from belayer.rollout.node import RolloutNode
 from belayer.rollout.protocol import SamplingSpec
@@ -337,12 +338,26 @@ def _summary(settings: dict, config, model_dir: Path, runs: list[dict], initial_
         r["belayer_inflight"]["probe_tokens"] == r["restart"]["probe_tokens"] == r["reload"]["probe_tokens"]
         for r in runs
     )
+    vs_restart, vs_reload = (_ratio(median[k], median["publish_s"]) for k in ("restart_s", "reload_s"))
+    lost = sum(r["belayer_inflight"]["inflight_tokens_lost"] for r in runs)
+    consistent = not problems and all(b["engines_on_new_version"] for b in belayer)
     return {
+        **goals(
+            {
+                "a publish is no slower than vLLM's own reload_weights (speedup_vs_reload >= 1)": vs_reload
+                is not None
+                and vs_reload >= 1,
+                "a publish is at least 10x faster than a restart (speedup_vs_restart >= 10)": vs_restart
+                is not None
+                and vs_restart >= 10,
+                "no token in flight lost, every token made by the version it says": lost == 0 and consistent,
+            }
+        ),  # fmt: skip
         **median,
-        "speedup_vs_restart": _ratio(median["restart_s"], median["publish_s"]),
-        "speedup_vs_reload": _ratio(median["reload_s"], median["publish_s"]),
-        "inflight_tokens_lost": sum(r["belayer_inflight"]["inflight_tokens_lost"] for r in runs),
-        "versions_consistent": not problems and all(b["engines_on_new_version"] for b in belayer),
+        "speedup_vs_restart": vs_restart,
+        "speedup_vs_reload": vs_reload,
+        "inflight_tokens_lost": lost,
+        "versions_consistent": consistent,
         "version_problems": problems,
         "probe_tokens_match_fresh_engine": probes_match,
         "new_version_changes_tokens": all(r["restart"]["probe_tokens"] != initial_probe for r in runs),

@@ -46,7 +46,7 @@ from belayer.agent_format import OBSERVATION_TEMPLATE, PROMPT_TEMPLATE, observat
 from belayer.bench.cpu_ledger import CpuLedger
 from belayer.bench.turn_overhead import plain_exec
 from belayer.client import start_trajectory, trajectory_input
-from belayer.measure import machine_load, rotated, spread
+from belayer.measure import goals, machine_load, rotated, spread
 from belayer.model.build import model_path
 from belayer.policy.config import PolicyConfig
 from belayer.sandbox.host import make_host
@@ -245,8 +245,13 @@ def summarize(windows: list[dict], *, concurrency, turns: tuple[int, int], repet
         "concurrency": max(concurrency),
         "cpu_ms_per_turn": cpu_ms,
         "turns_per_s": _median(top["turns_per_s"]),
-        "goal": f"cpu_ms_per_turn <= {GOAL_CPU_MS_PER_TURN:g} at {max(concurrency)} concurrent trajectories",
-        "goal_met": cpu_ms <= GOAL_CPU_MS_PER_TURN and not failed,
+        **goals(
+            {
+                f"cpu_ms_per_turn <= {GOAL_CPU_MS_PER_TURN:g} at {max(concurrency)} concurrent trajectories": cpu_ms
+                <= GOAL_CPU_MS_PER_TURN,
+                "every trajectory completed": not failed,
+            }
+        ),  # fmt: skip
         "control_plane_turns_per_s_per_core": round(1000 / cpu_ms, 1) if cpu_ms > 0 else None,
         "turns": list(turns),
         "think_tokens_per_turn": THINK_TOKENS,
@@ -323,6 +328,6 @@ def print_report(report: dict) -> None:
             )
     out = Console()
     out.print(table)
-    verdict = "met" if report["goal_met"] else "NOT MET"
-    out.print(f"goal {report['goal']}: {verdict} ({report['cpu_ms_per_turn']} ms)")
+    for goal, met in report["goals"].items():
+        out.print(f"goal {goal}: {'met' if met else 'NOT MET'}")
     out.print(f"simulated: {report['simulated']}")

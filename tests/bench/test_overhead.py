@@ -185,6 +185,11 @@ def test_summary_of_recorded_figures():
     assert [r["adaptive_model_overhead_pct"] for r in report["per_round"]] == [2.0, 4.0]
     assert report["failures"]["adaptive"]["lost_s_per_failure"] == 2.0
     assert report["failures"]["adaptive"]["sources"] == ["checkpoint@1"]
+    # adaptive-model cost 3.0 %: the goal (at most 3 %) is met
+    assert report["goals"] == {
+        "adaptive checkpointing on model tasks costs <= 3 % failure-free (adaptive_overhead_pct_model)": True
+    }
+    assert report["goal_met"] is True
     # the none runs agree (10.0 s both rounds): the rounds resolve a 3 % overhead
     assert (report["none_spread_pct"], report["rounds_enough"]) == (0.0, True)
     # the simulator, given each mode's own measured phases, against that mode's runs: its

@@ -22,6 +22,12 @@ def result() -> dict:
     return run_cli("publish", "--quick", "--repetitions", "1")
 
 
+def test_its_goals_are_judged(result):
+    assert len(result["goals"]) == 3 and result["goal_met"] == all(result["goals"].values())
+    reload_goal = "a publish is no slower than vLLM's own reload_weights (speedup_vs_reload >= 1)"
+    assert result["goals"][reload_goal] == (result["speedup_vs_reload"] >= 1)
+
+
 def test_headline_fields(result):
     headline = (
         "publish_s",

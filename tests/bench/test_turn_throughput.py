@@ -14,6 +14,7 @@ from click.testing import CliRunner
 
 from belayer.bench.cpu_ledger import CpuLedger
 from belayer.bench.turn_throughput import group_processes, summarize
+from belayer.cli.bench.output import exit_status
 from belayer.cli.main import main as cli
 
 BURN_S = 0.4
@@ -119,7 +120,15 @@ def test_per_turn_is_the_long_run_less_the_short_one_over_the_turns_it_added():
     assert run["plain"]["per_trajectory_cpu_ms"]["median"] == pytest.approx(500.0)
     assert run["cpu_ratio_vs_plain"] == 3.0 and run["turns_per_s_ratio_vs_plain"] == 0.25
     assert (report["concurrency"], report["cpu_ms_per_turn"], report["goal_met"]) == (4, 150.0, False)
+    assert report["goals"] == {"cpu_ms_per_turn <= 10 at 4 concurrent trajectories": False,
+                               "every trajectory completed": True}  # fmt: skip
     assert report["control_plane_turns_per_s_per_core"] == pytest.approx(6.7)
+
+
+def test_a_missed_goal_is_named_and_exits_1(capsys):
+    assert exit_status({"goals": {"fast": True, "small": False, "cheap": False}}) == 1
+    assert capsys.readouterr().err == "goal not met: small\ngoal not met: cheap\n"
+    assert exit_status({"goals": {"fast": True}}) == 0 and exit_status({"speedup": 2.0}) == 0
 
 
 def test_the_options_are_checked_before_anything_runs():

@@ -4,10 +4,12 @@ from __future__ import annotations
 
 import json
 import logging
+import sys
 
 import click
 
 from belayer.bench.publish import QUICK, run_bench
+from belayer.cli.bench.output import exit_status
 from belayer.measure import machine_load
 
 
@@ -95,8 +97,9 @@ def publish(
     result = run_bench(settings, say) | {"machine": machine_load()}
     if as_json:
         click.echo(json.dumps(result, indent=2))
-        return
-    for key, value in result.items():
-        if key not in ("runs", "simulated"):
-            click.echo(f"{key:>32}: {value}")
-    click.echo("simulated: " + "; ".join(result["simulated"]))
+    else:
+        for key, value in result.items():
+            if key not in ("runs", "simulated"):
+                click.echo(f"{key:>32}: {value}")
+        click.echo("simulated: " + "; ".join(result["simulated"]))
+    sys.exit(exit_status(result))
