@@ -75,7 +75,7 @@ TOUCHED = {
         "podman",
         "conmon",
         "in-sandbox",
-    ),  # fmt: skip
+    ),
     "plain": ("bench", "podman", "conmon", "in-sandbox"),
 }
 
