@@ -20,6 +20,7 @@ from belayer.trainer.algorithms import ALGORITHMS, Algorithm, UnknownAlgorithm, 
 from belayer.trainer.algorithms.base import TokenTerms
 from belayer.trainer.models import TrainerSettings
 from belayer.trainer.step import Trainer
+from belayer.trainer.update import KL_TOKEN_BOUND, bounded_k3
 
 from .conftest import batch, step_args
 
@@ -125,3 +126,18 @@ def test_minibatches_are_a_seeded_shuffle_of_the_batch_not_whole_groups_in_order
     assert slices != [batch[:4], batch[4:]], "contiguous slices would hold whole groups in order"
     assert minibatch_slices(batch, 2, seed=11) == slices, "the same seed, the same minibatches"
     assert minibatch_slices(batch, 2, seed=12) != slices
+
+
+def test_the_kl_term_stays_bounded_where_the_policy_left_the_reference_far_behind():
+    """k3 = exp(r) - r - 1 of r = log(reference / policy) is unbounded: a token sampled at a
+    tiny probability that the reference liked once gave a KL of 18,796 and a gradient norm
+    of 54,685. Each token's term is bounded, and so is its gradient."""
+    log_ratio = torch.tensor([-60.0, -1.0, 0.0, 1.0, 12.0, 200.0], requires_grad=True)
+    k3 = bounded_k3(log_ratio)
+    k3.sum().backward()
+    assert torch.isfinite(k3).all() and torch.isfinite(log_ratio.grad).all()
+    # inside the bounds it is k3 itself; past them, the bound, with no gradient
+    inside = torch.tensor([-1.0, 0.0, 1.0])
+    assert torch.allclose(k3[1:4], torch.exp(inside) - inside - 1)
+    assert k3[4] == k3[5] == KL_TOKEN_BOUND and log_ratio.grad[4] == log_ratio.grad[5] == 0
+    assert k3[0] == KL_TOKEN_BOUND  # 59 from a policy far more sure than its reference
