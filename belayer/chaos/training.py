@@ -25,6 +25,7 @@ from belayer.workers.rollout.worker import recoveries_of
 from belayer.workloads.models import TraceTask
 
 POLL_S = 0.25
+FIRST_GENERATION_POLL_S = 0.05
 RECOVERED_BY = {
     "engine-crash": "takeover",
     "engine-hang": "takeover",
@@ -64,10 +65,19 @@ class TrainingChaos:
                     fired = planned, target
                     break
             if fired is None:
-                await asyncio.sleep(POLL_S)
+                await asyncio.sleep(
+                    FIRST_GENERATION_POLL_S if self._watching_first_generations(progress) else POLL_S
+                )
                 continue
             self.pending.remove(fired[0])
             await self._inject(*fired)
+
+    def _watching_first_generations(self, progress) -> bool:
+        """Whether a first-generation fault waits in the iteration running now: its window
+        is a fraction of a second, so it is looked for more often."""
+        return progress is not None and any(
+            p.first_generation is not None and progress.iteration >= p.first_generation for p in self.pending
+        )
 
     def settle(self) -> list[dict]:
         for planned in self.pending:
@@ -100,8 +110,10 @@ class TrainingChaos:
                 return None
         if planned.fault == "trainer-crash":
             return ("trainer", None) if progress.phase == "train" else None
-        for trajectory_id in progress.running:
-            seen = await self._trajectory_progress(trajectory_id)
+        # Asked all at once: a first generation of the tiny model lasts a fraction of a
+        # second, shorter than asking a dozen trajectories one after another.
+        seen_all = await asyncio.gather(*(self._trajectory_progress(t) for t in progress.running))
+        for trajectory_id, seen in zip(progress.running, seen_all, strict=True):
             if (
                 seen is not None
                 and seen.status == "running"
