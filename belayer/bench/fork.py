@@ -229,8 +229,35 @@ def run_bench(config, *, group_size: int, repetitions: int, scale: float, concur
     log_fn(f"baked the set-up into {baked_image} in {bake_s:.1f}s (not timed)")
     try:
         for rep in range(repetitions):
-            _repetition(host, config, spec, modes, rep, repetitions, runs, independent_hashes, group_size,
-                        concurrency, baked_image, log_fn)  # fmt: skip
+            origins = []  # (checkpoint, its sandbox id): a reused fork takes this repetition's
+            for mode in modes[rep % len(modes) :] + modes[: rep % len(modes)]:
+                if mode == "fork_reused" and not origins:
+                    origins.append(make_origin(host, spec))  # the earlier group's setup: not timed
+                with PeakSampler(config.state_dir) as peaks:
+                    if mode == "independent":
+                        row = run_independent(host, spec, group_size, concurrency)
+                    elif mode == "baked":
+                        row = run_baked(host, baked_image, group_size, concurrency, uuid.uuid4().hex[:8])
+                    elif mode == "fork":
+                        row = run_fork(host, spec, group_size, uuid.uuid4().hex[:8])
+                        origins.append((row.pop("origin"), row.pop("origin_sandbox")))
+                    else:
+                        row = run_fork_reused(host, origins[0][0], group_size, uuid.uuid4().hex[:8])
+                row["peak_memory_mb"], row["peak_disk_mb"] = peaks.peaks_mb()
+                row["cpu_s"] = peaks.cpu_s
+                hashes = row.pop("hashes")
+                if mode == "independent":
+                    independent_hashes |= hashes
+                elif mode != "baked":
+                    row["identical"] = len(hashes) == 1  # the forks of one checkpoint (and its sandbox)
+                runs[mode].append(row)
+                log_fn(
+                    f"repetition {rep + 1}/{repetitions} {mode:11s}: {group_size} sandboxes ready in "
+                    f"{row['ready_s']:.2f}s, host CPU {row['cpu_s']:.1f}s, peak memory +{row['peak_memory_mb']} MiB, "
+                    f"disk +{row['peak_disk_mb']} MiB"
+                )
+            for _, sandbox_id in origins:
+                host.delete_checkpoints(sandbox_id)
     finally:
         host.backend.podman("rmi", "-f", baked_image, check=False)
     median = {mode: statistics.median(r["ready_s"] for r in runs[mode]) for mode in modes}
@@ -256,40 +283,6 @@ def run_bench(config, *, group_size: int, repetitions: int, scale: float, concur
         "machine": {"cpus": os.cpu_count(), "load_avg_1m": round(load1, 2), "load_avg_5m": round(load5, 2)},
         "sandbox": {"cpus": config.sandbox.cpus, "memory_mb": config.sandbox.memory_mb},
     }  # fmt: skip
-
-
-def _repetition(host, config, spec, modes, rep, repetitions, runs, independent_hashes, group_size, concurrency,
-                baked_image, log_fn) -> None:  # fmt: skip
-    """One repetition: every mode once, in an order rotated by the repetition."""
-    origins = []  # (checkpoint, its sandbox id): a reused fork takes this repetition's
-    for mode in modes[rep % len(modes) :] + modes[: rep % len(modes)]:
-        if mode == "fork_reused" and not origins:
-            origins.append(make_origin(host, spec))  # the earlier group's setup: not timed
-        with PeakSampler(config.state_dir) as peaks:
-            if mode == "independent":
-                row = run_independent(host, spec, group_size, concurrency)
-            elif mode == "baked":
-                row = run_baked(host, baked_image, group_size, concurrency, uuid.uuid4().hex[:8])
-            elif mode == "fork":
-                row = run_fork(host, spec, group_size, uuid.uuid4().hex[:8])
-                origins.append((row.pop("origin"), row.pop("origin_sandbox")))
-            else:
-                row = run_fork_reused(host, origins[0][0], group_size, uuid.uuid4().hex[:8])
-        row["peak_memory_mb"], row["peak_disk_mb"] = peaks.peaks_mb()
-        row["cpu_s"] = peaks.cpu_s
-        hashes = row.pop("hashes")
-        if mode == "independent":
-            independent_hashes |= hashes
-        elif mode != "baked":
-            row["identical"] = len(hashes) == 1  # the forks of one checkpoint (and its sandbox)
-        runs[mode].append(row)
-        log_fn(
-            f"repetition {rep + 1}/{repetitions} {mode:11s}: {group_size} sandboxes ready in "
-            f"{row['ready_s']:.2f}s, host CPU {row['cpu_s']:.1f}s, peak memory +{row['peak_memory_mb']} MiB, "
-            f"disk +{row['peak_disk_mb']} MiB"
-        )
-    for _, sandbox_id in origins:
-        host.delete_checkpoints(sandbox_id)
 
 
 def _summary(rows: list[dict]) -> dict:
