@@ -21,6 +21,7 @@ from tokenizers import Tokenizer
 from belayer.activities.context import ContextActivities
 from belayer.activities.runtime import implements
 from belayer.contracts.generate import GENERATE, EngineTiming, GenerateArgs, GenerateResult
+from belayer.storage.generation import SampledTokens, write_generation
 from belayer.storage.tokenlog import TokenLog
 
 
@@ -73,6 +74,12 @@ class ScriptedRollout:
             await asyncio.sleep(self.per_token_s * len(tokens))
         activity.heartbeat({"tokens": len(tokens)})  # a count, as the real activity's
         head = await asyncio.to_thread(log.append, tokens, source="model")
+        generation, versions = None, []
+        if tokens:  # logprob 0 (the scripted draw is certain), weights version 0: readable as a rollout
+            sampled = SampledTokens(tokens, [0.0] * len(tokens), [0] * len(tokens))
+            generation, versions = await asyncio.to_thread(
+                write_generation, self.store, log.key, prefix.length, sampled
+            )
         total = time.monotonic() - started
         return GenerateResult(
             prefix=head,
@@ -82,6 +89,8 @@ class ScriptedRollout:
             finish_reason="length",
             timing=EngineTiming(prefill_s=0.0, per_token_s=self.per_token_s, queue_s=0.0, total_s=total),
             node_queue=self.node_queue,
+            generation=generation,
+            weights_versions=versions,
         )
 
 

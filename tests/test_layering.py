@@ -62,7 +62,17 @@ LAYERS: dict[str, set[str]] = {
     "workers": {"workers"},
     # The library API a user's program calls: start and follow trajectories and runs.
     # `__init__` is the package root, which may export that API.
-    "api": {"__init__", "branching", "client", "export", "integrations", "rollouts", "testing", "training"},
+    "api": {
+        "__init__",
+        "branching",
+        "client",
+        "export",
+        "integrations",
+        "rollouts",
+        "serve",
+        "testing",
+        "training",
+    },
     # Starting a deployment's services and worker processes.
     "operations": {"stack"},
     # Programs built on the whole system: benchmarks, chaos runs, reports, and the measuring

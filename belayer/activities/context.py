@@ -31,17 +31,20 @@ from belayer.activities.runtime import implements
 from belayer.agent_format import OBSERVATION_TEMPLATE, PROMPT_TEMPLATE, observation_text
 from belayer.contracts.context import (
     APPEND_OBSERVATION,
+    EXTEND_CONTEXT,
     FLUSH_LOG,
     FORK_CONTEXT,
     START_CONTEXT,
     AppendObservationArgs,
     ContextResult,
+    ExtendContextArgs,
+    ExtendContextResult,
     FlushLogArgs,
     ForkContextArgs,
     StartContextArgs,
 )
 from belayer.sandbox.observations import load_observation
-from belayer.storage.tokenlog import TokenLog
+from belayer.storage.tokenlog import TokenLog, decode_tokens, prefix_ref, read_prefix
 
 
 class ContextActivities:
@@ -76,12 +79,26 @@ class ContextActivities:
     async def flush_log(self, args: FlushLogArgs) -> None:
         await asyncio.to_thread(trajectory_log.write_entries, self.store, args.trajectory_id, args.entries)
 
+    @implements(EXTEND_CONTEXT)
+    async def extend_context(self, args: ExtendContextArgs) -> ExtendContextResult:
+        return await asyncio.to_thread(self._extend_context, args)
+
     def all(self) -> list:
-        return [self.start_context, self.fork_context, self.append_observation, self.flush_log]
+        return [
+            self.start_context,
+            self.fork_context,
+            self.append_observation,
+            self.flush_log,
+            self.extend_context,
+        ]
 
     def _start_context(self, args: StartContextArgs) -> ContextResult:
 
-        tokens = self.encode(PROMPT_TEMPLATE.format(instruction=args.instruction))
+        tokens = (
+            []
+            if args.instruction is None
+            else self.encode(PROMPT_TEMPLATE.format(instruction=args.instruction))
+        )
         log = TokenLog.create(self.store, args.log_key)
         if not args.prompt_only:
             trajectory_log.start_log(self.store, args.trajectory_id, args.steps_key)
@@ -95,6 +112,21 @@ class ContextActivities:
 
     def _append_observation(self, args: AppendObservationArgs) -> ContextResult:
         return self.start_append(args).wait()
+
+    def _extend_context(self, args: ExtendContextArgs) -> ExtendContextResult:
+        """The client's prompt as the context. The tokens already logged are kept as they
+        were generated (the prompt re-tokenized them the same way, or it is a cut): what a
+        trainer reads is what the engine sampled, never a re-encoding of its text."""
+        prompt = decode_tokens(self.store.get_bytes(args.prompt.key, expected_sha256=args.prompt.sha256))
+        logged = read_prefix(self.store, args.prefix)
+        kept = _common_prefix_length(logged, prompt)
+        cut = kept < len(logged)
+        if cut:
+            log = TokenLog.fork(self.store, prefix_ref(args.prefix.key, logged[:kept]), args.fork_to)
+        else:
+            log = TokenLog.resume(self.store, args.prefix)
+        head = log.append(prompt[kept:], source="env")
+        return ExtendContextResult(prefix=head, appended_tokens=len(prompt) - kept, kept_tokens=kept, cut=cut)
 
     def start_append(self, args: AppendObservationArgs) -> StartedAppend:
         """`prepare_append`, then its writes started."""
@@ -118,12 +150,15 @@ class ContextActivities:
                 trajectory_log.start_steps(self.store, args.steps_key, fork_from=args.steps_fork_from)
             trajectory_log.write_step(self.store, args.steps_key, args.step)
 
-        reading = [
-            self._pool.submit(load_observation, self.store, args.step.observation),
-            self._pool.submit(open_log),
-        ]
-        observation, log = (future.result() for future in reading)
-        tokens = self.encode(OBSERVATION_TEMPLATE.format(body=observation_text(observation)))
+        if args.append_tokens:
+            reading = [
+                self._pool.submit(load_observation, self.store, args.step.observation),
+                self._pool.submit(open_log),
+            ]
+            observation, log = (future.result() for future in reading)
+            tokens = self.encode(OBSERVATION_TEMPLATE.format(body=observation_text(observation)))
+        else:
+            log, tokens = open_log(), []
 
         def start_writes() -> list[Future]:
             return [
@@ -134,6 +169,11 @@ class ContextActivities:
 
         result = ContextResult(prefix=log.head_after(tokens), appended_tokens=len(tokens))
         return PreparedAppend(result, tokens, start_writes)
+
+
+def _common_prefix_length(a: list[int], b: list[int]) -> int:
+    shorter = min(len(a), len(b))
+    return next((i for i in range(shorter) if a[i] != b[i]), shorter)
 
 
 @dataclass

@@ -24,6 +24,7 @@ from belayer.cli.model import model
 from belayer.cli.report import report
 from belayer.cli.run import inspect, run
 from belayer.cli.sandboxes import sandboxes
+from belayer.cli.serve import serve
 from belayer.cli.tasks import tasks
 from belayer.cli.train import train
 from belayer.codec_server import make_server
@@ -246,5 +247,5 @@ def config_show(ctx: click.Context, as_json: bool) -> None:
     click.echo(json.dumps(data, indent=2) if as_json else tomli_w.dumps(data))
 
 
-for command in (run, inspect, fork, drain, train, chaos, report, bench, model, tasks, sandboxes):
+for command in (run, inspect, fork, drain, train, chaos, report, bench, model, tasks, sandboxes, serve):
     main.add_command(command)

@@ -20,7 +20,10 @@ class StartContextArgs(BaseModel):
     log_key: str = Field(min_length=1)
     trajectory_id: str
     steps_key: str = Field(min_length=1, description="Key of the trajectory's first step-log branch.")
-    instruction: str
+    instruction: str | None = Field(
+        description="The task's instruction, rendered into Belayer's prompt; None: an empty log "
+        "(an agent session's client renders its own prompt, belayer/serve/)."
+    )
     prompt_only: bool = Field(
         False,
         description="Only the prompt's token log (a group's, which its members fork): no trajectory log.",
@@ -56,6 +59,38 @@ class AppendObservationArgs(BaseModel):
     fork_to: str | None = None
     steps_fork_from: RecordLogRef | None = None
     entries: LogEntries = LogEntries()
+    append_tokens: bool = Field(
+        True,
+        description="False: only the step and the entries are recorded, the token log is left as it "
+        "is (an agent session's client puts the observation into its next prompt itself).",
+    )
+
+
+class TokensRef(BaseModel):
+    """Token ids stored as one object (`encode_tokens`) at `key`: `length` of them, whose
+    canonical encoding has sha256 `sha256`. How a prompt an agent session's client rendered
+    reaches the workflow: by pointer, never as a token array."""
+
+    key: str = Field(min_length=1)
+    length: int = Field(ge=1)
+    sha256: str = Field(pattern=r"^[0-9a-f]{64}$")
+
+
+class ExtendContextArgs(BaseModel):
+    """Make `prompt` the context: appended after `prefix` when it extends it, else a context
+    cut (the client rewrote what it had sent): a new token log at `fork_to` forked from the
+    longest common prefix, the rest appended there."""
+
+    prefix: PrefixRef
+    prompt: TokensRef
+    fork_to: str = Field(min_length=1)
+
+
+class ExtendContextResult(BaseModel):
+    prefix: PrefixRef
+    appended_tokens: int
+    kept_tokens: int = Field(description="Tokens of the old context the new one starts with.")
+    cut: bool = Field(description="The prompt did not extend the context: a new log at `fork_to`.")
 
 
 class FlushLogArgs(BaseModel):
@@ -74,3 +109,4 @@ START_CONTEXT = Activity("start_context", StartContextArgs, ContextResult)
 FORK_CONTEXT = Activity("fork_context", ForkContextArgs, ContextResult)
 APPEND_OBSERVATION = Activity("append_observation", AppendObservationArgs, ContextResult)
 FLUSH_LOG = Activity("flush_log", FlushLogArgs, None)
+EXTEND_CONTEXT = Activity("extend_context", ExtendContextArgs, ExtendContextResult)

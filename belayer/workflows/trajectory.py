@@ -293,14 +293,13 @@ class TrajectoryWorkflow:
                 summary=f"fork the token log of group {start.parent}'s prompt",
             )
         else:
-            instruction = self._driver.instruction(self.input.task)
             started = await self._context_activity(
                 START_CONTEXT,
                 StartContextArgs(
                     log_key=self._log_key(),
                     trajectory_id=self.input.trajectory_id,
                     steps_key=self._steps_key(),
-                    instruction=instruction,
+                    instruction=self._instruction(),
                 ),
                 summary="tokenize the prompt into a new token log",
             )
@@ -309,6 +308,10 @@ class TrajectoryWorkflow:
             trajectory_id=self.input.trajectory_id,
             steps=RecordLogRef(key=self._steps_key(), length=0),
         )
+
+    def _instruction(self) -> str | None:
+        """What the token log starts from: the task's instruction in Belayer's prompt."""
+        return self._driver.instruction(self.input.task)
 
     async def _create_sandbox(self):
         task = self.input.task
@@ -443,6 +446,11 @@ class TrajectoryWorkflow:
             self._observation_written(observation)
             if result.output_tokens == 0 and result.prefix.length >= self.input.max_total_tokens:
                 return None
+        self._generated(result)
+        return result
+
+    def _generated(self, result: GenerateResult) -> None:
+        """A turn's generation counted: its seed used, its node, what recovery changed, its timing."""
         self.state.generations += 1
         self.state.node_queue = result.node_queue
         self._count_tokens_after_recovery(result)
@@ -454,7 +462,6 @@ class TrajectoryWorkflow:
                 total_s=result.timing.total_s,
             )
         )
-        return result
 
     def _count_tokens_after_recovery(self, result: GenerateResult) -> None:
         """Every token from the first engine recovery on is one a near-tie may have flipped

@@ -24,6 +24,7 @@ from belayer.temporal_client import connect
 from belayer.testing import ScriptedRollout
 from belayer.workflows.groups import TrajectoryGroupWorkflow
 from belayer.workflows.models import TaskQueues
+from belayer.workflows.session import AgentSessionWorkflow
 from belayer.workflows.trajectory import TrajectoryWorkflow
 from tests.sandbox.conftest import make_sandboxes, sandbox_runtime  # noqa: F401  (fixture)
 
@@ -88,7 +89,7 @@ async def trajectory_stack(
         "workflow": Worker(
             client,
             task_queue=queues.context,
-            workflows=[TrajectoryWorkflow, TrajectoryGroupWorkflow],
+            workflows=[TrajectoryWorkflow, TrajectoryGroupWorkflow, AgentSessionWorkflow],
             activities=context.all(),
         ),
         # as a node's own queue: its turns, and the last observation appended where they were

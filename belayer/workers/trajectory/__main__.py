@@ -2,7 +2,7 @@
 
 Serves `TrajectoryWorkflow`, `TrajectoryGroupWorkflow`, `TrainingWorkflow` (and the
 `NestedGroupWorkflow`s of its large iterations), the rollout API's `RolloutWorkflow`,
-`PublishWorkflow` and `ServedVersionsWorkflow`, the context (tokenizer) activities, and the
+`PublishWorkflow` and `ServedVersionsWorkflow`, `belayer serve`'s `AgentSessionWorkflow`, the context (tokenizer) activities, and the
 training runs' iteration log, task draws and stored samples on the workflow task queue.
 Deterministic workflow code only runs here; every side effect is an activity.
 """
@@ -19,6 +19,7 @@ from belayer.workers.runner import main, run_worker
 from belayer.workflows.groups import TrajectoryGroupWorkflow
 from belayer.workflows.publishing import PublishWorkflow, ServedVersionsWorkflow
 from belayer.workflows.rollouts import NestedGroupWorkflow, RolloutWorkflow
+from belayer.workflows.session import AgentSessionWorkflow
 from belayer.workflows.training import TrainingWorkflow
 from belayer.workflows.trajectory import TrajectoryWorkflow
 
@@ -40,6 +41,7 @@ async def serve(config: BelayerConfig) -> None:
             NestedGroupWorkflow,
             PublishWorkflow,
             ServedVersionsWorkflow,
+            AgentSessionWorkflow,
         ],
         activities=[*context.all(), *TrainingLogActivities(store).all(), *BatchActivities(store).all()],
     )

@@ -1,0 +1,261 @@
+"""Agent sessions on a running stack: what `belayer serve`'s endpoint does for each request,
+usable from Python as well.
+
+    sessions = await Sessions.connect()
+    started = await sessions.start(task, seed=0)
+    reply = await sessions.generate(started.session_id, prompt_text, request_id="r1")
+    observation = await sessions.exec(started.session_id, "ls /workspace")
+    rollout = await sessions.finish(started.session_id)
+
+A session is one `AgentSessionWorkflow` (belayer/workflows/session.py), its id the
+trajectory's. A prompt reaches it by pointer: its tokens are written to the object store
+here and the workflow's context activity appends them. When the prompt's text starts with
+the text of what the session logged, the logged tokens are kept as the engine sampled
+them and only the rest is tokenized ("tokens in, tokens out"): decoding and re-encoding a
+model's turn can give other ids, and a trainer must train on the ids that were sampled.
+Anything else is the client rewriting its context, and the workflow records a cut.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import functools
+import hashlib
+import uuid
+from dataclasses import dataclass
+from pathlib import Path
+
+from temporalio.client import Client, WorkflowHandle, WorkflowUpdateFailedError
+from temporalio.common import SearchAttributePair, TypedSearchAttributes
+from temporalio.exceptions import ApplicationError
+from temporalio.service import RPCError, RPCStatusCode
+from tokenizers import Tokenizer
+
+from belayer.client import task_queues, trajectory_input
+from belayer.config import BelayerConfig, load_config
+from belayer.contracts.context import TokensRef
+from belayer.contracts.errors import BAD_REQUEST
+from belayer.errors import BelayerError
+from belayer.model.build import model_path
+from belayer.sandbox.observations import Observation, load_observation
+from belayer.storage.store import open_store
+from belayer.storage.tokenlog import PrefixRef, encode_tokens, read_prefix
+from belayer.temporal_client import connect
+from belayer.trainer.models import RolloutRef
+from belayer.trainer.rollout import Rollout, read_rollout
+from belayer.workflows.models import Sampling, TrajectoryResult
+from belayer.workflows.session import SESSION_ENDED
+from belayer.workflows.session_models import (
+    ExecCall,
+    ExecReply,
+    FinishCall,
+    FinishReply,
+    GenerateCall,
+    GenerateReply,
+    SessionView,
+)
+from belayer.workflows.trajectory import STATUS_KEY, TASK_KEY
+from belayer.workloads.harbor_tasks import runnable_workload
+from belayer.workloads.models import Task
+from belayer.workloads.registry import driver_for
+
+
+class SessionError(BelayerError):
+    """A call a session could not take. `kind`: "bad_request" (the caller's input; the
+    session goes on), "not_found", "ended" (finished or failed: start a new one), "infra"."""
+
+    def __init__(self, message: str, kind: str):
+        super().__init__(message)
+        self.kind = kind
+
+
+@dataclass(frozen=True)
+class StartedSession:
+    session_id: str
+    task: str
+    instruction: str
+    turn_limit: int
+
+
+@dataclass(frozen=True)
+class Generated:
+    """One generate call's answer, and the ids of the turn's tokens (read from the token log)."""
+
+    reply: GenerateReply
+    token_ids: list[int]
+
+
+class Sessions:
+    """Agent sessions of the stack `config` names."""
+
+    def __init__(self, config: BelayerConfig, client: Client) -> None:
+        self.config = config
+        self.temporal = client
+        self.queues = task_queues(config)
+        self.workflow_queue = config.temporal.workflow_task_queue
+        self.store = open_store(config.storage)  # observations are encrypted at rest when configured
+        self.tokens = open_store(config.storage, encrypted=False)  # token logs and prompts never are
+
+    @classmethod
+    async def connect(cls, config: BelayerConfig | None = None) -> Sessions:
+        config = config or load_config()
+        return cls(config, await connect(config.temporal, config.storage.encryption_key))
+
+    def close(self) -> None:
+        self.store.close()
+        self.tokens.close()
+
+    @functools.cached_property
+    def tokenizer(self) -> Tokenizer:
+        return Tokenizer.from_file(
+            str(model_path(self.config.rollout.model, self.config.cache_dir) / "tokenizer.json")
+        )
+
+    # ------------------------------------------------------------------ the calls
+
+    async def start(self, task: Task, *, seed: int = 0, temperature: float = 1.0,
+                    session_id: str | None = None) -> StartedSession:  # fmt: skip
+        """Start a session of `task`: its sandbox is set up while the client prepares."""
+        input = trajectory_input(self.config, task, seed=seed)
+        session_id = session_id or f"session-{task.id}-{uuid.uuid4().hex[:8]}"
+        input = input.model_copy(update={"trajectory_id": session_id, "queues": self.queues,
+                                         "sampling": Sampling(seed=seed, temperature=temperature)})  # fmt: skip
+        try:
+            await self.temporal.start_workflow(
+                "AgentSessionWorkflow",
+                input,
+                id=session_id,
+                task_queue=self.workflow_queue,
+                search_attributes=TypedSearchAttributes(
+                    [SearchAttributePair(TASK_KEY, task.id), SearchAttributePair(STATUS_KEY, "running")]
+                ),
+                static_summary=f"agent session of task {task.id}",
+            )
+        except RPCError as err:
+            if err.status == RPCStatusCode.ALREADY_EXISTS:
+                raise SessionError(
+                    f"session {session_id!r} exists already: choose another id", "bad_request"
+                ) from None
+            raise
+        driver = driver_for(task)
+        return StartedSession(session_id, task.id, driver.instruction(task), driver.turn_limit(task))
+
+    async def view(self, session_id: str) -> SessionView:
+        return await self._call(
+            self._handle(session_id).query("session", result_type=SessionView), session_id
+        )
+
+    async def generate(self, session_id: str, prompt: str | list[int], *, request_id: str | None = None,
+                       max_tokens: int = 256, temperature: float | None = None, top_p: float = 1.0,
+                       seed: int | None = None, stop: list[str] | None = None) -> Generated:  # fmt: skip
+        """Generate after `prompt` (text, or token ids), the session's whole context as the
+        client sees it. The same `request_id` again gets the first call's answer."""
+        request_id = request_id or uuid.uuid4().hex
+        context = (await self.view(session_id)).context
+        tokens = (
+            prompt if isinstance(prompt, list) else await asyncio.to_thread(self._tokens_of, context, prompt)
+        )
+        if not tokens:
+            raise SessionError("the prompt is empty: send the conversation so far", "bad_request")
+        ref = await asyncio.to_thread(self._store_prompt, session_id, request_id, tokens)
+        call = GenerateCall(prompt=ref, max_tokens=max_tokens, temperature=temperature, top_p=top_p,
+                            seed=seed, stop=stop or [])  # fmt: skip
+        reply = await self._update(session_id, request_id, call, GenerateReply)
+        generated = await asyncio.to_thread(self._turn_tokens, reply)
+        return Generated(reply, generated)
+
+    async def exec(
+        self, session_id: str, command: str, *, request_id: str | None = None
+    ) -> tuple[int, Observation]:
+        """Run `command` in the session's sandbox: the step's number and its observation."""
+        reply = await self._update(
+            session_id, request_id or uuid.uuid4().hex, ExecCall(command=command), ExecReply
+        )
+        return reply.step, await asyncio.to_thread(load_observation, self.store, reply.observation)
+
+    async def finish(self, session_id: str) -> tuple[TrajectoryResult, Rollout]:
+        """End the session: the task's check runs; its result, and the rollout it makes
+        (the same `Rollout` the rollout API returns)."""
+        handle = self._handle(session_id)
+        try:
+            await self._update(session_id, f"finish-{session_id}", FinishCall(), FinishReply)
+        except SessionError as err:
+            if err.kind != "ended":
+                raise
+        result = await self._call(handle.result(), session_id)
+        rollout = RolloutRef(trajectory_id=session_id, status=result.status, reward=result.reward, attempts=1,
+                             reason=result.reason, context=result.context, task=result.task, turns=result.turns,
+                             recoveries=len(result.recoveries), tokens_after_recovery=result.tokens_after_recovery,
+                             recovered_tokens_differ=result.recovered_tokens_differ)  # fmt: skip
+        return result, await asyncio.to_thread(read_rollout, self.tokens, rollout)
+
+    # ------------------------------------------------------------------ plumbing
+
+    def _handle(self, session_id: str) -> WorkflowHandle:
+        return self.temporal.get_workflow_handle(session_id, result_type=TrajectoryResult)
+
+    async def _update(self, session_id: str, request_id: str, call, reply_type):
+        handle = self._handle(session_id)
+        return await self._call(
+            handle.execute_update("call", call, id=f"call-{request_id}", result_type=reply_type), session_id
+        )
+
+    async def _call(self, awaitable, session_id: str):
+        """`awaitable`, its failures said as a `SessionError` of the right kind."""
+        try:
+            return await awaitable
+        except WorkflowUpdateFailedError as err:
+            cause = err.cause
+            kind = "infra"
+            if isinstance(cause, ApplicationError):
+                kind = {BAD_REQUEST: "bad_request", SESSION_ENDED: "ended"}.get(cause.type or "", "infra")
+            raise SessionError(
+                str(cause.message if isinstance(cause, ApplicationError) else cause), kind
+            ) from None
+        except RPCError as err:
+            if err.status == RPCStatusCode.NOT_FOUND and await self._exists(session_id):
+                raise SessionError(f"session {session_id!r} has ended: start a new one", "ended") from None
+            if err.status == RPCStatusCode.NOT_FOUND:
+                raise SessionError(
+                    f"no session {session_id!r}: start one with POST /v1/sessions", "not_found"
+                ) from None
+            raise SessionError(f"Temporal refused the call: {err}", "infra") from None
+
+    async def _exists(self, session_id: str) -> bool:
+        """Whether the session's workflow exists (an update to one that has closed is NOT_FOUND too)."""
+        try:
+            await self._handle(session_id).describe()
+        except RPCError:
+            return False
+        return True
+
+    def _tokens_of(self, context: PrefixRef | None, prompt: str) -> list[int]:
+        """The prompt's token ids: the session's logged tokens as they are when the prompt's
+        text starts with theirs, then the rest tokenized; else the whole text tokenized."""
+        logged = read_prefix(self.tokens, context) if context is not None and context.length else []
+        text = self.tokenizer.decode(logged, skip_special_tokens=True)
+        if logged and prompt.startswith(text):
+            return logged + self._encode(prompt[len(text) :])
+        return self._encode(prompt)
+
+    def _encode(self, text: str) -> list[int]:
+        return self.tokenizer.encode(text, add_special_tokens=False).ids if text else []
+
+    def _store_prompt(self, session_id: str, request_id: str, tokens: list[int]) -> TokensRef:
+        data = encode_tokens(tokens)
+        key = f"trajectories/{session_id}/prompts/{request_id}-{hashlib.sha256(data).hexdigest()[:16]}"
+        ref = self.tokens.put_bytes(
+            key, data
+        )  # by content too: a retried request id never rewrites the first
+        return TokensRef(key=ref.key, length=len(tokens), sha256=ref.sha256)
+
+    def _turn_tokens(self, reply: GenerateReply) -> list[int]:
+        if not reply.completion_tokens:
+            return []
+        return read_prefix(self.tokens, reply.context)[-reply.completion_tokens :]
+
+
+def load_tasks(config: BelayerConfig, paths: list[Path]) -> dict[str, Task]:
+    """Every task of the workloads (or Harbor task directories) at `paths`, by id, made
+    ready to run as `belayer run` makes them."""
+    return {task.id: task for path in paths for task in runnable_workload(config, path).tasks}
