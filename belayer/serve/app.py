@@ -20,6 +20,7 @@ activity, whose tokens reach this process only with its result).
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import time
 import uuid
@@ -51,6 +52,9 @@ class _Sampling(_Body):
     stop: str | list[str] | None = None
     n: int = Field(1, ge=1, le=1, description="One choice per call: a session is one trajectory.")
     stream: bool = False
+    ignore_eos: bool = Field(
+        False, description="vLLM's extension: generate max_tokens whatever the model says."
+    )
 
     def limit(self) -> int:
         return self.max_completion_tokens or self.max_tokens or 256
@@ -104,8 +108,7 @@ def create_app(sessions: Sessions, tasks: dict[str, Task]) -> FastAPI:
         started = await sessions.start(
             task, seed=body.seed, temperature=body.temperature, session_id=body.session_id
         )
-        return {"session_id": started.session_id, "task": started.task, "instruction": started.instruction,
-                "turn_limit": started.turn_limit}  # fmt: skip
+        return dataclasses.asdict(started)
 
     @app.get("/v1/sessions/{session_id}")
     async def view(session_id: str) -> dict:
@@ -122,6 +125,7 @@ def create_app(sessions: Sessions, tasks: dict[str, Task]) -> FastAPI:
         result, rollout = await sessions.finish(session_id)
         return {
             "session_id": session_id,
+            "task": result.task,
             "status": result.status,
             "reward": result.reward,
             "rewards": result.rewards,
@@ -131,6 +135,8 @@ def create_app(sessions: Sessions, tasks: dict[str, Task]) -> FastAPI:
             "prompt_tokens": len(rollout.prompt_ids),
             "completion_tokens": len(rollout.completion_ids),
             "model_tokens": sum(rollout.loss_mask),
+            "token_sha256": result.token_sha256,
+            "env_sha256": result.env_sha256,
         }
 
     @app.post("/v1/chat/completions", response_model=None)
@@ -166,7 +172,7 @@ async def _generate(
 ) -> Generated:
     return await sessions.generate(session_id, prompt, request_id=request_id, max_tokens=body.limit(),
                                    temperature=body.temperature, top_p=body.top_p, seed=body.seed,
-                                   stop=body.stops())  # fmt: skip
+                                   stop=body.stops(), ignore_eos=body.ignore_eos)  # fmt: skip
 
 
 def _answer(generated: Generated, body: _Sampling, model: str, *, chat: bool) -> dict | StreamingResponse:

@@ -75,6 +75,7 @@ class StartedSession:
     task: str
     instruction: str
     turn_limit: int
+    max_tokens_per_turn: int
 
 
 @dataclass(frozen=True)
@@ -138,7 +139,8 @@ class Sessions:
                 ) from None
             raise
         driver = driver_for(task)
-        return StartedSession(session_id, task.id, driver.instruction(task), driver.turn_limit(task))
+        return StartedSession(session_id, task.id, driver.instruction(task), driver.turn_limit(task),
+                              driver.sampling(task, 0).max_tokens)  # fmt: skip
 
     async def view(self, session_id: str) -> SessionView:
         return await self._call(
@@ -147,7 +149,8 @@ class Sessions:
 
     async def generate(self, session_id: str, prompt: str | list[int], *, request_id: str | None = None,
                        max_tokens: int = 256, temperature: float | None = None, top_p: float = 1.0,
-                       seed: int | None = None, stop: list[str] | None = None) -> Generated:  # fmt: skip
+                       seed: int | None = None, stop: list[str] | None = None,
+                       ignore_eos: bool = False) -> Generated:  # fmt: skip
         """Generate after `prompt` (text, or token ids), the session's whole context as the
         client sees it. The same `request_id` again gets the first call's answer."""
         request_id = request_id or uuid.uuid4().hex
@@ -159,7 +162,7 @@ class Sessions:
             raise SessionError("the prompt is empty: send the conversation so far", "bad_request")
         ref = await asyncio.to_thread(self._store_prompt, session_id, request_id, tokens)
         call = GenerateCall(prompt=ref, max_tokens=max_tokens, temperature=temperature, top_p=top_p,
-                            seed=seed, stop=stop or [])  # fmt: skip
+                            seed=seed, stop=stop or [], ignore_eos=ignore_eos)  # fmt: skip
         reply = await self._update(session_id, request_id, call, GenerateReply)
         generated = await asyncio.to_thread(self._turn_tokens, reply)
         return Generated(reply, generated)

@@ -192,7 +192,7 @@ class AgentSessionWorkflow(TrajectoryWorkflow):
         temperature = self.input.sampling.temperature if call.temperature is None else call.temperature
         seed = self.input.sampling.seed + self.state.generations if call.seed is None else call.seed
         sampling = SamplingParams(max_tokens=min(call.max_tokens, budget), temperature=temperature,
-                                  top_p=call.top_p, seed=seed, stop=call.stop)  # fmt: skip
+                                  top_p=call.top_p, seed=seed, stop=call.stop, ignore_eos=call.ignore_eos)  # fmt: skip
         result = await self._generate_with_affinity(
             GenerateArgs(prefix=self.state.context, sampling=sampling)
         )

@@ -29,6 +29,9 @@ class GenerateCall(_Model):
         None, ge=0, lt=2**63, description="None: the session's seed plus the generations so far."
     )
     stop: list[str] = Field(default_factory=list, max_length=16)
+    ignore_eos: bool = Field(
+        False, description="Generate max_tokens whatever the model says (vLLM's extension)."
+    )
 
 
 class ExecCall(_Model):
