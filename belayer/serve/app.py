@@ -1,7 +1,7 @@
 """`belayer serve`'s HTTP endpoint: OpenAI's `/v1/chat/completions` and `/v1/completions`
 over agent sessions, plus the session calls an OpenAI API has no words for.
 
-    POST /v1/sessions                 {"task": ID, "seed": 0, "temperature": 1.0}
+    POST /v1/sessions                 {"task": ID, "seed": 0, "temperature": 1.0, "group_size": 1}
     POST /v1/chat/completions         header X-Session-ID (and X-Request-ID to make a retry safe)
     POST /v1/completions              the same, the client rendering its own prompt
     POST /v1/sessions/{id}/exec       {"command": "..."}: the agent's action in its sandbox
@@ -75,7 +75,15 @@ class SessionBody(_Body):
     task: str
     seed: int = Field(0, ge=0)
     temperature: float = Field(1.0, ge=0, le=5)
-    session_id: str | None = Field(None, min_length=1, max_length=180)
+    session_id: str | None = Field(
+        None, min_length=1, max_length=170, description="A group's: its members' prefix."
+    )
+    group_size: int = Field(
+        1,
+        ge=1,
+        le=256,
+        description="More than 1: a group whose sandboxes fork one set-up sandbox (session_ids).",
+    )
 
 
 class ExecBody(_Body):
@@ -105,6 +113,10 @@ def create_app(sessions: Sessions, tasks: dict[str, Task]) -> FastAPI:
         if task is None:
             known = ", ".join(sorted(tasks)) or "none: start `belayer serve` with --workload PATH"
             raise SessionError(f"no task {body.task!r} in the served workloads (known: {known})", "not_found")
+        if body.group_size > 1:
+            members = await sessions.start_group(task, body.group_size, seed=body.seed, temperature=body.temperature,
+                                                 group_id=body.session_id)  # fmt: skip
+            return dataclasses.asdict(members[0]) | {"session_ids": [m.session_id for m in members]}
         started = await sessions.start(
             task, seed=body.seed, temperature=body.temperature, session_id=body.session_id
         )

@@ -21,6 +21,7 @@ from __future__ import annotations
 import asyncio
 import functools
 import hashlib
+import time
 import uuid
 from dataclasses import dataclass
 from pathlib import Path
@@ -43,7 +44,8 @@ from belayer.storage.tokenlog import PrefixRef, encode_tokens, read_prefix
 from belayer.temporal_client import connect
 from belayer.trainer.models import RolloutRef
 from belayer.trainer.rollout import Rollout, read_rollout
-from belayer.workflows.models import Sampling, TrajectoryResult
+from belayer.workflows.groups import GroupInput
+from belayer.workflows.models import Sampling, TrajectoryInput, TrajectoryResult
 from belayer.workflows.session import SESSION_ENDED
 from belayer.workflows.session_models import (
     ExecCall,
@@ -117,27 +119,62 @@ class Sessions:
     async def start(self, task: Task, *, seed: int = 0, temperature: float = 1.0,
                     session_id: str | None = None) -> StartedSession:  # fmt: skip
         """Start a session of `task`: its sandbox is set up while the client prepares."""
-        input = trajectory_input(self.config, task, seed=seed)
         session_id = session_id or f"session-{task.id}-{uuid.uuid4().hex[:8]}"
-        input = input.model_copy(update={"trajectory_id": session_id, "queues": self.queues,
-                                         "sampling": Sampling(seed=seed, temperature=temperature)})  # fmt: skip
+        await self._start("AgentSessionWorkflow", self._input(task, session_id, seed, temperature), session_id,
+                          f"agent session of task {task.id}")  # fmt: skip
+        return self._started(task, session_id)
+
+    async def start_group(self, task: Task, size: int, *, seed: int = 0, temperature: float = 1.0,
+                          group_id: str | None = None, ready_within_s: float = 600) -> list[StartedSession]:  # fmt: skip
+        """`size` sessions of `task` whose sandboxes fork one set-up sandbox (a GRPO group;
+        member k samples from seed + k); returns once every member's session exists."""
+        group_id = group_id or f"sessions-{task.id}-{uuid.uuid4().hex[:8]}"
+        ids = [f"{group_id}-m{k}" for k in range(size)]
+        group = GroupInput(group_id=group_id, members=[self._input(task, i, seed + k, temperature) for k, i in enumerate(ids)],
+                           workflow_queue=self.workflow_queue, member_workflow="AgentSessionWorkflow")  # fmt: skip
+        await self._start(
+            "TrajectoryGroupWorkflow", group, group_id, f"group of {size} agent sessions of task {task.id}"
+        )
+        deadline = time.monotonic() + ready_within_s
+        for session_id in ids:
+            while not await self._exists(session_id):
+                if time.monotonic() > deadline:
+                    raise SessionError(f"group {group_id}: session {session_id} did not start within {ready_within_s:.0f} s; "
+                                       f"see the group's workflow in the Temporal UI", "infra")  # fmt: skip
+                await asyncio.sleep(0.2)
+        return [self._started(task, i) for i in ids]
+
+    def _input(self, task: Task, session_id: str, seed: int, temperature: float) -> TrajectoryInput:
+        return trajectory_input(self.config, task, seed=seed).model_copy(
+            update={
+                "trajectory_id": session_id,
+                "queues": self.queues,
+                "sampling": Sampling(seed=seed, temperature=temperature),
+            }  # fmt: skip
+        )
+
+    async def _start(self, workflow_type: str, input, workflow_id: str, summary: str) -> None:
+        task = input.members[0].task if isinstance(input, GroupInput) else input.task
         try:
             await self.temporal.start_workflow(
-                "AgentSessionWorkflow",
+                workflow_type,
                 input,
-                id=session_id,
+                id=workflow_id,
                 task_queue=self.workflow_queue,
                 search_attributes=TypedSearchAttributes(
                     [SearchAttributePair(TASK_KEY, task.id), SearchAttributePair(STATUS_KEY, "running")]
                 ),
-                static_summary=f"agent session of task {task.id}",
+                static_summary=summary,
             )
         except RPCError as err:
             if err.status == RPCStatusCode.ALREADY_EXISTS:
                 raise SessionError(
-                    f"session {session_id!r} exists already: choose another id", "bad_request"
+                    f"{workflow_id!r} exists already: choose another id", "bad_request"
                 ) from None
             raise
+
+    @staticmethod
+    def _started(task: Task, session_id: str) -> StartedSession:
         driver = driver_for(task)
         return StartedSession(session_id, task.id, driver.instruction(task), driver.turn_limit(task),
                               driver.sampling(task, 0).max_tokens)  # fmt: skip

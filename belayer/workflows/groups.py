@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import asyncio
 from datetime import timedelta
+from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 from temporalio import workflow
@@ -181,12 +182,13 @@ async def release(record: GroupRecord, queues: TaskQueues) -> None:
         await _discard(record.setup_sandbox, queues, delete_checkpoints=True)
 
 
-async def run_member(input: TrajectoryInput, *, task_queue: str, summary: str,
-                     search_attributes) -> TrajectoryResult:  # fmt: skip
-    """A member as a child `TrajectoryWorkflow`; a child that fails outright is failed_infra."""
+async def run_member(input: TrajectoryInput, *, task_queue: str, summary: str, search_attributes,
+                     workflow_type: str = "TrajectoryWorkflow") -> TrajectoryResult:  # fmt: skip
+    """A member as a child `TrajectoryWorkflow` (or `workflow_type`: an agent session); a child
+    that fails outright is failed_infra."""
     try:
         return await workflow.execute_child_workflow(
-            "TrajectoryWorkflow",
+            workflow_type,
             input,
             id=input.trajectory_id,
             task_queue=task_queue,
@@ -283,6 +285,10 @@ class GroupInput(BaseModel):
         "creates its own, as lone trajectories do).",
     )
     workflow_queue: str = Field(description="Task queue of the members' TrajectoryWorkflows.")
+    member_workflow: Literal["TrajectoryWorkflow", "AgentSessionWorkflow"] = Field(
+        "TrajectoryWorkflow",
+        description="AgentSessionWorkflow: each member is an agent session its client drives (`belayer serve`).",
+    )
 
 
 class GroupResult(BaseModel):
@@ -309,6 +315,7 @@ class TrajectoryGroupWorkflow:
         try:
             results = await asyncio.gather(*(
                 run_member(member, task_queue=input.workflow_queue, summary=f"group {input.group_id}: {task.id}",
+                           workflow_type=input.member_workflow,
                            search_attributes=TypedSearchAttributes([SearchAttributePair(TASK_KEY, task.id),
                                                                     SearchAttributePair(STATUS_KEY, "running")]))
                 for member in member_inputs(input.members, starts)

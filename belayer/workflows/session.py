@@ -35,11 +35,18 @@ from temporalio.exceptions import ApplicationError
 
 with workflow.unsafe.imports_passed_through():
     from belayer.contracts import sandbox
-    from belayer.contracts.context import EXTEND_CONTEXT, AppendObservationArgs, ExtendContextArgs
+    from belayer.contracts.context import (
+        EXTEND_CONTEXT,
+        START_CONTEXT,
+        AppendObservationArgs,
+        ContextResult,
+        ExtendContextArgs,
+        StartContextArgs,
+    )
     from belayer.contracts.errors import BAD_REQUEST
     from belayer.contracts.generate import GenerateArgs, SamplingParams
     from belayer.contracts.sandbox import Action, ExecArgs
-    from belayer.workflows.models import StepRecord, TrajectoryInput, TrajectoryResult
+    from belayer.workflows.models import ForkStart, StepRecord, TrajectoryInput, TrajectoryResult
     from belayer.workflows.session_models import (
         ExecCall,
         ExecReply,
@@ -117,8 +124,19 @@ class AgentSessionWorkflow(TrajectoryWorkflow):
 
     # ---------------------------------------------------------------- the loop
 
-    def _instruction(self) -> None:
-        return None  # the client renders the prompt
+    async def _open_context(self, start: ForkStart | None) -> ContextResult:
+        """An empty token log, a group member's too (its sandbox is the group's fork): the
+        client renders the prompt."""
+        if start is not None and start.at_step is not None:
+            raise InfraFailure(
+                "a session cannot start as a branch of another trajectory: its client holds the context"
+            )
+        return await self._context_activity(
+            START_CONTEXT,
+            StartContextArgs(log_key=self._log_key(), trajectory_id=self.input.trajectory_id,
+                             steps_key=self._steps_key(), instruction=None),
+            summary="an empty token log: the client sends the prompt",
+        )  # fmt: skip
 
     def _should_continue_as_new(self) -> bool:
         return False  # an update in flight cannot follow a new run; a session is bounded by its task

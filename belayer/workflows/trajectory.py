@@ -281,8 +281,17 @@ class TrajectoryWorkflow:
             self.state.checkpoints = list(start.checkpoints)
         else:
             self.state.sandbox = await self._create_sandbox()
+        started = await self._open_context(start)
+        self.state.context = started.prefix
+        self.state.log = TrajectoryLogRef(
+            trajectory_id=self.input.trajectory_id,
+            steps=RecordLogRef(key=self._steps_key(), length=0),
+        )
+
+    async def _open_context(self, start: ForkStart | None) -> ContextResult:
+        """The token log: a fork of the group's prompt for a member, else the task's prompt."""
         if start is not None:
-            started = await self._context_activity(
+            return await self._context_activity(
                 FORK_CONTEXT,
                 ForkContextArgs(
                     log_key=self._log_key(),
@@ -292,26 +301,16 @@ class TrajectoryWorkflow:
                 ),
                 summary=f"fork the token log of group {start.parent}'s prompt",
             )
-        else:
-            started = await self._context_activity(
-                START_CONTEXT,
-                StartContextArgs(
-                    log_key=self._log_key(),
-                    trajectory_id=self.input.trajectory_id,
-                    steps_key=self._steps_key(),
-                    instruction=self._instruction(),
-                ),
-                summary="tokenize the prompt into a new token log",
-            )
-        self.state.context = started.prefix
-        self.state.log = TrajectoryLogRef(
-            trajectory_id=self.input.trajectory_id,
-            steps=RecordLogRef(key=self._steps_key(), length=0),
+        return await self._context_activity(
+            START_CONTEXT,
+            StartContextArgs(
+                log_key=self._log_key(),
+                trajectory_id=self.input.trajectory_id,
+                steps_key=self._steps_key(),
+                instruction=self._driver.instruction(self.input.task),
+            ),
+            summary="tokenize the prompt into a new token log",
         )
-
-    def _instruction(self) -> str | None:
-        """What the token log starts from: the task's instruction in Belayer's prompt."""
-        return self._driver.instruction(self.input.task)
 
     async def _create_sandbox(self):
         task = self.input.task

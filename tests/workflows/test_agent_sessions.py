@@ -16,6 +16,7 @@ from belayer.policy.config import PolicyConfig
 from belayer.serve.sessions import SessionError, Sessions
 from belayer.storage.tokenlog import read_marks, read_prefix
 from belayer.temporal_client import connect
+from belayer.workflows.groups import GroupResult
 from belayer.workloads.models import TraceTask, TraceTurn
 from tests.workflows.conftest import trajectory_stack
 from tests.workflows.test_trajectory import wait_for_step
@@ -132,3 +133,31 @@ async def test_a_rewritten_context_is_a_cut_and_a_lost_sandbox_is_restored(
     assert recovery.consistent and recovery.source.startswith("checkpoint@")
     assert result.context.key.endswith("-cut1"), "the rollout is the context after the cut"
     assert rollout.prompt_ids + rollout.completion_ids == read_prefix(stack.store, result.context)
+
+
+async def test_a_group_of_sessions_forks_one_set_up_sandbox(
+    temporal_server, seaweedfs, sandbox_runtime, stack_config, storage_config, tokenizer_path
+):
+    task = TASK.model_copy(
+        update={"id": "grouped", "setup": ["mkdir -p /workspace/w", "echo 2 > /workspace/w/seed"]}
+    )
+    async with sessions_on(stack_config, storage_config, tokenizer_path, replies=[]) as (stack, sessions):
+        members = await sessions.start_group(task, 2, seed=5)
+        finished = []
+        for member, command in zip(members, ["cp /workspace/w/seed /workspace/w/count", "true"], strict=True):
+            prompt = render_chat(conversation(member.instruction))
+            await sessions.generate(member.session_id, prompt, max_tokens=4)
+            step, observation = await sessions.exec(member.session_id, f"cat /workspace/w/seed && {command}")
+            assert (step, observation.stdout.strip()) == (1, "2"), (
+                "each member's sandbox is the set-up one's fork"
+            )
+            await sessions.exec(member.session_id, "touch /workspace/w/done")
+            finished.append(await sessions.finish(member.session_id))
+        group_id = members[0].session_id.rsplit("-m", 1)[0]
+        group = await stack.client.get_workflow_handle(group_id, result_type=GroupResult).result()
+    assert group.group.forked == 2 and not group.group.fallback
+    assert [m.session_id for m in members] == [r.trajectory_id for r in group.results]
+    assert [(r.status, r.reward) for r, _ in finished] == [("completed", 1.0), ("failed_policy", 0.0)]
+    # Member k samples from seed + k: the two first turns differ.
+    first_turns = [rollout.completion_ids[:4] for _, rollout in finished]
+    assert first_turns[0] != first_turns[1]
