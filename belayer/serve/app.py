@@ -20,12 +20,16 @@ activity, whose tokens reach this process only with its result).
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import dataclasses
 import json
+import socket
 import time
 import uuid
 from collections.abc import Iterator
 
+import uvicorn
 from fastapi import FastAPI, Header, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, StreamingResponse
@@ -231,3 +235,27 @@ def _events(
 
 def _error(status: int, message: str, kind: str) -> JSONResponse:
     return JSONResponse({"error": {"message": message, "type": kind, "code": status}}, status_code=status)
+
+
+@contextlib.asynccontextmanager
+async def serve_in_background(sessions: Sessions, tasks: dict[str, Task]):
+    """The endpoint `belayer serve` runs, served by this process on a free local port while
+    the block runs (a benchmark, a test); yields its base URL."""
+    server = uvicorn.Server(uvicorn.Config(create_app(sessions, tasks), host="127.0.0.1",
+                                           port=free_port(), log_level="warning"))  # fmt: skip
+    serving = asyncio.create_task(server.serve())
+    while not server.started:
+        if serving.done():
+            serving.result()
+        await asyncio.sleep(0.05)
+    try:
+        yield f"http://127.0.0.1:{server.config.port}/v1"
+    finally:
+        server.should_exit = True
+        await serving
+
+
+def free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return probe.getsockname()[1]

@@ -10,16 +10,14 @@ import contextlib
 import importlib.util
 import os
 import signal
-import socket
 from pathlib import Path
 
 import httpx
 import pytest
-import uvicorn
 from openai import AsyncOpenAI
 
 from belayer.policy.config import PolicyConfig
-from belayer.serve.app import create_app
+from belayer.serve.app import serve_in_background
 from belayer.serve.sessions import Sessions
 from belayer.temporal_client import connect
 from belayer.workflows.models import Sampling
@@ -48,16 +46,10 @@ async def endpoint(stack_config, storage_config, tokenizer_path, node):
         )
         sessions = Sessions(config, await connect(config.temporal, config.storage.encryption_key))
         sessions.queues, sessions.workflow_queue = stack.queues, stack.queues.context
-        server = uvicorn.Server(uvicorn.Config(create_app(sessions, {TASK.id: TASK}), host="127.0.0.1",
-                                               port=_free_port(), log_level="warning"))  # fmt: skip
-        serving = asyncio.create_task(server.serve())
-        while not server.started:
-            await asyncio.sleep(0.05)
         try:
-            yield stack, f"http://127.0.0.1:{server.config.port}/v1"
+            async with serve_in_background(sessions, {TASK.id: TASK}) as url:
+                yield stack, url
         finally:
-            server.should_exit = True
-            await serving
             sessions.close()
 
 
@@ -66,12 +58,6 @@ async def _decoding(node, asking: asyncio.Future, tokens: int = 20) -> None:
     while not any(len(record.tokens) >= tokens for record in node.inflight.open()):
         assert not asking.done(), "the call ended before it was seen decoding"
         await asyncio.sleep(0.01)
-
-
-def _free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return probe.getsockname()[1]
 
 
 async def _session(http: httpx.AsyncClient, seed: int = 0, temperature: float = 1.0) -> str:

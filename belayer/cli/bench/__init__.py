@@ -12,6 +12,7 @@ from belayer.cli.bench.fork import fork
 from belayer.cli.bench.history import long_trajectory
 from belayer.cli.bench.overhead import overhead
 from belayer.cli.bench.publish import publish
+from belayer.cli.bench.serve import serve
 from belayer.cli.bench.storage import storage
 from belayer.cli.bench.suite import suite
 from belayer.cli.bench.training import training
@@ -38,6 +39,7 @@ for command in (
     fork,
     turn_overhead,
     turn_throughput,
+    serve,
     suite,
 ):
     bench.add_command(command)
