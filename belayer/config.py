@@ -103,6 +103,17 @@ class StackConfig(Section):
         description="Rollout nodes `belayer up` starts (also `up --rollout-nodes`): ids rollout.node_id, then "
         "<node_id>.1, <node_id>.2, ..., each with its own engines, shared memory and task queue.",
     )
+    serve_port: int = Field(
+        8400,
+        ge=0,
+        le=65535,
+        description="Port of the OpenAI-compatible endpoint (`belayer serve`) that `belayer up` starts on "
+        "127.0.0.1; 0: none.",
+    )
+    serve_workloads: list[Path] = Field(
+        default_factory=list,
+        description="Workloads whose tasks the stack's endpoint offers by id (a session may also bring its task).",
+    )
 
 
 class TrainerConfig(Section):

@@ -216,7 +216,7 @@ def free_port_block(count: int, *, with_grpc: bool) -> list[int]:
 
 def isolated_config(state_dir: Path) -> BelayerConfig:
     """A configuration whose every service lives in `state_dir` on free ports."""
-    s3, master, volume, filer, admin, temporal, ui = free_port_block(7, with_grpc=True)
+    s3, master, volume, filer, admin, temporal, ui, serve = free_port_block(8, with_grpc=True)
     return load_config(
         state_dir=state_dir,
         temporal={"address": f"127.0.0.1:{temporal}", "ui_port": ui},
@@ -231,6 +231,7 @@ def isolated_config(state_dir: Path) -> BelayerConfig:
             "seaweedfs_volume_port": volume,
             "seaweedfs_filer_port": filer,
             "seaweedfs_admin_port": admin,
+            "serve_port": serve,
         },
     )
 

@@ -7,16 +7,19 @@ whose prompt grows by the last completion and a fixed observation every call (wh
 agent sends back), `POST /v1/completions` with greedy decoding, `ignore_eos` and the same
 `max_tokens`, so both sides generate the same number of tokens.
 
-  belayer -- an agent session on the running stack (`belayer up`): Temporal, the rollout
-             node (leader and shadow), the object store; the endpoint served by this
-             process as `belayer serve` serves it (uvicorn);
+  belayer -- an agent session through the running stack's endpoint (`belayer up` starts
+             `belayer serve` on stack.serve_port): Temporal, the rollout node (leader
+             and shadow), the object store;
   vllm    -- `python -m vllm.entrypoints.openai.api_server` started here on the node's
              model with the node engines' settings (dtype, max_model_len, max_num_seqs, KV
              cache bytes, threads, prefix caching, eager mode), in its default process
              layout: what a user runs without Belayer.
 
 The clock is the client's: from sending a request to having its whole answer, where an
-agent stops waiting. A session's start (its workflow, its sandbox's creation) is outside
+agent stops waiting. Belayer's calls are split into the node's `generate` activity (its
+attempt's own clock: the context read, the engine, the token log written) and what is
+around it (the endpoint, the prompt stored, the update through Temporal, the workflow's
+append of the prompt). A session's start (its workflow, its sandbox's creation) is outside
 the calls' clocks and reported apart (`session_start_s`). What is simulated: the
 observations (fixed text: the bench measures the model call, not the sandbox).
 """
@@ -38,11 +41,11 @@ from rich.console import Console
 from rich.table import Table
 
 from belayer.agent_format import OBSERVATION_TEMPLATE, render_chat
+from belayer.errors import BelayerError
 from belayer.measure import machine_load, spread
 from belayer.model.build import model_path
 from belayer.rollout.procutil import engine_environment
-from belayer.serve.app import free_port, serve_in_background
-from belayer.serve.sessions import Sessions
+from belayer.serve.app import free_port
 from belayer.workloads.models import ModelTask
 
 SIDES = ("belayer", "vllm")
@@ -65,6 +68,7 @@ class Conversation:
     prompt: str
     seconds: list[float] = field(default_factory=list)
     texts: list[str] = field(default_factory=list)
+    generate_s: list[float] = field(default_factory=list)  # Belayer's: the node's generate activity
 
 
 class VllmServer:
@@ -114,22 +118,26 @@ class VllmServer:
 
 
 async def run_bench(config, *, sessions_count: int, calls: int, max_tokens: int, say) -> dict:
-    sessions = await Sessions.connect(config)
+    belayer_url = f"http://127.0.0.1:{config.stack.serve_port}/v1"
+    async with httpx.AsyncClient(timeout=5) as http:
+        try:
+            (await http.get(f"{belayer_url}/models")).raise_for_status()
+        except httpx.HTTPError as exc:
+            raise BelayerError(
+                f"the stack's endpoint {belayer_url} does not answer ({exc}): start it with `belayer up`"
+            ) from None
     vllm = VllmServer(config, config.state_dir / "logs" / "bench-serve-vllm.log")
     try:
         say("starting vLLM's OpenAI server on the node's model (the node engines' settings)")
         vllm_start_s = await vllm.wait_ready()
-        async with (
-            serve_in_background(sessions, {TASK.id: TASK}) as belayer_url,
-            httpx.AsyncClient(timeout=600) as http,
-        ):
+        async with httpx.AsyncClient(timeout=600) as http:
             load = machine_load()
             await _call(
                 http, f"{vllm.url}/completions", {}, "warm up", max_tokens, "plain"
             )  # as the node is, by `up`
             runs, starts = [], []
             for n in range(sessions_count):
-                session_id, start_s = await _start_session(http, belayer_url, sessions)
+                session_id, start_s = await _start_session(http, belayer_url)
                 starts.append(start_s)
                 prompt = render_chat([{"role": "user", "content": TASK.instruction}])
                 sides = {side: Conversation(prompt) for side in SIDES}
@@ -154,18 +162,21 @@ async def run_bench(config, *, sessions_count: int, calls: int, max_tokens: int,
                     await http.post(f"{belayer_url}/sessions/{session_id}/finish")
     finally:
         await asyncio.to_thread(vllm.stop)
-        sessions.close()
     return summarize(runs, starts, model=config.rollout.model, max_tokens=max_tokens, vllm_start_s=vllm_start_s,
                      load=load | {"after": machine_load()["load_avg"]})  # fmt: skip
 
 
-async def _start_session(http: httpx.AsyncClient, url: str, sessions: Sessions) -> tuple[str, float]:
-    """A new session, once its token log and sandbox are there (outside the calls' clocks)."""
+async def _start_session(http: httpx.AsyncClient, url: str) -> tuple[str, float]:
+    """A new session, once its sandbox and token log are there (outside the calls' clocks)."""
     started = time.perf_counter()
-    answer = await http.post(f"{url}/sessions", json={"task": TASK.id, "temperature": 0.0})
+    answer = await http.post(
+        f"{url}/sessions", json={"task": TASK.model_dump(mode="json"), "temperature": 0.0}
+    )
     answer.raise_for_status()
     session_id = answer.json()["session_id"]
-    while (await sessions.view(session_id)).context is None:  # the sandbox is created before the log
+    while (await http.get(f"{url}/sessions/{session_id}")).json()[
+        "context"
+    ] is None:  # the sandbox comes first
         await asyncio.sleep(0.02)
     return session_id, time.perf_counter() - started
 
@@ -175,6 +186,8 @@ async def _turn(http, url: str, headers: dict, side: Conversation, max_tokens: i
     text = answer["choices"][0]["text"]
     side.seconds.append(seconds)
     side.texts.append(text)
+    if "belayer" in answer:
+        side.generate_s.append(answer["belayer"]["timing"]["total_s"])
     side.prompt += text + OBSERVATION
 
 
@@ -187,6 +200,7 @@ async def _call(
         "max_tokens": max_tokens,
         "temperature": 0.0,
         "ignore_eos": True,
+        "add_special_tokens": False,  # as the node tokenizes a prompt: no BOS (vLLM's server adds one by default)
     }
     started = time.perf_counter()
     answer = await http.post(url, json=body, headers=headers)
@@ -203,10 +217,18 @@ def summarize(runs: list[dict[str, Conversation]], starts: list[float], *, model
         b == v for run in runs for b, v in zip(run["belayer"].texts, run["vllm"].texts, strict=True)
     )
     medians = {side: statistics.median(values) for side, values in seconds.items()}
+    generate = [g for run in runs for g in run["belayer"].generate_s]
+    around = [
+        s - g for run in runs for s, g in zip(run["belayer"].seconds, run["belayer"].generate_s, strict=True)
+    ]
     return {
         "overhead_ms_per_call": round((medians["belayer"] - medians["vllm"]) * 1000, 1),
         "ratio_belayer_to_vllm": round(medians["belayer"] / medians["vllm"], 3),
         "call_ms": {side: spread([s * 1000 for s in values], digits=1) for side, values in seconds.items()},
+        "belayer_split_ms": {
+            "generate_activity": spread([g * 1000 for g in generate], digits=1),
+            "around_it": spread([a * 1000 for a in around], digits=1),
+        },
         "calls_per_side": len(seconds["belayer"]),
         "calls_with_the_same_text": same_text,
         "conversations": len(runs),
@@ -231,6 +253,15 @@ def print_report(report: dict) -> None:
         table.add_column(column)
     for side, figures in report["call_ms"].items():
         table.add_row(side, *(f"{figures[k]:.1f}" for k in ("min", "median", "max")))
+    split = report["belayer_split_ms"]
+    table.add_row(
+        "  generate activity (node)",
+        *(f"{split['generate_activity'][k]:.1f}" for k in ("min", "median", "max")),
+    )
+    table.add_row(
+        "  around it (endpoint, Temporal)",
+        *(f"{split['around_it'][k]:.1f}" for k in ("min", "median", "max")),
+    )
     out.print(table)
     out.print(f"session start (workflow, token log, sandbox), outside the calls: median "
               f"{report['session_start_s']['median']:.2f} s")  # fmt: skip

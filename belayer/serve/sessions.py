@@ -23,15 +23,18 @@ import functools
 import hashlib
 import time
 import uuid
+from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from pathlib import Path
 
-from temporalio.client import Client, WorkflowHandle, WorkflowUpdateFailedError
+from pydantic import ValidationError
+from temporalio.client import Client, WorkflowHandle, WorkflowUpdateFailedError, WorkflowUpdateStage
 from temporalio.common import SearchAttributePair, TypedSearchAttributes
 from temporalio.exceptions import ApplicationError
 from temporalio.service import RPCError, RPCStatusCode
 from tokenizers import Tokenizer
 
+from belayer.activities.generate import PartialTokens
 from belayer.client import task_queues, trajectory_input
 from belayer.config import BelayerConfig, load_config
 from belayer.contracts.context import TokensRef
@@ -39,6 +42,8 @@ from belayer.contracts.errors import BAD_REQUEST
 from belayer.errors import BelayerError
 from belayer.model.build import model_path
 from belayer.sandbox.observations import Observation, load_observation
+from belayer.storage.errors import StorageError
+from belayer.storage.generation import decode_sampled
 from belayer.storage.store import open_store
 from belayer.storage.tokenlog import PrefixRef, encode_tokens, read_prefix
 from belayer.temporal_client import connect
@@ -60,6 +65,9 @@ from belayer.workflows.trajectory import STATUS_KEY, TASK_KEY
 from belayer.workloads.harbor_tasks import runnable_workload
 from belayer.workloads.models import Task
 from belayer.workloads.registry import driver_for
+
+# How often a stream looks for the running turn's stored tokens.
+STREAM_POLL_S = 0.25
 
 
 class SessionError(BelayerError):
@@ -85,7 +93,7 @@ class Generated:
     """One generate call's answer, and the ids of the turn's tokens (read from the token log)."""
 
     reply: GenerateReply
-    token_ids: list[int]
+    token_ids: list[int] | None  # None: not asked for
 
 
 class Sessions:
@@ -185,11 +193,49 @@ class Sessions:
         )
 
     async def generate(self, session_id: str, prompt: str | list[int], *, request_id: str | None = None,
-                       max_tokens: int = 256, temperature: float | None = None, top_p: float = 1.0,
-                       seed: int | None = None, stop: list[str] | None = None,
-                       ignore_eos: bool = False) -> Generated:  # fmt: skip
+                       token_ids: bool = True, **sampling) -> Generated:  # fmt: skip
         """Generate after `prompt` (text, or token ids), the session's whole context as the
-        client sees it. The same `request_id` again gets the first call's answer."""
+        client sees it. The same `request_id` again gets the first call's answer.
+        `sampling`: `GenerateCall`'s fields (max_tokens, temperature, top_p, seed, stop, ignore_eos).
+        `token_ids`: read the turn's ids back from the token log (one more read)."""
+        request_id, call = await self._generate_call(session_id, prompt, request_id, sampling)
+        reply = await self._update(session_id, request_id, call, GenerateReply)
+        return await self._generated(reply, token_ids)
+
+    async def stream(self, session_id: str, prompt: str | list[int], *, request_id: str | None = None,
+                     token_ids: bool = True, **sampling) -> AsyncIterator[str | Generated]:  # fmt: skip
+        """`generate`, its text as it grows (str deltas), then the `Generated`. The text comes
+        from the tokens the turn has stored so far (its activity stores them about once a
+        second, for a retry to resume from): a stream shows what is durable, never a
+        token a recovery could take back. With stop strings, the text comes at the end
+        only: a stop string cuts what precedes it, and a delta sent cannot be unsent."""
+        request_id, call = await self._generate_call(session_id, prompt, request_id, sampling)
+        handle = self._handle(session_id)
+        update = await self._call(
+            handle.start_update("call", call, id=f"call-{request_id}", result_type=GenerateReply,
+                                wait_for_stage=WorkflowUpdateStage.ACCEPTED), session_id)  # fmt: skip
+        answered = asyncio.ensure_future(self._call(update.result(), session_id))
+        sent = ""
+        try:
+            while not answered.done():
+                await asyncio.wait({answered}, timeout=STREAM_POLL_S)
+                text = None if call.stop or answered.done() else await self._partial_text(handle)
+                if text and text.startswith(sent) and len(text) > len(sent):
+                    yield text[len(sent) :]
+                    sent = text
+            reply = await answered
+        finally:
+            answered.cancel()
+        if len(reply.text) > len(sent):
+            yield reply.text[len(sent) :]
+        yield await self._generated(reply, token_ids)
+
+    async def _generated(self, reply: GenerateReply, token_ids: bool) -> Generated:
+        return Generated(reply, await asyncio.to_thread(self._turn_tokens, reply) if token_ids else None)
+
+    async def _generate_call(self, session_id: str, prompt: str | list[int], request_id: str | None,
+                             sampling: dict) -> tuple[str, GenerateCall]:  # fmt: skip
+        """The call: the prompt's tokens stored, its sampling checked (a bad field is the caller's)."""
         request_id = request_id or uuid.uuid4().hex
         context = (await self.view(session_id)).context
         tokens = (
@@ -198,11 +244,27 @@ class Sessions:
         if not tokens:
             raise SessionError("the prompt is empty: send the conversation so far", "bad_request")
         ref = await asyncio.to_thread(self._store_prompt, session_id, request_id, tokens)
-        call = GenerateCall(prompt=ref, max_tokens=max_tokens, temperature=temperature, top_p=top_p,
-                            seed=seed, stop=stop or [], ignore_eos=ignore_eos)  # fmt: skip
-        reply = await self._update(session_id, request_id, call, GenerateReply)
-        generated = await asyncio.to_thread(self._turn_tokens, reply)
-        return Generated(reply, generated)
+        try:
+            return request_id, GenerateCall(prompt=ref, **sampling)
+        except ValidationError as err:
+            raise SessionError(f"the sampling parameters do not parse: {err}", "bad_request") from None
+
+    async def _partial_text(self, handle: WorkflowHandle) -> str | None:
+        """The text of the tokens the running turn has stored so far (None: none yet), cut
+        before an unfinished character."""
+        try:
+            pending = (await handle.describe()).raw_description.pending_activities
+            beats = [p.heartbeat_details.payloads for p in pending if p.activity_type.name == "generate"]
+            if not beats or not beats[0]:
+                return None
+            (partial,) = await self.temporal.data_converter.decode(beats[0][-1:], [PartialTokens])
+            if partial.key is None:
+                return None
+            data = await asyncio.to_thread(self.tokens.get_bytes, partial.key, expected_sha256=partial.sha256)
+        except (RPCError, StorageError, ValueError):
+            return None  # the next poll, or the answer, brings it
+        text = self.tokenizer.decode(decode_sampled(data).tokens[: partial.tokens], skip_special_tokens=True)
+        return text.rstrip("\ufffd")
 
     async def exec(
         self, session_id: str, command: str, *, request_id: str | None = None

@@ -30,6 +30,7 @@ from belayer.stack.process import ManagedProcess
 from belayer.stack.services import Health, SeaweedFS, TemporalDevServer, port_in_use
 from belayer.stack.workers import (
     CodecServerService,
+    EndpointService,
     RolloutNodeService,
     SandboxHostService,
     WorkerService,
@@ -87,6 +88,8 @@ class LocalStack:
             SeaweedFS(config.storage, config.stack, self.state_dir),
             *belayer_workers(config, self.rollout_nodes, self.sandbox_hosts),
         ]
+        if config.stack.serve_port:
+            self.services.append(EndpointService(config))
         if config.temporal.encrypt_payloads:
             # Started with the stack so the web UI, pointed at it, shows payloads decoded.
             self.services.insert(1, CodecServerService(config))

@@ -8,6 +8,7 @@ file (mode 0600; it holds credentials), so a worker never disagrees with `up`.
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import sys
@@ -154,6 +155,45 @@ class SandboxHostService(WorkerService):
     def command(self) -> tuple[list[str], dict[str, str]]:
         argv, env = super().command()
         return (sandbox_hosts.launcher(self.host_index, argv) if self.host_index else argv), env
+
+
+class EndpointService:
+    """`belayer serve`: the OpenAI-compatible endpoint over agent sessions, on
+    `stack.serve_port`; ready once it lists the model."""
+
+    name = "endpoint"
+
+    def __init__(self, config: BelayerConfig):
+        self.config = config
+        self.port = config.stack.serve_port
+
+    @property
+    def address(self) -> str:
+        return f"http://127.0.0.1:{self.port}/v1 (OpenAI-compatible, agent sessions)"
+
+    def ports(self) -> list[tuple[str, int]]:
+        return [("127.0.0.1", self.port)]
+
+    def command(self) -> tuple[list[str], dict[str, str]]:
+        env = dict(os.environ)
+        env[CONFIG_FILE_ENV] = str(write_effective_config(self.config))
+        env.setdefault("PYTHONUNBUFFERED", "1")
+        workloads = [arg for path in self.config.stack.serve_workloads for arg in ("--workload", str(path))]
+        return [sys.executable, "-m", "belayer.cli", "serve", "--port", str(self.port), *workloads], env
+
+    def ready(self) -> bool:
+        return self.health().ok
+
+    def health(self) -> Health:
+        try:
+            with urllib.request.urlopen(f"http://127.0.0.1:{self.port}/v1/models", timeout=3) as response:
+                models = [m["id"] for m in json.load(response)["data"]]
+        except (OSError, ValueError, KeyError) as exc:
+            return Health(False, f"does not answer GET /v1/models: {exc}")
+        return Health(True, f"serves {', '.join(models)}")
+
+    def after_ready(self) -> None:
+        """Nothing: agents find it by its address."""
 
 
 class CodecServerService:

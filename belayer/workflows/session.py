@@ -227,6 +227,7 @@ class AgentSessionWorkflow(TrajectoryWorkflow):
             kept_tokens=extended.kept_tokens,
             engine_recoveries=result.engine_recoveries,
             node_queue=result.node_queue,
+            timing=result.timing,
         )
 
     async def _exec_call(self, call: ExecCall) -> ExecReply:

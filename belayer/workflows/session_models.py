@@ -8,6 +8,7 @@ from typing import Literal
 from pydantic import BaseModel, ConfigDict, Field
 
 from belayer.contracts.context import TokensRef
+from belayer.contracts.generate import EngineTiming
 from belayer.contracts.sandbox import ObservationRef
 from belayer.storage.generation import GenerationRef
 from belayer.storage.tokenlog import PrefixRef
@@ -63,6 +64,9 @@ class GenerateReply(_Model):
     kept_tokens: int = Field(ge=0, description="Logged tokens the prompt started with.")
     engine_recoveries: list[str] = Field(default_factory=list)
     node_queue: str
+    timing: EngineTiming = Field(
+        description="The generate activity's: the engine's prefill and decode, its whole attempt."
+    )
 
 
 class ExecReply(_Model):

@@ -71,7 +71,7 @@ async def test_an_engine_killed_mid_call_answers_with_the_same_tokens(
 ):
     node = real_node.node
     call = {"model": "tiny", "prompt": "Count: one two three", "max_tokens": 160, "ignore_eos": True,
-            "temperature": 1.0, "seed": 11}  # fmt: skip
+            "temperature": 1.0, "seed": 11, "return_token_ids": True}  # fmt: skip
     async with (
         endpoint(stack_config, storage_config, tokenizer_path, node) as (_, url),
         httpx.AsyncClient(base_url=url, timeout=300) as http,
