@@ -17,8 +17,8 @@ agent sends back), `POST /v1/completions` with greedy decoding, `ignore_eos` and
 
 The clock is the client's: from sending a request to having its whole answer, where an
 agent stops waiting. Belayer's calls are split into the node's `generate` activity (its
-attempt's own clock: the context read, the engine, the token log written) and what is
-around it (the endpoint, the prompt stored, the update through Temporal, the workflow's
+attempt's own clock: the context read, the engine, the token log written; of it the
+engine's prefill, queue included, and decode) and what is around it (the endpoint, the prompt stored, the update through Temporal, the workflow's
 append of the prompt). A session's start (its workflow, its sandbox's creation) is outside
 the calls' clocks and reported apart (`session_start_s`). What is simulated: the
 observations (fixed text: the bench measures the model call, not the sandbox).
@@ -63,12 +63,13 @@ SERVER_READY_S = 600
 
 @dataclass
 class Conversation:
-    """One side's view of a conversation: its prompt so far and each call's seconds and tokens."""
+    """One side's view of a conversation: its prompt so far and each call's seconds; on
+    Belayer's side also the node's `generate` activity and, of it, the engine's work."""
 
     prompt: str
     seconds: list[float] = field(default_factory=list)
-    texts: list[str] = field(default_factory=list)
-    generate_s: list[float] = field(default_factory=list)  # Belayer's: the node's generate activity
+    generate_s: list[float] = field(default_factory=list)
+    engine_s: list[float] = field(default_factory=list)
 
 
 class VllmServer:
@@ -183,12 +184,14 @@ async def _start_session(http: httpx.AsyncClient, url: str) -> tuple[str, float]
 
 async def _turn(http, url: str, headers: dict, side: Conversation, max_tokens: int, model: str) -> None:
     answer, seconds = await _call(http, url, headers, side.prompt, max_tokens, model)
-    text = answer["choices"][0]["text"]
     side.seconds.append(seconds)
-    side.texts.append(text)
     if "belayer" in answer:
-        side.generate_s.append(answer["belayer"]["timing"]["total_s"])
-    side.prompt += text + OBSERVATION
+        timing = answer["belayer"]["timing"]
+        side.generate_s.append(timing["total_s"])
+        side.engine_s.append(
+            timing["total_s"] - timing["queue_s"]
+        )  # prefill (with the node's queue) and decode
+    side.prompt += answer["choices"][0]["text"] + OBSERVATION
 
 
 async def _call(
@@ -213,24 +216,20 @@ async def _call(
 def summarize(runs: list[dict[str, Conversation]], starts: list[float], *, model: str, max_tokens: int,
               vllm_start_s: float, load: dict) -> dict:  # fmt: skip
     seconds = {side: [s for run in runs for s in run[side].seconds] for side in SIDES}
-    same_text = sum(
-        b == v for run in runs for b, v in zip(run["belayer"].texts, run["vllm"].texts, strict=True)
-    )
     medians = {side: statistics.median(values) for side, values in seconds.items()}
-    generate = [g for run in runs for g in run["belayer"].generate_s]
-    around = [
-        s - g for run in runs for s, g in zip(run["belayer"].seconds, run["belayer"].generate_s, strict=True)
-    ]
+    ours = [run["belayer"] for run in runs]
+    generate = [g for c in ours for g in c.generate_s]
+    around = [s - g for c in ours for s, g in zip(c.seconds, c.generate_s, strict=True)]
     return {
         "overhead_ms_per_call": round((medians["belayer"] - medians["vllm"]) * 1000, 1),
         "ratio_belayer_to_vllm": round(medians["belayer"] / medians["vllm"], 3),
         "call_ms": {side: spread([s * 1000 for s in values], digits=1) for side, values in seconds.items()},
         "belayer_split_ms": {
             "generate_activity": spread([g * 1000 for g in generate], digits=1),
+            "of_it_engine": spread([e * 1000 for c in ours for e in c.engine_s], digits=1),
             "around_it": spread([a * 1000 for a in around], digits=1),
         },
         "calls_per_side": len(seconds["belayer"]),
-        "calls_with_the_same_text": same_text,
         "conversations": len(runs),
         "max_tokens": max_tokens,
         "model": model,
@@ -254,14 +253,9 @@ def print_report(report: dict) -> None:
     for side, figures in report["call_ms"].items():
         table.add_row(side, *(f"{figures[k]:.1f}" for k in ("min", "median", "max")))
     split = report["belayer_split_ms"]
-    table.add_row(
-        "  generate activity (node)",
-        *(f"{split['generate_activity'][k]:.1f}" for k in ("min", "median", "max")),
-    )
-    table.add_row(
-        "  around it (endpoint, Temporal)",
-        *(f"{split['around_it'][k]:.1f}" for k in ("min", "median", "max")),
-    )
+    for label, key in (("  the node's generate activity", "generate_activity"), ("    of it the engine", "of_it_engine"),
+                       ("  around it (endpoint, Temporal)", "around_it")):  # fmt: skip
+        table.add_row(label, *(f"{split[key][k]:.1f}" for k in ("min", "median", "max")))
     out.print(table)
     out.print(f"session start (workflow, token log, sandbox), outside the calls: median "
               f"{report['session_start_s']['median']:.2f} s")  # fmt: skip

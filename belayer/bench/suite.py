@@ -49,6 +49,7 @@ BENCHES = (
     Bench("storage", stack=False),
     Bench("turn-overhead"),
     Bench("turn-throughput"),
+    Bench("serve", repetitions_option="--sessions"),  # a repetition: one conversation of --calls calls
     Bench("fork"),
     Bench("checkpoint", stack=False),
     Bench("env-recovery", stack=False),

@@ -60,6 +60,7 @@ class _Sampling(_Body):
     ignore_eos: bool = Field(
         False, description="vLLM's extension: generate max_tokens whatever the model says."
     )
+    return_token_ids: bool = Field(False, description="vLLM's extension: the turn's token ids in the answer.")
 
     def limit(self) -> int:
         return self.max_completion_tokens or self.max_tokens or 256
