@@ -433,7 +433,11 @@ def _attempt_id() -> str:
 
 
 def _partial_key(prefix: PrefixRef) -> str:
+    return partial_key(prefix, activity.info().activity_id)
+
+
+def partial_key(prefix: PrefixRef, activity_id: str) -> str:
     """Where one turn's tokens so far live: beside the token log, one object per activity
-    (every attempt of it overwrites the same object)."""
-    info = activity.info()
-    return f"{prefix.key}.partial/{info.activity_id}-{prefix.length}"
+    (every attempt of it overwrites the same object). An agent session's stream reads it
+    (belayer/serve/sessions.py)."""
+    return f"{prefix.key}.partial/{activity_id}-{prefix.length}"

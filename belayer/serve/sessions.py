@@ -34,7 +34,7 @@ from temporalio.exceptions import ApplicationError
 from temporalio.service import RPCError, RPCStatusCode
 from tokenizers import Tokenizer
 
-from belayer.activities.generate import PartialTokens
+from belayer.activities.generate import partial_key
 from belayer.client import task_queues, trajectory_input
 from belayer.config import BelayerConfig, load_config
 from belayer.contracts.context import TokensRef
@@ -207,7 +207,7 @@ class Sessions:
         """`generate`, its text as it grows (str deltas), then the `Generated`. The text comes
         from the tokens the turn has stored so far (its activity stores them about once a
         second, for a retry to resume from): a stream shows what is durable, never a
-        token a recovery could take back. With stop strings, the text comes at the end
+        token a recovery could take back, and a turn shorter than a second comes whole. With stop strings, the text comes at the end
         only: a stop string cuts what precedes it, and a delta sent cannot be unsent."""
         request_id, call = await self._generate_call(session_id, prompt, request_id, sampling)
         handle = self._handle(session_id)
@@ -219,7 +219,7 @@ class Sessions:
         try:
             while not answered.done():
                 await asyncio.wait({answered}, timeout=STREAM_POLL_S)
-                text = None if call.stop or answered.done() else await self._partial_text(handle)
+                text = None if call.stop or answered.done() else await self._partial_text(session_id)
                 if text and text.startswith(sent) and len(text) > len(sent):
                     yield text[len(sent) :]
                     sent = text
@@ -249,22 +249,22 @@ class Sessions:
         except ValidationError as err:
             raise SessionError(f"the sampling parameters do not parse: {err}", "bad_request") from None
 
-    async def _partial_text(self, handle: WorkflowHandle) -> str | None:
+    async def _partial_text(self, session_id: str) -> str | None:
         """The text of the tokens the running turn has stored so far (None: none yet), cut
-        before an unfinished character."""
+        before an unfinished character. Its activity stores them beside the token log
+        about once a second; the heartbeat that names them reaches Temporal's server far
+        less often (the SDK throttles it), so the object is read where it is written."""
         try:
-            pending = (await handle.describe()).raw_description.pending_activities
-            beats = [p.heartbeat_details.payloads for p in pending if p.activity_type.name == "generate"]
-            if not beats or not beats[0]:
+            context = (await self.view(session_id)).context
+            pending = (await self._handle(session_id).describe()).raw_description.pending_activities
+            running = [p.activity_id for p in pending if p.activity_type.name == "generate"]
+            if context is None or not running:
                 return None
-            (partial,) = await self.temporal.data_converter.decode(beats[0][-1:], [PartialTokens])
-            if partial.key is None:
-                return None
-            data = await asyncio.to_thread(self.tokens.get_bytes, partial.key, expected_sha256=partial.sha256)
-        except (RPCError, StorageError, ValueError):
-            return None  # the next poll, or the answer, brings it
-        text = self.tokenizer.decode(decode_sampled(data).tokens[: partial.tokens], skip_special_tokens=True)
-        return text.rstrip("\ufffd")
+            data = await asyncio.to_thread(self.tokens.get_bytes, partial_key(context, running[0]))
+            tokens = decode_sampled(data).tokens
+        except (RPCError, SessionError, StorageError, ValueError):
+            return None  # not stored yet, or gone with the turn's end: the next poll or the answer
+        return self.tokenizer.decode(tokens, skip_special_tokens=True).rstrip("\ufffd")
 
     async def exec(
         self, session_id: str, command: str, *, request_id: str | None = None
