@@ -40,6 +40,7 @@ def cli_env(config) -> dict[str, str]:
             "BELAYER_STACK__SEAWEEDFS_VOLUME_PORT": str(config.stack.seaweedfs_volume_port),
             "BELAYER_STACK__SEAWEEDFS_FILER_PORT": str(config.stack.seaweedfs_filer_port),
             "BELAYER_STACK__SEAWEEDFS_ADMIN_PORT": str(config.stack.seaweedfs_admin_port),
+            "BELAYER_STACK__SERVE_PORT": str(config.stack.serve_port),
         }
     )
     return env

@@ -358,6 +358,8 @@ def _port_setting_hint(name: str) -> str:
         return "BELAYER_TEMPORAL__ADDRESS, BELAYER_TEMPORAL__UI_PORT"
     if name == "codec-server":
         return "BELAYER_TEMPORAL__CODEC_PORT"
+    if name == "endpoint":
+        return "BELAYER_STACK__SERVE_PORT; 0 starts none"
     return "BELAYER_STORAGE__ENDPOINT and BELAYER_STACK__SEAWEEDFS_*_PORT"
 
 

@@ -192,6 +192,24 @@ def test_owner_killed_with_a_corrupted_segment_is_rebuilt_and_nothing_wrong_is_s
     assert len(node.recoveries) == before + (1 if shared else 0)
 
 
+def test_an_arena_unlinked_under_the_node_is_rebuilt_and_the_node_serves_on(node):
+    """Someone removed the KV arena from /dev/shm (a stray cleanup; the engines still map
+    the unlinked pages): the next takeover cannot check the arena, falls back to a cold
+    start whose new owner builds a new arena, and the node serves the same tokens."""
+    expected = baseline(node)
+    arena = node.holders.owner.ready.arena_path
+    arena.unlink()
+    before = len(node.recoveries)
+    results = run_with_fault(node, signal_leader_at(node, 40, signal.SIGKILL))
+    assert [r.token_ids for r in results] == expected
+    event = node.recoveries[before]
+    assert event.kind == "cold_start" and "arena" in (event.fallback_reason or ""), event
+    roles = node.roles()
+    assert roles.broken is None
+    assert node.holders.owner.ready.arena_path.exists() and node.holders.owner.ready.arena_path != arena
+    wait_for(lambda: node.roles().protected, "the node to be protected again")
+
+
 def test_corrupted_weights_mean_cold_start_never_a_wrong_answer(node):
     if node.config.weight_mode != "shared":
         pytest.skip("run where engines read the owner's bytes directly (shared), the harder case")
