@@ -28,7 +28,13 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from pydantic import ValidationError
-from temporalio.client import Client, WorkflowHandle, WorkflowUpdateFailedError, WorkflowUpdateStage
+from temporalio.client import (
+    Client,
+    WorkflowFailureError,
+    WorkflowHandle,
+    WorkflowUpdateFailedError,
+    WorkflowUpdateStage,
+)
 from temporalio.common import SearchAttributePair, TypedSearchAttributes
 from temporalio.exceptions import ApplicationError
 from temporalio.service import RPCError, RPCStatusCode
@@ -207,8 +213,9 @@ class Sessions:
         """`generate`, its text as it grows (str deltas), then the `Generated`. The text comes
         from the tokens the turn has stored so far (its activity stores them about once a
         second, for a retry to resume from): a stream shows what is durable, never a
-        token a recovery could take back, and a turn shorter than a second comes whole. With stop strings, the text comes at the end
-        only: a stop string cuts what precedes it, and a delta sent cannot be unsent."""
+        token a recovery could take back, and a turn shorter than a second comes whole.
+        With stop strings, the text comes at the end only: a stop string cuts what
+        precedes it, and a delta sent cannot be unsent."""
         request_id, call = await self._generate_call(session_id, prompt, request_id, sampling)
         handle = self._handle(session_id)
         update = await self._call(
@@ -277,7 +284,7 @@ class Sessions:
 
     async def finish(self, session_id: str) -> tuple[TrajectoryResult, Rollout]:
         """End the session: the task's check runs; its result, and the rollout it makes
-        (the same `Rollout` the rollout API returns)."""
+        (the same `Rollout` the rollout API returns; a failed_infra one has no tokens)."""
         handle = self._handle(session_id)
         try:
             await self._update(session_id, f"finish-{session_id}", FinishCall(), FinishReply)
@@ -286,7 +293,8 @@ class Sessions:
                 raise
         result = await self._call(handle.result(), session_id)
         rollout = RolloutRef(trajectory_id=session_id, status=result.status, reward=result.reward, attempts=1,
-                             reason=result.reason, context=result.context, task=result.task, turns=result.turns,
+                             reason=result.reason, task=result.task, turns=result.turns,
+                             context=None if result.status == "failed_infra" else result.context,
                              recoveries=len(result.recoveries), tokens_after_recovery=result.tokens_after_recovery,
                              recovered_tokens_differ=result.recovered_tokens_differ)  # fmt: skip
         return result, await asyncio.to_thread(read_rollout, self.tokens, rollout)
@@ -306,6 +314,8 @@ class Sessions:
         """`awaitable`, its failures said as a `SessionError` of the right kind."""
         try:
             return await awaitable
+        except WorkflowFailureError as err:
+            raise SessionError(f"session {session_id!r} failed: {err.cause or err}", "infra") from None
         except WorkflowUpdateFailedError as err:
             cause = err.cause
             kind = "infra"
