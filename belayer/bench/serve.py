@@ -19,8 +19,8 @@ The clock is the client's: from sending a request to having its whole answer, wh
 agent stops waiting. Belayer's calls are split into the node's `generate` activity (its
 attempt's own clock: the context read, the engine, the token log written; of it the
 engine's prefill, queue included, and decode) and what is around it (the endpoint, the prompt stored, the update through Temporal, the workflow's
-append of the prompt). A session's start (its workflow, its sandbox's creation) is outside
-the calls' clocks and reported apart (`session_start_s`). What is simulated: the
+append of the prompt). A session's start (its workflow and token log; its sandbox is created
+beside the first calls) is outside the calls' clocks and reported apart (`session_start_s`). What is simulated: the
 observations (fixed text: the bench measures the model call, not the sandbox).
 """
 

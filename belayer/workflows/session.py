@@ -80,6 +80,7 @@ class AgentSessionWorkflow(TrajectoryWorkflow):
         self.accepting = True
         self.cuts: list[SessionCut] = []
         self.generate_calls = 0
+        self.creating: asyncio.Task | None = None  # the sandbox, created beside the first calls
 
     @workflow.run
     async def run(self, input: TrajectoryInput) -> TrajectoryResult:
@@ -124,6 +125,24 @@ class AgentSessionWorkflow(TrajectoryWorkflow):
 
     # ---------------------------------------------------------------- the loop
 
+    async def _start_sandbox(self, start: ForkStart | None) -> None:
+        """A new sandbox is created beside the session's first calls, not before them: a
+        model call needs only the token log, and a task's setup can take minutes. What
+        needs the sandbox (an action, the check, the end) waits for it (`_sandbox_ready`)."""
+        if start is not None and start.sandbox is not None:
+            return await super()._start_sandbox(start)
+        self.creating = asyncio.ensure_future(super()._start_sandbox(start))
+
+    async def _sandbox_ready(self) -> None:
+        """Once the sandbox is created; `InfraFailure` when it could not be."""
+        if self.creating is not None:
+            await self.creating
+
+    async def _destroy(self) -> None:
+        if self.creating is not None:
+            await asyncio.gather(self.creating, return_exceptions=True)  # never leave one being created
+        await super()._destroy()
+
     async def _open_context(self, start: ForkStart | None) -> ContextResult:
         """An empty token log, a group member's too (its sandbox is the group's fork): the
         client renders the prompt."""
@@ -160,6 +179,7 @@ class AgentSessionWorkflow(TrajectoryWorkflow):
                 raise
         self.accepting = False
         self._refuse_waiting("the session is finishing: its check runs now")
+        await self._sandbox_ready()
         await self._settle_checkpoint()
         return await self._finish()
 
@@ -234,6 +254,7 @@ class AgentSessionWorkflow(TrajectoryWorkflow):
         limit = self._driver.turn_limit(self.input.task)
         if self.state.step >= limit:
             raise CallRefused(f"the task allows {limit} actions and the session ran them: finish the session")
+        await self._sandbox_ready()
         await self._wait_for_capture()
         self.state.step += 1
         action = Action(trajectory=self.input.trajectory_id, step=self.state.step, command=call.command,

@@ -276,17 +276,21 @@ class TrajectoryWorkflow:
         start = self.input.start_from
         if start is not None and start.at_step is not None:
             return await self._start_branch(start)
-        if start is not None and start.sandbox is not None:
-            self.state.sandbox = start.sandbox
-            self.state.checkpoints = list(start.checkpoints)
-        else:
-            self.state.sandbox = await self._create_sandbox()
+        await self._start_sandbox(start)
         started = await self._open_context(start)
         self.state.context = started.prefix
         self.state.log = TrajectoryLogRef(
             trajectory_id=self.input.trajectory_id,
             steps=RecordLogRef(key=self._steps_key(), length=0),
         )
+
+    async def _start_sandbox(self, start: ForkStart | None) -> None:
+        """A group member's fork, else a new sandbox."""
+        if start is not None and start.sandbox is not None:
+            self.state.sandbox = start.sandbox
+            self.state.checkpoints = list(start.checkpoints)
+        else:
+            self.state.sandbox = await self._create_sandbox()
 
     async def _open_context(self, start: ForkStart | None) -> ContextResult:
         """The token log: a fork of the group's prompt for a member, else the task's prompt."""

@@ -17,6 +17,7 @@ from belayer.serve.sessions import SessionError, Sessions
 from belayer.storage.tokenlog import read_marks, read_prefix
 from belayer.temporal_client import connect
 from belayer.workflows.groups import GroupResult
+from belayer.workflows.models import TrajectoryProgress
 from belayer.workloads.models import TraceTask, TraceTurn
 from tests.workflows.conftest import trajectory_stack
 from tests.workflows.test_trajectory import wait_for_step
@@ -161,3 +162,23 @@ async def test_a_group_of_sessions_forks_one_set_up_sandbox(
     # Member k samples from seed + k: the two first turns differ.
     first_turns = [rollout.completion_ids[:4] for _, rollout in finished]
     assert first_turns[0] != first_turns[1]
+
+
+async def test_a_sessions_first_calls_do_not_wait_for_its_sandbox(
+    temporal_server, seaweedfs, sandbox_runtime, stack_config, storage_config, tokenizer_path
+):
+    """The sandbox is created beside the first model calls (a task's setup can take
+    minutes); the first action waits for it. The setup here outlasts a scripted call many
+    times over, so the call's answer comes while the setup still runs."""
+    task = TASK.model_copy(update={"id": "slow-setup", "setup": ["sleep 4", "mkdir -p /workspace/w"]})
+    async with sessions_on(stack_config, storage_config, tokenizer_path) as (stack, sessions):
+        started = await sessions.start(task)
+        await sessions.generate(
+            started.session_id, render_chat(conversation(started.instruction)), max_tokens=8
+        )
+        handle = stack.client.get_workflow_handle(started.session_id)
+        assert (await handle.query("progress", result_type=TrajectoryProgress)).sandbox is None
+        step, observation = await sessions.exec(started.session_id, "ls -d /workspace/w")
+        assert (step, observation.exit_code) == (1, 0), "the action ran in the set-up sandbox"
+        result, _ = await sessions.finish(started.session_id)
+    assert result.status == "failed_policy" and result.reward == 0.0  # its check wants files it never wrote
