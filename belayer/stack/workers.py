@@ -157,32 +157,63 @@ class SandboxHostService(WorkerService):
         return (sandbox_hosts.launcher(self.host_index, argv) if self.host_index else argv), env
 
 
-class EndpointService:
-    """`belayer serve`: the OpenAI-compatible endpoint over agent sessions, on
-    `stack.serve_port`; ready once it lists the model."""
+class LocalHttpCommand:
+    """A `belayer` subcommand that serves HTTP on 127.0.0.1:`port`, reading the effective
+    config file as the workers do; ready once `health` says so."""
 
-    name = "endpoint"
+    name: str
+    subcommand: str
 
-    def __init__(self, config: BelayerConfig):
+    def __init__(self, config: BelayerConfig, port: int):
         self.config = config
-        self.port = config.stack.serve_port
-
-    @property
-    def address(self) -> str:
-        return f"http://127.0.0.1:{self.port}/v1 (OpenAI-compatible, agent sessions)"
+        self.port = port
 
     def ports(self) -> list[tuple[str, int]]:
         return [("127.0.0.1", self.port)]
+
+    def arguments(self) -> list[str]:
+        return []
 
     def command(self) -> tuple[list[str], dict[str, str]]:
         env = dict(os.environ)
         env[CONFIG_FILE_ENV] = str(write_effective_config(self.config))
         env.setdefault("PYTHONUNBUFFERED", "1")
-        workloads = [arg for path in self.config.stack.serve_workloads for arg in ("--workload", str(path))]
-        return [sys.executable, "-m", "belayer.cli", "serve", "--port", str(self.port), *workloads], env
+        argv = [
+            sys.executable,
+            "-m",
+            "belayer.cli",
+            self.subcommand,
+            "--port",
+            str(self.port),
+            *self.arguments(),
+        ]
+        return argv, env
 
     def ready(self) -> bool:
         return self.health().ok
+
+    def health(self) -> Health:
+        raise NotImplementedError
+
+    def after_ready(self) -> None:
+        """Nothing: its clients find it by its address."""
+
+
+class EndpointService(LocalHttpCommand):
+    """`belayer serve`: the OpenAI-compatible endpoint over agent sessions, on
+    `stack.serve_port`; ready once it lists the model."""
+
+    name, subcommand = "endpoint", "serve"
+
+    def __init__(self, config: BelayerConfig):
+        super().__init__(config, config.stack.serve_port)
+
+    @property
+    def address(self) -> str:
+        return f"http://127.0.0.1:{self.port}/v1 (OpenAI-compatible, agent sessions)"
+
+    def arguments(self) -> list[str]:
+        return [arg for path in self.config.stack.serve_workloads for arg in ("--workload", str(path))]
 
     def health(self) -> Health:
         try:
@@ -192,38 +223,23 @@ class EndpointService:
             return Health(False, f"does not answer GET /v1/models: {exc}")
         return Health(True, f"serves {', '.join(models)}")
 
-    def after_ready(self) -> None:
-        """Nothing: agents find it by its address."""
 
-
-class CodecServerService:
+class CodecServerService(LocalHttpCommand):
     """`belayer codec-server` for the local web UI, when payloads are encrypted.
 
     It reads the key from the same owner-only effective config file as the workers; ready
-    once it answers the web UI's CORS preflight, which is the first thing the UI sends.
+    once it answers the web UI's CORS preflight, which is the first thing the UI sends;
+    the UI finds it through --ui-codec-endpoint.
     """
 
-    name = "codec-server"
+    name, subcommand = "codec-server", "codec-server"
 
     def __init__(self, config: BelayerConfig):
-        self.config = config
-        self.port = config.temporal.codec_port
+        super().__init__(config, config.temporal.codec_port)
 
     @property
     def address(self) -> str:
         return f"http://127.0.0.1:{self.port} (web UI codec endpoint)"
-
-    def ports(self) -> list[tuple[str, int]]:
-        return [("127.0.0.1", self.port)]
-
-    def command(self) -> tuple[list[str], dict[str, str]]:
-        env = dict(os.environ)
-        env[CONFIG_FILE_ENV] = str(write_effective_config(self.config))
-        env.setdefault("PYTHONUNBUFFERED", "1")
-        return [sys.executable, "-m", "belayer.cli", "codec-server", "--port", str(self.port)], env
-
-    def ready(self) -> bool:
-        return self.health().ok
 
     def health(self) -> Health:
         ui_host = self.config.temporal.address.rpartition(":")[0] or "127.0.0.1"
@@ -241,6 +257,3 @@ class CodecServerService:
         if allowed != origin:
             return Health(False, f"answers, but not for the web UI origin {origin}")
         return Health(True, f"decodes payloads for the web UI at {origin}")
-
-    def after_ready(self) -> None:
-        """Nothing: the UI finds it through --ui-codec-endpoint."""
