@@ -58,7 +58,7 @@ with workflow.unsafe.imports_passed_through():
         SessionCut,
         SessionView,
     )
-    from belayer.workflows.trajectory import InfraFailure, TrajectoryWorkflow, _first_line
+    from belayer.workflows.trajectory import InfraFailure, TrajectoryWorkflow, first_line
 
 # A session nobody calls for this long is finished as if its client had asked: the check
 # runs and the sandbox goes (the client died or forgot; nothing is left running).
@@ -262,7 +262,7 @@ class AgentSessionWorkflow(TrajectoryWorkflow):
         executed = await self._on_sandbox(
             sandbox.EXEC,
             lambda handle: ExecArgs(handle=handle, action=action),
-            summary=f"step {action.step}: {_first_line(call.command)}",
+            summary=f"step {action.step}: {first_line(call.command)}",
         )
         record = StepRecord(step=action.step, command=call.command, observation=executed.observation,
                             context_after_action=self.state.context, stage=self.state.stage)  # fmt: skip
@@ -286,7 +286,7 @@ class AgentSessionWorkflow(TrajectoryWorkflow):
         client saw; the client's context cannot be cut back, so the session ends."""
         record.cut_after_step = at.step
         raise InfraFailure(
-            f"the sandbox restored after a loss answers step {at.step} ({_first_line(at.command)}) "
+            f"the sandbox restored after a loss answers step {at.step} ({first_line(at.command)}) "
             "differently from what the client saw; a session cannot rewind its client, so it ends "
             "here (keep more checkpoints with --policy every-step to make this rarer)"
         )

@@ -397,7 +397,7 @@ class TrajectoryWorkflow:
         executed = await self._on_sandbox(
             sandbox.EXEC,
             lambda handle: ExecArgs(handle=handle, action=action),
-            summary=f"step {action.step}: {_first_line(command)}",
+            summary=f"step {action.step}: {first_line(command)}",
         )
         await self._record_step(
             StepRecord(
@@ -937,7 +937,7 @@ class TrajectoryWorkflow:
             lambda handle: ExecArgs(
                 handle=handle, action=action, isolated=True, processes=verification.processes
             ),
-            summary=f"check: {_first_line(verification.command)}",
+            summary=f"check: {first_line(verification.command)}",
             before_recovery=before_recovery,
         )
         return 1.0 if executed.observation.exit_code == 0 else 0.0
@@ -956,7 +956,7 @@ class TrajectoryWorkflow:
                 lambda handle: VerifyArgs(handle=handle, action=action, tests=graded.tests,
                                           processes=verification.processes, reward_key=graded.reward_key,
                                           artifacts=list(graded.artifacts)),
-                summary=f"verify: {_first_line(verification.command.splitlines()[-1])}",
+                summary=f"verify: {first_line(verification.command.splitlines()[-1])}",
                 before_recovery=before_recovery,
             ))  # fmt: skip
         self.verdict = self._staged(checks)
@@ -1274,6 +1274,7 @@ def _cause(err: ActivityError) -> str:
     return f"{type(cause).__name__}: {cause}" if cause else str(err)
 
 
-def _first_line(text: str, limit: int = 60) -> str:
+def first_line(text: str, limit: int = 60) -> str:
+    """A command's first line, cut to `limit`: what an activity's summary in the web UI shows."""
     line = text.strip().splitlines()[0] if text.strip() else ""
     return line if len(line) <= limit else line[: limit - 1] + "…"
