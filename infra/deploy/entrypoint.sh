@@ -6,6 +6,7 @@
 #   entrypoint.sh rollout-node        a rollout node (memory owner, engines, node supervisor)
 #   entrypoint.sh trajectory-worker   the workflows and their context activities
 #   entrypoint.sh trainer-worker      the trainer
+#   entrypoint.sh endpoint            the OpenAI-compatible endpoint over agent sessions (belayer serve)
 #   entrypoint.sh prepare             search attributes and bucket (`belayer prepare`), then exit
 #   entrypoint.sh belayer ARGS...     any other belayer command
 set -euo pipefail
@@ -36,6 +37,7 @@ case "$role" in
   rollout-node) built_model; exec "$PY" -m belayer.workers.rollout "$@" ;;
   trajectory-worker) built_model; exec "$PY" -m belayer.workers.trajectory "$@" ;;
   trainer-worker) built_model; exec "$PY" -m belayer.workers.trainer "$@" ;;
+  endpoint) built_model; exec "$BELAYER" serve --host 0.0.0.0 --port 8400 "$@" ;;  # its tokenizer
   prepare) exec "$BELAYER" prepare "$@" ;;
   belayer) exec "$BELAYER" "$@" ;;
   -h|--help) usage ;;

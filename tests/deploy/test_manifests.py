@@ -133,7 +133,14 @@ def test_every_belayer_pod_gets_a_configuration_the_loader_accepts(monkeypatch):
         seen[container["args"][0]] = config
         assert config.temporal.address == "temporal-frontend:7233", name
         assert config.state_dir == Path("/var/lib/belayer"), name
-    assert set(seen) == {"prepare", "sandbox-host", "rollout-node", "trajectory-worker", "trainer-worker"}
+    assert set(seen) == {
+        "prepare",
+        "sandbox-host",
+        "rollout-node",
+        "trajectory-worker",
+        "trainer-worker",
+        "endpoint",
+    }
     # Per-node identities: the sandbox host's queue follows its node, the rollout node's id its pod.
     assert seen["sandbox-host"].sandbox.host_task_queue == "belayer-sandbox-gpu-node-a"
     assert seen["rollout-node"].rollout.node_id == "belayer-rollout-node-1"
@@ -168,6 +175,7 @@ def test_podman_compose_reads_the_compose_file(compose):
         "rollout-node",
         "trajectory-worker",
         "trainer-worker",
+        "endpoint",
     }
     assert compose["services"]["sandbox-host"]["privileged"] is True
     # Nothing is published beyond the loopback interface.
@@ -205,7 +213,14 @@ def test_every_belayer_service_gets_a_configuration_the_loader_accepts(compose, 
         if not env:
             continue
         roles[service["command"][0]] = loaded_with(env, monkeypatch)
-    assert set(roles) == {"prepare", "sandbox-host", "rollout-node", "trajectory-worker", "trainer-worker"}
+    assert set(roles) == {
+        "prepare",
+        "sandbox-host",
+        "rollout-node",
+        "trajectory-worker",
+        "trainer-worker",
+        "endpoint",
+    }
     assert all(c.storage.endpoint == "http://minio:9000" for c in roles.values())
     assert roles["rollout-node"].rollout.node_id == "node0"
 
