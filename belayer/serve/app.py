@@ -6,6 +6,7 @@ over agent sessions, plus the session calls an OpenAI API has no words for.
     POST /v1/completions              the same, the client rendering its own prompt
     POST /v1/sessions/{id}/exec       {"command": "..."}: the agent's action in its sandbox
     POST /v1/sessions/{id}/finish     the task's check, the reward, the rollout's summary
+    POST /v1/sessions/{id}/branch     {"at_step": K, "count": N}: sessions going on after its step K
     GET  /v1/sessions/{id}            where the session stands
     GET  /v1/models
 
@@ -87,12 +88,18 @@ class SessionBody(_Body):
     session_id: str | None = Field(
         None, min_length=1, max_length=170, description="A group's: its members' prefix."
     )
+    keep_checkpoints: bool = Field(False, description="Keep its checkpoints when it ends, for branches.")
     group_size: int = Field(
         1,
         ge=1,
         le=256,
         description="More than 1: a group whose sandboxes fork one set-up sandbox (session_ids).",
     )
+
+
+class BranchBody(_Body):
+    at_step: int = Field(ge=1, description="The parent's step after which the branches go on.")
+    count: int = Field(1, ge=1, le=64)
 
 
 class ExecBody(_Body):
@@ -124,10 +131,19 @@ def create_app(sessions: Sessions, tasks: dict[str, Task]) -> FastAPI:
             members = await sessions.start_group(task, body.group_size, seed=body.seed, temperature=body.temperature,
                                                  group_id=body.session_id)  # fmt: skip
             return dataclasses.asdict(members[0]) | {"session_ids": [m.session_id for m in members]}
-        started = await sessions.start(
-            task, seed=body.seed, temperature=body.temperature, session_id=body.session_id
-        )
+        started = await sessions.start(task, seed=body.seed, temperature=body.temperature, session_id=body.session_id,
+                                       keep_checkpoints=body.keep_checkpoints)  # fmt: skip
         return dataclasses.asdict(started)
+
+    @app.post("/v1/sessions/{session_id}/branch")
+    async def branch(session_id: str, body: BranchBody) -> dict:
+        branched = await sessions.branch(session_id, body.at_step, body.count)
+        observation = branched.observation
+        return {
+            "session_ids": [s.session_id for s in branched.sessions],
+            "context_text": branched.context_text,
+            "observation": {"exit_code": observation.exit_code, "output": observation_text(observation)},
+        }
 
     @app.get("/v1/sessions/{session_id}")
     async def view(session_id: str) -> dict:

@@ -41,6 +41,7 @@ from temporalio.service import RPCError, RPCStatusCode
 from tokenizers import Tokenizer
 
 from belayer.activities.generate import partial_key
+from belayer.branching import branch_inputs
 from belayer.client import task_queues, trajectory_input
 from belayer.config import BelayerConfig, load_config
 from belayer.contracts.context import TokensRef
@@ -95,6 +96,15 @@ class StartedSession:
 
 
 @dataclass(frozen=True)
+class Branched:
+    """Branches of a session: the new sessions, and where their client goes on from."""
+
+    sessions: list[StartedSession]
+    context_text: str  # the parent's context when the step's command ran, as text
+    observation: Observation  # what that command gave
+
+
+@dataclass(frozen=True)
 class Generated:
     """One generate call's answer, and the ids of the turn's tokens (read from the token log)."""
 
@@ -130,12 +140,13 @@ class Sessions:
 
     # ------------------------------------------------------------------ the calls
 
-    async def start(self, task: Task, *, seed: int = 0, temperature: float = 1.0,
-                    session_id: str | None = None) -> StartedSession:  # fmt: skip
-        """Start a session of `task`: its sandbox is set up while the client prepares."""
+    async def start(self, task: Task, *, seed: int = 0, temperature: float = 1.0, session_id: str | None = None,
+                    keep_checkpoints: bool = False) -> StartedSession:  # fmt: skip
+        """Start a session of `task`: its sandbox is set up while the client prepares.
+        `keep_checkpoints`: its checkpoints outlive it, for branches to start from."""
         session_id = session_id or f"session-{task.id}-{uuid.uuid4().hex[:8]}"
-        await self._start("AgentSessionWorkflow", self._input(task, session_id, seed, temperature), session_id,
-                          f"agent session of task {task.id}")  # fmt: skip
+        input = self._input(task, session_id, seed, temperature, keep_checkpoints)
+        await self._start("AgentSessionWorkflow", input, session_id, f"agent session of task {task.id}")
         return self._started(task, session_id)
 
     async def start_group(self, task: Task, size: int, *, seed: int = 0, temperature: float = 1.0,
@@ -158,12 +169,38 @@ class Sessions:
                 await asyncio.sleep(0.2)
         return [self._started(task, i) for i in ids]
 
-    def _input(self, task: Task, session_id: str, seed: int, temperature: float) -> TrajectoryInput:
+    async def branch(self, parent_id: str, at_step: int, count: int = 1) -> Branched:
+        """`count` sessions that continue the ended session `parent_id` after its step
+        `at_step` (belayer/branching.py): each one's sandbox is restored from the parent's
+        latest kept checkpoint at or before it (else rebuilt by replaying its steps) and
+        verified, and its token log is the parent's as it stood when that step's command
+        ran. Branch i samples from the parent's seed + 1 + i. The client goes on from
+        `context_text` and the step's observation: the same conversation up to that
+        command, then the command's output as a tool message, extends it."""
+        try:
+            inputs = await branch_inputs(self.temporal, self.config, parent_id, at_step, count)
+        except BelayerError as err:
+            raise SessionError(str(err), "bad_request") from None
+        for input in inputs:
+            await self._start("AgentSessionWorkflow", input, input.trajectory_id,
+                              f"branch of session {parent_id} after step {at_step}")  # fmt: skip
+        at = inputs[0].start_from.at_step
+        logged = await asyncio.to_thread(read_prefix, self.tokens, at.context_after_action)
+        observation = await asyncio.to_thread(load_observation, self.store, at.observation)
+        return Branched(
+            sessions=[self._started(input.task, input.trajectory_id) for input in inputs],
+            context_text=self.tokenizer.decode(logged, skip_special_tokens=True),
+            observation=observation,
+        )
+
+    def _input(self, task: Task, session_id: str, seed: int, temperature: float,
+               keep_checkpoints: bool = False) -> TrajectoryInput:  # fmt: skip
         return trajectory_input(self.config, task, seed=seed).model_copy(
             update={
                 "trajectory_id": session_id,
                 "queues": self.queues,
                 "sampling": Sampling(seed=seed, temperature=temperature),
+                "keep_checkpoints": keep_checkpoints,
             }  # fmt: skip
         )
 

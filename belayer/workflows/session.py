@@ -145,11 +145,8 @@ class AgentSessionWorkflow(TrajectoryWorkflow):
 
     async def _open_context(self, start: ForkStart | None) -> ContextResult:
         """An empty token log, a group member's too (its sandbox is the group's fork): the
-        client renders the prompt."""
-        if start is not None and start.at_step is not None:
-            raise InfraFailure(
-                "a session cannot start as a branch of another trajectory: its client holds the context"
-            )
+        client renders the prompt. A branch (`Sessions.branch`) forks its parent's log
+        instead, as any branch does (`_start_branch`)."""
         return await self._context_activity(
             START_CONTEXT,
             StartContextArgs(log_key=self._log_key(), trajectory_id=self.input.trajectory_id,

@@ -11,7 +11,7 @@ import uuid
 
 import pytest
 
-from belayer.agent_format import render_chat
+from belayer.agent_format import observation_text, render_chat
 from belayer.policy.config import PolicyConfig
 from belayer.serve.sessions import SessionError, Sessions
 from belayer.storage.tokenlog import read_marks, read_prefix
@@ -182,3 +182,39 @@ async def test_a_sessions_first_calls_do_not_wait_for_its_sandbox(
         assert (step, observation.exit_code) == (1, 0), "the action ran in the set-up sandbox"
         result, _ = await sessions.finish(started.session_id)
     assert result.status == "failed_policy" and result.reward == 0.0  # its check wants files it never wrote
+
+
+async def test_a_branch_of_a_session_goes_on_after_its_step_in_a_restored_sandbox(
+    temporal_server, seaweedfs, sandbox_runtime, stack_config, storage_config, tokenizer_path
+):
+    async with sessions_on(stack_config, storage_config, tokenizer_path) as (stack, sessions):
+        parent = await sessions.start(TASK, keep_checkpoints=True)
+        first = await sessions.generate(
+            parent.session_id, render_chat(conversation(parent.instruction)), max_tokens=64
+        )
+        _, step1 = await sessions.exec(parent.session_id, "echo 1 > /workspace/w/count")
+        await sessions.exec(parent.session_id, "echo 7 > /workspace/w/count")
+        await sessions.finish(parent.session_id)
+
+        branched = await sessions.branch(parent.session_id, at_step=1)
+        (branch,) = branched.sessions
+        exchange = (first.reply.text, observation_text(step1))
+        assert branched.context_text == render_chat(conversation(parent.instruction)) + first.reply.text
+        view = await sessions.view(branch.session_id)
+        parent_context = (first.reply.context.length, first.reply.context.sha256)
+        assert view.step == 1 and (view.context.length, view.context.sha256) == parent_context, (
+            "as step 1 ran"
+        )
+        # The client's own history up to step 1, with that step's output as a tool message, extends it.
+        second = await sessions.generate(branch.session_id, render_chat(conversation(parent.instruction, exchange)),
+                                         max_tokens=64)  # fmt: skip
+        assert not second.reply.context_cut and second.reply.kept_tokens == first.reply.context.length
+        step, observation = await sessions.exec(branch.session_id, "cat /workspace/w/count")
+        assert (step, observation.stdout.strip()) == (2, "1"), (
+            "the sandbox as it was after the parent's step 1"
+        )
+        await sessions.exec(branch.session_id, "echo 2 > /workspace/w/count && touch /workspace/w/done")
+        result, rollout = await sessions.finish(branch.session_id)
+    assert result.status == "completed" and result.reward == 1.0, result.reason
+    assert result.recoveries[0].kind == "fork" and result.recoveries[0].consistent
+    assert rollout.prompt_ids + rollout.completion_ids == read_prefix(stack.store, result.context)
