@@ -54,10 +54,12 @@ def trajectory_input(
     )
 
 
-async def start_trajectory(client: Client, config: BelayerConfig, input: TrajectoryInput) -> WorkflowHandle:
-    """Start `TrajectoryWorkflow`; the web UI can filter by task and status from the first moment."""
+async def start_trajectory(client: Client, config: BelayerConfig, input: TrajectoryInput, *,
+                           workflow: str = "TrajectoryWorkflow", summary: str | None = None) -> WorkflowHandle:  # fmt: skip
+    """Start `TrajectoryWorkflow` (or `workflow`, one of its kind: an agent session); the web
+    UI can filter by task and status from the first moment."""
     return await client.start_workflow(
-        "TrajectoryWorkflow",
+        workflow,
         input,
         id=input.trajectory_id,
         task_queue=config.temporal.workflow_task_queue,
@@ -68,7 +70,7 @@ async def start_trajectory(client: Client, config: BelayerConfig, input: Traject
                 SearchAttributePair(STATUS_KEY, "running"),
             ]
         ),
-        static_summary=f"trajectory of task {input.task.id}",
+        static_summary=summary or f"trajectory of task {input.task.id}",
     )
 
 

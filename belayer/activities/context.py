@@ -44,7 +44,7 @@ from belayer.contracts.context import (
     StartContextArgs,
 )
 from belayer.sandbox.observations import load_observation
-from belayer.storage.tokenlog import TokenLog, decode_tokens, prefix_ref, read_prefix
+from belayer.storage.tokenlog import TokenLog, decode_tokens, encode_tokens, prefix_ref, read_prefix
 
 
 class ContextActivities:
@@ -123,8 +123,8 @@ class ContextActivities:
         cut = kept < len(logged)
         if cut:
             log = TokenLog.fork(self.store, prefix_ref(args.prefix.key, logged[:kept]), args.fork_to)
-        else:
-            log = TokenLog.resume(self.store, args.prefix)
+        else:  # the log just read and verified goes on: not read again
+            log = TokenLog(self.store, args.prefix.key, prefix=encode_tokens(logged))
         head = log.append(prompt[kept:], source="env")
         return ExtendContextResult(prefix=head, appended_tokens=len(prompt) - kept, kept_tokens=kept, cut=cut)
 

@@ -246,6 +246,7 @@ class _Answer:
     def __init__(self, model: str, chat: bool):
         self.chat = chat
         self.kind = "chat.completion" if chat else "text_completion"
+        self.chunk_kind = "chat.completion.chunk" if chat else "text_completion"
         self.common = {"id": f"{'chatcmpl' if chat else 'cmpl'}-{uuid.uuid4().hex[:24]}", "created": int(time.time()),
                        "model": model}  # fmt: skip
 
@@ -284,8 +285,7 @@ class _Answer:
         return {"index": 0, "text": text, "finish_reason": None, "logprobs": None}
 
     def _chunk(self, choice: dict, **extra) -> str:
-        kind = "chat.completion.chunk" if self.chat else "text_completion"
-        return f"data: {json.dumps({**self.common, 'object': kind, 'choices': [choice], **extra})}\n\n"
+        return f"data: {json.dumps({**self.common, 'object': self.chunk_kind, 'choices': [choice], **extra})}\n\n"
 
     @staticmethod
     def _tail(generated: Generated) -> dict:

@@ -35,14 +35,13 @@ from temporalio.client import (
     WorkflowUpdateFailedError,
     WorkflowUpdateStage,
 )
-from temporalio.common import SearchAttributePair, TypedSearchAttributes
 from temporalio.exceptions import ApplicationError
 from temporalio.service import RPCError, RPCStatusCode
 from tokenizers import Tokenizer
 
 from belayer.activities.generate import partial_key
 from belayer.branching import branch_inputs
-from belayer.client import task_queues, trajectory_input
+from belayer.client import start_group, start_trajectory, task_queues, trajectory_input
 from belayer.config import BelayerConfig, load_config
 from belayer.contracts.context import TokensRef
 from belayer.contracts.errors import BAD_REQUEST
@@ -68,7 +67,6 @@ from belayer.workflows.session_models import (
     GenerateReply,
     SessionView,
 )
-from belayer.workflows.trajectory import STATUS_KEY, TASK_KEY
 from belayer.workloads.harbor_tasks import runnable_workload
 from belayer.workloads.models import Task
 from belayer.workloads.registry import driver_for
@@ -119,7 +117,6 @@ class Sessions:
         self.config = config
         self.temporal = client
         self.queues = task_queues(config)
-        self.workflow_queue = config.temporal.workflow_task_queue
         self.store = open_store(config.storage)  # observations are encrypted at rest when configured
         self.tokens = open_store(config.storage, encrypted=False)  # token logs and prompts never are
 
@@ -146,7 +143,8 @@ class Sessions:
         `keep_checkpoints`: its checkpoints outlive it, for branches to start from."""
         session_id = session_id or f"session-{task.id}-{uuid.uuid4().hex[:8]}"
         input = self._input(task, session_id, seed, temperature, keep_checkpoints)
-        await self._start("AgentSessionWorkflow", input, session_id, f"agent session of task {task.id}")
+        await self._start(start_trajectory(self.temporal, self.config, input, workflow="AgentSessionWorkflow",
+                                           summary=f"agent session of task {task.id}"))  # fmt: skip
         return self._started(task, session_id)
 
     async def start_group(self, task: Task, size: int, *, seed: int = 0, temperature: float = 1.0,
@@ -156,10 +154,9 @@ class Sessions:
         group_id = group_id or f"sessions-{task.id}-{uuid.uuid4().hex[:8]}"
         ids = [f"{group_id}-m{k}" for k in range(size)]
         group = GroupInput(group_id=group_id, members=[self._input(task, i, seed + k, temperature) for k, i in enumerate(ids)],
-                           workflow_queue=self.workflow_queue, member_workflow="AgentSessionWorkflow")  # fmt: skip
-        await self._start(
-            "TrajectoryGroupWorkflow", group, group_id, f"group of {size} agent sessions of task {task.id}"
-        )
+                           workflow_queue=self.config.temporal.workflow_task_queue,
+                           member_workflow="AgentSessionWorkflow")  # fmt: skip
+        await self._start(start_group(self.temporal, self.config, group))
         deadline = time.monotonic() + ready_within_s
         for session_id in ids:
             while not await self._exists(session_id):
@@ -182,8 +179,8 @@ class Sessions:
         except BelayerError as err:
             raise SessionError(str(err), "bad_request") from None
         for input in inputs:
-            await self._start("AgentSessionWorkflow", input, input.trajectory_id,
-                              f"branch of session {parent_id} after step {at_step}")  # fmt: skip
+            await self._start(start_trajectory(self.temporal, self.config, input, workflow="AgentSessionWorkflow",
+                                               summary=f"branch of session {parent_id} after step {at_step}"))  # fmt: skip
         at = inputs[0].start_from.at_step
         logged = await asyncio.to_thread(read_prefix, self.tokens, at.context_after_action)
         observation = await asyncio.to_thread(load_observation, self.store, at.observation)
@@ -204,24 +201,13 @@ class Sessions:
             }  # fmt: skip
         )
 
-    async def _start(self, workflow_type: str, input, workflow_id: str, summary: str) -> None:
-        task = input.members[0].task if isinstance(input, GroupInput) else input.task
+    async def _start(self, starting) -> None:
+        """`starting` (a workflow's start), an id in use said as the caller's mistake."""
         try:
-            await self.temporal.start_workflow(
-                workflow_type,
-                input,
-                id=workflow_id,
-                task_queue=self.workflow_queue,
-                search_attributes=TypedSearchAttributes(
-                    [SearchAttributePair(TASK_KEY, task.id), SearchAttributePair(STATUS_KEY, "running")]
-                ),
-                static_summary=summary,
-            )
+            await starting
         except RPCError as err:
             if err.status == RPCStatusCode.ALREADY_EXISTS:
-                raise SessionError(
-                    f"{workflow_id!r} exists already: choose another id", "bad_request"
-                ) from None
+                raise SessionError(f"{err.message or err}: choose another id", "bad_request") from None
             raise
 
     @staticmethod
@@ -281,10 +267,10 @@ class Sessions:
                              sampling: dict) -> tuple[str, GenerateCall]:  # fmt: skip
         """The call: the prompt's tokens stored, its sampling checked (a bad field is the caller's)."""
         request_id = request_id or uuid.uuid4().hex
-        context = (await self.view(session_id)).context
-        tokens = (
-            prompt if isinstance(prompt, list) else await asyncio.to_thread(self._tokens_of, context, prompt)
-        )
+        tokens = prompt
+        if isinstance(prompt, str):  # only text needs the logged tokens, to keep them as sampled
+            context = (await self.view(session_id)).context
+            tokens = await asyncio.to_thread(self._tokens_of, context, prompt)
         if not tokens:
             raise SessionError("the prompt is empty: send the conversation so far", "bad_request")
         ref = await asyncio.to_thread(self._store_prompt, session_id, request_id, tokens)

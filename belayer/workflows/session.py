@@ -164,7 +164,6 @@ class AgentSessionWorkflow(TrajectoryWorkflow):
                 break
             call, reply = self.calls.pop(0)
             if isinstance(call, FinishCall):
-                self.accepting = False
                 reply.set_result(FinishReply(step=self.state.step))
                 break
             try:
@@ -174,7 +173,6 @@ class AgentSessionWorkflow(TrajectoryWorkflow):
             except BaseException as ended:
                 reply.set_exception(_ended(f"the session ended during this call: {ended}"))
                 raise
-        self.accepting = False
         self._refuse_waiting("the session is finishing: its check runs now")
         await self._sandbox_ready()
         await self._settle_checkpoint()

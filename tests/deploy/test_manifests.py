@@ -25,6 +25,8 @@ ENTRYPOINT = DEPLOY / "entrypoint.sh"
 KUBERNETES_VERSION = "1.33"
 # Not Kubernetes objects: kustomize's own file and the values of Temporal's Helm chart.
 NOT_RESOURCES = {"kustomization.yaml", "temporal-values.yaml"}
+# The entrypoint's roles, one Belayer component each, in every deployment.
+BELAYER_ROLES = {"prepare", "sandbox-host", "rollout-node", "trajectory-worker", "trainer-worker", "endpoint"}
 BIN = Path(sys.executable).parent
 
 
@@ -133,14 +135,7 @@ def test_every_belayer_pod_gets_a_configuration_the_loader_accepts(monkeypatch):
         seen[container["args"][0]] = config
         assert config.temporal.address == "temporal-frontend:7233", name
         assert config.state_dir == Path("/var/lib/belayer"), name
-    assert set(seen) == {
-        "prepare",
-        "sandbox-host",
-        "rollout-node",
-        "trajectory-worker",
-        "trainer-worker",
-        "endpoint",
-    }
+    assert set(seen) == BELAYER_ROLES
     # Per-node identities: the sandbox host's queue follows its node, the rollout node's id its pod.
     assert seen["sandbox-host"].sandbox.host_task_queue == "belayer-sandbox-gpu-node-a"
     assert seen["rollout-node"].rollout.node_id == "belayer-rollout-node-1"
@@ -165,18 +160,7 @@ def compose() -> dict:
 
 
 def test_podman_compose_reads_the_compose_file(compose):
-    assert set(compose["services"]) == {
-        "postgresql",
-        "temporal",
-        "temporal-ui",
-        "minio",
-        "prepare",
-        "sandbox-host",
-        "rollout-node",
-        "trajectory-worker",
-        "trainer-worker",
-        "endpoint",
-    }
+    assert set(compose["services"]) == {"postgresql", "temporal", "temporal-ui", "minio", *BELAYER_ROLES}
     assert compose["services"]["sandbox-host"]["privileged"] is True
     # Nothing is published beyond the loopback interface.
     published = [port for service in compose["services"].values() for port in service.get("ports", [])]
@@ -213,14 +197,7 @@ def test_every_belayer_service_gets_a_configuration_the_loader_accepts(compose, 
         if not env:
             continue
         roles[service["command"][0]] = loaded_with(env, monkeypatch)
-    assert set(roles) == {
-        "prepare",
-        "sandbox-host",
-        "rollout-node",
-        "trajectory-worker",
-        "trainer-worker",
-        "endpoint",
-    }
+    assert set(roles) == BELAYER_ROLES
     assert all(c.storage.endpoint == "http://minio:9000" for c in roles.values())
     assert roles["rollout-node"].rollout.node_id == "node0"
 

@@ -34,11 +34,16 @@ REPLIES = ["<bash>echo 1 > /workspace/w/count</bash>", "<bash>echo 2 > /workspac
 @contextlib.asynccontextmanager
 async def sessions_on(stack_config, storage_config, tokenizer_path, replies=REPLIES):
     async with trajectory_stack(stack_config, storage_config, tokenizer_path, replies=replies) as stack:
+        temporal = stack_config.temporal.model_copy(update={"workflow_task_queue": stack.queues.context})
         config = stack_config.model_copy(
-            update={"storage": storage_config, "policy": PolicyConfig(mode="every-step")}
+            update={
+                "storage": storage_config,
+                "policy": PolicyConfig(mode="every-step"),
+                "temporal": temporal,
+            }
         )
         sessions = Sessions(config, await connect(config.temporal, config.storage.encryption_key))
-        sessions.queues, sessions.workflow_queue = stack.queues, stack.queues.context
+        sessions.queues = stack.queues
         try:
             yield stack, sessions
         finally:
