@@ -27,6 +27,10 @@ from tests.workflows.conftest import trajectory_stack
 from tests.workflows.test_trajectory import start
 
 EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "openai_agent.py"
+# The node stores a turn's tokens on its once-a-second heartbeat, and the first store lands
+# one to two seconds in: a stream shows growth only for a turn that lasts several seconds
+# (about 6 here; 400 tokens, about 2.4 s, came whole when the engine ran fast).
+STREAMED_TOKENS = 1000
 TASK = ModelTask(id="hello-file", instruction="Create /workspace/hello.txt containing hello, then stop.",
                  max_turns=3, max_tokens_per_turn=48, check="grep -q hello /workspace/hello.txt")  # fmt: skip
 
@@ -41,11 +45,16 @@ async def endpoint(stack_config, storage_config, tokenizer_path, node):
     """The stack with the real node behind it and the endpoint on a free local port; yields
     (stack, base URL)."""
     async with trajectory_stack(stack_config, storage_config, tokenizer_path, rollout_node=node) as stack:
+        temporal = stack_config.temporal.model_copy(update={"workflow_task_queue": stack.queues.context})
         config = stack_config.model_copy(
-            update={"storage": storage_config, "policy": PolicyConfig(mode="every-step")}
+            update={
+                "storage": storage_config,
+                "policy": PolicyConfig(mode="every-step"),
+                "temporal": temporal,
+            }
         )
         sessions = Sessions(config, await connect(config.temporal, config.storage.encryption_key))
-        sessions.queues, sessions.workflow_queue = stack.queues, stack.queues.context
+        sessions.queues = stack.queues
         try:
             async with serve_in_background(sessions, {TASK.id: TASK}) as url:
                 yield stack, url
@@ -98,7 +107,7 @@ async def test_an_engine_killed_mid_call_answers_with_the_same_tokens(
         sampling = {
             k: v for k, v in call.items() if k not in ("ignore_eos", "return_token_ids", "max_tokens")
         }
-        streamed = await model.completions.create(stream=True, max_tokens=400, extra_body={"ignore_eos": True},
+        streamed = await model.completions.create(stream=True, max_tokens=STREAMED_TOKENS, extra_body={"ignore_eos": True},
                                                   **sampling)  # fmt: skip
         chunks = [chunk async for chunk in streamed]
     assert len(node.recoveries) > takeovers and node.recoveries[-1].kind == "takeover"
@@ -113,7 +122,7 @@ async def test_an_engine_killed_mid_call_answers_with_the_same_tokens(
     assert "".join(texts).startswith(first["choices"][0]["text"])
     assert len(texts) >= 2, "the text came as the turn's stored tokens grew, not all at the end"
     assert chunks[-1].choices[0].finish_reason == first["choices"][0]["finish_reason"] == "length"
-    assert chunks[-1].usage.completion_tokens == 400
+    assert chunks[-1].usage.completion_tokens == STREAMED_TOKENS
     assert node.wait_shadow_ready(), "no fresh shadow after the takeover"
 
 
