@@ -29,11 +29,12 @@ from typing import TYPE_CHECKING
 
 from pydantic import BaseModel, ConfigDict, Field
 from temporalio import activity
+from temporalio.exceptions import ApplicationError
 from tokenizers import Tokenizer
 
 from belayer.activities.context import ContextActivities, PreparedAppend, StartedAppend
 from belayer.activities.runtime import FailsAs, Failures, heartbeating, implements
-from belayer.contracts.errors import BAD_REQUEST, CORRUPT_PREFIX
+from belayer.contracts.errors import BAD_REQUEST, CORRUPT_PREFIX, NODE_FULL
 from belayer.contracts.generate import (
     GENERATE,
     EngineTiming,
@@ -42,7 +43,7 @@ from belayer.contracts.generate import (
     RecoveryReplay,
     SamplingParams,
 )
-from belayer.rollout.errors import BadRequestError, RolloutError
+from belayer.rollout.errors import BadRequestError, NodeFull, RolloutError
 from belayer.rollout.protocol import SamplingSpec
 from belayer.storage.errors import CorruptObject, StorageError
 from belayer.storage.generation import SampledTokens, decode_sampled, encode_sampled, write_generation
@@ -107,7 +108,10 @@ class RolloutActivities:
     async def generate(self, args: GenerateArgs) -> GenerateResult:
 
         started = time.monotonic()
-        turn = await asyncio.to_thread(self._begin_turn, args)
+        try:
+            turn = await asyncio.to_thread(self._begin_turn, args)
+        except NodeFull as full:
+            raise self._refused(full) from None
         prefix, context, resumed, observation = turn.prefix, turn.context, turn.resumed, turn.observation
         # A cut context is forked by the workflow's next append (`fork_to`), never here.
         log = TokenLog(self.store, prefix.key, prefix=encode_tokens(context))
@@ -162,6 +166,16 @@ class RolloutActivities:
             generation=generation,
             weights_versions=versions,
             recovery_replay=replay,
+        )
+
+    def _refused(self, full: NodeFull) -> ApplicationError:
+        """A node at its capacity refuses a turn at once. Asked on its own queue (the turn's
+        affinity) the refusal is final, so the trajectory sends the turn to the shared queue
+        instead of waiting out its affinity timeout there; asked on the shared queue, the
+        activity is retried with backoff by whichever node polls with room (a full node
+        does not poll it: belayer/workers/rollout/slots.py)."""
+        return ApplicationError(
+            str(full), type=NODE_FULL, non_retryable=activity.info().task_queue == self.node_queue
         )
 
     def _store_turn(

@@ -51,6 +51,7 @@ class TrainingChaos:
         self.pending = list(plan)
         self.faults: list[dict] = []
         self.chaos = Chaos(config)
+        self.windows = FirstGenerationWindows()
         self.started = time.monotonic()
 
     async def run(self) -> None:
@@ -58,9 +59,12 @@ class TrainingChaos:
         still pending is then recorded as not injected, by `settle`)."""
         while self.pending:
             progress = await self._progress()
+            running = await self._running(progress)
+            if progress is not None:
+                self.windows.observe(progress.iteration, running, self.policy_tasks)
             fired = None
             for planned in self.pending:
-                target = await self._target(planned, progress) if progress else None
+                target = self._target(planned, progress, running) if progress else None
                 if target is not None:
                     fired = planned, target
                     break
@@ -99,7 +103,7 @@ class TrainingChaos:
         except Exception:  # the run's worker is restarting, or Temporal is: ask again
             return None
 
-    async def _target(self, planned: PlannedFault, progress) -> tuple[str, object] | None:
+    def _target(self, planned: PlannedFault, progress, running: list) -> tuple[str, object] | None:
         """What the fault hits now: ("trainer", None) or (trajectory id, its progress)."""
         if planned.t is not None:
             if time.monotonic() - self.started < planned.t:
@@ -110,21 +114,34 @@ class TrainingChaos:
                 return None
         if planned.fault == "trainer-crash":
             return ("trainer", None) if progress.phase == "train" else None
-        # Asked all at once: a first generation of the tiny model lasts a fraction of a
-        # second, shorter than asking a dozen trajectories one after another.
-        seen_all = await asyncio.gather(*(self._trajectory_progress(t) for t in progress.running))
-        for trajectory_id, seen in zip(progress.running, seen_all, strict=True):
-            if (
-                seen is not None
-                and seen.status == "running"
-                and seen.sandbox
-                and aimed_at(planned, seen, self.policy_tasks)
-            ):
+        if self._waits_for_a_first_generation(planned, progress.iteration):
+            return None
+        for trajectory_id, seen in running:
+            if seen.status == "running" and seen.sandbox and aimed_at(planned, seen, self.policy_tasks):
                 return trajectory_id, seen
         return None
 
-    async def _trajectory_progress(self, trajectory_id: str):
+    def _waits_for_a_first_generation(self, planned: PlannedFault, iteration: int) -> bool:
+        """A fault planned for iteration K, in iteration K, waits while a first-generation
+        fault planned for K still has its chance ahead: fired first, its recovery would hold
+        the injector longer than a first generation lasts, and in a run's last iteration the
+        first-generation fault would be missed. Past K, neither waits for the other."""
+        return (
+            planned.iteration == iteration
+            and not self.windows.past(iteration)
+            and any(p.first_generation == iteration for p in self.pending)
+        )
 
+    async def _running(self, progress) -> list[tuple[str, object]]:
+        """The iteration's running trajectories and what each is doing. Asked all at once:
+        a first generation of the tiny model lasts a fraction of a second, shorter than
+        asking a dozen trajectories one after another."""
+        if progress is None or not progress.running:
+            return []
+        seen_all = await asyncio.gather(*(self._trajectory_progress(t) for t in progress.running))
+        return [(t, seen) for t, seen in zip(progress.running, seen_all, strict=True) if seen is not None]
+
+    async def _trajectory_progress(self, trajectory_id: str):
         try:
             return await trajectory_progress(self.client.get_workflow_handle(trajectory_id))
         except Exception:  # it is ending, or its worker is restarting
@@ -218,3 +235,34 @@ def aimed_at(planned: PlannedFault, seen, policy_tasks: frozenset[str]) -> bool:
 def policy_tasks_of(tasks) -> frozenset[str]:
     """The ids of the tasks the policy acts in: every kind but the scripted trace task."""
     return frozenset(t.id for t in tasks if not isinstance(t, TraceTask))
+
+
+class FirstGenerationWindows:
+    """Per iteration, whether the first generations of the tasks the policy acts in are
+    over: a trajectory of one was seen past its first action, or seen at step 0 and then
+    no longer running. Until then a first-generation fault may still find its target."""
+
+    def __init__(self) -> None:
+        self._at_first: dict[int, set[str]] = {}
+        self._past: set[int] = set()
+
+    def observe(
+        self, iteration: int, running: list[tuple[str, object]], policy_tasks: frozenset[str]
+    ) -> None:
+        if iteration in self._past:
+            return
+        seen_at_first = self._at_first.setdefault(iteration, set())
+        still_at_first = set()
+        for trajectory_id, seen in running:
+            if seen.task not in policy_tasks:
+                continue
+            if seen.step == 0 and seen.status == "running":
+                still_at_first.add(trajectory_id)
+            else:
+                self._past.add(iteration)
+        if seen_at_first - still_at_first:  # one seen at its first generation ended or moved on
+            self._past.add(iteration)
+        seen_at_first |= still_at_first
+
+    def past(self, iteration: int) -> bool:
+        return iteration in self._past

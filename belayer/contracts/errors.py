@@ -8,6 +8,7 @@ here. A sandbox error's type is its class's name (the activity runtime's transla
 
 from __future__ import annotations
 
+from belayer.rollout.errors import NodeFull
 from belayer.sandbox.errors import (
     CAUSED_BY_AGENT,
     LOST_UNEXPLAINED,
@@ -30,6 +31,7 @@ __all__ = [
     "HOST_REFUSED",
     "LOST_UNEXPLAINED",
     "MODEL_NOT_BUILT",
+    "NODE_FULL",
     "PODMAN_FAILED",
     "SANDBOX_LOST",
     "STALE_WEIGHTS_VERSION",
@@ -46,6 +48,8 @@ PODMAN_FAILED = PodmanFailed.__name__
 # `generate`: the turn's request or its context reference is bad; another node would refuse it too.
 BAD_REQUEST = "BadRequest"
 CORRUPT_PREFIX = "CorruptPrefix"
+# `generate`: the node serves its declared capacity; another node, or a later attempt, may not.
+NODE_FULL = NodeFull.__name__
 
 # `trainer.train_step`: a sample that does not verify, arguments the trainer cannot serve.
 CORRUPT_SAMPLE = "CorruptSample"

@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING
 from tokenizers import Tokenizer
 
 from belayer.rollout import children
-from belayer.rollout.errors import BadRequestError, NodeClosedError, RolloutError
+from belayer.rollout.errors import BadRequestError, NodeClosedError, NodeFull, RolloutError
 from belayer.rollout.inflight import Completion, InFlight, completion, new_record
 from belayer.rollout.protocol import AbortRequest, Rejected, SamplingSpec, StepOutput
 
@@ -94,10 +94,24 @@ class Dispatcher:
         with node.lock:
             if node.inflight.get(record.request_id) is not None:
                 raise BadRequestError(f"request id {record.request_id} is already in flight")
+            self._admit(record)
             node.inflight.add(record)
             log.debug("request %s: %d prompt tokens, %s", record.request_id, len(record.prompt_ids), spec)
         node.wake()
         return RequestHandle(self, record)
+
+    def _admit(self, record: InFlight) -> None:
+        """Refuse the request at once (`NodeFull`) when the node serves its capacity already
+        (belayer/rollout/admission.py); the node's lock is held."""
+        node = self._node
+        refusal = node.capacity.refusal(
+            [len(r.prompt_ids) + len(r.tokens) for r in node.inflight.open()], len(record.prompt_ids)
+        )
+        if refusal is not None:
+            node.refused += 1
+            raise NodeFull(
+                f"rollout node {node.config.node_id} refuses request {record.request_id}: {refusal}"
+            )
 
     def cancel(self, request_id: str, why: str = "cancelled by the caller") -> None:
         """Drop a request (e.g. its activity was cancelled): the leader stops decoding it."""

@@ -26,3 +26,9 @@ class EngineStartError(RolloutError):
 
 class SharedMemoryError(RolloutError):
     """A shared-memory segment is missing, too small, or its header is not intact."""
+
+
+class NodeFull(RolloutError):
+    """The node already serves as many sequences, or holds as many KV tokens, as it
+    declared (`rollout.max_num_seqs`, `rollout.kv_cache_mb`): refused at once rather than
+    queued inside the engine, so another node, or a later attempt, serves the turn."""

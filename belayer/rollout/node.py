@@ -33,6 +33,7 @@ from pathlib import Path
 from typing import Any
 
 from belayer.rollout import children, recovery, shm
+from belayer.rollout.admission import Capacity
 from belayer.rollout.children import Child
 from belayer.rollout.config import RolloutConfig
 from belayer.rollout.dispatcher import Dispatcher, RequestHandle
@@ -58,7 +59,7 @@ from belayer.rollout.protocol import (
 from belayer.rollout.publish import PublishCoordinator, PublishReport
 from belayer.rollout.recovery import RecoveryEvent
 from belayer.rollout.roles import Roles, ShadowRole
-from belayer.rollout.status import NodeStatus, RecoverySummary, rounded
+from belayer.rollout.status import Load, NodeStatus, RecoverySummary, rounded
 
 __all__ = ["Completion", "NodeStatus", "PublishReport", "RecoveryEvent", "RequestHandle", "RolloutNode"]
 
@@ -83,6 +84,8 @@ class RolloutNode:
         self.model_dir = Path(model_dir)
         self.weight_source = weight_source
         self.vocab_size = _vocab_size(self.model_dir)
+        self.capacity = Capacity.of(config, self.model_dir)  # what it admits (belayer/rollout/admission.py)
+        self.refused = 0  # requests refused for want of capacity since the node started
         self._lock = threading.RLock()
         self.inflight = InFlightLog()
         self.recoveries: list[RecoveryEvent] = []
@@ -178,6 +181,11 @@ class RolloutNode:
         `BadRequestError` (non-retryable) and leaves the node serving."""
         return self.dispatcher.submit(prompt_ids, spec, request_id, on_progress)
 
+    def has_room(self) -> bool:
+        """Whether the node would admit one more request now (read without its lock: a
+        hint for whoever decides to send one; `submit` itself decides under the lock)."""
+        return self.broken is None and len(self.inflight) < self.capacity.sequences
+
     def cancel(self, request_id: str, why: str = "cancelled by the caller") -> None:
         """Drop a request (e.g. its activity was cancelled): the leader stops decoding it."""
         self.dispatcher.cancel(request_id, why)
@@ -257,6 +265,9 @@ class RolloutNode:
                 hang_deadline=rounded(self.hang_deadlines()),
                 last_owner_recovery=self.owner_role.last_recovery,
                 last_recovery=RecoverySummary.of(self.recoveries[-1]) if self.recoveries else None,
+                capacity=Load(
+                    self.capacity.sequences, self.capacity.kv_tokens, len(self.inflight.open()), self.refused
+                ),
             )
 
     def _degraded(self) -> str | None:

@@ -49,6 +49,17 @@ class RecoverySummary:
 
 
 @dataclass(frozen=True)
+class Load:
+    """The node's declared capacity (belayer/rollout/admission.py), what it serves of it
+    now, and how many requests it refused for want of it since it started."""
+
+    sequences: int
+    kv_tokens: int
+    in_flight: int
+    refused: int
+
+
+@dataclass(frozen=True)
 class OwnerRecovery:
     """How long the node was unprotected after its memory owner died."""
 
@@ -83,6 +94,7 @@ class NodeStatus:
     hang_deadline: Deadlines
     last_owner_recovery: OwnerRecovery | None
     last_recovery: RecoverySummary | None = None
+    capacity: Load | None = None  # None in a roles file from before nodes declared it
 
     def to_json(self) -> dict[str, Any]:
         """The keys and values the node worker writes to its roles file; `last_recovery` is
@@ -91,12 +103,18 @@ class NodeStatus:
         state["weights_versions_held"] = list(self.weights_versions_held)
         if self.last_recovery is None:
             del state["last_recovery"]
+        if self.capacity is None:
+            del state["capacity"]
         return state
 
     @classmethod
     def from_json(cls, state: dict[str, Any]) -> NodeStatus:
         """The inverse of `to_json` (a roles file read back)."""
-        owner, last = state.get("last_owner_recovery"), state.get("last_recovery")
+        owner, last, capacity = (
+            state.get("last_owner_recovery"),
+            state.get("last_recovery"),
+            state.get("capacity"),
+        )
         return cls(
             **{
                 **state,
@@ -104,6 +122,7 @@ class NodeStatus:
                 "hang_deadline": Deadlines(**state["hang_deadline"]),
                 "last_owner_recovery": OwnerRecovery(**owner) if owner else None,
                 "last_recovery": RecoverySummary(**last) if last else None,
+                "capacity": Load(**capacity) if capacity else None,
             }
         )
 

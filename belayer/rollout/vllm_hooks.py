@@ -45,6 +45,7 @@ from vllm.v1.worker.cpu_model_runner import CPUModelRunner
 from vllm.v1.worker.cpu_worker import CPUWorker
 
 from belayer.rollout import shm
+from belayer.rollout.noise import gumbel_noise
 from belayer.rollout.procutil import memory_of
 from belayer.rollout.protocol import EngineSpec, SamplingSpec
 
@@ -266,11 +267,6 @@ class PositionSeededSampler(LogitsProcessor):
         return logits
 
 
-def position_seed(seed: int, position: int) -> int:
-    digest = hashlib.blake2b(f"{seed}:{position}".encode(), digest_size=8).digest()
-    return int.from_bytes(digest, "little") & ((1 << 63) - 1)
-
-
 def sample_at_position(row: torch.Tensor, extra: dict, position: int) -> tuple[int, float]:
     """(token, its logprob). Temperature 0: the argmax, with its logprob under the unscaled
     distribution. Otherwise Gumbel-max over temperature-scaled, top-k/top-p filtered logits,
@@ -290,9 +286,7 @@ def sample_at_position(row: torch.Tensor, extra: dict, position: int) -> tuple[i
         cumulative = torch.softmax(sorted_logits, dim=-1).cumsum(-1)
         drop = cumulative - torch.softmax(sorted_logits, dim=-1) > top_p
         logits = logits.scatter(0, order, sorted_logits.masked_fill(drop, float("-inf")))
-    gen = torch.Generator().manual_seed(position_seed(extra["seed"], position))
-    uniform = torch.rand(logits.numel(), generator=gen, dtype=torch.float64).clamp_(1e-300, 1.0)
-    gumbel = -torch.log(-torch.log(uniform))
+    gumbel = gumbel_noise(extra["seed"], position, logits.numel())
     token = int(torch.argmax(logits.double() + gumbel).item())
     return token, float(torch.log_softmax(logits.double(), dim=-1)[token])
 

@@ -19,7 +19,7 @@ from collections.abc import Awaitable, Callable, Mapping, Sequence
 from contextlib import AbstractContextManager, nullcontext
 from datetime import timedelta
 
-from temporalio.worker import Worker
+from temporalio.worker import Worker, WorkerTuner
 
 from belayer.config import BelayerConfig, TemporalConfig, load_config
 from belayer.errors import BelayerError
@@ -74,10 +74,13 @@ async def run_worker(
     activities: Sequence[Callable] = (),
     queue_activities: Mapping[str, Sequence[Callable]] | None = None,
     max_concurrent_activities: int = 16,
+    tuners: Mapping[str, WorkerTuner] | None = None,
     before_stop: Callable[[int, Callable[[str], Awaitable[None]]], Awaitable[None]] | None = None,
 ) -> None:
     """Serve `task_queues` with the given workflows and activities until a stop signal;
-    `queue_activities` adds activities served on one queue only.
+    `queue_activities` adds activities served on one queue only; `tuners` replaces, for
+    one queue, `max_concurrent_activities` by a tuner of its own (when that queue's worker
+    may poll: belayer/workers/rollout/slots.py).
 
     `before_stop(signal, leave)` runs after the signal while every queue is still
     served; `leave(queue)` stops serving one of them (a draining sandbox host leaves the
@@ -94,8 +97,12 @@ async def run_worker(
             workflows=list(workflows),
             activities=[*activities, *(queue_activities or {}).get(queue, ())],
             identity=identity,
-            max_concurrent_activities=max_concurrent_activities,
             graceful_shutdown_timeout=timedelta(seconds=5),
+            **(
+                {"tuner": tuners[queue]}
+                if tuners and queue in tuners
+                else {"max_concurrent_activities": max_concurrent_activities}
+            ),
         )
         for queue in task_queues
     ]

@@ -85,3 +85,27 @@ def test_a_training_fault_can_wait_for_a_first_generation_of_a_task_the_policy_a
     assert not aimed_at(planned, at("trace-pass", 0), policy)  # scripted: no policy generates there
     (later,) = parse_plan("engine-crash@iteration=1")
     assert [aimed_at(later, at("trace-pass", step), policy) for step in (0, 1)] == [False, True]
+
+
+def test_an_iterations_faults_wait_until_its_first_generations_are_over():
+    """A first-generation fault due in an iteration holds the iteration's other faults back
+    until a trajectory of a task the policy acts in is seen past its first generation (or
+    ending there): fired first, another fault's recovery outlasted the window and the
+    first-generation fault was missed in the run's last iteration."""
+    from belayer.chaos.training import FirstGenerationWindows
+
+    policy = frozenset({"learn-sum"})
+    at = lambda task, step, status="running": SimpleNamespace(task=task, step=step, status=status)  # noqa: E731
+    windows = FirstGenerationWindows()
+    windows.observe(1, [("trace-m0", at("trace-pass", 2))], policy)
+    assert not windows.past(1)  # only the scripted task has moved on
+    windows.observe(1, [("learn-m0", at("learn-sum", 0)), ("learn-m1", at("learn-sum", 0))], policy)
+    assert not windows.past(1)
+    windows.observe(1, [("learn-m1", at("learn-sum", 0))], policy)
+    assert windows.past(1)  # learn-m0 was seen at its first generation and is gone
+    later = FirstGenerationWindows()
+    later.observe(2, [("learn-m0", at("learn-sum", 1))], policy)
+    assert later.past(2) and not later.past(3)
+    ended = FirstGenerationWindows()
+    ended.observe(0, [("learn-m0", at("learn-sum", 0, "finishing"))], policy)
+    assert ended.past(0)

@@ -17,9 +17,11 @@ import time
 import pytest
 
 from belayer.rollout import recovery, shm
-from belayer.rollout.errors import BadRequestError
+from belayer.rollout.admission import Capacity
+from belayer.rollout.errors import BadRequestError, NodeFull
 from belayer.rollout.protocol import SamplingSpec
 from belayer.rollout.status import NodeStatus
+from belayer.workers.rollout.worker import describe_roles
 from tests.rollout.conftest import PROMPTS, SPECS, flip_a_weight_byte, owner_recovery_after
 
 _baselines: dict[str, list] = {}
@@ -259,3 +261,41 @@ def test_submits_and_status_go_on_during_a_cold_start(node, monkeypatch):
     assert handle.result(300).token_ids == expected[0]
     assert timed_out == [False], "status and submit waited for the cold start"
     assert state.leader is None and node.recoveries[before].kind == "cold_start"
+
+
+def test_a_node_at_its_capacity_refuses_at_once_and_admits_again_when_a_request_ends(node, monkeypatch):
+    """A node declares its capacity (sequences, KV tokens) and never queues past it inside
+    the engine: one request more is refused at once (`NodeFull`, retryable elsewhere), the
+    status counts it, and room comes back with the first request that ends."""
+    if node.config.weight_mode != "private":
+        pytest.skip("admission does not depend on the weight mode; run once, in private mode")
+    declared = node.roles().capacity
+    assert (declared.sequences, declared.kv_tokens) == (
+        node.config.max_num_seqs,
+        8192,
+    )  # 64 MiB, 8 KiB a token
+    monkeypatch.setattr(node, "capacity", Capacity(sequences=2, kv_tokens=declared.kv_tokens))
+    refused_before = node.refused
+    long = SamplingSpec(max_tokens=400, ignore_eos=True)
+    first, second = node.submit(PROMPTS[0], long), node.submit(PROMPTS[1], SPECS[4])
+    assert not node.has_room()
+    with pytest.raises(
+        NodeFull, match=r"2 sequences in flight, its capacity \(rollout.max_num_seqs = 2\)"
+    ) as full:
+        node.submit(PROMPTS[2], SPECS[0])
+    assert full.value.retryable
+    state = node.roles()
+    assert (state.capacity.in_flight, state.capacity.refused) == (2, refused_before + 1)
+    assert NodeStatus.from_json(state.to_json()).capacity == state.capacity  # the roles file keeps it
+    assert re.search(r"2/2 sequences \(\d+ KV tokens\), \d+ refused at capacity", describe_roles(state))
+    second.result(300)
+    wait_for(node.has_room, "room after a request ended")
+    assert (
+        len(node.submit(PROMPTS[2], SamplingSpec(max_tokens=8, ignore_eos=True)).result(300).token_ids) == 8
+    )
+    first.result(300)
+    monkeypatch.setattr(node, "capacity", Capacity(sequences=8, kv_tokens=50))
+    with pytest.raises(
+        NodeFull, match=r"0 KV tokens held and 100 asked, over its 50 \(rollout.kv_cache_mb\)"
+    ):
+        node.submit(list(range(100, 200)), SPECS[0])

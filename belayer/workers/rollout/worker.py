@@ -33,6 +33,7 @@ from belayer.rollout.node import RolloutNode
 from belayer.rollout.status import NodeStatus
 from belayer.storage.store import open_store
 from belayer.temporal_client import pollers
+from belayer.workers.rollout.slots import room_tuner
 from belayer.workers.runner import RefusedToServe, run_worker
 
 log = logging.getLogger("belayer.rollout")
@@ -106,6 +107,9 @@ async def serve(config: BelayerConfig) -> None:
             # the last observation of a run is appended where its log's head is known
             queue_activities={own_queue: [*publishing.all(), activities.context.append_observation]},
             max_concurrent_activities=max(1, config.rollout.max_num_seqs),
+            tuners={
+                config.temporal.rollout_task_queue: room_tuner(node.has_room, config.rollout.max_num_seqs)
+            },
         )
     finally:
         node.close()
@@ -166,6 +170,12 @@ def describe_roles(state: NodeStatus | None) -> str:
         f"owner {state.owner_state}",
         f"weights v{state.weights_version}",
     ]
+    if state.capacity is not None:
+        load = state.capacity
+        parts.append(
+            f"{load.in_flight}/{load.sequences} sequences ({load.kv_tokens} KV tokens)"
+            + (f", {load.refused} refused at capacity" if load.refused else "")
+        )
     if state.hang_deadline.current_s is not None:
         parts.append(f"hang deadline {state.hang_deadline.current_s:.1f} s")
     last = state.last_recovery
