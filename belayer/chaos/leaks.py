@@ -15,8 +15,8 @@ from pydantic import BaseModel
 
 from belayer.config import BelayerConfig
 from belayer.rollout.shm import leftover_segments
-from belayer.sandbox.host import STAGED_DIR
 from belayer.sandbox.lineage import lineage_prefix
+from belayer.sandbox.staging import STAGED_DIR
 from belayer.stack import sandbox_hosts
 from belayer.stack.local import LocalStack
 from belayer.storage.store import RECORD_ROOT, open_store
@@ -169,13 +169,13 @@ def leftover_objects(config: BelayerConfig, sandbox_ids: set[str]) -> list[str]:
 
 def unpublished_captures(config: BelayerConfig, sandbox_ids: set[str]) -> list[str]:
     """Checkpoints of finished sandboxes captured on their host and never published:
-    destroying a sandbox removes its own."""
+    destroying a sandbox removes its own (each host's in a directory of its own)."""
 
     staged = config.state_dir / STAGED_DIR
     return [
         f"unpublished capture {path}"
         for sandbox_id in sorted(sandbox_ids)
-        for path in sorted(staged.glob(f"{sandbox_id}--*.tar"))
+        for path in sorted(staged.rglob(f"{sandbox_id}--*.tar"))
     ]
 
 

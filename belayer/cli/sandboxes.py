@@ -18,13 +18,17 @@ from belayer.temporal_client import connect
 
 @click.command()
 @click.option(
-    "--json", "as_json", is_flag=True, help='Print {"sandboxes": [...], "hosts_down": [...]} as JSON.'
+    "--json",
+    "as_json",
+    is_flag=True,
+    help='Print {"sandboxes": [...], "staging": [...], "hosts_down": [...]} as JSON.',
 )
 @click.pass_context
 def sandboxes(ctx: click.Context, as_json: bool) -> None:
     """List every sandbox on every sandbox host of the local stack: its id, host,
     trajectory (the workflow it serves; open it in the Temporal UI), that workflow's
-    status, age, memory and disk.
+    status, age, memory and disk; and each host's staging disk (checkpoints waiting for
+    upload, archives being restored from) against sandbox.staging_budget_mb.
 
     A sandbox whose workflow is no longer RUNNING is removed by its host's reaper within
     sandbox.reap_interval_s; one listed without a trajectory was started outside any
@@ -35,6 +39,7 @@ def sandboxes(ctx: click.Context, as_json: bool) -> None:
     listing = asyncio.run(_listing(config, stack.sandbox_hosts))
     if as_json:
         click.echo(json.dumps({"sandboxes": [s.as_dict() for s in listing.sandboxes],
+                               "staging": [h.as_dict() for h in listing.staging],
                                "hosts_down": listing.hosts_down}, indent=2))  # fmt: skip
         leave(0)
     _show(listing)
@@ -61,6 +66,9 @@ def _show(listing: SandboxListing) -> None:
                       f"{s.age_s:.0f}", _mib(s.memory_bytes), _mib(s.disk_bytes))  # fmt: skip
     out = Console() if Console().is_terminal else Console(width=200)
     out.print(table)
+    for h in listing.staging:
+        console.print(f"host {h.host}: staging {_mib(h.staged_bytes)} MiB staged, {_mib(h.importing_bytes)} MiB "
+                      f"being restored, of {_mib(h.budget_bytes)} MiB (sandbox.staging_budget_mb)", highlight=False)  # fmt: skip
     for host in listing.hosts_down:
         console.print(f"[yellow]warning:[/] sandbox host {host} is not running: its sandboxes are not listed")
     console.print(f"{len(listing.sandboxes)} sandboxes", highlight=False)

@@ -139,6 +139,15 @@ class SandboxConfig(Section):
         description="Sandboxes this host holds at most (live and starting); a full host takes no new one and "
         "placement sends it to another host. Size it to the host's memory over memory_mb; 0: no limit.",
     )
+    staging_budget_mb: int = Field(
+        8192,
+        ge=16,
+        le=1 << 30,
+        description="Disk a host gives checkpoints between capture and upload and archives it restores or "
+        "forks from (belayer/sandbox/staging.py). Over it, a capture first evicts, oldest first, staged files "
+        "no trajectory can still publish; if that is not enough the checkpoint is skipped (the step goes "
+        "unprotected until the next one) rather than filling the disk. Checked before each capture.",
+    )
     reap_interval_s: float = Field(
         20.0,
         ge=0,

@@ -67,6 +67,11 @@ class HostFull(SandboxError):
     retryable = True
 
 
+class StagingFull(SandboxError):
+    """The host's staging disk is at its budget (sandbox.staging_budget_mb) with nothing it
+    may evict: the checkpoint is not taken; the trajectory goes on unprotected until its next."""
+
+
 class SandboxBusy(SandboxError):
     """Another action is still running in this sandbox."""
 

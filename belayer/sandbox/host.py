@@ -22,7 +22,6 @@ import os
 import re
 import secrets
 import socket
-import tempfile
 import threading
 import time
 import uuid
@@ -74,10 +73,10 @@ from belayer.sandbox.models import (
     StoredFiles,
     checked_sandbox_id,
     message_observation,
-    path_under,
 )
 from belayer.sandbox.placement import HostLoad
 from belayer.sandbox.reaper import OwnerRecords
+from belayer.sandbox.staging import Staging
 from belayer.storage.encryption import archive_store
 from belayer.storage.errors import CorruptObject, ObjectNotFound, StorageError
 from belayer.storage.store import open_store
@@ -125,7 +124,6 @@ print(h.hexdigest())
 
 # What the fs-only baseline keeps: the agent's writable trees, not processes.
 FS_SNAPSHOT_PATHS = ["workspace", "home/agent", "tmp"]
-STAGED_DIR = "staged-checkpoints"  # under the state directory: captured, not yet published
 OOM_COUNTERS_KEPT = 1024  # containers whose OOM counter a host remembers (the oldest go first)
 T = TypeVar("T")
 # One checkpoint's directory under its lineage's prefix, as `_checkpoint_base` names it.
@@ -202,6 +200,7 @@ class SandboxHost:
         self.store = store
         self.state_dir = Path(state_dir)
         self.host_queue = host_queue or default_host_queue(cfg)
+        self.staging = Staging(self.state_dir, lambda: self.host_queue, cfg.staging_budget_mb << 20)
         self._locks: dict[str, threading.Lock] = {}
         self._locks_guard = threading.Lock()
         # A drain (belayer/sandbox/drain.py): no new sandboxes; the moved ones answer "moved".
@@ -375,7 +374,7 @@ class SandboxHost:
         against `max_sandboxes`."""
         with self._lock(sandbox_id):
             self.backend.destroy(sandbox_id)
-            for unpublished in (self.state_dir / STAGED_DIR).glob(f"{sandbox_id}--*.tar"):
+            for unpublished in self.staging.staged_of(sandbox_id):
                 unpublished.unlink(missing_ok=True)
             self.owners.forget(sandbox_id)
             self._images.pop(sandbox_id, None)
@@ -585,6 +584,7 @@ class SandboxHost:
         with self._lock(handle.sandbox_id):
             info = self._idle_info(handle)
             base = self._checkpoint_base(handle, info)
+            self.staging.make_room(lambda: set(self.backend.lineages()))
             path = self._staged_path(base)
             phases: dict[str, float] = {}
             t0 = time.monotonic()
@@ -633,10 +633,8 @@ class SandboxHost:
             ) from None
 
     def _staged_path(self, base_key: str) -> Path:
-        staged_dir = self.state_dir / STAGED_DIR
-        staged_dir.mkdir(parents=True, exist_ok=True)
-        return path_under(
-            staged_dir, base_key[len(self.cfg.checkpoint_prefix) :].strip("/").replace("/", "--") + ".tar"
+        return self.staging.staged_path(
+            base_key[len(self.cfg.checkpoint_prefix) :].strip("/").replace("/", "--") + ".tar"
         )
 
     def _staged_file(self, staged: StagedCheckpoint) -> Path:
@@ -899,13 +897,10 @@ class SandboxHost:
         private directory removed afterwards. `meanwhile` (a restore's fence: podman calls,
         ~0.2 s) runs in a thread beside the download and must have finished before the
         archive is handed over."""
-        tmp_root = self.state_dir / "tmp"
-        tmp_root.mkdir(parents=True, exist_ok=True)
-        with (tempfile.TemporaryDirectory(dir=tmp_root, prefix=f"restore-{meta.sandbox_id}-") as d,
-              ThreadPoolExecutor(max_workers=1) as pool):  # fmt: skip
+        with self.staging.importing(meta.sandbox_id) as d, ThreadPoolExecutor(max_workers=1) as pool:
             beside = pool.submit(meanwhile or (lambda: None))
             plain = compression.unpack(lambda f: self._download_archive(meta, f), meta.compression,
-                                       Path(d) / "plain.tar")  # fmt: skip
+                                       d / "plain.tar")  # fmt: skip
             beside.result()
             if faults.is_on("sandbox_restore_damaged_archive"):
                 _damage(plain)

@@ -15,6 +15,7 @@ from temporalio.client import Client
 
 from belayer.config import BelayerConfig
 from belayer.sandbox.reaper import OwnerRecords
+from belayer.sandbox.staging import Staging
 from belayer.stack import sandbox_hosts
 from belayer.temporal_client import workflow_status
 
@@ -38,9 +39,24 @@ class LiveSandbox:
 
 
 @dataclass(frozen=True)
+class HostStaging:
+    """A host's staging disk (belayer/sandbox/staging.py): checkpoints waiting for upload
+    and archives being restored from, against its budget."""
+
+    host: str
+    staged_bytes: int
+    importing_bytes: int
+    budget_bytes: int
+
+    def as_dict(self) -> dict:
+        return asdict(self)
+
+
+@dataclass(frozen=True)
 class SandboxListing:
     sandboxes: list[LiveSandbox]
     hosts_down: list[str]  # hosts of the stack whose sandboxes could not be listed
+    staging: list[HostStaging]
 
 
 async def list_sandboxes(config: BelayerConfig, hosts: int, client: Client | None) -> SandboxListing:
@@ -49,6 +65,7 @@ async def list_sandboxes(config: BelayerConfig, hosts: int, client: Client | Non
     down: list[str] = []
     now = time.time()
     statuses: dict[str, str | None] = {}
+    staging = [_staging(config, k) for k in range(hosts)]
     for k in range(hosts):
         backend = sandbox_hosts.backend_on(config, k)
         if backend is None:
@@ -65,4 +82,14 @@ async def list_sandboxes(config: BelayerConfig, hosts: int, client: Client | Non
                 workflow_status=statuses.get(owner) if owner else None, age_s=round(max(0.0, now - facts.created), 1),
                 memory_bytes=facts.memory_bytes, disk_bytes=facts.disk_bytes,
             ))  # fmt: skip
-    return SandboxListing(sandboxes=sorted(found, key=lambda s: (s.host, -s.age_s)), hosts_down=down)
+    return SandboxListing(
+        sandboxes=sorted(found, key=lambda s: (s.host, -s.age_s)), hosts_down=down, staging=staging
+    )
+
+
+def _staging(config: BelayerConfig, k: int) -> HostStaging:
+    queue = sandbox_hosts.host_queue(config, k)
+    usage = Staging(config.state_dir, lambda: queue, config.sandbox.staging_budget_mb << 20).usage()
+    return HostStaging(
+        sandbox_hosts.host_name(k), usage.staged_bytes, usage.importing_bytes, usage.budget_bytes
+    )

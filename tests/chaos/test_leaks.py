@@ -22,11 +22,11 @@ def test_checkpoint_objects_are_leaks_and_lineage_records_are_not(storage_config
 
 
 def test_a_capture_never_published_is_a_leak_of_its_sandbox_only(storage_config, tmp_path):
-    from belayer.sandbox.host import STAGED_DIR
+    from belayer.sandbox.staging import STAGED_DIR
 
     config = load_config(state_dir=tmp_path).model_copy(update={"storage": storage_config})
-    staged = tmp_path / STAGED_DIR
-    staged.mkdir()
+    staged = tmp_path / STAGED_DIR / "belayer-sandbox-somehost"
+    staged.mkdir(parents=True)
     (staged / "sbx-ended--00000003-g1-ab12cd34.tar").write_bytes(b"tar")
     (staged / "sbx-running--00000005-g0-ef56ab78.tar").write_bytes(b"tar")
     assert leftover_objects(config, {"sbx-ended"}) == [

@@ -8,11 +8,12 @@ capture that is gone before it was stored says so; nothing captured outlives its
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import pytest
 
-from belayer.sandbox.errors import CheckpointCorrupt
+from belayer.sandbox.errors import CheckpointCorrupt, StagingFull
 from belayer.sandbox.models import Action
 
 TRAJ = "traj-staged"
@@ -76,3 +77,33 @@ def test_removing_a_sandbox_deletes_its_unpublished_capture(sandboxes):
     assert not Path(staged.path).exists()
     assert Path(kept.path).is_file(), "another sandbox's capture went with it"
     host.publish_checkpoint(kept)
+
+
+def test_the_staging_budget_evicts_what_no_trajectory_can_publish_and_refuses_the_rest(sandboxes):
+    """Over `sandbox.staging_budget_mb`, a capture first evicts, oldest first, the staged
+    checkpoints no trajectory can still publish: one a newer capture of its sandbox
+    superseded, one of a sandbox gone from the host. When what is left may all still be
+    published, the capture is refused (`StagingFull`) and the sandbox goes on."""
+    host = sandboxes.host
+    first_box = sandboxes.create()
+    host.exec(first_box, act(1, "echo one > /workspace/f"))
+    superseded = host.capture_checkpoint(first_box)
+    host.exec(first_box, act(2, "echo two >> /workspace/f"))
+    newest = host.capture_checkpoint(first_box)
+    gone = host.staging.staged_path("sbx-gone-0000--00000004-g0-0123abcd.tar")
+    gone.write_bytes(b"a capture whose sandbox left this host")
+    os.utime(gone, (1, 1))  # the oldest
+    other = sandboxes.create()
+    host.exec(other, act(1, "echo other > /workspace/f"))
+
+    host.staging.budget_bytes = 1  # everything is over it
+    with pytest.raises(StagingFull, match=r"sandbox.staging_budget_mb.*may still be published"):
+        host.capture_checkpoint(other)
+    assert [p.name for p in host.staging.staged_dir.iterdir()] == [Path(newest.path).name]
+    assert not Path(superseded.path).exists() and not gone.exists()
+    assert host.staging.usage().evicted == 2
+    assert host.exec(other, act(2, "cat /workspace/f")).stdout == "other\n"  # refused, not broken
+
+    host.staging.budget_bytes = 1 << 30
+    assert Path(host.capture_checkpoint(other).path).is_file()
+    assert host.load_meta(host.publish_checkpoint(newest)).step == 2  # what a trajectory still needed

@@ -47,6 +47,11 @@ def test_a_terminated_trajectory_is_reported_and_its_sandbox_reaped(stack, tmp_p
         before["workflow_status"] == "RUNNING" and before["state"] == "running" and before["memory_bytes"] > 0
     )
 
+    staging = json.loads(belayer(env, "sandboxes", "--json").stdout)["staging"]
+    assert [(h["host"], h["budget_bytes"]) for h in staging] == [
+        (before["host"], config.sandbox.staging_budget_mb << 20)
+    ], staging
+
     asyncio.run(terminate(config, before["trajectory"]))
     out, err = running.communicate(timeout=120)
     assert running.returncode == 1, out + err  # a trajectory that did not complete, and no traceback

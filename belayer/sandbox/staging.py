@@ -1,0 +1,157 @@
+"""A sandbox host's disk between its sandboxes and the store, under one budget.
+
+Two kinds of files wait there: checkpoints captured and not yet uploaded (a checkpoint
+is taken in two halves: SandboxHost.capture_checkpoint says why), and the archives a
+restore or a fork downloaded and unpacked. Without a bound, a store that stays down while
+trajectories keep checkpointing fills the host's disk, and with it every sandbox's.
+
+So each capture first checks the budget (`sandbox.staging_budget_mb`). Over it, the host
+evicts, oldest first, the staged checkpoints no trajectory can still publish: those of a
+sandbox no longer on this host, and those a newer capture of the same sandbox superseded
+(a trajectory captures again only once its previous checkpoint was settled, stored or
+given up). Archives being restored from are in use and never evicted. If that is not
+enough, the capture is refused (`StagingFull`): the trajectory goes on unprotected until
+its next checkpoint, the cost a failed checkpoint always had, instead of a full disk.
+
+Each host has its own directories, named by its queue, so hosts sharing a machine (the
+local stack's) keep separate accounts.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import re
+import tempfile
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+from belayer.sandbox.errors import StagingFull
+from belayer.sandbox.models import path_under
+
+log = logging.getLogger(__name__)
+
+STAGED_DIR = "staged-checkpoints"  # under the state directory: captured, not yet published
+IMPORTS_DIR = "imports"  # archives downloaded for a restore or a fork, while it runs
+# A staged file's name: its sandbox id, then its checkpoint's directory (head step,
+# generation, random suffix), as SandboxHost._checkpoint_base makes them.
+_STAGED_NAME = re.compile(r"^(?P<sandbox>sbx-[0-9a-z-]+)--(?P<head>\d{8})-g\d+-[0-9a-f]+\.tar$")
+
+
+@dataclass(frozen=True)
+class StagingUsage:
+    """What `belayer sandboxes` shows of a host's staging disk."""
+
+    staged_bytes: int
+    importing_bytes: int
+    budget_bytes: int
+    evicted: int  # staged files evicted to make room since the host started
+
+    def as_dict(self) -> dict:
+        return {
+            "staged_bytes": self.staged_bytes,
+            "importing_bytes": self.importing_bytes,
+            "budget_bytes": self.budget_bytes,
+            "evicted": self.evicted,
+        }
+
+
+class Staging:
+    """The staging directories of the host whose queue `host_queue()` names (read at each
+    use: a host may be given its queue after it was made)."""
+
+    def __init__(self, state_dir: Path, host_queue: Callable[[], str], budget_bytes: int) -> None:
+        self.state_dir, self.host_queue, self.budget_bytes = Path(state_dir), host_queue, budget_bytes
+        self.evicted = 0
+
+    @property
+    def staged_dir(self) -> Path:
+        return self.state_dir / STAGED_DIR / self.host_queue()
+
+    @property
+    def imports_dir(self) -> Path:
+        return self.state_dir / "tmp" / IMPORTS_DIR / self.host_queue()
+
+    def staged_path(self, name: str) -> Path:
+        self.staged_dir.mkdir(parents=True, exist_ok=True)
+        return path_under(self.staged_dir, name)
+
+    def staged_of(self, sandbox_id: str) -> list[Path]:
+        return [p for p in self._staged() if _sandbox_of(p) == sandbox_id]
+
+    @contextlib.contextmanager
+    def importing(self, sandbox_id: str) -> Iterator[Path]:
+        """A private directory for an archive being restored from, removed afterwards."""
+        self.imports_dir.mkdir(parents=True, exist_ok=True)
+        with tempfile.TemporaryDirectory(dir=self.imports_dir, prefix=f"restore-{sandbox_id}-") as d:
+            yield Path(d)
+
+    def usage(self) -> StagingUsage:
+        return StagingUsage(
+            staged_bytes=sum(_size(p) for p in self._staged()),
+            importing_bytes=sum(_size(p) for p in self.imports_dir.rglob("*") if p.is_file())
+            if self.imports_dir.is_dir()
+            else 0,
+            budget_bytes=self.budget_bytes,
+            evicted=self.evicted,
+        )
+
+    def make_room(self, live_sandboxes: Callable[[], set[str]]) -> None:
+        """Before a capture: under the budget, or brought under it by evicting what no
+        trajectory can still publish, oldest first; `StagingFull` when neither."""
+        usage = self.usage()
+        used = usage.staged_bytes + usage.importing_bytes
+        if used < self.budget_bytes:
+            return
+        for path in self._evictable(live_sandboxes()):
+            used -= _size(path)
+            path.unlink(missing_ok=True)
+            self.evicted += 1
+            log.info("staging over budget: evicted %s, which no trajectory can still publish", path.name)
+            if used < self.budget_bytes:
+                return
+        raise StagingFull(
+            f"sandbox host {self.host_queue()}: its staging disk holds {used / 2**20:.0f} MiB "
+            f"(checkpoints waiting for upload, archives being restored) of its "
+            f"{self.budget_bytes / 2**20:.0f} MiB budget (sandbox.staging_budget_mb), and every staged "
+            "checkpoint may still be published: this checkpoint is skipped and the step goes "
+            "unprotected until the next. Raise the budget, or find why uploads are not keeping up "
+            "(is the object store reachable?)"
+        )
+
+    def _evictable(self, live: set[str]) -> list[Path]:
+        """Oldest first: staged files of sandboxes not on this host, and each sandbox's
+        staged files but its newest."""
+        staged = sorted(self._staged(), key=_mtime)
+        newest: dict[str, Path] = {}
+        for path in sorted(staged, key=_head):
+            newest[_sandbox_of(path)] = path  # the last one wins: the newest capture
+        return [p for p in staged if _sandbox_of(p) not in live or newest[_sandbox_of(p)] != p]
+
+    def _staged(self) -> list[Path]:
+        if not self.staged_dir.is_dir():
+            return []
+        return [p for p in self.staged_dir.iterdir() if _STAGED_NAME.match(p.name)]
+
+
+def _sandbox_of(path: Path) -> str:
+    return _STAGED_NAME.match(path.name)["sandbox"]
+
+
+def _head(path: Path) -> int:
+    return int(_STAGED_NAME.match(path.name)["head"])
+
+
+def _size(path: Path) -> int:
+    try:
+        return path.stat().st_size
+    except FileNotFoundError:
+        return 0
+
+
+def _mtime(path: Path) -> float:
+    try:
+        return path.stat().st_mtime
+    except FileNotFoundError:
+        return 0.0
