@@ -39,6 +39,8 @@ from belayer.contracts.sandbox import (
     ForkResult,
     ObservationRef,
     PlaceArgs,
+    PlaceGroupArgs,
+    PlaceGroupResult,
     PlaceResult,
     PublishArgs,
     RecoverArgs,
@@ -82,6 +84,7 @@ class SandboxActivities:
     def all(self) -> list[Callable[..., Any]]:
         return [
             self.place,
+            self.place_group,
             self.create,
             self.exec,
             self.checkpoint,
@@ -101,6 +104,30 @@ class SandboxActivities:
         now = time.time()
         queue = placement.choose(loads, now=now, key=args.key, avoid=frozenset(args.avoid))
         return PlaceResult(host_queue=queue, full=queue is None and placement.any_fresh(loads, now=now))
+
+    @implements(contract.PLACE_GROUP, BY_RETRYABLE)
+    async def place_group(self, args: PlaceGroupArgs) -> PlaceGroupResult:
+        """A host for each of a group's forks, spread over the least loaded hosts with room
+        (any host answers). The host the caller just changed is read once its record says
+        so (it is rewritten at once after a change, and every few seconds anyway)."""
+        loads = await _blocking(self._loads_after, args.changed_host, args.changed_at)
+        now = time.time()
+        if not placement.any_fresh(loads, now=now):
+            return PlaceGroupResult(host_queues=[])
+        return PlaceGroupResult(
+            host_queues=placement.spread(loads, args.keys, now=now, avoid=frozenset(args.avoid))
+        )
+
+    def _loads_after(self, host: str | None, at: float | None) -> list:
+        deadline = time.monotonic() + placement.HEARTBEAT_S
+        while True:
+            loads = placement.read_loads(self.host.store)
+            behind = [
+                load for load in loads if load.host_queue == host and at is not None and load.written_at < at
+            ]
+            if not behind or time.monotonic() >= deadline:
+                return loads
+            time.sleep(0.05)
 
     @implements(contract.CREATE, BY_RETRYABLE)
     async def create(self, args: CreateSandboxArgs) -> CreateSandboxResult:

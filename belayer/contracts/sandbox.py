@@ -49,6 +49,8 @@ __all__ = [
     "ForkArgs",
     "ForkResult",
     "PlaceArgs",
+    "PlaceGroupArgs",
+    "PlaceGroupResult",
     "PlaceResult",
     "PublishArgs",
     "RecoverArgs",
@@ -59,6 +61,7 @@ __all__ = [
     "VerifyArgs",
     "VerifyResult",
     "PLACE",
+    "PLACE_GROUP",
     "CREATE",
     "EXEC",
     "CHECKPOINT",
@@ -231,6 +234,24 @@ class PlaceResult(_Model):
     )
 
 
+class PlaceGroupArgs(_Model):
+    keys: list[str] = Field(min_length=1, max_length=256, description="The forks' sandbox ids, in order.")
+    avoid: list[str] = Field(default_factory=list, max_length=64, description="As `PlaceArgs.avoid`.")
+    changed_host: str | None = Field(
+        None,
+        description="A host whose load the caller just changed (the group's set-up sandbox removed from it): "
+        "placement waits for that host's record written after `changed_at`.",
+    )
+    changed_at: float | None = Field(None, description="Unix time of that change.")
+
+
+class PlaceGroupResult(_Model):
+    host_queues: list[str | None] = Field(
+        description="Per key, the host to fork it on; None: no host has room for it (its member creates a "
+        "sandbox of its own, placed when it starts). Empty when no host publishes its load."
+    )
+
+
 class DestroyArgs(_Model):
     handle: SandboxHandle
     delete_checkpoints: bool = Field(False, description="Also delete the lineage's checkpoint objects.")
@@ -250,6 +271,7 @@ class WorkspaceHashResult(_Model):
 
 
 PLACE = Activity("sandbox.place", PlaceArgs, PlaceResult)
+PLACE_GROUP = Activity("sandbox.place_group", PlaceGroupArgs, PlaceGroupResult)
 CREATE = Activity("sandbox.create", CreateSandboxArgs, CreateSandboxResult)
 EXEC = Activity("sandbox.exec", ExecArgs, ExecResult)
 CHECKPOINT = Activity("sandbox.checkpoint", CheckpointArgs, CheckpointResult)

@@ -93,6 +93,23 @@ def choose(loads: list[HostLoad], *, now: float, key: str, avoid: frozenset[str]
     return min(preferred, key=order).host_queue
 
 
+def spread(
+    loads: list[HostLoad], keys: list[str], *, now: float, avoid: frozenset[str] = frozenset()
+) -> list[str | None]:
+    """A host for each of `keys` (a group's forks), chosen one after another as `choose`
+    chooses, each choice counted in its host's load before the next: the forks fill the
+    least loaded hosts with room, none past its capacity. None for a key no host has
+    room for."""
+    counted = {load.host_queue: load.model_copy() for load in loads}
+    chosen: list[str | None] = []
+    for key in keys:
+        queue = choose(list(counted.values()), now=now, key=key, avoid=avoid)
+        if queue is not None:
+            counted[queue] = counted[queue].model_copy(update={"sandboxes": counted[queue].sandboxes + 1})
+        chosen.append(queue)
+    return chosen
+
+
 def any_fresh(loads: list[HostLoad], *, now: float) -> bool:
     """Whether some host publishes its load at all: with none, the shared queue is the answer;
     with some but no room, the sandbox waits for room."""

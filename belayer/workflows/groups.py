@@ -26,21 +26,26 @@ from pydantic import BaseModel, ConfigDict, Field
 from temporalio import workflow
 from temporalio.common import RetryPolicy, SearchAttributePair, TypedSearchAttributes
 from temporalio.exceptions import ActivityError, ApplicationError, ChildWorkflowError
+from temporalio.exceptions import TimeoutError as TemporalTimeout
 
 with workflow.unsafe.imports_passed_through():
     from belayer.contracts import sandbox
     from belayer.contracts.activity import Activity
     from belayer.contracts.context import START_CONTEXT, StartContextArgs
+    from belayer.contracts.errors import HOST_REFUSED
     from belayer.contracts.sandbox import (
         CheckpointArgs,
         CreateSandboxArgs,
         DestroyArgs,
         ForkArgs,
+        ForkOutcome,
+        ForkResult,
         ForkTarget,
+        PlaceGroupArgs,
         SandboxHandle,
     )
     from belayer.workflows.models import ForkStart, GroupRecord, TaskQueues, TrajectoryInput, TrajectoryResult
-    from belayer.workflows.trajectory import STATUS_KEY, TASK_KEY
+    from belayer.workflows.trajectory import PLACED_RETRY, STATUS_KEY, TASK_KEY
     from belayer.workloads.models import Task
     from belayer.workloads.registry import driver_for
 
@@ -49,6 +54,11 @@ RETRY = RetryPolicy(initial_interval=timedelta(seconds=1), maximum_attempts=3)
 # from the checkpoint: a group never holds more sandboxes than it has members (the slots
 # GroupRunner takes for them, belayer/workflows/rollouts.py).
 SETUP_GONE_BEFORE_FORKS_PATCH = "setup-sandbox-gone-before-forks"
+# Since this patch the set-up sandbox goes to the least loaded host with room and the forks
+# spread over the hosts with room (each host downloads the origin once for its share),
+# instead of the set-up on whichever host took it from the shared queue and every fork there.
+GROUP_PLACEMENT_PATCH = "groups-placed-over-hosts"
+PLACEMENT_TRIES = 3  # hosts tried for the set-up sandbox before the shared queue
 ON_HOST_SCHEDULE_TO_START = timedelta(seconds=30)
 ANY_HOST_SCHEDULE_TO_START = timedelta(minutes=5)
 
@@ -85,16 +95,22 @@ async def prepare(group_id: str, task: Task, trajectory_ids: list[str], queues: 
         reused = await _fork_reused(record, reuse, prompt, trajectory_ids, queues, started)
         if reused is not None:
             return record, reused
-    stage, discarded = "create and set up the group's sandbox", False
+    stage, discarded, placed = (
+        "create and set up the group's sandbox",
+        False,
+        workflow.patched(GROUP_PLACEMENT_PATCH),
+    )
+    discarded_at: float | None = None
     try:
         at = workflow.now()
-        parent = await _activity(
-            sandbox.CREATE,
-            CreateSandboxArgs(sandbox_id=_sandbox_id(), spec=spec),
-            queue=queues.sandbox,
-            on_host=False,
-            summary=f"group {group_id}: create and set up the sandbox its {len(trajectory_ids)} members fork",
-        )
+        setup = CreateSandboxArgs(sandbox_id=_sandbox_id(), spec=spec)
+        summary = f"group {group_id}: create and set up the sandbox its {len(trajectory_ids)} members fork"
+        if placed:
+            parent = await _create_placed(setup, queues, summary)
+        else:
+            parent = await _activity(
+                sandbox.CREATE, setup, queue=queues.sandbox, on_host=False, summary=summary
+            )
         record.setup_sandbox = parent.handle
         record.setup_s, at, stage = _since(at), workflow.now(), "checkpoint it"
         checkpoint = await _activity(
@@ -107,15 +123,17 @@ async def prepare(group_id: str, task: Task, trajectory_ids: list[str], queues: 
         record.checkpoint_s, at, stage = _since(at), workflow.now(), "fork it"
         if workflow.patched(SETUP_GONE_BEFORE_FORKS_PATCH):
             discarded = True
+            discarded_at = workflow.now().timestamp()  # its host's record is rewritten after this
             await _discard(record.setup_sandbox, queues, delete_checkpoints=False)  # the origin stays
             at = workflow.now()
         targets = [ForkTarget(sandbox_id=_sandbox_id(), trajectory=t) for t in trajectory_ids]
-        forked = await _activity(
-            sandbox.FORK,
-            ForkArgs(checkpoint=record.origin, targets=targets),
-            queue=parent.handle.host_queue,
-            summary=f"group {group_id}: fork {len(targets)} sandboxes",
-        )
+        summary = f"group {group_id}: fork {len(targets)} sandboxes"
+        if placed:
+            forked = await _fork_spread(record.origin, targets, queues, summary,
+                                        home=parent.handle.host_queue, changed_at=discarded_at)  # fmt: skip
+        else:
+            forked = await _activity(sandbox.FORK, ForkArgs(checkpoint=record.origin, targets=targets),
+                                     queue=parent.handle.host_queue, summary=summary)  # fmt: skip
         record.fork_s = _since(at)
     except ActivityError as err:
         record.fallback = f"could not {stage}: {cause_of(err)}; every member creates its own sandbox"
@@ -132,14 +150,13 @@ async def _fork_reused(record: GroupRecord, reuse: GroupRecord, prompt, trajecto
                        queues: TaskQueues, started) -> list[ForkStart | None] | None:  # fmt: skip
     """The members forked from an earlier group's origin; None when none could be."""
     targets = [ForkTarget(sandbox_id=_sandbox_id(), trajectory=t) for t in trajectory_ids]
+    summary = f"group {record.group}: fork {len(targets)} sandboxes from {reuse.group}'s setup"
     try:
-        forked = await _activity(
-            sandbox.FORK,
-            ForkArgs(checkpoint=reuse.origin, targets=targets),
-            queue=queues.sandbox,
-            on_host=False,
-            summary=f"group {record.group}: fork {len(targets)} sandboxes from {reuse.group}'s setup",
-        )
+        if workflow.patched(GROUP_PLACEMENT_PATCH):
+            forked = await _fork_spread(reuse.origin, targets, queues, summary)
+        else:
+            forked = await _activity(sandbox.FORK, ForkArgs(checkpoint=reuse.origin, targets=targets),
+                                     queue=queues.sandbox, on_host=False, summary=summary)  # fmt: skip
     except ActivityError as err:
         record.notes.append(
             f"the setup of {reuse.group} could not be forked again: {cause_of(err)}; set up anew"
@@ -168,12 +185,98 @@ def _take_forks(
         starts[n] = ForkStart(parent=record.group, prompt=prompt, sandbox=outcome.handle,
                               checkpoints=[record.origin])  # fmt: skip
         record.forked += 1
+        record.fork_hosts[outcome.handle.host_queue] = record.fork_hosts.get(outcome.handle.host_queue, 0) + 1
         if outcome.closed_tcp_connections:
             record.notes.append(f"member {n} ({trajectory_ids[n]}) started with the set-up sandbox's "
                                 f"{outcome.closed_tcp_connections} established TCP sockets closed")  # fmt: skip
     if record.forked == 0:
         record.fallback = "no fork started; every member creates its own sandbox"
     record.ready_s = _since(started)
+
+
+async def _create_placed(args: CreateSandboxArgs, queues: TaskQueues, summary: str):
+    """The set-up sandbox on the least loaded host with room, as a trajectory's own: a host
+    that refuses (full, draining) or does not answer is avoided and placement asked again;
+    with no host publishing its load, or after `PLACEMENT_TRIES`, the shared queue."""
+    avoid: list[str] = []
+    for _ in range(PLACEMENT_TRIES):
+        placed = await _place_group([args.sandbox_id], avoid, queues)
+        if not placed or placed[0] is None:
+            break
+        try:
+            return await _activity(sandbox.CREATE, args, queue=placed[0], summary=f"{summary} on {placed[0]}",
+                                   retry=PLACED_RETRY)  # fmt: skip
+        except ActivityError as err:
+            if not _refused(err):
+                raise
+            avoid.append(placed[0])
+    return await _activity(sandbox.CREATE, args, queue=queues.sandbox, on_host=False, summary=summary)
+
+
+async def _fork_spread(origin, targets: list[ForkTarget], queues: TaskQueues, summary: str, *,
+                       home: str | None = None, changed_at: float | None = None) -> ForkResult:  # fmt: skip
+    """The forks spread over the hosts with room, one fork call per host (each downloads the
+    origin once, by its hash, for its share), side by side. A fork no host has room for, or
+    whose host's call failed, says so: its member creates a sandbox of its own. With no host
+    publishing its load, every fork goes to `home` (the set-up's host) or the shared queue."""
+    hosts = await _place_group(
+        [t.sandbox_id for t in targets], [], queues, changed_host=home, changed_at=changed_at
+    )
+    if not hosts:
+        queue = home or queues.sandbox
+        return await _activity(sandbox.FORK, ForkArgs(checkpoint=origin, targets=targets), queue=queue,
+                               on_host=home is not None, summary=summary)  # fmt: skip
+    shares: dict[str, list[int]] = {}
+    for n, host in enumerate(hosts):
+        if host is not None:
+            shares.setdefault(host, []).append(n)
+    calls = [
+        _activity(
+            sandbox.FORK,
+            ForkArgs(checkpoint=origin, targets=[targets[n] for n in share]),
+            queue=host,
+            summary=f"{summary}: {len(share)} on {host}",
+        )  # fmt: skip
+        for host, share in shares.items()
+    ]
+    results = await asyncio.gather(*calls, return_exceptions=True)
+    outcomes = [
+        ForkOutcome(sandbox_id=t.sandbox_id, error="HostFull: no sandbox host has room for it")
+        for t in targets
+    ]
+    for (host, share), result in zip(shares.items(), results, strict=True):
+        for position, n in enumerate(share):
+            if isinstance(result, BaseException):
+                failed = cause_of(result) if isinstance(result, ActivityError) else str(result)
+                outcomes[n] = ForkOutcome(sandbox_id=targets[n].sandbox_id, error=f"on {host}: {failed}")
+            else:
+                outcomes[n] = result.forks[position]
+    return ForkResult(forks=outcomes)
+
+
+async def _place_group(keys: list[str], avoid: list[str], queues: TaskQueues, *, changed_host: str | None = None,
+                       changed_at: float | None = None) -> list[str | None]:  # fmt: skip
+    """A host per key (`sandbox.place_group`); empty when no host publishes its load or none answers."""
+    try:
+        placed = await sandbox.PLACE_GROUP.execute(
+            PlaceGroupArgs(keys=keys, avoid=avoid, changed_host=changed_host, changed_at=changed_at),
+            task_queue=queues.sandbox,
+            start_to_close_timeout=timedelta(seconds=30),
+            schedule_to_start_timeout=ANY_HOST_SCHEDULE_TO_START,
+            retry_policy=RETRY,
+            summary=f"place {len(keys)} sandboxes",
+        )
+    except ActivityError:
+        return []
+    return placed.host_queues
+
+
+def _refused(err: ActivityError) -> bool:
+    """The host refused a new sandbox (full, draining) or did not take the call in time."""
+    cause = err.cause
+    return (isinstance(cause, ApplicationError) and cause.type in HOST_REFUSED) or isinstance(
+        cause, TemporalTimeout
+    )
 
 
 async def release(record: GroupRecord, queues: TaskQueues) -> None:
@@ -223,14 +326,14 @@ async def _prompt(group_id: str, task: Task, queues: TaskQueues):
     return result.prefix
 
 
-async def _activity(activity: Activity, args, *, queue, summary, on_host=True):
+async def _activity(activity: Activity, args, *, queue, summary, on_host=True, retry: RetryPolicy = RETRY):
     return await activity.execute(
         args,
         task_queue=queue,
         start_to_close_timeout=timedelta(minutes=10),
         schedule_to_start_timeout=ON_HOST_SCHEDULE_TO_START if on_host else ANY_HOST_SCHEDULE_TO_START,
         heartbeat_timeout=timedelta(seconds=15),
-        retry_policy=RETRY,
+        retry_policy=retry,
         summary=summary,
     )
 

@@ -109,6 +109,9 @@ class GroupRecord(_Model):
     task: str
     size: int
     forked: int = Field(0, description="Members that start from a fork of the set-up sandbox.")
+    fork_hosts: dict[str, int] = Field(
+        default_factory=dict, description="How many of the forks each sandbox host started (by its queue)."
+    )
     fallback: str = Field("", description="Why members create their own sandboxes, when they do.")
     notes: list[str] = Field([], description="Forks that failed, and why.")
     setup_s: float = Field(0.0, description="Create and set up the one sandbox.")
