@@ -68,7 +68,8 @@ def _show(listing: SandboxListing) -> None:
     out.print(table)
     for h in listing.staging:
         console.print(f"host {h.host}: staging {_mib(h.staged_bytes)} MiB staged, {_mib(h.importing_bytes)} MiB "
-                      f"being restored, of {_mib(h.budget_bytes)} MiB (sandbox.staging_budget_mb)", highlight=False)  # fmt: skip
+                      f"being restored, {_mib(h.cached_bytes)} MiB of fork archives cached, of {_mib(h.budget_bytes)} "
+                      "MiB (sandbox.staging_budget_mb)", highlight=False)  # fmt: skip
     for host in listing.hosts_down:
         console.print(f"[yellow]warning:[/] sandbox host {host} is not running: its sandboxes are not listed")
     console.print(f"{len(listing.sandboxes)} sandboxes", highlight=False)

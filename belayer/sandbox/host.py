@@ -860,13 +860,27 @@ class SandboxHost:
             return ForkOutcome(sandbox_id=target.sandbox_id, handle=handle, ready_s=time.monotonic() - t0,
                                closed_tcp_connections=closed)  # fmt: skip
 
-        with self._unpacked(meta) as plain:
+        with self._fork_archive(meta) as plain:
             try:
                 closed = self.backend.established_tcp_sockets(plain)
             except SandboxError:
                 closed = 0  # an unreadable archive: each fork fails on it below, with its own error
             with ThreadPoolExecutor(max_workers=max(1, min(len(targets), self.cfg.fork_concurrency))) as pool:
-                return list(pool.map(one, targets))
+                outcomes = list(pool.map(one, targets))
+        if not any(o.handle for o in outcomes):
+            self.staging.forget_fork_archive(meta.archive_sha256)  # never a damaged copy twice
+        return outcomes
+
+    def _fork_archive(self, meta: CheckpointMeta):
+        """The checkpoint's unpacked archive for forks: this host's cached copy, or
+        downloaded (sha256-checked), unpacked and then cached (belayer/sandbox/staging.py)."""
+
+        def fetch(dest: Path) -> None:
+            compression.unpack(lambda f: self._download_archive(meta, f), meta.compression, dest)
+            if faults.is_on("sandbox_restore_damaged_archive"):
+                _damage(dest)
+
+        return self.staging.fork_archive(meta.sandbox_id, meta.archive_sha256, fetch)
 
     def _fork_one(self, ref: CheckpointRef, meta: CheckpointMeta, plain: Path, target: ForkTarget,
                   generation: int, log: list[LoggedAction] | None) -> SandboxHandle:  # fmt: skip

@@ -1,12 +1,21 @@
 """A sandbox host's disk between its sandboxes and the store, under one budget.
 
-Two kinds of files wait there: checkpoints captured and not yet uploaded (a checkpoint
-is taken in two halves: SandboxHost.capture_checkpoint says why), and the archives a
-restore or a fork downloaded and unpacked. Without a bound, a store that stays down while
+Three kinds of files wait there: checkpoints captured and not yet uploaded (a checkpoint
+is taken in two halves: SandboxHost.capture_checkpoint says why), the archives a restore
+or a fork downloaded and unpacked, and a cache of the archives forks started from. Without a bound, a store that stays down while
 trajectories keep checkpointing fills the host's disk, and with it every sandbox's.
 
+Forks start from a group's set-up checkpoint, and a training run forks the same one again
+every iteration (`reuse_setup`): each host keeps the unpacked archive it forked from,
+named by the archive's sha256, so the next fork of it there skips the download and the
+decompression. Only forks fill the cache (a rare path); checkpoints, the frequent one,
+pay nothing for it (a cache teed at every checkpoint cost each 0.09 s here and was
+removed). A fork takes a hard link of the cached file, so an eviction never pulls an
+archive from under a restore.
+
 So each capture first checks the budget (`sandbox.staging_budget_mb`). Over it, the host
-evicts, oldest first, the staged checkpoints no trajectory can still publish: those of a
+evicts the cached fork archives (they can be downloaded again), then, oldest first, the
+staged checkpoints no trajectory can still publish: those of a
 sandbox no longer on this host, and those a newer capture of the same sandbox superseded
 (a trajectory captures again only once its previous checkpoint was settled, stored or
 given up). Archives being restored from are in use and never evicted. If that is not
@@ -21,6 +30,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import os
 import re
 import tempfile
 from collections.abc import Callable, Iterator
@@ -34,6 +44,8 @@ log = logging.getLogger(__name__)
 
 STAGED_DIR = "staged-checkpoints"  # under the state directory: captured, not yet published
 IMPORTS_DIR = "imports"  # archives downloaded for a restore or a fork, while it runs
+CACHE_DIR = "fork-archives"  # unpacked archives forks started from, by the archive's sha256
+_SHA256 = re.compile(r"^[0-9a-f]{64}$")
 # A staged file's name: its sandbox id, then its checkpoint's directory (head step,
 # generation, random suffix), as SandboxHost._checkpoint_base makes them.
 _STAGED_NAME = re.compile(r"^(?P<sandbox>sbx-[0-9a-z-]+)--(?P<head>\d{8})-g\d+-[0-9a-f]+\.tar$")
@@ -45,16 +57,13 @@ class StagingUsage:
 
     staged_bytes: int
     importing_bytes: int
+    cached_bytes: int
     budget_bytes: int
-    evicted: int  # staged files evicted to make room since the host started
+    evicted: int  # staged files and cached archives evicted to make room since the host started
 
-    def as_dict(self) -> dict:
-        return {
-            "staged_bytes": self.staged_bytes,
-            "importing_bytes": self.importing_bytes,
-            "budget_bytes": self.budget_bytes,
-            "evicted": self.evicted,
-        }
+    @property
+    def used_bytes(self) -> int:
+        return self.staged_bytes + self.importing_bytes + self.cached_bytes
 
 
 class Staging:
@@ -64,6 +73,7 @@ class Staging:
     def __init__(self, state_dir: Path, host_queue: Callable[[], str], budget_bytes: int) -> None:
         self.state_dir, self.host_queue, self.budget_bytes = Path(state_dir), host_queue, budget_bytes
         self.evicted = 0
+        self.cache_hits = 0
 
     @property
     def staged_dir(self) -> Path:
@@ -72,6 +82,10 @@ class Staging:
     @property
     def imports_dir(self) -> Path:
         return self.state_dir / "tmp" / IMPORTS_DIR / self.host_queue()
+
+    @property
+    def cache_dir(self) -> Path:
+        return self.state_dir / "tmp" / CACHE_DIR / self.host_queue()
 
     def staged_path(self, name: str) -> Path:
         self.staged_dir.mkdir(parents=True, exist_ok=True)
@@ -87,28 +101,82 @@ class Staging:
         with tempfile.TemporaryDirectory(dir=self.imports_dir, prefix=f"restore-{sandbox_id}-") as d:
             yield Path(d)
 
+    @contextlib.contextmanager
+    def fork_archive(
+        self, sandbox_id: str, archive_sha256: str, fetch: Callable[[Path], object]
+    ) -> Iterator[Path]:
+        """The unpacked archive of the checkpoint whose stored archive has `archive_sha256`,
+        in a private directory removed afterwards: a hard link of the cached copy, or
+        `fetch(dest)` (download, check, unpack) and then the cache keeps it."""
+        if not _SHA256.match(archive_sha256):
+            raise ValueError(f"archive sha256 {archive_sha256!r} is not 64 hex digits")
+        cached = self.cache_dir / f"{archive_sha256}.tar"
+        with self.importing(sandbox_id) as private:
+            plain = private / "plain.tar"
+            try:
+                os.link(cached, plain)
+                os.utime(cached)  # recently used: evicted last
+                self.cache_hits += 1
+            except FileNotFoundError:
+                fetch(plain)
+                self._keep(plain, cached)
+            yield plain
+
+    def forget_fork_archive(self, archive_sha256: str) -> None:
+        """Drop a cached archive forks could not start from (damaged on this disk)."""
+        if _SHA256.match(archive_sha256):
+            (self.cache_dir / f"{archive_sha256}.tar").unlink(missing_ok=True)
+
+    def drop_cache(self) -> None:
+        """Remove every cached fork archive (the host stops; nothing else uses them)."""
+        for entry in self._cached():
+            entry.unlink(missing_ok=True)
+        with contextlib.suppress(OSError):
+            self.cache_dir.rmdir()
+
+    def _keep(self, plain: Path, cached: Path) -> None:
+        self.cache_dir.mkdir(parents=True, exist_ok=True)
+        partial = cached.with_name(f"{cached.stem}.{os.getpid()}.partial")
+        os.link(plain, partial)
+        os.replace(partial, cached)
+        self._trim_cache()
+
+    def _trim_cache(self) -> None:
+        """The cache alone never takes the host over its budget: oldest entries go first."""
+        used = self.usage().used_bytes
+        for entry in sorted(self._cached(), key=_mtime):
+            if used < self.budget_bytes:
+                return
+            used -= _size(entry)
+            entry.unlink(missing_ok=True)
+            self.evicted += 1
+
     def usage(self) -> StagingUsage:
+        """Bytes by kind; a file linked in two places (a cached archive a fork is using) counts once."""
+        seen: set[tuple[int, int]] = set()
         return StagingUsage(
-            staged_bytes=sum(_size(p) for p in self._staged()),
-            importing_bytes=sum(_size(p) for p in self.imports_dir.rglob("*") if p.is_file())
-            if self.imports_dir.is_dir()
-            else 0,
+            staged_bytes=_bytes(self._staged(), seen),
+            cached_bytes=_bytes(self._cached(), seen),
+            importing_bytes=_bytes(
+                (p for p in self.imports_dir.rglob("*") if p.is_file()) if self.imports_dir.is_dir() else (),
+                seen,
+            ),
             budget_bytes=self.budget_bytes,
             evicted=self.evicted,
         )
 
     def make_room(self, live_sandboxes: Callable[[], set[str]]) -> None:
-        """Before a capture: under the budget, or brought under it by evicting what no
-        trajectory can still publish, oldest first; `StagingFull` when neither."""
-        usage = self.usage()
-        used = usage.staged_bytes + usage.importing_bytes
+        """Before a capture: under the budget, or brought under it by evicting cached fork
+        archives and what no trajectory can still publish, oldest first; `StagingFull`
+        when neither."""
+        used = self.usage().used_bytes
         if used < self.budget_bytes:
             return
-        for path in self._evictable(live_sandboxes()):
+        for path in [*sorted(self._cached(), key=_mtime), *self._evictable(live_sandboxes())]:
             used -= _size(path)
             path.unlink(missing_ok=True)
             self.evicted += 1
-            log.info("staging over budget: evicted %s, which no trajectory can still publish", path.name)
+            log.info("staging over budget: evicted %s, which nothing still needs", path.name)
             if used < self.budget_bytes:
                 return
         raise StagingFull(
@@ -133,6 +201,24 @@ class Staging:
         if not self.staged_dir.is_dir():
             return []
         return [p for p in self.staged_dir.iterdir() if _STAGED_NAME.match(p.name)]
+
+    def _cached(self) -> list[Path]:
+        if not self.cache_dir.is_dir():
+            return []
+        return [p for p in self.cache_dir.iterdir() if p.suffix == ".tar" and _SHA256.match(p.stem)]
+
+
+def _bytes(paths, seen: set[tuple[int, int]]) -> int:
+    total = 0
+    for path in paths:
+        try:
+            st = path.stat()
+        except FileNotFoundError:
+            continue
+        if (st.st_dev, st.st_ino) not in seen:
+            seen.add((st.st_dev, st.st_ino))
+            total += st.st_size
+    return total
 
 
 def _sandbox_of(path: Path) -> str:

@@ -40,12 +40,13 @@ class LiveSandbox:
 
 @dataclass(frozen=True)
 class HostStaging:
-    """A host's staging disk (belayer/sandbox/staging.py): checkpoints waiting for upload
-    and archives being restored from, against its budget."""
+    """A host's staging disk (belayer/sandbox/staging.py): checkpoints waiting for upload,
+    archives being restored from and the cached archives forks start from, against its budget."""
 
     host: str
     staged_bytes: int
     importing_bytes: int
+    cached_bytes: int
     budget_bytes: int
 
     def as_dict(self) -> dict:

@@ -117,6 +117,8 @@ class Sandboxes:
         for sid in ids:
             self.backend.destroy(sid)
         shutil.rmtree(self.host.owners.dir, ignore_errors=True)
+        self.host.staging.drop_cache()
+        shutil.rmtree(self.host.staging.staged_dir, ignore_errors=True)
         leaked = []
         r = self.backend.podman("ps", "-a", "--filter", f"label={TEST_LABEL}={self.token}",
                                 "--format", "{{.Names}}", check=False)  # fmt: skip

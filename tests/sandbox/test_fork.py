@@ -201,3 +201,39 @@ def test_a_fork_that_closed_connections_keeps_its_own_later_ones_through_a_resto
     assert recovered.consistent and recovered.source == f"checkpoint@{len(log)}", recovered
     asked = host.exec(recovered.handle, Action(trajectory=member, step=len(log) + 1, command=ASK))
     assert asked.stdout == "echo ping\n", asked
+
+
+def test_a_host_forks_the_same_checkpoint_again_from_its_cached_archive(sandboxes, monkeypatch):
+    """A training run forks a group's set-up checkpoint again every iteration: the host
+    downloads and unpacks it once, the next forks there start from its cached copy (as
+    identical as the first), a capture over the staging budget evicts that copy first,
+    and a copy no fork could start from is dropped."""
+    host = sandboxes.host
+    parent = sandboxes.create(*SETUP)
+    origin = host.checkpoint(parent)
+    downloads = []
+    original = host._download_archive
+    monkeypatch.setattr(
+        host, "_download_archive", lambda meta, f: (downloads.append(meta), original(meta, f))[1]
+    )
+    first = host.fork(origin, targets(1, sandboxes.token))
+    again = host.fork(
+        origin, [ForkTarget(sandbox_id=f"sbx-again-{sandboxes.token[:8]}", trajectory="member-9")]
+    )
+    assert all(o.handle for o in first + again), [o.error for o in first + again]
+    assert (len(downloads), host.staging.cache_hits) == (1, 1)
+    assert host.workspace_hash(first[0].handle) == host.workspace_hash(again[0].handle)
+    cached = host.staging.usage().cached_bytes
+    assert cached > 0 and list(host.staging.imports_dir.iterdir()) == []  # only the cache stays
+
+    host.staging.budget_bytes = cached  # at the budget: the next capture makes room
+    host.capture_checkpoint(parent)
+    assert host.staging.usage().cached_bytes == 0 and host.staging.evicted == 1
+    host.staging.budget_bytes = 1 << 30
+
+    host.fork(origin, [ForkTarget(sandbox_id=f"sbx-third-{sandboxes.token[:8]}", trajectory="member-8")])
+    assert len(downloads) == 2  # evicted, so downloaded again
+    with open(next(host.staging.cache_dir.iterdir()), "r+b") as f:  # the cached copy damaged on disk
+        f.truncate(1024)
+    broken = host.fork(origin, [ForkTarget(sandbox_id=f"sbx-fourth-{sandboxes.token[:8]}", trajectory="m")])
+    assert broken[0].handle is None and host.staging.usage().cached_bytes == 0  # dropped, not used twice

@@ -169,6 +169,7 @@ async def serve(config: BelayerConfig) -> None:
     finally:
         reaper.cancel()
         await asyncio.to_thread(publisher.stop)  # placement stops choosing this host
+        await asyncio.to_thread(host.staging.drop_cache)  # a cache: a later worker downloads again
 
 
 def banner(config: BelayerConfig) -> str:
