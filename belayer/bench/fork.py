@@ -260,6 +260,7 @@ def run_bench(config, *, group_size: int, repetitions: int, scale: float, concur
                 host.delete_checkpoints(sandbox_id)
     finally:
         host.backend.podman("rmi", "-f", baked_image, check=False)
+        host.staging.drop_cache()
     median = {mode: statistics.median(r["ready_s"] for r in runs[mode]) for mode in modes}
     cpu = {mode: statistics.median(r["cpu_s"] for r in runs[mode]) for mode in modes}
     load1, load5, _ = os.getloadavg()
