@@ -8,7 +8,8 @@ repetition, on the same host and store, modes in rotated order:
   fork         -- create and set up one sandbox, checkpoint it, `SandboxHost.fork` G
                   sandboxes from the checkpoint (a group's first iteration in Belayer);
   fork_reused  -- a later group of the same task (the next training iteration): the
-                  set-up checkpoint an earlier group made is forked again, no setup;
+                  set-up checkpoint an earlier group made and forked on this host is
+                  forked again, no setup, from the host's cached archive (no download);
   independent  -- G sandboxes each created and set up from scratch, `--concurrency`
                   at a time (what a user does without forking, with the parallelism
                   the forks get);
@@ -135,11 +136,17 @@ def run_fork(host, spec, group_size: int, token: str) -> dict:
 
 
 def make_origin(host, spec):
+    """The earlier group's set-up checkpoint, forked once here as that group did (so its
+    archive is in this host's cache, as in a training run's later iteration)."""
     parent = host.create(spec)
     try:
-        return host.checkpoint(parent), parent.sandbox_id
+        origin = host.checkpoint(parent)
     finally:
         host.destroy(parent)
+    warm = ForkTarget(sandbox_id=f"sbx-bw-{uuid.uuid4().hex[:8]}", trajectory="bench-fork-earlier")
+    host.fork(origin, [warm])
+    host.remove(warm.sandbox_id)
+    return origin, parent.sandbox_id
 
 
 def run_fork_reused(host, origin, group_size: int, token: str) -> dict:
