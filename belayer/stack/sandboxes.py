@@ -92,5 +92,9 @@ def _staging(config: BelayerConfig, k: int) -> HostStaging:
     queue = sandbox_hosts.host_queue(config, k)
     usage = Staging(config.state_dir, lambda: queue, config.sandbox.staging_budget_mb << 20).usage()
     return HostStaging(
-        sandbox_hosts.host_name(k), usage.staged_bytes, usage.importing_bytes, usage.budget_bytes
+        host=sandbox_hosts.host_name(k),
+        staged_bytes=usage.staged_bytes,
+        importing_bytes=usage.importing_bytes,
+        cached_bytes=usage.cached_bytes,
+        budget_bytes=usage.budget_bytes,
     )
