@@ -33,6 +33,7 @@ import logging
 import os
 import re
 import tempfile
+import uuid
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -131,14 +132,23 @@ class Staging:
         """Remove every cached fork archive (the host stops; nothing else uses them)."""
         for entry in self._cached():
             entry.unlink(missing_ok=True)
+        for partial in self.cache_dir.glob("*.partial") if self.cache_dir.is_dir() else ():
+            partial.unlink(missing_ok=True)  # of a fork that died between link and rename
         with contextlib.suppress(OSError):
             self.cache_dir.rmdir()
 
     def _keep(self, plain: Path, cached: Path) -> None:
-        self.cache_dir.mkdir(parents=True, exist_ok=True)
-        partial = cached.with_name(f"{cached.stem}.{os.getpid()}.partial")
-        os.link(plain, partial)
-        os.replace(partial, cached)
+        """Best effort: a copy that cannot be kept is logged, never fails the fork (two forks
+        of one archive at once each keep theirs under a name of its own, the last wins)."""
+        partial = cached.with_name(f"{cached.stem}.{uuid.uuid4().hex}.partial")
+        try:
+            self.cache_dir.mkdir(parents=True, exist_ok=True)
+            os.link(plain, partial)
+            os.replace(partial, cached)
+        except OSError as exc:
+            partial.unlink(missing_ok=True)
+            log.warning("fork archive %s not cached: %s", cached.name, exc)
+            return
         self._trim_cache()
 
     def _trim_cache(self) -> None:
