@@ -6,7 +6,10 @@ workflow worker, Temporal, S3) once a trajectory of the iteration has run an act
 sandbox is the target of `sandbox-crash`), `trainer-crash` once the iteration's train
 step has started. Faults go one at a time; each is measured until what it hit moves on
 (the trajectory runs its next step or ends; the run leaves the train step), which is its
-`recovery_s`. Time triggers (`FAULT@t=SECONDS`) fire on the clock and hit whatever is
+`recovery_s`. A fault that hits the whole run rather than one trajectory (Temporal, its
+workflow worker, S3) also takes the train step as its chance when no trajectory offers
+one, so a fault the recoveries before it pushed into the last iteration's train step is
+still injected. Time triggers (`FAULT@t=SECONDS`) fire on the clock and hit whatever is
 running then.
 """
 
@@ -38,6 +41,10 @@ RECOVERED_BY = {
     "s3-outage": "retries with backoff",
     "trainer-crash": "train step retried on the restarted trainer from its last checkpoint",
 }
+
+# Faults of the run's services, not of one trajectory: the training workflow and its train
+# step depend on them as much as any trajectory does.
+RUN_WIDE_FAULTS = frozenset({"temporal-worker-crash", "temporal-restart", "s3-outage"})
 
 
 class TrainingChaos:
@@ -104,7 +111,8 @@ class TrainingChaos:
             return None
 
     def _target(self, planned: PlannedFault, progress, running: list) -> tuple[str, object] | None:
-        """What the fault hits now: ("trainer", None) or (trajectory id, its progress)."""
+        """What the fault hits now: ("trainer", None), ("the train step", None) for a run-wide
+        fault that found no trajectory, or (trajectory id, its progress)."""
         if planned.t is not None:
             if time.monotonic() - self.started < planned.t:
                 return None
@@ -119,6 +127,8 @@ class TrainingChaos:
         for trajectory_id, seen in running:
             if seen.status == "running" and seen.sandbox and aimed_at(planned, seen, self.policy_tasks):
                 return trajectory_id, seen
+        if planned.fault in RUN_WIDE_FAULTS and progress.phase == "train":
+            return ("the train step", None)
         return None
 
     def _waits_for_a_first_generation(self, planned: PlannedFault, iteration: int) -> bool:

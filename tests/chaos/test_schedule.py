@@ -109,3 +109,22 @@ def test_an_iterations_faults_wait_until_its_first_generations_are_over():
     ended = FirstGenerationWindows()
     ended.observe(0, [("learn-m0", at("learn-sum", 0, "finishing"))], policy)
     assert ended.past(0)
+
+
+def test_a_run_wide_fault_no_trajectory_offered_strikes_the_train_step(tmp_path):
+    """Temporal, its workflow worker and S3 serve the train step as much as a trajectory: a
+    fault of theirs that recoveries before it pushed past the last rollouts fires during the
+    train step instead of being missed; a fault aimed at a sandbox or an engine does not."""
+    from belayer.chaos.training import TrainingChaos
+    from belayer.config import BelayerConfig
+
+    chaos = TrainingChaos(BelayerConfig(state_dir=tmp_path), None, "train-x", [])
+    training = SimpleNamespace(iteration=3, phase="train")
+    rolling = SimpleNamespace(iteration=3, phase="rollout")
+    for kind in ("temporal-worker-crash", "temporal-restart", "s3-outage"):
+        (planned,) = parse_plan(f"{kind}@iteration=2")
+        assert chaos._target(planned, training, []) == ("the train step", None)
+        assert chaos._target(planned, rolling, []) is None  # the rollouts may still offer one
+    for kind in ("sandbox-crash", "node-crash", "engine-crash"):
+        (planned,) = parse_plan(f"{kind}@iteration=2")
+        assert chaos._target(planned, training, []) is None

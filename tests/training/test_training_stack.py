@@ -32,7 +32,8 @@ ROOT = Path(__file__).parents[2]
 
 # Every fault the chaos suite knows, plus the trainer's death, over the first three
 # iterations. Faults land one at a time, each after the previous one's recovery, so the
-# fourth iteration (planned without faults) leaves room for those the recoveries pushed on.
+# fourth iteration (planned without faults) leaves room for those the recoveries pushed on;
+# Temporal's, its worker's and S3's may also land on a train step.
 # The engine's crash and hang find a learn task's trajectory at its first generation, before
 # any action (the others, one past its first action).
 EVERY_FAULT = ",".join(
