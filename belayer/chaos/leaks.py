@@ -1,8 +1,12 @@
-"""What a run left behind: sandbox containers, processes, shared memory, objects.
+"""What a run left behind, counted from the hosts themselves, not from Belayer's records:
+sandbox containers (`podman ps -a` in each sandbox host's storage), processes, network
+namespaces, /dev/shm segments, each host's channel directories and archives being
+imported, staged captures, and objects in the store.
 
 A snapshot is taken before a soak and another after it; a leak is what the second has
 and the first had not, minus what the live stack legitimately holds (its services and
-their children, the rollout node's current segments). Nothing here removes anything.
+their children, live containers, the rollout node's current segments). Nothing here
+removes anything.
 """
 
 from __future__ import annotations
@@ -16,7 +20,7 @@ from pydantic import BaseModel
 from belayer.config import BelayerConfig
 from belayer.rollout.shm import leftover_segments
 from belayer.sandbox.lineage import lineage_prefix
-from belayer.sandbox.staging import STAGED_DIR
+from belayer.sandbox.staging import IMPORTS_DIR, STAGED_DIR
 from belayer.stack import sandbox_hosts
 from belayer.stack.local import LocalStack
 from belayer.storage.store import RECORD_ROOT, open_store
@@ -25,28 +29,33 @@ from belayer.storage.store import RECORD_ROOT, open_store
 class Leaks(BaseModel):
     containers: list[str] = []
     processes: list[str] = []
+    network_namespaces: list[str] = []
     shm_segments: list[str] = []
+    channel_dirs: list[str] = []
+    imports: list[str] = []
     objects: list[str] = []
 
     def counts(self) -> dict[str, int]:
-        return {
-            name: len(getattr(self, name)) for name in ("containers", "processes", "shm_segments", "objects")
-        }
+        return {name: len(getattr(self, name)) for name in Leaks.model_fields}
 
 
 class Snapshot(BaseModel):
     containers: set[str]
     processes: set[int]
+    network_namespaces: set[int] = set()
 
 
 def snapshot(config: BelayerConfig) -> Snapshot:
     return Snapshot(
-        containers=set(sandbox_containers(config)), processes={p.pid for p in stack_processes(config)}
+        containers=set(sandbox_containers(config)),
+        processes={p.pid for p in stack_processes(config)},
+        network_namespaces=set(network_namespaces()),
     )
 
 
 def find_leaks(config: BelayerConfig, before: Snapshot, sandbox_ids: set[str]) -> Leaks:
-    """Everything the run left that nothing live explains."""
+    """Everything the run left that nothing live explains; `sandbox_ids` are the run's
+    sandboxes, every one of them finished."""
     containers = [c for c in sandbox_containers(config) if c not in before.containers]
     live = _service_trees(config)
     processes = [
@@ -57,9 +66,60 @@ def find_leaks(config: BelayerConfig, before: Snapshot, sandbox_ids: set[str]) -
     return Leaks(
         containers=containers,
         processes=processes,
+        network_namespaces=new_network_namespaces(before, live),
         shm_segments=unmapped_segments(config),
+        channel_dirs=channel_dirs_of(config, sandbox_ids),
+        imports=importing_files(config),
         objects=leftover_objects(config, sandbox_ids),
     )
+
+
+def network_namespaces() -> dict[int, str]:
+    """Every network namespace of the machine by inode, with what holds it: a process, or
+    a bind mount (a named namespace) seen in some process's mount table."""
+    held: dict[int, str] = {}
+    for pid_dir in Path("/proc").iterdir():
+        if not pid_dir.name.isdigit():
+            continue
+        try:
+            held.setdefault(os.stat(pid_dir / "ns" / "net").st_ino, f"process {pid_dir.name}")
+            for line in (pid_dir / "mountinfo").read_text().splitlines():
+                fields = line.split(" - ")
+                if len(fields) == 2 and fields[1].startswith("nsfs ") and "net:[" in line:
+                    inode = int(line.split("net:[", 1)[1].split("]", 1)[0])
+                    held.setdefault(inode, f"bind mount {line.split()[4]}")
+        except (OSError, ValueError):
+            continue
+    return held
+
+
+def new_network_namespaces(before: Snapshot, live: set[int]) -> list[str]:
+    """Network namespaces created since `before` that no live service or container holds."""
+    explained = set(before.network_namespaces)
+    for pid in live:
+        try:
+            explained.add(os.stat(f"/proc/{pid}/ns/net").st_ino)
+        except OSError:
+            continue
+    return [f"net:[{inode}] held by {holder}" for inode, holder in network_namespaces().items()
+            if inode not in explained]  # fmt: skip
+
+
+def channel_dirs_of(config: BelayerConfig, sandbox_ids: set[str]) -> list[str]:
+    """Channel directories of finished sandboxes on any host (destroying one removes its own)."""
+    return [
+        str(path)
+        for k in range(LocalStack(config).sandbox_hosts)
+        for path in sorted((sandbox_hosts.host_dir(config, k) / "channels").glob("*"))
+        if path.name in sandbox_ids
+    ]
+
+
+def importing_files(config: BelayerConfig) -> list[str]:
+    """Archives still under a host's imports directory: one exists only while its restore
+    or fork runs, so after a run nothing should be there."""
+    root = config.state_dir / "tmp" / IMPORTS_DIR
+    return sorted(str(p) for p in root.rglob("*") if p.is_file()) if root.is_dir() else []
 
 
 def sandbox_containers(config: BelayerConfig) -> list[str]:

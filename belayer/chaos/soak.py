@@ -3,15 +3,23 @@ seeded schedule of real faults of every kind, each trajectory compared with an u
 run of its task.
 
 One reference round runs every task with no fault. Then each round starts every task
-(times `repeats`) at once and injects `faults_per_round` faults one after another, each
-on a trajectory and at a step (or a time offset) drawn from the seed; fault kinds come
-in turn from a seeded shuffle of all kinds, so `rounds * faults_per_round >= 9` covers
-every kind. A fault's recovery time runs from the injection until its trajectory
-completes another step (or ends). After the last round, whatever the run left behind
-(containers, processes, shared memory, objects) is counted.
+(times `repeats`, and with `group_size` also as a group of forked members) at once and
+injects `faults_per_round` faults one after another, each on a trajectory and at a step
+(or a time offset) drawn from the seed; fault kinds come in turn from a seeded shuffle
+of all kinds, so `rounds * faults_per_round >= 11` covers every kind. Besides the
+process faults of belayer/chaos/faults.py the soak has two of its own: `terminate` (the
+trajectory's workflow terminated from Temporal, where no workflow code runs: the host's
+reaper must remove its sandbox) and `drain` (the sandbox's host drained, as a platform
+takes a machine: every sandbox on it moves to another host; then the host comes back).
+A fault's recovery time runs from the injection until its trajectory completes another
+step (or ends); a termination's, until its sandbox is gone from its host. After the last
+round, whatever the run left behind is counted from the hosts themselves (belayer/chaos/leaks.py).
 
-Verdicts per trajectory, against the reference of its task:
-- lost: no result (the workflow failed, was terminated, or did not finish in time);
+Verdicts per trajectory, against the reference of its task (a group member's, against
+the reference round's member of the same task):
+- terminated: the soak terminated it (its `terminate` fault): expected, and not a loss;
+- lost: no result (the workflow failed, was terminated by anything else, or did not
+  finish in time);
 - failed_infra: ended failed_infra (infrastructure failures are never rewards);
 - context_cut: a recovery found a nondeterministic action and cut the context there:
   its hashes legitimately differ; counted apart, and its recovery must say where;
@@ -33,18 +41,34 @@ from temporalio.client import WorkflowFailureError
 from temporalio.service import RPCError
 
 from belayer.chaos import leaks
-from belayer.chaos.faults import FAULT_KINDS, Chaos, ChaosError, node_roles
-from belayer.client import follow_trajectories, start_trajectory, trajectory_input
+from belayer.chaos.faults import FAULT_KINDS, Chaos, ChaosError, FaultReport, node_roles
+from belayer.client import follow_trajectories, start_group, start_trajectory, trajectory_input
 from belayer.config import BelayerConfig
+from belayer.errors import StackError
 from belayer.measure import spread
 from belayer.rollout.status import NodeStatus
+from belayer.stack import sandbox_hosts
+from belayer.stack.drain import drain_host
 from belayer.stack.local import LocalStack
 from belayer.temporal_client import connect
 from belayer.workers.rollout.worker import generation_of, recoveries_of
+from belayer.workflows.groups import GroupInput
 from belayer.workloads.loader import load_workload
 from belayer.workloads.registry import driver_for
 
 Reporter = Callable[[str], None]
+
+# Faults only the soak injects: it holds the Temporal client and the stack they need.
+SOAK_ONLY_KINDS: tuple[str, ...] = ("terminate", "drain")
+SOAK_FAULT_KINDS: tuple[str, ...] = (*FAULT_KINDS, *SOAK_ONLY_KINDS)
+# The reaper's promise (belayer/sandbox/reaper.py): a closed workflow's sandbox is gone within 60 s.
+REAPED_WITHIN_S = 60.0
+DRAIN_DEADLINE_S = 60.0
+
+
+def default_kinds(sandbox_hosts_count: int) -> list[str]:
+    """Every kind the stack can take: a drain needs a second host to move sandboxes to."""
+    return [k for k in SOAK_FAULT_KINDS if k != "drain" or sandbox_hosts_count >= 2]
 
 
 class SoakSettings(BaseModel):
@@ -53,9 +77,14 @@ class SoakSettings(BaseModel):
     workloads: list[Path] = Field(description="Workload files whose tasks run every round.")
     rounds: int = Field(5, ge=1, description="Rounds with faults (after one reference round).")
     repeats: int = Field(1, ge=1, description="Trajectories per task per round.")
+    group_size: int = Field(
+        0,
+        ge=0,
+        description="Also run each task as a group of this many members forked from one set-up (0: none).",
+    )
     faults_per_round: int = Field(2, ge=0, description="Faults injected, one after another, per round.")
     seed: int = Field(0, ge=0, description="Seed of the fault schedule.")
-    kinds: list[str] = Field(list(FAULT_KINDS), description="Fault kinds drawn from.")
+    kinds: list[str] = Field(list(FAULT_KINDS), description="Fault kinds drawn from (SOAK_FAULT_KINDS).")
     time_trigger_share: float = Field(0.25, ge=0, le=1, description="Share of faults triggered by time.")
     s3_outage_s: float = Field(3.0, ge=0, description="How long an s3-outage keeps the store down.")
     round_timeout_s: float = Field(600.0, gt=0, description="A trajectory not done by then is lost.")
@@ -86,6 +115,9 @@ class TrajectoryOutcome(BaseModel):
     id: str
     task: str
     round: int
+    member: int | None = Field(
+        None, description="Its place in its task's group (forked from one set-up); None alone."
+    )
     status: str
     verdict: str
     turns: int = 0
@@ -133,9 +165,13 @@ class Soak:
         self.run_id = uuid.uuid4().hex[:6]
         self.faults: list[FaultRecord] = []
         self.outcomes: list[TrajectoryOutcome] = []
-        self.references: dict[str, TrajectoryOutcome] = {}
+        self.references: dict[tuple[str, int | None], TrajectoryOutcome] = {}
         self.progress: dict[str, object] = {}
         self.finished: set[str] = set()
+        self.grouped: set[str] = set()  # trajectories that are members of a group
+        self.terminated: set[str] = set()  # trajectories the soak terminated (its `terminate` faults)
+        self.reaping: list[asyncio.Future] = []  # a terminated trajectory's sandbox, watched until removed
+        self.draining: asyncio.Future | None = None
         self.carried: list[ScheduledFault] = []
 
     async def run(self) -> dict:
@@ -144,8 +180,11 @@ class Soak:
         self.client = await connect(self.config.temporal, self.config.storage.encryption_key)
         self.report("reference round: every task once, no faults")
         for outcome in await self._round(0, []):
-            self.references.setdefault(outcome.task, outcome)
-        inputs_turns = [_turns(task) for task in self.tasks for _ in range(self.settings.repeats)]
+            self.references.setdefault((outcome.task, outcome.member), outcome)
+        members = self.settings.group_size if self.settings.group_size >= 2 else 0
+        inputs_turns = [_turns(task) for task in self.tasks for _ in range(self.settings.repeats)] + [
+            _turns(task) for task in self.tasks for _ in range(members)
+        ]
         rounds = schedule(self.settings, inputs_turns)
         # A fault whose round ended before it could hit (every trajectory finished while an
         # earlier fault recovered) moves to the next round, so every kind is really injected.
@@ -162,23 +201,43 @@ class Soak:
             self.outcomes.extend(await self._round(number, faults))
         await self._wait_healthy()
         sandbox_ids = {sid for o in [*self.outcomes, *self.references.values()] for sid in o.sandbox_ids}
-        found = await asyncio.to_thread(leaks.find_leaks, self.config, before, sandbox_ids)
+        found = await self._leaks_after_reaping(before, sandbox_ids)
         return self._summary(found, time.monotonic() - started)
+
+    async def _leaks_after_reaping(self, before, sandbox_ids: set[str]) -> leaks.Leaks:
+        """What the run left behind, once the reapers had their time: a terminated
+        trajectory's sandbox may stand for up to REAPED_WITHIN_S after its end."""
+        deadline = time.monotonic() + REAPED_WITHIN_S + 15
+        while True:
+            found = await asyncio.to_thread(leaks.find_leaks, self.config, before, sandbox_ids)
+            if not any(found.counts().values()) or time.monotonic() > deadline:
+                return found
+            await asyncio.sleep(5)
 
     # ---------------------------------------------------------------- one round
 
     async def _round(self, number: int, faults: list[ScheduledFault]) -> list[TrajectoryOutcome]:
+        run_id = f"soak{self.run_id}r{number}"
         inputs = [
-            trajectory_input(self.config, task, repeat=repeat, run_id=f"soak{self.run_id}r{number}")
+            trajectory_input(self.config, task, repeat=repeat, run_id=run_id)
             for task in self.tasks
             for repeat in range(self.settings.repeats)
         ]
+        groups = (
+            [self._group_input(task, run_id) for task in self.tasks] if self.settings.group_size >= 2 else []
+        )
+        members = [m.trajectory_id for group in groups for m in group.members]
+        self.grouped.update(members)
         begun = time.monotonic()
         jobs = [asyncio.ensure_future(self._follow(number, item)) for item in inputs]
+        group_jobs = [asyncio.ensure_future(self._follow_group(number, group)) for group in groups]
         chaos = asyncio.ensure_future(
-            self._inject_all(number, faults, [i.trajectory_id for i in inputs], begun)
+            self._inject_all(number, faults, [i.trajectory_id for i in inputs] + members, begun)
         )
-        outcomes = await asyncio.gather(*jobs)
+        outcomes = [
+            *await asyncio.gather(*jobs),
+            *(o for mine in await asyncio.gather(*group_jobs) for o in mine),
+        ]
         # Every trajectory has ended, so each pending fault finds no target and an injected
         # one stops measuring: let it write its record (an injection under way completes).
         try:
@@ -186,9 +245,20 @@ class Soak:
         except TimeoutError:
             chaos.cancel()
             await asyncio.gather(chaos, return_exceptions=True)
+        await asyncio.gather(*self.reaping)
+        self.reaping = []
         for outcome in outcomes:
             outcome.verdict = self._verdict(outcome) if number else "reference"
         return list(outcomes)
+
+    def _group_input(self, task, run_id: str) -> GroupInput:
+        """One group of `group_size` members of `task`, each with the lone trajectories' seed."""
+        members = [
+            trajectory_input(self.config, task, repeat=m, run_id=f"{run_id}g")
+            for m in range(self.settings.group_size)
+        ]
+        return GroupInput(group_id=f"group-{task.id}-{run_id}", members=members,
+                          workflow_queue=self.config.temporal.workflow_task_queue)  # fmt: skip
 
     async def _follow(self, number: int, input) -> TrajectoryOutcome:
         """Start one trajectory and follow it to its end; Temporal outages are waited out."""
@@ -205,23 +275,63 @@ class Soak:
                     self._saw(outcome, seen)
                 result = await _result_through_outages(handle)
         except WorkflowFailureError as exc:
-            outcome.status, outcome.reason = "lost", f"workflow failed: {exc.cause or exc}"
+            if tid in self.terminated:
+                outcome.status, outcome.reason = (
+                    "terminated",
+                    "terminated from Temporal by the soak (fault terminate)",
+                )
+            else:
+                outcome.status, outcome.reason = "lost", f"workflow failed: {exc.cause or exc}"
         except TimeoutError:
             outcome.status, outcome.reason = "lost", f"no result within {self.settings.round_timeout_s:.0f}s"
             await _terminate(handle, "belayer bench chaos: round timeout")
         else:
-            outcome.status, outcome.reason = result.status, result.reason
-            outcome.turns, outcome.token_sha256, outcome.env_sha256 = (
-                result.turns,
-                result.token_sha256,
-                result.env_sha256,
-            )
-            outcome.recoveries = [r.model_dump() for r in result.recoveries]
-            outcome.checkpoints = result.checkpoints
+            _take_result(outcome, result)
         finally:
             outcome.ended_at = time.time()
             self.finished.add(tid)
         return outcome
+
+    async def _follow_group(self, number: int, group: GroupInput) -> list[TrajectoryOutcome]:
+        """Start one group and follow its members to their ends, as `_follow` one trajectory."""
+
+        outcomes = {
+            m.trajectory_id: TrajectoryOutcome(
+                id=m.trajectory_id,
+                task=m.task.id,
+                round=number,
+                member=place,
+                status="running",
+                verdict="",
+                started_at=time.time(),
+            )  # fmt: skip
+            for place, m in enumerate(group.members)
+        }
+        deadline = asyncio.get_running_loop().time() + self.settings.round_timeout_s
+        handle = await _retrying(lambda: start_group(self.client, self.config, group))
+        watched = [self.client.get_workflow_handle(t) for t in outcomes]
+        lost = ""
+        try:
+            async with asyncio.timeout_at(deadline):
+                async for seen in follow_trajectories(handle, watched, query_timeout_s=5):
+                    self._saw(outcomes[seen.trajectory_id], seen)
+                done = await _result_through_outages(handle)
+        except WorkflowFailureError as exc:
+            lost = f"its group's workflow failed: {exc.cause or exc}"
+        except TimeoutError:
+            lost = f"its group had no result within {self.settings.round_timeout_s:.0f}s"
+            await _terminate(handle, "belayer bench chaos: round timeout")
+        else:
+            for result in done.results:
+                _take_result(outcomes[result.trajectory_id], result)
+            lost = "no result of its own in its group's"
+        finally:
+            for outcome in outcomes.values():
+                if outcome.status == "running":
+                    outcome.status, outcome.reason = "lost", lost
+                outcome.ended_at = time.time()
+                self.finished.add(outcome.id)
+        return list(outcomes.values())
 
     def _saw(self, outcome: TrajectoryOutcome, seen) -> None:
         """Note a progress snapshot: when each step began, and every sandbox it had."""
@@ -232,13 +342,15 @@ class Soak:
             outcome.sandbox_ids.append(seen.sandbox.sandbox_id)
 
     def _verdict(self, outcome: TrajectoryOutcome) -> str:
+        if outcome.status == "terminated":
+            return "terminated"
         if outcome.status == "lost":
             return "lost"
         if outcome.status == "failed_infra":
             return "failed_infra"
         if any(r.get("cut_after_step") for r in outcome.recoveries):
             return "context_cut"
-        reference = self.references.get(outcome.task)
+        reference = self.references.get((outcome.task, outcome.member))
         if (
             reference is None
             or reference.status != outcome.status
@@ -254,6 +366,10 @@ class Soak:
     ) -> None:
         for planned in faults:
             target = ids[planned.target]
+            if not self._may_hit(planned.kind, target):
+                target = next(
+                    (i for i in ids if i not in self.finished and self._may_hit(planned.kind, i)), target
+                )
             record = FaultRecord(
                 kind=planned.kind,
                 round=number,
@@ -261,9 +377,12 @@ class Soak:
                 trigger=f"step={planned.step}" if planned.step is not None else f"t={planned.t}",
             )
             self.faults.append(record)
-            seen = await self._trigger(planned, target, begun)
+            seen = (
+                await self._trigger(planned, target, begun) if self._may_hit(planned.kind, target) else None
+            )
             if seen is None:  # the target ended first: any trajectory still running will do
-                target = next((i for i in ids if i not in self.finished and self._has_sandbox(i)), None)
+                target = next((i for i in ids if i not in self.finished and self._has_sandbox(i)
+                               and self._may_hit(planned.kind, i)), None)  # fmt: skip
                 seen = self.progress.get(target) if target else None
                 record.target = target or record.target
                 record.trigger += " (retargeted)"
@@ -272,6 +391,11 @@ class Soak:
                 self.carried.append(planned.model_copy(update={"step": 1, "t": None}))
                 continue
             await self._inject(record, seen)
+
+    def _may_hit(self, kind: str, trajectory: str) -> bool:
+        """A group runs again a member that ends without a result of its own, so `terminate`
+        hits lone trajectories only; every other kind hits any."""
+        return kind != "terminate" or trajectory not in self.grouped
 
     def _has_sandbox(self, trajectory: str) -> bool:
         seen = self.progress.get(trajectory)
@@ -292,30 +416,95 @@ class Soak:
         roles_before = node_roles(self.chaos.config)
         recoveries_before = len(seen.recoveries)
         try:
-            report = await asyncio.to_thread(
-                self.chaos.inject,
-                record.kind,
-                sandbox_container=seen.sandbox.container,
-                duration_s=self.settings.s3_outage_s,
-                node_queue=seen.node_queue,
-            )
-        except ChaosError as exc:
+            report = await self._fault(record, seen)
+        except (ChaosError, StackError) as exc:
             record.recovered_by = f"not injected: {exc}"
             return
         record.injected, record.at, record.injected_at = True, seen.step, report.at
         record.detail = f"{report.target}: {report.detail}"
         self.report(f"  {record.kind} on {record.target} at step {seen.step}: {report.detail}")
+        if record.kind == "terminate":
+            # measured aside: the round's next faults need not wait for the reaper
+            self.reaping.append(
+                asyncio.ensure_future(self._until_reaped(record, seen.sandbox.container, report.at))
+            )
+            return
         while record.target not in self.finished:
             now = self.progress.get(record.target)
             if now is not None and now.step > seen.step:
                 break
             await asyncio.sleep(0.1)
         record.recovery_s = round(time.time() - report.at, 3)
+        if record.kind == "drain":
+            await self._drained(record, seen.sandbox.host_queue)
         if record.kind.startswith("engine"):
             # the step may complete before the node notices (no request was in flight):
             # what recovered it is named once the node has acted, recovery_s stays as measured
             await self._await_node_recovery(roles_before)
         record.recovered_by = self._recovered_by(record, roles_before, recoveries_before)
+
+    async def _fault(self, record: FaultRecord, seen) -> FaultReport:
+        """Inject `record.kind` at the trajectory `seen` shows (its sandbox, its node)."""
+        at = time.time()
+        if record.kind == "terminate":
+            self.terminated.add(record.target)
+            await self.client.get_workflow_handle(record.target).terminate(
+                reason="belayer bench chaos: fault terminate"
+            )
+            return FaultReport(kind=record.kind, target=record.target, at=at,
+                               detail="its workflow terminated from Temporal (no workflow code runs)")  # fmt: skip
+        if record.kind == "drain":
+            # the drain goes on while the target is watched: its sandbox moves long before
+            # the host's worker, its last answers given, exits
+            host = LocalStack(self.config).sandbox_host(seen.sandbox.host_queue)
+            self.draining = asyncio.ensure_future(
+                asyncio.to_thread(drain_host, LocalStack(self.config), host.name, DRAIN_DEADLINE_S)
+            )
+            return FaultReport(kind=record.kind, target=f"sandbox host {sandbox_hosts.host_name(host.host_index)}",
+                               at=at, detail="drain started (SIGTERM to its worker)")  # fmt: skip
+        return await asyncio.to_thread(
+            self.chaos.inject,
+            record.kind,
+            sandbox_container=seen.sandbox.container,
+            duration_s=self.settings.s3_outage_s,
+            node_queue=seen.node_queue,
+        )
+
+    async def _drained(self, record: FaultRecord, host_queue: str) -> None:
+        """The drain's end (its report into the record), then the host back."""
+        try:
+            drained = await self.draining
+            record.detail += f"; drained in {drained.emptied_s or 0:.2f}s: {drained.counts()}"
+        except StackError as exc:
+            record.detail += f"; the drain failed: {exc}"
+        await asyncio.to_thread(self._host_back, host_queue)
+
+    def _host_back(self, host_queue: str) -> None:
+        """A drained host comes back (`belayer up --only` its worker), as a platform brings
+        back the machine it took: later rounds have both hosts again."""
+        stack = LocalStack(self.config)
+        stack.select([stack.sandbox_host(host_queue).name])
+        stack.up()
+
+    async def _until_reaped(self, record: FaultRecord, container: str, since: float) -> None:
+        """A terminated trajectory ran no code of its own: the host's reaper must remove its
+        sandbox; its recovery is the time until the container is gone from every host."""
+        deadline = time.monotonic() + REAPED_WITHIN_S + 30
+        while time.monotonic() < deadline:
+            if not await asyncio.to_thread(self._container_exists, container):
+                record.recovery_s = round(time.time() - since, 3)
+                record.recovered_by = "the host's reaper removed its sandbox"
+                return
+            await asyncio.sleep(0.5)
+        record.recovered_by = (
+            f"its sandbox {container} was still on its host after {REAPED_WITHIN_S + 30:.0f}s"
+        )
+
+    def _container_exists(self, container: str) -> bool:
+        return any(
+            container in sandbox_hosts.containers_on(self.config, k)
+            for k in range(LocalStack(self.config).sandbox_hosts)
+        )
 
     async def _await_node_recovery(self, roles_before: NodeStatus | None, timeout_s: float = 120.0) -> None:
         deadline = time.monotonic() + timeout_s
@@ -335,10 +524,12 @@ class Soak:
                 return "owner replaced: it adopted the verified segments; the leader kept serving"
             return "no node recovery seen"
         now = self.progress.get(record.target)
-        if record.kind in ("sandbox-crash", "sandbox-host-crash"):
+        if record.kind in ("sandbox-crash", "sandbox-host-crash", "drain"):
             if now is not None and len(now.recoveries) > recoveries_before:
                 rec = now.recoveries[-1]
-                return f"restore+replay from {rec.source}"
+                return f"{'moved' if record.kind == 'drain' else 'restore+replay'} from {rec.source}"
+            if record.kind == "drain":
+                return "went on without a move (its sandbox had left the host, or it ended first)"
             return "restore+replay (seen in the result)"
         return {
             "node-crash": "temporal retry on the restarted node",
@@ -373,6 +564,7 @@ class Soak:
             "faults_injected": len(injected),
             "by_kind": recovery["by_kind"],
             "lost": verdicts.count("lost"),
+            "terminated": verdicts.count("terminated"),
             "mismatched": verdicts.count("mismatched"),
             "failed_infra": verdicts.count("failed_infra"),
             "context_cuts": len(cuts),
@@ -387,7 +579,10 @@ class Soak:
             "round_wall_s_spread": spread(round_walls, digits=1),
             "wall_s": round(wall_s, 1),
             "details": {
-                "references": {task: o.model_dump() for task, o in self.references.items()},
+                "references": {
+                    task if member is None else f"{task} member {member}": o.model_dump()
+                    for (task, member), o in self.references.items()
+                },
                 "runs": [o.model_dump() for o in self.outcomes],
                 "faults": [f.model_dump() for f in self.faults],
                 "round_wall_s": round_walls,
@@ -436,6 +631,18 @@ def percentile(values: list[float], q: float) -> float | None:
         return None
     ordered = sorted(values)
     return ordered[max(0, math.ceil(q * len(ordered)) - 1)]
+
+
+def _take_result(outcome: TrajectoryOutcome, result) -> None:
+    """A trajectory's result (TrajectoryResult) into its outcome."""
+    outcome.status, outcome.reason = result.status, result.reason
+    outcome.turns, outcome.token_sha256, outcome.env_sha256 = (
+        result.turns,
+        result.token_sha256,
+        result.env_sha256,
+    )
+    outcome.recoveries = [r.model_dump() for r in result.recoveries]
+    outcome.checkpoints = result.checkpoints
 
 
 def _turns(task) -> int:

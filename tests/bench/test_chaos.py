@@ -4,8 +4,28 @@ soak itself injects real faults: `belayer bench chaos` on a stack of your own.)"
 
 from __future__ import annotations
 
-from belayer.chaos.soak import FaultRecord, TrajectoryOutcome, recovery_figures, round_wall_s
-from belayer.cli.bench.chaos import print_report
+import os
+from pathlib import Path
+
+import pytest
+
+from belayer.chaos import leaks
+from belayer.chaos.faults import ChaosError
+from belayer.chaos.soak import (
+    SOAK_FAULT_KINDS,
+    FaultRecord,
+    Soak,
+    SoakSettings,
+    TrajectoryOutcome,
+    default_kinds,
+    recovery_figures,
+    round_wall_s,
+)
+from belayer.cli.bench.chaos import chosen_kinds, print_report
+from belayer.config import BelayerConfig
+from belayer.stack import sandbox_hosts
+
+EXAMPLE = Path(__file__).parents[2] / "examples" / "workloads" / "build-and-serve.yaml"
 
 
 def fault(kind: str, recovery_s: float | None, *, injected: bool = True, round: int = 1) -> FaultRecord:
@@ -83,6 +103,7 @@ def test_the_table_shows_min_median_max_per_kind_and_over_all(capsys):
         "round_wall_s_spread": {"min": 30.0, "median": 37.8, "max": 45.5},
         "trajectories": 4,
         "lost": 0,
+        "terminated": 0,
         "mismatched": 0,
         "failed_infra": 0,
         "context_cuts": 0,
@@ -93,3 +114,59 @@ def test_the_table_shows_min_median_max_per_kind_and_over_all(capsys):
     assert "engine-crash 3 2.00 4.00 6.00" in lines and "sandbox-crash 0 - - -" in lines
     assert "all 5 2.00 3.50 6.00" in lines
     assert "round wall time 30.00 / 37.80 / 45.50 s (min / median / max)" in lines
+
+
+def hashed(
+    task: str, *, member: int | None = None, status: str = "completed", token: str = "t1"
+) -> TrajectoryOutcome:
+    return TrajectoryOutcome(id=f"{task}-{member}", task=task, round=1, member=member, status=status,
+                             verdict="", started_at=0.0, token_sha256=token, env_sha256="e1")  # fmt: skip
+
+
+def test_the_soak_terminating_a_trajectory_is_its_own_verdict_and_members_meet_their_own_reference(tmp_path):
+    """A trajectory the soak's `terminate` fault ended is counted apart, never as lost; a
+    group member is compared with the reference round's member in the same place, a lone
+    trajectory with the lone reference."""
+    soak = Soak(BelayerConfig(state_dir=tmp_path), SoakSettings(workloads=[EXAMPLE], group_size=2))
+    soak.references = {("a", None): hashed("a"), ("a", 1): hashed("a", member=1, token="t2")}
+    assert soak._verdict(hashed("a", status="terminated", token=None)) == "terminated"
+    assert soak._verdict(hashed("a", status="lost", token=None)) == "lost"
+    assert soak._verdict(hashed("a", member=1, token="t2")) == "ok"
+    assert soak._verdict(hashed("a", member=1, token="t1")) == "mismatched"  # another member's tokens
+    assert soak._verdict(hashed("a", token="t2")) == "mismatched"
+    assert soak._verdict(hashed("a", member=0)) == "mismatched"  # no reference of that place
+
+
+def test_drain_is_drawn_only_where_a_second_host_can_take_the_sandboxes(tmp_path):
+    assert "drain" not in default_kinds(1) and "terminate" in default_kinds(1)
+    assert default_kinds(2) == list(SOAK_FAULT_KINDS)
+    assert chosen_kinds(None, 2) == list(SOAK_FAULT_KINDS) and "drain" not in chosen_kinds(None, 1)
+    with pytest.raises(ChaosError, match="--sandbox-hosts 2"):
+        chosen_kinds("engine-crash,drain", 1)
+    with pytest.raises(ChaosError, match="unknown fault kind"):
+        chosen_kinds("engine-crush", 2)
+
+
+def test_leaks_are_counted_from_the_hosts_directories_and_namespaces(tmp_path):
+    """A finished sandbox's channel directory on any host, an archive left being imported,
+    and a network namespace no live process explains are each a leak."""
+    config = BelayerConfig(state_dir=tmp_path)
+    channels = sandbox_hosts.host_dir(config, 0) / "channels"
+    (channels / "sbx-done").mkdir(parents=True)
+    (channels / "sbx-live").mkdir()
+    assert leaks.channel_dirs_of(config, {"sbx-done"}) == [str(channels / "sbx-done")]
+    importing = tmp_path / "tmp" / "imports" / "belayer-sandbox-h" / "restore-x" / "a.tar"
+    importing.parent.mkdir(parents=True)
+    importing.write_bytes(b"x")
+    assert leaks.importing_files(config) == [str(importing)]
+    mine = os.stat("/proc/self/ns/net").st_ino
+    assert mine in leaks.network_namespaces()
+    everything = leaks.Snapshot(
+        containers=set(), processes=set(), network_namespaces=set(leaks.network_namespaces())
+    )
+    assert leaks.new_network_namespaces(everything, set()) == []
+    nothing = everything.model_copy(update={"network_namespaces": set()})
+    assert f"net:[{mine}]" in " ".join(leaks.new_network_namespaces(nothing, set()))
+    assert f"net:[{mine}]" not in " ".join(leaks.new_network_namespaces(nothing, {os.getpid()}))
+    assert set(leaks.Leaks().counts()) == {"containers", "processes", "network_namespaces", "shm_segments",
+                                           "channel_dirs", "imports", "objects"}  # fmt: skip

@@ -19,11 +19,12 @@ import click
 from rich.console import Console
 from rich.table import Table
 
-from belayer.chaos.faults import FAULT_KINDS, ChaosError
-from belayer.chaos.soak import Soak, SoakSettings
+from belayer.chaos.faults import ChaosError
+from belayer.chaos.soak import SOAK_FAULT_KINDS, Soak, SoakSettings, default_kinds
 from belayer.cli.context import config_from
 from belayer.measure import machine_load, spread_cells
 from belayer.report.build import build_report
+from belayer.stack.local import LocalStack
 
 console = Console(stderr=True)
 EXAMPLE = Path(__file__).resolve().parents[3] / "examples" / "workloads" / "build-and-serve.yaml"
@@ -51,11 +52,24 @@ EXAMPLE = Path(__file__).resolve().parents[3] / "examples" / "workloads" / "buil
     type=click.IntRange(1, 1000),
     help="Trajectories per task per round.",
 )
+@click.option(
+    "--group-size",
+    default=0,
+    show_default=True,
+    type=click.IntRange(0, 256),
+    help="Also run each task as a group of this many members forked from one set-up (0: no groups).",
+)
 @click.option("--faults-per-round", default=2, show_default=True, type=click.IntRange(0, 1000))
 @click.option(
     "--seed", default=0, show_default=True, type=click.IntRange(0), help="Seed of the fault schedule."
 )
-@click.option("--kinds", default=None, metavar="KIND,...", help="Fault kinds drawn from (default: all).")
+@click.option(
+    "--kinds",
+    default=None,
+    metavar="KIND,...",
+    help="Fault kinds drawn from (default: all the stack can take; drain needs two sandbox hosts). "
+    f"Kinds: {', '.join(SOAK_FAULT_KINDS)}.",
+)
 @click.option("--s3-outage-s", default=3.0, show_default=True, type=click.FloatRange(0, 600))
 @click.option(
     "--round-timeout-s",
@@ -84,6 +98,7 @@ def chaos(
     workloads: tuple[Path, ...],
     rounds: int,
     repeats: int,
+    group_size: int,
     faults_per_round: int,
     seed: int,
     kinds: str | None,
@@ -96,24 +111,26 @@ def chaos(
     """Soak: the example workloads under a seeded schedule of real faults of every kind;
     each trajectory's token and environment hashes compared with an unfailed run.
 
+    Besides the process faults of `belayer chaos`, `terminate` ends a trajectory from
+    Temporal (its host's reaper must remove its sandbox) and `drain` drains its sandbox's
+    host (every sandbox there moves to another; the host then comes back).
+
     Exit status 1 when a trajectory was lost, mismatched or failed_infra, or something leaked.
     """
 
-    chosen = kinds.split(",") if kinds else list(FAULT_KINDS)
-    unknown = [k for k in chosen if k not in FAULT_KINDS]
-    if unknown:
-        raise ChaosError(f"unknown fault kind(s) {', '.join(unknown)}; choose from {', '.join(FAULT_KINDS)}")
+    config = config_from(ctx.find_root())
+    chosen = chosen_kinds(kinds, LocalStack(config).sandbox_hosts)
     settings = SoakSettings(
         workloads=list(workloads) or [EXAMPLE],
         rounds=rounds,
         repeats=repeats,
+        group_size=group_size,
         faults_per_round=faults_per_round,
         seed=seed,
         kinds=chosen,
         s3_outage_s=s3_outage_s,
         round_timeout_s=round_timeout_s,
     )
-    config = config_from(ctx.find_root())
     # The Temporal SDK's core logs its connection retries (a restarted server) on stdout:
     # keep stdout for the JSON alone by sending fd 1 to stderr while the soak runs.
     sys.stdout.flush()
@@ -147,6 +164,22 @@ def chaos(
     os._exit(1 if bad else 0)  # the Temporal SDK can abort at interpreter exit (docs/design.md §7)
 
 
+def chosen_kinds(kinds: str | None, hosts: int) -> list[str]:
+    """The fault kinds `--kinds` names (default: all a stack of `hosts` sandbox hosts can take)."""
+    chosen = kinds.split(",") if kinds else default_kinds(hosts)
+    unknown = [k for k in chosen if k not in SOAK_FAULT_KINDS]
+    if unknown:
+        raise ChaosError(
+            f"unknown fault kind(s) {', '.join(unknown)}; choose from {', '.join(SOAK_FAULT_KINDS)}"
+        )
+    if "drain" in chosen and hosts < 2:
+        raise ChaosError(
+            "fault kind drain needs a second sandbox host to move sandboxes to: start the stack with "
+            "`belayer up --sandbox-hosts 2`, or leave drain out of --kinds"
+        )
+    return chosen
+
+
 def print_report(summary: dict) -> None:
     out = Console(width=max(Console().width, 120))
     table = Table(
@@ -163,7 +196,7 @@ def print_report(summary: dict) -> None:
     out.print(table)
     out.print(
         f"{summary['trajectories']} trajectories, {summary['faults_injected']} faults: "
-        f"lost {summary['lost']}, mismatched {summary['mismatched']}, failed_infra {summary['failed_infra']}, "
+        f"lost {summary['lost']}, terminated by the soak {summary['terminated']}, mismatched {summary['mismatched']}, failed_infra {summary['failed_infra']}, "
         f"context cuts {summary['context_cuts']}; leaked {summary['leaked']}; recovery p50 "
         f"{_s(summary['p50_recovery_s'])} s, p99 {_s(summary['p99_recovery_s'])} s"
     )
