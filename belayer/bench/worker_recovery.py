@@ -35,7 +35,6 @@ from __future__ import annotations
 import json
 import os
 import signal
-import statistics
 import threading
 import time
 import uuid
@@ -47,8 +46,9 @@ import click
 
 from belayer.bench.plain_engine import PlainEngine, PlainSpec, parameter_count, warm_page_cache
 from belayer.config import load_config
-from belayer.measure import rotated
+from belayer.measure import rotated, spread
 from belayer.model.build import model_path
+from belayer.rollout.admission import kv_bytes_per_token
 from belayer.rollout.config import RolloutConfig
 from belayer.rollout.node import RolloutNode
 from belayer.rollout.protocol import SamplingSpec
@@ -432,11 +432,11 @@ def _mode_result(unfailed: dict, memory: dict, runs: dict[str, list[dict]]) -> d
         for against in ("baseline", "hot_spare")
     }  # fmt: skip
     return {
-        "speedup_caught_up_spread": _spread([x for x in per_rep["baseline"] if x is not None]),
+        "speedup_caught_up_spread": spread(per_rep["baseline"], digits=4),
         "speedup_caught_up_vs_hot_spare": _ratio(
             hot_spare["caught_up_s"]["median"], belayer["caught_up_s"]["median"]
         ),
-        "speedup_caught_up_vs_hot_spare_spread": _spread([x for x in per_rep["hot_spare"] if x is not None]),
+        "speedup_caught_up_vs_hot_spare_spread": spread(per_rep["hot_spare"], digits=4),
         "belayer": belayer,
         "baseline": baseline,
         "hot_spare": hot_spare,
@@ -454,7 +454,7 @@ def _mode_result(unfailed: dict, memory: dict, runs: dict[str, list[dict]]) -> d
 
 def _side(runs: list[dict]) -> dict:
     """min / median / max of each phase, plus every run's details."""
-    summary = {p: _spread([r[p] for r in runs]) for p in (*PHASES, "lost_s")}
+    summary = {p: spread([r[p] for r in runs], digits=4) for p in (*PHASES, "lost_s")}
     return {
         **summary,
         "recoveries": [r["recovery"] for r in runs],
@@ -539,16 +539,6 @@ def _memory_per_side(modes: dict) -> dict[str, float]:
     }
 
 
-def _spread(values: list[float]) -> dict[str, float] | None:
-    if not values:
-        return None
-    return {
-        "min": round(min(values), 4),
-        "median": round(statistics.median(values), 4),
-        "max": round(max(values), 4),
-    }
-
-
 def _ratio(baseline: float, belayer: float) -> float | None:
     return round(baseline / belayer, 2) if belayer > 0 else None
 
@@ -578,22 +568,13 @@ def _progress_line(mode: str, rep: int, total: int, last: dict[str, dict]) -> st
 
 
 def _kv_mb_needed(model_dir: Path, dtype: str, tokens: int) -> int:
-    config = json.loads((model_dir / "config.json").read_text())
-    head_dim = config.get("head_dim") or config["hidden_size"] // config["num_attention_heads"]
-    per_token = (
-        2
-        * config["num_hidden_layers"]
-        * config["num_key_value_heads"]
-        * head_dim
-        * (4 if dtype == "float32" else 2)
-    )
-    return max(16, -(-tokens * per_token // MB) + 16)
+    return max(16, -(-tokens * kv_bytes_per_token(model_dir, dtype) // MB) + 16)
 
 
 def print_report(result: dict) -> None:
-    spread = result["speedup_caught_up_spread"]
+    caught_up = result["speedup_caught_up_spread"]
     click.echo(
-        f"caught up {result['speedup_caught_up']}x sooner than a restart ({_mmm(spread)} min/med/max), "
+        f"caught up {result['speedup_caught_up']}x sooner than a restart ({_mmm(caught_up)} min/med/max), "
         f"{result['speedup_caught_up_vs_hot_spare']}x than a hot spare; first token back "
         f"{result['first_token_s']:.3f}s after the kill; memory MiB {json.dumps(result['memory_mib'])}"
     )

@@ -45,10 +45,13 @@ class Capacity:
 
 
 def kv_tokens(config: RolloutConfig, model_dir: Path) -> int:
-    """Tokens the node's KV arena holds: its bytes over each token's keys and values in
-    every layer, in the engine's dtype."""
+    """Tokens the node's KV arena holds: its bytes over each token's keys and values."""
+    return (config.kv_cache_mb << 20) // kv_bytes_per_token(model_dir, config.dtype)
+
+
+def kv_bytes_per_token(model_dir: Path, dtype: str) -> int:
+    """Bytes one token's keys and values take in every layer of the model, in `dtype`."""
     model = json.loads((Path(model_dir) / "config.json").read_text())
     heads = model.get("num_key_value_heads") or model["num_attention_heads"]
     head_dim = model.get("head_dim") or model["hidden_size"] // model["num_attention_heads"]
-    per_token = 2 * model["num_hidden_layers"] * heads * head_dim * DTYPE_BYTES[config.dtype]
-    return (config.kv_cache_mb << 20) // per_token
+    return 2 * model["num_hidden_layers"] * heads * head_dim * DTYPE_BYTES[dtype]
