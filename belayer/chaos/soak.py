@@ -367,9 +367,7 @@ class Soak:
         for planned in faults:
             target = ids[planned.target]
             if not self._may_hit(planned.kind, target):
-                target = next(
-                    (i for i in ids if i not in self.finished and self._may_hit(planned.kind, i)), target
-                )
+                target = next((i for i in ids if self._going(i) and self._may_hit(planned.kind, i)), target)
             record = FaultRecord(
                 kind=planned.kind,
                 round=number,
@@ -381,7 +379,7 @@ class Soak:
                 await self._trigger(planned, target, begun) if self._may_hit(planned.kind, target) else None
             )
             if seen is None:  # the target ended first: any trajectory still running will do
-                target = next((i for i in ids if i not in self.finished and self._has_sandbox(i)
+                target = next((i for i in ids if self._going(i) and self._has_sandbox(i)
                                and self._may_hit(planned.kind, i)), None)  # fmt: skip
                 seen = self.progress.get(target) if target else None
                 record.target = target or record.target
@@ -391,6 +389,10 @@ class Soak:
                 self.carried.append(planned.model_copy(update={"step": 1, "t": None}))
                 continue
             await self._inject(record, seen)
+
+    def _going(self, trajectory: str) -> bool:
+        """Not ended, and not terminated by the soak (its follower may not know yet)."""
+        return trajectory not in self.finished and trajectory not in self.terminated
 
     def _may_hit(self, kind: str, trajectory: str) -> bool:
         """A group runs again a member that ends without a result of its own, so `terminate`
@@ -402,7 +404,7 @@ class Soak:
         return seen is not None and seen.sandbox is not None
 
     async def _trigger(self, planned: ScheduledFault, target: str, begun: float):
-        while target not in self.finished:
+        while self._going(target):
             seen = self.progress.get(target)
             if seen is not None and seen.sandbox is not None:
                 if planned.step is not None and seen.step >= planned.step:
@@ -429,14 +431,17 @@ class Soak:
                 asyncio.ensure_future(self._until_reaped(record, seen.sandbox.container, report.at))
             )
             return
-        while record.target not in self.finished:
+        while self._going(record.target):
             now = self.progress.get(record.target)
             if now is not None and now.step > seen.step:
                 break
             await asyncio.sleep(0.1)
         record.recovery_s = round(time.time() - report.at, 3)
         if record.kind == "drain":
-            await self._drained(record, seen.sandbox.host_queue)
+            await self._drained(record)
+        if record.kind == "drain" or report.detail.endswith("left down"):
+            # a platform replaces the machine it took or lost: later faults find the whole stack
+            await asyncio.to_thread(self._stack_back)
         if record.kind.startswith("engine"):
             # the step may complete before the node notices (no request was in flight):
             # what recovered it is named once the node has acted, recovery_s stays as measured
@@ -470,21 +475,18 @@ class Soak:
             node_queue=seen.node_queue,
         )
 
-    async def _drained(self, record: FaultRecord, host_queue: str) -> None:
-        """The drain's end (its report into the record), then the host back."""
+    async def _drained(self, record: FaultRecord) -> None:
+        """The drain's end: its report into the record."""
         try:
             drained = await self.draining
             record.detail += f"; drained in {drained.emptied_s or 0:.2f}s: {drained.counts()}"
         except StackError as exc:
             record.detail += f"; the drain failed: {exc}"
-        await asyncio.to_thread(self._host_back, host_queue)
 
-    def _host_back(self, host_queue: str) -> None:
-        """A drained host comes back (`belayer up --only` its worker), as a platform brings
-        back the machine it took: later rounds have both hosts again."""
-        stack = LocalStack(self.config)
-        stack.select([stack.sandbox_host(host_queue).name])
-        stack.up()
+    def _stack_back(self) -> None:
+        """`belayer up`: what a fault left down (a node or host of several, a drained host)
+        starts again with the stack's settings; what runs is left alone."""
+        LocalStack(self.config).up()
 
     async def _until_reaped(self, record: FaultRecord, container: str, since: float) -> None:
         """A terminated trajectory ran no code of its own: the host's reaper must remove its
