@@ -44,7 +44,7 @@ from belayer.chaos import leaks
 from belayer.chaos.faults import FAULT_KINDS, Chaos, ChaosError, FaultReport, node_roles
 from belayer.client import follow_trajectories, start_group, start_trajectory, trajectory_input
 from belayer.config import BelayerConfig
-from belayer.errors import StackError
+from belayer.errors import BelayerError, StackError
 from belayer.measure import spread
 from belayer.rollout.status import NodeStatus
 from belayer.stack import sandbox_hosts
@@ -419,7 +419,7 @@ class Soak:
         recoveries_before = len(seen.recoveries)
         try:
             report = await self._fault(record, seen)
-        except (ChaosError, StackError) as exc:
+        except BelayerError as exc:  # its target went, or a host's podman died under another fault
             record.recovered_by = f"not injected: {exc}"
             return
         record.injected, record.at, record.injected_at = True, seen.step, report.at
@@ -453,9 +453,13 @@ class Soak:
         at = time.time()
         if record.kind == "terminate":
             self.terminated.add(record.target)
-            await self.client.get_workflow_handle(record.target).terminate(
-                reason="belayer bench chaos: fault terminate"
-            )
+            try:
+                await self.client.get_workflow_handle(record.target).terminate(
+                    reason="belayer bench chaos: fault terminate"
+                )
+            except RPCError as exc:  # it ended first, or the server is away: not terminated
+                self.terminated.discard(record.target)
+                raise ChaosError(f"Temporal did not terminate {record.target}: {exc}") from None
             return FaultReport(kind=record.kind, target=record.target, at=at,
                                detail="its workflow terminated from Temporal (no workflow code runs)")  # fmt: skip
         if record.kind == "drain":
@@ -503,10 +507,15 @@ class Soak:
         )
 
     def _container_exists(self, container: str) -> bool:
-        return any(
-            container in sandbox_hosts.containers_on(self.config, k)
-            for k in range(LocalStack(self.config).sandbox_hosts)
-        )
+        """Whether any host still lists `container`; a host whose podman cannot answer now
+        (another fault took it) may still hold it."""
+        for k in range(LocalStack(self.config).sandbox_hosts):
+            try:
+                if container in sandbox_hosts.containers_on(self.config, k):
+                    return True
+            except Exception:  # noqa: BLE001 -- its podman was killed under it: ask again later
+                return True
+        return False
 
     async def _await_node_recovery(self, roles_before: NodeStatus | None, timeout_s: float = 120.0) -> None:
         deadline = time.monotonic() + timeout_s
