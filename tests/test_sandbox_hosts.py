@@ -10,6 +10,7 @@ cares, with room for two sandboxes each (`sandbox.max_sandboxes`):
   which waits for room, and every trajectory identical to the clean run;
 * a host that loses power with its disk kept: the trajectory recovers elsewhere, and the
   host, back, removes its stale container before it serves anything;
+* a node at its capacity refuses a turn at once, and the other node serves it;
 * the two rollout nodes side by side, each with its own id, engines, shared memory and
   queue, each a target of its own faults.
 
@@ -228,6 +229,80 @@ def test_a_host_back_after_a_power_cut_removes_its_stale_container_before_servin
     assert containers_on(config, 1) == []
 
 
+def test_a_turn_a_full_node_refuses_is_served_by_the_other_node(two_hosts, tmp_path):
+    """A node at its declared capacity (here one sequence) refuses a turn at once rather than
+    queue it in its engine; the trajectory sends the turn to the shared queue, where the
+    other node takes it. Every trajectory starts with its affinity to the small node (the
+    other is down for the first turns), so their turns meet there; `belayer status` shows
+    the refusals, and the results equal those of uncrowded runs."""
+    config, env = two_hosts
+    small, other = node_ids(env)
+    workload = tmp_path / "crowded.yaml"
+    workload.write_text(CROWDED_WORKLOAD)
+    ManagedProcess(NODES[1], config.state_dir).stop()
+    ManagedProcess(NODES[0], config.state_dir).stop()
+    belayer(env | {"BELAYER_ROLLOUT__MAX_NUM_SEQS": "1"}, "up", "--only", NODES[0])
+    assert served_capacity(config, small)["sequences"] == 1
+    crowded = run(env, workload, "--repeats", "4", "--concurrency", "4", "--no-fork", background=True)
+    asyncio.run(until_running_trajectories(config, crowded, lambda seen: len(seen) == 4 and all(p.step >= 1 for p in seen),
+                                           "every trajectory past its first turn"))  # fmt: skip
+    belayer(env, "up", "--only", NODES[1])
+    out, err = crowded.communicate(timeout=600)
+    assert crowded.returncode == 0, out + err
+    results = json.loads(out)["trajectories"]
+    assert [r["status"] for r in results] == ["completed"] * 4, results
+    assert len(set(hashes(results))) == 1, "the repeats of one task share its seed, wherever a turn ran"
+
+    turns = asyncio.run(generate_turns(config, [r["trajectory_id"] for r in results]))
+    refused = [t for t in turns if t["refused"]]
+    assert refused and all(t["node"] == small for t in refused), turns
+    # Each refused turn is generated next on the shared queue; once the other node is up, by it.
+    assert any(t["node"] == other and not t["refused"] for t in turns), turns
+    status = service_status(env)[NODES[0]]["detail"]
+    assert f"{served_capacity(config, small)['refused']} refused" in status and served_capacity(
+        config, small
+    )["refused"] >= len(refused), status
+
+
+def served_capacity(config, node_id: str) -> dict:
+    """The node's declared capacity and its refusals, as it records them (`belayer status`)."""
+    return json.loads((config.state_dir / "run" / f"rollout-{node_id}.roles.json").read_text())["capacity"]
+
+
+async def generate_turns(config, trajectory_ids: list[str]) -> list[dict]:
+    """Every generate attempt of the trajectories, from their Temporal histories: the node
+    that ran it (its worker identity) and whether it refused the turn for want of room."""
+    client = await connect(config.temporal, config.storage.encryption_key)
+    attempts = []
+    for trajectory_id in trajectory_ids:
+        history = await client.get_workflow_handle(trajectory_id).fetch_history()
+        generate, node = set(), {}
+        for event in history.events:
+            if event.HasField("activity_task_scheduled_event_attributes"):
+                if event.activity_task_scheduled_event_attributes.activity_type.name == "generate":
+                    generate.add(event.event_id)
+            elif event.HasField("activity_task_started_event_attributes"):
+                started = event.activity_task_started_event_attributes
+                if started.scheduled_event_id in generate:
+                    node[started.scheduled_event_id] = started.identity.removeprefix(
+                        "belayer-rollout-"
+                    ).split("@")[0]
+            elif event.HasField("activity_task_completed_event_attributes"):
+                done = event.activity_task_completed_event_attributes.scheduled_event_id
+                if done in generate:
+                    attempts.append({"trajectory": trajectory_id, "node": node[done], "refused": False})
+            elif event.HasField("activity_task_failed_event_attributes"):
+                failed = event.activity_task_failed_event_attributes
+                if failed.scheduled_event_id in generate:
+                    kind = (
+                        failed.failure.cause.application_failure_info.type
+                        or failed.failure.application_failure_info.type
+                    )
+                    attempts.append({"trajectory": trajectory_id, "node": node[failed.scheduled_event_id],
+                                     "refused": kind == "NodeFull"})  # fmt: skip
+    return attempts
+
+
 def test_two_rollout_nodes_run_side_by_side_each_a_target_of_its_own_faults(two_hosts, monkeypatch):
     """`belayer up --rollout-nodes 2`: each node with its own id, engines, shared memory and
     task queue, listed by `status`; a lost one stays down until `up` and leaves the other
@@ -325,6 +400,12 @@ async def until_running_trajectories(config, run_process, holds, what: str) -> N
         await asyncio.sleep(0.2)
     raise AssertionError(f"the run ended before {what}: {run_process.communicate()}")
 
+
+# Thirty short turns each: long enough that the other node is up while many remain.
+CROWDED_WORKLOAD = "tasks:\n  - id: crowded\n    setup: [mkdir -p /workspace/c]\n    turns:\n" + "".join(
+    f'      - {{think_tokens: 24, bash: "echo {i} >> /workspace/c/log && wc -l < /workspace/c/log"}}\n'
+    for i in range(30)
+)
 
 DRAIN_WORKLOAD = """\
 tasks:

@@ -2,7 +2,9 @@
 
 It injects real faults into the stack of the effective configuration: run it against a
 stack of your own (`BELAYER_STATE_DIR=... belayer up` on other ports), never one that
-other people's runs share. Its `--rounds` are its repetitions: recovery seconds (per
+other people's runs share, with the settings (`BELAYER_*` environment, `--config`) the
+stack was started with: a node or host it brings back starts with this command's
+configuration. Its `--rounds` are its repetitions: recovery seconds (per
 fault kind and over all) and each round's wall time come as min / median / max
 (`*_spread`), beside the soak's nearest-rank p50 / p99.
 """
