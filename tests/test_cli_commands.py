@@ -28,10 +28,12 @@ def documented_commands() -> set[tuple[str, ...]]:
         for word in words.split():
             if not isinstance(command, click.Group):
                 break  # the rest are the command's arguments
-            path.append(word)
-            command = command.commands.get(word)
-            if command is None:
+            try:  # as the group resolves it (`belayer chaos FAULT` is `belayer chaos inject FAULT`)
+                name, command, _ = command.resolve_command(click.Context(command), [word])
+            except click.UsageError:
+                path.append(word)
                 break
+            path.append(name)
         paths.add(tuple(path))
     return paths
 
@@ -49,6 +51,19 @@ def test_every_documented_command_is_in_the_help(path):
         assert group is not None and not group.hidden, (
             f"the README documents `belayer {' '.join(path)}`, which `belayer --help` does not list"
         )
+
+
+def test_belayer_chaos_takes_a_fault_or_a_command():
+    """`belayer chaos FAULT` injects one fault as it always did; `belayer chaos soak` is the soak."""
+    from click.testing import CliRunner
+
+    runner = CliRunner()
+    fault = runner.invoke(main, ["chaos", "node-crash", "--help"])
+    assert fault.exit_code == 0 and "Usage: main chaos inject" in fault.output and "--node" in fault.output
+    soak = runner.invoke(main, ["chaos", "soak", "--help"])
+    assert soak.exit_code == 0 and "--group-size" in soak.output and "terminate" in soak.output
+    unknown = runner.invoke(main, ["chaos", "meteor-strike"])
+    assert unknown.exit_code == 2 and "'meteor-strike' is not one of" in unknown.output
 
 
 @pytest.mark.usefixtures("local_processes")

@@ -1,4 +1,5 @@
-"""`belayer chaos FAULT`: inject one real fault into the running local stack."""
+"""`belayer chaos FAULT`: inject one real fault into the running local stack;
+`belayer chaos soak`: the chaos soak (the same command as `belayer bench chaos`)."""
 
 from __future__ import annotations
 
@@ -8,12 +9,34 @@ import json
 import click
 
 from belayer.chaos.faults import TRAINING_FAULT_KINDS, Chaos, ChaosError
+from belayer.cli.bench.chaos import chaos as soak
 from belayer.cli.context import config_from
 from belayer.client import trajectory_progress
 from belayer.temporal_client import connect
 
 
-@click.command()
+class FaultOrCommand(click.Group):
+    """A group whose first argument may also be a fault kind: `belayer chaos FAULT ...`
+    stays `belayer chaos inject FAULT ...`, as it was before the group had commands."""
+
+    def resolve_command(self, ctx: click.Context, args: list[str]):
+        if args and args[0] not in self.commands and not args[0].startswith("-"):
+            args = ["inject", *args]
+        return super().resolve_command(ctx, args)
+
+
+@click.group(cls=FaultOrCommand)
+def chaos() -> None:
+    """Real faults against the running local stack.
+
+    `belayer chaos FAULT` (or `belayer chaos inject FAULT`) injects one now; `belayer chaos
+    soak` runs the seeded soak over every fault kind (`belayer bench chaos`). Use `belayer
+    run --chaos PLAN` for faults at chosen steps, `belayer train --chaos PLAN` at chosen
+    iterations.
+    """
+
+
+@chaos.command()
 @click.argument("fault", type=click.Choice(TRAINING_FAULT_KINDS))
 @click.option(
     "--trajectory",
@@ -42,7 +65,7 @@ from belayer.temporal_client import connect
     "host of --trajectory's sandbox, else the machine's own).",
 )
 @click.pass_context
-def chaos(
+def inject(
     ctx: click.Context,
     fault: str,
     trajectory: str | None,
@@ -75,3 +98,6 @@ async def _sandbox_of(config, trajectory: str) -> str:
     if progress.sandbox is None:
         raise ChaosError(f"trajectory {trajectory} has no sandbox yet")
     return progress.sandbox.container
+
+
+chaos.add_command(soak, "soak")
