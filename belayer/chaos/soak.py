@@ -583,7 +583,9 @@ class Soak:
             "p50_recovery_s": recovery["p50_recovery_s"],
             "p99_recovery_s": recovery["p99_recovery_s"],
             "recovery_s_spread": recovery["recovery_s_spread"],
-            "faults_not_injected": len(self.faults) - len(injected),
+            # a fault carried to the next round is one fault, however many rounds it waited
+            "faults_not_injected": len(self.carried)
+            + sum(not f.injected and "carried over" not in (f.recovered_by or "") for f in self.faults),
             "seed": self.settings.seed,
             "rounds": self.settings.rounds,
             "rounds_run": len(round_walls),

@@ -32,6 +32,7 @@ import contextlib
 import logging
 import os
 import re
+import shutil
 import tempfile
 import uuid
 from collections.abc import Callable, Iterator
@@ -127,6 +128,15 @@ class Staging:
         """Drop a cached archive forks could not start from (damaged on this disk)."""
         if _SHA256.match(archive_sha256):
             (self.cache_dir / f"{archive_sha256}.tar").unlink(missing_ok=True)
+
+    def drop_imports(self) -> int:
+        """Remove what an earlier worker of this host left being imported (it died mid-restore
+        or mid-fork: no restore of this process uses it); how many files went."""
+        if not self.imports_dir.is_dir():
+            return 0
+        files = [p for p in self.imports_dir.rglob("*") if p.is_file()]
+        shutil.rmtree(self.imports_dir, ignore_errors=True)
+        return len(files)
 
     def drop_cache(self) -> None:
         """Remove every cached fork archive (the host stops; nothing else uses them)."""

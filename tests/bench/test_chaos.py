@@ -14,6 +14,7 @@ from belayer.chaos.faults import ChaosError
 from belayer.chaos.soak import (
     SOAK_FAULT_KINDS,
     FaultRecord,
+    ScheduledFault,
     Soak,
     SoakSettings,
     TrajectoryOutcome,
@@ -170,3 +171,18 @@ def test_leaks_are_counted_from_the_hosts_directories_and_namespaces(tmp_path):
     assert f"net:[{mine}]" not in " ".join(leaks.new_network_namespaces(nothing, {os.getpid()}))
     assert set(leaks.Leaks().counts()) == {"containers", "processes", "network_namespaces", "shm_segments",
                                            "channel_dirs", "imports", "objects"}  # fmt: skip
+
+
+def test_a_fault_carried_over_rounds_counts_once_and_only_if_never_injected(tmp_path):
+    soak = Soak(BelayerConfig(state_dir=tmp_path), SoakSettings(workloads=[EXAMPLE]))
+    carried = "not injected: every trajectory of the round had finished; carried over"
+    soak.faults = [
+        fault("engine-crash", 2.0),
+        fault("drain", None, injected=False).model_copy(update={"recovered_by": carried}),
+        fault("drain", 3.0, round=2),  # the same drain, injected a round later
+        fault("terminate", None, injected=False).model_copy(update={"recovered_by": carried}),
+        fault("s3-outage", None, injected=False).model_copy(update={"recovered_by": "not injected: gone"}),
+    ]
+    soak.carried = [ScheduledFault(kind="terminate", target=0, step=1)]  # waiting when the last round ended
+    summary = soak._summary(leaks.Leaks(), wall_s=1.0)
+    assert (summary["faults_injected"], summary["faults_not_injected"]) == (2, 2)

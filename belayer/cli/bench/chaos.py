@@ -63,6 +63,13 @@ EXAMPLE = Path(__file__).resolve().parents[3] / "examples" / "workloads" / "buil
 )
 @click.option("--faults-per-round", default=2, show_default=True, type=click.IntRange(0, 1000))
 @click.option(
+    "--extra-rounds",
+    default=2,
+    show_default=True,
+    type=click.IntRange(0, 1000),
+    help="Rounds added, while any are left, for faults whose round ended before they found a target.",
+)
+@click.option(
     "--seed", default=0, show_default=True, type=click.IntRange(0), help="Seed of the fault schedule."
 )
 @click.option(
@@ -102,6 +109,7 @@ def chaos(
     repeats: int,
     group_size: int,
     faults_per_round: int,
+    extra_rounds: int,
     seed: int,
     kinds: str | None,
     s3_outage_s: float,
@@ -128,6 +136,7 @@ def chaos(
         repeats=repeats,
         group_size=group_size,
         faults_per_round=faults_per_round,
+        extra_rounds=extra_rounds,
         seed=seed,
         kinds=chosen,
         s3_outage_s=s3_outage_s,

@@ -154,6 +154,11 @@ async def serve(config: BelayerConfig) -> None:
     if fenced:
         print(f"belayer sandbox worker: fenced superseded containers {', '.join(fenced)}", flush=True)
     host.adopt_existing()
+    left = await asyncio.to_thread(host.staging.drop_imports)
+    if left:
+        print(
+            f"belayer sandbox worker: removed {left} archives an earlier worker left mid-import", flush=True
+        )
     publisher = LoadPublisher(host).start()
     reaper = asyncio.create_task(reap_closed_workflows(config, host))
     try:
