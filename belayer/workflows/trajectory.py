@@ -50,6 +50,7 @@ with workflow.unsafe.imports_passed_through():
         CORRUPT_PREFIX,
         HOST_REFUSED,
         LOST_UNEXPLAINED,
+        NODE_FULL,
         PODMAN_FAILED,
         SANDBOX_LOST,
     )
@@ -153,6 +154,10 @@ SANDBOX_BROKEN_BY_AGENT_PATCH = "sandbox-broken-by-its-agent-fails-the-policy"
 # A placed host that is full or draining says so at once (HOST_REFUSED); placement is asked again.
 PLACEMENT_TRIES = 3
 ROOM_WAIT = timedelta(seconds=5)
+# A turn every rollout node refused for want of room through the engine retries waits for
+# room and is asked again, however long the nodes stay full: capacity is not a failure.
+# Before it, the retries' end failed the trajectory failed_infra.
+WAIT_FOR_NODE_ROOM_PATCH = "turns-wait-for-node-room"
 PLACED_RETRY = RetryPolicy(
     initial_interval=timedelta(seconds=1),
     maximum_attempts=3,
@@ -479,7 +484,8 @@ class TrajectoryWorkflow:
 
     async def _generate_with_affinity(self, args: GenerateArgs) -> GenerateResult:
         """Prefer the node that served the previous turn (its prefix cache holds this
-        context); when it does not pick the turn up in time, any node takes it."""
+        context); when it does not pick the turn up in time, or refuses it for want of
+        room, any node takes it, and while every node is full the turn waits for room."""
         summary = f"turn {self.state.step + 1}: generate up to {args.sampling.max_tokens} tokens"
         if self.state.node_queue:
             try:
@@ -496,17 +502,21 @@ class TrajectoryWorkflow:
                 if _error_type(err) in (BAD_REQUEST, CORRUPT_PREFIX):
                     raise InfraFailure(f"generation refused: {_cause(err)}") from None
                 self.state.node_queue = None  # that node is gone or stuck: any node will do
-        try:
-            return await GENERATE.execute(
-                args,
-                task_queue=self.input.queues.rollout,
-                start_to_close_timeout=timedelta(minutes=30),
-                heartbeat_timeout=GENERATE_HEARTBEAT,
-                retry_policy=ENGINE_RETRY,
-                summary=summary,
-            )
-        except ActivityError as err:
-            raise InfraFailure(f"generation failed after retries: {_cause(err)}") from None
+        while True:
+            try:
+                return await GENERATE.execute(
+                    args,
+                    task_queue=self.input.queues.rollout,
+                    start_to_close_timeout=timedelta(minutes=30),
+                    heartbeat_timeout=GENERATE_HEARTBEAT,
+                    retry_policy=ENGINE_RETRY,
+                    summary=summary,
+                )
+            except ActivityError as err:
+                if _error_type(err) == NODE_FULL and workflow.patched(WAIT_FOR_NODE_ROOM_PATCH):
+                    await workflow.sleep(ROOM_WAIT)
+                    continue
+                raise InfraFailure(f"generation failed after retries: {_cause(err)}") from None
 
     # ---------------------------------------------------------------- actions and recovery
 
