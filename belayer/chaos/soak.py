@@ -64,6 +64,8 @@ SOAK_FAULT_KINDS: tuple[str, ...] = (*FAULT_KINDS, *SOAK_ONLY_KINDS)
 # The reaper's promise (belayer/sandbox/reaper.py): a closed workflow's sandbox is gone within 60 s.
 REAPED_WITHIN_S = 60.0
 DRAIN_DEADLINE_S = 60.0
+# A fault whose round ended before it found a target: it moves to the next round.
+CARRIED_OVER = "not injected: every trajectory of the round had finished; carried over"
 
 
 def default_kinds(sandbox_hosts_count: int) -> list[str]:
@@ -385,7 +387,7 @@ class Soak:
                 record.target = target or record.target
                 record.trigger += " (retargeted)"
             if seen is None:
-                record.recovered_by = "not injected: every trajectory of the round had finished; carried over"
+                record.recovered_by = CARRIED_OVER
                 self.carried.append(planned.model_copy(update={"step": 1, "t": None}))
                 continue
             await self._inject(record, seen)
@@ -465,9 +467,10 @@ class Soak:
         if record.kind == "drain":
             # the drain goes on while the target is watched: its sandbox moves long before
             # the host's worker, its last answers given, exits
-            host = LocalStack(self.config).sandbox_host(seen.sandbox.host_queue)
+            stack = LocalStack(self.config)
+            host = stack.sandbox_host(seen.sandbox.host_queue)
             self.draining = asyncio.ensure_future(
-                asyncio.to_thread(drain_host, LocalStack(self.config), host.name, DRAIN_DEADLINE_S)
+                asyncio.to_thread(drain_host, stack, host.name, DRAIN_DEADLINE_S)
             )
             return FaultReport(kind=record.kind, target=f"sandbox host {sandbox_hosts.host_name(host.host_index)}",
                                at=at, detail="drain started (SIGTERM to its worker)")  # fmt: skip
@@ -509,13 +512,13 @@ class Soak:
     def _container_exists(self, container: str) -> bool:
         """Whether any host still lists `container`; a host whose podman cannot answer now
         (another fault took it) may still hold it."""
-        for k in range(LocalStack(self.config).sandbox_hosts):
-            try:
-                if container in sandbox_hosts.containers_on(self.config, k):
-                    return True
-            except Exception:  # noqa: BLE001 -- its podman was killed under it: ask again later
-                return True
-        return False
+        try:
+            return (
+                sandbox_hosts.host_of_container(self.config, LocalStack(self.config).sandbox_hosts, container)
+                is not None
+            )
+        except Exception:  # noqa: BLE001 -- its podman was killed under it: ask again later
+            return True
 
     async def _await_node_recovery(self, roles_before: NodeStatus | None, timeout_s: float = 120.0) -> None:
         deadline = time.monotonic() + timeout_s
@@ -585,7 +588,7 @@ class Soak:
             "recovery_s_spread": recovery["recovery_s_spread"],
             # a fault carried to the next round is one fault, however many rounds it waited
             "faults_not_injected": len(self.carried)
-            + sum(not f.injected and "carried over" not in (f.recovered_by or "") for f in self.faults),
+            + sum(not f.injected and f.recovered_by != CARRIED_OVER for f in self.faults),
             "seed": self.settings.seed,
             "rounds": self.settings.rounds,
             "rounds_run": len(round_walls),
