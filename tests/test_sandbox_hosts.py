@@ -229,37 +229,85 @@ def test_a_host_back_after_a_power_cut_removes_its_stale_container_before_servin
     assert containers_on(config, 1) == []
 
 
-def test_a_full_node_refuses_a_turn_at_once_and_the_turn_is_served_after_it_waits(two_hosts, tmp_path):
-    """A node at its declared capacity (here one sequence) never queues a turn in its engine:
-    its own queue's worker takes no more turns than that, and a turn that reaches it while
-    it is full (the shared queue's and its own at once) is refused at once; the trajectory
-    sends the turn to the shared queue, where it waits with backoff for a node with room.
-    The other node is down, so every turn meets the small one; `belayer status` shows the
-    refusals, and the results equal each other's, as uncrowded runs' do."""
+def test_a_full_node_refuses_a_turn_at_once_and_another_node_serves_it(two_hosts, tmp_path):
+    """A node at its declared capacity (here one sequence) never queues a turn in its engine
+    nor in a queue only it reads: a turn that reaches it while it is full is refused at
+    once, and the trajectory sends the turn to the shared queue, where a node with room
+    serves it. Made certain, not left to timing: with the other node down, two trajectories
+    take their first turn on the small node and wait in their sandboxes for a file; the
+    other node comes up; the 'hog' is let go and its long second turn fills the small node
+    (its affinity); then the 'gated' one is, and its second turn, asked on the same node, is
+    refused there and served by the other. `belayer status` shows the refusal; the tokens
+    and workspace equal an uncrowded run's."""
     config, env = two_hosts
-    small = node_ids(env)[0]
-    workload = tmp_path / "crowded.yaml"
-    workload.write_text(CROWDED_WORKLOAD)
-    ManagedProcess(NODES[1], config.state_dir).stop()
-    ManagedProcess(NODES[0], config.state_dir).stop()
-    belayer(env | {"BELAYER_ROLLOUT__MAX_NUM_SEQS": "1"}, "up", "--only", NODES[0])
-    assert served_capacity(config, small)["sequences"] == 1
-    crowded = run(env, workload, "--repeats", "4", "--concurrency", "4", "--no-fork")
-    results = crowded["trajectories"]
-    assert [r["status"] for r in results] == ["completed"] * 4, results
-    assert len(set(hashes(results))) == 1, "the repeats of one task share its seed"
+    small, other = node_ids(env)
+    gated, hog = tmp_path / "gated.yaml", tmp_path / "hog.yaml"
+    gated.write_text(gated_workload("gated", second_turn_tokens=8))
+    hog.write_text(gated_workload("hog", second_turn_tokens=1800))
+    uncrowded = finish(release(config, *start_gated(config, env, gated)))
+    for name in NODES:
+        ManagedProcess(name, config.state_dir).stop()
+    try:
+        belayer(env | {"BELAYER_ROLLOUT__MAX_NUM_SEQS": "1"}, "up", "--only", NODES[0])
+        assert served_capacity(config, small)["sequences"] == 1
+        waiting, hogging = start_gated(config, env, gated), start_gated(config, env, hog)
+        belayer(env, "up", "--only", NODES[1])  # they wait for their files meanwhile
+        release(config, *hogging)
+        (filling,) = asyncio.run(until_generating(config, hogging[0], "hog", ["served", "running"]))
+        assert filling["node"] == small, filling
+        crowded, long_turn = finish(release(config, *waiting)), finish(hogging[0])
+        refused = served_capacity(config, small)["refused"]
+        assert refused >= 1 and f"{refused} refused at capacity" in service_status(env)[NODES[0]]["detail"]
+    finally:  # the module's later tests need both nodes, at their own capacity
+        for name in NODES:
+            ManagedProcess(name, config.state_dir).stop()
+        belayer(env, "up")
 
-    turns = asyncio.run(generate_turns(config, [r["id"] for r in results]))
-    refused = [t for t in turns if t["refused"]]
-    assert refused, f"no turn was refused in {len(turns)}"
-    assert {t["node"] for t in turns} == {small}
-    assert sum(not t["refused"] for t in turns) == sum(
-        r["turns"] for r in results
-    )  # each turn generated once
-    status = service_status(env)[NODES[0]]["detail"]
-    assert f"{served_capacity(config, small)['refused']} refused at capacity" in status, status
-    assert served_capacity(config, small)["refused"] >= len(refused)
-    belayer(env, "up", "--only", NODES[1])
+    assert long_turn["status"] == "completed", long_turn
+    assert crowded["status"] == "completed" and hashes([crowded]) == hashes([uncrowded]), (crowded, uncrowded)
+    attempts = asyncio.run(generate_turns(config, [crowded["id"]]))
+    assert [(a["outcome"], a["node"]) for a in attempts] == [
+        ("served", small), ("refused", small), ("served", other)
+    ], attempts  # fmt: skip
+
+
+def gated_workload(task: str, second_turn_tokens: int) -> str:
+    """One short turn, a wait in the sandbox for /workspace/g/go (`release` writes it; the
+    action may wait 10 minutes), then a turn of `second_turn_tokens` tokens."""
+    return f"""\
+tasks:
+  - id: {task}
+    setup: [mkdir -p /workspace/g]
+    action_timeout_s: 600
+    turns:
+      - {{think_tokens: 8, bash: "until [ -e /workspace/g/go ]; do sleep 0.1; done; echo released"}}
+      - {{think_tokens: {second_turn_tokens}, bash: "echo served"}}
+"""
+
+
+def start_gated(config, env, workload: Path) -> tuple[subprocess.Popen, object]:
+    """A run of a gated workload (its task is named as the file), once its trajectory has
+    taken its first turn and waits."""
+    waiting = run(env, workload, background=True)
+    return waiting, asyncio.run(until_progress(config, waiting, workload.stem, ["served"]))
+
+
+def release(config, waiting: subprocess.Popen, progress) -> subprocess.Popen:
+    """Write the file the trajectory's sandbox waits for."""
+    host = next(k for k in (0, 1) if host_queue(config, k) == progress.sandbox.host_queue)
+    touched = sandbox_hosts.run_podman_on(
+        config, host, "exec", progress.sandbox.container, "touch", "/workspace/g/go"
+    )
+    assert touched.returncode == 0, touched.stderr
+    return waiting
+
+
+def finish(running: subprocess.Popen) -> dict:
+    """The run's one trajectory."""
+    out, err = running.communicate(timeout=600)
+    assert running.returncode == 0, out + err
+    (result,) = json.loads(out)["trajectories"]
+    return result
 
 
 def served_capacity(config, node_id: str) -> dict:
@@ -267,37 +315,81 @@ def served_capacity(config, node_id: str) -> dict:
     return json.loads((config.state_dir / "run" / f"rollout-{node_id}.roles.json").read_text())["capacity"]
 
 
+async def until_generating(config, run_process, task: str, outcomes: list[str]) -> list[dict]:
+    """Until the running trajectory of `task` has generate attempts of these outcomes
+    (`generate_attempts`); its attempts running now."""
+    progress = await until_progress(config, run_process, task, outcomes)
+    client = await connect(config.temporal, config.storage.encryption_key)
+    attempts = await generate_attempts(client.get_workflow_handle(progress.trajectory_id))
+    return [a for a in attempts if a["outcome"] == "running"]
+
+
+async def until_progress(config, run_process, task: str, outcomes: list[str]):
+    """Until the running trajectory of `task` has generate attempts of these outcomes
+    (`generate_attempts`); its progress then. Fails if the run ends first."""
+    client = await connect(config.temporal, config.storage.encryption_key)
+    query = "WorkflowType = 'TrajectoryWorkflow' AND ExecutionStatus = 'Running'"
+    while run_process.poll() is None:
+        async for execution in client.list_workflows(query):
+            handle = client.get_workflow_handle(execution.id)
+            try:
+                progress = await trajectory_progress(handle)
+            except Exception:  # not started yet, or racing its end
+                continue
+            if progress.task == task and [a["outcome"] for a in await generate_attempts(handle)] == outcomes:
+                return progress
+        await asyncio.sleep(0.1)
+    raise AssertionError(f"the run of {task} ended before generating {outcomes}: {run_process.communicate()}")
+
+
 async def generate_turns(config, trajectory_ids: list[str]) -> list[dict]:
-    """Every generate attempt of the trajectories, from their Temporal histories: the node
-    that ran it (its worker identity) and whether it refused the turn for want of room."""
+    """Every generate attempt of the trajectories (`generate_attempts`), in their order."""
     client = await connect(config.temporal, config.storage.encryption_key)
     attempts = []
     for trajectory_id in trajectory_ids:
-        history = await client.get_workflow_handle(trajectory_id).fetch_history()
-        generate, node = set(), {}
-        for event in history.events:
-            if event.HasField("activity_task_scheduled_event_attributes"):
-                if event.activity_task_scheduled_event_attributes.activity_type.name == "generate":
-                    generate.add(event.event_id)
-            elif event.HasField("activity_task_started_event_attributes"):
-                started = event.activity_task_started_event_attributes
-                if started.scheduled_event_id in generate:
-                    node[started.scheduled_event_id] = started.identity.removeprefix(
-                        "belayer-rollout-"
-                    ).split("@")[0]
-            elif event.HasField("activity_task_completed_event_attributes"):
-                done = event.activity_task_completed_event_attributes.scheduled_event_id
-                if done in generate:
-                    attempts.append({"trajectory": trajectory_id, "node": node[done], "refused": False})
-            elif event.HasField("activity_task_failed_event_attributes"):
-                failed = event.activity_task_failed_event_attributes
-                if failed.scheduled_event_id in generate:
-                    kind = (
-                        failed.failure.cause.application_failure_info.type
-                        or failed.failure.application_failure_info.type
-                    )
-                    attempts.append({"trajectory": trajectory_id, "node": node[failed.scheduled_event_id],
-                                     "refused": kind == "NodeFull"})  # fmt: skip
+        attempts += await generate_attempts(client.get_workflow_handle(trajectory_id))
+    return attempts
+
+
+async def generate_attempts(handle) -> list[dict]:
+    """Every generate attempt of a trajectory so far: from its Temporal history, the node
+    that ran it (its worker identity) and whether it was served or refused for want of room;
+    then the attempt running now, if any, which the history records only once it ends."""
+    from temporalio.api.enums.v1 import PendingActivityState
+
+    attempts, generate, node = [], set(), {}
+    async for event in handle.fetch_history_events():
+        if event.HasField("activity_task_scheduled_event_attributes"):
+            if event.activity_task_scheduled_event_attributes.activity_type.name == "generate":
+                generate.add(event.event_id)
+        elif event.HasField("activity_task_started_event_attributes"):
+            started = event.activity_task_started_event_attributes
+            if started.scheduled_event_id in generate:
+                node[started.scheduled_event_id] = started.identity.removeprefix("belayer-rollout-").split(
+                    "@"
+                )[0]
+        elif event.HasField("activity_task_completed_event_attributes"):
+            done = event.activity_task_completed_event_attributes.scheduled_event_id
+            if done in generate:
+                attempts.append({"trajectory": handle.id, "node": node[done], "outcome": "served"})
+        elif event.HasField("activity_task_failed_event_attributes"):
+            failed = event.activity_task_failed_event_attributes
+            if failed.scheduled_event_id in generate:
+                kind = (
+                    failed.failure.cause.application_failure_info.type
+                    or failed.failure.application_failure_info.type
+                )
+                outcome = "refused" if kind == "NodeFull" else "failed"
+                attempts.append(
+                    {"trajectory": handle.id, "node": node[failed.scheduled_event_id], "outcome": outcome}
+                )
+    pending = (await handle.describe()).raw_description.pending_activities
+    attempts += [
+        {"trajectory": handle.id, "node": a.last_worker_identity.removeprefix("belayer-rollout-").split("@")[0],
+         "outcome": "running"}
+        for a in pending
+        if a.activity_type.name == "generate" and a.state == PendingActivityState.PENDING_ACTIVITY_STATE_STARTED
+    ]  # fmt: skip
     return attempts
 
 
@@ -398,12 +490,6 @@ async def until_running_trajectories(config, run_process, holds, what: str) -> N
         await asyncio.sleep(0.2)
     raise AssertionError(f"the run ended before {what}: {run_process.communicate()}")
 
-
-# Thirty short turns each, four trajectories at once on a node of one sequence.
-CROWDED_WORKLOAD = "tasks:\n  - id: crowded\n    setup: [mkdir -p /workspace/c]\n    turns:\n" + "".join(
-    f'      - {{think_tokens: 24, bash: "echo {i} >> /workspace/c/log && wc -l < /workspace/c/log"}}\n'
-    for i in range(30)
-)
 
 DRAIN_WORKLOAD = """\
 tasks:

@@ -43,6 +43,24 @@ FAULT_KINDS: tuple[str, ...] = FaultKind.__args__
 # A training run also has a trainer to lose (`belayer train --chaos`).
 TRAINING_FAULT_KINDS: tuple[str, ...] = (*FAULT_KINDS, "trainer-crash")
 
+# What recovers each fault kind, as `belayer run --chaos`, `belayer train --chaos` and the
+# soak name it where their records show nothing more specific (a node's own recovery
+# record, a trajectory's restore and where it came from).
+RECOVERED_BY: dict[str, str] = {
+    "engine-crash": "takeover",
+    "engine-hang": "takeover",
+    "owner-crash": "a new owner adopting the weights",
+    "node-crash": "temporal retry on another node or the restarted one (same weights version)",
+    "sandbox-crash": "restore+replay",
+    "sandbox-host-crash": "restore+replay",
+    "temporal-worker-crash": "workflow replay on a restarted worker",
+    "temporal-restart": "Temporal persistence",
+    "s3-outage": "retries with backoff",
+    "trainer-crash": "train step retried on the restarted trainer from its last checkpoint",
+    "terminate": "the host's reaper removed its sandbox",
+    "drain": "moved to another host",
+}
+
 
 class ChaosError(BelayerError):
     """A fault could not be injected (its target is missing)."""

@@ -41,7 +41,7 @@ from temporalio.client import WorkflowFailureError
 from temporalio.service import RPCError
 
 from belayer.chaos import leaks
-from belayer.chaos.faults import FAULT_KINDS, Chaos, ChaosError, FaultReport, node_roles
+from belayer.chaos.faults import FAULT_KINDS, RECOVERED_BY, Chaos, ChaosError, FaultReport, node_roles
 from belayer.client import follow_trajectories, start_group, start_trajectory, trajectory_input
 from belayer.config import BelayerConfig
 from belayer.errors import BelayerError, StackError
@@ -502,7 +502,7 @@ class Soak:
         while time.monotonic() < deadline:
             if not await asyncio.to_thread(self._container_exists, container):
                 record.recovery_s = round(time.time() - since, 3)
-                record.recovered_by = "the host's reaper removed its sandbox"
+                record.recovered_by = RECOVERED_BY["terminate"]
                 return
             await asyncio.sleep(0.5)
         record.recovered_by = (
@@ -545,12 +545,7 @@ class Soak:
             if record.kind == "drain":
                 return "went on without a move (its sandbox had left the host, or it ended first)"
             return "restore+replay (seen in the result)"
-        return {
-            "node-crash": "temporal retry on the restarted node",
-            "temporal-worker-crash": "workflow replay on the restarted worker",
-            "temporal-restart": "Temporal persistence",
-            "s3-outage": "retries with backoff",
-        }.get(record.kind, "retry")
+        return RECOVERED_BY[record.kind]
 
     async def _wait_healthy(self, timeout_s: float = 240.0) -> None:
         """Between rounds every component must be back; one that is not is reported, not hidden."""

@@ -20,7 +20,7 @@ import time
 
 from temporalio.client import WorkflowExecutionStatus
 
-from belayer.chaos.faults import Chaos, ChaosError, node_roles
+from belayer.chaos.faults import RECOVERED_BY, Chaos, ChaosError, node_roles
 from belayer.chaos.plan import PlannedFault
 from belayer.client import trajectory_progress
 from belayer.training import run_progress
@@ -29,19 +29,6 @@ from belayer.workloads.models import TraceTask
 
 POLL_S = 0.25
 FIRST_GENERATION_POLL_S = 0.05
-RECOVERED_BY = {
-    "engine-crash": "takeover",
-    "engine-hang": "takeover",
-    "owner-crash": "a new owner adopting the weights",
-    "node-crash": "temporal retry on the restarted node (same weights version)",
-    "sandbox-crash": "restore+replay",
-    "sandbox-host-crash": "restore+replay",
-    "temporal-worker-crash": "workflow replay on a restarted worker",
-    "temporal-restart": "Temporal persistence",
-    "s3-outage": "retries with backoff",
-    "trainer-crash": "train step retried on the restarted trainer from its last checkpoint",
-}
-
 # Faults of the run's services, not of one trajectory: the training workflow and its train
 # step depend on them as much as any trajectory does.
 RUN_WIDE_FAULTS = frozenset({"temporal-worker-crash", "temporal-restart", "s3-outage"})

@@ -19,7 +19,7 @@ from temporalio.api.enums.v1 import EventType
 from temporalio.client import WorkflowFailureError
 from temporalio.service import RPCError
 
-from belayer.chaos.faults import Chaos, ChaosError, node_roles
+from belayer.chaos.faults import RECOVERED_BY, Chaos, ChaosError, node_roles
 from belayer.chaos.plan import parse_plan, random_plan
 from belayer.cli.context import config_from
 from belayer.client import (
@@ -364,20 +364,11 @@ class _Runner:
             trajectory = by_id.get(record.pop("_trajectory", record["target"]))
             if record["recovered_by"] is not None:
                 continue
-            if (
-                record["kind"] in ("sandbox-crash", "sandbox-host-crash")
-                and trajectory
-                and trajectory.recoveries
-            ):
-                record["recovered_by"] = "restore+replay"
+            restored = trajectory is not None and bool(trajectory.recoveries)
+            if record["kind"] in ("sandbox-crash", "sandbox-host-crash") and not restored:
+                record["recovered_by"] = "retry"
             else:
-                record["recovered_by"] = {
-                    "node-crash": "temporal retry on a restarted node",
-                    "temporal-worker-crash": "workflow replay on a restarted worker",
-                    "temporal-restart": "Temporal persistence",
-                    "s3-outage": "retries with backoff",
-                    "engine-hang": "takeover",
-                }.get(record["kind"], "retry")
+                record["recovered_by"] = RECOVERED_BY.get(record["kind"], "retry")
 
     async def _group(self, client, limit, progress, members):
         """One task's group as a TrajectoryGroupWorkflow; its members followed by their ids."""

@@ -19,9 +19,9 @@ from typing import ClassVar, Generic, Literal, Protocol, TypeVar
 from belayer.agent_format import malformed_observation, parse_action
 from belayer.sandbox.models import SandboxSpec, StoredFiles
 from belayer.workloads.harbor_reward import task_reward
-from belayer.workloads.tasks import HarborTask, ModelTask, TaskBase, TraceTask
+from belayer.workloads.tasks import HarborTask, ModelTask, OwnTaskBase, TaskBase, TraceTask
 
-TaskT = TypeVar("TaskT", bound=TaskBase)
+TaskT = TypeVar("TaskT", bound=OwnTaskBase)
 TaskT_contra = TypeVar("TaskT_contra", bound=TaskBase, contravariant=True)
 
 
@@ -134,7 +134,7 @@ class _CheckedByCommand(Generic[TaskT]):
         return SandboxSpec(setup_commands=task.setup)
 
     def action_timeout_s(self, task: TaskT, stage: int = 0) -> float | None:
-        return None
+        return task.action_timeout_s
 
     def verification(self, task: TaskT, stage: int = 0) -> Verification | None:
         if not task.check:

@@ -48,12 +48,20 @@ class TaskBase(_Strict):
     )
 
 
-class TraceTask(TaskBase):
+class OwnTaskBase(TaskBase):
+    """The fields of Belayer's own kinds (a Harbor task takes its limits from task.toml)."""
+
+    action_timeout_s: float | None = Field(
+        None, gt=0, le=86400, description="Each action's time limit; default sandbox.action_timeout_s."
+    )
+
+
+class TraceTask(OwnTaskBase):
     kind: Literal["trace"] = "trace"
     turns: list[TraceTurn] = Field(min_length=1, description="The recorded turns, in order.")
 
 
-class ModelTask(TaskBase):
+class ModelTask(OwnTaskBase):
     kind: Literal["model"] = "model"
     instruction: str = Field(min_length=1, description="What the agent is asked to do.")
     max_turns: int = Field(8, ge=1, le=10_000, description="Turns before the trajectory stops.")

@@ -8,9 +8,9 @@ from types import SimpleNamespace
 
 import pytest
 
-from belayer.chaos.faults import FAULT_KINDS, ChaosError
+from belayer.chaos.faults import FAULT_KINDS, RECOVERED_BY, TRAINING_FAULT_KINDS, ChaosError
 from belayer.chaos.plan import parse_plan, random_plan
-from belayer.chaos.soak import SoakSettings, percentile, schedule
+from belayer.chaos.soak import SOAK_FAULT_KINDS, SoakSettings, percentile, schedule
 from belayer.chaos.training import aimed_at
 
 EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "workloads" / "build-and-serve.yaml"
@@ -128,3 +128,9 @@ def test_a_run_wide_fault_no_trajectory_offered_strikes_the_train_step(tmp_path)
     for kind in ("sandbox-crash", "node-crash", "engine-crash"):
         (planned,) = parse_plan(f"{kind}@iteration=2")
         assert chaos._target(planned, training, []) is None
+
+
+def test_every_fault_kind_names_what_recovers_it_in_one_table():
+    """`belayer run --chaos`, `train --chaos` and the soak read one table: a kind added to
+    any of them without its line would print a KeyError instead of a report."""
+    assert set(RECOVERED_BY) == {*TRAINING_FAULT_KINDS, *SOAK_FAULT_KINDS}

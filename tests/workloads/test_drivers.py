@@ -63,6 +63,14 @@ def test_verification_is_the_tasks_check_with_its_processes_setting():
     assert ModelDriver().verification(MODEL) is None  # no check: reward 1
 
 
+def test_an_own_kinds_action_limit_is_its_tasks_or_else_the_sandboxes():
+    assert TraceDriver().action_timeout_s(TRACE) is None  # sandbox.action_timeout_s
+    assert TraceDriver().action_timeout_s(TRACE.model_copy(update={"action_timeout_s": 600.0})) == 600.0
+    assert ModelDriver().action_timeout_s(ModelTask(id="m2", instruction="wait", action_timeout_s=5)) == 5
+    with pytest.raises(ValueError, match="action_timeout_s"):
+        TraceTask(id="t2", turns=[TraceTurn(think_tokens=1, bash="ls")], action_timeout_s=0)
+
+
 def test_harbor_driver_runs_the_policy_the_solution_or_nothing():
     driver = HarborDriver()
     oracle, nop = (HARBOR.model_copy(update={"agent": agent}) for agent in ("oracle", "nop"))

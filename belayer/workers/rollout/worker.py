@@ -75,6 +75,18 @@ async def refuse_a_live_twin(config: BelayerConfig, own_queue: str) -> None:
         )
 
 
+# Activity slots of the node's own queue beyond its sequences. A turn that arrives while the
+# node is full is taken and refused at once (`NodeFull`), and the trajectory sends it to the
+# shared queue, where a node with room serves it; with no more slots than sequences it
+# would wait in this queue, unseen by the other nodes, until its affinity timeout. Publishes
+# and appends, which take no sequence, are never held behind turns either.
+REFUSAL_SLOTS = 8
+
+
+def own_queue_slots(max_num_seqs: int) -> int:
+    return max_num_seqs + REFUSAL_SLOTS
+
+
 async def serve(config: BelayerConfig) -> None:
     own_queue = node_task_queue(config)
     await refuse_a_live_twin(config, own_queue)  # before the node takes its id's segments
@@ -106,7 +118,7 @@ async def serve(config: BelayerConfig) -> None:
             activities=[activities.generate],
             # the last observation of a run is appended where its log's head is known
             queue_activities={own_queue: [*publishing.all(), activities.context.append_observation]},
-            max_concurrent_activities=max(1, config.rollout.max_num_seqs),
+            max_concurrent_activities=own_queue_slots(config.rollout.max_num_seqs),
             tuners={
                 config.temporal.rollout_task_queue: room_tuner(node.has_room, config.rollout.max_num_seqs)
             },
