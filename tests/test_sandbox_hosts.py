@@ -551,18 +551,13 @@ def assert_same_run(config, result: dict, clean: dict) -> None:
         return
     from belayer.storage.store import open_store
     from belayer.storage.tokenlog import PrefixRef
-    from belayer.storage.trajectory_tokens import read_trajectory_tokens
+    from belayer.storage.trajectory_tokens import read_trajectory_tokens, where_they_part
 
     with open_store(config.storage, encrypted=False) as store:
         ours, theirs = (
             read_trajectory_tokens(store, PrefixRef.model_validate(r["context"])) for r in (result, clean)
         )
-    at = next((i for i, (a, b) in enumerate(zip(ours.tokens, theirs.tokens, strict=False)) if a != b), None)
-    where = "no token differs" if at is None else (
-        f"tokens part at position {at} of {len(ours.tokens)}/{len(theirs.tokens)}: "
-        f"{ours.tokens[at]} (logprob {ours.logprobs[at]}, v{ours.versions[at]}) against the clean run's "
-        f"{theirs.tokens[at]} (logprob {theirs.logprobs[at]}, v{theirs.versions[at]})")  # fmt: skip
     raise AssertionError(
         f"{result['id']} differs from the clean run {clean['id']}: env {result['env_sha256'] == clean['env_sha256']}; "
-        f"{where}; recoveries {result['recoveries']}"
+        f"{where_they_part(ours, theirs)}; recoveries {result['recoveries']}"
     )

@@ -50,6 +50,9 @@ from belayer.rollout.status import NodeStatus
 from belayer.stack import sandbox_hosts
 from belayer.stack.drain import drain_host
 from belayer.stack.local import LocalStack
+from belayer.storage.store import open_store
+from belayer.storage.tokenlog import PrefixRef
+from belayer.storage.trajectory_tokens import read_trajectory_tokens, where_they_part
 from belayer.temporal_client import connect
 from belayer.workers.rollout.worker import generation_of, recoveries_of
 from belayer.workflows.groups import GroupInput
@@ -132,6 +135,10 @@ class TrajectoryOutcome(BaseModel):
     ended_at: float | None = None
     step_times: list[tuple[int, float]] = Field([], description="(step, time first seen) as polled.")
     reason: str = ""
+    context: dict | None = Field(
+        None, description="Its token log (PrefixRef), to compare with its reference's."
+    )
+    parted: str = Field("", description="A mismatched run: where its tokens part from its reference's.")
 
 
 def schedule(settings: SoakSettings, turns: list[int]) -> list[list[ScheduledFault]]:
@@ -251,6 +258,8 @@ class Soak:
         self.reaping = []
         for outcome in outcomes:
             outcome.verdict = self._verdict(outcome) if number else "reference"
+            if outcome.verdict == "mismatched":
+                outcome.parted = await asyncio.to_thread(self._where_parted, outcome)
         return list(outcomes)
 
     def _group_input(self, task, run_id: str) -> GroupInput:
@@ -360,6 +369,24 @@ class Soak:
         ):
             return "mismatched"
         return "ok"
+
+    def _where_parted(self, outcome: TrajectoryOutcome) -> str:
+        """Where a mismatched run's tokens part from its reference's (`where_they_part`):
+        an observation that differs with no recovery before it is the environment's own
+        race, a generated token a near-tie or a different context."""
+        reference = self.references.get((outcome.task, outcome.member))
+        if reference is None or outcome.context is None or reference.context is None:
+            return "no token log to compare"
+        try:
+            with open_store(self.config.storage, encrypted=False) as store:
+                ours, theirs = (
+                    read_trajectory_tokens(store, PrefixRef.model_validate(o.context))
+                    for o in (outcome, reference)
+                )
+        except Exception as exc:  # a diagnosis only: the verdict stands without it
+            return f"token logs unreadable: {exc}"
+        env = "" if outcome.env_sha256 == reference.env_sha256 else "; the workspaces differ too"
+        return where_they_part(ours, theirs) + env
 
     # ---------------------------------------------------------------- faults
 
@@ -654,6 +681,7 @@ def _take_result(outcome: TrajectoryOutcome, result) -> None:
     )
     outcome.recoveries = [r.model_dump() for r in result.recoveries]
     outcome.checkpoints = result.checkpoints
+    outcome.context = result.context.model_dump(mode="json") if result.context else None
 
 
 def _turns(task) -> int:

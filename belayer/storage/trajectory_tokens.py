@@ -36,3 +36,25 @@ def read_trajectory_tokens(store, ref: PrefixRef) -> TrajectoryTokens:
     mask = loss_mask(read_marks(store, ref))
     versions, logprobs = read_generations(store, ref)
     return TrajectoryTokens(tokens, mask, versions, logprobs)
+
+
+def where_they_part(ours: TrajectoryTokens, theirs: TrajectoryTokens) -> str:
+    """Where two runs of one trajectory first differ, said so that the cause reads off it:
+    in a token the model generated (two logprobs a hair apart are a near-tie that flipped;
+    far apart, the contexts differed) or in an observation (the environment answered
+    differently: the agent's own race, or a sandbox that disagreed with its context)."""
+    at = next((i for i, (a, b) in enumerate(zip(ours.tokens, theirs.tokens, strict=False)) if a != b), None)
+    if at is None:
+        if len(ours.tokens) == len(theirs.tokens):
+            return "no token differs"
+        at = min(len(ours.tokens), len(theirs.tokens))
+        return f"one ends at position {at}, the other goes on ({len(ours.tokens)} and {len(theirs.tokens)} tokens)"
+    where = f"tokens part at position {at} of {len(ours.tokens)} and {len(theirs.tokens)}"
+    if ours.mask[at] and theirs.mask[at]:
+        return (
+            f"{where}, in a generated token: {ours.tokens[at]} (logprob {ours.logprobs[at]}, "
+            f"v{ours.versions[at]}) against {theirs.tokens[at]} (logprob {theirs.logprobs[at]}, v{theirs.versions[at]})"
+        )
+    if not ours.mask[at] and not theirs.mask[at]:
+        return f"{where}, in an observation: the environment answered differently"
+    return f"{where}, where one generated and the other observed"

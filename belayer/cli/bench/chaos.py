@@ -214,6 +214,9 @@ def print_report(summary: dict) -> None:
     out.print(
         f"round wall time {' / '.join(spread_cells(summary['round_wall_s_spread']))} s (min / median / max)"
     )
+    for run in summary.get("details", {}).get("runs", []):
+        if run["verdict"] == "mismatched":
+            out.print(f"mismatched {run['id']}: {run['parted']}", markup=False)
 
 
 def _s(value) -> str:
