@@ -131,9 +131,25 @@ class SandboxActivities:
 
     @implements(contract.CREATE, BY_RETRYABLE)
     async def create(self, args: CreateSandboxArgs) -> CreateSandboxResult:
-        handle = await _blocking(self.host.create, args.spec, sandbox_id=args.sandbox_id)
-        self._owned_by(handle.sandbox_id, _calling_workflow())
+        handle = await self._starting(
+            lambda: self.host.create(args.spec, sandbox_id=args.sandbox_id), lambda made: [made.sandbox_id]
+        )
         return CreateSandboxResult(handle=handle)
+
+    async def _starting(self, start: Callable[[], T], started_ids: Callable[[T], list[str]]) -> T:
+        """`start()` (it starts sandboxes) in a thread that then records the calling workflow
+        as their owner, for the reaper (belayer/sandbox/reaper.py). In that thread, not after
+        it: an activity cancelled meanwhile (its workflow terminated from Temporal) leaves
+        the thread going, and what it starts must still be the reaper's to remove."""
+        owner = _calling_workflow()
+
+        def owned() -> T:
+            started = start()
+            for sandbox_id in started_ids(started):
+                self._owned_by(sandbox_id, owner)
+            return started
+
+        return await _blocking(owned)
 
     def _owned_by(self, sandbox_id: str, workflow_id: str | None) -> None:
         """Record which workflow the sandbox serves, for the reaper (belayer/sandbox/reaper.py)."""
@@ -178,19 +194,19 @@ class SandboxActivities:
     @implements(contract.FORK, BY_RETRYABLE)
     async def fork(self, args: ForkArgs) -> ForkResult:
         """Start the targets from one checkpoint on this host (downloaded once)."""
-        forks = await _blocking(self.host.fork, args.checkpoint, args.targets, generation=args.generation)
         # Each fork's trajectory may not have started yet: the forking workflow (its parent,
         # open while its members run) owns it until the trajectory's first action claims it.
-        for outcome in forks:
-            if outcome.handle is not None:
-                self._owned_by(outcome.sandbox_id, _calling_workflow())
+        forks = await self._starting(
+            lambda: self.host.fork(args.checkpoint, args.targets, generation=args.generation),
+            lambda made: [outcome.sandbox_id for outcome in made if outcome.handle is not None],
+        )
         return ForkResult(forks=forks)
 
     @implements(contract.RECOVER, BY_RETRYABLE)
     async def recover(self, args: RecoverArgs) -> RecoverResult:
-        recovered = await _blocking(self._recover, args)
-        self._owned_by(recovered.outcome.handle.sandbox_id, _calling_workflow())
-        return recovered
+        return await self._starting(
+            lambda: self._recover(args), lambda made: [made.outcome.handle.sandbox_id]
+        )
 
     def _recover(self, args: RecoverArgs) -> RecoverResult:
         steps = read_steps(self.host.store, args.steps)

@@ -457,7 +457,7 @@ class Soak:
         if record.kind == "terminate":
             # measured aside: the round's next faults need not wait for the reaper
             self.reaping.append(
-                asyncio.ensure_future(self._until_reaped(record, seen.sandbox.container, report.at))
+                asyncio.ensure_future(self._until_reaped(record, seen.sandbox.sandbox_id, report.at))
             )
             return
         while self._going(record.target):
@@ -522,28 +522,27 @@ class Soak:
         starts again with the stack's settings; what runs is left alone."""
         LocalStack(self.config).up()
 
-    async def _until_reaped(self, record: FaultRecord, container: str, since: float) -> None:
+    async def _until_reaped(self, record: FaultRecord, sandbox_id: str, since: float) -> None:
         """A terminated trajectory ran no code of its own: the host's reaper must remove its
-        sandbox; its recovery is the time until the container is gone from every host."""
+        sandbox; its recovery is the time until no host holds a container of it, of any
+        generation (the one the last progress named may have been replaced since)."""
         deadline = time.monotonic() + REAPED_WITHIN_S + 30
         while time.monotonic() < deadline:
-            if not await asyncio.to_thread(self._container_exists, container):
+            if not await asyncio.to_thread(self._sandbox_exists, sandbox_id):
                 record.recovery_s = round(time.time() - since, 3)
                 record.recovered_by = RECOVERED_BY["terminate"]
                 return
             await asyncio.sleep(0.5)
         record.recovered_by = (
-            f"its sandbox {container} was still on its host after {REAPED_WITHIN_S + 30:.0f}s"
+            f"its sandbox {sandbox_id} was still on a host after {REAPED_WITHIN_S + 30:.0f}s"
         )
 
-    def _container_exists(self, container: str) -> bool:
-        """Whether any host still lists `container`; a host whose podman cannot answer now
-        (another fault took it) may still hold it."""
+    def _sandbox_exists(self, sandbox_id: str) -> bool:
+        """Whether any host still lists a container of `sandbox_id`; a host whose podman
+        cannot answer now (another fault took it) may still hold one."""
         try:
-            return (
-                sandbox_hosts.host_of_container(self.config, LocalStack(self.config).sandbox_hosts, container)
-                is not None
-            )
+            hosts = LocalStack(self.config).sandbox_hosts
+            return sandbox_hosts.host_of_sandbox(self.config, hosts, sandbox_id) is not None
         except Exception:  # noqa: BLE001 -- its podman was killed under it: ask again later
             return True
 

@@ -26,6 +26,7 @@ machine off would, and so does a whole-host crash, which also wipes the host's s
 from __future__ import annotations
 
 import os
+import re
 import shutil
 import signal
 import socket
@@ -229,6 +230,20 @@ def run_podman_on(
 def host_of_container(config: BelayerConfig, hosts: int, container: str) -> int | None:
     """Which of the stack's hosts holds `container`; None when none does."""
     return next((k for k in range(hosts) if container in containers_on(config, k)), None)
+
+
+def host_of_sandbox(config: BelayerConfig, hosts: int, sandbox_id: str) -> int | None:
+    """Which of the stack's hosts holds a container of `sandbox_id`, of any generation
+    (named `<sandbox id>-g<generation>`); None when none does."""
+    generation_of_it = re.compile(rf"{re.escape(sandbox_id)}-g\d+")
+    return next(
+        (
+            k
+            for k in range(hosts)
+            if any(generation_of_it.fullmatch(name) for name in containers_on(config, k))
+        ),
+        None,
+    )
 
 
 def main(argv: list[str]) -> int:

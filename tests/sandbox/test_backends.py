@@ -144,9 +144,12 @@ def test_chaos_finds_kills_and_counts_a_sandbox_through_the_backend(sandboxes):
     config = load_config(
         state_dir=runtime.default_state_dir(), sandbox={"channel_root": sandboxes.host.cfg.channel_root}
     )
-    container = sandboxes.create().container
+    handle = sandboxes.create()
+    container = handle.container
     chaos = Chaos(config)
     assert sandbox_hosts.host_of_container(config, 1, container) == 0
+    assert sandbox_hosts.host_of_sandbox(config, 1, handle.sandbox_id) == 0  # of any generation
+    assert sandbox_hosts.host_of_sandbox(config, 1, handle.sandbox_id[:-1]) is None  # not a prefix
     assert container in sandbox_containers(config) and not chaos.container_gone(container)
 
     report = chaos.inject("sandbox-crash", sandbox_container=container)
