@@ -10,7 +10,7 @@ cares, with room for two sandboxes each (`sandbox.max_sandboxes`):
   which waits for room, and every trajectory identical to the clean run;
 * a host that loses power with its disk kept: the trajectory recovers elsewhere, and the
   host, back, removes its stale container before it serves anything;
-* a node at its capacity refuses a turn at once, and the turn waits for room;
+* a node at its capacity refuses a turn at once, and the other node serves it;
 * the two rollout nodes side by side, each with its own id, engines, shared memory and
   queue, each a target of its own faults.
 
